@@ -1,0 +1,45 @@
+"""Names of the signature and hash algorithms modelsec speaks (no cryptography here)."""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["HashAlgorithm", "SignatureAlgorithm"]
+
+
+class SignatureAlgorithm(enum.StrEnum):
+    """A signature scheme with its fixed hash (the CLI and policy spelling is the value)."""
+
+    ECDSA_P256 = "ecdsa-p256"  # ECDSA over NIST P-256 with SHA-256 (FIPS 186-5), the OMS interop profile
+    ECDSA_P384 = "ecdsa-p384"  # ECDSA over NIST P-384 with SHA-384
+    SM2 = "sm2"  # SM2 signature with SM3 (GB/T 32918.2-2016), distinguishing ID 1234567812345678
+
+    @property
+    def manifest_hash(self) -> HashAlgorithm:
+        """The file digest algorithm of the manifest this scheme signs (DESIGN.md decision 2)."""
+        return HashAlgorithm.SM3 if self is SignatureAlgorithm.SM2 else HashAlgorithm.SHA256
+
+    @property
+    def default_bundle_name(self) -> str:
+        """The bundle file name written into the model directory by default."""
+        return _BUNDLE_NAMES[self]
+
+
+class HashAlgorithm(enum.StrEnum):
+    """A digest algorithm of manifests and per-tensor digests (OMS `hash_type` spelling)."""
+
+    SHA256 = "sha256"
+    SM3 = "sm3"
+    BLAKE3 = "blake3"
+
+    @property
+    def digest_size(self) -> int:
+        """Digest length in bytes (all three are 256-bit)."""
+        return 32
+
+
+_BUNDLE_NAMES = {
+    SignatureAlgorithm.ECDSA_P256: "model.sig",
+    SignatureAlgorithm.ECDSA_P384: "model.p384.sig",
+    SignatureAlgorithm.SM2: "model.sm2.sig",
+}

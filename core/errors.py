@@ -1,0 +1,105 @@
+"""The one error hierarchy of modelsec.
+
+Errors are grouped by who must act (the python-tuf habit):
+
+* `VerificationError` and its subclasses: the model, signature or attestation must not be trusted.
+  Never retry; never "fall back". Every instance names the file, tensor or field at fault.
+* `PolicyError`, `KeyMaterialError`, `UnsupportedAlgorithmError`, `GateFailedError`: fix the setup
+  (policy file, key, algorithm choice, release threshold), not the artifact.
+* `BackendUnavailableError`: the environment lacks something (e.g. an OpenSSL without SM2); the only
+  retryable kind.
+
+Front doors map these uniformly: the CLI exits 1 with `diagnostics()` on stderr, the gRPC interceptor maps
+them to status codes, the webhook denies on any of them.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AttestationError",
+    "BackendUnavailableError",
+    "DigestMismatchError",
+    "Error",
+    "FileSetMismatchError",
+    "GateFailedError",
+    "KeyMaterialError",
+    "MalformedArtifactError",
+    "PolicyError",
+    "PolicyViolationError",
+    "SignatureError",
+    "UnsupportedAlgorithmError",
+    "VerificationError",
+]
+
+
+class Error(Exception):
+    """Base class for every error raised by modelsec."""
+
+    retryable: bool = False
+
+    def diagnostics(self) -> str:
+        """Human-readable explanation shown by the CLI, the service and the webhook."""
+        return str(self)
+
+
+class VerificationError(Error):
+    """The model, signature or attestation must not be trusted. Never retry."""
+
+
+class DigestMismatchError(VerificationError):
+    """A file or tensor differs from the signed manifest."""
+
+    def __init__(self, path: str, expected: str, actual: str, *, algorithm: str = "sha256") -> None:
+        super().__init__(f"{path}: expected {algorithm} digest {expected}, got {actual}")
+        self.path, self.expected, self.actual, self.algorithm = path, expected, actual, algorithm
+
+
+class FileSetMismatchError(VerificationError):
+    """The model directory holds other files than the signed manifest lists."""
+
+    def __init__(self, model: str, extra: list[str], missing: list[str]) -> None:
+        parts = []
+        if extra:
+            parts.append("extra (unsigned) files: " + ", ".join(extra))
+        if missing:
+            parts.append("missing signed files: " + ", ".join(missing))
+        super().__init__(f"{model}: directory differs from the signed manifest; " + "; ".join(parts))
+        self.model, self.extra, self.missing = model, extra, missing
+
+
+class SignatureError(VerificationError):
+    """No trusted key produced a valid signature, or a required signature is missing."""
+
+
+class AttestationError(VerificationError):
+    """An attestation is missing, about another subject, or does not satisfy the policy."""
+
+
+class MalformedArtifactError(VerificationError):
+    """A file, bundle, header or manifest cannot be parsed within the limits (parse failures fail closed)."""
+
+
+class PolicyViolationError(VerificationError):
+    """The artifact is well formed but refused by policy (pickle, remote code, missing evidence)."""
+
+
+class PolicyError(Error):
+    """The policy file (or the options that stand for it) is invalid."""
+
+
+class KeyMaterialError(Error):
+    """A key file cannot be read, decrypted or parsed, or has the wrong type."""
+
+
+class UnsupportedAlgorithmError(Error):
+    """The requested algorithm, curve or hash is not supported by modelsec."""
+
+
+class GateFailedError(Error):
+    """A release gate (watermark detection, PGD robustness) was not met at release time."""
+
+
+class BackendUnavailableError(Error):
+    """A cryptographic or storage backend is missing or unreachable. The only retryable error."""
+
+    retryable = True

@@ -1,0 +1,1 @@
+"""modelsec.robustness."""
