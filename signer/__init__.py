@@ -1,1 +1,34 @@
-"""modelsec.signer."""
+"""Hash and sign sharded safetensors models (ECDSA P-256/P-384 and SM2 with SM3).
+
+Public verbs: `sign_model`, `compute_manifests`, `load_private_key_file`, `generate_private_key_pem`;
+parsers: `modelsec.signer.safetensors_header`, `modelsec.signer.manifest`. Heavy modules (SM2 backends)
+load lazily.
+"""
+
+from __future__ import annotations
+
+from modelsec.signer.keys import (
+    KeyBackend,
+    TrustedKey,
+    generate_private_key_pem,
+    load_private_key,
+    load_private_key_file,
+    load_trusted_key,
+    load_trusted_key_file,
+)
+from modelsec.signer.signing import SIGNATURE_FILE_NAMES, SignedBundle, SigningResult, compute_manifests, sign_model
+
+__all__ = [
+    "SIGNATURE_FILE_NAMES",
+    "KeyBackend",
+    "SignedBundle",
+    "SigningResult",
+    "TrustedKey",
+    "compute_manifests",
+    "generate_private_key_pem",
+    "load_private_key",
+    "load_private_key_file",
+    "load_trusted_key",
+    "load_trusted_key_file",
+    "sign_model",
+]

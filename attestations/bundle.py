@@ -1,0 +1,185 @@
+"""Sigstore bundle v0.3 JSON carrying a DSSE envelope: strict read, write, and signing.
+
+Source: sigstore protobuf-specs `dev.sigstore.bundle.v1.Bundle` (media type
+`application/vnd.dev.sigstore.bundle.v0.3+json`), the same wire format `model_signing` 1.x writes for
+key-based signing: `verificationMaterial.publicKey.hint` = hex(SHA-256(public key PEM)), an empty
+`tlogEntries`, and a `dsseEnvelope` with base64 `payload`, `payloadType` and exactly one signature.
+
+What parsing guarantees: the structure, the media type, exactly one signature with non-empty strict base64
+`sig`, payloadType exactly `application/vnd.in-toto+json`. What it does *not* do: verify anything. Key
+material in the bundle (`publicKey.rawBytes`, certificates) is never returned to callers, so it cannot be
+used to verify (DESIGN.md decision 7); the hint and keyid are returned as untrusted selectors only.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from modelsec._strict_json import strict_loads
+from modelsec.attestations.dsse import PAYLOAD_TYPE_IN_TOTO, Envelope, EnvelopeSignature
+from modelsec.attestations.statement import Statement, serialize_statement
+from modelsec.errors import MalformedArtifactError, SignatureError
+
+__all__ = [
+    "BUNDLE_MEDIA_TYPE",
+    "Bundle",
+    "StatementSigner",
+    "bundle_to_json",
+    "key_hint",
+    "parse_bundle",
+    "sign_statement",
+]
+
+BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
+_TOP_LEVEL = {"mediaType", "verificationMaterial", "dsseEnvelope", "messageSignature"}
+
+
+class StatementSigner(Protocol):
+    """What DSSE signing needs from a key backend (`modelsec.signer.KeyBackend` satisfies it)."""
+
+    def public_key_pem(self) -> bytes:
+        """The SubjectPublicKeyInfo PEM of the signing key."""
+        ...
+
+    def sign(self, message: bytes) -> bytes:
+        """Sign `message` (the PAE bytes); DER signature."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Bundle:
+    """A parsed (not yet verified) bundle.
+
+    Attributes:
+        envelope: The DSSE envelope with exactly one signature.
+        hint: `verificationMaterial.publicKey.hint`, untrusted, or "" when absent.
+        source: Names the bundle (path) in diagnostics.
+    """
+
+    envelope: Envelope
+    hint: str
+    source: str
+
+    @property
+    def signature(self) -> EnvelopeSignature:
+        """The single signature."""
+        return self.envelope.signatures[0]
+
+
+def key_hint(public_key_pem: bytes) -> str:
+    """The public-key hint of the OMS interop profile: hex(SHA-256(SubjectPublicKeyInfo PEM))."""
+    return hashlib.sha256(public_key_pem).hexdigest()
+
+
+def _b64(value: Any, *, what: str) -> bytes:
+    if not isinstance(value, str) or not value:
+        raise MalformedArtifactError(f"{what} must be a non-empty base64 string")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise MalformedArtifactError(f"{what} is not valid base64: {e}") from e
+
+
+def parse_bundle(data: bytes, *, source: str) -> Bundle:
+    """Parse a sigstore bundle v0.3 with a DSSE envelope, strictly.
+
+    Args:
+        data: The bundle file contents (size already bounded by the caller's `Limits`).
+        source: Names the bundle in errors (usually its path).
+
+    Returns:
+        The bundle; nothing in it is verified yet.
+
+    Raises:
+        MalformedArtifactError: Not JSON, wrong media type, no DSSE envelope, bad base64.
+        SignatureError: The envelope does not carry exactly one signature, or a signature is empty.
+    """
+    doc = strict_loads(data, what=source)
+    if not isinstance(doc, dict):
+        raise MalformedArtifactError(f"{source}: bundle is not a JSON object")
+    unknown = set(doc) - _TOP_LEVEL
+    if unknown:
+        raise MalformedArtifactError(f"{source}: bundle has unknown fields {sorted(unknown)}")
+    if doc.get("mediaType") != BUNDLE_MEDIA_TYPE:
+        raise MalformedArtifactError(
+            f"{source}: bundle mediaType must be {BUNDLE_MEDIA_TYPE!r}, got {doc.get('mediaType')!r}"
+        )
+    if "messageSignature" in doc:
+        raise MalformedArtifactError(f"{source}: bundle carries a messageSignature, expected a dsseEnvelope")
+    env = doc.get("dsseEnvelope")
+    if not isinstance(env, dict):
+        raise MalformedArtifactError(f"{source}: bundle has no dsseEnvelope object")
+    payload_type = env.get("payloadType")
+    if payload_type != PAYLOAD_TYPE_IN_TOTO:
+        raise MalformedArtifactError(
+            f"{source}: DSSE payloadType must be exactly {PAYLOAD_TYPE_IN_TOTO!r}, got {payload_type!r}"
+        )
+    payload = _b64(env.get("payload"), what=f"{source}: dsseEnvelope.payload")
+    sigs = env.get("signatures")
+    if not isinstance(sigs, list):
+        raise SignatureError(f"{source}: dsseEnvelope.signatures is missing or not a list")
+    if len(sigs) != 1:
+        raise SignatureError(f"{source}: DSSE envelope must carry exactly one signature, found {len(sigs)}")
+    entry = sigs[0]
+    if not isinstance(entry, dict) or "sig" not in entry:
+        raise SignatureError(f"{source}: dsseEnvelope.signatures[0] has no 'sig' field")
+    try:
+        sig = _b64(entry["sig"], what=f"{source}: dsseEnvelope.signatures[0].sig")
+    except MalformedArtifactError as e:
+        raise SignatureError(f"invalid signature: {e}") from e
+    keyid = entry.get("keyid", "")
+    if not isinstance(keyid, str):
+        raise MalformedArtifactError(f"{source}: dsseEnvelope.signatures[0].keyid is not a string")
+    hint = ""
+    material = doc.get("verificationMaterial")
+    if material is not None:
+        if not isinstance(material, dict):
+            raise MalformedArtifactError(f"{source}: verificationMaterial is not an object")
+        public_key = material.get("publicKey")
+        if isinstance(public_key, dict) and isinstance(public_key.get("hint"), str):
+            hint = public_key["hint"]
+    envelope = Envelope(payload=payload, payload_type=payload_type, signatures=(EnvelopeSignature(sig, keyid),))
+    return Bundle(envelope=envelope, hint=hint, source=source)
+
+
+def bundle_to_json(envelope: Envelope, *, hint: str) -> bytes:
+    """Serialise a signed envelope as a sigstore bundle v0.3 (model_signing-compatible key bundle)."""
+    doc = {
+        "mediaType": BUNDLE_MEDIA_TYPE,
+        "verificationMaterial": {"publicKey": {"hint": hint}, "tlogEntries": []},
+        "dsseEnvelope": {
+            "payload": base64.b64encode(envelope.payload).decode("ascii"),
+            "payloadType": envelope.payload_type,
+            "signatures": [
+                {"sig": base64.b64encode(s.sig).decode("ascii"), "keyid": s.keyid} for s in envelope.signatures
+            ],
+        },
+    }
+    return (json.dumps(doc, indent=2) + "\n").encode("utf-8")
+
+
+def sign_statement(statement: Statement, signer: StatementSigner) -> bytes:
+    """Sign an in-toto statement as DSSE and return the bundle JSON.
+
+    The payload is `serialize_statement(statement)`; the signature covers
+    `PAE("application/vnd.in-toto+json", payload)`; the hint (also used as the DSSE keyid) is
+    hex(SHA-256(public key PEM)).
+
+    Args:
+        statement: The statement to sign.
+        signer: A key backend (ECDSA or SM2) holding the private key.
+
+    Returns:
+        The bundle file contents.
+    """
+    payload = serialize_statement(statement)
+    hint = key_hint(signer.public_key_pem())
+    unsigned = Envelope(payload=payload, payload_type=PAYLOAD_TYPE_IN_TOTO, signatures=())
+    sig = signer.sign(unsigned.pae())
+    signed = Envelope(payload=payload, payload_type=PAYLOAD_TYPE_IN_TOTO, signatures=(EnvelopeSignature(sig, hint),))
+    return bundle_to_json(signed, hint=hint)

@@ -1,0 +1,271 @@
+"""The `modelsec` command line (click). Commands convert arguments, call the public API, map errors.
+
+Exit codes: 0 success; 1 the model/signature must not be trusted or the operation failed (diagnostic on
+stderr, or a JSON object on stdout with `--json`); 2 usage errors (click). Heavy modules are imported
+inside the commands so that `modelsec --version` and `--help` start fast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import click
+
+from modelsec import __version__
+from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
+from modelsec.errors import Error
+
+F = TypeVar("F", bound=Callable[..., Any])
+PASSWORD_ENV = "MODELSEC_KEY_PASSWORD"
+
+
+def _fail(e: Error, as_json: bool) -> NoReturn:
+    if as_json:
+        click.echo(json.dumps({"ok": False, "error": {"kind": type(e).__name__, "message": e.diagnostics()}}))
+    else:
+        click.echo(f"modelsec: error: {e.diagnostics()}", err=True)
+    sys.exit(1)
+
+
+def _json_option(f: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout (for scripts).")(f)
+
+
+def _quiet_option(f: F) -> F:
+    return click.option("--quiet", "-q", is_flag=True, help="No progress bar.")(f)
+
+
+@contextlib.contextmanager
+def _progress(total: int, description: str, enabled: bool) -> Iterator[Callable[[int], None] | None]:
+    """A rich progress bar on stderr when it is a terminal; None otherwise."""
+    if not enabled or not sys.stderr.isatty() or total <= 0:
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    ) as bar:
+        task = bar.add_task(description, total=total)
+        yield lambda n: bar.advance(task, n)
+
+
+def _tree_size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
+
+
+def _password(path: Path) -> bytes | None:
+    """The password of an encrypted key: $MODELSEC_KEY_PASSWORD, else a prompt on a terminal."""
+    if os.environ.get(PASSWORD_ENV) is not None:
+        return os.environ[PASSWORD_ENV].encode("utf-8")
+    try:
+        head = path.read_bytes()[:100]
+    except OSError:
+        return None
+    if b"ENCRYPTED" in head and sys.stdin.isatty():
+        return click.prompt(f"Password for {path}", hide_input=True).encode("utf-8")
+    return None
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="modelsec")
+def main() -> None:
+    """Sign, watermark, gate and verify sharded safetensors models.
+
+    Typical CI flow: `modelsec keygen`, `modelsec sign MODEL_DIR --key ci.key.pem`; on the deployment side:
+    `modelsec verify MODEL_DIR --key ci.pub.pem`. Exit codes: 0 ok, 1 refused or failed, 2 usage.
+    """
+
+
+@main.command(name="keygen")
+@click.option(
+    "--algorithm",
+    "-a",
+    type=click.Choice([a.value for a in SignatureAlgorithm]),
+    default=SignatureAlgorithm.ECDSA_P256.value,
+    show_default=True,
+    help="ecdsa-p256 (OMS/model_signing interop), ecdsa-p384, or sm2 (SM2 with SM3, GB/T 32918).",
+)
+@click.option(
+    "--out",
+    "-o",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="Output prefix: writes PREFIX.key.pem (mode 0600) and PREFIX.pub.pem.",
+)
+@click.option("--encrypt", is_flag=True, help=f"Encrypt the private key (password from ${PASSWORD_ENV} or a prompt).")
+@click.option("--force", is_flag=True, help="Overwrite existing files.")
+@_json_option
+def _keygen(algorithm: str, out: Path, encrypt: bool, force: bool, as_json: bool) -> None:
+    """Generate a signing key pair (PKCS#8 private key, SubjectPublicKeyInfo public key)."""
+    from modelsec.signer.keys import generate_private_key_pem
+
+    password = None
+    if encrypt:
+        env = os.environ.get(PASSWORD_ENV)
+        password = (env or click.prompt("Password", hide_input=True, confirmation_prompt=True)).encode("utf-8")
+    private_path = Path(f"{out}.key.pem")
+    public_path = Path(f"{out}.pub.pem")
+    try:
+        private, public = generate_private_key_pem(SignatureAlgorithm(algorithm), password=password)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_TRUNC if force else os.O_EXCL)
+        for path, data, mode in ((private_path, private, 0o600), (public_path, public, 0o644)):
+            try:
+                fd = os.open(path, flags, mode)
+            except FileExistsError:
+                raise click.UsageError(f"{path} exists (use --force to overwrite)") from None
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+    except Error as e:
+        _fail(e, as_json)
+    if as_json:
+        click.echo(json.dumps({"ok": True, "algorithm": algorithm, "private_key": str(private_path),
+                               "public_key": str(public_path)}))
+    else:
+        click.echo(f"wrote {private_path} and {public_path} ({algorithm})")
+
+
+_TENSOR_DIGESTS = [HashAlgorithm.BLAKE3.value, HashAlgorithm.SHA256.value, HashAlgorithm.SM3.value, "none"]
+
+
+@main.command(name="sign")
+@click.argument("model_dir", type=click.Path(path_type=Path))
+@click.option("--key", "-k", "keys", type=click.Path(path_type=Path), multiple=True, required=True,
+              help="Private key PEM (repeatable: one bundle per key). Encrypted keys read "
+                   f"${PASSWORD_ENV} or prompt.")
+@click.option("--signature", "-s", "signatures", type=click.Path(path_type=Path), multiple=True,
+              help="Bundle output path, one per --key in the same order (default: model.sig, "
+                   "model.p384.sig, model.sm2.sig in MODEL_DIR).")
+@click.option("--tensor-digest", type=click.Choice(_TENSOR_DIGESTS), default="blake3", show_default=True,
+              help="Per-tensor digest algorithm recorded in the modelsec extension ('none': plain OMS).")
+@_json_option
+@_quiet_option
+def _sign(model_dir: Path, keys: tuple[Path, ...], signatures: tuple[Path, ...], tensor_digest: str,
+          as_json: bool, quiet: bool) -> None:
+    """Hash every file of MODEL_DIR once and write one signature bundle per key."""
+    from modelsec.signer import load_private_key_file, sign_model
+
+    if signatures and len(signatures) != len(keys):
+        raise click.UsageError("give one --signature per --key, or none")
+    try:
+        signers = [load_private_key_file(k, password=_password(k)) for k in keys]
+        with _progress(_tree_size(model_dir), "hashing", not (quiet or as_json)) as progress:
+            result = sign_model(
+                model_dir,
+                signers,
+                signature_paths=dict(enumerate(signatures)) or None,
+                tensor_hash=None if tensor_digest == "none" else HashAlgorithm(tensor_digest),
+                progress=progress,
+            )
+    except Error as e:
+        _fail(e, as_json)
+    if as_json:
+        click.echo(json.dumps({
+            "ok": True, "root_digest": result.root_digest, "files": result.files, "tensors": result.tensors,
+            "bundles": [{"algorithm": b.algorithm.value, "path": str(b.path), "keyid": b.keyid}
+                        for b in result.bundles],
+        }))
+        return
+    click.echo(f"signed {result.files} files, {result.tensors} tensors; model root digest sha256:{result.root_digest}")
+    for b in result.bundles:
+        click.echo(f"  {b.algorithm.value:<10} -> {b.path}")
+
+
+def _parse_require(value: str | None) -> list[SignatureAlgorithm]:
+    if not value:
+        return []
+    try:
+        return [SignatureAlgorithm(v.strip()) for v in value.split(",") if v.strip()]
+    except ValueError:
+        choices = ", ".join(a.value for a in SignatureAlgorithm)
+        raise click.BadParameter(f"{value!r}: choose from {choices}", param_hint="--require") from None
+
+
+@main.command(name="verify")
+@click.argument("model_path", type=click.Path(path_type=Path))
+@click.option("--key", "-k", "keys", type=click.Path(path_type=Path), multiple=True, required=True,
+              help="Trusted public key PEM (repeatable). Keys are never taken from the bundle.")
+@click.option("--signature", "-s", "signatures", type=click.Path(path_type=Path), multiple=True,
+              help="Bundle to check (repeatable; default: model.sig, model.p384.sig, model.sm2.sig found in the "
+                   "model directory).")
+@click.option("--require", "require", metavar="ALG[,ALG]",
+              help="Algorithms that must all have signed, e.g. ecdsa-p256,sm2.")
+@click.option("--allow-remote-code", is_flag=True,
+              help="Accept *.py files and auto_map in config files (refused by default).")
+@_json_option
+@_quiet_option
+def _verify(model_path: Path, keys: tuple[Path, ...], signatures: tuple[Path, ...], require: str | None,
+            allow_remote_code: bool, as_json: bool, quiet: bool) -> None:
+    """Verify MODEL_PATH (a model directory, or one file of it) against its signatures.
+
+    Exit 0 when every signed file and tensor matches and a trusted key signed; exit 1 otherwise. Pickle
+    checkpoints and remote code are refused even when signed.
+    """
+    from modelsec.policy import Policy
+    from modelsec.verifier import verify_model
+
+    required = _parse_require(require)
+    try:
+        policy = Policy.from_key_files(keys, require=required, allow_remote_code=allow_remote_code)
+        with _progress(_tree_size(model_path), "verifying", not (quiet or as_json)) as progress:
+            result = verify_model(model_path, policy, bundles=list(signatures) or None, progress=progress)
+    except Error as e:
+        _fail(e, as_json)
+    if as_json:
+        click.echo(json.dumps({
+            "ok": True, "root_digest": result.root_digest, "files": result.files, "tensors": result.tensors,
+            "bytes": result.bytes_hashed,
+            "bundles": [{"path": str(b.path), "algorithm": b.algorithm.value, "key": b.key.name,
+                         "keyid": b.key.keyid} for b in result.bundles],
+            "skipped": [str(p) for p in result.skipped],
+        }))
+        return
+    algs = ", ".join(f"{b.algorithm.value} ({b.key.name})" for b in result.bundles)
+    click.echo(f"OK sha256:{result.root_digest}: {result.files} signed files, {result.tensors} tensors verified; "
+               f"signed by {algs}")
+    for p in result.skipped:
+        click.echo(f"  note: {p} not checked (no configured key of its algorithm)", err=True)
+
+
+@main.command(name="digest")
+@click.argument("model_dir", type=click.Path(path_type=Path))
+@_json_option
+@_quiet_option
+def _digest(model_dir: Path, as_json: bool, quiet: bool) -> None:
+    """Print the model root digest of MODEL_DIR (OMS SHA-256 subject digest; nothing is verified)."""
+    from modelsec.signer import SIGNATURE_FILE_NAMES, compute_manifests
+    from modelsec.signer.model_files import DEFAULT_IGNORE_PATHS
+
+    try:
+        with _progress(_tree_size(model_dir), "hashing", not (quiet or as_json)) as progress:
+            manifests = compute_manifests(
+                model_dir, [HashAlgorithm.SHA256], ignore_paths=[*DEFAULT_IGNORE_PATHS, *SIGNATURE_FILE_NAMES],
+                tensor_hash=None, progress=progress,
+            )
+    except Error as e:
+        _fail(e, as_json)
+    m = manifests[HashAlgorithm.SHA256]
+    if as_json:
+        click.echo(json.dumps({"ok": True, "root_digest": m.subject_digest["sha256"], "files": len(m.resources)}))
+    else:
+        click.echo(f"sha256:{m.subject_digest['sha256']}")

@@ -1,0 +1,340 @@
+"""The hashing engine: one read pass per file, every digest the manifests need, files in parallel threads.
+
+For each file the engine computes, from the same bytes in one pass:
+
+* the file digests requested (SHA-256 for ECDSA manifests, SM3 for SM2 manifests, both at once when both
+  are signed), through OpenSSL via `hashlib` (SM3: `hashlib.new("sm3")`, else `cryptography`'s SM3), and
+* for `*.safetensors` files, the strictly parsed header (`modelsec.signer.safetensors_header`) and one
+  digest per tensor over exactly its byte range of the data section.
+
+Per-tensor digests default to BLAKE3 (the `blake3` package, C/SIMD, GIL released): they cover the same
+bytes as the file digest again, so their algorithm decides what the second pass costs. Measured here per
+core: SHA-256 ≈ 1.36 GB/s, BLAKE3 ≈ 3.5 GB/s, SM3 ≈ 0.27 GB/s, so BLAKE3 adds ~40% to SHA-256 work where
+a SHA-256 tensor digest would double it. `tensor_hash` can be SHA-256 or SM3 where policy demands it.
+
+Reading is streamed in `Limits.hash_chunk_bytes` chunks into one reused buffer per thread (memory is
+O(chunk × threads), never O(file)). Files are opened with `open_beneath` (no link followed) and must keep
+the size seen at open time; a file that grows or shrinks while hashed is refused. Threads scale because
+hashlib, cryptography and blake3 release the GIL while hashing large buffers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Protocol
+
+from modelsec.algorithms import HashAlgorithm
+from modelsec.errors import BackendUnavailableError, MalformedArtifactError
+from modelsec.limits import Limits
+from modelsec.signer.model_files import open_beneath
+from modelsec.signer.safetensors_header import SafetensorsHeader, parse_header, parse_header_length
+
+__all__ = ["FileDigests", "Hasher", "TensorDigest", "hash_files", "new_hasher"]
+
+ProgressCallback = Callable[[int], None]
+
+
+class Hasher(Protocol):
+    """The incremental hash interface shared by hashlib, cryptography (adapted) and blake3."""
+
+    def update(self, data: bytes | memoryview, /) -> object:
+        """Absorb more bytes."""
+        ...
+
+    def digest(self) -> bytes:
+        """The digest of everything absorbed."""
+        ...
+
+
+class _CryptographySm3:
+    """SM3 through `cryptography` (`hashes.SM3`) where hashlib's OpenSSL lacks it."""
+
+    def __init__(self) -> None:
+        from cryptography.hazmat.primitives import hashes
+
+        self._ctx = hashes.Hash(hashes.SM3())
+
+    def update(self, data: bytes | memoryview, /) -> None:
+        self._ctx.update(data)
+
+    def digest(self) -> bytes:
+        return self._ctx.finalize()
+
+
+def _sm3_from_hashlib() -> bool:
+    try:
+        hashlib.new("sm3")
+    except ValueError:
+        return False
+    return True
+
+
+_HASHLIB_SM3 = _sm3_from_hashlib()
+
+
+def new_hasher(algorithm: HashAlgorithm) -> Hasher:
+    """A fresh incremental hasher for `algorithm`.
+
+    Raises:
+        BackendUnavailableError: SM3 or BLAKE3 is unavailable in this environment.
+    """
+    if algorithm is HashAlgorithm.SHA256:
+        return hashlib.sha256()
+    if algorithm is HashAlgorithm.SM3:
+        if _HASHLIB_SM3:
+            return hashlib.new("sm3")
+        try:
+            return _CryptographySm3()
+        except Exception as e:  # noqa: BLE001 - any failure here means "no SM3"; reported as unavailable
+            raise BackendUnavailableError(f"SM3 is available neither in hashlib nor in cryptography: {e}") from e
+    if algorithm is HashAlgorithm.BLAKE3:
+        try:
+            import blake3
+        except ImportError as e:
+            raise BackendUnavailableError("the blake3 package is not installed") from e
+        hasher: Hasher = blake3.blake3()
+        return hasher
+    raise BackendUnavailableError(f"no hasher for {algorithm}")
+
+
+@dataclass(frozen=True, slots=True)
+class TensorDigest:
+    """The digest of one tensor's bytes and the header facts it was taken under.
+
+    Attributes:
+        dtype: safetensors dtype string, e.g. "BF16".
+        shape: Tensor shape.
+        begin: Start offset within the data section, bytes.
+        end: End offset (exclusive) within the data section, bytes.
+        digest: Digest of bytes [begin, end) of the data section.
+    """
+
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+    digest: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class FileDigests:
+    """Everything one read pass learned about one file.
+
+    Attributes:
+        name: Relative POSIX name.
+        size: Bytes hashed (the whole file).
+        digests: File digest per requested algorithm.
+        header: The parsed safetensors header, for `*.safetensors` files.
+        tensors: Per-tensor digests by tensor name (when requested and the file is safetensors).
+    """
+
+    name: str
+    size: int
+    digests: Mapping[HashAlgorithm, bytes]
+    header: SafetensorsHeader | None
+    tensors: Mapping[str, TensorDigest] | None
+
+
+def is_safetensors_name(name: str) -> bool:
+    """Whether `name` is parsed as safetensors (by extension, never by sniffing content)."""
+    return name.endswith(".safetensors")
+
+
+class _Reader:
+    """Exact-size chunked reads from a descriptor into one reused buffer."""
+
+    def __init__(self, fd: int, size: int, chunk: int, *, what: str) -> None:
+        self.fd, self.remaining, self.what = fd, size, what
+        self.buffer = bytearray(chunk)
+        self.view = memoryview(self.buffer)
+
+    def read_exact(self, n: int) -> bytes:
+        data = bytearray()
+        while len(data) < n:
+            part = os.read(self.fd, n - len(data))
+            if not part:
+                raise MalformedArtifactError(f"{self.what}: file shrank while it was read")
+            data += part
+        self.remaining -= n
+        return bytes(data)
+
+    def chunks(self) -> _ChunkIter:
+        return _ChunkIter(self)
+
+
+class _ChunkIter:
+    def __init__(self, reader: _Reader) -> None:
+        self.r = reader
+
+    def __iter__(self) -> _ChunkIter:
+        return self
+
+    def __next__(self) -> memoryview:
+        r = self.r
+        if r.remaining == 0:
+            if os.read(r.fd, 1):
+                raise MalformedArtifactError(f"{r.what}: file grew while it was read")
+            raise StopIteration
+        want = min(len(r.buffer), r.remaining)
+        got = os.readv(r.fd, [r.view[:want]])
+        if got == 0:
+            raise MalformedArtifactError(f"{r.what}: file shrank while it was read")
+        r.remaining -= got
+        return r.view[:got]
+
+
+def _hash_one(
+    root_fd: int,
+    name: str,
+    algorithms: Sequence[HashAlgorithm],
+    tensor_hash: HashAlgorithm | None,
+    limits: Limits,
+    progress: ProgressCallback | None,
+    model: str,
+) -> FileDigests:
+    what = f"{model}/{name}"
+    fd = open_beneath(root_fd, name, what=model)
+    try:
+        size = os.fstat(fd).st_size
+        reader = _Reader(fd, size, limits.hash_chunk_bytes, what=what)
+        file_hashers = [new_hasher(a) for a in algorithms]
+        header: SafetensorsHeader | None = None
+        tensor_digests: dict[str, TensorDigest] | None = None
+        if is_safetensors_name(name):
+            prefix = reader.read_exact(min(8, size))
+            n = parse_header_length(prefix, size, path=what, limits=limits)
+            raw_header = reader.read_exact(n)
+            header = parse_header(raw_header, size, path=what, limits=limits)
+            for h in file_hashers:
+                h.update(prefix)
+                h.update(raw_header)
+            if progress:
+                progress(8 + n)
+            if tensor_hash is not None:
+                tensor_digests = _hash_data_section(reader, header, file_hashers, tensor_hash, progress)
+        if tensor_digests is None:
+            for chunk in reader.chunks():
+                for h in file_hashers:
+                    h.update(chunk)
+                if progress:
+                    progress(len(chunk))
+        return FileDigests(
+            name=name,
+            size=size,
+            digests={a: h.digest() for a, h in zip(algorithms, file_hashers, strict=True)},
+            header=header,
+            tensors=tensor_digests,
+        )
+    finally:
+        os.close(fd)
+
+
+def _hash_data_section(
+    reader: _Reader,
+    header: SafetensorsHeader,
+    file_hashers: list[Hasher],
+    tensor_hash: HashAlgorithm,
+    progress: ProgressCallback | None,
+) -> dict[str, TensorDigest]:
+    # The parser guarantees the tensors, sorted by `begin`, tile the data section exactly, so walking the
+    # chunks with a cursor over that list assigns every byte to exactly one tensor.
+    tensors = header.tensors
+    result: dict[str, TensorDigest] = {}
+    index, offset = 0, 0
+    current = new_hasher(tensor_hash)
+    while index < len(tensors) and tensors[index].end == tensors[index].begin:
+        t = tensors[index]
+        result[t.name] = TensorDigest(t.dtype, t.shape, t.begin, t.end, current.digest())
+        current, index = new_hasher(tensor_hash), index + 1
+    for chunk in reader.chunks():
+        for h in file_hashers:
+            h.update(chunk)
+        pos = 0
+        while pos < len(chunk):
+            t = tensors[index]
+            take = min(len(chunk) - pos, t.end - offset)
+            current.update(chunk[pos : pos + take])
+            pos += take
+            offset += take
+            while index < len(tensors) and offset == tensors[index].end:
+                t = tensors[index]
+                result[t.name] = TensorDigest(t.dtype, t.shape, t.begin, t.end, current.digest())
+                current, index = new_hasher(tensor_hash), index + 1
+        if progress:
+            progress(len(chunk))
+    return result
+
+
+def hash_files(
+    root_fd: int,
+    names: Sequence[str],
+    *,
+    algorithms: Sequence[HashAlgorithm],
+    tensor_hash: HashAlgorithm | None = HashAlgorithm.BLAKE3,
+    limits: Limits | None = None,
+    progress: ProgressCallback | None = None,
+    max_workers: int | None = None,
+    model: str = ".",
+) -> dict[str, FileDigests]:
+    """Hash the named files of a model directory, one read pass each, in parallel threads.
+
+    Args:
+        root_fd: Descriptor of the model root (`modelsec.signer.model_files.open_model_root`).
+        names: Clean relative file names (from `walk_model` or a verified manifest).
+        algorithms: File digest algorithms to compute, each in the same pass.
+        tensor_hash: Per-tensor digest algorithm for safetensors files, or None for none.
+        limits: Parsing and chunk limits; defaults to `Limits()`.
+        progress: Called with the number of bytes consumed after each chunk (from worker threads).
+        max_workers: Thread count; defaults to `min(len(names), os.cpu_count())`.
+        model: Names the model in errors.
+
+    Returns:
+        A `FileDigests` per name.
+
+    Raises:
+        MalformedArtifactError: A safetensors header is malformed, or a file changed size while read.
+        PolicyViolationError: A path component is a symlink.
+        BackendUnavailableError: A requested hash is unavailable.
+    """
+    limits = limits or Limits()
+    algorithms = list(dict.fromkeys(algorithms))
+    if not names:
+        return {}
+    workers = max_workers or min(len(names), os.cpu_count() or 1)
+    lock = threading.Lock()
+    safe_progress: ProgressCallback | None = None
+    if progress is not None:
+        report = progress
+
+        def safe_progress(n: int) -> None:
+            with lock:
+                report(n)
+
+    # Largest files first keeps both cores busy until the end.
+    order = sorted(names, key=lambda n: -_size_hint(root_fd, n))
+    if workers == 1:
+        results = [_hash_one(root_fd, n, algorithms, tensor_hash, limits, safe_progress, model) for n in order]
+    else:
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="modelsec-hash")
+        try:
+            futures = [
+                pool.submit(_hash_one, root_fd, n, algorithms, tensor_hash, limits, safe_progress, model)
+                for n in order
+            ]
+            results = [f.result() for f in futures]
+        finally:
+            # On the first refusal, files not yet started are not read at all.
+            pool.shutdown(wait=True, cancel_futures=True)
+    return {r.name: r for r in results}
+
+
+def _size_hint(root_fd: int, name: str) -> int:
+    try:
+        return os.stat(name, dir_fd=root_fd, follow_symlinks=False).st_size
+    except OSError:
+        return 0

@@ -1,0 +1,348 @@
+"""The weights manifest: OMS predicate `https://model_signing/signature/v1.0` plus the modelsec extension.
+
+Byte-compatible with PyPI `model-signing` 1.x ("files" serialization): `resources` sorted by POSIX path,
+each `{"name", "algorithm", "digest"}`; `serialization` records `method`, `hash_type`, `allow_symlinks`
+and `ignore_paths`; the single subject digest is SHA-256 over the concatenated raw resource digests, in
+resource order (`model_signing._signing.signing.Payload`). OMS verifiers ignore other predicate fields, so
+modelsec's per-tensor digests live in an optional `modelsec` object:
+
+```json
+"modelsec": {"version": 1, "tensor_hash": "blake3",
+             "tensors": {"<file>": {"<tensor>": {"dtype": "BF16", "shape": [4, 4],
+                                                 "data_offsets": [0, 32], "digest": "<hex>"}}}}
+```
+
+SM2 bundles sign a second manifest with `hash_type` `sm3` (resources with algorithm `sm3`). Its subject
+digest carries the model root digest (the SHA-256 root of the SHA-256 manifest, the identity every policy
+and attestation uses) together with `sm3` = SM3 over the concatenated SM3 resource digests; a verifier
+checks the `sha256` value against SHA-256 digests it computes itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from modelsec.algorithms import HashAlgorithm
+from modelsec.attestations.statement import Statement, Subject
+from modelsec.errors import MalformedArtifactError
+from modelsec.limits import Limits
+from modelsec.signer.hashing import FileDigests, new_hasher
+from modelsec.signer.model_files import validate_resource_name
+
+__all__ = [
+    "EXTENSION_VERSION",
+    "OMS_PREDICATE_TYPE",
+    "Manifest",
+    "Resource",
+    "TensorEntry",
+    "build_manifest",
+    "manifest_statement",
+    "parse_manifest",
+    "root_digest",
+]
+
+OMS_PREDICATE_TYPE = "https://model_signing/signature/v1.0"
+EXTENSION_VERSION = 1
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_MANIFEST_HASHES = {HashAlgorithm.SHA256, HashAlgorithm.SM3, HashAlgorithm.BLAKE3}
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    """One signed file: relative name, digest algorithm and raw digest."""
+
+    name: str
+    algorithm: HashAlgorithm
+    digest: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class TensorEntry:
+    """One signed tensor: dtype, shape, byte range within the data section, and digest."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+    digest: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """A weights manifest (one per bundle).
+
+    Attributes:
+        model_name: The subject name (informational, never compared).
+        hash_type: The file digest algorithm (`sha256`, `sm3`, or `blake3` from model_signing).
+        resources: The signed files, sorted by name.
+        ignore_paths: The signed ignore list, applied exactly.
+        allow_symlinks: As signed; modelsec refuses symlinks whatever it says.
+        tensor_hash: The per-tensor digest algorithm, or None when the extension is absent.
+        tensors: Per-tensor entries by file then tensor name (empty without the extension).
+        subject_digest: The subject's digest map as signed.
+    """
+
+    model_name: str
+    hash_type: HashAlgorithm
+    resources: tuple[Resource, ...]
+    ignore_paths: tuple[str, ...]
+    allow_symlinks: bool
+    tensor_hash: HashAlgorithm | None
+    tensors: Mapping[str, Mapping[str, TensorEntry]]
+    subject_digest: Mapping[str, str]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The signed file names, sorted."""
+        return tuple(r.name for r in self.resources)
+
+    def resource(self, name: str) -> Resource | None:
+        """The resource called `name`, or None."""
+        for r in self.resources:
+            if r.name == name:
+                return r
+        return None
+
+
+def root_digest(digests: Sequence[bytes], algorithm: HashAlgorithm = HashAlgorithm.SHA256) -> bytes:
+    """The OMS root digest: `algorithm` over the concatenated raw resource digests, in resource order."""
+    h = new_hasher(algorithm)
+    for d in digests:
+        h.update(d)
+    return h.digest()
+
+
+def build_manifest(
+    model_name: str,
+    files: Mapping[str, FileDigests],
+    *,
+    hash_type: HashAlgorithm,
+    ignore_paths: Sequence[str],
+    tensor_hash: HashAlgorithm | None,
+) -> Manifest:
+    """Build the manifest of hashed files.
+
+    Args:
+        model_name: Subject name (the model directory name).
+        files: Results of `hash_files`, which must include `hash_type` (and SHA-256 for `sm3` manifests).
+        hash_type: The file digest algorithm of this manifest.
+        ignore_paths: The ignore list to record.
+        tensor_hash: The per-tensor digest algorithm used, or None to omit the extension.
+
+    Returns:
+        The manifest, resources sorted by name.
+    """
+    names = sorted(files, key=lambda n: n.encode("utf-8"))
+    resources = tuple(Resource(n, hash_type, files[n].digests[hash_type]) for n in names)
+    subject = {"sha256": root_digest([files[n].digests[HashAlgorithm.SHA256] for n in names]).hex()}
+    if hash_type is HashAlgorithm.SM3:
+        subject["sm3"] = root_digest([r.digest for r in resources], HashAlgorithm.SM3).hex()
+    tensors: dict[str, Mapping[str, TensorEntry]] = {}
+    if tensor_hash is not None:
+        for n in names:
+            t = files[n].tensors
+            if t is not None:
+                tensors[n] = MappingProxyType(
+                    {k: TensorEntry(v.dtype, v.shape, v.begin, v.end, v.digest) for k, v in t.items()}
+                )
+    return Manifest(
+        model_name=model_name,
+        hash_type=hash_type,
+        resources=resources,
+        ignore_paths=tuple(ignore_paths),
+        allow_symlinks=False,
+        tensor_hash=tensor_hash,
+        tensors=MappingProxyType(tensors),
+        subject_digest=MappingProxyType(subject),
+    )
+
+
+def manifest_statement(manifest: Manifest) -> Statement:
+    """The in-toto statement that signs `manifest` (OMS predicate plus the modelsec extension)."""
+    predicate: dict[str, Any] = {
+        "serialization": {
+            "method": "files",
+            "hash_type": manifest.hash_type.value,
+            "allow_symlinks": manifest.allow_symlinks,
+            "ignore_paths": list(manifest.ignore_paths),
+        },
+        "resources": [
+            {"name": r.name, "algorithm": r.algorithm.value, "digest": r.digest.hex()} for r in manifest.resources
+        ],
+    }
+    if manifest.tensor_hash is not None:
+        predicate["modelsec"] = {
+            "version": EXTENSION_VERSION,
+            "tensor_hash": manifest.tensor_hash.value,
+            "tensors": {
+                f: {
+                    name: {
+                        "dtype": t.dtype,
+                        "shape": list(t.shape),
+                        "data_offsets": [t.begin, t.end],
+                        "digest": t.digest.hex(),
+                    }
+                    for name, t in entries.items()
+                }
+                for f, entries in manifest.tensors.items()
+            },
+        }
+    return Statement(
+        subjects=(Subject(manifest.model_name, dict(manifest.subject_digest)),),
+        predicate_type=OMS_PREDICATE_TYPE,
+        predicate=predicate,
+    )
+
+
+def _hex_digest(value: object, *, what: str) -> bytes:
+    if not isinstance(value, str) or not _HEX64.match(value):
+        raise MalformedArtifactError(f"{what} must be 64 lowercase hex characters")
+    return bytes.fromhex(value)
+
+
+def _int(value: object, *, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise MalformedArtifactError(f"{what} must be a non-negative integer")
+    return value
+
+
+def parse_manifest(statement: Statement, *, what: str, limits: Limits | None = None) -> Manifest:
+    """Interpret a verified statement as a weights manifest, strictly, before any file is opened.
+
+    Checks the predicate type, the `files` serialization, the hash type, every resource name
+    (`validate_resource_name`: no traversal, absolute, backslash, NUL, percent-escape or dot segments;
+    corpus MAN01), duplicate names, at least one resource, a single subject whose digest equals the root
+    digest of the resources, and the extension's shape when present.
+
+    Args:
+        statement: The statement parsed from the verified payload.
+        what: Names the bundle in errors.
+        limits: Limits for names and counts; defaults to `Limits()`.
+
+    Returns:
+        The manifest.
+
+    Raises:
+        MalformedArtifactError: Any field is missing, mistyped, unsafe or inconsistent; the message names it.
+    """
+    limits = limits or Limits()
+    if statement.predicate_type != OMS_PREDICATE_TYPE:
+        raise MalformedArtifactError(
+            f"{what}: predicateType must be {OMS_PREDICATE_TYPE!r}, got {statement.predicate_type!r}"
+        )
+    pred = statement.predicate
+    ser = pred.get("serialization")
+    if not isinstance(ser, Mapping) or ser.get("method") != "files":
+        raise MalformedArtifactError(f"{what}: predicate.serialization.method must be 'files'")
+    try:
+        hash_type = HashAlgorithm(ser.get("hash_type"))
+    except ValueError:
+        raise MalformedArtifactError(
+            f"{what}: predicate.serialization.hash_type {ser.get('hash_type')!r} is not supported"
+        ) from None
+    if hash_type not in _MANIFEST_HASHES:
+        raise MalformedArtifactError(f"{what}: hash_type {hash_type} is not supported")
+    allow_symlinks = ser.get("allow_symlinks", False)
+    if not isinstance(allow_symlinks, bool):
+        raise MalformedArtifactError(f"{what}: predicate.serialization.allow_symlinks must be a boolean")
+    raw_ignore = ser.get("ignore_paths", [])
+    if not isinstance(raw_ignore, list) or len(raw_ignore) > 1024:
+        raise MalformedArtifactError(f"{what}: predicate.serialization.ignore_paths must be a list")
+    ignore = tuple(validate_resource_name(p, what=f"{what}: ignore_paths", limits=limits) for p in raw_ignore)
+
+    raw_resources = pred.get("resources")
+    if not isinstance(raw_resources, list) or not raw_resources:
+        raise MalformedArtifactError(f"{what}: predicate.resources must list at least one file")
+    if len(raw_resources) > limits.max_files:
+        raise MalformedArtifactError(f"{what}: predicate.resources lists more than {limits.max_files} files")
+    resources: dict[str, Resource] = {}
+    for i, entry in enumerate(raw_resources):
+        if not isinstance(entry, Mapping):
+            raise MalformedArtifactError(f"{what}: predicate.resources[{i}] is not an object")
+        name = validate_resource_name(entry.get("name"), what=f"{what}: predicate.resources[{i}]", limits=limits)
+        if entry.get("algorithm") != hash_type.value:
+            raise MalformedArtifactError(
+                f"{what}: resources[{i}] ({name!r}) algorithm {entry.get('algorithm')!r} != hash_type {hash_type}"
+            )
+        if name in resources:
+            raise MalformedArtifactError(f"{what}: predicate.resources lists {name!r} twice")
+        resources[name] = Resource(name, hash_type, _hex_digest(entry.get("digest"), what=f"{what}: {name!r} digest"))
+    ordered = tuple(resources[n] for n in sorted(resources, key=lambda n: n.encode("utf-8")))
+
+    if len(statement.subjects) != 1:
+        raise MalformedArtifactError(f"{what}: statement must have exactly one subject")
+    subject = statement.subjects[0]
+    if hash_type is HashAlgorithm.SM3:
+        expected_key, expected = "sm3", root_digest([r.digest for r in ordered], HashAlgorithm.SM3)
+        if not _HEX64.match(subject.digest.get("sha256", "")):
+            raise MalformedArtifactError(f"{what}: SM3 manifest subject lacks the sha256 model root digest")
+    else:
+        expected_key, expected = "sha256", root_digest([r.digest for r in ordered])
+    if subject.digest.get(expected_key) != expected.hex():
+        raise MalformedArtifactError(
+            f"{what}: subject digest {expected_key} does not match the resources (root digest "
+            f"{expected.hex()})"
+        )
+
+    tensor_hash, tensors = _parse_extension(pred.get("modelsec"), ordered, what=what, limits=limits)
+    return Manifest(
+        model_name=subject.name,
+        hash_type=hash_type,
+        resources=ordered,
+        ignore_paths=ignore,
+        allow_symlinks=allow_symlinks,
+        tensor_hash=tensor_hash,
+        tensors=tensors,
+        subject_digest=subject.digest,
+    )
+
+
+def _parse_extension(
+    ext: object, resources: Sequence[Resource], *, what: str, limits: Limits
+) -> tuple[HashAlgorithm | None, Mapping[str, Mapping[str, TensorEntry]]]:
+    if ext is None:
+        return None, MappingProxyType({})
+    w = f"{what}: predicate.modelsec"
+    if not isinstance(ext, Mapping) or ext.get("version") != EXTENSION_VERSION:
+        raise MalformedArtifactError(f"{w}: unsupported extension (version must be {EXTENSION_VERSION})")
+    try:
+        tensor_hash = HashAlgorithm(ext.get("tensor_hash"))
+    except ValueError:
+        raise MalformedArtifactError(f"{w}.tensor_hash {ext.get('tensor_hash')!r} is not supported") from None
+    raw = ext.get("tensors")
+    if not isinstance(raw, Mapping):
+        raise MalformedArtifactError(f"{w}.tensors must be an object")
+    names = {r.name for r in resources}
+    files: dict[str, Mapping[str, TensorEntry]] = {}
+    for fname, entries in raw.items():
+        if fname not in names:
+            raise MalformedArtifactError(f"{w}.tensors names {fname!r}, which is not a signed resource")
+        if not isinstance(entries, Mapping) or len(entries) > limits.max_tensors_per_file:
+            raise MalformedArtifactError(f"{w}.tensors[{fname!r}] must be an object")
+        parsed: dict[str, TensorEntry] = {}
+        for tname, t in entries.items():
+            tw = f"{w}.tensors[{fname!r}][`{tname}`]"
+            if not isinstance(t, Mapping) or set(t) != {"dtype", "shape", "data_offsets", "digest"}:
+                raise MalformedArtifactError(f"{tw} must have exactly dtype, shape, data_offsets, digest")
+            shape, offsets = t["shape"], t["data_offsets"]
+            if not isinstance(t["dtype"], str) or not isinstance(shape, list) or not isinstance(offsets, list):
+                raise MalformedArtifactError(f"{tw} is mistyped")
+            if len(offsets) != 2:
+                raise MalformedArtifactError(f"{tw}.data_offsets must have two entries")
+            begin, end = _int(offsets[0], what=f"{tw}.data_offsets"), _int(offsets[1], what=f"{tw}.data_offsets")
+            if begin > end:
+                raise MalformedArtifactError(f"{tw}.data_offsets are reversed")
+            parsed[tname] = TensorEntry(
+                t["dtype"],
+                tuple(_int(d, what=f"{tw}.shape") for d in shape),
+                begin,
+                end,
+                _hex_digest(t["digest"], what=f"{tw}.digest"),
+            )
+        files[fname] = MappingProxyType(parsed)
+    return tensor_hash, MappingProxyType(files)

@@ -1,0 +1,193 @@
+"""Sign a model directory: walk, hash once, build the manifests, sign them as DSSE bundles, write them."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
+from modelsec.attestations.bundle import sign_statement
+from modelsec.errors import KeyMaterialError, MalformedArtifactError
+from modelsec.limits import Limits
+from modelsec.signer.hashing import ProgressCallback, hash_files
+from modelsec.signer.keys import KeyBackend
+from modelsec.signer.manifest import Manifest, build_manifest, manifest_statement
+from modelsec.signer.model_files import DEFAULT_IGNORE_PATHS, open_model_root, walk_model
+
+__all__ = ["SIGNATURE_FILE_NAMES", "SignedBundle", "SigningResult", "compute_manifests", "sign_model"]
+
+SIGNATURE_FILE_NAMES: tuple[str, ...] = tuple(a.default_bundle_name for a in SignatureAlgorithm)
+
+
+@dataclass(frozen=True, slots=True)
+class SignedBundle:
+    """One bundle written by `sign_model`."""
+
+    algorithm: SignatureAlgorithm
+    path: Path
+    keyid: str
+
+
+@dataclass(frozen=True, slots=True)
+class SigningResult:
+    """What `sign_model` signed.
+
+    Attributes:
+        root_digest: The model root digest (hex SHA-256 over the SHA-256 resource digests).
+        files: Number of signed files.
+        tensors: Number of signed tensors (per-tensor digests).
+        bytes_hashed: Total file bytes hashed.
+        bundles: The bundles written.
+    """
+
+    root_digest: str
+    files: int
+    tensors: int
+    bytes_hashed: int
+    bundles: tuple[SignedBundle, ...]
+
+
+def compute_manifests(
+    model_dir: Path,
+    hash_types: Sequence[HashAlgorithm],
+    *,
+    ignore_paths: Sequence[str],
+    tensor_hash: HashAlgorithm | None = HashAlgorithm.BLAKE3,
+    limits: Limits | None = None,
+    progress: ProgressCallback | None = None,
+) -> dict[HashAlgorithm, Manifest]:
+    """Walk and hash `model_dir` once and build one manifest per requested file hash type.
+
+    Every `*.safetensors` file is strictly parsed on the way; a malformed one stops signing.
+
+    Args:
+        model_dir: The model directory.
+        hash_types: Manifest hash types to build (`sha256`, `sm3`).
+        ignore_paths: Exact relative paths left out (and recorded in the manifests).
+        tensor_hash: Per-tensor digest algorithm, or None.
+        limits: Limits; defaults to `Limits()`.
+        progress: Byte-count callback for a progress bar.
+
+    Returns:
+        Manifest by hash type.
+
+    Raises:
+        MalformedArtifactError: The directory is empty or not a directory, or a file is malformed.
+        PolicyViolationError: A symlink or special file is present.
+    """
+    limits = limits or Limits()
+    files = walk_model(model_dir, ignore_paths=ignore_paths, limits=limits)
+    if not files:
+        raise MalformedArtifactError(f"{model_dir}: the model directory holds no files to sign")
+    algorithms = list(dict.fromkeys([HashAlgorithm.SHA256, *hash_types]))
+    root_fd = open_model_root(model_dir)
+    try:
+        digests = hash_files(
+            root_fd,
+            [f.name for f in files],
+            algorithms=algorithms,
+            tensor_hash=tensor_hash,
+            limits=limits,
+            progress=progress,
+            model=str(model_dir),
+        )
+    finally:
+        os.close(root_fd)
+    name = model_dir.resolve().name
+    return {
+        h: build_manifest(name, digests, hash_type=h, ignore_paths=ignore_paths, tensor_hash=tensor_hash)
+        for h in dict.fromkeys(hash_types)
+    }
+
+
+def sign_model(
+    model_dir: Path,
+    signers: Sequence[KeyBackend],
+    *,
+    signature_paths: Mapping[int, Path] | None = None,
+    tensor_hash: HashAlgorithm | None = HashAlgorithm.BLAKE3,
+    limits: Limits | None = None,
+    progress: ProgressCallback | None = None,
+) -> SigningResult:
+    """Sign a model directory with one or more keys, writing one sigstore bundle per key.
+
+    ECDSA keys sign the SHA-256 manifest (OMS interop profile); SM2 keys sign the SM3 manifest. All files are
+    hashed once, with every needed digest in the same pass. Bundles go to `model.sig` (P-256),
+    `model.p384.sig` (P-384) and `model.sm2.sig` (SM2) in the model directory unless `signature_paths` maps
+    the signer's index to another path. All default signature names are recorded as ignored, so signing
+    again with another key leaves earlier bundles valid.
+
+    Args:
+        model_dir: The model directory (safetensors shards, index, config, tokenizer files).
+        signers: Key backends; at most one per algorithm unless explicit paths are given.
+        signature_paths: Output path by index into `signers`.
+        tensor_hash: Per-tensor digest algorithm recorded in the extension (None: plain OMS manifest).
+        limits: Limits; defaults to `Limits()`.
+        progress: Byte-count callback for a progress bar.
+
+    Returns:
+        The model root digest, counts, and the bundles written.
+
+    Raises:
+        KeyMaterialError: No signer, or two signers would write the same bundle.
+        MalformedArtifactError: The directory is empty, or a file is malformed.
+        PolicyViolationError: A symlink or special file is present.
+
+    Example:
+        >>> from modelsec.signer import load_private_key_file, sign_model
+        >>> sign_model(Path("model"), [load_private_key_file(Path("ci.key.pem"))])  # doctest: +SKIP
+    """
+    if not signers:
+        raise KeyMaterialError("no signing key given")
+    paths = [
+        (signature_paths or {}).get(i, model_dir / s.algorithm.default_bundle_name) for i, s in enumerate(signers)
+    ]
+    if len({os.path.abspath(p) for p in paths}) != len(paths):
+        raise KeyMaterialError("two keys would write the same bundle; give --signature for each key")
+    ignore = list(DEFAULT_IGNORE_PATHS) + list(SIGNATURE_FILE_NAMES)
+    root = os.path.abspath(model_dir)
+    for p in paths:
+        rel = os.path.relpath(os.path.abspath(p), root)
+        if not rel.startswith(".."):
+            rel_posix = Path(rel).as_posix()
+            if rel_posix not in ignore:
+                ignore.append(rel_posix)
+    hash_types = list(dict.fromkeys(s.algorithm.manifest_hash for s in signers))
+    manifests = compute_manifests(
+        model_dir, hash_types, ignore_paths=ignore, tensor_hash=tensor_hash, limits=limits, progress=progress
+    )
+    written = []
+    for signer, path in zip(signers, paths, strict=True):
+        manifest = manifests[signer.algorithm.manifest_hash]
+        bundle = sign_statement(manifest_statement(manifest), signer)
+        _write_atomically(path, bundle)
+        from modelsec.attestations.bundle import key_hint
+
+        written.append(SignedBundle(signer.algorithm, path, key_hint(signer.public_key_pem())))
+    sha = manifests.get(HashAlgorithm.SHA256) or next(iter(manifests.values()))
+    return SigningResult(
+        root_digest=sha.subject_digest["sha256"],
+        files=len(sha.resources),
+        tensors=sum(len(t) for t in sha.tensors.values()),
+        bytes_hashed=0,
+        bundles=tuple(written),
+    )
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Write `data` to `path` via a temporary file and rename (never through an existing symlink)."""
+    if path.is_symlink():
+        raise MalformedArtifactError(f"{path}: refusing to write a bundle through a symlink")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

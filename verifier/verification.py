@@ -1,0 +1,433 @@
+"""Verify a model directory (or one file of it) against its signed bundles and a policy.
+
+Verification order (an invariant: each step runs only if every earlier one passed, and no model file is
+opened before step 4):
+
+1. The path is a real directory (or a regular file in one); bundles are read with a size limit, without
+   following links, and parsed strictly (media type, exactly one DSSE signature, exact payloadType).
+2. Each bundle's signature is checked over the DSSE PAE with the *policy's* keys (the bundle's hint and
+   keyid only order the candidates); then the statement and its OMS manifest are parsed strictly, resource
+   names included (no traversal). Every required algorithm must have signed; all bundles must describe
+   the same files.
+3. The directory is walked (no symlinks, no special files, signed ignore list applied exactly) and must
+   hold exactly the signed files; default-policy refusals by name follow (pickle formats; `*.py` unless
+   remote code is allowed).
+4. Every file is hashed once (all needed digests in one pass, safetensors headers parsed strictly) and
+   compared in constant time; per-tensor digests are compared when the manifest carries them.
+5. Side files are interpreted only after their bytes matched: `config.json` / `tokenizer_config.json`
+   `auto_map` (remote code) and `model.safetensors.index.json` (targets must be signed shards that hold
+   the named tensors).
+
+Metadata inside safetensors headers never influences any decision.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import stat
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from modelsec._strict_json import strict_loads
+from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
+from modelsec.attestations.bundle import Bundle, parse_bundle
+from modelsec.attestations.statement import parse_statement
+from modelsec.errors import (
+    DigestMismatchError,
+    FileSetMismatchError,
+    MalformedArtifactError,
+    PolicyViolationError,
+    SignatureError,
+)
+from modelsec.limits import Limits
+from modelsec.policy import Policy
+from modelsec.signer.hashing import FileDigests, ProgressCallback, hash_files, new_hasher
+from modelsec.signer.keys import TrustedKey
+from modelsec.signer.manifest import OMS_PREDICATE_TYPE, Manifest, parse_manifest, root_digest
+from modelsec.signer.model_files import open_beneath, open_model_root, walk_model
+from modelsec.signer.signing import SIGNATURE_FILE_NAMES
+
+__all__ = [
+    "PICKLE_SUFFIXES",
+    "VerifiedBundle",
+    "VerifiedModel",
+    "find_default_bundles",
+    "read_bundle",
+    "verify_bundle_signature",
+    "verify_model",
+]
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".joblib", ".dill")
+INDEX_NAME = "model.safetensors.index.json"
+_CODE_CONFIGS = ("config.json", "tokenizer_config.json")
+
+
+@dataclass(frozen=True, slots=True)
+class VerifiedBundle:
+    """A bundle whose signature verified: where it is, which trusted key signed, and its manifest."""
+
+    path: Path
+    key: TrustedKey
+    manifest: Manifest
+
+    @property
+    def algorithm(self) -> SignatureAlgorithm:
+        """The signature scheme of the key that verified."""
+        return self.key.algorithm
+
+
+@dataclass(frozen=True, slots=True)
+class VerifiedModel:
+    """The result of a successful `verify_model`.
+
+    Attributes:
+        root_digest: The model root digest (hex SHA-256 OMS subject digest).
+        files: Number of signed files checked.
+        tensors: Number of tensors whose per-tensor digests were checked.
+        bytes_hashed: Bytes read and hashed.
+        bundles: The verified bundles.
+        skipped: Bundles found by default name but not checked (no configured key of their algorithm).
+        manifest: The verified manifest of the first bundle.
+    """
+
+    root_digest: str
+    files: int
+    tensors: int
+    bytes_hashed: int
+    bundles: tuple[VerifiedBundle, ...]
+    skipped: tuple[Path, ...]
+    manifest: Manifest
+
+    @property
+    def algorithms(self) -> tuple[SignatureAlgorithm, ...]:
+        """The algorithms that produced valid signatures."""
+        return tuple(dict.fromkeys(b.algorithm for b in self.bundles))
+
+
+def read_bundle(path: Path, limits: Limits) -> Bundle:
+    """Read and parse a bundle file (symlinks refused, size bounded by `limits.max_bundle_bytes`).
+
+    Raises:
+        SignatureError: The file does not exist.
+        MalformedArtifactError: Too large, not a regular file, or not a well-formed bundle.
+        PolicyViolationError: The path is a symlink.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise SignatureError(f"{path}: signature bundle not found") from None
+    except OSError as e:
+        if os.path.islink(path):
+            raise PolicyViolationError(f"{path}: signature bundle is a symlink; refused") from e
+        raise MalformedArtifactError(f"{path}: cannot open signature bundle: {e.strerror}") from e
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise MalformedArtifactError(f"{path}: signature bundle is not a regular file")
+        data = f.read(limits.max_bundle_bytes + 1)
+    if len(data) > limits.max_bundle_bytes:
+        raise MalformedArtifactError(f"{path}: signature bundle exceeds {limits.max_bundle_bytes} bytes")
+    return parse_bundle(data, source=str(path))
+
+
+def verify_bundle_signature(bundle: Bundle, keys: Sequence[TrustedKey], *, role: str = "weights") -> TrustedKey:
+    """Check the bundle's single DSSE signature with the trusted keys.
+
+    The bundle's `publicKey.hint` and DSSE `keyid` only order the candidates (a key whose keyid matches is
+    tried first); every configured key allowed for `role` is tried, and the signature alone decides. Key
+    material embedded in the bundle is never used (DESIGN.md decision 7).
+
+    Args:
+        bundle: A parsed bundle.
+        keys: The policy's trusted keys.
+        role: The role the signing key must hold (`weights`, `watermark`, `gate`).
+
+    Returns:
+        The trusted key that verified.
+
+    Raises:
+        SignatureError: No configured key verifies the signature over the PAE.
+    """
+    selectors = {bundle.hint, bundle.signature.keyid} - {""}
+    candidates = sorted((k for k in keys if k.may(role)), key=lambda k: k.keyid not in selectors)
+    message = bundle.envelope.pae()
+    reasons = []
+    for key in candidates:
+        try:
+            key.verify(bundle.signature.sig, message)
+        except SignatureError as e:
+            reasons.append(f"{key.name}: {e}")
+            continue
+        return key
+    detail = "; ".join(reasons) if reasons else f"no configured key may sign {role!r}"
+    raise SignatureError(f"{bundle.source}: invalid signature: no trusted key verifies it ({detail})")
+
+
+def find_default_bundles(model_dir: Path) -> list[Path]:
+    """The default bundle names (`model.sig`, `model.p384.sig`, `model.sm2.sig`) present in `model_dir`."""
+    return [model_dir / n for n in SIGNATURE_FILE_NAMES if os.path.lexists(model_dir / n)]
+
+
+def _family_has_key(path: Path, keys: Sequence[TrustedKey]) -> bool:
+    sm2_name = path.name == SignatureAlgorithm.SM2.default_bundle_name
+    return any((k.algorithm is SignatureAlgorithm.SM2) == sm2_name for k in keys)
+
+
+def _read_verified_side_file(root_fd: int, name: str, expected: FileDigests, limits: Limits, model: str) -> bytes:
+    """Read a small side file again and make sure it is byte-identical to what was hashed."""
+    if expected.size > limits.max_json_side_file_bytes:
+        raise MalformedArtifactError(f"{model}/{name}: larger than {limits.max_json_side_file_bytes} bytes")
+    fd = open_beneath(root_fd, name, what=model)
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(limits.max_json_side_file_bytes + 1)
+    h = new_hasher(HashAlgorithm.SHA256)
+    h.update(data)
+    if not hmac.compare_digest(h.digest(), expected.digests[HashAlgorithm.SHA256]):
+        raise DigestMismatchError(
+            f"{model}/{name}", expected.digests[HashAlgorithm.SHA256].hex(), h.digest().hex()
+        )
+    return data
+
+
+def verify_model(
+    model_path: Path,
+    policy: Policy,
+    *,
+    bundles: Sequence[Path] | None = None,
+    progress: ProgressCallback | None = None,
+) -> VerifiedModel:
+    """Verify every file of a model directory (or one file of it) against its signed bundles.
+
+    Re-hashes each file listed in the signed manifests and checks the DSSE signatures against the keys in
+    `policy`. Files not listed are rejected; listed files that are missing are rejected. Predicates other
+    than the weights manifest are not interpreted here (watermark and robustness attestations are checked
+    by the joint verifier). See the module docstring for the order of checks.
+
+    Args:
+        model_path: The model directory, or one regular file inside it (then only that file is hashed and it
+            must be listed in the manifest; pickle formats are refused before anything else).
+        policy: Trusted keys, required algorithms, remote-code rule and limits.
+        bundles: Bundle paths; default: `model.sig`, `model.p384.sig`, `model.sm2.sig` in the model
+            directory (a default bundle of an algorithm no policy key has is skipped and reported; an
+            explicit one must verify).
+        progress: Byte-count callback for a progress bar.
+
+    Returns:
+        The verified model: root digest, counts, bundles.
+
+    Raises:
+        SignatureError: No bundle, a bundle no trusted key verifies, or a required algorithm did not sign.
+        MalformedArtifactError: A bundle, statement, manifest or safetensors header is malformed.
+        FileSetMismatchError: Files were added, removed or renamed.
+        DigestMismatchError: A file or tensor differs from the manifest.
+        PolicyViolationError: Symlinks, special files, pickle formats, or remote code (by default).
+
+    Example:
+        >>> policy = Policy.from_key_files([Path("trust/ci.pub.pem")])  # doctest: +SKIP
+        >>> verify_model(Path("model"), policy).root_digest  # doctest: +SKIP
+    """
+    limits = policy.limits
+    try:
+        st = os.lstat(model_path)
+    except OSError as e:
+        raise MalformedArtifactError(f"{model_path}: cannot read: {e.strerror}") from e
+    single: str | None = None
+    if stat.S_ISLNK(st.st_mode):
+        raise PolicyViolationError(f"{model_path}: is a symlink; refused")
+    if stat.S_ISREG(st.st_mode):
+        _refuse_pickle([model_path.name], str(model_path.parent))
+        single, model_dir = model_path.name, model_path.parent
+    elif stat.S_ISDIR(st.st_mode):
+        model_dir = model_path
+    else:
+        raise MalformedArtifactError(f"{model_path}: neither a model directory nor a regular file")
+    model = str(model_dir)
+
+    explicit = bundles is not None
+    bundle_paths = list(bundles) if bundles is not None else find_default_bundles(model_dir)
+    if not bundle_paths:
+        names = ", ".join(SIGNATURE_FILE_NAMES)
+        raise SignatureError(f"{model}: no signature bundle found (looked for {names}); give --signature")
+
+    verified: list[VerifiedBundle] = []
+    skipped: list[Path] = []
+    for path in bundle_paths:
+        bundle = read_bundle(path, limits)
+        try:
+            key = verify_bundle_signature(bundle, policy.keys)
+        except SignatureError:
+            if not explicit and not _family_has_key(path, policy.keys):
+                skipped.append(path)
+                continue
+            raise
+        statement = parse_statement(bundle.envelope.payload, what=str(path))
+        if statement.predicate_type != OMS_PREDICATE_TYPE:
+            raise MalformedArtifactError(
+                f"{path}: predicateType must be {OMS_PREDICATE_TYPE!r} for a weights signature, "
+                f"got {statement.predicate_type!r}"
+            )
+        manifest = parse_manifest(statement, what=str(path), limits=limits)
+        allowed = {HashAlgorithm.SM3} if key.algorithm is SignatureAlgorithm.SM2 else {
+            HashAlgorithm.SHA256,
+            HashAlgorithm.BLAKE3,
+        }
+        if manifest.hash_type not in allowed:
+            raise MalformedArtifactError(
+                f"{path}: a {key.algorithm} signature over a {manifest.hash_type} manifest is not accepted"
+            )
+        verified.append(VerifiedBundle(path, key, manifest))
+    if not verified:
+        raise SignatureError(f"{model}: no bundle was signed by a configured key")
+    missing_algs = policy.require_algorithms - {b.algorithm for b in verified}
+    if missing_algs:
+        raise SignatureError(
+            f"{model}: required signature(s) missing: {', '.join(sorted(a.value for a in missing_algs))}"
+        )
+    first = verified[0].manifest
+    for b in verified[1:]:
+        if b.manifest.names != first.names or b.manifest.ignore_paths != first.ignore_paths:
+            raise MalformedArtifactError(f"{b.path}: describes other files than {verified[0].path}")
+        if b.manifest.subject_digest.get("sha256") != first.subject_digest.get("sha256"):
+            raise MalformedArtifactError(f"{b.path}: model root digest differs from {verified[0].path}")
+
+    signed_names = set(first.names)
+    if single is not None:
+        if single not in signed_names:
+            raise FileSetMismatchError(model, [single], [])
+        names = [single]
+    else:
+        present = [f.name for f in walk_model(model_dir, ignore_paths=first.ignore_paths, limits=limits)]
+        extra = sorted(set(present) - signed_names)
+        missing = sorted(signed_names - set(present))
+        if extra or missing:
+            raise FileSetMismatchError(model, extra, missing)
+        names = list(first.names)
+    _refuse_pickle(names, model)
+    if not policy.allow_remote_code:
+        code = [n for n in names if n.endswith(".py")]
+        if code:
+            raise PolicyViolationError(
+                f"{model}: remote code is refused by policy: {', '.join(code)} (modelsec never imports it)"
+            )
+
+    tensor_hash = next((b.manifest.tensor_hash for b in verified if b.manifest.tensor_hash), None)
+    algorithms = list(dict.fromkeys([HashAlgorithm.SHA256, *(b.manifest.hash_type for b in verified)]))
+    root_fd = open_model_root(model_dir)
+    try:
+        computed = hash_files(
+            root_fd, names, algorithms=algorithms, tensor_hash=tensor_hash, limits=limits, progress=progress,
+            model=model,
+        )
+        tensors_checked = 0
+        for b in verified:
+            tensors_checked = max(tensors_checked, _compare(b.manifest, computed, tensor_hash, model))
+        if single is None:
+            root = root_digest([computed[n].digests[HashAlgorithm.SHA256] for n in first.names]).hex()
+            for b in verified:
+                if b.manifest.hash_type is not HashAlgorithm.BLAKE3 and not hmac.compare_digest(
+                    b.manifest.subject_digest["sha256"], root
+                ):
+                    raise DigestMismatchError(f"{model} (model root)", b.manifest.subject_digest["sha256"], root)
+        if not policy.allow_remote_code:
+            _refuse_auto_map(root_fd, computed, limits, model)
+        if INDEX_NAME in computed:
+            _check_index(root_fd, computed, signed_names, limits, model)
+    finally:
+        os.close(root_fd)
+    return VerifiedModel(
+        root_digest=first.subject_digest["sha256"],
+        files=len(names),
+        tensors=tensors_checked,
+        bytes_hashed=sum(d.size for d in computed.values()),
+        bundles=tuple(verified),
+        skipped=tuple(skipped),
+        manifest=first,
+    )
+
+
+def _refuse_pickle(names: Sequence[str], model: str) -> None:
+    pickles = [n for n in names if n.lower().endswith(PICKLE_SUFFIXES)]
+    if pickles:
+        raise PolicyViolationError(
+            f"{model}: pickle format not allowed: {', '.join(pickles)} (unpickling runs code even when "
+            "signed; convert the weights to safetensors)"
+        )
+
+
+def _compare(
+    manifest: Manifest, computed: Mapping[str, FileDigests], tensor_hash: HashAlgorithm | None, model: str
+) -> int:
+    checked = 0
+    for name, got in computed.items():
+        resource = manifest.resource(name)
+        if resource is None:  # the caller guarantees equal name sets; kept as a fail-closed guard
+            raise FileSetMismatchError(model, [name], [])
+        actual = got.digests[manifest.hash_type]
+        if not hmac.compare_digest(actual, resource.digest):
+            raise DigestMismatchError(
+                f"{model}/{name}", resource.digest.hex(), actual.hex(), algorithm=manifest.hash_type.value
+            )
+        if manifest.tensor_hash is None or manifest.tensor_hash is not tensor_hash:
+            continue
+        signed = manifest.tensors.get(name)
+        if got.tensors is None and signed is None:
+            continue
+        if signed is None or got.tensors is None:
+            raise MalformedArtifactError(f"{model}/{name}: per-tensor digests missing from the signed manifest")
+        if set(signed) != set(got.tensors):
+            raise DigestMismatchError(
+                f"{model}/{name} (tensor names)", ",".join(sorted(signed)), ",".join(sorted(got.tensors))
+            )
+        for tname, entry in signed.items():
+            t = got.tensors[tname]
+            if (t.dtype, t.shape, t.begin, t.end) != (entry.dtype, entry.shape, entry.begin, entry.end):
+                raise DigestMismatchError(
+                    f"{model}/{name}:`{tname}` (dtype/shape/offsets)",
+                    f"{entry.dtype}{list(entry.shape)}@{entry.begin}-{entry.end}",
+                    f"{t.dtype}{list(t.shape)}@{t.begin}-{t.end}",
+                )
+            if not hmac.compare_digest(t.digest, entry.digest):
+                raise DigestMismatchError(
+                    f"{model}/{name}:`{tname}`", entry.digest.hex(), t.digest.hex(), algorithm=tensor_hash.value
+                )
+            checked += 1
+    return checked
+
+
+def _refuse_auto_map(root_fd: int, computed: Mapping[str, FileDigests], limits: Limits, model: str) -> None:
+    for name in _CODE_CONFIGS:
+        if name not in computed:
+            continue
+        doc = strict_loads(_read_verified_side_file(root_fd, name, computed[name], limits, model), what=f"{model}/{name}")
+        if isinstance(doc, dict) and "auto_map" in doc:
+            raise PolicyViolationError(
+                f"{model}/{name}: auto_map requires remote code ({', '.join(map(str, _flatten(doc['auto_map'])))}); "
+                "refused by policy"
+            )
+
+
+def _flatten(value: object) -> list[object]:
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in _flatten(v)]
+    if isinstance(value, list):
+        return [x for v in value for x in _flatten(v)]
+    return [value]
+
+
+def _check_index(
+    root_fd: int, computed: Mapping[str, FileDigests], signed: set[str], limits: Limits, model: str
+) -> None:
+    what = f"{model}/{INDEX_NAME}"
+    doc = strict_loads(_read_verified_side_file(root_fd, INDEX_NAME, computed[INDEX_NAME], limits, model), what=what)
+    weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+    if not isinstance(weight_map, dict):
+        raise MalformedArtifactError(f"{what}: weight_map is missing or not an object")
+    for tensor, target in weight_map.items():
+        if not isinstance(target, str) or target not in signed or not target.endswith(".safetensors"):
+            raise MalformedArtifactError(
+                f"{what}: weight_map[`{tensor}`] -> {target!r} is not a signed safetensors file of the model"
+            )
+        header = computed[target].header if target in computed else None
+        if header is not None and tensor not in {t.name for t in header.tensors}:
+            raise MalformedArtifactError(f"{what}: weight_map names `{tensor}`, which {target!r} does not hold")
