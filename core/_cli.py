@@ -234,14 +234,14 @@ def _verify(model_path: Path, keys: tuple[Path, ...], signatures: tuple[Path, ..
     if as_json:
         click.echo(json.dumps({
             "ok": True, "root_digest": result.root_digest, "files": result.files, "tensors": result.tensors,
-            "bytes": result.bytes_hashed,
+            "tensor_digests": result.tensor_digests, "bytes": result.bytes_hashed,
             "bundles": [{"path": str(b.path), "algorithm": b.algorithm.value, "key": b.key.name,
                          "keyid": b.key.keyid} for b in result.bundles],
             "skipped": [str(p) for p in result.skipped],
         }))
         return
     algs = ", ".join(f"{b.algorithm.value} ({b.key.name})" for b in result.bundles)
-    click.echo(f"OK sha256:{result.root_digest}: {result.files} signed files, {result.tensors} tensors verified; "
+    click.echo(f"OK sha256:{result.root_digest}: {result.files} signed files, {result.tensors} tensors ({result.tensor_digests} with per-tensor digests); "
                f"signed by {algs}")
     for p in result.skipped:
         click.echo(f"  note: {p} not checked (no configured key of its algorithm)", err=True)
@@ -269,3 +269,20 @@ def _digest(model_dir: Path, as_json: bool, quiet: bool) -> None:
         click.echo(json.dumps({"ok": True, "root_digest": m.subject_digest["sha256"], "files": len(m.resources)}))
     else:
         click.echo(f"sha256:{m.subject_digest['sha256']}")
+
+
+def _register_command_groups() -> None:
+    """Attach the command groups of the optional packages (their modules import only click at top level)."""
+    import importlib
+
+    for module, attr in (("modelsec._cli_watermark", "watermark"), ("modelsec._cli_gate", "gate")):
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name != module:
+                raise
+            continue
+        main.add_command(getattr(mod, attr))
+
+
+_register_command_groups()

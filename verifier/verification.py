@@ -43,7 +43,8 @@ from modelsec.errors import (
 )
 from modelsec.limits import Limits
 from modelsec.policy import Policy
-from modelsec.signer.hashing import FileDigests, ProgressCallback, hash_files, new_hasher
+from modelsec.signer.hashing import FileDigests, ProgressCallback, hash_files, is_safetensors_name, new_hasher
+from modelsec.signer.safetensors_header import read_header
 from modelsec.signer.keys import TrustedKey
 from modelsec.signer.manifest import OMS_PREDICATE_TYPE, Manifest, parse_manifest, root_digest
 from modelsec.signer.model_files import open_beneath, open_model_root, walk_model
@@ -85,7 +86,8 @@ class VerifiedModel:
     Attributes:
         root_digest: The model root digest (hex SHA-256 OMS subject digest).
         files: Number of signed files checked.
-        tensors: Number of tensors whose per-tensor digests were checked.
+        tensors: Number of tensors in the verified safetensors files (all their bytes are verified).
+        tensor_digests: Number of tensors whose per-tensor digests were also checked individually.
         bytes_hashed: Bytes read and hashed.
         bundles: The verified bundles.
         skipped: Bundles found by default name but not checked (no configured key of their algorithm).
@@ -95,6 +97,7 @@ class VerifiedModel:
     root_digest: str
     files: int
     tensors: int
+    tensor_digests: int
     bytes_hashed: int
     bundles: tuple[VerifiedBundle, ...]
     skipped: tuple[Path, ...]
@@ -238,6 +241,9 @@ def verify_model(
     if stat.S_ISREG(st.st_mode):
         _refuse_pickle([model_path.name], str(model_path.parent))
         single, model_dir = model_path.name, model_path.parent
+        if is_safetensors_name(single):
+            # A malformed file is refused for what it is, before any bundle is looked for.
+            _check_safetensors_structure(model_path, limits)
     elif stat.S_ISDIR(st.st_mode):
         model_dir = model_path
     else:
@@ -338,12 +344,19 @@ def verify_model(
     return VerifiedModel(
         root_digest=first.subject_digest["sha256"],
         files=len(names),
-        tensors=tensors_checked,
+        tensors=sum(len(d.header.tensors) for d in computed.values() if d.header is not None),
+        tensor_digests=tensors_checked,
         bytes_hashed=sum(d.size for d in computed.values()),
         bundles=tuple(verified),
         skipped=tuple(skipped),
         manifest=first,
     )
+
+
+def _check_safetensors_structure(path: Path, limits: Limits) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        read_header(f, os.fstat(f.fileno()).st_size, path=str(path), limits=limits)
 
 
 def _refuse_pickle(names: Sequence[str], model: str) -> None:
@@ -423,11 +436,14 @@ def _check_index(
     weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(weight_map, dict):
         raise MalformedArtifactError(f"{what}: weight_map is missing or not an object")
+    held: dict[str, set[str]] = {}
     for tensor, target in weight_map.items():
         if not isinstance(target, str) or target not in signed or not target.endswith(".safetensors"):
             raise MalformedArtifactError(
                 f"{what}: weight_map[`{tensor}`] -> {target!r} is not a signed safetensors file of the model"
             )
-        header = computed[target].header if target in computed else None
-        if header is not None and tensor not in {t.name for t in header.tensors}:
+        if target not in held and target in computed:
+            header = computed[target].header
+            held[target] = {t.name for t in header.tensors} if header is not None else set()
+        if target in held and tensor not in held[target]:
             raise MalformedArtifactError(f"{what}: weight_map names `{tensor}`, which {target!r} does not hold")
