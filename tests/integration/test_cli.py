@@ -1,0 +1,142 @@
+"""The installed `modelsec` console script as a user runs it: outputs, --json, exit codes, refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.integration
+
+
+def test_keygen_sign_verify_digest_round_trip(tiny_model: Path, tmp_path: Path) -> None:
+    for alg in ("ecdsa-p256", "sm2"):
+        r = run_cli("keygen", "-a", alg, "-o", tmp_path / alg)
+        assert r.returncode == 0, r.stderr
+        assert oct((tmp_path / f"{alg}.key.pem").stat().st_mode & 0o777) == "0o600"
+    r = run_cli("sign", tiny_model, "-k", tmp_path / "ecdsa-p256.key.pem", "-k", tmp_path / "sm2.key.pem", "--json")
+    assert r.returncode == 0, r.stderr
+    signed = json.loads(r.stdout)
+    assert {b["algorithm"] for b in signed["bundles"]} == {"ecdsa-p256", "sm2"}
+    r = run_cli("verify", tiny_model, "-k", tmp_path / "ecdsa-p256.pub.pem", "-k", tmp_path / "sm2.pub.pem",
+                "--require", "ecdsa-p256,sm2", "--json")
+    assert r.returncode == 0, r.stderr
+    verified = json.loads(r.stdout)
+    assert verified["ok"] and verified["root_digest"] == signed["root_digest"]
+    assert verified["files"] == 6 and verified["tensors"] == 6
+    r = run_cli("digest", tiny_model)
+    assert r.returncode == 0 and r.stdout.strip() == f"sha256:{signed['root_digest']}"
+
+
+def test_keygen_refuses_overwrite(tmp_path: Path) -> None:
+    assert run_cli("keygen", "-o", tmp_path / "k").returncode == 0
+    r = run_cli("keygen", "-o", tmp_path / "k")
+    assert r.returncode == 2 and "exists" in r.stderr
+
+
+def test_encrypted_key_via_environment(tiny_model: Path, tmp_path: Path) -> None:
+    env = {"MODELSEC_KEY_PASSWORD": "correct horse"}
+    for alg in ("ecdsa-p384", "sm2"):
+        assert run_cli("keygen", "-a", alg, "-o", tmp_path / alg, "--encrypt", env=env).returncode == 0
+        assert b"ENCRYPTED PRIVATE KEY" in (tmp_path / f"{alg}.key.pem").read_bytes()
+        r = run_cli("sign", tiny_model, "-k", tmp_path / f"{alg}.key.pem", env=env)
+        assert r.returncode == 0, r.stderr
+        r = run_cli("sign", tiny_model, "-k", tmp_path / f"{alg}.key.pem", env={"MODELSEC_KEY_PASSWORD": "wrong"})
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(
+    ("setup", "match"),
+    [
+        ("wrong_key", "signature"),
+        ("missing_signature", "no signature bundle"),
+        ("malformed_pem", "PEM"),
+        ("unsupported_algorithm", "not supported"),
+        ("file_outside_signed_model", "no signature bundle"),
+        ("empty_dir", "no signature bundle"),
+        ("missing_dir", "cannot read"),
+        ("private_key_as_trust", "private key"),
+    ],
+)
+def test_clear_refusals(setup: str, match: str, tiny_model: Path, key_dir: Path, tmp_path: Path) -> None:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    run_cli("sign", tiny_model, "-k", key_dir / "ecdsa-p256.key.pem")
+    target, key = tiny_model, key_dir / "ecdsa-p256.pub.pem"
+    if setup == "wrong_key":
+        key = key_dir / "other.pub.pem"
+    elif setup == "missing_signature":
+        (tiny_model / "model.sig").unlink()
+    elif setup == "malformed_pem":
+        key = tmp_path / "bad.pem"
+        key.write_text("-----BEGIN PUBLIC KEY-----\nnot base64\n-----END PUBLIC KEY-----\n")
+    elif setup == "unsupported_algorithm":
+        key = tmp_path / "rsa.pem"
+        key.write_bytes(rsa.generate_private_key(public_exponent=65537, key_size=2048).public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    elif setup == "file_outside_signed_model":
+        target = tmp_path / "stray.txt"
+        target.write_text("x")
+    elif setup == "empty_dir":
+        target = tmp_path / "empty"
+        target.mkdir()
+    elif setup == "missing_dir":
+        target = tmp_path / "nope"
+    elif setup == "private_key_as_trust":
+        key = key_dir / "ecdsa-p256.key.pem"
+    r = run_cli("verify", target, "--key", key)
+    assert r.returncode == 1, r.stdout
+    assert "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("modelsec: error:"), r.stderr
+    import re
+
+    assert re.search(match, lines[0]), lines[0]
+    r = run_cli("verify", target, "--key", key, "--json")
+    assert r.returncode == 1
+    doc = json.loads(r.stdout)
+    assert doc["ok"] is False and doc["error"]["kind"].endswith("Error")
+
+
+def test_usage_errors_exit_2(tiny_model: Path, key_dir: Path) -> None:
+    assert run_cli("verify", tiny_model).returncode == 2  # --key missing
+    assert run_cli("verify", tiny_model, "-k", key_dir / "ecdsa-p256.pub.pem", "--require", "rsa").returncode == 2
+    assert run_cli("keygen", "-a", "ed25519", "-o", "x").returncode == 2
+    assert run_cli("frobnicate").returncode == 2
+
+
+def test_help_explains() -> None:
+    r = run_cli("verify", "--help")
+    assert r.returncode == 0
+    for word in ("--key", "--signature", "--require", "--json", "Exit 0", "Pickle"):
+        assert word in r.stdout, word
+    assert run_cli("--version").stdout.startswith("modelsec, version ")
+
+
+def test_cli_does_not_import_torch_or_grpc(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, modelsec._cli, modelsec.verifier, modelsec.signer;"
+        "print(any(m.split('.')[0] in ('torch', 'grpc') for m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_tamper_then_refuse(tiny_model: Path, key_dir: Path) -> None:
+    assert run_cli("sign", tiny_model, "-k", key_dir / "ecdsa-p256.key.pem").returncode == 0
+    shard = tiny_model / "model-00001-of-00002.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    r = run_cli("verify", tiny_model, "-k", key_dir / "ecdsa-p256.pub.pem")
+    assert r.returncode == 1
+    assert "model-00001-of-00002.safetensors" in r.stderr and "expected" in r.stderr
+    os.sync()
