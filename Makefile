@@ -41,7 +41,7 @@ test-slow: $(VENV)/.test
 
 lint: $(VENV)/.test
 	$(BIN)/ruff check core attestations signer verifier watermark robustness
-	$(BIN)/mypy
+	bash scripts/typecheck.sh
 
 bench: $(VENV)/.test
 	$(BIN)/python bench/bench_sign_verify.py

@@ -143,7 +143,9 @@ def parse_bundle(data: bytes, *, source: str) -> Bundle:
         public_key = material.get("publicKey")
         if isinstance(public_key, dict) and isinstance(public_key.get("hint"), str):
             hint = public_key["hint"]
-    envelope = Envelope(payload=payload, payload_type=payload_type, signatures=(EnvelopeSignature(sig, keyid),))
+    envelope = Envelope(
+        payload=payload, payload_type=payload_type, signatures=(EnvelopeSignature(sig, keyid),)
+    )
     return Bundle(envelope=envelope, hint=hint, source=source)
 
 
@@ -156,7 +158,8 @@ def bundle_to_json(envelope: Envelope, *, hint: str) -> bytes:
             "payload": base64.b64encode(envelope.payload).decode("ascii"),
             "payloadType": envelope.payload_type,
             "signatures": [
-                {"sig": base64.b64encode(s.sig).decode("ascii"), "keyid": s.keyid} for s in envelope.signatures
+                {"sig": base64.b64encode(s.sig).decode("ascii"), "keyid": s.keyid}
+                for s in envelope.signatures
             ],
         },
     }
@@ -181,5 +184,7 @@ def sign_statement(statement: Statement, signer: StatementSigner) -> bytes:
     hint = key_hint(signer.public_key_pem())
     unsigned = Envelope(payload=payload, payload_type=PAYLOAD_TYPE_IN_TOTO, signatures=())
     sig = signer.sign(unsigned.pae())
-    signed = Envelope(payload=payload, payload_type=PAYLOAD_TYPE_IN_TOTO, signatures=(EnvelopeSignature(sig, hint),))
+    signed = Envelope(
+        payload=payload, payload_type=PAYLOAD_TYPE_IN_TOTO, signatures=(EnvelopeSignature(sig, hint),)
+    )
     return bundle_to_json(signed, hint=hint)

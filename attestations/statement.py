@@ -110,7 +110,9 @@ def parse_statement(payload: bytes, *, what: str, predicate_type: str | None = N
         raise MalformedArtifactError(f"{what}: predicateType must be {predicate_type!r}, got {ptype!r}")
     predicate = doc.get("predicate")
     if not isinstance(predicate, dict):
-        raise MalformedArtifactError(f"{what}: statement predicate is missing or not an object (no resources to verify)")
+        raise MalformedArtifactError(
+            f"{what}: statement predicate is missing or not an object (no resources to verify)"
+        )
     raw_subjects = doc.get("subject")
     if not isinstance(raw_subjects, list) or not raw_subjects or len(raw_subjects) > _MAX_SUBJECTS:
         raise MalformedArtifactError(f"{what}: statement subject must be a non-empty list")

@@ -22,7 +22,7 @@ from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
 from modelsec.errors import Error
 
 F = TypeVar("F", bound=Callable[..., Any])
-PASSWORD_ENV = "MODELSEC_KEY_PASSWORD"
+PASSWORD_ENV = "MODELSEC_KEY_PASSWORD"  # noqa: S105 - the variable name, not a password
 
 
 def _fail(e: Error, as_json: bool) -> NoReturn:
@@ -34,7 +34,9 @@ def _fail(e: Error, as_json: bool) -> NoReturn:
 
 
 def _json_option(f: F) -> F:
-    return click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout (for scripts).")(f)
+    return click.option(
+        "--json", "as_json", is_flag=True, help="Print one JSON object on stdout (for scripts)."
+    )(f)
 
 
 def _quiet_option(f: F) -> F:
@@ -113,7 +115,9 @@ def main() -> None:
     required=True,
     help="Output prefix: writes PREFIX.key.pem (mode 0600) and PREFIX.pub.pem.",
 )
-@click.option("--encrypt", is_flag=True, help=f"Encrypt the private key (password from ${PASSWORD_ENV} or a prompt).")
+@click.option(
+    "--encrypt", is_flag=True, help=f"Encrypt the private key (password from ${PASSWORD_ENV} or a prompt)."
+)
 @click.option("--force", is_flag=True, help="Overwrite existing files.")
 @_json_option
 def _keygen(algorithm: str, out: Path, encrypt: bool, force: bool, as_json: bool) -> None:
@@ -123,7 +127,9 @@ def _keygen(algorithm: str, out: Path, encrypt: bool, force: bool, as_json: bool
     password = None
     if encrypt:
         env = os.environ.get(PASSWORD_ENV)
-        password = (env or click.prompt("Password", hide_input=True, confirmation_prompt=True)).encode("utf-8")
+        password = (env or click.prompt("Password", hide_input=True, confirmation_prompt=True)).encode(
+            "utf-8"
+        )
     private_path = Path(f"{out}.key.pem")
     public_path = Path(f"{out}.pub.pem")
     try:
@@ -139,8 +145,16 @@ def _keygen(algorithm: str, out: Path, encrypt: bool, force: bool, as_json: bool
     except Error as e:
         _fail(e, as_json)
     if as_json:
-        click.echo(json.dumps({"ok": True, "algorithm": algorithm, "private_key": str(private_path),
-                               "public_key": str(public_path)}))
+        click.echo(
+            json.dumps(
+                {
+                    "ok": True,
+                    "algorithm": algorithm,
+                    "private_key": str(private_path),
+                    "public_key": str(public_path),
+                }
+            )
+        )
     else:
         click.echo(f"wrote {private_path} and {public_path} ({algorithm})")
 
@@ -150,18 +164,41 @@ _TENSOR_DIGESTS = [HashAlgorithm.BLAKE3.value, HashAlgorithm.SHA256.value, HashA
 
 @main.command(name="sign")
 @click.argument("model_dir", type=click.Path(path_type=Path))
-@click.option("--key", "-k", "keys", type=click.Path(path_type=Path), multiple=True, required=True,
-              help="Private key PEM (repeatable: one bundle per key). Encrypted keys read "
-                   f"${PASSWORD_ENV} or prompt.")
-@click.option("--signature", "-s", "signatures", type=click.Path(path_type=Path), multiple=True,
-              help="Bundle output path, one per --key in the same order (default: model.sig, "
-                   "model.p384.sig, model.sm2.sig in MODEL_DIR).")
-@click.option("--tensor-digest", type=click.Choice(_TENSOR_DIGESTS), default="blake3", show_default=True,
-              help="Per-tensor digest algorithm recorded in the modelsec extension ('none': plain OMS).")
+@click.option(
+    "--key",
+    "-k",
+    "keys",
+    type=click.Path(path_type=Path),
+    multiple=True,
+    required=True,
+    help=f"Private key PEM (repeatable: one bundle per key). Encrypted keys read ${PASSWORD_ENV} or prompt.",
+)
+@click.option(
+    "--signature",
+    "-s",
+    "signatures",
+    type=click.Path(path_type=Path),
+    multiple=True,
+    help="Bundle output path, one per --key in the same order (default: model.sig, "
+    "model.p384.sig, model.sm2.sig in MODEL_DIR).",
+)
+@click.option(
+    "--tensor-digest",
+    type=click.Choice(_TENSOR_DIGESTS),
+    default="blake3",
+    show_default=True,
+    help="Per-tensor digest algorithm recorded in the modelsec extension ('none': plain OMS).",
+)
 @_json_option
 @_quiet_option
-def _sign(model_dir: Path, keys: tuple[Path, ...], signatures: tuple[Path, ...], tensor_digest: str,
-          as_json: bool, quiet: bool) -> None:
+def _sign(
+    model_dir: Path,
+    keys: tuple[Path, ...],
+    signatures: tuple[Path, ...],
+    tensor_digest: str,
+    as_json: bool,
+    quiet: bool,
+) -> None:
     """Hash every file of MODEL_DIR once and write one signature bundle per key."""
     from modelsec.signer import load_private_key_file, sign_model
 
@@ -180,13 +217,25 @@ def _sign(model_dir: Path, keys: tuple[Path, ...], signatures: tuple[Path, ...],
     except Error as e:
         _fail(e, as_json)
     if as_json:
-        click.echo(json.dumps({
-            "ok": True, "root_digest": result.root_digest, "files": result.files, "tensors": result.tensors,
-            "bundles": [{"algorithm": b.algorithm.value, "path": str(b.path), "keyid": b.keyid}
-                        for b in result.bundles],
-        }))
+        click.echo(
+            json.dumps(
+                {
+                    "ok": True,
+                    "root_digest": result.root_digest,
+                    "files": result.files,
+                    "tensors": result.tensors,
+                    "bundles": [
+                        {"algorithm": b.algorithm.value, "path": str(b.path), "keyid": b.keyid}
+                        for b in result.bundles
+                    ],
+                }
+            )
+        )
         return
-    click.echo(f"signed {result.files} files, {result.tensors} tensors; model root digest sha256:{result.root_digest}")
+    click.echo(
+        f"signed {result.files} files, {result.tensors} tensors; "
+        f"model root digest sha256:{result.root_digest}"
+    )
     for b in result.bundles:
         click.echo(f"  {b.algorithm.value:<10} -> {b.path}")
 
@@ -203,19 +252,46 @@ def _parse_require(value: str | None) -> list[SignatureAlgorithm]:
 
 @main.command(name="verify")
 @click.argument("model_path", type=click.Path(path_type=Path))
-@click.option("--key", "-k", "keys", type=click.Path(path_type=Path), multiple=True, required=True,
-              help="Trusted public key PEM (repeatable). Keys are never taken from the bundle.")
-@click.option("--signature", "-s", "signatures", type=click.Path(path_type=Path), multiple=True,
-              help="Bundle to check (repeatable; default: model.sig, model.p384.sig, model.sm2.sig found in the "
-                   "model directory).")
-@click.option("--require", "require", metavar="ALG[,ALG]",
-              help="Algorithms that must all have signed, e.g. ecdsa-p256,sm2.")
-@click.option("--allow-remote-code", is_flag=True,
-              help="Accept *.py files and auto_map in config files (refused by default).")
+@click.option(
+    "--key",
+    "-k",
+    "keys",
+    type=click.Path(path_type=Path),
+    multiple=True,
+    required=True,
+    help="Trusted public key PEM (repeatable). Keys are never taken from the bundle.",
+)
+@click.option(
+    "--signature",
+    "-s",
+    "signatures",
+    type=click.Path(path_type=Path),
+    multiple=True,
+    help="Bundle to check (repeatable; default: model.sig, model.p384.sig, model.sm2.sig found in the "
+    "model directory).",
+)
+@click.option(
+    "--require",
+    "require",
+    metavar="ALG[,ALG]",
+    help="Algorithms that must all have signed, e.g. ecdsa-p256,sm2.",
+)
+@click.option(
+    "--allow-remote-code",
+    is_flag=True,
+    help="Accept *.py files and auto_map in config files (refused by default).",
+)
 @_json_option
 @_quiet_option
-def _verify(model_path: Path, keys: tuple[Path, ...], signatures: tuple[Path, ...], require: str | None,
-            allow_remote_code: bool, as_json: bool, quiet: bool) -> None:
+def _verify(
+    model_path: Path,
+    keys: tuple[Path, ...],
+    signatures: tuple[Path, ...],
+    require: str | None,
+    allow_remote_code: bool,
+    as_json: bool,
+    quiet: bool,
+) -> None:
     """Verify MODEL_PATH (a model directory, or one file of it) against its signatures.
 
     Exit 0 when every signed file and tensor matches and a trusted key signed; exit 1 otherwise. Pickle
@@ -232,17 +308,35 @@ def _verify(model_path: Path, keys: tuple[Path, ...], signatures: tuple[Path, ..
     except Error as e:
         _fail(e, as_json)
     if as_json:
-        click.echo(json.dumps({
-            "ok": True, "root_digest": result.root_digest, "files": result.files, "tensors": result.tensors,
-            "tensor_digests": result.tensor_digests, "bytes": result.bytes_hashed,
-            "bundles": [{"path": str(b.path), "algorithm": b.algorithm.value, "key": b.key.name,
-                         "keyid": b.key.keyid} for b in result.bundles],
-            "skipped": [str(p) for p in result.skipped],
-        }))
+        click.echo(
+            json.dumps(
+                {
+                    "ok": True,
+                    "root_digest": result.root_digest,
+                    "files": result.files,
+                    "tensors": result.tensors,
+                    "tensor_digests": result.tensor_digests,
+                    "bytes": result.bytes_hashed,
+                    "bundles": [
+                        {
+                            "path": str(b.path),
+                            "algorithm": b.algorithm.value,
+                            "key": b.key.name,
+                            "keyid": b.key.keyid,
+                        }
+                        for b in result.bundles
+                    ],
+                    "skipped": [str(p) for p in result.skipped],
+                }
+            )
+        )
         return
     algs = ", ".join(f"{b.algorithm.value} ({b.key.name})" for b in result.bundles)
-    click.echo(f"OK sha256:{result.root_digest}: {result.files} signed files, {result.tensors} tensors ({result.tensor_digests} with per-tensor digests); "
-               f"signed by {algs}")
+    click.echo(
+        f"OK sha256:{result.root_digest}: {result.files} signed files, {result.tensors} tensors "
+        f"({result.tensor_digests} with per-tensor digests); "
+        f"signed by {algs}"
+    )
     for p in result.skipped:
         click.echo(f"  note: {p} not checked (no configured key of its algorithm)", err=True)
 
@@ -259,14 +353,19 @@ def _digest(model_dir: Path, as_json: bool, quiet: bool) -> None:
     try:
         with _progress(_tree_size(model_dir), "hashing", not (quiet or as_json)) as progress:
             manifests = compute_manifests(
-                model_dir, [HashAlgorithm.SHA256], ignore_paths=[*DEFAULT_IGNORE_PATHS, *SIGNATURE_FILE_NAMES],
-                tensor_hash=None, progress=progress,
+                model_dir,
+                [HashAlgorithm.SHA256],
+                ignore_paths=[*DEFAULT_IGNORE_PATHS, *SIGNATURE_FILE_NAMES],
+                tensor_hash=None,
+                progress=progress,
             )
     except Error as e:
         _fail(e, as_json)
     m = manifests[HashAlgorithm.SHA256]
     if as_json:
-        click.echo(json.dumps({"ok": True, "root_digest": m.subject_digest["sha256"], "files": len(m.resources)}))
+        click.echo(
+            json.dumps({"ok": True, "root_digest": m.subject_digest["sha256"], "files": len(m.resources)})
+        )
     else:
         click.echo(f"sha256:{m.subject_digest['sha256']}")
 

@@ -11,8 +11,8 @@ __all__ = ["Limits"]
 class Limits:
     """Hard limits applied before any parsing or hashing.
 
-    Every reader in modelsec checks the relevant limit *before* it allocates or parses, so an attacker-declared
-    size never drives an allocation.
+    Every reader in modelsec checks the relevant limit *before* it allocates or parses, so an
+    attacker-declared size never drives an allocation.
 
     Attributes:
         max_files: Most regular files a model directory may hold (walk stops and fails beyond it).

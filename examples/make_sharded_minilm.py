@@ -21,7 +21,13 @@ from pathlib import Path
 from huggingface_hub import split_state_dict_into_shards_factory
 from safetensors.numpy import load_file, save_file
 
-SIDE_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
+SIDE_FILES = (
+    "config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+    "special_tokens_map.json",
+)
 
 
 def minilm_dir() -> Path:
@@ -39,7 +45,9 @@ def main() -> None:
     src = minilm_dir()
     state = load_file(str(src / "model.safetensors"))
     split = split_state_dict_into_shards_factory(
-        state, get_storage_size=lambda a: a.nbytes, max_shard_size=args.max_shard_size,
+        state,
+        get_storage_size=lambda a: a.nbytes,
+        max_shard_size=args.max_shard_size,
         filename_pattern="model{suffix}.safetensors",
     )
     if args.out.exists():
@@ -47,7 +55,10 @@ def main() -> None:
     args.out.mkdir(parents=True)
     for filename, names in split.filename_to_tensors.items():
         save_file({n: state[n] for n in names}, str(args.out / filename), metadata={"format": "pt"})
-    index = {"metadata": {"total_size": sum(v.nbytes for v in state.values())}, "weight_map": split.tensor_to_filename}
+    index = {
+        "metadata": {"total_size": sum(v.nbytes for v in state.values())},
+        "weight_map": split.tensor_to_filename,
+    }
     (args.out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
     for name in SIDE_FILES:
         if (src / name).is_file():

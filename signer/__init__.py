@@ -16,7 +16,13 @@ from modelsec.signer.keys import (
     load_trusted_key,
     load_trusted_key_file,
 )
-from modelsec.signer.signing import SIGNATURE_FILE_NAMES, SignedBundle, SigningResult, compute_manifests, sign_model
+from modelsec.signer.signing import (
+    SIGNATURE_FILE_NAMES,
+    SignedBundle,
+    SigningResult,
+    compute_manifests,
+    sign_model,
+)
 
 __all__ = [
     "SIGNATURE_FILE_NAMES",

@@ -13,7 +13,7 @@ core: SHA-256 ≈ 1.36 GB/s, BLAKE3 ≈ 3.5 GB/s, SM3 ≈ 0.27 GB/s, so BLAKE3 a
 a SHA-256 tensor digest would double it. `tensor_hash` can be SHA-256 or SM3 where policy demands it.
 
 Reading is streamed in `Limits.hash_chunk_bytes` chunks into one reused buffer per thread (memory is
-O(chunk × threads), never O(file)). Files are opened with `open_beneath` (no link followed) and must keep
+O(chunk x threads), never O(file)). Files are opened with `open_beneath` (no link followed) and must keep
 the size seen at open time; a file that grows or shrinks while hashed is refused. Threads scale because
 hashlib, cryptography and blake3 release the GIL while hashing large buffers.
 """
@@ -90,8 +90,10 @@ def new_hasher(algorithm: HashAlgorithm) -> Hasher:
             return hashlib.new("sm3")
         try:
             return _CryptographySm3()
-        except Exception as e:  # noqa: BLE001 - any failure here means "no SM3"; reported as unavailable
-            raise BackendUnavailableError(f"SM3 is available neither in hashlib nor in cryptography: {e}") from e
+        except Exception as e:
+            raise BackendUnavailableError(
+                f"SM3 is available neither in hashlib nor in cryptography: {e}"
+            ) from e
     if algorithm is HashAlgorithm.BLAKE3:
         try:
             import blake3
@@ -318,7 +320,9 @@ def hash_files(
     # Largest files first keeps both cores busy until the end.
     order = sorted(names, key=lambda n: -_size_hint(root_fd, n))
     if workers == 1:
-        results = [_hash_one(root_fd, n, algorithms, tensor_hash, limits, safe_progress, model) for n in order]
+        results = [
+            _hash_one(root_fd, n, algorithms, tensor_hash, limits, safe_progress, model) for n in order
+        ]
     else:
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="modelsec-hash")
         try:

@@ -36,7 +36,6 @@ __all__ = [
     "load_trusted_key_file",
 ]
 
-PASSWORD_ENV = "MODELSEC_KEY_PASSWORD"
 _SM2_CURVE_OID_DER = bytes.fromhex("06082a811ccf5501822d")  # 1.2.156.10197.1.301
 _MAX_PEM_BYTES = 64 * 1024
 
@@ -111,13 +110,13 @@ class _Sm2KeyBackend:
     def public_key_pem(self) -> bytes:
         from modelsec.signer import sm2
 
-        assert isinstance(self._key, sm2.Sm2PrivateKey)  # noqa: S101 - internal invariant, not a check
+        assert isinstance(self._key, sm2.Sm2PrivateKey)
         return self._key.public_key.to_pem()
 
     def sign(self, message: bytes) -> bytes:
         from modelsec.signer import sm2
 
-        assert isinstance(self._key, sm2.Sm2PrivateKey)  # noqa: S101 - internal invariant, not a check
+        assert isinstance(self._key, sm2.Sm2PrivateKey)
         return sm2.default_backend().sign(self._key, message)
 
 
@@ -157,10 +156,10 @@ class TrustedKey:
         if self.algorithm is SignatureAlgorithm.SM2:
             from modelsec.signer import sm2
 
-            assert isinstance(self._verifier, sm2.Sm2PublicKey)  # noqa: S101 - internal invariant
+            assert isinstance(self._verifier, sm2.Sm2PublicKey)
             sm2.default_backend().verify(self._verifier, message, signature)
             return
-        assert isinstance(self._verifier, ec.EllipticCurvePublicKey)  # noqa: S101 - internal invariant
+        assert isinstance(self._verifier, ec.EllipticCurvePublicKey)
         digest = _ec_algorithm(self._verifier.curve)[1]
         decode_signature(signature, _ORDERS[self.algorithm])
         try:
@@ -191,9 +190,7 @@ def _is_sm2(der_or_pem: bytes) -> bool:
     return _SM2_CURVE_OID_DER in der_or_pem
 
 
-def load_trusted_key(
-    pem: bytes, *, name: str, roles: frozenset[str] = frozenset()
-) -> TrustedKey:
+def load_trusted_key(pem: bytes, *, name: str, roles: frozenset[str] = frozenset()) -> TrustedKey:
     """Load a SubjectPublicKeyInfo PEM public key (ECDSA P-256/P-384 or SM2) as a trusted key.
 
     Args:
@@ -247,7 +244,9 @@ def _read_key_file(path: Path) -> bytes:
     return data
 
 
-def load_trusted_key_file(path: Path, *, name: str | None = None, roles: frozenset[str] = frozenset()) -> TrustedKey:
+def load_trusted_key_file(
+    path: Path, *, name: str | None = None, roles: frozenset[str] = frozenset()
+) -> TrustedKey:
     """Read `path` (symlinks refused) and load it with `load_trusted_key`; same errors."""
     return load_trusted_key(_read_key_file(path), name=name or path.name, roles=roles)
 
@@ -274,7 +273,9 @@ def load_private_key(pem: bytes, *, name: str, password: bytes | None = None) ->
     try:
         key = serialization.load_pem_private_key(pem, password)
     except TypeError as e:
-        raise KeyMaterialError(f"{name}: key is encrypted: set {PASSWORD_ENV} or enter the password") from e
+        raise KeyMaterialError(
+            f"{name}: key is encrypted: set MODELSEC_KEY_PASSWORD or enter the password"
+        ) from e
     except UnsupportedAlgorithm as e:
         raise UnsupportedAlgorithmError(f"{name}: unsupported private key type: {e}") from e
     except ValueError as e:
@@ -303,7 +304,9 @@ def load_private_key_file(path: Path, *, password: bytes | None = None) -> KeyBa
     return load_private_key(_read_key_file(path), name=path.name, password=password)
 
 
-def generate_private_key_pem(algorithm: SignatureAlgorithm, *, password: bytes | None = None) -> tuple[bytes, bytes]:
+def generate_private_key_pem(
+    algorithm: SignatureAlgorithm, *, password: bytes | None = None
+) -> tuple[bytes, bytes]:
     """Generate a key pair.
 
     Args:

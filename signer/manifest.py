@@ -20,7 +20,6 @@ checks the `sha256` value against SHA-256 digests it computes itself.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -172,7 +171,8 @@ def manifest_statement(manifest: Manifest) -> Statement:
             "ignore_paths": list(manifest.ignore_paths),
         },
         "resources": [
-            {"name": r.name, "algorithm": r.algorithm.value, "digest": r.digest.hex()} for r in manifest.resources
+            {"name": r.name, "algorithm": r.algorithm.value, "digest": r.digest.hex()}
+            for r in manifest.resources
         ],
     }
     if manifest.tensor_hash is not None:
@@ -240,7 +240,7 @@ def parse_manifest(statement: Statement, *, what: str, limits: Limits | None = N
     if not isinstance(ser, Mapping) or ser.get("method") != "files":
         raise MalformedArtifactError(f"{what}: predicate.serialization.method must be 'files'")
     try:
-        hash_type = HashAlgorithm(ser.get("hash_type"))
+        hash_type = HashAlgorithm(str(ser.get("hash_type")))
     except ValueError:
         raise MalformedArtifactError(
             f"{what}: predicate.serialization.hash_type {ser.get('hash_type')!r} is not supported"
@@ -264,14 +264,19 @@ def parse_manifest(statement: Statement, *, what: str, limits: Limits | None = N
     for i, entry in enumerate(raw_resources):
         if not isinstance(entry, Mapping):
             raise MalformedArtifactError(f"{what}: predicate.resources[{i}] is not an object")
-        name = validate_resource_name(entry.get("name"), what=f"{what}: predicate.resources[{i}]", limits=limits)
+        name = validate_resource_name(
+            entry.get("name"), what=f"{what}: predicate.resources[{i}]", limits=limits
+        )
         if entry.get("algorithm") != hash_type.value:
             raise MalformedArtifactError(
-                f"{what}: resources[{i}] ({name!r}) algorithm {entry.get('algorithm')!r} != hash_type {hash_type}"
+                f"{what}: resources[{i}] ({name!r}) algorithm {entry.get('algorithm')!r} "
+                f"!= hash_type {hash_type}"
             )
         if name in resources:
             raise MalformedArtifactError(f"{what}: predicate.resources lists {name!r} twice")
-        resources[name] = Resource(name, hash_type, _hex_digest(entry.get("digest"), what=f"{what}: {name!r} digest"))
+        resources[name] = Resource(
+            name, hash_type, _hex_digest(entry.get("digest"), what=f"{what}: {name!r} digest")
+        )
     ordered = tuple(resources[n] for n in sorted(resources, key=lambda n: n.encode("utf-8")))
 
     if len(statement.subjects) != 1:
@@ -311,7 +316,7 @@ def _parse_extension(
     if not isinstance(ext, Mapping) or ext.get("version") != EXTENSION_VERSION:
         raise MalformedArtifactError(f"{w}: unsupported extension (version must be {EXTENSION_VERSION})")
     try:
-        tensor_hash = HashAlgorithm(ext.get("tensor_hash"))
+        tensor_hash = HashAlgorithm(str(ext.get("tensor_hash")))
     except ValueError:
         raise MalformedArtifactError(f"{w}.tensor_hash {ext.get('tensor_hash')!r} is not supported") from None
     raw = ext.get("tensors")
@@ -330,11 +335,18 @@ def _parse_extension(
             if not isinstance(t, Mapping) or set(t) != {"dtype", "shape", "data_offsets", "digest"}:
                 raise MalformedArtifactError(f"{tw} must have exactly dtype, shape, data_offsets, digest")
             shape, offsets = t["shape"], t["data_offsets"]
-            if not isinstance(t["dtype"], str) or not isinstance(shape, list) or not isinstance(offsets, list):
+            if (
+                not isinstance(t["dtype"], str)
+                or not isinstance(shape, list)
+                or not isinstance(offsets, list)
+            ):
                 raise MalformedArtifactError(f"{tw} is mistyped")
             if len(offsets) != 2:
                 raise MalformedArtifactError(f"{tw}.data_offsets must have two entries")
-            begin, end = _int(offsets[0], what=f"{tw}.data_offsets"), _int(offsets[1], what=f"{tw}.data_offsets")
+            begin, end = (
+                _int(offsets[0], what=f"{tw}.data_offsets"),
+                _int(offsets[1], what=f"{tw}.data_offsets"),
+            )
             if begin > end:
                 raise MalformedArtifactError(f"{tw}.data_offsets are reversed")
             parsed[tname] = TensorEntry(

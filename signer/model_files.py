@@ -87,7 +87,9 @@ def validate_resource_name(name: object, *, what: str, limits: Limits | None = N
     elif any(seg in ("", ".", "..") for seg in name.split("/")):
         problem = "has an empty, '.' or '..' segment"
     if problem:
-        raise MalformedArtifactError(f"{what}: file name {name!r} {problem} (must stay inside the model root)")
+        raise MalformedArtifactError(
+            f"{what}: file name {name!r} {problem} (must stay inside the model root)"
+        )
     return name
 
 
@@ -204,7 +206,9 @@ def walk_model(root: Path, *, ignore_paths: Collection[str], limits: Limits | No
             st = entry.stat(follow_symlinks=False)
             if stat.S_ISLNK(st.st_mode):
                 target = os.readlink(entry.path)
-                raise PolicyViolationError(f"{root}: {rel!r} is a symlink (-> {target!r}); symlinks are refused")
+                raise PolicyViolationError(
+                    f"{root}: {rel!r} is a symlink (-> {target!r}); symlinks are refused"
+                )
             if stat.S_ISDIR(st.st_mode):
                 if depth + 1 > limits.max_depth:
                     raise MalformedArtifactError(f"{root}: {rel!r} is nested deeper than {limits.max_depth}")

@@ -142,7 +142,8 @@ def sign_model(
     if not signers:
         raise KeyMaterialError("no signing key given")
     paths = [
-        (signature_paths or {}).get(i, model_dir / s.algorithm.default_bundle_name) for i, s in enumerate(signers)
+        (signature_paths or {}).get(i, model_dir / s.algorithm.default_bundle_name)
+        for i, s in enumerate(signers)
     ]
     if len({os.path.abspath(p) for p in paths}) != len(paths):
         raise KeyMaterialError("two keys would write the same bundle; give --signature for each key")

@@ -44,10 +44,10 @@ from modelsec.errors import (
 from modelsec.limits import Limits
 from modelsec.policy import Policy
 from modelsec.signer.hashing import FileDigests, ProgressCallback, hash_files, is_safetensors_name, new_hasher
-from modelsec.signer.safetensors_header import read_header
 from modelsec.signer.keys import TrustedKey
 from modelsec.signer.manifest import OMS_PREDICATE_TYPE, Manifest, parse_manifest, root_digest
 from modelsec.signer.model_files import open_beneath, open_model_root, walk_model
+from modelsec.signer.safetensors_header import read_header
 from modelsec.signer.signing import SIGNATURE_FILE_NAMES
 
 __all__ = [
@@ -134,7 +134,9 @@ def read_bundle(path: Path, limits: Limits) -> Bundle:
     return parse_bundle(data, source=str(path))
 
 
-def verify_bundle_signature(bundle: Bundle, keys: Sequence[TrustedKey], *, role: str = "weights") -> TrustedKey:
+def verify_bundle_signature(
+    bundle: Bundle, keys: Sequence[TrustedKey], *, role: str = "weights"
+) -> TrustedKey:
     """Check the bundle's single DSSE signature with the trusted keys.
 
     The bundle's `publicKey.hint` and DSSE `keyid` only order the candidates (a key whose keyid matches is
@@ -177,7 +179,9 @@ def _family_has_key(path: Path, keys: Sequence[TrustedKey]) -> bool:
     return any((k.algorithm is SignatureAlgorithm.SM2) == sm2_name for k in keys)
 
 
-def _read_verified_side_file(root_fd: int, name: str, expected: FileDigests, limits: Limits, model: str) -> bytes:
+def _read_verified_side_file(
+    root_fd: int, name: str, expected: FileDigests, limits: Limits, model: str
+) -> bytes:
     """Read a small side file again and make sure it is byte-identical to what was hashed."""
     if expected.size > limits.max_json_side_file_bytes:
         raise MalformedArtifactError(f"{model}/{name}: larger than {limits.max_json_side_file_bytes} bytes")
@@ -253,8 +257,10 @@ def verify_model(
     explicit = bundles is not None
     bundle_paths = list(bundles) if bundles is not None else find_default_bundles(model_dir)
     if not bundle_paths:
-        names = ", ".join(SIGNATURE_FILE_NAMES)
-        raise SignatureError(f"{model}: no signature bundle found (looked for {names}); give --signature")
+        looked_for = ", ".join(SIGNATURE_FILE_NAMES)
+        raise SignatureError(
+            f"{model}: no signature bundle found (looked for {looked_for}); give --signature"
+        )
 
     verified: list[VerifiedBundle] = []
     skipped: list[Path] = []
@@ -274,10 +280,14 @@ def verify_model(
                 f"got {statement.predicate_type!r}"
             )
         manifest = parse_manifest(statement, what=str(path), limits=limits)
-        allowed = {HashAlgorithm.SM3} if key.algorithm is SignatureAlgorithm.SM2 else {
-            HashAlgorithm.SHA256,
-            HashAlgorithm.BLAKE3,
-        }
+        allowed = (
+            {HashAlgorithm.SM3}
+            if key.algorithm is SignatureAlgorithm.SM2
+            else {
+                HashAlgorithm.SHA256,
+                HashAlgorithm.BLAKE3,
+            }
+        )
         if manifest.hash_type not in allowed:
             raise MalformedArtifactError(
                 f"{path}: a {key.algorithm} signature over a {manifest.hash_type} manifest is not accepted"
@@ -322,7 +332,12 @@ def verify_model(
     root_fd = open_model_root(model_dir)
     try:
         computed = hash_files(
-            root_fd, names, algorithms=algorithms, tensor_hash=tensor_hash, limits=limits, progress=progress,
+            root_fd,
+            names,
+            algorithms=algorithms,
+            tensor_hash=tensor_hash,
+            limits=limits,
+            progress=progress,
             model=model,
         )
         tensors_checked = 0
@@ -334,7 +349,9 @@ def verify_model(
                 if b.manifest.hash_type is not HashAlgorithm.BLAKE3 and not hmac.compare_digest(
                     b.manifest.subject_digest["sha256"], root
                 ):
-                    raise DigestMismatchError(f"{model} (model root)", b.manifest.subject_digest["sha256"], root)
+                    raise DigestMismatchError(
+                        f"{model} (model root)", b.manifest.subject_digest["sha256"], root
+                    )
         if not policy.allow_remote_code:
             _refuse_auto_map(root_fd, computed, limits, model)
         if INDEX_NAME in computed:
@@ -387,7 +404,9 @@ def _compare(
         if got.tensors is None and signed is None:
             continue
         if signed is None or got.tensors is None:
-            raise MalformedArtifactError(f"{model}/{name}: per-tensor digests missing from the signed manifest")
+            raise MalformedArtifactError(
+                f"{model}/{name}: per-tensor digests missing from the signed manifest"
+            )
         if set(signed) != set(got.tensors):
             raise DigestMismatchError(
                 f"{model}/{name} (tensor names)", ",".join(sorted(signed)), ",".join(sorted(got.tensors))
@@ -402,7 +421,10 @@ def _compare(
                 )
             if not hmac.compare_digest(t.digest, entry.digest):
                 raise DigestMismatchError(
-                    f"{model}/{name}:`{tname}`", entry.digest.hex(), t.digest.hex(), algorithm=tensor_hash.value
+                    f"{model}/{name}:`{tname}`",
+                    entry.digest.hex(),
+                    t.digest.hex(),
+                    algorithm=tensor_hash.value,
                 )
             checked += 1
     return checked
@@ -412,11 +434,13 @@ def _refuse_auto_map(root_fd: int, computed: Mapping[str, FileDigests], limits: 
     for name in _CODE_CONFIGS:
         if name not in computed:
             continue
-        doc = strict_loads(_read_verified_side_file(root_fd, name, computed[name], limits, model), what=f"{model}/{name}")
+        doc = strict_loads(
+            _read_verified_side_file(root_fd, name, computed[name], limits, model), what=f"{model}/{name}"
+        )
         if isinstance(doc, dict) and "auto_map" in doc:
+            targets = ", ".join(map(str, _flatten(doc["auto_map"])))
             raise PolicyViolationError(
-                f"{model}/{name}: auto_map requires remote code ({', '.join(map(str, _flatten(doc['auto_map'])))}); "
-                "refused by policy"
+                f"{model}/{name}: auto_map requires remote code ({targets}); refused by policy"
             )
 
 
@@ -432,7 +456,9 @@ def _check_index(
     root_fd: int, computed: Mapping[str, FileDigests], signed: set[str], limits: Limits, model: str
 ) -> None:
     what = f"{model}/{INDEX_NAME}"
-    doc = strict_loads(_read_verified_side_file(root_fd, INDEX_NAME, computed[INDEX_NAME], limits, model), what=what)
+    doc = strict_loads(
+        _read_verified_side_file(root_fd, INDEX_NAME, computed[INDEX_NAME], limits, model), what=what
+    )
     weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(weight_map, dict):
         raise MalformedArtifactError(f"{what}: weight_map is missing or not an object")
@@ -446,4 +472,6 @@ def _check_index(
             header = computed[target].header
             held[target] = {t.name for t in header.tensors} if header is not None else set()
         if target in held and tensor not in held[target]:
-            raise MalformedArtifactError(f"{what}: weight_map names `{tensor}`, which {target!r} does not hold")
+            raise MalformedArtifactError(
+                f"{what}: weight_map names `{tensor}`, which {target!r} does not hold"
+            )

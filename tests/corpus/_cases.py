@@ -49,7 +49,7 @@ def expected(case: str) -> dict[str, Any]:
 def materialise(case: str, tmp: Path) -> Path:
     dst = tmp / case
     shutil.copytree(CORPUS / case, dst, symlinks=True)
-    for dirpath, dirnames, filenames in os.walk(dst):
+    for dirpath, _dirnames, filenames in os.walk(dst):
         os.chmod(dirpath, 0o755)
         for f in filenames:
             p = os.path.join(dirpath, f)

@@ -33,8 +33,15 @@ def _no_markers() -> None:
     assert not created, f"a payload ran: {created}"
 
 
-def _reject(case_dir: Path, target: str, key: str, *, signature: str | None = None,
-            mentions: list[str] | None = None, extra: tuple[str, ...] = ()) -> None:
+def _reject(
+    case_dir: Path,
+    target: str,
+    key: str,
+    *,
+    signature: str | None = None,
+    mentions: list[str] | None = None,
+    extra: tuple[str, ...] = (),
+) -> None:
     """Refused through the CLI (exit 1, diagnostic) and the API (a VerificationError)."""
     args = ["verify", case_dir / target, "--key", case_dir / key, *extra]
     if signature:
@@ -123,7 +130,9 @@ def test_man01_path_traversal_never_opens_outside(tmp_path: Path) -> None:
     assert opened == []
 
 
-@pytest.mark.parametrize("target", expected("MAN02-symlinks-in-model-dir")["applies_to"] if CORPUS.is_dir() else [])
+@pytest.mark.parametrize(
+    "target", expected("MAN02-symlinks-in-model-dir")["applies_to"] if CORPUS.is_dir() else []
+)
 def test_man02_symlinks(target: str, tmp_path: Path) -> None:
     d = materialise("MAN02-symlinks-in-model-dir", tmp_path)
     _reject(d, target, "trust/trusted-p256.pub.pem", mentions=["symlink"])
@@ -142,12 +151,24 @@ def test_man04_directory_differs(tmp_path: Path) -> None:
     exp = expected(case)
     for directory, verdict in exp["directories"].items():
         if verdict == "accept":
-            r = run_cli("verify", d / directory, "--key", d / "trust/trusted-p256.pub.pem",
-                        "--signature", d / exp["signature"])
+            r = run_cli(
+                "verify",
+                d / directory,
+                "--key",
+                d / "trust/trusted-p256.pub.pem",
+                "--signature",
+                d / exp["signature"],
+            )
             assert r.returncode == 0, (directory, r.stderr)
         else:
-            r = run_cli("verify", d / directory, "--key", d / "trust/trusted-p256.pub.pem",
-                        "--signature", d / exp["signature"])
+            r = run_cli(
+                "verify",
+                d / directory,
+                "--key",
+                d / "trust/trusted-p256.pub.pem",
+                "--signature",
+                d / exp["signature"],
+            )
             assert r.returncode == 1, (directory, r.stdout)
             assert "extra" in r.stderr or "missing" in r.stderr, r.stderr
 
@@ -170,7 +191,12 @@ def test_man04_reports_extra_and_missing(tmp_path: Path) -> None:
 @pytest.mark.parametrize("target", ["pytorch_model.bin", "model.pkl", "signed"])
 def test_pkl01_pickle_refused_even_when_signed(target: str, tmp_path: Path) -> None:
     d = materialise("PKL01-pickle-checkpoint-runs-code", tmp_path)
-    _reject(d, target, "trust/trusted-p256.pub.pem", mentions=expected("PKL01-pickle-checkpoint-runs-code")["error_mentions"])
+    _reject(
+        d,
+        target,
+        "trust/trusted-p256.pub.pem",
+        mentions=expected("PKL01-pickle-checkpoint-runs-code")["error_mentions"],
+    )
 
 
 @pytest.mark.parametrize("target", ["model.safetensors", "raw_pickle.safetensors"])
@@ -185,7 +211,9 @@ def test_rc01_remote_code(tmp_path: Path) -> None:
     _reject(d, "model_signed_code", "trust/trusted-p256.pub.pem", mentions=[r"\.py|auto_map"])
     _reject(d, "model_unsigned_code", "trust/trusted-p256.pub.pem")
     # Explicitly allowed: the signature itself is valid.
-    r = run_cli("verify", d / "model_signed_code", "--key", d / "trust/trusted-p256.pub.pem", "--allow-remote-code")
+    r = run_cli(
+        "verify", d / "model_signed_code", "--key", d / "trust/trusted-p256.pub.pem", "--allow-remote-code"
+    )
     assert r.returncode == 0, r.stderr
 
 
@@ -217,6 +245,10 @@ def test_safetensors_cases(case: str, tmp_path: Path, key_dir: Path) -> None:
         from modelsec.signer.safetensors_header import read_header
 
         with open(d / target, "rb") as f:
-            header, _ = read_header(f, os.path.getsize(d / target), path=target,
-                                    limits=Policy.from_key_files([d / "trust/trusted-p256.pub.pem"]).limits)
+            header, _ = read_header(
+                f,
+                os.path.getsize(d / target),
+                path=target,
+                limits=Policy.from_key_files([d / "trust/trusted-p256.pub.pem"]).limits,
+            )
         assert header.tensors

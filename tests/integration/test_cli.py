@@ -18,12 +18,23 @@ def test_keygen_sign_verify_digest_round_trip(tiny_model: Path, tmp_path: Path) 
         r = run_cli("keygen", "-a", alg, "-o", tmp_path / alg)
         assert r.returncode == 0, r.stderr
         assert oct((tmp_path / f"{alg}.key.pem").stat().st_mode & 0o777) == "0o600"
-    r = run_cli("sign", tiny_model, "-k", tmp_path / "ecdsa-p256.key.pem", "-k", tmp_path / "sm2.key.pem", "--json")
+    r = run_cli(
+        "sign", tiny_model, "-k", tmp_path / "ecdsa-p256.key.pem", "-k", tmp_path / "sm2.key.pem", "--json"
+    )
     assert r.returncode == 0, r.stderr
     signed = json.loads(r.stdout)
     assert {b["algorithm"] for b in signed["bundles"]} == {"ecdsa-p256", "sm2"}
-    r = run_cli("verify", tiny_model, "-k", tmp_path / "ecdsa-p256.pub.pem", "-k", tmp_path / "sm2.pub.pem",
-                "--require", "ecdsa-p256,sm2", "--json")
+    r = run_cli(
+        "verify",
+        tiny_model,
+        "-k",
+        tmp_path / "ecdsa-p256.pub.pem",
+        "-k",
+        tmp_path / "sm2.pub.pem",
+        "--require",
+        "ecdsa-p256,sm2",
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     verified = json.loads(r.stdout)
     assert verified["ok"] and verified["root_digest"] == signed["root_digest"]
@@ -45,7 +56,9 @@ def test_encrypted_key_via_environment(tiny_model: Path, tmp_path: Path) -> None
         assert b"ENCRYPTED PRIVATE KEY" in (tmp_path / f"{alg}.key.pem").read_bytes()
         r = run_cli("sign", tiny_model, "-k", tmp_path / f"{alg}.key.pem", env=env)
         assert r.returncode == 0, r.stderr
-        r = run_cli("sign", tiny_model, "-k", tmp_path / f"{alg}.key.pem", env={"MODELSEC_KEY_PASSWORD": "wrong"})
+        r = run_cli(
+            "sign", tiny_model, "-k", tmp_path / f"{alg}.key.pem", env={"MODELSEC_KEY_PASSWORD": "wrong"}
+        )
         assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
 
 
@@ -77,8 +90,11 @@ def test_clear_refusals(setup: str, match: str, tiny_model: Path, key_dir: Path,
         key.write_text("-----BEGIN PUBLIC KEY-----\nnot base64\n-----END PUBLIC KEY-----\n")
     elif setup == "unsupported_algorithm":
         key = tmp_path / "rsa.pem"
-        key.write_bytes(rsa.generate_private_key(public_exponent=65537, key_size=2048).public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+        key.write_bytes(
+            rsa.generate_private_key(public_exponent=65537, key_size=2048)
+            .public_key()
+            .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        )
     elif setup == "file_outside_signed_model":
         target = tmp_path / "stray.txt"
         target.write_text("x")
@@ -105,7 +121,10 @@ def test_clear_refusals(setup: str, match: str, tiny_model: Path, key_dir: Path,
 
 def test_usage_errors_exit_2(tiny_model: Path, key_dir: Path) -> None:
     assert run_cli("verify", tiny_model).returncode == 2  # --key missing
-    assert run_cli("verify", tiny_model, "-k", key_dir / "ecdsa-p256.pub.pem", "--require", "rsa").returncode == 2
+    assert (
+        run_cli("verify", tiny_model, "-k", key_dir / "ecdsa-p256.pub.pem", "--require", "rsa").returncode
+        == 2
+    )
     assert run_cli("keygen", "-a", "ed25519", "-o", "x").returncode == 2
     assert run_cli("frobnicate").returncode == 2
 

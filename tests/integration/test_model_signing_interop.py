@@ -26,21 +26,45 @@ def test_model_signing_verifies_our_bundle(tmp_path: Path, key_dir: Path) -> Non
     model = write_tiny_model(tmp_path / "m")
     r = run_cli("sign", model, "--key", key_dir / "ecdsa-p256.key.pem")
     assert r.returncode == 0, r.stderr
-    r = _ms("verify", "key", model, "--signature", model / "model.sig", "--public_key", key_dir / "ecdsa-p256.pub.pem")
+    r = _ms(
+        "verify",
+        "key",
+        model,
+        "--signature",
+        model / "model.sig",
+        "--public_key",
+        key_dir / "ecdsa-p256.pub.pem",
+    )
     assert r.returncode == 0 and "Verification succeeded" in r.stdout, r.stdout + r.stderr
     # ... and it refuses a tampered shard, so the acceptance above is meaningful.
     shard = model / "model-00001-of-00002.safetensors"
     data = bytearray(shard.read_bytes())
     data[-1] ^= 1
     shard.write_bytes(bytes(data))
-    r = _ms("verify", "key", model, "--signature", model / "model.sig", "--public_key", key_dir / "ecdsa-p256.pub.pem")
+    r = _ms(
+        "verify",
+        "key",
+        model,
+        "--signature",
+        model / "model.sig",
+        "--public_key",
+        key_dir / "ecdsa-p256.pub.pem",
+    )
     assert r.returncode != 0
 
 
 @needs_ms
 def test_we_verify_model_signing_bundle(tmp_path: Path, key_dir: Path) -> None:
     model = write_tiny_model(tmp_path / "m")
-    r = _ms("sign", "key", model, "--signature", model / "model.sig", "--private_key", key_dir / "ecdsa-p256.key.pem")
+    r = _ms(
+        "sign",
+        "key",
+        model,
+        "--signature",
+        model / "model.sig",
+        "--private_key",
+        key_dir / "ecdsa-p256.key.pem",
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     r = run_cli("verify", model, "--key", key_dir / "ecdsa-p256.pub.pem", "--json")
     assert r.returncode == 0, r.stderr
@@ -54,6 +78,15 @@ def test_p384_both_directions(tmp_path: Path, key_dir: Path) -> None:
     model = write_tiny_model(tmp_path / "m")
     r = run_cli("sign", model, "--key", key_dir / "ecdsa-p384.key.pem", "--signature", tmp_path / "p384.sig")
     assert r.returncode == 0, r.stderr
-    r = _ms("verify", "key", model, "--signature", tmp_path / "p384.sig", "--public_key", key_dir / "ecdsa-p384.pub.pem",
-            "--ignore-paths", tmp_path / "p384.sig")
+    r = _ms(
+        "verify",
+        "key",
+        model,
+        "--signature",
+        tmp_path / "p384.sig",
+        "--public_key",
+        key_dir / "ecdsa-p384.pub.pem",
+        "--ignore-paths",
+        tmp_path / "p384.sig",
+    )
     assert r.returncode == 0, r.stdout + r.stderr

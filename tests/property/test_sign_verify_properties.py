@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -24,7 +23,9 @@ NAMES = st.text(alphabet="abcdefgh_-.0123456789", min_size=1, max_size=12).filte
 FILES = st.dictionaries(
     st.lists(NAMES, min_size=1, max_size=2).map("/".join), st.binary(max_size=300), min_size=1, max_size=5
 ).filter(lambda d: not any(a != b and b.startswith(a + "/") for a in d for b in d))
-SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 def _write(root: Path, files: dict[str, bytes], order: list[str] | None = None) -> None:
@@ -61,7 +62,9 @@ def test_round_trip_and_any_byte_flip_fails(keys, files: dict[str, bytes], data:
         signed = sign_model(root, signers)
         assert verify_model(root, policy).root_digest == signed.root_digest
         # Bundles have their own property below (their hint/keyid bytes are deliberately unsigned).
-        candidates = [p for p in root.rglob("*") if p.is_file() and p.stat().st_size > 0 and p.suffix != ".sig"]
+        candidates = [
+            p for p in root.rglob("*") if p.is_file() and p.stat().st_size > 0 and p.suffix != ".sig"
+        ]
         victim = data.draw(st.sampled_from(sorted(candidates)))
         raw = bytearray(victim.read_bytes())
         offset = data.draw(st.integers(0, len(raw) - 1))
@@ -114,8 +117,12 @@ def _signed_content(raw: bytes) -> tuple[object, ...] | None:
 
     try:
         env = json.loads(raw)["dsseEnvelope"]
-        return (env["payloadType"], base64.b64decode(env["payload"], validate=True),
-                [base64.b64decode(s["sig"], validate=True) for s in env["signatures"]], json.loads(raw)["mediaType"])
+        return (
+            env["payloadType"],
+            base64.b64decode(env["payload"], validate=True),
+            [base64.b64decode(s["sig"], validate=True) for s in env["signatures"]],
+            json.loads(raw)["mediaType"],
+        )
     except Exception:  # noqa: BLE001 - any parse failure means "not the same bundle"
         return None
 

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from modelsec.algorithms import SignatureAlgorithm
 from modelsec.attestations import (
     PAYLOAD_TYPE_IN_TOTO,
     Statement,
@@ -18,9 +19,7 @@ from modelsec.attestations import (
     sign_statement,
 )
 from modelsec.errors import MalformedArtifactError, SignatureError
-from modelsec.signer import load_private_key, load_trusted_key
-from modelsec.algorithms import SignatureAlgorithm
-from modelsec.signer import generate_private_key_pem
+from modelsec.signer import generate_private_key_pem, load_private_key, load_trusted_key
 
 
 def test_pae_spec_example() -> None:
@@ -76,10 +75,22 @@ def _mutate(bundle_json: bytes, fn) -> bytes:  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize(
     ("mutation", "error", "match"),
     [
-        (lambda d: d.update(mediaType="application/vnd.dev.sigstore.bundle+json;version=0.1"), MalformedArtifactError, "mediaType"),
-        (lambda d: d["dsseEnvelope"].update(payloadType="application/json"), MalformedArtifactError, "payloadType"),
+        (
+            lambda d: d.update(mediaType="application/vnd.dev.sigstore.bundle+json;version=0.1"),
+            MalformedArtifactError,
+            "mediaType",
+        ),
+        (
+            lambda d: d["dsseEnvelope"].update(payloadType="application/json"),
+            MalformedArtifactError,
+            "payloadType",
+        ),
         (lambda d: d["dsseEnvelope"].update(signatures=[]), SignatureError, "exactly one signature"),
-        (lambda d: d["dsseEnvelope"]["signatures"].append(d["dsseEnvelope"]["signatures"][0]), SignatureError, "exactly one"),
+        (
+            lambda d: d["dsseEnvelope"]["signatures"].append(d["dsseEnvelope"]["signatures"][0]),
+            SignatureError,
+            "exactly one",
+        ),
         (lambda d: d["dsseEnvelope"]["signatures"][0].pop("sig"), SignatureError, "sig"),
         (lambda d: d["dsseEnvelope"].update(payload="not base64!"), MalformedArtifactError, "base64"),
         (lambda d: d.pop("dsseEnvelope"), MalformedArtifactError, "dsseEnvelope"),
@@ -102,14 +113,49 @@ def test_duplicate_json_keys_refused() -> None:
 @pytest.mark.parametrize(
     ("doc", "match"),
     [
-        ({"_type": "https://in-toto.io/Statement/v0.1", "subject": [{"name": "m", "digest": {"sha256": "00" * 32}}],
-          "predicateType": "p", "predicate": {}}, "_type"),
-        ({"subject": [{"name": "m", "digest": {"sha256": "00" * 32}}], "predicateType": "p", "predicate": {}}, "_type"),
-        ({"_type": "https://in-toto.io/Statement/v1", "subject": [], "predicateType": "p", "predicate": {}}, "subject"),
-        ({"_type": "https://in-toto.io/Statement/v1", "subject": [{"name": "m", "digest": {"sha256": "XYZ"}}],
-          "predicateType": "p", "predicate": {}}, "hex"),
-        ({"_type": "https://in-toto.io/Statement/v1", "subject": [{"name": "m", "digest": {"sha256": "00" * 32}}],
-          "predicateType": "p"}, "predicate"),
+        (
+            {
+                "_type": "https://in-toto.io/Statement/v0.1",
+                "subject": [{"name": "m", "digest": {"sha256": "00" * 32}}],
+                "predicateType": "p",
+                "predicate": {},
+            },
+            "_type",
+        ),
+        (
+            {
+                "subject": [{"name": "m", "digest": {"sha256": "00" * 32}}],
+                "predicateType": "p",
+                "predicate": {},
+            },
+            "_type",
+        ),
+        (
+            {
+                "_type": "https://in-toto.io/Statement/v1",
+                "subject": [],
+                "predicateType": "p",
+                "predicate": {},
+            },
+            "subject",
+        ),
+        (
+            {
+                "_type": "https://in-toto.io/Statement/v1",
+                "subject": [{"name": "m", "digest": {"sha256": "XYZ"}}],
+                "predicateType": "p",
+                "predicate": {},
+            },
+            "hex",
+        ),
+        (
+            {
+                "_type": "https://in-toto.io/Statement/v1",
+                "subject": [{"name": "m", "digest": {"sha256": "00" * 32}}],
+                "predicateType": "p",
+            },
+            "predicate",
+        ),
     ],
 )
 def test_statement_strictness(doc: dict, match: str) -> None:  # type: ignore[type-arg]
@@ -118,10 +164,16 @@ def test_statement_strictness(doc: dict, match: str) -> None:  # type: ignore[ty
 
 
 def test_statement_predicate_type_enforced() -> None:
-    doc = {"_type": "https://in-toto.io/Statement/v1", "subject": [{"name": "m", "digest": {"sha256": "00" * 32}}],
-           "predicateType": "https://slsa.dev/provenance/v1", "predicate": {}}
+    doc = {
+        "_type": "https://in-toto.io/Statement/v1",
+        "subject": [{"name": "m", "digest": {"sha256": "00" * 32}}],
+        "predicateType": "https://slsa.dev/provenance/v1",
+        "predicate": {},
+    }
     with pytest.raises(MalformedArtifactError, match="predicateType"):
-        parse_statement(json.dumps(doc).encode(), what="s", predicate_type="https://model_signing/signature/v1.0")
+        parse_statement(
+            json.dumps(doc).encode(), what="s", predicate_type="https://model_signing/signature/v1.0"
+        )
 
 
 def test_bundle_keeps_exact_payload_bytes() -> None:

@@ -45,8 +45,10 @@ def test_file_and_tensor_digests_match_independent_hashing(tmp_path: Path, chunk
     save_file(tensors, str(tmp_path / "w.safetensors"))
     (tmp_path / "other.txt").write_bytes(b"hello" * 1000)
     out = _hash(
-        tmp_path, ["w.safetensors", "other.txt"],
-        algorithms=[HashAlgorithm.SHA256, HashAlgorithm.SM3], tensor_hash=HashAlgorithm.BLAKE3,
+        tmp_path,
+        ["w.safetensors", "other.txt"],
+        algorithms=[HashAlgorithm.SHA256, HashAlgorithm.SM3],
+        tensor_hash=HashAlgorithm.BLAKE3,
         limits=Limits(hash_chunk_bytes=chunk),
     )
     raw = (tmp_path / "w.safetensors").read_bytes()
@@ -65,7 +67,7 @@ def test_file_and_tensor_digests_match_independent_hashing(tmp_path: Path, chunk
 
 def test_malformed_safetensors_refused_by_name(tmp_path: Path) -> None:
     (tmp_path / "bad.safetensors").write_bytes((2**63).to_bytes(8, "little") + b"{}")
-    with pytest.raises(MalformedArtifactError, match="bad.safetensors.*header|header.*bad.safetensors"):
+    with pytest.raises(MalformedArtifactError, match=r"bad\.safetensors.*header|header.*bad\.safetensors"):
         _hash(tmp_path, ["bad.safetensors"], algorithms=[HashAlgorithm.SHA256])
 
 
@@ -89,6 +91,11 @@ def test_progress_counts_every_byte(tmp_path: Path) -> None:
     for i in range(5):
         (tmp_path / f"f{i}").write_bytes(os.urandom(10_000 * (i + 1)))
     seen: list[int] = []
-    _hash(tmp_path, [f"f{i}" for i in range(5)], algorithms=[HashAlgorithm.SHA256],
-          limits=Limits(hash_chunk_bytes=4096), progress=seen.append)
+    _hash(
+        tmp_path,
+        [f"f{i}" for i in range(5)],
+        algorithms=[HashAlgorithm.SHA256],
+        limits=Limits(hash_chunk_bytes=4096),
+        progress=seen.append,
+    )
     assert sum(seen) == sum(10_000 * (i + 1) for i in range(5))

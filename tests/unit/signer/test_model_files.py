@@ -14,14 +14,29 @@ from modelsec.signer.model_files import DEFAULT_IGNORE_PATHS, validate_resource_
 
 @pytest.mark.parametrize(
     "name",
-    ["", "/etc/passwd", "../x", "a/../../x", "a\\b", "a\x00b", "./a", "a//b", "a/", "%2e%2e/x", "a/./b", "a\nb"],
+    [
+        "",
+        "/etc/passwd",
+        "../x",
+        "a/../../x",
+        "a\\b",
+        "a\x00b",
+        "./a",
+        "a//b",
+        "a/",
+        "%2e%2e/x",
+        "a/./b",
+        "a\nb",
+    ],
 )
 def test_unclean_names_refused(name: str) -> None:
     with pytest.raises(MalformedArtifactError):
         validate_resource_name(name, what="m")
 
 
-@pytest.mark.parametrize("name", ["config.json", "1_Pooling/config.json", "README_modèle.md", ".hidden", "a b/c"])
+@pytest.mark.parametrize(
+    "name", ["config.json", "1_Pooling/config.json", "README_modèle.md", ".hidden", "a b/c"]
+)
 def test_clean_names_accepted(name: str) -> None:
     assert validate_resource_name(name, what="m") == name
 

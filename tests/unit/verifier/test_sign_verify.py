@@ -49,7 +49,7 @@ def test_all_three_algorithms_sign_and_verify(tiny_model: Path, key_dir: Path) -
 
 def test_required_algorithm_missing(tiny_model: Path, key_dir: Path) -> None:
     sign_model(tiny_model, _signers(key_dir, SignatureAlgorithm.ECDSA_P256))
-    with pytest.raises(SignatureError, match="required signature.*sm2"):
+    with pytest.raises(SignatureError, match=r"required signature.*sm2"):
         verify_model(tiny_model, _policy(key_dir, *ALL, require=[SignatureAlgorithm.SM2]))
 
 
@@ -80,7 +80,7 @@ def _flip(path: Path, offset: int) -> None:
 def test_tampered_tensor_named(tiny_model: Path, key_dir: Path) -> None:
     sign_model(tiny_model, _signers(key_dir, SignatureAlgorithm.ECDSA_P256))
     _flip(tiny_model / "model-00002-of-00002.safetensors", -1)
-    with pytest.raises(DigestMismatchError, match="model-00002-of-00002.safetensors"):
+    with pytest.raises(DigestMismatchError, match=r"model-00002-of-00002\.safetensors"):
         verify_model(tiny_model, _policy(key_dir, SignatureAlgorithm.ECDSA_P256))
 
 
@@ -99,7 +99,7 @@ def test_extra_and_missing_files(tiny_model: Path, key_dir: Path) -> None:
     sign_model(tiny_model, _signers(key_dir, SignatureAlgorithm.ECDSA_P256))
     policy = _policy(key_dir, SignatureAlgorithm.ECDSA_P256)
     (tiny_model / "notes.txt").write_text("x")
-    with pytest.raises(FileSetMismatchError, match="notes.txt"):
+    with pytest.raises(FileSetMismatchError, match=r"notes\.txt"):
         verify_model(tiny_model, policy)
     (tiny_model / "notes.txt").unlink()
     (tiny_model / "tokenizer.json").rename(tiny_model / "tok.json")
@@ -169,6 +169,11 @@ def test_plain_oms_manifest_without_tensor_digests(tiny_model: Path, key_dir: Pa
     sign_model(tiny_model, _signers(key_dir, SignatureAlgorithm.ECDSA_P256), tensor_hash=None)
     v = verify_model(tiny_model, _policy(key_dir, SignatureAlgorithm.ECDSA_P256))
     assert v.tensor_digests == 0 and v.tensors == 6
-    assert "modelsec" not in json.loads(
-        __import__("base64").b64decode(json.loads((tiny_model / "model.sig").read_text())["dsseEnvelope"]["payload"])
-    )["predicate"]
+    assert (
+        "modelsec"
+        not in json.loads(
+            __import__("base64").b64decode(
+                json.loads((tiny_model / "model.sig").read_text())["dsseEnvelope"]["payload"]
+            )
+        )["predicate"]
+    )
