@@ -16,7 +16,7 @@ import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
@@ -25,6 +25,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from modelsec.algorithms import SignatureAlgorithm
 from modelsec.errors import KeyMaterialError, SignatureError, UnsupportedAlgorithmError
 from modelsec.signer.der import decode_signature
+
+if TYPE_CHECKING:
+    from modelsec.signer.sm2 import Sm2PrivateKey, Sm2PublicKey
 
 __all__ = [
     "KeyBackend",
@@ -98,7 +101,7 @@ class _EcdsaKeyBackend:
 
 @dataclass(frozen=True, slots=True, repr=False)
 class _Sm2KeyBackend:
-    _key: object  # modelsec.signer.sm2.Sm2PrivateKey, typed loosely to keep the SM2 import lazy
+    _key: Sm2PrivateKey  # the SM2 module itself is imported lazily
 
     def __repr__(self) -> str:
         return "<SM2 key backend>"
@@ -108,15 +111,11 @@ class _Sm2KeyBackend:
         return SignatureAlgorithm.SM2
 
     def public_key_pem(self) -> bytes:
-        from modelsec.signer import sm2
-
-        assert isinstance(self._key, sm2.Sm2PrivateKey)
         return self._key.public_key.to_pem()
 
     def sign(self, message: bytes) -> bytes:
         from modelsec.signer import sm2
 
-        assert isinstance(self._key, sm2.Sm2PrivateKey)
         return sm2.default_backend().sign(self._key, message)
 
 
@@ -137,7 +136,7 @@ class TrustedKey:
     pem: bytes = field(repr=False)
     keyid: str
     roles: frozenset[str] = frozenset()
-    _verifier: object = field(default=None, repr=False, compare=False)
+    _verifier: ec.EllipticCurvePublicKey | Sm2PublicKey | None = field(default=None, repr=False, compare=False)
 
     def may(self, role: str) -> bool:
         """Whether this key may sign statements of `role`."""
@@ -153,13 +152,13 @@ class TrustedKey:
         Raises:
             SignatureError: The signature is malformed, out of range, or does not verify.
         """
-        if self.algorithm is SignatureAlgorithm.SM2:
+        if self._verifier is None:
+            raise SignatureError(f"invalid signature: key {self.name!r} has no verifier")
+        if not isinstance(self._verifier, ec.EllipticCurvePublicKey):
             from modelsec.signer import sm2
 
-            assert isinstance(self._verifier, sm2.Sm2PublicKey)
             sm2.default_backend().verify(self._verifier, message, signature)
             return
-        assert isinstance(self._verifier, ec.EllipticCurvePublicKey)
         digest = _ec_algorithm(self._verifier.curve)[1]
         decode_signature(signature, _ORDERS[self.algorithm])
         try:
