@@ -136,7 +136,9 @@ class TrustedKey:
     pem: bytes = field(repr=False)
     keyid: str
     roles: frozenset[str] = frozenset()
-    _verifier: ec.EllipticCurvePublicKey | Sm2PublicKey | None = field(default=None, repr=False, compare=False)
+    _verifier: ec.EllipticCurvePublicKey | Sm2PublicKey | None = field(
+        default=None, repr=False, compare=False
+    )
 
     def may(self, role: str) -> bool:
         """Whether this key may sign statements of `role`."""
