@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
@@ -34,7 +34,7 @@ from modelsec.limits import Limits
 from modelsec.signer.model_files import open_beneath
 from modelsec.signer.safetensors_header import SafetensorsHeader, parse_header, parse_header_length
 
-__all__ = ["FileDigests", "Hasher", "TensorDigest", "hash_files", "new_hasher"]
+__all__ = ["ChunkSource", "FileDigests", "Hasher", "TensorDigest", "hash_files", "hash_source", "new_hasher"]
 
 ProgressCallback = Callable[[int], None]
 
@@ -165,7 +165,7 @@ class _Reader:
         self.remaining -= n
         return bytes(data)
 
-    def chunks(self) -> _ChunkIter:
+    def chunks(self) -> Iterator[memoryview]:
         return _ChunkIter(self)
 
 
@@ -190,6 +190,78 @@ class _ChunkIter:
         return r.view[:got]
 
 
+class ChunkSource(Protocol):
+    """Where the engine gets bytes from: a file descriptor, or a private in-memory buffer being filled."""
+
+    def read_exact(self, n: int) -> bytes:
+        """The next `n` bytes (header reads)."""
+        ...
+
+    def chunks(self) -> Iterator[memoryview]:
+        """The remaining bytes as successive views, until the source is exhausted."""
+        ...
+
+
+def hash_source(
+    source: ChunkSource,
+    name: str,
+    size: int,
+    *,
+    algorithms: Sequence[HashAlgorithm],
+    tensor_hash: HashAlgorithm | None,
+    limits: Limits,
+    progress: ProgressCallback | None = None,
+    what: str | None = None,
+) -> FileDigests:
+    """Hash one file's bytes from `source` in one pass (see the module docstring).
+
+    Args:
+        source: Yields exactly `size` bytes.
+        name: Relative name; `*.safetensors` names are parsed strictly.
+        size: Total bytes the source yields.
+        algorithms: File digest algorithms.
+        tensor_hash: Per-tensor digest algorithm for safetensors files, or None.
+        limits: Parser limits.
+        progress: Byte-count callback.
+        what: Names the file in errors; defaults to `name`.
+
+    Returns:
+        The file's digests, parsed header and per-tensor digests.
+
+    Raises:
+        MalformedArtifactError: Malformed safetensors header, or the source yields more or fewer bytes.
+    """
+    what = what or name
+    file_hashers = [new_hasher(a) for a in algorithms]
+    header: SafetensorsHeader | None = None
+    tensor_digests: dict[str, TensorDigest] | None = None
+    if is_safetensors_name(name):
+        prefix = source.read_exact(min(8, size))
+        n = parse_header_length(prefix, size, path=what, limits=limits)
+        raw_header = source.read_exact(n)
+        header = parse_header(raw_header, size, path=what, limits=limits)
+        for h in file_hashers:
+            h.update(prefix)
+            h.update(raw_header)
+        if progress:
+            progress(8 + n)
+        if tensor_hash is not None:
+            tensor_digests = _hash_data_section(source, header, file_hashers, tensor_hash, progress)
+    if tensor_digests is None:
+        for chunk in source.chunks():
+            for h in file_hashers:
+                h.update(chunk)
+            if progress:
+                progress(len(chunk))
+    return FileDigests(
+        name=name,
+        size=size,
+        digests={a: h.digest() for a, h in zip(algorithms, file_hashers, strict=True)},
+        header=header,
+        tensors=tensor_digests,
+    )
+
+
 def _hash_one(
     root_fd: int,
     name: str,
@@ -204,40 +276,22 @@ def _hash_one(
     try:
         size = os.fstat(fd).st_size
         reader = _Reader(fd, size, limits.hash_chunk_bytes, what=what)
-        file_hashers = [new_hasher(a) for a in algorithms]
-        header: SafetensorsHeader | None = None
-        tensor_digests: dict[str, TensorDigest] | None = None
-        if is_safetensors_name(name):
-            prefix = reader.read_exact(min(8, size))
-            n = parse_header_length(prefix, size, path=what, limits=limits)
-            raw_header = reader.read_exact(n)
-            header = parse_header(raw_header, size, path=what, limits=limits)
-            for h in file_hashers:
-                h.update(prefix)
-                h.update(raw_header)
-            if progress:
-                progress(8 + n)
-            if tensor_hash is not None:
-                tensor_digests = _hash_data_section(reader, header, file_hashers, tensor_hash, progress)
-        if tensor_digests is None:
-            for chunk in reader.chunks():
-                for h in file_hashers:
-                    h.update(chunk)
-                if progress:
-                    progress(len(chunk))
-        return FileDigests(
-            name=name,
-            size=size,
-            digests={a: h.digest() for a, h in zip(algorithms, file_hashers, strict=True)},
-            header=header,
-            tensors=tensor_digests,
+        return hash_source(
+            reader,
+            name,
+            size,
+            algorithms=algorithms,
+            tensor_hash=tensor_hash,
+            limits=limits,
+            progress=progress,
+            what=what,
         )
     finally:
         os.close(fd)
 
 
 def _hash_data_section(
-    reader: _Reader,
+    reader: ChunkSource,
     header: SafetensorsHeader,
     file_hashers: list[Hasher],
     tensor_hash: HashAlgorithm,

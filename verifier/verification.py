@@ -45,19 +45,23 @@ from modelsec.limits import Limits
 from modelsec.policy import Policy
 from modelsec.signer.hashing import FileDigests, ProgressCallback, hash_files, is_safetensors_name, new_hasher
 from modelsec.signer.keys import TrustedKey
-from modelsec.signer.manifest import OMS_PREDICATE_TYPE, Manifest, parse_manifest, root_digest
+from modelsec.signer.manifest import OMS_PREDICATE_TYPE, Manifest, TensorEntry, parse_manifest, root_digest
 from modelsec.signer.model_files import open_beneath, open_model_root, walk_model
 from modelsec.signer.safetensors_header import read_header
 from modelsec.signer.signing import SIGNATURE_FILE_NAMES
 
 __all__ = [
     "PICKLE_SUFFIXES",
+    "SignedModel",
     "VerifiedBundle",
     "VerifiedModel",
+    "check_digests",
+    "check_file_set",
     "find_default_bundles",
     "read_bundle",
     "verify_bundle_signature",
     "verify_model",
+    "verify_signatures",
 ]
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".joblib", ".dill")
@@ -252,8 +256,93 @@ def verify_model(
         model_dir = model_path
     else:
         raise MalformedArtifactError(f"{model_path}: neither a model directory nor a regular file")
-    model = str(model_dir)
 
+    signed = verify_signatures(model_dir, policy, bundles=bundles)
+    names = [single] if single is not None else None
+    names = check_file_set(signed, policy, only=names)
+    root_fd = open_model_root(model_dir)
+    try:
+        computed = hash_files(
+            root_fd,
+            names,
+            algorithms=signed.file_hashes,
+            tensor_hash=signed.tensor_hash,
+            limits=limits,
+            progress=progress,
+            model=str(model_dir),
+        )
+        checked = check_digests(signed, computed, policy, root_fd, whole_model=single is None)
+    finally:
+        os.close(root_fd)
+    return VerifiedModel(
+        root_digest=signed.root_digest,
+        files=len(names),
+        tensors=sum(len(d.header.tensors) for d in computed.values() if d.header is not None),
+        tensor_digests=checked,
+        bytes_hashed=sum(d.size for d in computed.values()),
+        bundles=signed.bundles,
+        skipped=signed.skipped,
+        manifest=signed.manifest,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SignedModel:
+    """A model directory whose bundles verified (step 2): what its files must hash to.
+
+    Attributes:
+        model_dir: The model directory.
+        bundles: The verified bundles (at least one; every required algorithm present).
+        skipped: Default bundles not checked (no configured key of their algorithm).
+        manifest: The first bundle's manifest (all bundles describe the same files).
+        file_hashes: File digest algorithms to compute: SHA-256 plus each manifest's hash type.
+        tensor_hash: The per-tensor digest algorithm of the extension, or None.
+    """
+
+    model_dir: Path
+    bundles: tuple[VerifiedBundle, ...]
+    skipped: tuple[Path, ...]
+    manifest: Manifest
+    file_hashes: tuple[HashAlgorithm, ...]
+    tensor_hash: HashAlgorithm | None
+
+    @property
+    def root_digest(self) -> str:
+        """The model root digest (hex)."""
+        return self.manifest.subject_digest["sha256"]
+
+    def tensor_entries(self) -> dict[str, tuple[str, TensorEntry]]:
+        """Signed tensor name -> (file, entry) from the extension (empty for plain OMS manifests)."""
+        result: dict[str, tuple[str, TensorEntry]] = {}
+        for b in self.bundles:
+            if b.manifest.tensor_hash is not self.tensor_hash:
+                continue
+            for file, entries in b.manifest.tensors.items():
+                for name, entry in entries.items():
+                    result.setdefault(name, (file, entry))
+        return result
+
+
+def verify_signatures(
+    model_dir: Path, policy: Policy, *, bundles: Sequence[Path] | None = None
+) -> SignedModel:
+    """Steps 1-2: read, parse and verify the bundles of `model_dir`; no model file is opened.
+
+    Args:
+        model_dir: The model directory.
+        policy: Trusted keys, required algorithms, limits.
+        bundles: Explicit bundle paths (each must verify), or None for the default names.
+
+    Returns:
+        The verified bundles and what the files must hash to.
+
+    Raises:
+        SignatureError: No bundle, no trusted key verifies one, or a required algorithm is missing.
+        MalformedArtifactError: A bundle, statement or manifest is malformed, or bundles disagree.
+        PolicyViolationError: A bundle path is a symlink.
+    """
+    limits = policy.limits
+    model = str(model_dir)
     explicit = bundles is not None
     bundle_paths = list(bundles) if bundles is not None else find_default_bundles(model_dir)
     if not bundle_paths:
@@ -261,7 +350,6 @@ def verify_model(
         raise SignatureError(
             f"{model}: no signature bundle found (looked for {looked_for}); give --signature"
         )
-
     verified: list[VerifiedBundle] = []
     skipped: list[Path] = []
     for path in bundle_paths:
@@ -280,15 +368,7 @@ def verify_model(
                 f"got {statement.predicate_type!r}"
             )
         manifest = parse_manifest(statement, what=str(path), limits=limits)
-        allowed = (
-            {HashAlgorithm.SM3}
-            if key.algorithm is SignatureAlgorithm.SM2
-            else {
-                HashAlgorithm.SHA256,
-                HashAlgorithm.BLAKE3,
-            }
-        )
-        if manifest.hash_type not in allowed:
+        if manifest.hash_type not in _MANIFEST_HASHES_FOR[key.algorithm]:
             raise MalformedArtifactError(
                 f"{path}: a {key.algorithm} signature over a {manifest.hash_type} manifest is not accepted"
             )
@@ -297,28 +377,53 @@ def verify_model(
         raise SignatureError(f"{model}: no bundle was signed by a configured key")
     missing_algs = policy.require_algorithms - {b.algorithm for b in verified}
     if missing_algs:
-        raise SignatureError(
-            f"{model}: required signature(s) missing: {', '.join(sorted(a.value for a in missing_algs))}"
-        )
+        missing = ", ".join(sorted(a.value for a in missing_algs))
+        raise SignatureError(f"{model}: required signature(s) missing: {missing}")
     first = verified[0].manifest
     for b in verified[1:]:
         if b.manifest.names != first.names or b.manifest.ignore_paths != first.ignore_paths:
             raise MalformedArtifactError(f"{b.path}: describes other files than {verified[0].path}")
         if b.manifest.subject_digest.get("sha256") != first.subject_digest.get("sha256"):
             raise MalformedArtifactError(f"{b.path}: model root digest differs from {verified[0].path}")
+    return SignedModel(
+        model_dir=model_dir,
+        bundles=tuple(verified),
+        skipped=tuple(skipped),
+        manifest=first,
+        file_hashes=tuple(dict.fromkeys([HashAlgorithm.SHA256, *(b.manifest.hash_type for b in verified)])),
+        tensor_hash=next((b.manifest.tensor_hash for b in verified if b.manifest.tensor_hash), None),
+    )
 
-    signed_names = set(first.names)
-    if single is not None:
-        if single not in signed_names:
-            raise FileSetMismatchError(model, [single], [])
-        names = [single]
+
+def check_file_set(signed: SignedModel, policy: Policy, *, only: Sequence[str] | None = None) -> list[str]:
+    """Step 3: the files to hash, after the file-set comparison and the refusals by name.
+
+    Args:
+        signed: The verified bundles.
+        policy: Remote-code rule and limits.
+        only: Check just these signed names (single-shard verification) instead of the whole directory.
+
+    Returns:
+        The names to hash, in manifest order.
+
+    Raises:
+        FileSetMismatchError: Extra or missing files (or a name in `only` that is not signed).
+        PolicyViolationError: Pickle formats; `*.py` files unless remote code is allowed; symlinks.
+    """
+    model = str(signed.model_dir)
+    signed_names = set(signed.manifest.names)
+    if only is not None:
+        unsigned = [n for n in only if n not in signed_names]
+        if unsigned:
+            raise FileSetMismatchError(model, unsigned, [])
+        names = list(only)
     else:
-        present = [f.name for f in walk_model(model_dir, ignore_paths=first.ignore_paths, limits=limits)]
-        extra = sorted(set(present) - signed_names)
-        missing = sorted(signed_names - set(present))
+        walked = walk_model(signed.model_dir, ignore_paths=signed.manifest.ignore_paths, limits=policy.limits)
+        present = {f.name for f in walked}
+        extra, missing = sorted(present - signed_names), sorted(signed_names - present)
         if extra or missing:
             raise FileSetMismatchError(model, extra, missing)
-        names = list(first.names)
+        names = list(signed.manifest.names)
     _refuse_pickle(names, model)
     if not policy.allow_remote_code:
         code = [n for n in names if n.endswith(".py")]
@@ -326,48 +431,56 @@ def verify_model(
             raise PolicyViolationError(
                 f"{model}: remote code is refused by policy: {', '.join(code)} (modelsec never imports it)"
             )
+    return names
 
-    tensor_hash = next((b.manifest.tensor_hash for b in verified if b.manifest.tensor_hash), None)
-    algorithms = list(dict.fromkeys([HashAlgorithm.SHA256, *(b.manifest.hash_type for b in verified)]))
-    root_fd = open_model_root(model_dir)
-    try:
-        computed = hash_files(
-            root_fd,
-            names,
-            algorithms=algorithms,
-            tensor_hash=tensor_hash,
-            limits=limits,
-            progress=progress,
-            model=model,
-        )
-        tensors_checked = 0
-        for b in verified:
-            tensors_checked = max(tensors_checked, _compare(b.manifest, computed, tensor_hash, model))
-        if single is None:
-            root = root_digest([computed[n].digests[HashAlgorithm.SHA256] for n in first.names]).hex()
-            for b in verified:
-                if b.manifest.hash_type is not HashAlgorithm.BLAKE3 and not hmac.compare_digest(
-                    b.manifest.subject_digest["sha256"], root
-                ):
-                    raise DigestMismatchError(
-                        f"{model} (model root)", b.manifest.subject_digest["sha256"], root
-                    )
-        if not policy.allow_remote_code:
-            _refuse_auto_map(root_fd, computed, limits, model)
-        if INDEX_NAME in computed:
-            _check_index(root_fd, computed, signed_names, limits, model)
-    finally:
-        os.close(root_fd)
-    return VerifiedModel(
-        root_digest=first.subject_digest["sha256"],
-        files=len(names),
-        tensors=sum(len(d.header.tensors) for d in computed.values() if d.header is not None),
-        tensor_digests=tensors_checked,
-        bytes_hashed=sum(d.size for d in computed.values()),
-        bundles=tuple(verified),
-        skipped=tuple(skipped),
-        manifest=first,
-    )
+
+def check_digests(
+    signed: SignedModel,
+    computed: Mapping[str, FileDigests],
+    policy: Policy,
+    root_fd: int,
+    *,
+    whole_model: bool,
+) -> int:
+    """Steps 4-5: compare computed digests with every manifest, then interpret the side files.
+
+    Args:
+        signed: The verified bundles.
+        computed: What the engine hashed (files or private buffers), by name.
+        policy: Remote-code rule and limits.
+        root_fd: Descriptor of the model root (side files are re-read and re-hashed).
+        whole_model: Also check the model root digest (all files were hashed).
+
+    Returns:
+        The number of tensors whose per-tensor digests were compared.
+
+    Raises:
+        DigestMismatchError: A file, tensor or the root digest differs.
+        MalformedArtifactError: Per-tensor digests missing, or a bad index.
+        PolicyViolationError: `auto_map` in a config file unless remote code is allowed.
+    """
+    model, limits = str(signed.model_dir), policy.limits
+    checked = 0
+    for b in signed.bundles:
+        checked = max(checked, _compare(b.manifest, computed, signed.tensor_hash, model))
+    if whole_model:
+        root = root_digest([computed[n].digests[HashAlgorithm.SHA256] for n in signed.manifest.names]).hex()
+        for b in signed.bundles:
+            expected = b.manifest.subject_digest["sha256"]
+            if b.manifest.hash_type is not HashAlgorithm.BLAKE3 and not hmac.compare_digest(expected, root):
+                raise DigestMismatchError(f"{model} (model root)", expected, root)
+    if not policy.allow_remote_code:
+        _refuse_auto_map(root_fd, computed, limits, model)
+    if INDEX_NAME in computed:
+        _check_index(root_fd, computed, set(signed.manifest.names), limits, model)
+    return checked
+
+
+_MANIFEST_HASHES_FOR = {
+    SignatureAlgorithm.ECDSA_P256: frozenset({HashAlgorithm.SHA256, HashAlgorithm.BLAKE3}),
+    SignatureAlgorithm.ECDSA_P384: frozenset({HashAlgorithm.SHA256, HashAlgorithm.BLAKE3}),
+    SignatureAlgorithm.SM2: frozenset({HashAlgorithm.SM3}),
+}
 
 
 def _check_safetensors_structure(path: Path, limits: Limits) -> None:
