@@ -1,22 +1,54 @@
 """Verification policy: which keys are trusted, which algorithms must have signed, what is refused.
 
-This is the in-memory form; the policy *file* format (YAML/JSON, DESIGN.md "Policy") loads into it. The
-defaults are the safe ones of DESIGN.md decision 6 and apply from the first `modelsec verify`, before any
-policy file exists: pickle formats and remote code are refused even when signed.
+Two levels:
+
+* `Policy` is what one verification applies (keys, required algorithms, refusals, limits). Its defaults are
+  the safe ones of DESIGN.md decision 6 and apply from the first `modelsec verify`, before any policy file
+  exists: pickle formats and remote code are refused even when signed.
+* `PolicySet` is the policy *file* (YAML or JSON, `apiVersion: modelsec.dev/v1alpha1`, `kind: ModelPolicy`):
+  named policies, each matching model references by glob (`oci://registry/models/**`,
+  `file:///models/**`; a local directory is matched as `file://<real path>`), and `noMatch: deny`. It is
+  validated strictly: unknown fields, duplicate keys, wrong types and unreadable keys are `PolicyError`s
+  naming the field. Loaded from a path or from `$MODELSEC_POLICY`.
+
+Example:
+```yaml
+apiVersion: modelsec.dev/v1alpha1
+kind: ModelPolicy
+policies:
+  - name: internal-models
+    match: ["file:///models/**"]
+    keys:
+      - {path: trust/ci-p256.pub.pem, name: ci-ecdsa, roles: [weights]}
+      - trust/ci-sm2.pub.pem               # shorthand: all roles
+    requireAlgorithms: [ecdsa-p256, sm2]
+    checkHashes: [sha256]                  # file digests the loader recomputes (default: every signed one)
+    allowRemoteCode: false
+    limits: {maxFiles: 4096}
+noMatch: deny
+```
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
-from modelsec.algorithms import SignatureAlgorithm
-from modelsec.errors import PolicyError
+from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
+from modelsec.errors import Error, PolicyError, PolicyViolationError
 from modelsec.limits import Limits
 from modelsec.signer.keys import TrustedKey, load_trusted_key_file
 
-__all__ = ["Policy"]
+__all__ = ["API_VERSION", "POLICY_ENV", "Policy", "PolicySet", "model_uri"]
+
+API_VERSION = "modelsec.dev/v1alpha1"
+POLICY_ENV = "MODELSEC_POLICY"
+ROLES = frozenset({"weights", "watermark", "gate"})
+_MAX_POLICY_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,17 +59,25 @@ class Policy:
         keys: Trusted public keys; keys are never taken from an artifact.
         require_algorithms: Every one of these must have produced a valid signature.
         allow_remote_code: Accept `*.py` files and `auto_map` in config files (default: refuse).
+        refuse_pickle: Refuse pickle formats (`.bin`, `.pt`, ...) in a model (default: refuse). Even when
+            False, modelsec never unpickles anything: the files are only verified as opaque bytes.
+        check_hashes: File digest algorithms the verifier/loader recomputes; empty means every hash type
+            of every verified bundle.
         limits: Parsing and size limits.
+        name: The policy's name in diagnostics.
     """
 
     keys: tuple[TrustedKey, ...]
     require_algorithms: frozenset[SignatureAlgorithm] = frozenset()
     allow_remote_code: bool = False
+    refuse_pickle: bool = True
+    check_hashes: frozenset[HashAlgorithm] = frozenset()
     limits: Limits = field(default_factory=Limits)
+    name: str = "command line"
 
     def __post_init__(self) -> None:
         if not self.keys:
-            raise PolicyError("the policy trusts no key: give at least one public key")
+            raise PolicyError(f"policy {self.name!r} trusts no key: give at least one public key")
 
     @classmethod
     def from_key_files(
@@ -48,7 +88,7 @@ class Policy:
         allow_remote_code: bool = False,
         limits: Limits | None = None,
     ) -> Policy:
-        """A policy trusting the public keys in `paths` (PEM SubjectPublicKeyInfo).
+        """A policy trusting the public keys in `paths` (PEM SubjectPublicKeyInfo), defaults otherwise.
 
         Raises:
             PolicyError: No key given.
@@ -61,3 +101,275 @@ class Policy:
             allow_remote_code=allow_remote_code,
             limits=limits or Limits(),
         )
+
+
+def model_uri(path: Path) -> str:
+    """The reference a local model directory or file is matched as: `file://<real path>`."""
+    return "file://" + os.path.realpath(path)
+
+
+def _glob_regex(pattern: str) -> re.Pattern[str]:
+    """`**` matches anything (including `/`), `*` anything but `/`, `?` one character but `/`."""
+    out = []
+    i = 0
+    while i < len(pattern):
+        if pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return re.compile("".join(out) + r"\Z")
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    patterns: tuple[str, ...]
+    regexes: tuple[re.Pattern[str], ...]
+    policy: Policy
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySet:
+    """A validated policy file: named policies matched by model reference; no match means deny.
+
+    Attributes:
+        entries: The policies in file order (the first match wins).
+        source: Where the policy came from (path or `$MODELSEC_POLICY`), for diagnostics.
+    """
+
+    entries: tuple[_Entry, ...]
+    source: str
+
+    @property
+    def policies(self) -> tuple[Policy, ...]:
+        """The policies in file order."""
+        return tuple(e.policy for e in self.entries)
+
+    def for_uri(self, uri: str) -> Policy:
+        """The first policy whose `match` globs cover `uri`.
+
+        Raises:
+            PolicyViolationError: No policy matches (`noMatch: deny`).
+        """
+        for entry in self.entries:
+            if any(r.match(uri) for r in entry.regexes):
+                return entry.policy
+        raise PolicyViolationError(f"{uri}: no policy in {self.source} matches this model (noMatch: deny)")
+
+    def for_model(self, path: Path) -> Policy:
+        """The policy for a local model directory or file, matched as `file://<real path>`."""
+        return self.for_uri(model_uri(path))
+
+    @classmethod
+    def from_file(cls, path: Path) -> PolicySet:
+        """Load and validate a YAML or JSON policy file; key paths are relative to its directory.
+
+        Raises:
+            PolicyError: Unreadable, not YAML/JSON, or invalid (the message names the field).
+            KeyMaterialError: A listed key cannot be read or parsed.
+        """
+        try:
+            with open(path, "rb") as f:
+                raw = f.read(_MAX_POLICY_BYTES + 1)
+        except OSError as e:
+            raise PolicyError(f"{path}: cannot read the policy file: {e.strerror}") from e
+        if len(raw) > _MAX_POLICY_BYTES:
+            raise PolicyError(f"{path}: policy file larger than {_MAX_POLICY_BYTES} bytes")
+        return cls.from_mapping(_load_yaml(raw, str(path)), base_dir=path.parent, source=str(path))
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> PolicySet:
+        """Load the policy file named by `$MODELSEC_POLICY`.
+
+        Raises:
+            PolicyError: The variable is unset or the file is invalid.
+        """
+        env = os.environ if environ is None else environ
+        value = env.get(POLICY_ENV)
+        if not value:
+            raise PolicyError(f"${POLICY_ENV} is not set: point it at a policy file")
+        return cls.from_file(Path(value))
+
+    @classmethod
+    def from_mapping(cls, doc: object, *, base_dir: Path, source: str) -> PolicySet:
+        """Validate a parsed policy document.
+
+        Raises:
+            PolicyError: Invalid document (the message names the field).
+            KeyMaterialError: A listed key cannot be read or parsed.
+        """
+        top = _mapping(
+            doc, source, {"apiVersion", "kind", "policies", "noMatch"}, required={"apiVersion", "kind"}
+        )
+        if top["apiVersion"] != API_VERSION:
+            raise PolicyError(f"{source}: apiVersion must be {API_VERSION!r}, got {top['apiVersion']!r}")
+        if top["kind"] != "ModelPolicy":
+            raise PolicyError(f"{source}: kind must be 'ModelPolicy', got {top['kind']!r}")
+        if top.get("noMatch", "deny") != "deny":
+            raise PolicyError(f"{source}: noMatch must be 'deny' (an unmatched model is never trusted)")
+        raw_policies = top.get("policies", [])
+        if not isinstance(raw_policies, list) or not raw_policies:
+            raise PolicyError(f"{source}: policies must be a non-empty list")
+        entries = []
+        names: set[str] = set()
+        for i, item in enumerate(raw_policies):
+            entry = _parse_policy(item, f"{source}: policies[{i}]", base_dir)
+            if entry.policy.name in names:
+                raise PolicyError(f"{source}: policies[{i}].name {entry.policy.name!r} is used twice")
+            names.add(entry.policy.name)
+            entries.append(entry)
+        return cls(tuple(entries), source)
+
+
+_POLICY_FIELDS = {
+    "name",
+    "match",
+    "keys",
+    "requireAlgorithms",
+    "requireDigest",
+    "checkHashes",
+    "allowRemoteCode",
+    "refusePickle",
+    "limits",
+}
+_LIMIT_FIELDS = {
+    "maxFiles": "max_files",
+    "maxDepth": "max_depth",
+    "maxSafetensorsHeaderBytes": "max_safetensors_header_bytes",
+    "maxTensorsPerFile": "max_tensors_per_file",
+    "maxBundleBytes": "max_bundle_bytes",
+    "maxJsonSideFileBytes": "max_json_side_file_bytes",
+    "maxPathBytes": "max_path_bytes",
+    "hashChunkBytes": "hash_chunk_bytes",
+}
+
+
+def _parse_policy(item: object, where: str, base_dir: Path) -> _Entry:
+    doc = _mapping(item, where, _POLICY_FIELDS, required={"name", "match", "keys"})
+    name = doc["name"]
+    if not isinstance(name, str) or not name:
+        raise PolicyError(f"{where}.name must be a non-empty string")
+    match = _string_list(doc["match"], f"{where}.match")
+    keys = tuple(
+        _parse_key(k, f"{where}.keys[{j}]", base_dir)
+        for j, k in enumerate(_list(doc["keys"], f"{where}.keys"))
+    )
+    if not keys:
+        raise PolicyError(f"{where}.keys must list at least one key")
+    require = _enum_list(doc.get("requireAlgorithms", []), SignatureAlgorithm, f"{where}.requireAlgorithms")
+    hashes = _enum_list(doc.get("checkHashes", []), HashAlgorithm, f"{where}.checkHashes")
+    for field_name in ("allowRemoteCode", "refusePickle", "requireDigest"):
+        if field_name in doc and not isinstance(doc[field_name], bool):
+            raise PolicyError(f"{where}.{field_name} must be true or false")
+    limits = _parse_limits(doc.get("limits", {}), f"{where}.limits")
+    policy = Policy(
+        keys=keys,
+        require_algorithms=frozenset(require),
+        allow_remote_code=doc.get("allowRemoteCode", False),
+        refuse_pickle=doc.get("refusePickle", True),
+        check_hashes=frozenset(hashes),
+        limits=limits,
+        name=name,
+    )
+    return _Entry(tuple(match), tuple(_glob_regex(p) for p in match), policy)
+
+
+def _parse_key(item: object, where: str, base_dir: Path) -> TrustedKey:
+    if isinstance(item, str):
+        path, name, roles = item, None, frozenset[str]()
+    else:
+        doc = _mapping(item, where, {"path", "name", "roles"}, required={"path"})
+        path, name = doc["path"], doc.get("name")
+        if not isinstance(path, str) or (name is not None and not isinstance(name, str)):
+            raise PolicyError(f"{where}: path and name must be strings")
+        roles = frozenset(_string_list(doc.get("roles", sorted(ROLES)), f"{where}.roles"))
+        unknown = roles - ROLES
+        if unknown:
+            raise PolicyError(f"{where}.roles: unknown role(s) {sorted(unknown)}; use {sorted(ROLES)}")
+    full = Path(path) if os.path.isabs(path) else base_dir / path
+    try:
+        return load_trusted_key_file(full, name=name or Path(path).name, roles=roles)
+    except Error as e:
+        raise type(e)(f"{where}: {e.diagnostics()}") from e
+
+
+def _parse_limits(item: object, where: str) -> Limits:
+    doc = _mapping(item, where, set(_LIMIT_FIELDS))
+    values: dict[str, int] = {}
+    for key, value in doc.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise PolicyError(f"{where}.{key} must be a positive integer")
+        values[_LIMIT_FIELDS[key]] = value
+    defaults = Limits()
+    for f in fields(Limits):
+        if f.name in values and values[f.name] > getattr(defaults, f.name) * 16:
+            raise PolicyError(f"{where}: {f.name} is unreasonably large")
+    return Limits(**values)
+
+
+def _mapping(item: object, where: str, allowed: set[str], required: set[str] = frozenset()) -> dict[str, Any]:  # type: ignore[assignment]
+    if not isinstance(item, dict):
+        raise PolicyError(f"{where} must be a mapping")
+    unknown = set(item) - allowed
+    if unknown:
+        raise PolicyError(f"{where}: unknown field(s) {sorted(map(str, unknown))}")
+    missing = required - set(item)
+    if missing:
+        raise PolicyError(f"{where}: missing field(s) {sorted(missing)}")
+    return item
+
+
+def _list(item: object, where: str) -> list[Any]:
+    if not isinstance(item, list):
+        raise PolicyError(f"{where} must be a list")
+    return item
+
+
+def _string_list(item: object, where: str) -> list[str]:
+    items = _list(item, where)
+    if not all(isinstance(x, str) and x for x in items):
+        raise PolicyError(f"{where} must be a list of non-empty strings")
+    return items
+
+
+def _enum_list(item: object, enum: type[SignatureAlgorithm] | type[HashAlgorithm], where: str) -> list[Any]:
+    result = []
+    for value in _string_list(item, where):
+        try:
+            result.append(enum(value))
+        except ValueError:
+            choices = ", ".join(e.value for e in enum)
+            raise PolicyError(f"{where}: {value!r} is not one of {choices}") from None
+    return result
+
+
+def _load_yaml(raw: bytes, source: str) -> object:
+    """YAML (a superset of JSON) with duplicate keys refused and no arbitrary tags (SafeLoader)."""
+    import yaml
+
+    class _StrictLoader(yaml.SafeLoader):
+        pass
+
+    def construct_mapping(
+        loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False
+    ) -> dict[Any, Any]:
+        keys: Sequence[Any] = [loader.construct_object(k, deep=deep) for k, _ in node.value]
+        seen = set()
+        for k in keys:
+            if k in seen:
+                raise PolicyError(f"{source}: duplicate key {k!r} (line {node.start_mark.line + 1})")
+            seen.add(k)
+        return loader.construct_mapping(node, deep=deep)
+
+    _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
+    try:
+        return yaml.load(raw, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as e:
+        raise PolicyError(f"{source}: not valid YAML/JSON: {e}") from e

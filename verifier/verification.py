@@ -247,7 +247,8 @@ def verify_model(
     if stat.S_ISLNK(st.st_mode):
         raise PolicyViolationError(f"{model_path}: is a symlink; refused")
     if stat.S_ISREG(st.st_mode):
-        _refuse_pickle([model_path.name], str(model_path.parent))
+        if policy.refuse_pickle:
+            _refuse_pickle([model_path.name], str(model_path.parent))
         single, model_dir = model_path.name, model_path.parent
         if is_safetensors_name(single):
             # A malformed file is refused for what it is, before any bundle is looked for.
@@ -385,12 +386,16 @@ def verify_signatures(
             raise MalformedArtifactError(f"{b.path}: describes other files than {verified[0].path}")
         if b.manifest.subject_digest.get("sha256") != first.subject_digest.get("sha256"):
             raise MalformedArtifactError(f"{b.path}: model root digest differs from {verified[0].path}")
+    checked = [b for b in verified if not policy.check_hashes or b.manifest.hash_type in policy.check_hashes]
+    if not checked:
+        wanted = ", ".join(sorted(h.value for h in policy.check_hashes))
+        raise SignatureError(f"{model}: no verified bundle has a manifest of the policy's hashes ({wanted})")
     return SignedModel(
         model_dir=model_dir,
         bundles=tuple(verified),
         skipped=tuple(skipped),
         manifest=first,
-        file_hashes=tuple(dict.fromkeys([HashAlgorithm.SHA256, *(b.manifest.hash_type for b in verified)])),
+        file_hashes=tuple(dict.fromkeys([HashAlgorithm.SHA256, *(b.manifest.hash_type for b in checked)])),
         tensor_hash=next((b.manifest.tensor_hash for b in verified if b.manifest.tensor_hash), None),
     )
 
@@ -424,7 +429,8 @@ def check_file_set(signed: SignedModel, policy: Policy, *, only: Sequence[str] |
         if extra or missing:
             raise FileSetMismatchError(model, extra, missing)
         names = list(signed.manifest.names)
-    _refuse_pickle(names, model)
+    if policy.refuse_pickle:
+        _refuse_pickle(names, model)
     if not policy.allow_remote_code:
         code = [n for n in names if n.endswith(".py")]
         if code:
@@ -462,7 +468,8 @@ def check_digests(
     model, limits = str(signed.model_dir), policy.limits
     checked = 0
     for b in signed.bundles:
-        checked = max(checked, _compare(b.manifest, computed, signed.tensor_hash, model))
+        if b.manifest.hash_type in signed.file_hashes:
+            checked = max(checked, _compare(b.manifest, computed, signed.tensor_hash, model))
     if whole_model:
         root = root_digest([computed[n].digests[HashAlgorithm.SHA256] for n in signed.manifest.names]).hex()
         for b in signed.bundles:
@@ -565,22 +572,54 @@ def _flatten(value: object) -> list[object]:
     return [value]
 
 
-def _check_index(
-    root_fd: int, computed: Mapping[str, FileDigests], signed: set[str], limits: Limits, model: str
-) -> None:
-    what = f"{model}/{INDEX_NAME}"
-    doc = strict_loads(
-        _read_verified_side_file(root_fd, INDEX_NAME, computed[INDEX_NAME], limits, model), what=what
-    )
+def read_verified_index(signed: SignedModel, computed: FileDigests, policy: Policy) -> dict[str, str]:
+    """Read `model.safetensors.index.json` after its digests matched, and return its checked weight_map.
+
+    Args:
+        signed: The verified bundles (the index must be one of their resources).
+        computed: The engine's digests of the index file.
+        policy: Limits.
+
+    Returns:
+        Tensor name -> shard name; every shard is a signed `*.safetensors` resource.
+
+    Raises:
+        DigestMismatchError: The index differs from the manifest (or changed since it was hashed).
+        MalformedArtifactError: Not strict JSON, no weight_map, or a target that is not a signed shard.
+    """
+    model = str(signed.model_dir)
+    for b in signed.bundles:
+        if b.manifest.hash_type in signed.file_hashes:
+            _compare(b.manifest, {INDEX_NAME: computed}, None, model)
+    root_fd = open_model_root(signed.model_dir)
+    try:
+        raw = _read_verified_side_file(root_fd, INDEX_NAME, computed, policy.limits, model)
+    finally:
+        os.close(root_fd)
+    return _parse_index(raw, set(signed.manifest.names), f"{model}/{INDEX_NAME}")
+
+
+def _parse_index(raw: bytes, signed: set[str], what: str) -> dict[str, str]:
+    doc = strict_loads(raw, what=what)
     weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(weight_map, dict):
         raise MalformedArtifactError(f"{what}: weight_map is missing or not an object")
-    held: dict[str, set[str]] = {}
     for tensor, target in weight_map.items():
         if not isinstance(target, str) or target not in signed or not target.endswith(".safetensors"):
             raise MalformedArtifactError(
                 f"{what}: weight_map[`{tensor}`] -> {target!r} is not a signed safetensors file of the model"
             )
+    return weight_map
+
+
+def _check_index(
+    root_fd: int, computed: Mapping[str, FileDigests], signed: set[str], limits: Limits, model: str
+) -> None:
+    what = f"{model}/{INDEX_NAME}"
+    raw = _read_verified_side_file(root_fd, INDEX_NAME, computed[INDEX_NAME], limits, model)
+    weight_map = _parse_index(raw, signed, what)
+    held: dict[str, set[str]] = {}
+    for tensor, target in weight_map.items():
         if target not in held and target in computed:
             header = computed[target].header
             held[target] = {t.name for t in header.tensors} if header is not None else set()

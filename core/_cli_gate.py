@@ -1,0 +1,261 @@
+"""`modelsec gate ...`: release gates that measure a verified model and sign the result.
+
+Only click is imported here at module level; torch and the robustness package load inside the command,
+so `modelsec --help` stays fast. The command converts options, calls `modelsec.robustness.run_pgd_gate`,
+prints, and maps errors: exit 0 PASSED, exit 1 FAILED or refused (diagnostic on stderr, or one JSON object
+on stdout with `--json`), exit 2 usage. Under `torchrun` every rank evaluates its share; rank 0 signs,
+writes and prints.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+__all__ = ["gate"]
+
+
+@click.group(name="gate")
+def gate() -> None:
+    """Release gates: evaluate a verified model and sign the result as an attestation."""
+
+
+class _RichProgress:
+    """One rich progress bar per evaluation pass, on stderr."""
+
+    def __init__(self, bar: Any) -> None:
+        self._bar = bar
+        self._task: Any = None
+
+    def start(self, description: str, total: int) -> None:
+        if self._task is not None:
+            self._bar.update(self._task, completed=self._bar.tasks[-1].total)
+        self._task = self._bar.add_task(description, total=total)
+
+    def advance(self, n: int) -> None:
+        if self._task is not None:
+            self._bar.advance(self._task, n)
+
+
+@gate.command(name="pgd")
+@click.argument("model_dir", type=click.Path(path_type=Path))
+@click.option(
+    "--arch",
+    "architecture",
+    required=True,
+    metavar="PKG.MOD:FACTORY",
+    help="Import path of a function returning the nn.Module (from the environment, never the model dir).",
+)
+@click.option(
+    "--data",
+    required=True,
+    metavar="FILE|PKG.MOD:FN",
+    help="Dataset: safetensors or .npz with `inputs` (N,...) float and `labels` (N,) int, or a loader.",
+)
+@click.option("--eps", type=float, required=True, help="L-infinity radius in input units (e.g. 0.03).")
+@click.option("--step-size", type=float, default=None, help="PGD step size [default: 2.5 * eps / steps].")
+@click.option("--steps", type=int, default=10, show_default=True, help="PGD iterations.")
+@click.option("--restarts", type=int, default=1, show_default=True, help="Random restarts (worst case kept).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random starts.")
+@click.option("--min-robust-accuracy", type=float, required=True, help="Release threshold in [0, 1].")
+@click.option(
+    "--rule",
+    type=click.Choice(["point", "strict"]),
+    default="point",
+    show_default=True,
+    help="point: robust accuracy >= threshold; strict: 95% Wilson lower bound >= threshold.",
+)
+@click.option("--min-samples", type=int, default=100, show_default=True, help="Fewest examples a pass needs.")
+@click.option("--clip-min", type=float, default=0.0, show_default=True, help="Lowest valid input value.")
+@click.option("--clip-max", type=float, default=1.0, show_default=True, help="Highest valid input value.")
+@click.option("--batch-size", type=int, default=256, show_default=True, help="Examples per batch.")
+@click.option(
+    "--device", default="cpu", show_default=True, metavar="cpu|cuda|cuda:K", help="Where to evaluate."
+)
+@click.option(
+    "--channels-last/--no-channels-last",
+    default=None,
+    help="NHWC memory format [default: on for CUDA, off for CPU].",
+)
+@click.option(
+    "--bf16", is_flag=True, help="bf16 autocast for the attack's forward/backward (fp32 projection)."
+)
+@click.option("--compile", "compile_", is_flag=True, help="torch.compile the model's forward.")
+@click.option(
+    "--sanity-samples",
+    type=int,
+    default=256,
+    show_default=True,
+    help="Examples used by the attack-based sanity checks.",
+)
+@click.option(
+    "--no-sanity", is_flag=True, help="Skip the attack-based sanity checks (recorded in the attestation)."
+)
+@click.option(
+    "--key",
+    "-k",
+    "key",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="Private key PEM that signs the attestation ($MODELSEC_KEY_PASSWORD for encrypted keys).",
+)
+@click.option(
+    "--trust",
+    "trust",
+    type=click.Path(path_type=Path),
+    multiple=True,
+    required=True,
+    help="Trusted public key PEM for the weights signatures (repeatable).",
+)
+@click.option(
+    "--signature",
+    "-s",
+    "signatures",
+    type=click.Path(path_type=Path),
+    multiple=True,
+    help="Weights signature bundle (repeatable; default: found in MODEL_DIR).",
+)
+@click.option(
+    "--out",
+    "-o",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="Where to write the signed attestation bundle (outside MODEL_DIR, or a signed-ignored name).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout (for scripts).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def _pgd(
+    model_dir: Path,
+    architecture: str,
+    data: str,
+    eps: float,
+    step_size: float | None,
+    steps: int,
+    restarts: int,
+    seed: int,
+    min_robust_accuracy: float,
+    rule: str,
+    min_samples: int,
+    clip_min: float,
+    clip_max: float,
+    batch_size: int,
+    device: str,
+    channels_last: bool | None,
+    bf16: bool,
+    compile_: bool,
+    sanity_samples: int,
+    no_sanity: bool,
+    key: Path,
+    trust: tuple[Path, ...],
+    signatures: tuple[Path, ...],
+    out: Path,
+    as_json: bool,
+    quiet: bool,
+) -> None:
+    """Verify MODEL_DIR, measure its accuracy under PGD L-infinity, sign the result (exit 1 unless PASSED).
+
+    The model directory is verified with the --trust keys before any weight is loaded; the weights are
+    built from the verified bytes. The attestation (subject: the model root digest) is written to --out
+    whatever the verdict.
+    """
+    from modelsec._cli import _fail, _password
+    from modelsec.errors import Error
+
+    try:
+        from modelsec.policy import Policy
+        from modelsec.robustness import FastPaths, GateConfig, SanityConfig, run_pgd_gate
+        from modelsec.signer import load_private_key_file
+
+        on_cuda = device.startswith("cuda")
+        config = GateConfig(
+            eps=eps,
+            step_size=step_size
+            if step_size is not None
+            else (2.5 * eps / steps if eps > 0 and steps > 0 else 0.01),
+            steps=steps,
+            restarts=restarts,
+            seed=seed,
+            min_robust_accuracy=min_robust_accuracy,
+            rule=rule,
+            min_samples=min_samples,
+            clip=(clip_min, clip_max),
+            batch_size=batch_size,
+            device=device,
+            fast=FastPaths(
+                channels_last=on_cuda if channels_last is None else channels_last,
+                bf16_autocast=bf16,
+                compile=compile_,
+            ),
+            sanity=SanityConfig(enabled=not no_sanity, samples=sanity_samples),
+        )
+        signer = load_private_key_file(key, password=_password(key))
+        policy = Policy.from_key_files(trust)
+        show = not (quiet or as_json) and sys.stderr.isatty()
+        if show:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+            with Progress(
+                "[progress.description]{task.description}",
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=Console(stderr=True),
+                transient=True,
+            ) as bar:
+                outcome = run_pgd_gate(
+                    model_dir,
+                    policy=policy,
+                    architecture=architecture,
+                    data=data,
+                    config=config,
+                    signer=signer,
+                    out=out,
+                    bundles=list(signatures) or None,
+                    progress=_RichProgress(bar),
+                )
+        else:
+            outcome = run_pgd_gate(
+                model_dir,
+                policy=policy,
+                architecture=architecture,
+                data=data,
+                config=config,
+                signer=signer,
+                out=out,
+                bundles=list(signatures) or None,
+            )
+    except Error as e:
+        _fail(e, as_json)
+    if not outcome.is_main:
+        sys.exit(0 if outcome.result.passed else 1)
+    result = outcome.result
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "ok": result.passed,
+                    "verdict": result.verdict,
+                    "root_digest": outcome.root_digest,
+                    "attestation": str(outcome.out) if outcome.out else None,
+                    "result": result.to_json(),
+                }
+            )
+        )
+    else:
+        click.echo(f"{result.summary()}")
+        click.echo(
+            f"  model sha256:{outcome.root_digest}; dataset sha256:{result.dataset_digest} "
+            f"({result.clean.total} samples); {result.elapsed_s:.1f} s on {result.environment['deviceName']}"
+        )
+        for check in result.checks:
+            click.echo(f"  [{'ok' if check.passed else 'FAIL'}] {check.name}: {check.detail}")
+        for reason in result.reasons:
+            click.echo(f"  reason: {reason}", err=True)
+        click.echo(f"  attestation -> {outcome.out}")
+    if not result.passed:
+        sys.exit(1)

@@ -1,0 +1,193 @@
+"""`modelsec watermark`: keygen, embed, detect (thin adapters over `modelsec.watermark`).
+
+Only click is imported at module level; numpy and the watermark modules load inside the commands, so
+`modelsec --help` stays fast. Exit codes: `detect` exits 0 when the mark is detected and 1 when it is not;
+every command exits 1 with a one-line diagnostic (or `{"ok": false, ...}` with `--json`) on a modelsec
+error, and 2 on usage errors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+__all__ = ["watermark"]
+
+_MESSAGE_HELP = "Message: UTF-8 text, or hex as hex:<digits> / 0x<digits> (at most 64 bytes)."
+
+
+@click.group(name="watermark")
+def watermark() -> None:
+    """Embed and detect keyed parameter watermarks in safetensors models.
+
+    `keygen` writes a secret watermark key (keep it like a private key); `embed` writes a marked copy of a
+    model and, with --sign-key and --attestation, a signed attestation about it; `detect` needs only the key
+    and the suspect model (plus --reference to undo neuron permutation and scaling).
+    """
+
+
+@watermark.command(name="keygen")
+@click.option("--out", "-o", type=click.Path(path_type=Path), required=True,
+              help="Key file to write (mode 0600): 64 hex digits = 32 random bytes.")
+@click.option("--force", is_flag=True, help="Overwrite an existing file.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout (for scripts).")
+def _keygen(out: Path, force: bool, as_json: bool) -> None:
+    """Generate a watermark key file (the key itself is never printed)."""
+    from modelsec._cli import _fail
+    from modelsec.errors import KeyMaterialError
+    from modelsec.watermark.scheme import generate_key_file_text
+
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_TRUNC if force else os.O_EXCL)
+    try:
+        fd = os.open(out, flags, 0o600)
+    except FileExistsError:
+        raise click.UsageError(f"{out} exists (use --force to overwrite)") from None
+    except OSError as e:
+        _fail(KeyMaterialError(f"{out}: cannot write the key file: {e.strerror}"), as_json)
+    with os.fdopen(fd, "wb") as f:
+        f.write(generate_key_file_text())
+    if as_json:
+        click.echo(json.dumps({"ok": True, "key_file": str(out)}))
+    else:
+        click.echo(f"wrote watermark key {out} (keep it secret: it can detect and forge the mark)")
+
+
+@watermark.command(name="embed")
+@click.argument("model_dir", type=click.Path(path_type=Path))
+@click.option("--key-file", "-k", type=click.Path(path_type=Path), required=True, help="Watermark key file.")
+@click.option("--message", "-m", required=True, help=_MESSAGE_HELP)
+@click.option("--out", "-o", "out_dir", type=click.Path(path_type=Path), required=True,
+              help="Output directory for the watermarked model (must not exist, or be empty).")
+@click.option("--sign-key", type=click.Path(path_type=Path),
+              help="Private key PEM that signs the watermark attestation (with --attestation).")
+@click.option("--attestation", type=click.Path(path_type=Path),
+              help="Where to write the signed attestation bundle (outside OUT_DIR).")
+@click.option("--kappa", type=float, default=3.0, show_default=True,
+              help="Margin of every bit, in standard deviations of the host correlation.")
+@click.option("--max-relative-change", type=float, default=0.25, show_default=True,
+              help="Largest allowed |w' - w| / |w| of any weight.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout (for scripts).")
+def _embed(model_dir: Path, key_file: Path, message: str, out_dir: Path, sign_key: Path | None,
+           attestation: Path | None, kappa: float, max_relative_change: float, as_json: bool) -> None:
+    """Write a watermarked copy of MODEL_DIR to OUT_DIR (dtype, shapes and side files kept)."""
+    from modelsec._cli import _fail, _password
+    from modelsec.errors import Error
+    from modelsec.watermark.embed import embed_model
+    from modelsec.watermark.scheme import WatermarkParams, load_key_file, parse_message
+
+    if (sign_key is None) != (attestation is None):
+        raise click.UsageError("--sign-key and --attestation must be given together")
+    try:
+        key = load_key_file(key_file)
+        payload = parse_message(message)
+        params = WatermarkParams(kappa=kappa, max_relative_change=max_relative_change)
+        signer = None
+        if sign_key is not None:
+            from modelsec.signer import load_private_key_file
+
+            signer = load_private_key_file(sign_key, password=_password(sign_key))
+        result = embed_model(model_dir, out_dir, key, payload, params=params)
+        digest = None
+        if signer is not None and attestation is not None:
+            from modelsec.watermark.attestation import write_watermark_attestation
+
+            digest, _ = write_watermark_attestation(result, signer, attestation)
+    except Error as e:
+        _fail(e, as_json)
+    d = result.detection
+    if as_json:
+        click.echo(json.dumps({
+            "ok": True,
+            "out_dir": str(result.out_dir),
+            "root_digest": digest,
+            "attestation": None if attestation is None else str(attestation),
+            "message_bits": result.message_bits,
+            "code_bits": result.code_bits,
+            "carriers": result.carriers,
+            "carrier_tensors": len(result.tensors),
+            "density_log2": result.density_log2,
+            "max_relative_change": result.max_relative_change,
+            "mean_relative_change": result.mean_relative_change,
+            "relative_l2_change": result.relative_l2_change,
+            "key_commitment": result.key_commitment,
+            "detection": d.to_json(),
+        }))
+        return
+    click.echo(
+        f"watermarked {result.message_bits} message bits (+{result.params.pilot_bits} pilot) into "
+        f"{result.carriers} weights of {len(result.tensors)} tensors -> {result.out_dir}"
+    )
+    click.echo(
+        f"  max relative change {result.max_relative_change:.2%}, mean {result.mean_relative_change:.2%}, "
+        f"relative L2 {result.relative_l2_change:.2%}"
+    )
+    click.echo(
+        f"  check on written weights: {d.bit_matches}/{d.bits} bits, confidence {d.confidence:.3f}, "
+        f"false-positive probability {d.false_positive_probability:.3g} (log10 {d.log10_false_positive_probability:.1f})"
+    )
+    if digest is not None:
+        click.echo(f"  attestation {attestation} for model root digest sha256:{digest}")
+
+
+@watermark.command(name="detect")
+@click.argument("model_dir", type=click.Path(path_type=Path))
+@click.option("--key-file", "-k", type=click.Path(path_type=Path), required=True, help="Watermark key file.")
+@click.option("--message", "-m", default=None, help="The embedded message, if known (compares its bits too). "
+              + _MESSAGE_HELP)
+@click.option("--message-bits", type=int, default=None, help="The message length in bits, if known.")
+@click.option("--reference", type=click.Path(path_type=Path), default=None,
+              help="Registered reference model: undo neuron permutation and scaling before extraction.")
+@click.option("--min-confidence", type=float, default=0.92, show_default=True,
+              help="Detected only if the cosine of extracted and embedded bits is at least this.")
+@click.option("--max-false-positive", type=float, default=1e-9, show_default=True,
+              help="Detected only if the false-positive probability is at most this.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout (for scripts).")
+def _detect(model_dir: Path, key_file: Path, message: str | None, message_bits: int | None,
+            reference: Path | None, min_confidence: float, max_false_positive: float, as_json: bool) -> None:
+    """Detect the watermark of KEY_FILE in MODEL_DIR (exit 0 when detected, 1 when not)."""
+    from modelsec._cli import _fail
+    from modelsec.errors import Error
+    from modelsec.watermark.detection import DetectionThresholds, detect
+    from modelsec.watermark.scheme import load_key_file, parse_message
+
+    if message is not None and message_bits is not None:
+        raise click.UsageError("give --message or --message-bits, not both")
+    try:
+        key = load_key_file(key_file)
+        payload = parse_message(message) if message is not None else None
+        thresholds = DetectionThresholds(min_confidence=min_confidence, max_false_positive=max_false_positive)
+        result = detect(model_dir, key, message=payload, message_length=message_bits, reference=reference,
+                        thresholds=thresholds)
+    except Error as e:
+        _fail(e, as_json)
+    if as_json:
+        click.echo(json.dumps({"ok": True, **result.to_json()}))
+    else:
+        verdict = "DETECTED" if result.detected else "NOT DETECTED"
+        what = "pilot and message bits" if result.mode == "message" else "pilot bits"
+        click.echo(
+            f"{verdict}: {result.bit_matches}/{result.bits} {what} match (BER {result.bit_error_rate:.2%}), "
+            f"confidence {result.confidence:.3f}, false-positive probability "
+            f"{result.false_positive_probability:.3g} (log10 {result.log10_false_positive_probability:.1f}, "
+            f"{result.tests} hypotheses)"
+        )
+        if result.detected and result.decoded_message is not None:
+            text = _printable(result.decoded_message)
+            click.echo(f"  message ({result.message_bits} bits): hex:{result.decoded_message.hex()}"
+                       + (f" ({text!r})" if text else ""))
+        if result.resync is not None:
+            click.echo(f"  re-synchronised {result.resync.permuted} permuted / {result.resync.rescaled} rescaled "
+                       f"of {result.resync.groups} neuron groups against {reference}")
+    sys.exit(0 if result.detected else 1)
+
+
+def _printable(data: bytes) -> str:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return ""
+    return text if text.isprintable() else ""

@@ -1,0 +1,584 @@
+"""Load-time verification: tensors reach device memory only after their bytes were verified.
+
+Invariant (DESIGN.md decision 5, "hash exactly the bytes you load"): every tensor returned here is built
+from a *private* buffer that modelsec filled itself from a descriptor opened without following links, that
+was hashed while it was filled, and whose digests matched the signed manifest before the first tensor was
+built. The path is never re-opened after hashing and nothing is memory-mapped, so a write to the file
+after (or during) verification changes nothing that was returned: the load either returns the verified
+bytes or is refused.
+
+* Whole shards: the buffer is the whole file (pinned host memory when the target is CUDA). A reader thread
+  fills it in `Limits.hash_chunk_bytes` steps while the caller's thread hashes what has arrived, so
+  hashing overlaps reading. Shards are processed two at a time (one per core).
+* Partial loads (`tensors=[...]`) with per-tensor digests in the signed manifest read only the needed byte
+  ranges; the header's dtype, shape and offsets must equal the signed entry, and the range's digest must
+  equal the signed tensor digest. Without per-tensor digests (a plain OMS bundle, e.g. from
+  `model_signing`) the shard holding the tensor is verified whole.
+* Tensors are views of the verified buffer (no copy) unless a tensor's offset is misaligned for its dtype
+  (then it is copied once, still from the verified buffer), and are moved to `device` only at the end.
+
+torch is imported only by the functions that build tensors (`modelsec.verifier` imports without it).
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from modelsec.errors import (
+    BackendUnavailableError,
+    DigestMismatchError,
+    MalformedArtifactError,
+    UnsupportedAlgorithmError,
+)
+from modelsec.limits import Limits
+from modelsec.policy import Policy, PolicySet
+from modelsec.signer.hashing import FileDigests, hash_files, hash_source, is_safetensors_name, new_hasher
+from modelsec.signer.manifest import TensorEntry
+from modelsec.signer.model_files import open_beneath, open_model_root
+from modelsec.signer.safetensors_header import SafetensorsHeader, TensorInfo, read_header
+from modelsec.verifier.verification import (
+    INDEX_NAME,
+    SignedModel,
+    check_digests,
+    check_file_set,
+    read_verified_index,
+    verify_signatures,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["VerifiedSafeOpen", "load_model", "open_model", "resolve_policy"]
+
+_TORCH_DTYPES = {
+    "BOOL": "bool",
+    "U8": "uint8",
+    "I8": "int8",
+    "I16": "int16",
+    "U16": "uint16",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I32": "int32",
+    "U32": "uint32",
+    "F32": "float32",
+    "F64": "float64",
+    "I64": "int64",
+    "U64": "uint64",
+    "C64": "complex64",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "F8_E8M0": "float8_e8m0fnu",
+    "F8_E4M3FNUZ": "float8_e4m3fnuz",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz",
+}
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError as e:  # pragma: no cover - exercised only without the [torch] extra
+        raise BackendUnavailableError("building tensors needs torch: pip install 'modelsec[torch]'") from e
+    return torch
+
+
+def resolve_policy(model_path: Path, policy: Policy | PolicySet | None) -> Policy:
+    """The `Policy` for `model_path`: as given, matched from a `PolicySet`, or from `$MODELSEC_POLICY`.
+
+    Raises:
+        PolicyError: No policy given and `$MODELSEC_POLICY` is unset or invalid.
+        PolicyViolationError: No policy of the set matches `file://<real path>`.
+    """
+    if isinstance(policy, Policy):
+        return policy
+    policy_set = policy if policy is not None else PolicySet.from_env()
+    return policy_set.for_model(model_path)
+
+
+@dataclass(frozen=True, slots=True)
+class _VerifiedShard:
+    name: str
+    buffer: Any  # torch.Tensor (uint8, the whole file, private)
+    header: SafetensorsHeader
+
+
+class _BufferFill:
+    """A private buffer filled from a descriptor by a reader thread, consumed as a `ChunkSource`."""
+
+    def __init__(self, fd: int, view: memoryview, size: int, chunk: int, what: str) -> None:
+        self._fd, self._view, self._size, self._chunk, self._what = fd, view, size, chunk, what
+        self._filled = 0
+        self._pos = 0
+        self._error: BaseException | None = None
+        self._stop = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="modelsec-read", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while self._filled < self._size and not self._stop:
+                end = min(self._size, self._filled + self._chunk)
+                got = os.readv(self._fd, [self._view[self._filled : end]])
+                if got == 0:
+                    raise MalformedArtifactError(f"{self._what}: file shrank while it was read")
+                with self._cond:
+                    self._filled += got
+                    self._cond.notify_all()
+            if not self._stop and os.read(self._fd, 1):
+                raise MalformedArtifactError(f"{self._what}: file grew while it was read")
+        except BaseException as e:  # noqa: BLE001 - handed to the consuming thread, which re-raises it
+            with self._cond:
+                self._error = e
+                self._cond.notify_all()
+
+    def _wait(self, upto: int) -> None:
+        with self._cond:
+            while self._filled < upto and self._error is None:
+                self._cond.wait()
+            if self._error is not None:
+                raise self._error
+
+    def read_exact(self, n: int) -> bytes:
+        self._wait(self._pos + n)
+        data = bytes(self._view[self._pos : self._pos + n])
+        self._pos += n
+        return data
+
+    def chunks(self) -> Iterator[memoryview]:
+        while self._pos < self._size:
+            self._wait(self._pos + 1)
+            end = min(self._filled, self._pos + self._chunk)
+            view = self._view[self._pos : end]
+            self._pos = end
+            yield view
+        self.close()
+        if self._error is not None:
+            raise self._error
+
+    def close(self) -> None:
+        self._stop = True
+        self._thread.join()
+
+
+def _read_and_hash_shard(
+    root_fd: int, name: str, signed: SignedModel, limits: Limits, pinned: bool, model: str
+) -> tuple[FileDigests, Any]:
+    torch = _torch()
+    what = f"{model}/{name}"
+    fd = open_beneath(root_fd, name, what=model)
+    try:
+        size = os.fstat(fd).st_size
+        buffer = torch.empty(size, dtype=torch.uint8, pin_memory=pinned)
+        view = memoryview(buffer.numpy()).cast("B") if size else memoryview(b"")
+        source = _BufferFill(fd, view, size, limits.hash_chunk_bytes, what)
+        try:
+            digests = hash_source(
+                source,
+                name,
+                size,
+                algorithms=signed.file_hashes,
+                tensor_hash=signed.tensor_hash,
+                limits=limits,
+                what=what,
+            )
+        finally:
+            source.close()
+        return digests, buffer
+    finally:
+        os.close(fd)
+
+
+def _tensor_from(buffer: Any, data_start: int, info: TensorInfo | TensorEntry, name: str, what: str) -> Any:
+    torch = _torch()
+    dtype_name = _TORCH_DTYPES.get(info.dtype)
+    dtype = getattr(torch, dtype_name, None) if dtype_name else None
+    if dtype is None:
+        raise UnsupportedAlgorithmError(
+            f"{what}: tensor `{name}` has dtype {info.dtype}, which torch cannot hold"
+        )
+    if info.end == info.begin:
+        return torch.empty(info.shape, dtype=dtype)
+    raw = buffer[data_start + info.begin : data_start + info.end]
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if (data_start + info.begin) % itemsize:
+        raw = raw.clone()  # misaligned for its dtype: one copy, still of the verified bytes
+    return raw.view(dtype).reshape(info.shape)
+
+
+def _tensors_of(shard: _VerifiedShard, names: Iterable[str] | None, what: str) -> dict[str, Any]:
+    wanted = set(names) if names is not None else None
+    out = {}
+    for info in shard.header.tensors:
+        if wanted is None or info.name in wanted:
+            out[info.name] = _tensor_from(shard.buffer, shard.header.data_start, info, info.name, what)
+    return out
+
+
+def _to_device(tensors: dict[str, Any], device: str) -> dict[str, Any]:
+    if device == "cpu":
+        return tensors
+    torch = _torch()
+    moved = {k: v.to(device, non_blocking=True) for k, v in tensors.items()}
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+    return moved
+
+
+def _split_path(model_path: Path) -> tuple[Path, str | None]:
+    if model_path.is_dir() and not model_path.is_symlink():
+        return model_path, None
+    return model_path.parent, model_path.name
+
+
+def _verify_whole_shards(
+    signed: SignedModel, names: Sequence[str], policy: Policy, *, pinned: bool, whole_model: bool
+) -> dict[str, _VerifiedShard]:
+    """Read every named file once into private memory (shards) or hash it (side files), then compare."""
+    model, limits = str(signed.model_dir), policy.limits
+    shards = [n for n in names if is_safetensors_name(n)]
+    side = [n for n in names if not is_safetensors_name(n)]
+    root_fd = open_model_root(signed.model_dir)
+    try:
+        computed: dict[str, FileDigests] = dict(
+            hash_files(
+                root_fd,
+                side,
+                algorithms=signed.file_hashes,
+                tensor_hash=signed.tensor_hash,
+                limits=limits,
+                model=model,
+            )
+        )
+        buffers: dict[str, Any] = {}
+        workers = max(1, min(len(shards), os.cpu_count() or 1, 2))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="modelsec-load") as pool:
+            futures = {
+                n: pool.submit(_read_and_hash_shard, root_fd, n, signed, limits, pinned, model)
+                for n in shards
+            }
+            try:
+                for n, f in futures.items():
+                    computed[n], buffers[n] = f.result()
+            finally:
+                for f in futures.values():
+                    f.cancel()
+        check_digests(signed, computed, policy, root_fd, whole_model=whole_model)
+    finally:
+        os.close(root_fd)
+    result = {}
+    for n in shards:
+        header = computed[n].header
+        if header is None:  # every *.safetensors name is parsed by the engine; fail closed regardless
+            raise MalformedArtifactError(f"{model}/{n}: no parsed header")
+        result[n] = _VerifiedShard(n, buffers[n], header)
+    return result
+
+
+def _read_range(fd: int, offset: int, length: int, what: str) -> Any:
+    torch = _torch()
+    buffer = torch.empty(length, dtype=torch.uint8)
+    view = memoryview(buffer.numpy()).cast("B") if length else memoryview(b"")
+    done = 0
+    while done < length:
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if got == 0:
+            raise MalformedArtifactError(f"{what}: file shrank while it was read")
+        done += got
+    return buffer
+
+
+def _load_tensors_by_digest(
+    signed: SignedModel, wanted: Mapping[str, tuple[str, TensorEntry]], policy: Policy
+) -> dict[str, Any]:
+    """Partial load with per-tensor digests: read only the needed ranges, compare each with the manifest."""
+    model, limits = str(signed.model_dir), policy.limits
+    assert_hash = signed.tensor_hash
+    if assert_hash is None:  # callers only come here with an extension; fail closed regardless
+        raise MalformedArtifactError(f"{model}: no per-tensor digests in the signed manifest")
+    by_file: dict[str, list[str]] = {}
+    for tname, (file, _) in wanted.items():
+        by_file.setdefault(file, []).append(tname)
+    check_file_set(signed, policy, only=sorted(by_file))
+    out: dict[str, Any] = {}
+    root_fd = open_model_root(signed.model_dir)
+    try:
+        for file, tnames in by_file.items():
+            what = f"{model}/{file}"
+            fd = open_beneath(root_fd, file, what=model)
+            try:
+                with os.fdopen(os.dup(fd), "rb") as f:
+                    header, _ = read_header(f, os.fstat(fd).st_size, path=what, limits=limits)
+                for tname in tnames:
+                    entry = wanted[tname][1]
+                    try:
+                        info = header.tensor(tname)
+                    except KeyError:
+                        raise DigestMismatchError(
+                            f"{what}:`{tname}`", "present", "absent from the header"
+                        ) from None
+                    signed_facts = (entry.dtype, entry.shape, entry.begin, entry.end)
+                    if (info.dtype, info.shape, info.begin, info.end) != signed_facts:
+                        raise DigestMismatchError(
+                            f"{what}:`{tname}` (dtype/shape/offsets)",
+                            f"{entry.dtype}{list(entry.shape)}@{entry.begin}-{entry.end}",
+                            f"{info.dtype}{list(info.shape)}@{info.begin}-{info.end}",
+                        )
+                    raw = _read_range(fd, header.data_start + info.begin, info.end - info.begin, what)
+                    h = new_hasher(assert_hash)
+                    h.update(memoryview(raw.numpy()).cast("B") if raw.numel() else b"")
+                    digest = h.digest()
+                    if not hmac.compare_digest(digest, entry.digest):
+                        raise DigestMismatchError(
+                            f"{what}:`{tname}`", entry.digest.hex(), digest.hex(), algorithm=assert_hash.value
+                        )
+                    out[tname] = _tensor_from(raw, -info.begin, info, tname, what)
+            finally:
+                os.close(fd)
+    finally:
+        os.close(root_fd)
+    return out
+
+
+def _shards_for_without_digests(signed: SignedModel, tensors: Sequence[str], policy: Policy) -> list[str]:
+    """Which shards hold `tensors` when the manifest has no per-tensor digests: from the signed index."""
+    model = str(signed.model_dir)
+    shard_names = [n for n in signed.manifest.names if is_safetensors_name(n)]
+    if INDEX_NAME not in signed.manifest.names:
+        return shard_names  # no index: verify every shard (still correct, only slower)
+    root_fd = open_model_root(signed.model_dir)
+    try:
+        index_digest = hash_files(
+            root_fd,
+            [INDEX_NAME],
+            algorithms=signed.file_hashes,
+            tensor_hash=None,
+            limits=policy.limits,
+            model=model,
+        )
+    finally:
+        os.close(root_fd)
+    weight_map = read_verified_index(signed, index_digest[INDEX_NAME], policy)
+    files = []
+    for t in tensors:
+        target = weight_map.get(t)
+        if target is None:
+            raise MalformedArtifactError(f"{model}: tensor `{t}` is not in the signed model")
+        files.append(target)
+    return sorted(set(files))
+
+
+def load_model(
+    model_path: Path,
+    policy: Policy | PolicySet | None = None,
+    *,
+    device: str = "cpu",
+    tensors: Sequence[str] | None = None,
+    bundles: Sequence[Path] | None = None,
+) -> dict[str, torch.Tensor]:
+    """Verify a model (or one shard, or some tensors) and return its tensors built from the verified bytes.
+
+    What is verified before any tensor is built: the bundles' signatures with the policy's keys and the
+    required algorithms; for a whole directory, the file set (nothing added, removed or renamed), every
+    file's digests and the model root digest, `auto_map`/`*.py` (refused unless the policy allows remote
+    code), pickle formats (refused), and the index (targets must be signed shards holding the tensors); for
+    one shard, that shard's digests; for `tensors=[...]`, each tensor's dtype, shape, offsets and
+    per-tensor digest (or its whole shard without per-tensor digests). Metadata never affects trust.
+
+    Args:
+        model_path: A model directory, or one `*.safetensors` shard inside it.
+        policy: A `Policy`, a `PolicySet` (matched as `file://<real path>`), or None for `$MODELSEC_POLICY`.
+        device: `"cpu"` or `"cuda[:N]"`: verified bytes are staged in pinned host memory for CUDA and copied
+            to the device only after verification.
+        tensors: Only these tensor names (e.g. one pipeline stage); None for all.
+        bundles: Explicit bundle paths; default names in the model directory otherwise.
+
+    Returns:
+        Tensor name -> tensor on `device` (dtype and shape as in the safetensors header).
+
+    Raises:
+        SignatureError: No trusted or required signature.
+        DigestMismatchError: A file, tensor or the root digest differs from the manifest.
+        FileSetMismatchError: Files added, removed or renamed.
+        MalformedArtifactError: Malformed bundle, manifest, header or index; an unknown tensor name.
+        PolicyViolationError: Pickle, remote code, symlinks; no policy matches.
+        PolicyError: No usable policy.
+        BackendUnavailableError: torch is not installed.
+
+    Example:
+        >>> weights = load_model(Path("/models/llm"), device="cuda:0")  # doctest: +SKIP
+    """
+    model_dir, single = _split_path(model_path)
+    resolved = resolve_policy(model_path, policy)
+    signed = verify_signatures(model_dir, resolved, bundles=bundles)
+    pinned = device.startswith("cuda")
+    model = str(model_dir)
+    if tensors is not None:
+        entries = signed.tensor_entries()
+        if entries:
+            unknown = [t for t in tensors if t not in entries]
+            if unknown:
+                raise MalformedArtifactError(f"{model}: tensor(s) {unknown} are not in the signed model")
+            selected = {t: entries[t] for t in tensors}
+            if single is not None and any(f != single for f, _ in selected.values()):
+                raise MalformedArtifactError(f"{model}/{single}: does not hold all of {list(tensors)}")
+            return _to_device(_load_tensors_by_digest(signed, selected, resolved), device)
+        files = [single] if single is not None else _shards_for_without_digests(signed, tensors, resolved)
+        names = check_file_set(signed, resolved, only=files)
+        shards = _verify_whole_shards(signed, names, resolved, pinned=pinned, whole_model=False)
+        out: dict[str, Any] = {}
+        for shard in shards.values():
+            out.update(_tensors_of(shard, set(tensors) - set(out), f"{model}/{shard.name}"))
+        missing = [t for t in tensors if t not in out]
+        if missing:
+            raise MalformedArtifactError(f"{model}: tensor(s) {missing} are not in the signed model")
+        return _to_device(out, device)
+    names = check_file_set(signed, resolved, only=[single] if single is not None else None)
+    shards = _verify_whole_shards(signed, names, resolved, pinned=pinned, whole_model=single is None)
+    result: dict[str, Any] = {}
+    for shard in shards.values():
+        for k, v in _tensors_of(shard, None, f"{model}/{shard.name}").items():
+            if k in result:
+                raise MalformedArtifactError(
+                    f"{model}/{shard.name}: tensor `{k}` also appears in another shard"
+                )
+            result[k] = v
+    return _to_device(result, device)
+
+
+class _VerifiedSlice:
+    """The part of safetensors' `PySafeSlice` API that loaders use, over a verified tensor."""
+
+    def __init__(self, tensor: Any, dtype: str) -> None:
+        self._tensor, self._dtype = tensor, dtype
+
+    def get_shape(self) -> list[int]:
+        return list(self._tensor.shape)
+
+    def get_dtype(self) -> str:
+        return self._dtype
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._tensor[index]
+
+    def __len__(self) -> int:
+        return int(self._tensor.shape[0])
+
+
+class VerifiedSafeOpen:
+    """A lazy, `safetensors.safe_open`-like view of a verified model or shard.
+
+    Signatures, the file set and the refusals are checked when it is opened; each tensor is verified
+    before it is returned (per-tensor digest, or its whole shard, which is then kept in private memory for
+    later tensors of that shard). `metadata()` verifies the whole shard first: header bytes are covered
+    only by the file digest.
+    """
+
+    def __init__(
+        self,
+        model_path: Path,
+        policy: Policy | PolicySet | None = None,
+        *,
+        device: str = "cpu",
+        bundles: Sequence[Path] | None = None,
+    ) -> None:
+        self._dir, self._single = _split_path(model_path)
+        self._policy = resolve_policy(model_path, policy)
+        self._device = device
+        self._signed = verify_signatures(self._dir, self._policy, bundles=bundles)
+        check_file_set(self._signed, self._policy, only=[self._single] if self._single else None)
+        self._entries = self._signed.tensor_entries()
+        self._shards: dict[str, _VerifiedShard] = {}
+        self._lock = threading.Lock()
+        files = (
+            [self._single]
+            if self._single
+            else [n for n in self._signed.manifest.names if is_safetensors_name(n)]
+        )
+        self._files = files
+
+    def __enter__(self) -> VerifiedSafeOpen:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._shards.clear()
+
+    def _shard(self, name: str) -> _VerifiedShard:
+        with self._lock:
+            if name not in self._shards:
+                pinned = self._device.startswith("cuda")
+                self._shards.update(
+                    _verify_whole_shards(self._signed, [name], self._policy, pinned=pinned, whole_model=False)
+                )
+            return self._shards[name]
+
+    def _file_of(self, name: str) -> str:
+        if self._entries:
+            hit = self._entries.get(name)
+            if hit is None or hit[0] not in self._files:
+                raise MalformedArtifactError(f"{self._dir}: tensor `{name}` is not in the signed model")
+            return hit[0]
+        for file in self._files:
+            if name in {t.name for t in self._shard(file).header.tensors}:
+                return file
+        raise MalformedArtifactError(f"{self._dir}: tensor `{name}` is not in the signed model")
+
+    def keys(self) -> list[str]:
+        """The tensor names (from the signed manifest, or from verified shards)."""
+        if self._entries:
+            return sorted(t for t, (f, _) in self._entries.items() if f in self._files)
+        return sorted(t.name for f in self._files for t in self._shard(f).header.tensors)
+
+    def metadata(self) -> dict[str, str] | None:
+        """The `__metadata__` of the (first) shard, from a fully verified header."""
+        if not self._files:
+            return None
+        meta = self._shard(self._files[0]).header.metadata
+        return dict(meta) if meta is not None else None
+
+    def get_tensor(self, name: str) -> Any:
+        """The tensor `name`, verified, on the device given at open."""
+        file = self._file_of(name)
+        if file in self._shards or not self._entries:
+            shard = self._shard(file)
+            tensor = _tensors_of(shard, [name], f"{self._dir}/{file}")[name]
+        else:
+            tensor = _load_tensors_by_digest(self._signed, {name: self._entries[name]}, self._policy)[name]
+        return _to_device({name: tensor}, self._device)[name]
+
+    def get_slice(self, name: str) -> _VerifiedSlice:
+        """A slice object over the verified tensor (`get_shape()`, `get_dtype()`, indexing)."""
+        tensor = self.get_tensor(name)
+        file = self._file_of(name)
+        dtype = self._entries[name][1].dtype if self._entries else self._shard(file).header.tensor(name).dtype
+        return _VerifiedSlice(tensor, dtype)
+
+
+def open_model(
+    model_path: Path,
+    policy: Policy | PolicySet | None = None,
+    *,
+    device: str = "cpu",
+    bundles: Sequence[Path] | None = None,
+) -> VerifiedSafeOpen:
+    """Open a model directory or shard lazily; every tensor it returns was verified first.
+
+    Args:
+        model_path: A model directory or one shard.
+        policy: A `Policy`, a `PolicySet`, or None for `$MODELSEC_POLICY`.
+        device: Where returned tensors go.
+        bundles: Explicit bundle paths.
+
+    Returns:
+        A `safe_open`-like object (`keys()`, `get_tensor()`, `get_slice()`, `metadata()`).
+
+    Raises:
+        The errors of `load_model`, at open (signatures, file set, refusals) or at access (digests).
+    """
+    return VerifiedSafeOpen(model_path, policy, device=device, bundles=bundles)
