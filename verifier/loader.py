@@ -474,9 +474,9 @@ class _VerifiedSlice:
 class VerifiedSafeOpen:
     """A lazy, `safetensors.safe_open`-like view of a verified model or shard.
 
-    Signatures, the file set and the refusals are checked when it is opened; each tensor is verified
-    before it is returned (per-tensor digest, or its whole shard, which is then kept in private memory for
-    later tensors of that shard). `metadata()` verifies the whole shard first: header bytes are covered
+    Signatures, the file set and the refusals are checked when it is opened. A single shard is verified
+    whole at open; for a directory each tensor is verified before it is returned (per-tensor digest, or
+    its whole shard, which is then kept in private memory for later tensors of that shard). `metadata()` verifies the whole shard first: header bytes are covered
     only by the file digest.
     """
 
@@ -502,6 +502,10 @@ class VerifiedSafeOpen:
             else [n for n in self._signed.manifest.names if is_safetensors_name(n)]
         )
         self._files = files
+        if self._single is not None:
+            # One shard opened explicitly (as loaders do): verify it whole now, so a tampered shard is
+            # refused before any of its tensors is built, and serve every tensor from that buffer.
+            self._shard(self._single)
 
     def __enter__(self) -> VerifiedSafeOpen:
         return self
