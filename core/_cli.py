@@ -23,6 +23,7 @@ from modelsec.errors import Error
 
 F = TypeVar("F", bound=Callable[..., Any])
 PASSWORD_ENV = "MODELSEC_KEY_PASSWORD"  # noqa: S105 - the variable name, not a password
+POLICY_ENV = "MODELSEC_POLICY"
 
 
 def _fail(e: Error, as_json: bool) -> NoReturn:
@@ -240,6 +241,29 @@ def _sign(
         click.echo(f"  {b.algorithm.value:<10} -> {b.path}")
 
 
+def _policy_from_options(
+    model_path: Path,
+    keys: tuple[Path, ...],
+    policy_file: Path | None,
+    required: list[SignatureAlgorithm],
+    allow_remote_code: bool,
+) -> Any:
+    """A Policy from --key options, or from --policy / $MODELSEC_POLICY (options can only tighten it)."""
+    import dataclasses
+
+    from modelsec.policy import Policy, PolicySet
+
+    if keys and policy_file:
+        raise click.UsageError("give --key or --policy, not both")
+    if keys:
+        return Policy.from_key_files(keys, require=required, allow_remote_code=allow_remote_code)
+    policy_set = PolicySet.from_file(policy_file) if policy_file else PolicySet.from_env()
+    policy = policy_set.for_model(model_path)
+    if allow_remote_code and not policy.allow_remote_code:
+        raise click.UsageError("--allow-remote-code cannot loosen a policy file; set allowRemoteCode there")
+    return dataclasses.replace(policy, require_algorithms=policy.require_algorithms | set(required))
+
+
 def _parse_require(value: str | None) -> list[SignatureAlgorithm]:
     if not value:
         return []
@@ -258,8 +282,21 @@ def _parse_require(value: str | None) -> list[SignatureAlgorithm]:
     "keys",
     type=click.Path(path_type=Path),
     multiple=True,
-    required=True,
-    help="Trusted public key PEM (repeatable). Keys are never taken from the bundle.",
+    help="Trusted public key PEM (repeatable). Keys are never taken from the bundle. Without --key, the "
+    f"policy file of --policy or ${POLICY_ENV} decides.",
+)
+@click.option(
+    "--policy",
+    "policy_file",
+    type=click.Path(path_type=Path),
+    help="Policy file (YAML/JSON, kind ModelPolicy); the model is matched as file://<real path>.",
+)
+@click.option(
+    "--shard",
+    "shards",
+    multiple=True,
+    metavar="NAME",
+    help="Verify only this signed file of MODEL_PATH (repeatable), e.g. the shard a node holds.",
 )
 @click.option(
     "--signature",
@@ -286,6 +323,8 @@ def _parse_require(value: str | None) -> list[SignatureAlgorithm]:
 def _verify(
     model_path: Path,
     keys: tuple[Path, ...],
+    policy_file: Path | None,
+    shards: tuple[str, ...],
     signatures: tuple[Path, ...],
     require: str | None,
     allow_remote_code: bool,
@@ -297,14 +336,19 @@ def _verify(
     Exit 0 when every signed file and tensor matches and a trusted key signed; exit 1 otherwise. Pickle
     checkpoints and remote code are refused even when signed.
     """
-    from modelsec.policy import Policy
     from modelsec.verifier import verify_model
 
     required = _parse_require(require)
     try:
-        policy = Policy.from_key_files(keys, require=required, allow_remote_code=allow_remote_code)
+        policy = _policy_from_options(model_path, keys, policy_file, required, allow_remote_code)
         with _progress(_tree_size(model_path), "verifying", not (quiet or as_json)) as progress:
-            result = verify_model(model_path, policy, bundles=list(signatures) or None, progress=progress)
+            result = verify_model(
+                model_path,
+                policy,
+                bundles=list(signatures) or None,
+                files=list(shards) or None,
+                progress=progress,
+            )
     except Error as e:
         _fail(e, as_json)
     if as_json:
@@ -368,6 +412,88 @@ def _digest(model_dir: Path, as_json: bool, quiet: bool) -> None:
         )
     else:
         click.echo(f"sha256:{m.subject_digest['sha256']}")
+
+
+@main.command(name="inspect")
+@click.argument("model_dir", type=click.Path(path_type=Path))
+@click.option(
+    "--signature",
+    "-s",
+    "signatures",
+    type=click.Path(path_type=Path),
+    multiple=True,
+    help="Bundle to show (repeatable; default: the default names in MODEL_DIR).",
+)
+@click.option(
+    "--key",
+    "-k",
+    "keys",
+    type=click.Path(path_type=Path),
+    multiple=True,
+    help="Trusted public key: check each bundle's signature and name the key that verifies.",
+)
+@_json_option
+def _inspect(model_dir: Path, signatures: tuple[Path, ...], keys: tuple[Path, ...], as_json: bool) -> None:
+    """Show what MODEL_DIR's bundles sign: files, tensors, hashes, root digest, and by which key.
+
+    Without --key nothing is verified and the output says UNVERIFIED: a bundle's contents are claims until
+    a trusted key checks them. File contents are never hashed here (use `modelsec verify`).
+    """
+    from modelsec.attestations import parse_statement
+    from modelsec.signer.keys import load_trusted_key_file
+    from modelsec.signer.manifest import parse_manifest
+    from modelsec.verifier import find_default_bundles, read_bundle, verify_bundle_signature
+
+    rows = []
+    try:
+        trusted = [load_trusted_key_file(k) for k in keys]
+        paths = list(signatures) or find_default_bundles(model_dir)
+        if not paths:
+            raise click.UsageError(f"{model_dir}: no bundle found; give --signature")
+        for path in paths:
+            bundle = read_bundle(path, _limits())
+            signer = "UNVERIFIED"
+            if trusted:
+                key = verify_bundle_signature(bundle, trusted)
+                signer = f"{key.algorithm.value} ({key.name}, keyid {key.keyid[:16]})"
+            manifest = parse_manifest(
+                parse_statement(bundle.envelope.payload, what=str(path)), what=str(path)
+            )
+            rows.append(
+                {
+                    "bundle": str(path),
+                    "signed_by": signer,
+                    "hint": bundle.hint,
+                    "hash_type": manifest.hash_type.value,
+                    "root_digest": manifest.subject_digest.get("sha256"),
+                    "subject_digest": dict(manifest.subject_digest),
+                    "files": [{"name": r.name, "digest": r.digest.hex()} for r in manifest.resources],
+                    "ignore_paths": list(manifest.ignore_paths),
+                    "tensor_hash": manifest.tensor_hash.value if manifest.tensor_hash else None,
+                    "tensors": sum(len(t) for t in manifest.tensors.values()),
+                }
+            )
+    except Error as e:
+        _fail(e, as_json)
+    if as_json:
+        click.echo(json.dumps({"ok": True, "bundles": rows}))
+        return
+    for row in rows:
+        click.echo(f"{row['bundle']}: signed by {row['signed_by']}")
+        click.echo(f"  model root digest sha256:{row['root_digest']}  ({row['hash_type']} manifest)")
+        click.echo(
+            f"  {len(row['files'])} files, {row['tensors']} tensors with {row['tensor_hash'] or 'no'} "
+            "per-tensor digests"
+        )
+        for f in row["files"]:
+            click.echo(f"    {f['digest'][:16]}  {f['name']}")
+        click.echo(f"  ignored: {', '.join(row['ignore_paths'])}")
+
+
+def _limits() -> Any:
+    from modelsec.limits import Limits
+
+    return Limits()
 
 
 def _register_command_groups() -> None:

@@ -476,8 +476,8 @@ class VerifiedSafeOpen:
 
     Signatures, the file set and the refusals are checked when it is opened. A single shard is verified
     whole at open; for a directory each tensor is verified before it is returned (per-tensor digest, or
-    its whole shard, which is then kept in private memory for later tensors of that shard). `metadata()` verifies the whole shard first: header bytes are covered
-    only by the file digest.
+    its whole shard, which is then kept in private memory for later tensors of that shard). `metadata()`
+    verifies the whole shard first: header bytes are covered only by the file digest.
     """
 
     def __init__(

@@ -206,6 +206,7 @@ def verify_model(
     policy: Policy,
     *,
     bundles: Sequence[Path] | None = None,
+    files: Sequence[str] | None = None,
     progress: ProgressCallback | None = None,
 ) -> VerifiedModel:
     """Verify every file of a model directory (or one file of it) against its signed bundles.
@@ -219,6 +220,7 @@ def verify_model(
         model_path: The model directory, or one regular file inside it (then only that file is hashed and it
             must be listed in the manifest; pickle formats are refused before anything else).
         policy: Trusted keys, required algorithms, remote-code rule and limits.
+        files: Verify only these signed files of the directory (e.g. the shards a node holds).
         bundles: Bundle paths; default: `model.sig`, `model.p384.sig`, `model.sm2.sig` in the model
             directory (a default bundle of an algorithm no policy key has is skipped and reported; an
             explicit one must verify).
@@ -259,8 +261,15 @@ def verify_model(
         raise MalformedArtifactError(f"{model_path}: neither a model directory nor a regular file")
 
     signed = verify_signatures(model_dir, policy, bundles=bundles)
-    names = [single] if single is not None else None
-    names = check_file_set(signed, policy, only=names)
+    if files is not None:
+        if single is not None:
+            raise MalformedArtifactError(f"{model_path}: give either a shard path or `files`, not both")
+        if policy.refuse_pickle:
+            _refuse_pickle(files, str(model_dir))
+        single_names: Sequence[str] | None = list(files)
+    else:
+        single_names = [single] if single is not None else None
+    names = check_file_set(signed, policy, only=single_names)
     root_fd = open_model_root(model_dir)
     try:
         computed = hash_files(
@@ -272,7 +281,7 @@ def verify_model(
             progress=progress,
             model=str(model_dir),
         )
-        checked = check_digests(signed, computed, policy, root_fd, whole_model=single is None)
+        checked = check_digests(signed, computed, policy, root_fd, whole_model=single_names is None)
     finally:
         os.close(root_fd)
     return VerifiedModel(
