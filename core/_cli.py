@@ -257,6 +257,8 @@ def _policy_from_options(
         raise click.UsageError("give --key or --policy, not both")
     if keys:
         return Policy.from_key_files(keys, require=required, allow_remote_code=allow_remote_code)
+    if not policy_file and not os.environ.get(POLICY_ENV):
+        raise click.UsageError(f"give --key, --policy, or set ${POLICY_ENV}")
     policy_set = PolicySet.from_file(policy_file) if policy_file else PolicySet.from_env()
     policy = policy_set.for_model(model_path)
     if allow_remote_code and not policy.allow_remote_code:
@@ -444,7 +446,7 @@ def _inspect(model_dir: Path, signatures: tuple[Path, ...], keys: tuple[Path, ..
     from modelsec.signer.manifest import parse_manifest
     from modelsec.verifier import find_default_bundles, read_bundle, verify_bundle_signature
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     try:
         trusted = [load_trusted_key_file(k) for k in keys]
         paths = list(signatures) or find_default_bundles(model_dir)
