@@ -1,0 +1,330 @@
+"""load_model / open_model: verified bytes only, partial loads, plain OMS bundles, TOCTOU, policies."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from modelsec.algorithms import SignatureAlgorithm
+from modelsec.errors import (
+    DigestMismatchError,
+    MalformedArtifactError,
+    PolicyError,
+    PolicyViolationError,
+    SignatureError,
+    VerificationError,
+)
+from modelsec.policy import Policy, PolicySet
+from modelsec.signer import load_private_key_file, sign_model
+from modelsec.verifier import load_model, open_model
+
+torch = pytest.importorskip("torch")
+torch.set_num_threads(1)
+
+
+def _sign(model: Path, key_dir: Path, **kw) -> Policy:  # type: ignore[no-untyped-def]
+    sign_model(model, [load_private_key_file(key_dir / "ecdsa-p256.key.pem")], **kw)
+    return Policy.from_key_files([key_dir / "ecdsa-p256.pub.pem"])
+
+
+def _reference(model: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    out: dict[str, torch.Tensor] = {}
+    for f in sorted(model.glob("*.safetensors")):
+        out.update(load_file(f))
+    return out
+
+
+def _equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
+
+
+def test_full_load_equals_plain_safetensors(tiny_model: Path, key_dir: Path) -> None:
+    policy = _sign(tiny_model, key_dir)
+    assert _equal(load_model(tiny_model, policy), _reference(tiny_model))
+
+
+def test_dtypes_alignment_and_edge_shapes(tmp_path: Path, key_dir: Path) -> None:
+    m = tmp_path / "m"
+    m.mkdir()
+    tensors = {
+        "a_f16_odd": np.arange(3, dtype=np.float16),  # makes the next tensor misaligned
+        "b_f32": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "c_empty": np.zeros((0, 5), dtype=np.float32),
+        "d_scalar": np.array(7, dtype=np.int64),
+        "e_bool": np.array([True, False, True]),
+        "f_u8": np.arange(5, dtype=np.uint8),
+    }
+    save_file(tensors, str(m / "model.safetensors"))
+    t = torch.zeros(3, dtype=torch.bfloat16)
+    from safetensors.torch import save_file as save_torch
+
+    save_torch({"g_bf16": t + 1.5}, str(m / "extra.safetensors"))
+    policy = _sign(m, key_dir)
+    loaded = load_model(m, policy)
+    assert _equal(loaded, _reference(m))
+    assert loaded["d_scalar"].shape == () and loaded["c_empty"].shape == (0, 5)
+
+
+def test_partial_load_reads_only_the_needed_shard(tiny_model: Path, key_dir: Path) -> None:
+    policy = _sign(tiny_model, key_dir)
+    opened: list[str] = []
+
+    def hook(event: str, args: tuple[object, ...]) -> None:
+        if event == "open" and args and isinstance(args[0], str):
+            opened.append(args[0])
+
+    sys.addaudithook(hook)
+    opened.clear()
+    out = load_model(tiny_model, policy, tensors=["layers.1.weight"])
+    assert list(out) == ["layers.1.weight"]
+    assert torch.equal(out["layers.1.weight"], _reference(tiny_model)["layers.1.weight"])
+    assert not any("model-00001" in p for p in opened), opened
+
+
+def test_partial_load_refuses_tampered_tensor(tiny_model: Path, key_dir: Path) -> None:
+    policy = _sign(tiny_model, key_dir)
+    shard = tiny_model / "model-00002-of-00002.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 1  # last tensor of the shard
+    shard.write_bytes(bytes(data))
+    from modelsec.limits import Limits
+    from modelsec.signer.safetensors_header import read_header
+
+    with open(shard, "rb") as f:
+        header, _ = read_header(f, len(data), path=str(shard), limits=Limits())
+    last = header.tensors[-1].name
+    with pytest.raises(DigestMismatchError, match=rf"`{last}`"):
+        load_model(tiny_model, policy, tensors=[last])
+
+
+def test_unknown_tensor(tiny_model: Path, key_dir: Path) -> None:
+    policy = _sign(tiny_model, key_dir)
+    with pytest.raises(MalformedArtifactError, match="not in the signed model"):
+        load_model(tiny_model, policy, tensors=["nope"])
+
+
+def test_plain_oms_bundle_partial_load_hashes_whole_shard(tiny_model: Path, key_dir: Path) -> None:
+    policy = _sign(tiny_model, key_dir, tensor_hash=None)
+    out = load_model(tiny_model, policy, tensors=["layers.0.bias"])
+    assert torch.equal(out["layers.0.bias"], _reference(tiny_model)["layers.0.bias"])
+    shard = tiny_model / "model-00001-of-00002.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 1  # a byte of another tensor of the same shard: the whole shard is refused
+    shard.write_bytes(bytes(data))
+    with pytest.raises(DigestMismatchError, match="model-00001-of-00002"):
+        load_model(tiny_model, policy, tensors=["layers.0.bias"])
+
+
+def test_single_shard_load_and_open(tiny_model: Path, key_dir: Path) -> None:
+    policy = _sign(tiny_model, key_dir)
+    shard = tiny_model / "model-00002-of-00002.safetensors"
+    ref = _reference(tiny_model)
+    loaded = load_model(shard, policy)
+    assert set(loaded) == {"layers.1.weight", "layers.1.bias", "layers.1.ids"}
+    with open_model(shard, policy) as f:
+        assert f.keys() == sorted(loaded)
+        assert f.metadata() == {"format": "pt"}
+        assert torch.equal(f.get_tensor("layers.1.weight"), ref["layers.1.weight"])
+        sl = f.get_slice("layers.1.weight")
+        assert sl.get_shape() == [8, 16] and sl.get_dtype() == "F32"
+        assert torch.equal(sl[2:4], ref["layers.1.weight"][2:4])
+    with open_model(tiny_model, policy) as f:
+        assert len(f.keys()) == 6
+        assert torch.equal(f.get_tensor("layers.0.ids"), ref["layers.0.ids"])
+
+
+def test_open_refuses_tampered_shard_before_any_tensor(tiny_model: Path, key_dir: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from modelsec.verifier import loader
+
+    built: list[str] = []
+    original = loader._tensor_from
+    monkeypatch.setattr(loader, "_tensor_from", lambda *a: built.append(a[3]) or original(*a))
+    policy = _sign(tiny_model, key_dir)
+    shard = tiny_model / "model-00001-of-00002.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[200] ^= 1
+    shard.write_bytes(bytes(data))
+    with pytest.raises(VerificationError):
+        open_model(shard, policy)
+    with pytest.raises(VerificationError):
+        load_model(tiny_model, policy)
+    data[200] ^= 1
+    data[-1] ^= 1  # now a tensor byte instead of a header byte
+    shard.write_bytes(bytes(data))
+    with pytest.raises(DigestMismatchError):
+        open_model(shard, policy)
+    with pytest.raises(DigestMismatchError):
+        load_model(tiny_model, policy)
+    assert built == []
+
+
+def test_toctou_modification_after_load_does_not_reach_tensors(tiny_model: Path, key_dir: Path) -> None:
+    policy = _sign(tiny_model, key_dir)
+    loaded = load_model(tiny_model, policy)
+    snapshot = {k: v.clone() for k, v in loaded.items()}
+    for shard in tiny_model.glob("*.safetensors"):
+        data = bytearray(shard.read_bytes())
+        n = int.from_bytes(data[:8], "little")
+        for i in range(8 + n, len(data)):
+            data[i] ^= 0xFF
+        with open(shard, "r+b") as f:  # in place, as an attacker with write access would
+            f.write(bytes(data))
+    assert _equal(loaded, snapshot)
+
+
+def test_toctou_concurrent_writer_never_yields_modified_bytes(tmp_path: Path, key_dir: Path) -> None:
+    m = tmp_path / "m"
+    m.mkdir()
+    rng = np.random.default_rng(0)
+    save_file({"w": rng.standard_normal((256, 1024)).astype(np.float32)}, str(m / "model.safetensors"))
+    policy = _sign(m, key_dir)
+    good = _reference(m)["w"].clone()  # safetensors' own tensors are mmap views: they would change too
+    shard = m / "model.safetensors"
+    original = shard.read_bytes()
+    stop = threading.Event()
+
+    def writer() -> None:
+        flipped = bytearray(original)
+        flipped[-4096:] = bytes(b ^ 0x55 for b in flipped[-4096:])
+        with open(shard, "r+b") as f:
+            while not stop.is_set():
+                f.seek(0)
+                f.write(flipped)
+                f.flush()
+                f.seek(0)
+                f.write(original)
+                f.flush()
+
+    t = threading.Thread(target=writer)
+    t.start()
+    outcomes = {"ok": 0, "refused": 0}
+    try:
+        for _ in range(30):
+            try:
+                w = load_model(m, policy)["w"]
+            except VerificationError:
+                outcomes["refused"] += 1
+                continue
+            assert torch.equal(w, good)  # never the modified bytes
+            outcomes["ok"] += 1
+    finally:
+        stop.set()
+        t.join()
+    assert sum(outcomes.values()) == 30
+
+
+def test_remote_code_and_pickle_refused_by_loader(tiny_model: Path, key_dir: Path) -> None:
+    (tiny_model / "modeling_x.py").write_text("raise SystemExit('imported!')\n")
+    policy = _sign(tiny_model, key_dir)
+    with pytest.raises(PolicyViolationError, match=r"modeling_x\.py"):
+        load_model(tiny_model, policy)
+    (tiny_model / "modeling_x.py").unlink()
+    (tiny_model / "pytorch_model.bin").write_bytes(b"\x80\x02}q\x00.")
+    policy = _sign(tiny_model, key_dir)
+    with pytest.raises(PolicyViolationError, match="pickle"):
+        load_model(tiny_model, policy)
+
+
+def _write_policy(tmp_path: Path, key_dir: Path, body: str) -> Path:
+    p = tmp_path / "policy.yaml"
+    p.write_text(body.replace("KEYS", str(key_dir)))
+    return p
+
+
+GOOD = """
+apiVersion: modelsec.dev/v1alpha1
+kind: ModelPolicy
+policies:
+  - name: local
+    match: ["file://ROOT/**"]
+    keys:
+      - {path: KEYS/ecdsa-p256.pub.pem, name: ci, roles: [weights]}
+      - KEYS/sm2.pub.pem
+    requireAlgorithms: [ecdsa-p256]
+noMatch: deny
+"""
+
+
+def test_policy_file_and_environment(tiny_model: Path, key_dir: Path, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    _sign(tiny_model, key_dir)
+    p = _write_policy(tmp_path, key_dir, GOOD.replace("ROOT", os.path.realpath(tiny_model.parent)))
+    ps = PolicySet.from_file(p)
+    assert ps.for_model(tiny_model).require_algorithms == {SignatureAlgorithm.ECDSA_P256}
+    assert load_model(tiny_model, ps)
+    monkeypatch.setenv("MODELSEC_POLICY", str(p))
+    assert load_model(tiny_model)  # policy from the environment
+    with pytest.raises(PolicyViolationError, match="noMatch"):
+        PolicySet.from_file(p).for_uri("oci://elsewhere/model")
+
+
+@pytest.mark.parametrize(
+    ("mutation", "match"),
+    [
+        (lambda s: s.replace("kind: ModelPolicy", "kind: Other"), "kind"),
+        (lambda s: s.replace("apiVersion: modelsec.dev/v1alpha1", "apiVersion: v2"), "apiVersion"),
+        (lambda s: s.replace("noMatch: deny", "noMatch: allow"), "noMatch"),
+        (lambda s: s.replace("    requireAlgorithms", "    requireAlgorithmz"), "unknown field"),
+        (lambda s: s.replace("[ecdsa-p256]", "[rsa]"), "requireAlgorithms"),
+        (lambda s: s.replace("roles: [weights]", "roles: [admin]"), "roles"),
+        (lambda s: s.replace("name: local", "name: local\n    name: again"), "duplicate"),
+        (lambda s: s.replace("ecdsa-p256.pub.pem, name", "missing.pem, name"), "missing.pem"),
+        (lambda s: s.replace("kind: ModelPolicy", "kind: [ModelPolicy"), "YAML"),
+    ],
+)
+def test_policy_file_errors_name_the_field(mutation, match, key_dir: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from modelsec.errors import Error
+
+    p = _write_policy(tmp_path, key_dir, mutation(GOOD.replace("ROOT", "/x")))
+    with pytest.raises(Error, match=match):
+        PolicySet.from_file(p)
+
+
+def test_no_policy_at_all(tiny_model: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.delenv("MODELSEC_POLICY", raising=False)
+    with pytest.raises(PolicyError, match="MODELSEC_POLICY"):
+        load_model(tiny_model)
+
+
+def test_verifier_works_without_torch(tiny_model: Path, key_dir: Path) -> None:
+    _sign(tiny_model, key_dir)
+    code = f"""
+import sys
+sys.modules["torch"] = None  # import torch now fails
+from pathlib import Path
+from modelsec.policy import Policy
+from modelsec.verifier import verify_model, load_model
+from modelsec.errors import BackendUnavailableError
+p = Policy.from_key_files([Path({str(key_dir / "ecdsa-p256.pub.pem")!r})])
+print(verify_model(Path({str(tiny_model)!r}), p).files)
+try:
+    load_model(Path({str(tiny_model)!r}), p)
+except BackendUnavailableError as e:
+    print("needs torch")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["6", "needs", "torch"]
+
+
+def test_untrusted_key_loads_nothing(tiny_model: Path, key_dir: Path) -> None:
+    sign_model(tiny_model, [load_private_key_file(key_dir / "other.key.pem")])
+    with pytest.raises(SignatureError):
+        load_model(tiny_model, Policy.from_key_files([key_dir / "ecdsa-p256.pub.pem"]))
+
+
+@pytest.mark.gpu
+def test_cuda_load_equals_cpu(tiny_model: Path, key_dir: Path) -> None:
+    policy = _sign(tiny_model, key_dir)
+    cpu = load_model(tiny_model, policy)
+    gpu = load_model(tiny_model, policy, device="cuda:0")
+    assert all(v.device.type == "cuda" for v in gpu.values())
+    assert _equal(cpu, {k: v.cpu() for k, v in gpu.items()})
