@@ -209,4 +209,7 @@ def main(argv: Sequence[str] | None = None, *, run: Callable[..., Any] | None = 
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the importable module's main, not this `__main__` copy, so that the script sees one hook state.
+    from modelsec.verifier import hook as _hook
+
+    sys.exit(_hook.main())

@@ -48,6 +48,7 @@ from modelsec.verifier.verification import (
     SignedModel,
     check_digests,
     check_file_set,
+    precheck_file,
     read_verified_index,
     verify_signatures,
 )
@@ -416,6 +417,8 @@ def load_model(
     """
     model_dir, single = _split_path(model_path)
     resolved = resolve_policy(model_path, policy)
+    if single is not None:
+        precheck_file(model_path, resolved)
     signed = verify_signatures(model_dir, resolved, bundles=bundles)
     pinned = device.startswith("cuda")
     model = str(model_dir)
@@ -491,6 +494,8 @@ class VerifiedSafeOpen:
         self._dir, self._single = _split_path(model_path)
         self._policy = resolve_policy(model_path, policy)
         self._device = device
+        if self._single is not None:
+            precheck_file(model_path, self._policy)
         self._signed = verify_signatures(self._dir, self._policy, bundles=bundles)
         check_file_set(self._signed, self._policy, only=[self._single] if self._single else None)
         self._entries = self._signed.tensor_entries()

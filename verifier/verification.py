@@ -58,6 +58,7 @@ __all__ = [
     "check_digests",
     "check_file_set",
     "find_default_bundles",
+    "precheck_file",
     "read_bundle",
     "verify_bundle_signature",
     "verify_model",
@@ -249,12 +250,8 @@ def verify_model(
     if stat.S_ISLNK(st.st_mode):
         raise PolicyViolationError(f"{model_path}: is a symlink; refused")
     if stat.S_ISREG(st.st_mode):
-        if policy.refuse_pickle:
-            _refuse_pickle([model_path.name], str(model_path.parent))
+        precheck_file(model_path, policy)
         single, model_dir = model_path.name, model_path.parent
-        if is_safetensors_name(single):
-            # A malformed file is refused for what it is, before any bundle is looked for.
-            _check_safetensors_structure(model_path, limits)
     elif stat.S_ISDIR(st.st_mode):
         model_dir = model_path
     else:
@@ -497,6 +494,22 @@ _MANIFEST_HASHES_FOR = {
     SignatureAlgorithm.ECDSA_P384: frozenset({HashAlgorithm.SHA256, HashAlgorithm.BLAKE3}),
     SignatureAlgorithm.SM2: frozenset({HashAlgorithm.SM3}),
 }
+
+
+def precheck_file(path: Path, policy: Policy) -> None:
+    """Refuse a single file for what it is, before any bundle is looked for.
+
+    Pickle formats are refused by name (unless the policy allows them as opaque files) and a
+    `*.safetensors` file's header is parsed strictly, so the diagnostic names the real defect.
+
+    Raises:
+        PolicyViolationError: A pickle format.
+        MalformedArtifactError: A malformed safetensors header.
+    """
+    if policy.refuse_pickle:
+        _refuse_pickle([path.name], str(path.parent))
+    if is_safetensors_name(path.name):
+        _check_safetensors_structure(path, policy.limits)
 
 
 def _check_safetensors_structure(path: Path, limits: Limits) -> None:

@@ -17,9 +17,21 @@ SUBPACKAGES = ["attestations", "signer", "verifier", "watermark", "robustness", 
 
 def test_wheel_contains_every_subpackage_and_nothing_else(tmp_path: Path) -> None:
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path),
-         str(REPO)],
-        check=True, capture_output=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(REPO),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
     (wheel,) = tmp_path.glob("modelsec-*.whl")
     names = zipfile.ZipFile(wheel).namelist()

@@ -1,0 +1,151 @@
+"""`modelsec watermark` as a user runs it: keygen, embed (+ attestation), detect exit codes, --json."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.unit.watermark._helpers import load_state, permute_scale_mlp, save_state
+from tests.unit.watermark.conftest import mlp_state
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    return save_state(mlp_state(), tmp_path / "model")
+
+
+def _one_line_error(r: subprocess.CompletedProcess[str]) -> str:
+    stderr = r.stderr
+    assert r.returncode == 1, (r.returncode, stderr)
+    assert "Traceback" not in stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("modelsec: error: "), stderr
+    return lines[0]
+
+
+def test_keygen_embed_detect_round_trip(model: Path, tmp_path: Path, key_dir: Path) -> None:
+    key = tmp_path / "wm.key"
+    r = run_cli("watermark", "keygen", "-o", key, "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"ok": True, "key_file": str(key)}
+    assert oct(key.stat().st_mode & 0o777) == "0o600" and len(key.read_bytes()) == 65
+    assert key.read_text().strip() not in r.stdout + r.stderr
+    assert run_cli("watermark", "keygen", "-o", key).returncode == 2  # never overwritten silently
+
+    att = tmp_path / "marked.watermark.json"
+    r = run_cli(
+        "watermark",
+        "embed",
+        model,
+        "--key-file",
+        key,
+        "--message",
+        "ACME-clf",
+        "--out",
+        tmp_path / "marked",
+        "--sign-key",
+        key_dir / "ecdsa-p256.key.pem",
+        "--attestation",
+        att,
+        "--json",
+    )
+    assert r.returncode == 0, r.stderr
+    embedded = json.loads(r.stdout)
+    assert embedded["ok"] and embedded["detection"]["detected"] and embedded["message_bits"] == 64
+    assert embedded["max_relative_change"] <= 0.25
+    assert key.read_text().strip() not in r.stdout + att.read_text()
+    digest = run_cli("digest", tmp_path / "marked", "--json")
+    assert json.loads(digest.stdout)["root_digest"] == embedded["root_digest"]
+
+    r = run_cli("watermark", "detect", tmp_path / "marked", "--key-file", key)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("DETECTED: 64/64 pilot bits") and "'ACME-clf'" in r.stdout
+    r = run_cli(
+        "watermark", "detect", tmp_path / "marked", "--key-file", key, "--message", "ACME-clf", "--json"
+    )
+    assert r.returncode == 0, r.stderr
+    found = json.loads(r.stdout)
+    assert found["ok"] and found["detected"] and found["bits"] == 128 and found["bitMatches"] == 128
+    assert found["falsePositiveProbability"] < 1e-9 and found["confidence"] == 1.0
+    r = run_cli("watermark", "detect", tmp_path / "marked", "--key-file", key, "--attestation", att, "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["tests"] == 1
+
+    # Unmarked model and wrong key: exit 1, still a well-formed report.
+    r = run_cli("watermark", "detect", model, "--key-file", key, "--json")
+    assert r.returncode == 1
+    report = json.loads(r.stdout)
+    assert report["ok"] and not report["detected"] and report["falsePositiveProbability"] > 1e-6
+    other = tmp_path / "other.key"
+    other.write_text(os.urandom(32).hex())
+    r = run_cli("watermark", "detect", tmp_path / "marked", "--key-file", other)
+    assert r.returncode == 1 and r.stdout.startswith("NOT DETECTED")
+    line = _one_line_error(
+        run_cli("watermark", "detect", tmp_path / "marked", "--key-file", other, "--attestation", att)
+    )
+    assert "does not match the key commitment" in line
+
+
+def test_detect_with_reference_after_permutation(model: Path, tmp_path: Path) -> None:
+    key = tmp_path / "wm.key"
+    assert run_cli("watermark", "keygen", "-o", key).returncode == 0
+    r = run_cli(
+        "watermark", "embed", model, "-k", key, "-m", "hex:00112233445566778899", "-o", tmp_path / "marked"
+    )
+    assert r.returncode == 0, r.stderr
+    save_state(permute_scale_mlp(load_state(tmp_path / "marked")), tmp_path / "attacked")
+    assert run_cli("watermark", "detect", tmp_path / "attacked", "-k", key).returncode == 1
+    r = run_cli("watermark", "detect", tmp_path / "attacked", "-k", key, "--reference", model)
+    assert r.returncode == 0, r.stderr
+    assert "hex:00112233445566778899" in r.stdout and "re-synchronised 2 permuted" in r.stdout
+
+
+def test_bad_inputs_give_one_line_diagnostics(model: Path, tmp_path: Path) -> None:
+    key = tmp_path / "wm.key"
+    key.write_text(os.urandom(32).hex())
+    short = tmp_path / "short.key"
+    short.write_text("abcdef")
+    not_st = tmp_path / "pickles"
+    not_st.mkdir()
+    (not_st / "pytorch_model.bin").write_bytes(b"\x80\x04.")
+    cases = [
+        (
+            ("watermark", "detect", model, "-k", tmp_path / "missing.key"),
+            "KeyMaterialError",
+            "cannot read watermark key",
+        ),
+        (("watermark", "detect", model, "-k", short), "KeyMaterialError", "too short"),
+        (("watermark", "detect", not_st, "-k", key), "MalformedArtifactError", "no *.safetensors"),
+        (
+            ("watermark", "embed", model, "-k", key, "-m", "x" * 64, "-o", tmp_path / "o"),
+            "PolicyError",
+            "message too long for capacity",
+        ),
+        (
+            ("watermark", "embed", model, "-k", key, "-m", "hex:zz", "-o", tmp_path / "o"),
+            "PolicyError",
+            "invalid hex",
+        ),
+        (
+            ("watermark", "embed", model, "-k", key, "-m", "m", "-o", model),
+            "PolicyError",
+            "must not be the model",
+        ),
+    ]
+    for args, kind, needle in cases:
+        line = _one_line_error(run_cli(*args))
+        assert needle in line, line
+        r = run_cli(*args, "--json")
+        assert r.returncode == 1 and "Traceback" not in r.stderr
+        err = json.loads(r.stdout)
+        assert err["ok"] is False and err["error"]["kind"] == kind and needle in err["error"]["message"]
+    r = run_cli("watermark", "embed", model, "-k", key, "-m", "m", "-o", tmp_path / "o2", "--sign-key", key)
+    assert r.returncode == 2 and "--sign-key and --attestation" in r.stderr
+    r = run_cli("watermark", "detect", model, "-k", key, "-m", "x", "--message-bits", "8")
+    assert r.returncode == 2
