@@ -22,6 +22,7 @@ torch is imported only by the functions that build tensors (`modelsec.verifier` 
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import os
 import threading
@@ -242,6 +243,9 @@ def _verify_whole_shards(
     signed: SignedModel, names: Sequence[str], policy: Policy, *, pinned: bool, whole_model: bool
 ) -> dict[str, _VerifiedShard]:
     """Read every named file once into private memory (shards) or hash it (side files), then compare."""
+    # Whole files are loaded, so their file digests cover every byte: computing per-tensor digests too
+    # would only repeat hash work over the same bytes.
+    signed = dataclasses.replace(signed, tensor_hash=None)
     model, limits = str(signed.model_dir), policy.limits
     shards = [n for n in names if is_safetensors_name(n)]
     side = [n for n in names if not is_safetensors_name(n)]
