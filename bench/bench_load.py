@@ -1,0 +1,181 @@
+"""Verified loading (`modelsec.verifier.load_model`) against plain safetensors loading, in one run.
+
+Same generated sharded model (default ~4 GiB, 4 shards), warm page cache, CPU. Each case runs in its own
+child process (peak RSS is that child's own `ru_maxrss`; an import-only child gives the baseline), timing
+only the load inside the child. Cases:
+
+  load_file        safetensors.torch.load_file per shard (mmap-backed: pages load lazily, see DESIGN.md 5)
+  private_copy     safetensors.torch.load(path.read_bytes()) per shard (the honest private-memory baseline)
+  verified_sha256  load_model, ECDSA bundle, policy checks SHA-256 file digests
+  verified_sm3     load_model, SM2 bundle, policy checks SM3 file digests (SHA-256 is still computed for the
+                   model root digest)
+  partial_1of4     load_model(tensors=<the tensors of shard 1>) with per-tensor BLAKE3 digests
+
+Targets (issue 3): verified >= 0.90 x min(2-core hash throughput of the policy's algorithms, private_copy);
+peak RSS <= 2 x largest shard + tensors returned (whole model); partial_1of4 <= 0.30 x full.
+
+Usage: python bench/bench_load.py [--size-gib 4] [--shards 4] [--repeat 3] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import (  # noqa: E402
+    GIB,
+    MIB,
+    REPO_ROOT,
+    ModelSpec,
+    Result,
+    ensure_model,
+    load_average,
+    machine_lines,
+    reference_hash,
+    render_table,
+    run_timed,
+    warm_page_cache,
+)
+
+CHILD = r"""
+import json, sys, time
+from pathlib import Path
+import torch
+torch.set_num_threads(1)
+mode, model, policy_file = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+from modelsec.policy import PolicySet
+from modelsec.verifier import load_model
+import safetensors.torch
+shards = sorted(model.glob("*.safetensors"))
+policy = PolicySet.from_file(Path(policy_file)).for_model(model) if policy_file != "-" else None
+t0 = time.perf_counter()
+n = 0
+if mode == "noop":
+    pass
+elif mode == "load_file":
+    for s in shards:
+        n += len(safetensors.torch.load_file(s))
+elif mode == "private_copy":
+    for s in shards:
+        n += len(safetensors.torch.load(s.read_bytes()))
+elif mode == "full":
+    n = len(load_model(model, policy))
+elif mode == "partial":
+    with safetensors.safe_open(str(shards[0]), "pt") as f:
+        names = list(f.keys())
+    t0 = time.perf_counter()
+    n = len(load_model(model, policy, tensors=names))
+print(json.dumps({"seconds": time.perf_counter() - t0, "tensors": n}))
+"""
+
+
+def _policy(tmp: Path, keys: Path, model: Path, alg: str, hashes: str) -> Path:
+    p = tmp / f"policy-{alg}.yaml"
+    p.write_text(
+        "apiVersion: modelsec.dev/v1alpha1\nkind: ModelPolicy\npolicies:\n"
+        f"  - name: bench\n    match: ['file://{model.resolve()}']\n    keys: ['{keys / alg}.pub.pem']\n"
+        f"    checkHashes: [{hashes}]\n"
+    )
+    return p
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size-gib", type=float, default=4.0)
+    ap.add_argument("--shards", type=int, default=4)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--workdir", type=Path, default=REPO_ROOT / ".bench")
+    ap.add_argument("--quick", action="store_true", help="~256 MiB model, 1 repeat (smoke run)")
+    args = ap.parse_args()
+    if args.quick:
+        args.size_gib, args.repeat = 0.25, 1
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    spec = ModelSpec(size_bytes=int(args.size_gib * GIB), shards=args.shards, side_files=True)
+    model = ensure_model(args.workdir, spec)
+    print("\n".join(machine_lines()))
+    print(f"load average before: {load_average()}")
+    modelsec = str(Path(sys.executable).parent / "modelsec")
+    tmp = Path(tempfile.mkdtemp(prefix="bench-load-"))
+    keys = tmp / "keys"
+    keys.mkdir()
+    for alg in ("ecdsa-p256", "sm2"):
+        subprocess.run([modelsec, "keygen", "-a", alg, "-o", str(keys / alg)], check=True, capture_output=True)
+    subprocess.run(
+        [modelsec, "sign", str(model), "-k", str(keys / "ecdsa-p256.key.pem"), "-k", str(keys / "sm2.key.pem"),
+         "-q"],
+        check=True,
+        capture_output=True,
+    )
+    shards = sorted(model.glob("*.safetensors"))
+    files = [p for p in model.rglob("*") if p.is_file()]
+    total = sum(p.stat().st_size for p in shards)
+    largest = max(p.stat().st_size for p in shards)
+    warm_page_cache(files)
+    pol_sha = _policy(tmp, keys, model, "ecdsa-p256", "sha256")
+    pol_sm3 = _policy(tmp, keys, model, "sm2", "sm3")
+
+    cases = [
+        ("noop", "-", "import baseline"),
+        ("load_file", "-", "safetensors.torch.load_file (mmap)"),
+        ("private_copy", "-", "safetensors.torch.load(read_bytes())"),
+        ("full", str(pol_sha), "verified load_model, SHA-256"),
+        ("full", str(pol_sm3), "verified load_model, SM3 (+SHA-256 root)"),
+        ("partial", str(pol_sha), "verified partial: shard 1 of N tensors"),
+    ]
+    results: list[Result] = []
+    for mode, pol, label in cases:
+        res = Result(label, mode, total)
+        for _ in range(args.repeat):
+            warm_page_cache(files)
+            run = run_timed([sys.executable, "-c", CHILD, mode, str(model), pol])
+            if run.rc != 0:
+                res.skipped = run.stderr.strip().splitlines()[-1] if run.stderr.strip() else f"rc={run.rc}"
+                break
+            res.add(json.loads(run.stdout)["seconds"], run.max_rss)
+        results.append(res)
+
+    ref = {}
+    for name, algs in (("sha256", ["sha256"]), ("sha256+sm3", ["sha256", "sm3"])):
+        best = min(reference_hash(shards, algs, 2, 8 * MIB) for _ in range(args.repeat))
+        ref[name] = total / 1e9 / best
+
+    by_label = {r.name: r for r in results}
+    base_rss = by_label["import baseline"].max_rss
+    rows = []
+    for r in results:
+        if r.group == "noop":
+            continue
+        rows.append([
+            r.name,
+            f"{r.best:.3f}" if r.ok else "skipped",
+            f"{r.gbps:.2f}" if r.ok else r.skipped[:60],
+            f"{(r.max_rss - base_rss) / MIB:.0f}" if r.ok else "",
+        ])
+    print()
+    print(render_table(["case", "best s", "GB/s", "peak RSS - baseline (MiB)"], rows, right=(1, 2, 3)))
+    print(f"\nmodel: {total / GIB:.2f} GiB in {len(shards)} shards, largest {largest / MIB:.0f} MiB; "
+          f"import baseline RSS {base_rss / MIB:.0f} MiB")
+    print(f"2-thread hash limit: SHA-256 {ref['sha256']:.2f} GB/s, SHA-256+SM3 {ref['sha256+sm3']:.2f} GB/s")
+    private = by_label["safetensors.torch.load(read_bytes())"]
+    for label, limit_key in (("verified load_model, SHA-256", "sha256"),
+                             ("verified load_model, SM3 (+SHA-256 root)", "sha256+sm3")):
+        r = by_label[label]
+        if r.ok and private.ok:
+            bound = min(ref[limit_key], private.gbps)
+            print(f"{label}: {r.gbps:.2f} GB/s = {r.gbps / bound:.2f} x min(hash limit {ref[limit_key]:.2f}, "
+                  f"private copy {private.gbps:.2f}) (target >= 0.90); peak RSS - baseline "
+                  f"{(r.max_rss - base_rss) / MIB:.0f} MiB vs 2 x largest shard + tensors "
+                  f"{(2 * largest + total) / MIB:.0f} MiB")
+    full, part = by_label["verified load_model, SHA-256"], by_label["verified partial: shard 1 of N tensors"]
+    if full.ok and part.ok:
+        print(f"partial (shard 1 of {len(shards)}) / full: {part.best / full.best:.2f} (target <= 0.30)")
+    print(f"load average after: {load_average()}")
+
+
+if __name__ == "__main__":
+    main()
