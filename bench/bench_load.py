@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (  # noqa: E402
+from _common import (
     GIB,
     MIB,
     REPO_ROOT,
@@ -104,10 +104,20 @@ def main() -> None:
     keys = tmp / "keys"
     keys.mkdir()
     for alg in ("ecdsa-p256", "sm2"):
-        subprocess.run([modelsec, "keygen", "-a", alg, "-o", str(keys / alg)], check=True, capture_output=True)
+        subprocess.run(
+            [modelsec, "keygen", "-a", alg, "-o", str(keys / alg)], check=True, capture_output=True
+        )
     subprocess.run(
-        [modelsec, "sign", str(model), "-k", str(keys / "ecdsa-p256.key.pem"), "-k", str(keys / "sm2.key.pem"),
-         "-q"],
+        [
+            modelsec,
+            "sign",
+            str(model),
+            "-k",
+            str(keys / "ecdsa-p256.key.pem"),
+            "-k",
+            str(keys / "sm2.key.pem"),
+            "-q",
+        ],
         check=True,
         capture_output=True,
     )
@@ -150,27 +160,35 @@ def main() -> None:
     for r in results:
         if r.group == "noop":
             continue
-        rows.append([
-            r.name,
-            f"{r.best:.3f}" if r.ok else "skipped",
-            f"{r.gbps:.2f}" if r.ok else r.skipped[:60],
-            f"{(r.max_rss - base_rss) / MIB:.0f}" if r.ok else "",
-        ])
+        rows.append(
+            [
+                r.name,
+                f"{r.best:.3f}" if r.ok else "skipped",
+                f"{r.gbps:.2f}" if r.ok else r.skipped[:60],
+                f"{(r.max_rss - base_rss) / MIB:.0f}" if r.ok else "",
+            ]
+        )
     print()
     print(render_table(["case", "best s", "GB/s", "peak RSS - baseline (MiB)"], rows, right=(1, 2, 3)))
-    print(f"\nmodel: {total / GIB:.2f} GiB in {len(shards)} shards, largest {largest / MIB:.0f} MiB; "
-          f"import baseline RSS {base_rss / MIB:.0f} MiB")
+    print(
+        f"\nmodel: {total / GIB:.2f} GiB in {len(shards)} shards, largest {largest / MIB:.0f} MiB; "
+        f"import baseline RSS {base_rss / MIB:.0f} MiB"
+    )
     print(f"2-thread hash limit: SHA-256 {ref['sha256']:.2f} GB/s, SHA-256+SM3 {ref['sha256+sm3']:.2f} GB/s")
     private = by_label["safetensors.torch.load(read_bytes())"]
-    for label, limit_key in (("verified load_model, SHA-256", "sha256"),
-                             ("verified load_model, SM3 (+SHA-256 root)", "sha256+sm3")):
+    for label, limit_key in (
+        ("verified load_model, SHA-256", "sha256"),
+        ("verified load_model, SM3 (+SHA-256 root)", "sha256+sm3"),
+    ):
         r = by_label[label]
         if r.ok and private.ok:
             bound = min(ref[limit_key], private.gbps)
-            print(f"{label}: {r.gbps:.2f} GB/s = {r.gbps / bound:.2f} x min(hash limit {ref[limit_key]:.2f}, "
-                  f"private copy {private.gbps:.2f}) (target >= 0.90); peak RSS - baseline "
-                  f"{(r.max_rss - base_rss) / MIB:.0f} MiB vs 2 x largest shard + tensors "
-                  f"{(2 * largest + total) / MIB:.0f} MiB")
+            print(
+                f"{label}: {r.gbps:.2f} GB/s = {r.gbps / bound:.2f} x min(hash limit {ref[limit_key]:.2f}, "
+                f"private copy {private.gbps:.2f}) (target >= 0.90); peak RSS - baseline "
+                f"{(r.max_rss - base_rss) / MIB:.0f} MiB vs 2 x largest shard + tensors "
+                f"{(2 * largest + total) / MIB:.0f} MiB"
+            )
     full, part = by_label["verified load_model, SHA-256"], by_label["verified partial: shard 1 of N tensors"]
     if full.ok and part.ok:
         print(f"partial (shard 1 of {len(shards)}) / full: {part.best / full.best:.2f} (target <= 0.30)")
