@@ -10,6 +10,7 @@ writes and prints.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -194,7 +195,8 @@ def _pgd(
         )
         signer = load_private_key_file(key, password=_password(key))
         policy = Policy.from_key_files(trust)
-        show = not (quiet or as_json) and sys.stderr.isatty()
+        # Under torchrun only rank 0 draws a bar (every rank reports its own share of the work).
+        show = not (quiet or as_json) and sys.stderr.isatty() and os.environ.get("RANK", "0") == "0"
         if show:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn

@@ -31,8 +31,13 @@ def watermark() -> None:
 
 
 @watermark.command(name="keygen")
-@click.option("--out", "-o", type=click.Path(path_type=Path), required=True,
-              help="Key file to write (mode 0600): 64 hex digits = 32 random bytes.")
+@click.option(
+    "--out",
+    "-o",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="Key file to write (mode 0600): 64 hex digits = 32 random bytes.",
+)
 @click.option("--force", is_flag=True, help="Overwrite an existing file.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout (for scripts).")
 def _keygen(out: Path, force: bool, as_json: bool) -> None:
@@ -60,19 +65,50 @@ def _keygen(out: Path, force: bool, as_json: bool) -> None:
 @click.argument("model_dir", type=click.Path(path_type=Path))
 @click.option("--key-file", "-k", type=click.Path(path_type=Path), required=True, help="Watermark key file.")
 @click.option("--message", "-m", required=True, help=_MESSAGE_HELP)
-@click.option("--out", "-o", "out_dir", type=click.Path(path_type=Path), required=True,
-              help="Output directory for the watermarked model (must not exist, or be empty).")
-@click.option("--sign-key", type=click.Path(path_type=Path),
-              help="Private key PEM that signs the watermark attestation (with --attestation).")
-@click.option("--attestation", type=click.Path(path_type=Path),
-              help="Where to write the signed attestation bundle (outside OUT_DIR).")
-@click.option("--kappa", type=float, default=3.0, show_default=True,
-              help="Margin of every bit, in standard deviations of the host correlation.")
-@click.option("--max-relative-change", type=float, default=0.25, show_default=True,
-              help="Largest allowed |w' - w| / |w| of any weight.")
+@click.option(
+    "--out",
+    "-o",
+    "out_dir",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="Output directory for the watermarked model (must not exist, or be empty).",
+)
+@click.option(
+    "--sign-key",
+    type=click.Path(path_type=Path),
+    help="Private key PEM that signs the watermark attestation (with --attestation).",
+)
+@click.option(
+    "--attestation",
+    type=click.Path(path_type=Path),
+    help="Where to write the signed attestation bundle (outside OUT_DIR).",
+)
+@click.option(
+    "--kappa",
+    type=float,
+    default=3.0,
+    show_default=True,
+    help="Margin of every bit, in standard deviations of the host correlation.",
+)
+@click.option(
+    "--max-relative-change",
+    type=float,
+    default=0.25,
+    show_default=True,
+    help="Largest allowed |w' - w| / |w| of any weight.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout (for scripts).")
-def _embed(model_dir: Path, key_file: Path, message: str, out_dir: Path, sign_key: Path | None,
-           attestation: Path | None, kappa: float, max_relative_change: float, as_json: bool) -> None:
+def _embed(
+    model_dir: Path,
+    key_file: Path,
+    message: str,
+    out_dir: Path,
+    sign_key: Path | None,
+    attestation: Path | None,
+    kappa: float,
+    max_relative_change: float,
+    as_json: bool,
+) -> None:
     """Write a watermarked copy of MODEL_DIR to OUT_DIR (dtype, shapes and side files kept)."""
     from modelsec._cli import _fail, _password
     from modelsec.errors import Error
@@ -100,22 +136,26 @@ def _embed(model_dir: Path, key_file: Path, message: str, out_dir: Path, sign_ke
         _fail(e, as_json)
     d = result.detection
     if as_json:
-        click.echo(json.dumps({
-            "ok": True,
-            "out_dir": str(result.out_dir),
-            "root_digest": digest,
-            "attestation": None if attestation is None else str(attestation),
-            "message_bits": result.message_bits,
-            "code_bits": result.code_bits,
-            "carriers": result.carriers,
-            "carrier_tensors": len(result.tensors),
-            "density_log2": result.density_log2,
-            "max_relative_change": result.max_relative_change,
-            "mean_relative_change": result.mean_relative_change,
-            "relative_l2_change": result.relative_l2_change,
-            "key_commitment": result.key_commitment,
-            "detection": d.to_json(),
-        }))
+        click.echo(
+            json.dumps(
+                {
+                    "ok": True,
+                    "out_dir": str(result.out_dir),
+                    "root_digest": digest,
+                    "attestation": None if attestation is None else str(attestation),
+                    "message_bits": result.message_bits,
+                    "code_bits": result.code_bits,
+                    "carriers": result.carriers,
+                    "carrier_tensors": len(result.tensors),
+                    "density_log2": result.density_log2,
+                    "max_relative_change": result.max_relative_change,
+                    "mean_relative_change": result.mean_relative_change,
+                    "relative_l2_change": result.relative_l2_change,
+                    "key_commitment": result.key_commitment,
+                    "detection": d.to_json(),
+                }
+            )
+        )
         return
     click.echo(
         f"watermarked {result.message_bits} message bits (+{result.params.pilot_bits} pilot) into "
@@ -127,7 +167,8 @@ def _embed(model_dir: Path, key_file: Path, message: str, out_dir: Path, sign_ke
     )
     click.echo(
         f"  check on written weights: {d.bit_matches}/{d.bits} bits, confidence {d.confidence:.3f}, "
-        f"false-positive probability {d.false_positive_probability:.3g} (log10 {d.log10_false_positive_probability:.1f})"
+        f"false-positive probability {d.false_positive_probability:.3g} "
+        f"(log10 {d.log10_false_positive_probability:.1f})"
     )
     if digest is not None:
         click.echo(f"  attestation {attestation} for model root digest sha256:{digest}")
@@ -136,21 +177,57 @@ def _embed(model_dir: Path, key_file: Path, message: str, out_dir: Path, sign_ke
 @watermark.command(name="detect")
 @click.argument("model_dir", type=click.Path(path_type=Path))
 @click.option("--key-file", "-k", type=click.Path(path_type=Path), required=True, help="Watermark key file.")
-@click.option("--message", "-m", default=None, help="The embedded message, if known (compares its bits too). "
-              + _MESSAGE_HELP)
+@click.option(
+    "--message",
+    "-m",
+    default=None,
+    help="The embedded message, if known (compares its bits too). " + _MESSAGE_HELP,
+)
 @click.option("--message-bits", type=int, default=None, help="The message length in bits, if known.")
-@click.option("--reference", type=click.Path(path_type=Path), default=None,
-              help="Registered reference model: undo neuron permutation and scaling before extraction.")
-@click.option("--min-confidence", type=float, default=0.92, show_default=True,
-              help="Detected only if the cosine of extracted and embedded bits is at least this.")
-@click.option("--max-false-positive", type=float, default=1e-9, show_default=True,
-              help="Detected only if the false-positive probability is at most this.")
+@click.option(
+    "--reference",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Registered reference model: undo neuron permutation and scaling before extraction.",
+)
+@click.option(
+    "--attestation",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Watermark attestation of the release: take the density, message length and carrier tensors "
+    "from it (parameters only; its signature is checked by the verifier, not here).",
+)
+@click.option(
+    "--min-confidence",
+    type=float,
+    default=0.92,
+    show_default=True,
+    help="Detected only if the cosine of extracted and embedded bits is at least this.",
+)
+@click.option(
+    "--max-false-positive",
+    type=float,
+    default=1e-9,
+    show_default=True,
+    help="Detected only if the false-positive probability is at most this.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout (for scripts).")
-def _detect(model_dir: Path, key_file: Path, message: str | None, message_bits: int | None,
-            reference: Path | None, min_confidence: float, max_false_positive: float, as_json: bool) -> None:
+def _detect(
+    model_dir: Path,
+    key_file: Path,
+    message: str | None,
+    message_bits: int | None,
+    reference: Path | None,
+    attestation: Path | None,
+    min_confidence: float,
+    max_false_positive: float,
+    as_json: bool,
+) -> None:
     """Detect the watermark of KEY_FILE in MODEL_DIR (exit 0 when detected, 1 when not)."""
+    import hmac
+
     from modelsec._cli import _fail
-    from modelsec.errors import Error
+    from modelsec.errors import Error, KeyMaterialError
     from modelsec.watermark.detection import DetectionThresholds, detect
     from modelsec.watermark.scheme import load_key_file, parse_message
 
@@ -160,8 +237,28 @@ def _detect(model_dir: Path, key_file: Path, message: str | None, message_bits: 
         key = load_key_file(key_file)
         payload = parse_message(message) if message is not None else None
         thresholds = DetectionThresholds(min_confidence=min_confidence, max_false_positive=max_false_positive)
-        result = detect(model_dir, key, message=payload, message_length=message_bits, reference=reference,
-                        thresholds=thresholds)
+        params = tensors = None
+        if attestation is not None:
+            from modelsec.watermark.attestation import read_detection_hints
+
+            hints = read_detection_hints(attestation)
+            if not hmac.compare_digest(hints.key_commitment, key.commitment()):
+                raise KeyMaterialError(
+                    f"{key_file}: this key does not match the key commitment of {attestation}"
+                )
+            params, tensors = hints.params, hints.tensors
+            if payload is None and message_bits is None:
+                message_bits = hints.message_bits
+        result = detect(
+            model_dir,
+            key,
+            message=payload,
+            message_length=message_bits,
+            reference=reference,
+            tensors=tensors,
+            params=params,
+            thresholds=thresholds,
+        )
     except Error as e:
         _fail(e, as_json)
     if as_json:
@@ -177,11 +274,15 @@ def _detect(model_dir: Path, key_file: Path, message: str | None, message_bits: 
         )
         if result.detected and result.decoded_message is not None:
             text = _printable(result.decoded_message)
-            click.echo(f"  message ({result.message_bits} bits): hex:{result.decoded_message.hex()}"
-                       + (f" ({text!r})" if text else ""))
+            click.echo(
+                f"  message ({result.message_bits} bits): hex:{result.decoded_message.hex()}"
+                + (f" ({text!r})" if text else "")
+            )
         if result.resync is not None:
-            click.echo(f"  re-synchronised {result.resync.permuted} permuted / {result.resync.rescaled} rescaled "
-                       f"of {result.resync.groups} neuron groups against {reference}")
+            click.echo(
+                f"  re-synchronised {result.resync.permuted} permuted / {result.resync.rescaled} rescaled "
+                f"of {result.resync.groups} neuron groups against {reference}"
+            )
     sys.exit(0 if result.detected else 1)
 
 

@@ -30,7 +30,7 @@ from modelsec.algorithms import HashAlgorithm
 from modelsec.attestations.statement import Statement, Subject
 from modelsec.errors import MalformedArtifactError
 from modelsec.limits import Limits
-from modelsec.signer.hashing import FileDigests, new_hasher
+from modelsec.signer.hashing import FileDigests, TensorDigest, new_hasher
 from modelsec.signer.model_files import validate_resource_name
 
 __all__ = [
@@ -60,15 +60,9 @@ class Resource:
     digest: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class TensorEntry:
-    """One signed tensor: dtype, shape, byte range within the data section, and digest."""
-
-    dtype: str
-    shape: tuple[int, ...]
-    begin: int
-    end: int
-    digest: bytes
+# One signed tensor (dtype, shape, byte range within the data section, digest): the same facts the engine
+# computes, so the manifest reuses the engine's value type.
+TensorEntry = TensorDigest
 
 
 @dataclass(frozen=True, slots=True)

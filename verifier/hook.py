@@ -131,7 +131,9 @@ def _wrap_from_pretrained(original: Any) -> Any:
 def _patch(owner: object, name: str, replacement: object) -> None:
     key = (owner, name)
     if key not in _originals:
-        _originals[key] = getattr(owner, name)
+        # For a class, keep the raw descriptor (a classmethod), not the method bound to this class:
+        # restoring a bound method would make every subclass call it with the base class.
+        _originals[key] = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
     setattr(owner, name, replacement)
 
 
@@ -152,12 +154,17 @@ def install(policy: Policy | PolicySet | None = None) -> None:
         import safetensors
         import safetensors.torch
 
-        _patch(safetensors.torch, "load_file", _verified_load_file)
-        _patch(safetensors, "safe_open", _verified_safe_open)
-        _patch(safetensors.torch, "safe_open", _verified_safe_open)
+        # Import transformers before patching safetensors: its modules bind `safe_open` at import time,
+        # and must record the library's original (restored by `uninstall`), not our replacement.
+        mu: Any
         try:
             import transformers.modeling_utils as mu
         except ImportError:
+            mu = None
+        _patch(safetensors.torch, "load_file", _verified_load_file)
+        _patch(safetensors, "safe_open", _verified_safe_open)
+        _patch(safetensors.torch, "safe_open", _verified_safe_open)
+        if mu is None:
             return
         if hasattr(mu, "safe_open"):
             _patch(mu, "safe_open", _verified_safe_open)

@@ -1,1 +1,120 @@
-"""modelsec.watermark."""
+"""Keyed parameter watermark for safetensors models: embed, extract/detect, re-synchronise, attest.
+
+Public API (imported lazily, so `import modelsec.watermark` loads neither numpy nor torch):
+
+* `load_key_file`, `parse_key`, `generate_key_file_text`, `WatermarkKey`: the secret key (32 to 64 random
+  bytes, hex text or raw; never written to weights, attestations or logs).
+* `embed_model(model_dir, out_dir, key, message)`: write a watermarked copy, shard by shard.
+* `detect(model, key, message=None, reference=None)`: blind detection with exact binomial
+  false-positive probability and confidence (cosine of ±1 bit vectors).
+* `resynchronise`, `infer_groups`, `NeuronGroup`: undo neuron permutation and scaling against the
+  registered reference model before extraction.
+* `write_watermark_attestation`, `verify_watermark_attestation`: the DSSE-signed in-toto statement
+  (`https://modelsec.dev/watermark/v1`) about the watermarked model's root digest.
+
+The scheme, its parameters and sources are documented in `modelsec.watermark.scheme`; detection in
+`modelsec.watermark.detection`; what re-synchronisation can and cannot undo in `modelsec.watermark.resync`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from modelsec.watermark.attestation import (
+        PREDICATE_TYPE,
+        WatermarkAttestation,
+        model_root_digests,
+        verify_watermark_attestation,
+        watermark_statement,
+        write_watermark_attestation,
+    )
+    from modelsec.watermark.detection import DetectionResult, DetectionThresholds, binomial_tail, detect
+    from modelsec.watermark.embed import EmbedResult, TensorReport, embed_model
+    from modelsec.watermark.io import ArraySource, DirectorySource, TensorRef, TensorSource
+    from modelsec.watermark.resync import NeuronGroup, ResyncReport, infer_groups, resynchronise
+    from modelsec.watermark.scheme import (
+        SCHEME,
+        WatermarkKey,
+        WatermarkParams,
+        generate_key_file_text,
+        load_key_file,
+        parse_key,
+        parse_message,
+    )
+
+__all__ = [
+    "PREDICATE_TYPE",
+    "SCHEME",
+    "ArraySource",
+    "DetectionResult",
+    "DetectionThresholds",
+    "DirectorySource",
+    "EmbedResult",
+    "NeuronGroup",
+    "ResyncReport",
+    "TensorRef",
+    "TensorReport",
+    "TensorSource",
+    "WatermarkAttestation",
+    "WatermarkKey",
+    "WatermarkParams",
+    "binomial_tail",
+    "detect",
+    "embed_model",
+    "generate_key_file_text",
+    "infer_groups",
+    "load_key_file",
+    "model_root_digests",
+    "parse_key",
+    "parse_message",
+    "resynchronise",
+    "verify_watermark_attestation",
+    "watermark_statement",
+    "write_watermark_attestation",
+]
+
+_HOME = {
+    "PREDICATE_TYPE": "attestation",
+    "WatermarkAttestation": "attestation",
+    "model_root_digests": "attestation",
+    "verify_watermark_attestation": "attestation",
+    "watermark_statement": "attestation",
+    "write_watermark_attestation": "attestation",
+    "DetectionResult": "detection",
+    "DetectionThresholds": "detection",
+    "binomial_tail": "detection",
+    "detect": "detection",
+    "EmbedResult": "embed",
+    "TensorReport": "embed",
+    "embed_model": "embed",
+    "ArraySource": "io",
+    "DirectorySource": "io",
+    "TensorRef": "io",
+    "TensorSource": "io",
+    "NeuronGroup": "resync",
+    "ResyncReport": "resync",
+    "infer_groups": "resync",
+    "resynchronise": "resync",
+    "SCHEME": "scheme",
+    "WatermarkKey": "scheme",
+    "WatermarkParams": "scheme",
+    "generate_key_file_text": "scheme",
+    "load_key_file": "scheme",
+    "parse_key": "scheme",
+    "parse_message": "scheme",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module 'modelsec.watermark' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"modelsec.watermark.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

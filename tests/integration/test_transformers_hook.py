@@ -118,3 +118,17 @@ def test_python_m_hook_without_code_changes(
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[-1] == "True"
+
+
+def test_uninstall_restores_everything(minilm: tuple[Path, Policy]) -> None:
+    import safetensors
+    import transformers.modeling_utils as mu
+
+    _, policy = minilm
+    before = (safetensors.safe_open, mu.safe_open, mu.PreTrainedModel.__dict__["from_pretrained"])
+    hook.install(policy)
+    hook.install(policy)  # idempotent
+    assert hook.installed() and mu.safe_open is not before[1]
+    hook.uninstall()
+    after = (safetensors.safe_open, mu.safe_open, mu.PreTrainedModel.__dict__["from_pretrained"])
+    assert after == before and not hook.installed()

@@ -1,0 +1,418 @@
+"""The watermark attestation: a DSSE-signed in-toto statement about the *watermarked* model.
+
+Statement (in-toto Statement v1, DSSE payloadType `application/vnd.in-toto+json`, sigstore bundle v0.3):
+
+* `subject`: the watermarked model directory, `digest.sha256` = its model root digest, i.e. the OMS
+  SHA-256 subject digest computed exactly as `modelsec sign` and `modelsec digest` compute it (same ignore
+  list: `.git`, `.gitattributes`, `.github`, `.gitignore` and the signature bundle names). An SM2 signer also
+  records the `sm3` root digest (DESIGN.md decision 2).
+* `predicateType`: `https://modelsec.dev/watermark/v1`.
+* `predicate`: `scheme` (name, sources, key schedule), `parameters` (all of `WatermarkParams`, the
+  density, code and message lengths, kappa), `keyCommitment` and `messageCommitment` (keyed HMAC-SHA256
+  values: never the key, never the message), `carriers` (tensor names, dtypes, shapes, carrier counts),
+  `embedding` (relative changes, strengths) and `detection` (bit matches, bit error rate, false-positive
+  probability and its log10, confidence, minimum margin, thresholds) measured on the written weights,
+  plus `embeddedAt` (RFC 3339, UTC) and the tool version.
+
+The attestation file must live outside the model directory: a file inside it would itself be hashed into
+the root digest that it attests (the signer ignores only the signature bundle names).
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from modelsec.errors import AttestationError, MalformedArtifactError, PolicyError, SignatureError
+from modelsec.limits import Limits
+
+if TYPE_CHECKING:
+    from modelsec.attestations.bundle import StatementSigner
+    from modelsec.attestations.statement import Statement
+    from modelsec.signer.keys import TrustedKey
+    from modelsec.watermark.embed import EmbedResult
+    from modelsec.watermark.scheme import WatermarkParams
+
+__all__ = [
+    "PREDICATE_TYPE",
+    "DetectionHints",
+    "WatermarkAttestation",
+    "detection_hints",
+    "model_root_digests",
+    "read_detection_hints",
+    "verify_watermark_attestation",
+    "watermark_statement",
+    "write_watermark_attestation",
+]
+
+PREDICATE_TYPE = "https://modelsec.dev/watermark/v1"
+_ROLE = "watermark"
+_SOURCES = (
+    "Cox, Kilian, Leighton, Shamoon: Secure spread spectrum watermarking for multimedia, IEEE TIP 6(12) 1997",
+    "Uchida, Nagai, Sakazawa, Satoh: Embedding Watermarks into Deep Neural Networks, ICMR 2017",
+    "RFC 5869 (HKDF-SHA256); NIST SP 800-38A (AES-256-CTR keystream)",
+)
+
+
+def model_root_digests(model_dir: Path, *, sm3: bool = False, limits: Limits | None = None) -> dict[str, str]:
+    """The model root digest(s) of a directory, exactly as `modelsec sign` reports them.
+
+    Args:
+        model_dir: The model directory.
+        sm3: Also compute the SM3 root digest.
+        limits: Walk and parser limits.
+
+    Returns:
+        `{"sha256": hex}` (plus `"sm3": hex`).
+
+    Raises:
+        MalformedArtifactError: Empty or unreadable directory, or a malformed safetensors file.
+        PolicyViolationError: A symlink or special file.
+    """
+    from modelsec.algorithms import HashAlgorithm
+    from modelsec.signer import SIGNATURE_FILE_NAMES, compute_manifests
+    from modelsec.signer.model_files import DEFAULT_IGNORE_PATHS
+
+    algorithms = [HashAlgorithm.SHA256, *([HashAlgorithm.SM3] if sm3 else [])]
+    manifests = compute_manifests(
+        model_dir,
+        algorithms,
+        ignore_paths=[*DEFAULT_IGNORE_PATHS, *SIGNATURE_FILE_NAMES],
+        tensor_hash=None,
+        limits=limits,
+    )
+    out = {"sha256": manifests[HashAlgorithm.SHA256].subject_digest["sha256"]}
+    if sm3:
+        out["sm3"] = manifests[HashAlgorithm.SM3].subject_digest["sm3"]
+    return out
+
+
+def watermark_statement(
+    result: EmbedResult, digests: Mapping[str, str], *, name: str, embedded_at: datetime | None = None
+) -> Statement:
+    """Build the in-toto statement for an embedding (no key material, no message).
+
+    Args:
+        result: From `embed_model`.
+        digests: The watermarked model's root digests (`model_root_digests`).
+        name: Informational subject name (the directory name).
+        embedded_at: Time of embedding (default: now, UTC).
+
+    Returns:
+        The unsigned statement.
+    """
+    from types import MappingProxyType
+
+    from modelsec import __version__
+    from modelsec.attestations.statement import Statement, Subject
+    from modelsec.watermark.scheme import SCHEME
+
+    when = (embedded_at or datetime.now(UTC)).astimezone(UTC).replace(microsecond=0)
+    detection = result.detection.to_json()
+    detection.pop("decodedMessageHex", None)
+    predicate: dict[str, Any] = {
+        "scheme": {
+            "name": SCHEME,
+            "sources": list(_SOURCES),
+            "keySchedule": "HKDF-SHA256 subkeys per purpose, tensor name and shape; AES-256-CTR keystreams",
+            "statistic": "per tensor x = w / rms(carriers); bit b: sign(sum s_i x_i) over its carriers",
+            "embedding": "w' = w + m_b t_b s_i |w_i| (informed, multiplicative, t_b <= maxRelativeChange)",
+        },
+        "parameters": {
+            **result.params.to_json(),
+            "densityLog2": result.density_log2,
+            "codeBits": result.code_bits,
+            "messageBits": result.message_bits,
+        },
+        "keyCommitment": {"algorithm": "hmac-sha256", "value": result.key_commitment},
+        "messageCommitment": {"algorithm": "hmac-sha256", "value": result.message_commitment},
+        "carriers": {
+            "count": result.carriers,
+            "tensors": [
+                {"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "carriers": t.carriers}
+                for t in result.tensors
+            ],
+        },
+        "embedding": {
+            "maxRelativeChange": result.max_relative_change,
+            "meanRelativeChange": result.mean_relative_change,
+            "relativeL2Change": result.relative_l2_change,
+            "strength": {
+                "min": result.strength_min,
+                "median": result.strength_median,
+                "max": result.strength_max,
+            },
+        },
+        "detection": detection,
+        "embeddedAt": when.isoformat().replace("+00:00", "Z"),
+        "tool": {"name": "modelsec", "version": __version__},
+    }
+    return Statement(
+        subjects=(Subject(name=name, digest=MappingProxyType(dict(digests))),),
+        predicate_type=PREDICATE_TYPE,
+        predicate=MappingProxyType(predicate),
+    )
+
+
+def write_watermark_attestation(
+    result: EmbedResult,
+    signer: StatementSigner,
+    path: Path,
+    *,
+    sm3: bool | None = None,
+    limits: Limits | None = None,
+) -> tuple[str, Path]:
+    """Hash the watermarked model, sign the watermark statement as DSSE and write the bundle.
+
+    Args:
+        result: From `embed_model` (its `out_dir` is hashed now, after writing).
+        signer: A key backend (`modelsec.signer.load_private_key_file`).
+        path: Bundle path; must be outside `result.out_dir`.
+        sm3: Also record the SM3 root digest (default: when the signer is an SM2 key).
+        limits: Walk and parser limits.
+
+    Returns:
+        The SHA-256 model root digest and the path written.
+
+    Raises:
+        PolicyError: `path` lies inside the model directory, exists as a symlink, or cannot be written.
+        MalformedArtifactError: The model directory cannot be hashed.
+    """
+    out_dir = result.out_dir.resolve()
+    target = path.absolute()
+    if out_dir == target.resolve().parent or out_dir in target.resolve().parents:
+        raise PolicyError(
+            f"{path}: write the watermark attestation outside the model directory {result.out_dir} "
+            "(a file inside it would change the model root digest it attests)"
+        )
+    if target.is_symlink():
+        raise PolicyError(f"{path}: refusing to write the attestation through a symlink")
+    if sm3 is None:
+        algorithm = getattr(signer, "algorithm", None)
+        sm3 = getattr(algorithm, "value", "") == "sm2"
+    digests = model_root_digests(result.out_dir, sm3=sm3, limits=limits)
+    from modelsec.attestations.bundle import sign_statement
+
+    statement = watermark_statement(result, digests, name=out_dir.name)
+    bundle = sign_statement(statement, signer)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise PolicyError(f"{path}: cannot write the watermark attestation: {e.strerror}") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(bundle)
+        os.replace(tmp, target)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise PolicyError(f"{path}: cannot write the watermark attestation: {e.strerror}") from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return digests["sha256"], target
+
+
+@dataclass(frozen=True, slots=True)
+class WatermarkAttestation:
+    """A verified watermark attestation.
+
+    Attributes:
+        root_digest: The attested model root digest (SHA-256, hex), equal to the expected one.
+        key: The trusted key that signed it.
+        statement: The verified statement (predicate read-only).
+    """
+
+    root_digest: str
+    key: TrustedKey
+    statement: Statement
+
+    @property
+    def predicate(self) -> Mapping[str, Any]:
+        """The watermark predicate."""
+        return self.statement.predicate
+
+    @property
+    def detected_at_embedding(self) -> bool:
+        """Whether the embed-time detection recorded a detected mark."""
+        return bool(self.predicate.get("detection", {}).get("detected") is True)
+
+
+def verify_watermark_attestation(
+    bundle_path: Path,
+    keys: Sequence[TrustedKey],
+    *,
+    root_digest: str | None = None,
+    model_dir: Path | None = None,
+    limits: Limits | None = None,
+) -> WatermarkAttestation:
+    """Verify a watermark attestation bundle and that it is about the expected model.
+
+    Order: read the bundle (size bounded, symlinks refused) and parse it strictly; verify its one DSSE
+    signature over the PAE with the trusted keys allowed the `watermark` role (keys are never taken from
+    the bundle); parse the statement from the verified payload bytes with predicateType
+    `https://modelsec.dev/watermark/v1`; compare the subject's `sha256` with the expected root digest
+    (given, or computed from `model_dir`) in constant time; check the predicate's required fields.
+
+    Args:
+        bundle_path: The attestation bundle.
+        keys: Trusted public keys (`modelsec.signer.load_trusted_key_file`).
+        root_digest: Expected model root digest (hex SHA-256).
+        model_dir: Compute the expected digest from this directory instead.
+        limits: Size limits.
+
+    Returns:
+        The verified attestation.
+
+    Raises:
+        SignatureError: No trusted key verifies the signature, or the bundle is missing.
+        MalformedArtifactError: The bundle or statement is malformed or has another predicateType.
+        AttestationError: The subject is another model, or the predicate lacks required fields.
+        PolicyError: Neither or both of `root_digest` and `model_dir` given.
+    """
+    from modelsec.attestations.bundle import parse_bundle
+    from modelsec.attestations.statement import parse_statement
+
+    if (root_digest is None) == (model_dir is None):
+        raise PolicyError("give exactly one of root_digest and model_dir")
+    limits = limits or Limits()
+    if root_digest is not None:
+        expected = root_digest
+    elif model_dir is not None:
+        expected = model_root_digests(model_dir, limits=limits)["sha256"]
+    else:  # unreachable: exactly one was given
+        raise PolicyError("give exactly one of root_digest and model_dir")
+    data = _read_bounded(bundle_path, limits.max_bundle_bytes)
+    bundle = parse_bundle(data, source=str(bundle_path))
+    selectors = {bundle.hint, bundle.signature.keyid} - {""}
+    candidates = sorted((k for k in keys if k.may(_ROLE)), key=lambda k: k.keyid not in selectors)
+    message = bundle.envelope.pae()
+    signer_key = None
+    reasons = []
+    for key in candidates:
+        try:
+            key.verify(bundle.signature.sig, message)
+        except SignatureError as e:
+            reasons.append(f"{key.name}: {e}")
+            continue
+        signer_key = key
+        break
+    if signer_key is None:
+        detail = "; ".join(reasons) if reasons else f"no configured key may sign {_ROLE!r}"
+        raise SignatureError(f"{bundle_path}: invalid signature: no trusted key verifies it ({detail})")
+    statement = parse_statement(bundle.envelope.payload, what=str(bundle_path), predicate_type=PREDICATE_TYPE)
+    got = [s.digest.get("sha256", "") for s in statement.subjects]
+    if not any(hmac.compare_digest(g.encode(), expected.encode()) for g in got):
+        raise AttestationError(
+            f"{bundle_path}: watermark attestation is about model {got[0] or '?'}, expected {expected}"
+        )
+    for required in ("scheme", "parameters", "keyCommitment", "messageCommitment", "carriers", "detection"):
+        if not isinstance(statement.predicate.get(required), Mapping):
+            raise AttestationError(f"{bundle_path}: watermark predicate lacks the object {required!r}")
+    return WatermarkAttestation(root_digest=expected, key=signer_key, statement=statement)
+
+
+def _read_bounded(path: Path, limit: int) -> bytes:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise SignatureError(f"{path}: watermark attestation not found") from None
+    except OSError as e:
+        raise MalformedArtifactError(f"{path}: cannot open the watermark attestation: {e.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise MalformedArtifactError(f"{path}: watermark attestation exceeds {limit} bytes")
+    return data
+
+
+@dataclass(frozen=True, slots=True)
+class DetectionHints:
+    """What an attestation tells the detector (parameters only; nothing here is evidence).
+
+    Attributes:
+        params: The scheme parameters used at embedding, with the recorded density fixed.
+        tensors: The attested carrier tensors.
+        message_bits: The message length in bits.
+        key_commitment: The attested key commitment (compare with `WatermarkKey.commitment()`).
+    """
+
+    params: WatermarkParams
+    tensors: tuple[str, ...]
+    message_bits: int
+    key_commitment: str
+
+
+def detection_hints(predicate: Mapping[str, Any], *, what: str) -> DetectionHints:
+    """Read the detection parameters from a watermark predicate.
+
+    Choosing the test from a file that does not depend on the suspect's weights keeps the false-positive
+    probability exact, so the attestation need not be trusted for this (verify it with
+    `verify_watermark_attestation` to rely on its claims).
+
+    Args:
+        predicate: The `https://modelsec.dev/watermark/v1` predicate.
+        what: Names the attestation in errors.
+
+    Returns:
+        The hints.
+
+    Raises:
+        MalformedArtifactError: A required field is missing or has the wrong type.
+        PolicyError: The recorded parameters are invalid.
+    """
+    from modelsec.watermark.scheme import WatermarkParams
+
+    try:
+        p = predicate["parameters"]
+        params = WatermarkParams(
+            kappa=float(p["kappa"]),
+            pilot_bits=_int(p["pilotBits"]),
+            block_size=_int(p["blockSize"]),
+            target_carriers_log2=_int(p["targetCarriersLog2"]),
+            density_log2=_int(p["densityLog2"]),
+            min_tensor_elements=_int(p["minTensorElements"]),
+            max_relative_change=float(p["maxRelativeChange"]),
+            max_message_bits=_int(p["maxMessageBits"]),
+            min_carriers_per_bit=_int(p["minCarriersPerBit"]),
+        )
+        tensors = tuple(str(t["name"]) for t in predicate["carriers"]["tensors"])
+        message_bits = _int(p["messageBits"])
+        commitment = predicate["keyCommitment"]["value"]
+    except (KeyError, TypeError, ValueError) as e:
+        raise MalformedArtifactError(
+            f"{what}: watermark predicate lacks or mistypes a parameter: {e}"
+        ) from None
+    if not isinstance(commitment, str):
+        raise MalformedArtifactError(f"{what}: keyCommitment.value is not a string")
+    return DetectionHints(
+        params=params, tensors=tensors, message_bits=message_bits, key_commitment=commitment
+    )
+
+
+def read_detection_hints(bundle_path: Path, *, limits: Limits | None = None) -> DetectionHints:
+    """`detection_hints` of an attestation bundle file (its signature is not checked here).
+
+    Raises:
+        SignatureError: The file does not exist.
+        MalformedArtifactError: Not a bundle, not a watermark statement, or missing parameters.
+        PolicyError: Invalid recorded parameters.
+    """
+    from modelsec.attestations.bundle import parse_bundle
+    from modelsec.attestations.statement import parse_statement
+
+    limits = limits or Limits()
+    bundle = parse_bundle(_read_bounded(bundle_path, limits.max_bundle_bytes), source=str(bundle_path))
+    statement = parse_statement(bundle.envelope.payload, what=str(bundle_path), predicate_type=PREDICATE_TYPE)
+    return detection_hints(statement.predicate, what=str(bundle_path))
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an integer, got {value!r}")
+    return value

@@ -1,0 +1,610 @@
+"""Blind extraction and detection of the watermark, with exact binomial false-positive probabilities.
+
+Detection needs only the key and the suspect weights. Order of operations (an invariant):
+
+1. The suspect's tensors are listed (safetensors headers strictly parsed); with a reference model, the
+   suspect is first re-synchronised against it (`modelsec.watermark.resync`: neuron permutation and
+   scaling undone), which is the only use of the reference.
+2. The carrier density is re-derived from the headers exactly as at embedding time; the carriers of every
+   eligible tensor are gathered and reduced to per-block correlation sums (`scheme.block_statistics`).
+3. Per code bit: `z_b = c_b / sqrt(E_b)`, extracted bit `sign(c_b)` (0 -> tie, counted as an error).
+4. Statistics over the compared bits: bit matches `k` of `n`, bit error rate `(n - k) / n`, the exact
+   false-positive probability `P[Bin(n, 1/2) >= k]` (integer arithmetic, reported also as log10 because
+   it underflows a double near 1e-308), and the confidence, the cosine between the extracted and the
+   embedded ±1 vectors.
+5. Which bits are compared: with the message known, the pilot and the message; otherwise the pilot only
+   (with the message length unknown, every length `8, 16, ..., max_message_bits` is tried and the best
+   kept). Every extra hypothesis tried (message lengths, neighbouring densities when the first density
+   fails) multiplies the false-positive probability (Bonferroni), so the reported value stays an upper
+   bound for the whole search.
+6. Detected iff confidence >= `min_confidence` and false-positive probability <= `max_false_positive`
+   (defaults 0.92 and 1e-9, the deployment gate of issue 4).
+
+Why the binomial is exact under the null hypothesis (a model without this key's mark): each extracted bit
+is the sign of a sum of weights multiplied by key-derived ±1 chips independent of the weights, so it is +1
+or -1 with probability 1/2 (ties only lower the match count), independently across bits (disjoint
+carriers). Sources: Cox et al. 1997 (spread spectrum detection), Uchida et al. 2017 (bit error rate of an
+extracted weight watermark).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from modelsec.errors import PolicyError
+from modelsec.limits import Limits
+from modelsec.watermark.io import TensorRef, TensorSource, open_source
+from modelsec.watermark.scheme import (
+    WatermarkKey,
+    WatermarkParams,
+    block_statistics,
+    carrier_plan,
+    code_word,
+    decode_message_bits,
+    density_log2_for,
+    is_eligible,
+    message_bits,
+)
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+    from modelsec.watermark.resync import NeuronGroup, ResyncReport
+
+__all__ = [
+    "DetectionResult",
+    "DetectionThresholds",
+    "ExtractedBlocks",
+    "binomial_tail",
+    "detect",
+    "evaluate",
+    "extract_blocks",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class DetectionThresholds:
+    """When a mark counts as detected (the deployment gate of issue 4).
+
+    Attributes:
+        min_confidence: Minimum cosine between extracted and embedded ±1 bits (0.92 tolerates 4 % bit
+            errors).
+        max_false_positive: Maximum false-positive probability (after the Bonferroni factor).
+    """
+
+    min_confidence: float = 0.92
+    max_false_positive: float = 1e-9
+
+    def __post_init__(self) -> None:
+        if not (-1.0 <= self.min_confidence <= 1.0):
+            raise PolicyError(f"min_confidence must be in [-1, 1], got {self.min_confidence}")
+        if not (0.0 < self.max_false_positive <= 1.0):
+            raise PolicyError(f"max_false_positive must be in (0, 1], got {self.max_false_positive}")
+
+
+def binomial_tail(n: int, k: int) -> tuple[float, float]:
+    """Exact `P[X >= k]` for `X ~ Binomial(n, 1/2)`, and its log10.
+
+    Computed as `sum(comb(n, i) for i >= k) / 2**n` with Python integers (no rounding before the final
+    division), so it is exact up to the one final rounding to a double; the log10 is computed from the
+    integers and stays finite where the probability underflows to 0.0.
+
+    Args:
+        n: Number of compared bits (>= 0).
+        k: Number of matches.
+
+    Returns:
+        `(probability, log10 probability)`; `(1.0, 0.0)` for `k <= 0`, `(0.0, -inf)` for `k > n`.
+    """
+    if k <= 0:
+        return 1.0, 0.0
+    if k > n:
+        return 0.0, -math.inf
+    numerator = sum(math.comb(n, i) for i in range(k, n + 1))
+    return numerator / 2**n, math.log10(numerator) - n * math.log10(2)
+
+
+@dataclass(frozen=True, slots=True)
+class DetectionResult:
+    """What detection found.
+
+    Attributes:
+        detected: confidence >= thresholds.min_confidence and false_positive_probability <=
+            thresholds.max_false_positive.
+        mode: `message` (the message was given: pilot and message bits compared), `length` (only its length
+            was given) or `blind` (length searched); the last two compare the pilot bits.
+        bits: Number of compared code bits `n`.
+        bit_matches: Extracted bits equal to the embedded ones, `k`.
+        bit_error_rate: `(n - k) / n`.
+        false_positive_probability: `P[Bin(n, 1/2) >= k]` times `tests` (capped at 1).
+        log10_false_positive_probability: Its log10 (finite even when the probability underflows).
+        confidence: Cosine between the extracted (ties = 0) and embedded ±1 vectors, in [-1, 1].
+        tests: Bonferroni factor: number of hypotheses tried (densities x message lengths).
+        pilot_bits: Number of pilot bits.
+        pilot_matches: Pilot bits extracted correctly.
+        message_bits: Message length in bits (given or found), or None when nothing was found.
+        message_matches: Message bits extracted correctly (only when the message was given).
+        message_bit_error_rate: Bit error rate of the message alone (only when the message was given).
+        decoded_message: The extracted message bytes (None when the length is unknown and nothing was
+            detected).
+        min_margin: Smallest `m_b z_b` over the compared bits (negative: a bit error); units of standard
+            deviations of the host correlation.
+        median_margin: Median `m_b z_b`.
+        density_log2: Carrier density exponent used.
+        carriers: Number of carrier elements read.
+        carrier_tensors: Number of tensors that carried bits.
+        resynchronised: Whether a reference model re-synchronised the suspect first.
+        resync: The re-synchronisation report, if any.
+        thresholds: The thresholds applied.
+    """
+
+    detected: bool
+    mode: str
+    bits: int
+    bit_matches: int
+    bit_error_rate: float
+    false_positive_probability: float
+    log10_false_positive_probability: float
+    confidence: float
+    tests: int
+    pilot_bits: int
+    pilot_matches: int
+    message_bits: int | None
+    message_matches: int | None
+    message_bit_error_rate: float | None
+    decoded_message: bytes | None
+    min_margin: float
+    median_margin: float
+    density_log2: int
+    carriers: int
+    carrier_tensors: int
+    resynchronised: bool = False
+    resync: ResyncReport | None = field(default=None, compare=False)
+    thresholds: DetectionThresholds = DetectionThresholds()
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready summary (the decoded message as hex)."""
+        return {
+            "detected": self.detected,
+            "mode": self.mode,
+            "bits": self.bits,
+            "bitMatches": self.bit_matches,
+            "bitErrorRate": self.bit_error_rate,
+            "falsePositiveProbability": self.false_positive_probability,
+            "log10FalsePositiveProbability": _finite(self.log10_false_positive_probability),
+            "confidence": self.confidence,
+            "tests": self.tests,
+            "pilotBits": self.pilot_bits,
+            "pilotMatches": self.pilot_matches,
+            "messageBits": self.message_bits,
+            "messageMatches": self.message_matches,
+            "messageBitErrorRate": self.message_bit_error_rate,
+            "decodedMessageHex": None if self.decoded_message is None else self.decoded_message.hex(),
+            "minMargin": _finite(self.min_margin),
+            "medianMargin": _finite(self.median_margin),
+            "densityLog2": self.density_log2,
+            "carriers": self.carriers,
+            "carrierTensors": self.carrier_tensors,
+            "resynchronised": self.resynchronised,
+            "thresholds": {
+                "minConfidence": self.thresholds.min_confidence,
+                "maxFalsePositiveProbability": self.thresholds.max_false_positive,
+            },
+        }
+
+
+def _finite(x: float) -> float:
+    """JSON has no infinities: clamp to +-1e308."""
+    return max(-1e308, min(1e308, x)) if not math.isnan(x) else 0.0
+
+
+@dataclass(slots=True)
+class ExtractedBlocks:
+    """Per-block correlation sums of every carrier block of a model (bounded: one entry per carrier block).
+
+    Attributes:
+        slots: uint32 (n,) keyed slots.
+        c: float64 (n,) normalised correlation sums.
+        e: float64 (n,) normalised energies.
+        carriers: Carrier elements read.
+        tensors: Tensors that contributed.
+        density_log2: Density exponent used.
+    """
+
+    slots: npt.NDArray[np.uint32]
+    c: npt.NDArray[np.float64]
+    e: npt.NDArray[np.float64]
+    carriers: int
+    tensors: int
+    density_log2: int
+
+    def per_bit(self, code_bits: int) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """Per-code-bit `(c, E)` sums for a code of `code_bits` bits (bit = slot mod code_bits)."""
+        import numpy as np
+
+        bit = (self.slots % np.uint32(code_bits)).astype(np.intp)
+        return (
+            np.asarray(np.bincount(bit, weights=self.c, minlength=code_bits), dtype=np.float64),
+            np.asarray(np.bincount(bit, weights=self.e, minlength=code_bits), dtype=np.float64),
+        )
+
+
+def eligible_tensors(source: TensorSource, params: WatermarkParams) -> list[TensorRef]:
+    """The tensors that carry the mark (`scheme.is_eligible`), in source order."""
+    return [r for r in source.tensors() if is_eligible(r.dtype, r.shape, params)]
+
+
+def extract_blocks(
+    source: TensorSource, key: WatermarkKey, params: WatermarkParams, density_log2: int
+) -> ExtractedBlocks:
+    """Gather and reduce every carrier block of `source` (one tensor in memory at a time).
+
+    Args:
+        source: The suspect's tensors.
+        key: The watermark key.
+        params: Scheme parameters.
+        density_log2: Carrier density exponent.
+
+    Returns:
+        The per-block sums.
+    """
+    import numpy as np
+
+    slots, cs, es = [], [], []
+    carriers = tensors = 0
+    for ref in eligible_tensors(source, params):
+        plan = carrier_plan(key, ref.name, ref.shape, density_log2, params)
+        if not plan.blocks.size:
+            continue
+        stats = block_statistics(source.read_blocks(ref, plan.blocks, params.block_size), plan, full=False)
+        carriers += plan.carriers
+        if stats is None:
+            continue
+        tensors += 1
+        slots.append(stats.slots)
+        cs.append(stats.c)
+        es.append(stats.e)
+    if not slots:
+        empty = np.zeros(0)
+        return ExtractedBlocks(np.zeros(0, dtype=np.uint32), empty, empty, carriers, 0, density_log2)
+    return ExtractedBlocks(
+        np.concatenate(slots), np.concatenate(cs), np.concatenate(es), carriers, tensors, density_log2
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Comparison:
+    matches: int
+    bits: int
+    confidence: float
+    fpp: float
+    log10_fpp: float
+    min_margin: float
+    median_margin: float
+    extracted: list[int]
+
+
+def _compare(code: Sequence[int], c: npt.NDArray[np.float64], e: npt.NDArray[np.float64]) -> _Comparison:
+    import numpy as np
+
+    m = np.asarray(code, dtype=np.float64)
+    extracted = np.sign(c)
+    matches = int((extracted == m).sum())
+    nonzero = int(np.count_nonzero(extracted))
+    confidence = float(extracted @ m) / math.sqrt(nonzero * m.size) if nonzero else 0.0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        z = np.where(e > 0, c / np.sqrt(e), 0.0)
+    margins = m * z
+    fpp, log10_fpp = binomial_tail(m.size, matches)
+    return _Comparison(
+        matches=matches,
+        bits=int(m.size),
+        confidence=confidence,
+        fpp=fpp,
+        log10_fpp=log10_fpp,
+        min_margin=float(margins.min()) if margins.size else 0.0,
+        median_margin=float(np.median(margins)) if margins.size else 0.0,
+        extracted=[int(v) for v in extracted],
+    )
+
+
+def evaluate(
+    blocks: ExtractedBlocks,
+    key: WatermarkKey,
+    params: WatermarkParams,
+    thresholds: DetectionThresholds,
+    *,
+    message: bytes | None = None,
+    message_length: int | None = None,
+    tests_before: int = 0,
+) -> tuple[DetectionResult, int]:
+    """Decide from per-block sums (steps 3 to 6 of the module docstring).
+
+    Args:
+        blocks: From `extract_blocks`.
+        key: The watermark key.
+        params: Scheme parameters.
+        thresholds: Decision thresholds.
+        message: The embedded message, if known.
+        message_length: Its length in bits, if known (ignored when `message` is given).
+        tests_before: Hypotheses already tried (earlier densities), added to the Bonferroni factor.
+
+    Returns:
+        The result and the updated number of hypotheses tried.
+    """
+    p = params.pilot_bits
+    if message is not None:
+        bits = message_bits(message)
+        code = code_word(key, bits, params)
+        c, e = blocks.per_bit(len(code))
+        tests = tests_before + 1
+        full = _compare(code, c, e)
+        pilot = _compare(code[:p], c[:p], e[:p])
+        msg = _compare(code[p:], c[p:], e[p:])
+        decoded = decode_message_bits(key, full.extracted, params)
+        return _result(
+            "message",
+            full,
+            pilot,
+            tests,
+            thresholds,
+            blocks,
+            message_bits=len(bits),
+            message_matches=msg.matches,
+            decoded=decoded,
+        ), tests
+    pilot_code = code_word(key, [], params)
+    lengths = (
+        [message_length] if message_length is not None else list(range(8, params.max_message_bits + 1, 8))
+    )
+    best: tuple[tuple[int, float], int, _Comparison] | None = None
+    for length in lengths:
+        c, e = blocks.per_bit(p + length)
+        cmp = _compare(pilot_code, c[:p], e[:p])
+        rank = (cmp.matches, cmp.median_margin)
+        if best is None or rank > best[0]:
+            best = (rank, length, cmp)
+    assert best is not None
+    _, length, pilot = best
+    tests = tests_before + len(lengths)
+    mode = "length" if message_length is not None else "blind"
+    c, e = blocks.per_bit(p + length)
+    everything = _compare(code_word(key, [0] * length, params), c, e)
+    decoded = decode_message_bits(key, everything.extracted, params)
+    result = _result(
+        mode,
+        pilot,
+        pilot,
+        tests,
+        thresholds,
+        blocks,
+        message_bits=length,
+        message_matches=None,
+        decoded=decoded,
+    )
+    if mode == "blind" and not result.detected:
+        result = _replace_message(result)
+    return result, tests
+
+
+def _replace_message(result: DetectionResult) -> DetectionResult:
+    """Drop the guessed length and decoded bytes of a blind search that found nothing."""
+    from dataclasses import replace
+
+    return replace(result, message_bits=None, decoded_message=None)
+
+
+def _bonferroni(fpp: float, log10_fpp: float, tests: int) -> tuple[float, float]:
+    """`min(1, tests * fpp)` and its log10 (the product computed in floats; exact for `tests == 1`)."""
+    log10 = min(0.0, log10_fpp + math.log10(max(1, tests)))
+    if fpp > 0:
+        return min(1.0, fpp * max(1, tests)), log10
+    return (10.0**log10 if log10 > -323 else 0.0), log10
+
+
+def _is_detected(confidence: float, log10_fpp: float, thresholds: DetectionThresholds) -> bool:
+    return confidence >= thresholds.min_confidence and log10_fpp <= math.log10(thresholds.max_false_positive)
+
+
+def _result(
+    mode: str,
+    compared: _Comparison,
+    pilot: _Comparison,
+    tests: int,
+    thresholds: DetectionThresholds,
+    blocks: ExtractedBlocks,
+    *,
+    message_bits: int | None,
+    message_matches: int | None,
+    decoded: bytes | None,
+) -> DetectionResult:
+    fpp, log10_fpp = _bonferroni(compared.fpp, compared.log10_fpp, tests)
+    detected = _is_detected(compared.confidence, log10_fpp, thresholds)
+    return DetectionResult(
+        detected=detected,
+        mode=mode,
+        bits=compared.bits,
+        bit_matches=compared.matches,
+        bit_error_rate=(compared.bits - compared.matches) / compared.bits if compared.bits else 1.0,
+        false_positive_probability=fpp,
+        log10_false_positive_probability=log10_fpp,
+        confidence=compared.confidence,
+        tests=tests,
+        pilot_bits=pilot.bits,
+        pilot_matches=pilot.matches,
+        message_bits=message_bits,
+        message_matches=message_matches,
+        message_bit_error_rate=(
+            None
+            if message_matches is None or not message_bits
+            else (message_bits - message_matches) / message_bits
+        ),
+        decoded_message=decoded,
+        min_margin=compared.min_margin,
+        median_margin=compared.median_margin,
+        density_log2=blocks.density_log2,
+        carriers=blocks.carriers,
+        carrier_tensors=blocks.tensors,
+        thresholds=thresholds,
+    )
+
+
+def detect(
+    model: Path | str | Mapping[str, Any] | TensorSource,
+    key: WatermarkKey,
+    *,
+    message: bytes | None = None,
+    message_length: int | None = None,
+    reference: Path | str | Mapping[str, Any] | TensorSource | None = None,
+    groups: Sequence[NeuronGroup] | None = None,
+    tensors: Collection[str] | None = None,
+    params: WatermarkParams | None = None,
+    thresholds: DetectionThresholds | None = None,
+    limits: Limits | None = None,
+) -> DetectionResult:
+    """Detect the watermark of `key` in a model (blind: the key and the suspect weights suffice).
+
+    The carrier density is first re-derived from the suspect's headers; when that finds nothing, the two
+    neighbouring densities are tried as well (a model with tensors added or removed), each try counted in
+    the Bonferroni factor, and the best try is reported. Not covered blind: an attacker who adds unmarked
+    tensors much larger than the marked ones dilutes every bit's correlation; pass `tensors` (and
+    `params.density_log2`) from the attestation to exclude them.
+
+    Args:
+        model: Suspect model directory (safetensors shards), a mapping of numpy arrays, or a
+            `TensorSource`.
+        key: The watermark key.
+        message: The embedded message, when known: pilot and message bits are then compared.
+        message_length: The message length in bits, when only that is known.
+        reference: The registered unmarked reference model, to undo neuron permutation and scaling first
+            (`modelsec.watermark.resync`). Not used for anything else.
+        groups: Neuron groups for re-synchronisation (default: inferred from tensor names).
+        tensors: Read carriers only from these tensors (e.g. the attestation's carrier tensors), so that
+            large unmarked tensors added to the suspect cannot dilute the correlation.
+        params: Scheme parameters (default: the defaults used by `embed_model`).
+        thresholds: Decision thresholds (default 0.92 / 1e-9).
+        limits: Parser limits for directories.
+
+    Returns:
+        The detection result.
+
+    Raises:
+        MalformedArtifactError: A model directory holds no safetensors file or a malformed one.
+        PolicyViolationError: A symlink or special file in a model directory.
+        PolicyError: `message_length` is not a multiple of 8 in [8, max_message_bits], or the message is
+            empty or too long.
+
+    Example:
+        >>> from modelsec.watermark import detect, load_key_file
+        >>> detect(Path("suspect"), load_key_file(Path("wm.key"))).detected  # doctest: +SKIP
+        True
+    """
+    params = params or WatermarkParams()
+    thresholds = thresholds or DetectionThresholds()
+    if message is not None and not 0 < 8 * len(message) <= params.max_message_bits:
+        raise PolicyError(
+            f"the message has {8 * len(message)} bits; it must have 8 to {params.max_message_bits}"
+        )
+    if message_length is not None and (
+        message_length % 8 or not 8 <= message_length <= params.max_message_bits
+    ):
+        raise PolicyError(
+            f"message length {message_length} must be a multiple of 8 in [8, {params.max_message_bits}]"
+        )
+    owned: list[Any] = []
+    try:
+        source = _as_source(model, limits, owned)
+        resync_report = None
+        if reference is not None:
+            from modelsec.watermark.resync import ResyncedSource, resynchronise
+
+            ref_source = _as_source(reference, limits, owned)
+            transforms, resync_report = resynchronise(source, ref_source, groups)
+            source = ResyncedSource(source, transforms)
+        if tensors is not None:
+            source = _Only(source, frozenset(tensors))
+        total = sum(r.numel for r in eligible_tensors(source, params))
+        k0 = density_log2_for(total, params)
+        candidates = (
+            [k0] if params.density_log2 is not None else [k0, *(k for k in (k0 - 1, k0 + 1) if k >= 0)]
+        )
+        tests = 0
+        result: DetectionResult | None = None
+        for k in candidates:
+            blocks = extract_blocks(source, key, params, k)
+            tried, tests = evaluate(
+                blocks,
+                key,
+                params,
+                thresholds,
+                message=message,
+                message_length=message_length,
+                tests_before=tests,
+            )
+            if result is None or (tried.log10_false_positive_probability, -tried.confidence) < (
+                result.log10_false_positive_probability,
+                -result.confidence,
+            ):
+                result = tried
+            if tried.detected:
+                break
+        assert result is not None
+        if tests != result.tests:
+            result = _rescore(result, tests)
+        if resync_report is not None:
+            from dataclasses import replace
+
+            result = replace(result, resynchronised=True, resync=resync_report)
+        return result
+    finally:
+        for item in owned:
+            item.close()
+
+
+def _rescore(result: DetectionResult, tests: int) -> DetectionResult:
+    """Apply the final Bonferroni factor `tests` to a result computed with a smaller one."""
+    from dataclasses import replace
+
+    p, log10 = binomial_tail(result.bits, result.bit_matches)
+    fpp, log10_fpp = _bonferroni(p, log10, tests)
+    return replace(
+        result,
+        tests=tests,
+        false_positive_probability=fpp,
+        log10_false_positive_probability=log10_fpp,
+        detected=_is_detected(result.confidence, log10_fpp, result.thresholds),
+    )
+
+
+class _Only:
+    """A view of a source restricted to some tensor names."""
+
+    def __init__(self, base: TensorSource, names: frozenset[str]) -> None:
+        self.base = base
+        self.names = names
+
+    def tensors(self) -> Sequence[TensorRef]:
+        return [r for r in self.base.tensors() if r.name in self.names]
+
+    def read_blocks(
+        self, ref: TensorRef, blocks: npt.NDArray[np.int64], block_size: int
+    ) -> npt.NDArray[np.floating]:
+        return self.base.read_blocks(ref, blocks, block_size)
+
+    def read(self, ref: TensorRef) -> npt.NDArray[np.floating]:
+        return self.base.read(ref)
+
+
+def _as_source(model: Any, limits: Limits | None, owned: list[Any]) -> TensorSource:
+    if hasattr(model, "read_blocks") and hasattr(model, "tensors"):
+        source: TensorSource = model
+        return source
+    source = open_source(model, limits=limits)
+    if hasattr(source, "close"):
+        owned.append(source)
+    return source

@@ -1,0 +1,517 @@
+"""Embed the watermark into a safetensors model directory, shard by shard, with bounded memory.
+
+Two passes over the shards (an invariant; see `embed_model`):
+
+1. **Measure.** Every eligible tensor's carrier blocks are gathered through a read-only memory map and
+   reduced to per-bit sums of the host (`scheme.block_statistics`); nothing is written. Memory: one
+   tensor's carriers.
+2. **Write.** The smallest multiplicative strengths that put every code bit at the margin are solved
+   (`scheme.solve_strength`); then each shard in turn is read into private memory, its carriers are changed
+   in float32 (float64 for F64) and cast back to the shard's own dtype (round-to-nearest-even, other bytes
+   untouched, dtype and shape kept), the per-bit sums are measured again *on the cast values*, and the
+   shard is written. Memory: one shard. Other files (config, tokenizer, index) are copied byte for byte;
+   signature bundles (`model.sig` ...) are not, since they no longer match.
+
+The output appears atomically: files are written to a fresh sibling directory that is renamed to
+`out_dir` at the end. A shard that changes between the two passes is refused.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from modelsec.errors import MalformedArtifactError, PolicyError
+from modelsec.limits import Limits
+from modelsec.watermark.detection import DetectionResult, DetectionThresholds, ExtractedBlocks, evaluate
+from modelsec.watermark.io import RAW_DTYPES, DirectorySource, ShardFile, TensorRef, decode, encode
+from modelsec.watermark.scheme import (
+    CarrierPlan,
+    WatermarkKey,
+    WatermarkParams,
+    block_statistics,
+    carrier_count,
+    carrier_plan,
+    code_word,
+    density_log2_for,
+    is_eligible,
+    message_bits,
+    solve_strength,
+)
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+__all__ = ["EmbedResult", "TensorReport", "embed_model"]
+
+_COPY_CHUNK = 8 * 2**20
+
+
+@dataclass(frozen=True, slots=True)
+class TensorReport:
+    """One carrier tensor of the watermarked model.
+
+    Attributes:
+        name: Tensor name.
+        dtype: safetensors dtype (unchanged).
+        shape: Shape (unchanged).
+        carriers: Carrier elements in it.
+        max_relative_change: Largest |w' - w| / |w| over its carriers, after the cast.
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    carriers: int
+    max_relative_change: float
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedResult:
+    """What `embed_model` did.
+
+    Attributes:
+        out_dir: The watermarked model directory.
+        params: Scheme parameters.
+        density_log2: Carrier density exponent used (one carrier block per `2**k`).
+        message_bits: Message length `L` in bits.
+        code_bits: `pilot_bits + L`.
+        carriers: Carrier elements.
+        tensors: The carrier tensors.
+        max_relative_change: Largest |w' - w| / |w| over all weights (after the cast; fraction).
+        mean_relative_change: Mean |w' - w| / |w| over the carriers (fraction).
+        relative_l2_change: ||W' - W|| / ||W|| over all eligible tensors (the denominator estimated from
+            the stratified carrier sample times `2**density_log2`).
+        strength_min: Smallest per-bit strength `t_b`.
+        strength_median: Median `t_b`.
+        strength_max: Largest `t_b`.
+        detection: Detection on the written weights (message known), i.e. the result at embed time.
+        key_commitment: `WatermarkKey.commitment()`.
+        message_commitment: `WatermarkKey.message_commitment(message)`.
+        shards: Safetensors files processed.
+        bytes_processed: Bytes of safetensors files read and written (each counted once).
+    """
+
+    out_dir: Path
+    params: WatermarkParams
+    density_log2: int
+    message_bits: int
+    code_bits: int
+    carriers: int
+    tensors: tuple[TensorReport, ...]
+    max_relative_change: float
+    mean_relative_change: float
+    relative_l2_change: float
+    strength_min: float
+    strength_median: float
+    strength_max: float
+    detection: DetectionResult
+    key_commitment: str
+    message_commitment: str
+    shards: int
+    bytes_processed: int
+
+
+def capacity_bits(carriers: int, params: WatermarkParams) -> int:
+    """Longest message (bits, a multiple of 8) that gives every code bit `min_carriers_per_bit` carriers."""
+    bits = carriers // params.min_carriers_per_bit - params.pilot_bits
+    return max(0, min(params.max_message_bits, bits - bits % 8))
+
+
+def embed_model(
+    model_dir: Path,
+    out_dir: Path,
+    key: WatermarkKey,
+    message: bytes,
+    *,
+    params: WatermarkParams | None = None,
+    thresholds: DetectionThresholds | None = None,
+    limits: Limits | None = None,
+) -> EmbedResult:
+    """Write a watermarked copy of a safetensors model directory.
+
+    Guarantees: every code bit reaches `m_b z_b >= kappa` before the cast back to the stored dtype (the
+    result's `detection.min_margin` reports it after the cast); no weight changes by more than
+    `params.max_relative_change` of its magnitude and no sign flips; dtypes, shapes, tensor names, header
+    metadata and all non-carrier bytes are unchanged. Not guaranteed: anything about the model's accuracy
+    (measure fidelity on your own data; see the tests for MiniLM and a classifier).
+
+    Args:
+        model_dir: The unmarked model (safetensors shards plus side files).
+        out_dir: Where to write the marked model; must not exist or be an empty directory, and must not be
+            `model_dir` or inside it.
+        key: The watermark key (never written anywhere).
+        message: 1 to `max_message_bits / 8` bytes.
+        params: Scheme parameters (defaults: `WatermarkParams()`).
+        thresholds: Thresholds for the embed-time detection (defaults 0.92 / 1e-9).
+        limits: Parser limits.
+
+    Returns:
+        What was embedded, the change statistics and the detection at embed time.
+
+    Raises:
+        PolicyError: Empty or too long a message, a message beyond the model's capacity, no eligible tensor,
+            or an unusable `out_dir` (exists and not empty, inside `model_dir`, not writable).
+        MalformedArtifactError: No safetensors file, a malformed header, or a shard changed between passes.
+        PolicyViolationError: A symlink or special file in `model_dir`.
+
+    Example:
+        >>> from modelsec.watermark import embed_model, load_key_file
+        >>> embed_model(Path("model"), Path("model-wm"), load_key_file(Path("wm.key")), b"acme/minilm v3")
+        ... # doctest: +SKIP
+    """
+    import numpy as np
+
+    params = params or WatermarkParams()
+    thresholds = thresholds or DetectionThresholds()
+    if not message:
+        raise PolicyError("the watermark message is empty")
+    if 8 * len(message) > params.max_message_bits:
+        raise PolicyError(
+            f"message too long: {8 * len(message)} bits, at most {params.max_message_bits} "
+            f"({params.max_message_bits // 8} bytes)"
+        )
+    _check_out_dir(Path(model_dir), Path(out_dir))
+    bits = message_bits(message)
+    code = code_word(key, bits, params)
+    n_code = len(code)
+
+    with DirectorySource(Path(model_dir), limits=limits) as source:
+        eligible = [r for r in source.tensors() if is_eligible(r.dtype, r.shape, params)]
+        if not eligible:
+            raise PolicyError(
+                f"{model_dir}: no tensor can carry a watermark (need float tensors of at least 2 dimensions "
+                f"and {params.min_tensor_elements} elements): message too long for capacity 0"
+            )
+        k = density_log2_for(sum(r.numel for r in eligible), params)
+        carriers = sum(carrier_count(r.shape, k, params) for r in eligible)
+        if carriers < n_code * params.min_carriers_per_bit:
+            raise PolicyError(
+                f"message too long for capacity: {len(bits)} bits need "
+                f"{n_code * params.min_carriers_per_bit} carriers ({params.min_carriers_per_bit} per code "
+                f"bit incl. {params.pilot_bits} pilot bits), "
+                f"the model has {carriers}; this model's capacity is {capacity_bits(carriers, params)} bits"
+            )
+
+        # Pass 1: measure the host (in a function, so its working set is freed before pass 2).
+        c0, e0, a0, q0, host = _measure(source, eligible, key, k, params, n_code)
+        target = params.kappa * (1.0 + params.margin_slack)
+        strength = solve_strength(code, c0, e0, a0, q0, target)
+        worst = int(np.argmax(strength))
+        if not math.isfinite(float(strength[worst])) or strength[worst] > params.max_relative_change:
+            need = "unreachable" if not math.isfinite(float(strength[worst])) else f"{strength[worst]:.1%}"
+            raise PolicyError(
+                f"message too long for capacity: code bit {worst} needs a relative change of {need} "
+                f"> max_relative_change {params.max_relative_change:.1%} ({len(bits)} message bits over "
+                f"{carriers} carriers); shorten the message (capacity "
+                f"{capacity_bits(carriers, params)} bits) or lower kappa"
+            )
+        signed_strength = strength * np.asarray(code, dtype=np.float64)
+
+        # Pass 2: write.
+        writer = _Writer(
+            source,
+            Path(out_dir),
+            params,
+            lambda ref: carrier_plan(key, ref.name, ref.shape, k, params),
+            host,
+            signed_strength,
+            n_code,
+        )
+        writer.run()
+
+    blocks = ExtractedBlocks(
+        np.concatenate(writer.slots) if writer.slots else np.zeros(0, dtype=np.uint32),
+        np.concatenate(writer.c) if writer.c else np.zeros(0),
+        np.concatenate(writer.e) if writer.e else np.zeros(0),
+        carriers,
+        len(writer.c),
+        k,
+    )
+    detection, _ = evaluate(blocks, key, params, thresholds, message=message)
+    active = strength[np.isfinite(strength)]
+    return EmbedResult(
+        out_dir=Path(out_dir),
+        params=params,
+        density_log2=k,
+        message_bits=len(bits),
+        code_bits=n_code,
+        carriers=carriers,
+        tensors=tuple(writer.reports),
+        max_relative_change=writer.max_rel,
+        mean_relative_change=writer.sum_rel / max(1, writer.count_rel),
+        relative_l2_change=math.sqrt(writer.delta_sq / (writer.weight_sq * 2**k))
+        if writer.weight_sq
+        else 0.0,
+        strength_min=float(active.min()),
+        strength_median=float(np.median(active)),
+        strength_max=float(active.max()),
+        detection=detection,
+        key_commitment=key.commitment(),
+        message_commitment=key.message_commitment(message),
+        shards=len(source.shards),
+        bytes_processed=writer.bytes_processed,
+    )
+
+
+def _measure(
+    source: DirectorySource,
+    eligible: Sequence[TensorRef],
+    key: WatermarkKey,
+    k: int,
+    params: WatermarkParams,
+    n_code: int,
+) -> tuple[Any, Any, Any, Any, dict[str, _Host]]:
+    """Pass 1: per-bit host sums `(c, E, A, Q)` (float64, length `n_code`) and per-tensor host facts."""
+    import numpy as np
+
+    c0 = np.zeros(n_code)
+    e0 = np.zeros(n_code)
+    a0 = np.zeros(n_code)
+    q0 = np.zeros(n_code)
+    host: dict[str, _Host] = {}
+    for ref in eligible:
+        # Plans are rebuilt in pass 2 rather than kept: memory stays at one tensor's carriers.
+        plan = carrier_plan(key, ref.name, ref.shape, k, params)
+        if not plan.blocks.size:
+            continue
+        stats = block_statistics(source.read_blocks(ref, plan.blocks, params.block_size), plan, full=True)
+        if stats is None or stats.a is None or stats.q is None:
+            continue
+        host[ref.name] = _Host(energy=stats.e * (stats.rms * stats.rms), finite=stats.finite)
+        bit = (stats.slots % np.uint32(n_code)).astype(np.intp)
+        c0 += np.bincount(bit, weights=stats.c, minlength=n_code)
+        e0 += np.bincount(bit, weights=stats.e, minlength=n_code)
+        a0 += np.bincount(bit, weights=stats.a, minlength=n_code)
+        q0 += np.bincount(bit, weights=stats.q, minlength=n_code)
+    return c0, e0, a0, q0, host
+
+
+def _check_out_dir(model_dir: Path, out_dir: Path) -> None:
+    src = model_dir.resolve()
+    dst = out_dir.resolve()
+    if dst == src or src in dst.parents:
+        raise PolicyError(f"{out_dir}: the output directory must not be the model directory or inside it")
+    if out_dir.is_symlink():
+        raise PolicyError(f"{out_dir}: the output directory is a symlink")
+    if out_dir.exists():
+        if not out_dir.is_dir():
+            raise PolicyError(f"{out_dir}: exists and is not a directory")
+        if any(out_dir.iterdir()):
+            raise PolicyError(f"{out_dir}: the output directory exists and is not empty")
+    if not dst.parent.is_dir():
+        raise PolicyError(f"{out_dir}: the parent directory does not exist")
+
+
+@dataclass(frozen=True, slots=True)
+class _Host:
+    """What pass 1 learnt about a tensor's carriers: per-block energy sum(w**2) (float64), all finite."""
+
+    energy: npt.NDArray[np.float64]
+    finite: bool
+
+
+class _Writer:
+    """Pass 2: rewrites every file of the model into a staging directory, then renames it into place."""
+
+    def __init__(
+        self,
+        source: DirectorySource,
+        out_dir: Path,
+        params: WatermarkParams,
+        plan_for: Callable[[TensorRef], CarrierPlan],
+        host: dict[str, _Host],
+        signed_strength: npt.NDArray[np.float64],
+        n_code: int,
+    ) -> None:
+        self.source = source
+        self.out_dir = out_dir
+        self.params = params
+        self.plan_for = plan_for
+        self.host = host
+        self.signed_strength = signed_strength
+        self.n_code = n_code
+        self.slots: list[Any] = []
+        self.c: list[Any] = []
+        self.e: list[Any] = []
+        self.reports: list[TensorReport] = []
+        self.max_rel = 0.0
+        self.sum_rel = 0.0
+        self.count_rel = 0
+        self.delta_sq = 0.0
+        self.weight_sq = 0.0
+        self.bytes_processed = 0
+
+    def run(self) -> None:
+        from modelsec.signer.model_files import open_beneath, open_model_root
+        from modelsec.signer.signing import SIGNATURE_FILE_NAMES
+
+        try:
+            staging = Path(tempfile.mkdtemp(prefix=f".{self.out_dir.name}.tmp-", dir=self.out_dir.parent))
+            staging.chmod(0o755)  # mkdtemp creates 0700; the model directory is an ordinary directory
+        except OSError as e:
+            raise PolicyError(f"{self.out_dir}: cannot create the output directory: {e.strerror}") from None
+        shards = {s.name: (s, refs) for s, refs in self.source.iter_shards()}
+        root_fd = open_model_root(self.source.root)
+        try:
+            for file in self.source.files:
+                if file.name in SIGNATURE_FILE_NAMES:
+                    continue
+                target = staging / file.name
+                fd = open_beneath(root_fd, file.name, what=str(self.source.root))
+                with os.fdopen(fd, "rb") as f:
+                    if file.name in shards:
+                        shard, refs = shards[file.name]
+                        data = self._read_shard(f, shard)
+                        self._mark_shard(data, shard, refs)
+                        _write_new(target, [data], self.out_dir)
+                        self.bytes_processed += len(data)
+                        del data  # release this shard before the next one is read
+                    else:
+                        _write_new(target, _chunks(f), self.out_dir)
+            try:
+                if self.out_dir.exists():
+                    self.out_dir.rmdir()
+                os.rename(staging, self.out_dir)
+            except OSError as e:
+                raise PolicyError(
+                    f"{self.out_dir}: cannot move the watermarked model into place: {e.strerror}"
+                ) from None
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        finally:
+            os.close(root_fd)
+
+    def _read_shard(self, f: Any, shard: ShardFile) -> npt.NDArray[np.uint8]:
+        import numpy as np
+
+        st = os.fstat(f.fileno())
+        # np.empty, not bytearray(n): readinto fills the buffer, so zero-filling it first is wasted work.
+        data = np.empty(shard.size, dtype=np.uint8)
+        view = data.data
+        got = 0
+        while got < shard.size:
+            n = f.readinto(view[got:])
+            if not n:
+                break
+            got += n
+        del view
+        changed = (
+            st.st_size != shard.size
+            or st.st_mtime_ns != shard.mtime_ns
+            or got != shard.size
+            or f.read(1)
+            or data[: len(shard.raw_header)].tobytes() != shard.raw_header
+        )
+        if changed:
+            raise MalformedArtifactError(
+                f"{self.source.root}/{shard.name}: the file changed while it was being watermarked"
+            )
+        return data
+
+    def _mark_shard(self, data: npt.NDArray[np.uint8], shard: ShardFile, refs: Sequence[TensorRef]) -> None:
+        import numpy as np
+
+        g = self.params.block_size
+        for ref in refs:
+            host = self.host.get(ref.name)
+            if host is None:
+                continue
+            plan = self.plan_for(ref)
+            info = shard.header.tensor(ref.name)
+            start = shard.header.data_start + info.begin
+            raw = data[start : start + info.nbytes].view(RAW_DTYPES[ref.dtype])
+            grid = raw[: (ref.numel // g) * g].reshape(-1, g)
+            old_raw = np.take(grid, plan.blocks, axis=0)
+            old = decode(old_raw, ref.dtype, copy=False)
+            bit = (plan.slots % np.uint32(self.n_code)).astype(np.intp)
+            block_t = self.signed_strength[bit]
+            # new = old + m t s |old|, computed in place in one buffer.
+            new = np.abs(old) if host.finite else np.abs(np.where(np.isfinite(old), old, 0))
+            new *= plan.signs
+            new *= block_t.astype(old.dtype)[:, None]
+            new += old
+            if ref.dtype in ("F32", "F64") and host.finite:
+                # The stored dtype is the compute dtype and |new| <= 1.25 |old| stays finite (pass 1 squared
+                # every carrier in float32 without overflow): the written values are `new`, bit for bit.
+                grid[plan.blocks] = new
+                written = new
+                self._account_exact(ref, plan, host, np.abs(block_t))
+            else:
+                finite = np.isfinite(old)
+                new_raw = encode(new, ref.dtype)
+                changed = finite & (new_raw != old_raw)
+                out_raw = np.where(changed, new_raw, old_raw)
+                grid[plan.blocks] = out_raw
+                written = decode(out_raw, ref.dtype)
+                self._account_measured(ref, plan, old, written, finite)
+            stats = block_statistics(written, plan, full=False)
+            if stats is not None:
+                self.slots.append(stats.slots)
+                self.c.append(stats.c)
+                self.e.append(stats.e)
+            del raw, grid
+
+    def _account_exact(
+        self, ref: TensorRef, plan: CarrierPlan, host: _Host, block_strength: npt.NDArray[np.float64]
+    ) -> None:
+        """Change statistics of an F32/F64 tensor: each carrier moved by exactly its block's `t_b` of |w|."""
+        self.weight_sq += float(host.energy.sum())
+        self.delta_sq += float((block_strength * block_strength) @ host.energy)
+        tensor_max = float(block_strength.max())
+        self.sum_rel += float(block_strength.sum()) * self.params.block_size
+        self.count_rel += int(block_strength.size) * self.params.block_size
+        self.max_rel = max(self.max_rel, tensor_max)
+        self.reports.append(TensorReport(ref.name, ref.dtype, ref.shape, plan.carriers, tensor_max))
+
+    def _account_measured(
+        self,
+        ref: TensorRef,
+        plan: CarrierPlan,
+        old: npt.NDArray[np.floating],
+        new: npt.NDArray[np.floating],
+        finite: npt.NDArray[np.bool_],
+    ) -> None:
+        """Change statistics measured on the cast values (F16, BF16, or non-finite carriers)."""
+        import numpy as np
+
+        old64 = np.where(finite, old, 0).astype(np.float64)
+        delta = np.where(finite, new, 0).astype(np.float64) - old64
+        self.delta_sq += float(np.einsum("ij,ij->", delta, delta))
+        self.weight_sq += float(np.einsum("ij,ij->", old64, old64))
+        ok = old64 != 0
+        rel = np.abs(delta[ok]) / np.abs(old64[ok])
+        tensor_max = float(rel.max()) if rel.size else 0.0
+        self.sum_rel += float(rel.sum())
+        self.count_rel += int(rel.size)
+        self.max_rel = max(self.max_rel, tensor_max)
+        self.reports.append(TensorReport(ref.name, ref.dtype, ref.shape, plan.carriers, tensor_max))
+
+
+def _chunks(f: Any) -> Iterator[bytes]:
+    while chunk := f.read(_COPY_CHUNK):
+        yield chunk
+
+
+def _write_new(path: Path, chunks: Iterable[Any], out_dir: Path) -> None:
+    """Create `path` (never through a symlink, never over an existing file) and write the chunks.
+
+    Raises:
+        PolicyError: The output cannot be written (permissions, disk full): a setup problem.
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
+    except OSError as e:
+        raise PolicyError(f"{out_dir}: cannot write the watermarked model: {e.strerror}") from None

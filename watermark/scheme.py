@@ -1,0 +1,597 @@
+"""The keyed spread-spectrum parameter watermark: keys, parameters, carrier selection and embedding math.
+
+Scheme `modelsec-ss-mult/v1` (post hoc: no retraining, no training data):
+
+* **Sources.** Spread-spectrum watermarking with a pseudo-random ±1 chip sequence and the multiplicative
+  rule `v' = v (1 + alpha x)` is Cox, Kilian, Leighton & Shamoon, "Secure spread spectrum watermarking
+  for multimedia", IEEE Trans. Image Processing 6(12), 1997. Carrying a bit string in the weights of a
+  network and reading it back as the sign of a keyed projection of the weights is Uchida, Nagai, Sakazawa
+  & Satoh, "Embedding Watermarks into Deep Neural Networks", ICMR 2017 (they embed during training with a
+  regulariser; this scheme embeds after training by *informed* embedding, i.e. it measures the host's
+  correlation first and adds only what is missing, as in Cox et al.'s informed-embedding follow-ups).
+* **Key schedule.** The watermark key (32 to 64 random bytes, see `load_key_file`) enters HKDF-SHA256
+  (RFC 5869) once; every stream below uses its own HKDF-Expand subkey with a distinct `info` label (domain
+  separation). Streams are AES-256-CTR keystreams (NIST SP 800-38A) from a zero counter, one subkey per
+  (purpose, tensor name, tensor shape); AES-CTR is a standard PRF stream and runs at GB/s with AES-NI.
+  Python's `random` is never used. The key itself is held only in memory and never written or logged.
+* **Carriers.** Eligible tensors are floating-point (F16, BF16, F32, F64) tensors with at least two
+  dimensions and at least `min_tensor_elements` elements (Linear and embedding matrices, Conv kernels as
+  their flattened row-major bytes). Each tensor's flattened elements are cut into blocks of `block_size`
+  contiguous elements and the blocks into super-blocks of `2**density_log2` blocks; the keystream picks
+  exactly one carrier block per super-block (stratified sampling), a 32-bit slot for it and a ±1 sign for
+  each of its elements. `density_log2` follows from the model's total eligible element count so that a
+  model carries about `2**target_carriers_log2` to twice that many carriers whatever its size (all
+  weights of small models); it is recorded in the attestation and re-derived from the headers at
+  detection time.
+* **Code word.** `pilot_bits` key-derived pilot bits followed by the `L = 8 * len(message)` message bits,
+  XOR-ed with a key-derived whitening pad (so any message gives a balanced ±1 code word). A carrier block
+  with slot `u` carries code bit `u mod (pilot_bits + L)`. Because the pilot does not depend on the
+  message, detection needs only the key (the message length is searched, with a Bonferroni correction).
+* **Statistic.** For each tensor, `x = w / rms` where `rms` is the root mean square of its carrier
+  elements (this makes detection invariant to rescaling a whole tensor). Bit `b` has correlation
+  `c_b = sum(s_i x_i)` and energy `E_b = sum(x_i**2)` over its carriers; `z_b = c_b / sqrt(E_b)` is
+  standard normal for a model that does not carry the mark (the signs are independent of the weights),
+  and the extracted bit is `sign(c_b)`.
+* **Embedding** (informed, multiplicative, bounded). Every carrier of bit `b` becomes
+  `w' = w + m_b t_b s_i |w_i|` (`m_b` = ±1 code bit), i.e. its magnitude changes by the same fraction
+  `t_b` and its sign never flips; `t_b >= 0` is the smallest value that makes `m_b z_b >= kappa` after
+  embedding (a closed-form quadratic, see `solve_strength`), and `t_b <= max_relative_change` is enforced,
+  so no weight changes by more than that fraction of its magnitude. The margin `kappa` (in standard
+  deviations of the host correlation) sets robustness: additive noise of `a` times each tensor's RMS
+  moves `z_b` by a standard normal times `a`, whatever the number of carriers.
+
+Shapes and units: weights are handled as float32 (float64 for F64 tensors); per-bit arrays have length
+`pilot_bits + L`; relative changes are fractions of |w| (0.05 = 5 %).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import os
+import re
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from modelsec.errors import KeyMaterialError, PolicyError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+__all__ = [
+    "FLOAT_DTYPES",
+    "KEY_FILE_MAX_BYTES",
+    "KEY_MAX_BYTES",
+    "KEY_MIN_BYTES",
+    "SCHEME",
+    "BitStatistics",
+    "CarrierPlan",
+    "WatermarkKey",
+    "WatermarkParams",
+    "carrier_count",
+    "carrier_plan",
+    "code_word",
+    "density_log2_for",
+    "generate_key_file_text",
+    "is_eligible",
+    "load_key_file",
+    "message_bits",
+    "parse_key",
+    "parse_message",
+    "solve_strength",
+]
+
+SCHEME = "modelsec-ss-mult/v1"
+KEY_MIN_BYTES = 32
+KEY_MAX_BYTES = 64
+KEY_FILE_MAX_BYTES = 4096
+#: dtypes that can carry the mark (safetensors names); everything else is left untouched.
+FLOAT_DTYPES: frozenset[str] = frozenset({"F16", "BF16", "F32", "F64"})
+
+_HKDF_SALT = b"modelsec.watermark.v1 hkdf salt"
+_INFO_PREFIX = b"modelsec.watermark.v1/"
+_HEX_KEY = re.compile(r"[0-9a-fA-F]+")
+_MAX_DENSITY_LOG2 = 32
+
+
+@dataclass(frozen=True, slots=True)
+class WatermarkParams:
+    """Parameters of the scheme (all recorded in the attestation; the defaults are what blind detection uses).
+
+    Attributes:
+        kappa: Margin: every code bit's normalised correlation `m_b z_b` is at least this after embedding
+            (units: standard deviations of the host correlation). 3.0 keeps the expected bit error rate
+            under additive noise of 1.0 x RMS at about 0.13 % (P(N(0,1) > 3)).
+        pilot_bits: Key-derived bits embedded with every message; blind detection tests them.
+        block_size: Contiguous elements per carrier block (multiple of 8).
+        target_carriers_log2: Density rule: a model with `N` eligible elements uses one carrier block per
+            `2**k` blocks, `k = max(0, floor(log2(N / 2**target_carriers_log2)))`.
+        density_log2: Fixed `k` instead of the rule (None: the rule).
+        min_tensor_elements: Smaller tensors never carry the mark.
+        max_relative_change: Hard bound on |w' - w| / |w| for every weight (fraction).
+        max_message_bits: Longest message (also bounds the blind search over message lengths).
+        min_carriers_per_bit: Capacity rule: a message is refused if a code bit would get fewer carriers.
+        margin_slack: Embedding aims at `kappa * (1 + margin_slack)` so that the per-tensor RMS change and
+            the dtype cast cannot pull a bit below `kappa`.
+    """
+
+    kappa: float = 3.0
+    pilot_bits: int = 64
+    block_size: int = 32
+    target_carriers_log2: int = 21
+    density_log2: int | None = None
+    min_tensor_elements: int = 4096
+    max_relative_change: float = 0.25
+    max_message_bits: int = 512
+    min_carriers_per_bit: int = 1024
+    margin_slack: float = 0.02
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not (math.isfinite(self.kappa) and 0 < self.kappa <= 100):
+            problems.append("kappa must be in (0, 100]")
+        if not 16 <= self.pilot_bits <= 4096:
+            problems.append("pilot_bits must be in [16, 4096]")
+        if self.block_size < 8 or self.block_size % 8 or self.block_size > 4096:
+            problems.append("block_size must be a multiple of 8 in [8, 4096]")
+        if not 8 <= self.target_carriers_log2 <= 40:
+            problems.append("target_carriers_log2 must be in [8, 40]")
+        if self.density_log2 is not None and not 0 <= self.density_log2 <= _MAX_DENSITY_LOG2:
+            problems.append(f"density_log2 must be in [0, {_MAX_DENSITY_LOG2}]")
+        if self.min_tensor_elements < self.block_size:
+            problems.append("min_tensor_elements must be at least block_size")
+        if not (0 < self.max_relative_change < 1):
+            problems.append("max_relative_change must be in (0, 1)")
+        if not (8 <= self.max_message_bits <= 65536 and self.max_message_bits % 8 == 0):
+            problems.append("max_message_bits must be a multiple of 8 in [8, 65536]")
+        if self.min_carriers_per_bit < 1:
+            problems.append("min_carriers_per_bit must be positive")
+        if not (0 <= self.margin_slack < 1):
+            problems.append("margin_slack must be in [0, 1)")
+        if problems:
+            raise PolicyError("invalid watermark parameters: " + "; ".join(problems))
+
+    def to_json(self) -> dict[str, object]:
+        """The parameters as recorded in the attestation (camelCase keys)."""
+        return {
+            "kappa": self.kappa,
+            "pilotBits": self.pilot_bits,
+            "blockSize": self.block_size,
+            "targetCarriersLog2": self.target_carriers_log2,
+            "minTensorElements": self.min_tensor_elements,
+            "maxRelativeChange": self.max_relative_change,
+            "maxMessageBits": self.max_message_bits,
+            "minCarriersPerBit": self.min_carriers_per_bit,
+        }
+
+
+# --- keys --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class WatermarkKey:
+    """A watermark key, held as its HKDF pseudo-random key (the raw bytes are not kept).
+
+    The object never prints its material (`repr` shows only the public commitment prefix). Use
+    `load_key_file` or `parse_key` to build one.
+    """
+
+    _prk: bytes = field(repr=False)
+
+    @classmethod
+    def from_bytes(cls, key: bytes, *, source: str = "watermark key") -> WatermarkKey:
+        """Wrap raw key bytes (HKDF-Extract with a fixed scheme salt, RFC 5869 section 2.2).
+
+        Args:
+            key: 32 to 64 uniformly random bytes.
+            source: Names the key in errors.
+
+        Returns:
+            The key.
+
+        Raises:
+            KeyMaterialError: The key is shorter than 32 or longer than 64 bytes, or all one byte value.
+        """
+        if len(key) < KEY_MIN_BYTES:
+            raise KeyMaterialError(
+                f"{source}: watermark key too short: {len(key)} bytes, need at least {KEY_MIN_BYTES} random "
+                "bytes (run `modelsec watermark keygen`)"
+            )
+        if len(key) > KEY_MAX_BYTES:
+            raise KeyMaterialError(
+                f"{source}: watermark key too long: {len(key)} bytes, at most {KEY_MAX_BYTES}"
+            )
+        if len(set(key)) == 1:
+            raise KeyMaterialError(f"{source}: watermark key is one repeated byte; generate a random key")
+        return cls(hmac.new(_HKDF_SALT, key, hashlib.sha256).digest())
+
+    def __repr__(self) -> str:
+        return f"<WatermarkKey commitment={self.commitment()[:16]}...>"
+
+    def subkey(self, label: bytes, context: bytes = b"") -> bytes:
+        """HKDF-Expand (RFC 5869 section 2.3, SHA-256, one block) of `label` and `context`.
+
+        Args:
+            label: Purpose, e.g. `b"blocks"`; distinct labels give independent subkeys.
+            context: Length-prefixed binding data (tensor name and shape).
+
+        Returns:
+            A 32-byte subkey.
+        """
+        info = _INFO_PREFIX + label + b"\x00" + context
+        return hmac.new(self._prk, info + b"\x01", hashlib.sha256).digest()
+
+    def stream(self, label: bytes, context: bytes, nbytes: int) -> bytes:
+        """`nbytes` of AES-256-CTR keystream under `subkey(label, context)` from a zero counter.
+
+        Raises:
+            PolicyError: `nbytes` is negative or above 2**36 (a tensor far beyond any model).
+        """
+        if nbytes < 0 or nbytes > 2**36:
+            raise PolicyError(f"keystream of {nbytes} bytes requested; refusing")
+        from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+        encryptor = Cipher(algorithms.AES(self.subkey(label, context)), modes.CTR(bytes(16))).encryptor()
+        out = encryptor.update(bytes(nbytes))
+        encryptor.finalize()  # CTR has no tail; finalizing checks the context is complete
+        return out
+
+    def commitment(self) -> str:
+        """A public commitment to the key: hex HMAC-SHA256 output under a dedicated subkey.
+
+        Hiding (a PRF output of a 256-bit random key) and binding (finding another key with the same value is
+        a second-preimage search on HMAC-SHA256). Safe to publish in attestations and logs.
+        """
+        return self.subkey(b"key-commitment").hex()
+
+    def message_commitment(self, message: bytes) -> str:
+        """A keyed commitment to `message`: hex HMAC-SHA256(subkey, len || message).
+
+        Only holders of the key can test a candidate message, so low-entropy messages stay hidden.
+        """
+        body = len(message).to_bytes(8, "big") + message
+        return hmac.new(self.subkey(b"message-commitment"), body, hashlib.sha256).hexdigest()
+
+
+def generate_key_file_text() -> bytes:
+    """A new key file's contents: 32 bytes from `os.urandom` as 64 lowercase hex digits and a newline."""
+    return os.urandom(KEY_MIN_BYTES).hex().encode("ascii") + b"\n"
+
+
+def parse_key(data: bytes, *, source: str) -> WatermarkKey:
+    """Parse watermark key file contents.
+
+    Format (decided here): either text of 64 to 128 hex digits (32 to 64 bytes; surrounding ASCII
+    whitespace allowed, `modelsec watermark keygen` writes 64 digits and a newline), or the raw 32 to 64
+    bytes. Contents that are entirely hex digits are always read as hex.
+
+    Args:
+        data: The file contents.
+        source: Names the key in errors (usually the path).
+
+    Returns:
+        The key.
+
+    Raises:
+        KeyMaterialError: Empty, odd-length hex, wrong length, or a degenerate key.
+    """
+    text = data.strip(b" \t\r\n")
+    if not text:
+        raise KeyMaterialError(f"{source}: watermark key file is empty")
+    try:
+        decoded = text.decode("ascii")
+    except UnicodeDecodeError:
+        decoded = ""
+    if decoded and _HEX_KEY.fullmatch(decoded):
+        if len(decoded) % 2:
+            raise KeyMaterialError(f"{source}: watermark key has an odd number of hex digits")
+        return WatermarkKey.from_bytes(bytes.fromhex(decoded), source=source)
+    return WatermarkKey.from_bytes(data, source=source)
+
+
+def load_key_file(path: Path) -> WatermarkKey:
+    """Read and parse a watermark key file (symlinks refused; see `parse_key` for the format).
+
+    Args:
+        path: The key file.
+
+    Returns:
+        The key.
+
+    Raises:
+        KeyMaterialError: The file is missing, unreadable, a symlink, not a regular file, too large, or not
+            a valid key.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as e:
+        why = "is a symlink (refused)" if os.path.islink(path) else e.strerror
+        raise KeyMaterialError(f"{path}: cannot read watermark key file: {why}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise KeyMaterialError(f"{path}: watermark key file is not a regular file")
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(KEY_FILE_MAX_BYTES + 1)
+    if len(data) > KEY_FILE_MAX_BYTES:
+        raise KeyMaterialError(f"{path}: watermark key file is larger than {KEY_FILE_MAX_BYTES} bytes")
+    return parse_key(data, source=str(path))
+
+
+# --- messages -----------------------------------------------------------------------------------------------
+
+
+def parse_message(text: str) -> bytes:
+    """Message bytes from command-line text: `hex:<digits>` or `0x<digits>` for hex, otherwise UTF-8.
+
+    Raises:
+        PolicyError: Empty message or invalid hex.
+    """
+    for prefix in ("hex:", "0x"):
+        if text.startswith(prefix):
+            try:
+                value = bytes.fromhex(text[len(prefix) :])
+            except ValueError as e:
+                raise PolicyError(f"message {text[:40]!r}: invalid hex ({e})") from None
+            break
+    else:
+        value = text.encode("utf-8")
+    if not value:
+        raise PolicyError("the watermark message is empty")
+    return value
+
+
+def message_bits(message: bytes) -> list[int]:
+    """The message as bits, most significant bit of each byte first."""
+    return [(byte >> (7 - i)) & 1 for byte in message for i in range(8)]
+
+
+def _stream_bits(key: WatermarkKey, label: bytes, n: int) -> list[int]:
+    data = key.stream(label, b"", (n + 7) // 8)
+    return message_bits(data)[:n]
+
+
+def code_word(key: WatermarkKey, message_bit_list: Sequence[int], params: WatermarkParams) -> list[int]:
+    """The embedded ±1 code word: pilot bits, then message bits XOR a whitening pad (1 -> +1, 0 -> -1).
+
+    Args:
+        key: The watermark key.
+        message_bit_list: `L` message bits (0/1); may be empty (pilot only).
+        params: Supplies `pilot_bits`.
+
+    Returns:
+        `pilot_bits + L` values in {-1, +1}; the pilot and pad are prefixes of fixed key streams, so they do
+        not depend on `L`.
+    """
+    pilot = _stream_bits(key, b"pilot", params.pilot_bits)
+    pad = _stream_bits(key, b"whiten", len(message_bit_list))
+    bits = pilot + [m ^ p for m, p in zip(message_bit_list, pad, strict=True)]
+    return [1 if b else -1 for b in bits]
+
+
+def decode_message_bits(key: WatermarkKey, code: Sequence[int], params: WatermarkParams) -> bytes:
+    """Invert `code_word` for the message part of an extracted ±1 code (zeros decode as 0 bits)."""
+    msg = code[params.pilot_bits :]
+    pad = _stream_bits(key, b"whiten", len(msg))
+    bits = [(1 if c > 0 else 0) ^ p for c, p in zip(msg, pad, strict=True)]
+    out = bytearray()
+    for i in range(0, len(bits) - len(bits) % 8, 8):
+        out.append(int("".join(map(str, bits[i : i + 8])), 2))
+    return bytes(out)
+
+
+# --- carriers -----------------------------------------------------------------------------------------------
+
+
+def is_eligible(dtype: str, shape: Sequence[int], params: WatermarkParams) -> bool:
+    """Whether a tensor may carry the mark: float dtype, at least 2-D, at least `min_tensor_elements`."""
+    return dtype in FLOAT_DTYPES and len(shape) >= 2 and math.prod(shape) >= params.min_tensor_elements
+
+
+def density_log2_for(total_eligible: int, params: WatermarkParams) -> int:
+    """The density exponent `k` (one carrier block per `2**k` blocks) for a model of that many elements."""
+    if params.density_log2 is not None:
+        return params.density_log2
+    if total_eligible <= 0:
+        return 0
+    k = math.floor(math.log2(total_eligible / 2**params.target_carriers_log2)) if total_eligible else 0
+    return max(0, min(_MAX_DENSITY_LOG2, k))
+
+
+def _tensor_context(name: str, shape: Sequence[int]) -> bytes:
+    encoded = name.encode("utf-8")
+    parts = [len(encoded).to_bytes(4, "big"), encoded, len(shape).to_bytes(4, "big")]
+    parts.extend(int(d).to_bytes(8, "big") for d in shape)
+    return b"".join(parts)
+
+
+def carrier_count(shape: Sequence[int], density_log2: int, params: WatermarkParams) -> int:
+    """Number of carrier elements `carrier_plan` selects in a tensor of that shape (no key needed)."""
+    return ((math.prod(shape) // params.block_size) >> density_log2) * params.block_size
+
+
+@dataclass(frozen=True, slots=True)
+class CarrierPlan:
+    """The carriers of one tensor (independent of the message).
+
+    Attributes:
+        name: Tensor name.
+        shape: Tensor shape.
+        blocks: int64 array (n,): indices of the carrier blocks in the flattened tensor, increasing.
+        slots: uint32 array (n,): keyed slot of each block (code bit = slot mod code length).
+        signs: float32 array (n, block_size) of ±1 chips.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    blocks: npt.NDArray[np.int64]
+    slots: npt.NDArray[np.uint32]
+    signs: npt.NDArray[np.float32]
+
+    @property
+    def carriers(self) -> int:
+        """Number of carrier elements."""
+        return int(self.signs.size)
+
+
+_SIGN_LUT: npt.NDArray[np.float32] | None = None
+
+
+def _sign_lut() -> npt.NDArray[np.float32]:
+    global _SIGN_LUT
+    if _SIGN_LUT is None:
+        import numpy as np
+
+        bits = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1)
+        _SIGN_LUT = (1.0 - 2.0 * bits).astype(np.float32)
+    return _SIGN_LUT
+
+
+def carrier_plan(
+    key: WatermarkKey, name: str, shape: Sequence[int], density_log2: int, params: WatermarkParams
+) -> CarrierPlan:
+    """Select the carrier blocks, slots and chip signs of one tensor from the keyed streams.
+
+    Stream `blocks` (8 bytes per super-block, little-endian u64): the top `density_log2` bits of the low
+    32 bits choose the block inside the super-block, the high 32 bits are the slot. Stream `signs`
+    (`block_size / 8` bytes per carrier block): one bit per element, 1 -> -1, 0 -> +1. Both streams are
+    keyed by the tensor's name and shape, so the plan does not depend on the shard layout.
+
+    Args:
+        key: The watermark key.
+        name: Tensor name (UTF-8).
+        shape: Tensor shape (its product is the flattened length).
+        density_log2: `k` from `density_log2_for`.
+        params: Supplies `block_size`.
+
+    Returns:
+        The plan; empty when the tensor has fewer than `2**k` blocks.
+    """
+    import numpy as np
+
+    g = params.block_size
+    numel = math.prod(shape)
+    n_super = (numel // g) >> density_log2
+    context = _tensor_context(name, shape)
+    raw = np.frombuffer(key.stream(b"blocks", context, 8 * n_super), dtype="<u8")
+    if density_log2:
+        low = (raw & np.uint64(0xFFFFFFFF)).astype(np.uint64)
+        offsets = (low >> np.uint64(32 - density_log2)).astype(np.int64)
+        blocks = (np.arange(n_super, dtype=np.int64) << density_log2) + offsets
+    else:
+        blocks = np.arange(n_super, dtype=np.int64)
+    slots = (raw >> np.uint64(32)).astype(np.uint32)
+    sign_bytes = np.frombuffer(key.stream(b"signs", context, n_super * g // 8), dtype=np.uint8)
+    # np.take, not fancy indexing: several times faster for a small table.
+    signs = np.take(_sign_lut(), sign_bytes, axis=0).reshape(n_super, g)
+    return CarrierPlan(name=name, shape=tuple(int(d) for d in shape), blocks=blocks, slots=slots, signs=signs)
+
+
+# --- statistics and the embedding rule ----------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class BitStatistics:
+    """Per-block sums of one tensor's carriers, normalised by the tensor's carrier RMS.
+
+    All arrays have one entry per carrier block (float64): `c` = sum(s x), `e` = sum(x**2),
+    `a` = sum(|x|), `q` = sum(s x |x|) (the last two only for the embedder); `slots` (uint32) as in the
+    plan; `rms` in the tensor's units; `finite` is False when some carrier was NaN or infinite (such
+    values count as 0).
+    """
+
+    slots: npt.NDArray[np.uint32]
+    c: npt.NDArray[np.float64]
+    e: npt.NDArray[np.float64]
+    a: npt.NDArray[np.float64] | None
+    q: npt.NDArray[np.float64] | None
+    rms: float
+    finite: bool
+
+
+def block_statistics(
+    values: npt.NDArray[np.floating], plan: CarrierPlan, *, full: bool
+) -> BitStatistics | None:
+    """Per-block correlation sums of one tensor's carrier blocks.
+
+    Sums over a block (`block_size` elements) are accumulated in the values' own precision (float32 for
+    F32/F16/BF16 tensors), then widened to float64 for the per-bit totals.
+
+    Args:
+        values: (n_blocks, block_size) float32/float64 carrier values, in plan order. Non-finite values
+            are treated as 0 (they neither carry nor disturb the mark).
+        plan: The tensor's plan.
+        full: Also compute `a` and `q` (needed by the embedder only).
+
+    Returns:
+        The statistics, or None when the carriers are all zero or too large to square in float32 (the
+        tensor then carries nothing).
+    """
+    import numpy as np
+
+    v = values
+    e = np.einsum("ij,ij->i", v, v).astype(np.float64)
+    total = float(e.sum())
+    finite = math.isfinite(total)
+    if not finite:
+        v = np.where(np.isfinite(v), v, 0)
+        e = np.einsum("ij,ij->i", v, v).astype(np.float64)
+        total = float(e.sum())
+    if not (0 < total < math.inf):
+        return None
+    rms = math.sqrt(total / v.size)
+    c = np.einsum("ij,ij->i", v, plan.signs).astype(np.float64) / rms
+    a = q = None
+    if full:
+        av = np.abs(v)
+        a = av.sum(axis=1).astype(np.float64) / rms
+        av *= v
+        q = np.einsum("ij,ij->i", av, plan.signs).astype(np.float64) / (rms * rms)
+    return BitStatistics(slots=plan.slots, c=c, e=e / (rms * rms), a=a, q=q, rms=rms, finite=finite)
+
+
+def solve_strength(
+    code: Sequence[int],
+    c0: npt.NDArray[np.float64],
+    e: npt.NDArray[np.float64],
+    a: npt.NDArray[np.float64],
+    q: npt.NDArray[np.float64],
+    target: float,
+) -> npt.NDArray[np.float64]:
+    """Smallest multiplicative strengths `t_b >= 0` that put every bit at `m_b z_b >= target`.
+
+    With `x' = x + m t s |x|`: `c' = c0 + m t A` and `E' = E (1 + t**2) + 2 m t Q`, so the condition
+    `(m c0 + t A)**2 = target**2 E'` with `m c0 + t A > 0` is the quadratic
+    `t**2 (A**2 - T E) + 2 t (m c0 A - T m Q) + (c0**2 - T E) = 0` (`T = target**2`), whose larger root is
+    the answer (0 when the host already satisfies it).
+
+    Args:
+        code: ±1 code word (length B).
+        c0: Per-bit host correlation `sum(s x)` (float64, length B, normalised units).
+        e: Per-bit host energy `sum(x**2)`.
+        a: Per-bit `sum(|x|)`.
+        q: Per-bit `sum(s x |x|)`.
+        target: Required `m z` (kappa with slack).
+
+    Returns:
+        float64 array (B,) of strengths; `inf` where no strength reaches the target (too few carriers).
+    """
+    import numpy as np
+
+    m = np.asarray(code, dtype=np.float64)
+    u0 = m * c0
+    tt = target * target
+    a2 = a * a - tt * e
+    b2 = u0 * a - tt * m * q
+    c2 = u0 * u0 - tt * e
+    disc = b2 * b2 - a2 * c2
+    with np.errstate(invalid="ignore", divide="ignore"):
+        root = (-b2 + np.sqrt(np.maximum(disc, 0.0))) / a2
+    ok = (a2 > 0) & (disc >= 0) & (e > 0)
+    t = np.where(ok, np.maximum(root, 0.0), np.inf)
+    done = (e > 0) & (u0 >= target * np.sqrt(np.maximum(e, 0.0)))
+    return np.where(done, 0.0, t)
