@@ -283,11 +283,10 @@ def main(argv: list[str] | None = None) -> int:
     from modelsec.algorithms import HashAlgorithm
     from modelsec.limits import Limits
     from modelsec.policy import Policy
-    from modelsec.signer import SIGNATURE_FILE_NAMES, compute_manifests, load_private_key_file, sign_model
-    from modelsec.signer.model_files import DEFAULT_IGNORE_PATHS
+    from modelsec.signer import MODEL_IGNORE_PATHS, compute_manifests, load_private_key_file, sign_model
     from modelsec.verifier import verify_model
 
-    ignore = [*DEFAULT_IGNORE_PATHS, *SIGNATURE_FILE_NAMES]
+    ignore = list(MODEL_IGNORE_PATHS)
     ec_signer = load_private_key_file(Path(ec_key))
     ec_policy = Policy.from_key_files([Path(ec_pub)])
 

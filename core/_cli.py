@@ -393,15 +393,14 @@ def _verify(
 @_quiet_option
 def _digest(model_dir: Path, as_json: bool, quiet: bool) -> None:
     """Print the model root digest of MODEL_DIR (OMS SHA-256 subject digest; nothing is verified)."""
-    from modelsec.signer import SIGNATURE_FILE_NAMES, compute_manifests
-    from modelsec.signer.model_files import DEFAULT_IGNORE_PATHS
+    from modelsec.signer import MODEL_IGNORE_PATHS, compute_manifests
 
     try:
         with _progress(_tree_size(model_dir), "hashing", not (quiet or as_json)) as progress:
             manifests = compute_manifests(
                 model_dir,
                 [HashAlgorithm.SHA256],
-                ignore_paths=[*DEFAULT_IGNORE_PATHS, *SIGNATURE_FILE_NAMES],
+                ignore_paths=MODEL_IGNORE_PATHS,
                 tensor_hash=None,
                 progress=progress,
             )

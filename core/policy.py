@@ -25,6 +25,11 @@ policies:
     checkHashes: [sha256]                  # file digests the loader recomputes (default: every signed one)
     allowRemoteCode: false
     limits: {maxFiles: 4096}
+    attestations:
+      robustness: {attack: pgd-linf, minEps: 0.03, minRobustAccuracy: 0.85, rule: strict, minSamples: 500,
+                   maxAge: 30d}
+      watermark: {required: true, minConfidence: 0.92, maxFalsePositive: 1e-9}
+    attestationDir: /var/lib/modelsec/attestations   # besides model.watermark.sig / model.gate.sig
 noMatch: deny
 ```
 """
@@ -43,12 +48,57 @@ from modelsec.errors import Error, PolicyError, PolicyViolationError
 from modelsec.limits import Limits
 from modelsec.signer.keys import TrustedKey, load_trusted_key_file
 
-__all__ = ["API_VERSION", "POLICY_ENV", "Policy", "PolicySet", "model_uri"]
+__all__ = [
+    "API_VERSION",
+    "POLICY_ENV",
+    "Policy",
+    "PolicySet",
+    "RobustnessRequirement",
+    "WatermarkRequirement",
+    "model_uri",
+]
 
 API_VERSION = "modelsec.dev/v1alpha1"
 POLICY_ENV = "MODELSEC_POLICY"
 ROLES = frozenset({"weights", "watermark", "gate"})
 _MAX_POLICY_BYTES = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class RobustnessRequirement:
+    """What a robustness-gate attestation must show (predicate `https://modelsec.dev/robustness-gate/v1`).
+
+    Attributes:
+        attack: The attack name the gate must have run (`pgd-linf`).
+        min_eps: Smallest accepted perturbation budget ε (input units, L∞).
+        min_robust_accuracy: Threshold on robust accuracy (fraction in [0, 1]).
+        rule: `point` (the measured accuracy) or `strict` (the lower end of its 95% Wilson interval).
+        min_samples: Fewest evaluated examples accepted.
+        max_age_seconds: Oldest accepted `finishedAt`, or None for no freshness rule.
+    """
+
+    attack: str = "pgd-linf"
+    min_eps: float = 0.0
+    min_robust_accuracy: float = 0.0
+    rule: str = "point"
+    min_samples: int = 1
+    max_age_seconds: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WatermarkRequirement:
+    """What a watermark attestation must show (predicate `https://modelsec.dev/watermark/v1`).
+
+    Attributes:
+        min_confidence: Lowest accepted detection confidence recorded at embed time (default 0.92).
+        max_false_positive: Highest accepted false-positive probability at embed time (default 1e-9).
+        key_file: The owner's watermark key, for nodes that hold it: the mark is then re-detected in the
+            verified weights (None: the signed embed-time detection is trusted).
+    """
+
+    min_confidence: float = 0.92
+    max_false_positive: float = 1e-9
+    key_file: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +115,11 @@ class Policy:
             of every verified bundle.
         limits: Parsing and size limits.
         name: The policy's name in diagnostics.
+        robustness: A robustness-gate attestation required, or None.
+        watermark: A watermark attestation required, or None.
+        attestation_dir: A directory store of attestation bundles (`<dir>/sha256/<digest>/*.sig`) searched
+            besides the reserved names in the model directory.
+        require_digest: References (admission) must pin the model root digest.
     """
 
     keys: tuple[TrustedKey, ...]
@@ -74,6 +129,15 @@ class Policy:
     check_hashes: frozenset[HashAlgorithm] = frozenset()
     limits: Limits = field(default_factory=Limits)
     name: str = "command line"
+    robustness: RobustnessRequirement | None = None
+    watermark: WatermarkRequirement | None = None
+    attestation_dir: Path | None = None
+    require_digest: bool = True
+
+    @property
+    def requires_attestations(self) -> bool:
+        """Whether any attestation beyond the weights signatures is required."""
+        return self.robustness is not None or self.watermark is not None
 
     def __post_init__(self) -> None:
         if not self.keys:
@@ -238,7 +302,13 @@ _POLICY_FIELDS = {
     "allowRemoteCode",
     "refusePickle",
     "limits",
+    "attestations",
+    "attestationDir",
 }
+_ROBUSTNESS_FIELDS = {"attack", "minEps", "minRobustAccuracy", "rule", "minSamples", "maxAge"}
+_WATERMARK_FIELDS = {"required", "minConfidence", "maxFalsePositive", "keyFile"}
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _LIMIT_FIELDS = {
     "maxFiles": "max_files",
     "maxDepth": "max_depth",
@@ -269,6 +339,12 @@ def _parse_policy(item: object, where: str, base_dir: Path) -> _Entry:
         if field_name in doc and not isinstance(doc[field_name], bool):
             raise PolicyError(f"{where}.{field_name} must be true or false")
     limits = _parse_limits(doc.get("limits", {}), f"{where}.limits")
+    robustness, watermark = _parse_attestations(
+        doc.get("attestations", {}), f"{where}.attestations", base_dir
+    )
+    store = doc.get("attestationDir")
+    if store is not None and (not isinstance(store, str) or not store):
+        raise PolicyError(f"{where}.attestationDir must be a path")
     policy = Policy(
         keys=keys,
         require_algorithms=frozenset(require),
@@ -277,8 +353,69 @@ def _parse_policy(item: object, where: str, base_dir: Path) -> _Entry:
         check_hashes=frozenset(hashes),
         limits=limits,
         name=name,
+        robustness=robustness,
+        watermark=watermark,
+        attestation_dir=(base_dir / store) if store else None,
+        require_digest=doc.get("requireDigest", True),
     )
     return _Entry(tuple(match), tuple(_glob_regex(p) for p in match), policy)
+
+
+def _number(doc: Mapping[str, Any], key: str, where: str, default: float, low: float, high: float) -> float:
+    value = doc.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise PolicyError(f"{where}.{key} must be a number in [{low}, {high}]")
+    return float(value)
+
+
+def _parse_attestations(
+    item: object, where: str, base_dir: Path
+) -> tuple[RobustnessRequirement | None, WatermarkRequirement | None]:
+    doc = _mapping(item, where, {"robustness", "watermark"})
+    robustness = None
+    if "robustness" in doc:
+        w = f"{where}.robustness"
+        r = _mapping(doc["robustness"], w, _ROBUSTNESS_FIELDS)
+        attack = r.get("attack", "pgd-linf")
+        if attack != "pgd-linf":
+            raise PolicyError(f"{w}.attack: only 'pgd-linf' is supported, got {attack!r}")
+        rule = r.get("rule", "point")
+        if rule not in ("point", "strict"):
+            raise PolicyError(f"{w}.rule must be 'point' or 'strict'")
+        min_samples = r.get("minSamples", 1)
+        if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 1:
+            raise PolicyError(f"{w}.minSamples must be a positive integer")
+        max_age = None
+        if "maxAge" in r:
+            m = _DURATION.match(str(r["maxAge"]))
+            if not m:
+                raise PolicyError(f"{w}.maxAge must be a duration like 3600s, 90m, 12h or 30d")
+            max_age = float(m.group(1)) * _UNITS[m.group(2)]
+        robustness = RobustnessRequirement(
+            attack=attack,
+            min_eps=_number(r, "minEps", w, 0.0, 0.0, 1e9),
+            min_robust_accuracy=_number(r, "minRobustAccuracy", w, 0.0, 0.0, 1.0),
+            rule=rule,
+            min_samples=min_samples,
+            max_age_seconds=max_age,
+        )
+    watermark = None
+    if "watermark" in doc:
+        w = f"{where}.watermark"
+        m_doc = _mapping(doc["watermark"], w, _WATERMARK_FIELDS)
+        required = m_doc.get("required", True)
+        if not isinstance(required, bool):
+            raise PolicyError(f"{w}.required must be true or false")
+        key_file = m_doc.get("keyFile")
+        if key_file is not None and (not isinstance(key_file, str) or not key_file):
+            raise PolicyError(f"{w}.keyFile must be a path")
+        if required:
+            watermark = WatermarkRequirement(
+                min_confidence=_number(m_doc, "minConfidence", w, 0.92, 0.0, 1.0),
+                max_false_positive=_number(m_doc, "maxFalsePositive", w, 1e-9, 0.0, 1.0),
+                key_file=(base_dir / key_file) if key_file else None,
+            )
+    return robustness, watermark
 
 
 def _parse_key(item: object, where: str, base_dir: Path) -> TrustedKey:

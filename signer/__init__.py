@@ -17,6 +17,8 @@ from modelsec.signer.keys import (
     load_trusted_key_file,
 )
 from modelsec.signer.signing import (
+    ATTESTATION_FILE_NAMES,
+    MODEL_IGNORE_PATHS,
     SIGNATURE_FILE_NAMES,
     SignedBundle,
     SigningResult,
@@ -25,6 +27,8 @@ from modelsec.signer.signing import (
 )
 
 __all__ = [
+    "ATTESTATION_FILE_NAMES",
+    "MODEL_IGNORE_PATHS",
     "SIGNATURE_FILE_NAMES",
     "KeyBackend",
     "SignedBundle",

@@ -152,7 +152,7 @@ class _Reader:
 
     def __init__(self, fd: int, size: int, chunk: int, *, what: str) -> None:
         self.fd, self.remaining, self.what = fd, size, what
-        self.buffer = bytearray(chunk)
+        self.buffer = bytearray(min(chunk, max(size, 1)))  # small side files need no full-size buffer
         self.view = memoryview(self.buffer)
 
     def read_exact(self, n: int) -> bytes:

@@ -16,9 +16,22 @@ from modelsec.signer.keys import KeyBackend
 from modelsec.signer.manifest import Manifest, build_manifest, manifest_statement
 from modelsec.signer.model_files import DEFAULT_IGNORE_PATHS, open_model_root, walk_model
 
-__all__ = ["SIGNATURE_FILE_NAMES", "SignedBundle", "SigningResult", "compute_manifests", "sign_model"]
+__all__ = [
+    "ATTESTATION_FILE_NAMES",
+    "MODEL_IGNORE_PATHS",
+    "SIGNATURE_FILE_NAMES",
+    "SignedBundle",
+    "SigningResult",
+    "compute_manifests",
+    "sign_model",
+]
 
 SIGNATURE_FILE_NAMES: tuple[str, ...] = tuple(a.default_bundle_name for a in SignatureAlgorithm)
+# Attestations may live next to the weights under these reserved names (DESIGN.md decision 1).
+ATTESTATION_FILE_NAMES: tuple[str, ...] = ("model.watermark.sig", "model.gate.sig")
+# What signing leaves out and records in `serialization.ignore_paths`: top-level git metadata, the weights
+# signature bundles and the attestation bundles.
+MODEL_IGNORE_PATHS: tuple[str, ...] = (*DEFAULT_IGNORE_PATHS, *SIGNATURE_FILE_NAMES, *ATTESTATION_FILE_NAMES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +160,7 @@ def sign_model(
     ]
     if len({os.path.abspath(p) for p in paths}) != len(paths):
         raise KeyMaterialError("two keys would write the same bundle; give --signature for each key")
-    ignore = list(DEFAULT_IGNORE_PATHS) + list(SIGNATURE_FILE_NAMES)
+    ignore = list(MODEL_IGNORE_PATHS)
     root = os.path.abspath(model_dir)
     for p in paths:
         rel = os.path.relpath(os.path.abspath(p), root)

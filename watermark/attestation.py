@@ -14,8 +14,9 @@ Statement (in-toto Statement v1, DSSE payloadType `application/vnd.in-toto+json`
   probability and its log10, confidence, minimum margin, thresholds) measured on the written weights,
   plus `embeddedAt` (RFC 3339, UTC) and the tool version.
 
-The attestation file must live outside the model directory: a file inside it would itself be hashed into
-the root digest that it attests (the signer ignores only the signature bundle names).
+The attestation file lives outside the model directory, or inside it under the reserved name
+`model.watermark.sig` (recorded in every manifest's ignore list); any other file inside would itself be
+hashed into the root digest that it attests.
 """
 
 from __future__ import annotations
@@ -75,14 +76,13 @@ def model_root_digests(model_dir: Path, *, sm3: bool = False, limits: Limits | N
         PolicyViolationError: A symlink or special file.
     """
     from modelsec.algorithms import HashAlgorithm
-    from modelsec.signer import SIGNATURE_FILE_NAMES, compute_manifests
-    from modelsec.signer.model_files import DEFAULT_IGNORE_PATHS
+    from modelsec.signer import MODEL_IGNORE_PATHS, compute_manifests
 
     algorithms = [HashAlgorithm.SHA256, *([HashAlgorithm.SM3] if sm3 else [])]
     manifests = compute_manifests(
         model_dir,
         algorithms,
-        ignore_paths=[*DEFAULT_IGNORE_PATHS, *SIGNATURE_FILE_NAMES],
+        ignore_paths=MODEL_IGNORE_PATHS,
         tensor_hash=None,
         limits=limits,
     )
@@ -183,12 +183,15 @@ def write_watermark_attestation(
         PolicyError: `path` lies inside the model directory, exists as a symlink, or cannot be written.
         MalformedArtifactError: The model directory cannot be hashed.
     """
+    from modelsec.signer.signing import ATTESTATION_FILE_NAMES
+
     out_dir = result.out_dir.resolve()
     target = path.absolute()
-    if out_dir == target.resolve().parent or out_dir in target.resolve().parents:
+    reserved = out_dir == target.resolve().parent and target.name in ATTESTATION_FILE_NAMES
+    if not reserved and (out_dir == target.resolve().parent or out_dir in target.resolve().parents):
         raise PolicyError(
-            f"{path}: write the watermark attestation outside the model directory {result.out_dir} "
-            "(a file inside it would change the model root digest it attests)"
+            f"{path}: inside the model directory {result.out_dir}, an attestation may only be written as "
+            f"{' or '.join(ATTESTATION_FILE_NAMES)} (any other file would change the root digest it attests)"
         )
     if target.is_symlink():
         raise PolicyError(f"{path}: refusing to write the attestation through a symlink")

@@ -351,7 +351,7 @@ class _Writer:
 
     def run(self) -> None:
         from modelsec.signer.model_files import open_beneath, open_model_root
-        from modelsec.signer.signing import SIGNATURE_FILE_NAMES
+        from modelsec.signer.signing import MODEL_IGNORE_PATHS
 
         try:
             staging = Path(tempfile.mkdtemp(prefix=f".{self.out_dir.name}.tmp-", dir=self.out_dir.parent))
@@ -362,7 +362,7 @@ class _Writer:
         root_fd = open_model_root(self.source.root)
         try:
             for file in self.source.files:
-                if file.name in SIGNATURE_FILE_NAMES:
+                if file.name in MODEL_IGNORE_PATHS:
                     continue
                 target = staging / file.name
                 fd = open_beneath(root_fd, file.name, what=str(self.source.root))

@@ -164,13 +164,13 @@ class DirectorySource:
     """
 
     def __init__(self, root: Path, *, limits: Limits | None = None) -> None:
-        from modelsec.signer.model_files import DEFAULT_IGNORE_PATHS, open_model_root, walk_model
-        from modelsec.signer.signing import SIGNATURE_FILE_NAMES
+        from modelsec.signer.model_files import open_model_root, walk_model
+        from modelsec.signer.signing import MODEL_IGNORE_PATHS
 
         self.root = Path(root)
         self.limits = limits or Limits()
         self.files = walk_model(
-            self.root, ignore_paths=[*DEFAULT_IGNORE_PATHS, *SIGNATURE_FILE_NAMES], limits=self.limits
+            self.root, ignore_paths=MODEL_IGNORE_PATHS, limits=self.limits
         )
         names = [f.name for f in self.files if f.name.endswith(".safetensors")]
         if not names:
