@@ -6,6 +6,13 @@ verified bytes (torch is imported only when tensors are built; this package impo
 
 from __future__ import annotations
 
+from modelsec.verifier.attestations import (
+    AttestationVerdict,
+    Evidence,
+    find_attestation_bundles,
+    verify_attestations,
+)
+from modelsec.verifier.bundles import find_default_bundles, read_bundle, verify_bundle_signature
 from modelsec.verifier.loader import VerifiedSafeOpen, load_model, open_model, resolve_policy
 from modelsec.verifier.verification import (
     SignedModel,
@@ -13,25 +20,26 @@ from modelsec.verifier.verification import (
     VerifiedModel,
     check_digests,
     check_file_set,
-    find_default_bundles,
-    read_bundle,
-    verify_bundle_signature,
     verify_model,
     verify_signatures,
 )
 
 __all__ = [
+    "AttestationVerdict",
+    "Evidence",
     "SignedModel",
     "VerifiedBundle",
     "VerifiedModel",
     "VerifiedSafeOpen",
     "check_digests",
     "check_file_set",
+    "find_attestation_bundles",
     "find_default_bundles",
     "load_model",
     "open_model",
     "read_bundle",
     "resolve_policy",
+    "verify_attestations",
     "verify_bundle_signature",
     "verify_model",
     "verify_signatures",

@@ -8,7 +8,8 @@ opened before step 4):
 2. Each bundle's signature is checked over the DSSE PAE with the *policy's* keys (the bundle's hint and
    keyid only order the candidates); then the statement and its OMS manifest are parsed strictly, resource
    names included (no traversal). Every required algorithm must have signed; all bundles must describe
-   the same files.
+   the same files. When the policy requires attestations (watermark, robustness gate), they are checked
+   now against the signed root digest (`modelsec.verifier.attestations`).
 3. The directory is walked (no symlinks, no special files, signed ignore list applied exactly) and must
    hold exactly the signed files; default-policy refusals by name follow (pickle formats; `*.py` unless
    remote code is allowed).
@@ -32,7 +33,6 @@ from pathlib import Path
 
 from modelsec._strict_json import strict_loads
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
-from modelsec.attestations.bundle import Bundle, parse_bundle
 from modelsec.attestations.statement import parse_statement
 from modelsec.errors import (
     DigestMismatchError,
@@ -49,6 +49,13 @@ from modelsec.signer.manifest import OMS_PREDICATE_TYPE, Manifest, TensorEntry, 
 from modelsec.signer.model_files import open_beneath, open_model_root, walk_model
 from modelsec.signer.safetensors_header import read_header
 from modelsec.signer.signing import SIGNATURE_FILE_NAMES
+from modelsec.verifier.attestations import find_attestation_bundles, verify_attestations
+from modelsec.verifier.bundles import (
+    family_has_key,
+    find_default_bundles,
+    read_bundle,
+    verify_bundle_signature,
+)
 
 __all__ = [
     "PICKLE_SUFFIXES",
@@ -112,76 +119,6 @@ class VerifiedModel:
     def algorithms(self) -> tuple[SignatureAlgorithm, ...]:
         """The algorithms that produced valid signatures."""
         return tuple(dict.fromkeys(b.algorithm for b in self.bundles))
-
-
-def read_bundle(path: Path, limits: Limits) -> Bundle:
-    """Read and parse a bundle file (symlinks refused, size bounded by `limits.max_bundle_bytes`).
-
-    Raises:
-        SignatureError: The file does not exist.
-        MalformedArtifactError: Too large, not a regular file, or not a well-formed bundle.
-        PolicyViolationError: The path is a symlink.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except FileNotFoundError:
-        raise SignatureError(f"{path}: signature bundle not found") from None
-    except OSError as e:
-        if os.path.islink(path):
-            raise PolicyViolationError(f"{path}: signature bundle is a symlink; refused") from e
-        raise MalformedArtifactError(f"{path}: cannot open signature bundle: {e.strerror}") from e
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise MalformedArtifactError(f"{path}: signature bundle is not a regular file")
-        data = f.read(limits.max_bundle_bytes + 1)
-    if len(data) > limits.max_bundle_bytes:
-        raise MalformedArtifactError(f"{path}: signature bundle exceeds {limits.max_bundle_bytes} bytes")
-    return parse_bundle(data, source=str(path))
-
-
-def verify_bundle_signature(
-    bundle: Bundle, keys: Sequence[TrustedKey], *, role: str = "weights"
-) -> TrustedKey:
-    """Check the bundle's single DSSE signature with the trusted keys.
-
-    The bundle's `publicKey.hint` and DSSE `keyid` only order the candidates (a key whose keyid matches is
-    tried first); every configured key allowed for `role` is tried, and the signature alone decides. Key
-    material embedded in the bundle is never used (DESIGN.md decision 7).
-
-    Args:
-        bundle: A parsed bundle.
-        keys: The policy's trusted keys.
-        role: The role the signing key must hold (`weights`, `watermark`, `gate`).
-
-    Returns:
-        The trusted key that verified.
-
-    Raises:
-        SignatureError: No configured key verifies the signature over the PAE.
-    """
-    selectors = {bundle.hint, bundle.signature.keyid} - {""}
-    candidates = sorted((k for k in keys if k.may(role)), key=lambda k: k.keyid not in selectors)
-    message = bundle.envelope.pae()
-    reasons = []
-    for key in candidates:
-        try:
-            key.verify(bundle.signature.sig, message)
-        except SignatureError as e:
-            reasons.append(f"{key.name}: {e}")
-            continue
-        return key
-    detail = "; ".join(reasons) if reasons else f"no configured key may sign {role!r}"
-    raise SignatureError(f"{bundle.source}: invalid signature: no trusted key verifies it ({detail})")
-
-
-def find_default_bundles(model_dir: Path) -> list[Path]:
-    """The default bundle names (`model.sig`, `model.p384.sig`, `model.sm2.sig`) present in `model_dir`."""
-    return [model_dir / n for n in SIGNATURE_FILE_NAMES if os.path.lexists(model_dir / n)]
-
-
-def _family_has_key(path: Path, keys: Sequence[TrustedKey]) -> bool:
-    sm2_name = path.name == SignatureAlgorithm.SM2.default_bundle_name
-    return any((k.algorithm is SignatureAlgorithm.SM2) == sm2_name for k in keys)
 
 
 def _read_verified_side_file(
@@ -364,7 +301,7 @@ def verify_signatures(
         try:
             key = verify_bundle_signature(bundle, policy.keys)
         except SignatureError:
-            if not explicit and not _family_has_key(path, policy.keys):
+            if not explicit and not family_has_key(path, policy.keys):
                 skipped.append(path)
                 continue
             raise
@@ -392,6 +329,14 @@ def verify_signatures(
             raise MalformedArtifactError(f"{b.path}: describes other files than {verified[0].path}")
         if b.manifest.subject_digest.get("sha256") != first.subject_digest.get("sha256"):
             raise MalformedArtifactError(f"{b.path}: model root digest differs from {verified[0].path}")
+    if policy.requires_attestations:
+        # Evidence about the weights is checked before any weight byte is read (no hashing wasted on a model
+        # the policy refuses anyway); it is bound to the root digest the verified bundles sign.
+        root = first.subject_digest["sha256"]
+        verdict = verify_attestations(
+            root, find_attestation_bundles(model_dir, root, policy), policy, require_signatures=False
+        )
+        verdict.raise_for_policy()
     checked = [b for b in verified if not policy.check_hashes or b.manifest.hash_type in policy.check_hashes]
     if not checked:
         wanted = ", ".join(sorted(h.value for h in policy.check_hashes))

@@ -118,7 +118,7 @@ def test_attestation_refusals(toy_model: Path, tmp_path: Path, ecdsa: tuple[byte
     with pytest.raises(PolicyError):
         verify_watermark_attestation(path, [trusted])
     result = embed_model(toy_model, tmp_path / "again", WatermarkKey.from_bytes(KEY_BYTES), MSG)
-    with pytest.raises(PolicyError, match="outside the model directory"):
+    with pytest.raises(PolicyError, match="inside the model directory"):
         write_watermark_attestation(
             result, load_private_key(ecdsa[0], name="ci"), tmp_path / "again" / "wm.json"
         )

@@ -1,0 +1,317 @@
+"""Joint verification: one policy over weights signatures, watermark and robustness-gate attestations.
+
+`verify_attestations(root_digest, bundles, policy)` needs no weights (the webhook and the service use it
+with bundles from a store); `verify_model` and `load_model` call it with the bundles found next to the
+model when the policy requires attestations. Order for each bundle, failing closed at every step:
+
+1. strict bundle parsing (media type, exactly one DSSE signature, exact payloadType);
+2. the predicate type (read from the payload only to choose the signing role) must be known: the OMS
+   weights manifest (role `weights`), `https://modelsec.dev/watermark/v1` (role `watermark`) or
+   `https://modelsec.dev/robustness-gate/v1` (role `gate`); anything else is refused by name;
+3. the signature must verify under a policy key holding that role (keys never come from the bundle);
+4. the statement is parsed again from the verified bytes, and its subject must be this model's root digest
+   (an attestation replayed from another model is refused);
+5. the predicate must meet the policy: the gate's attack, ε, verdict, robust accuracy under the policy's
+   rule (point or Wilson lower bound), sample count, sanity checks and freshness (`finishedAt`); the
+   watermark's embed-time detection, confidence and false-positive probability.
+
+The verdict lists what was satisfied, what is missing and every refused bundle with its reason; it is
+acceptable only when nothing is missing and nothing was refused.
+"""
+
+from __future__ import annotations
+
+import hmac
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from modelsec.attestations.bundle import Bundle, parse_bundle
+from modelsec.attestations.statement import Statement, parse_statement
+from modelsec.errors import AttestationError, Error, VerificationError
+from modelsec.policy import Policy, RobustnessRequirement, WatermarkRequirement
+from modelsec.signer.manifest import OMS_PREDICATE_TYPE, parse_manifest
+from modelsec.signer.signing import ATTESTATION_FILE_NAMES, SIGNATURE_FILE_NAMES
+from modelsec.verifier.bundles import read_bundle, verify_bundle_signature
+
+__all__ = [
+    "GATE_PREDICATE_TYPE",
+    "WATERMARK_PREDICATE_TYPE",
+    "AttestationVerdict",
+    "Evidence",
+    "find_attestation_bundles",
+    "verify_attestations",
+]
+
+WATERMARK_PREDICATE_TYPE = "https://modelsec.dev/watermark/v1"
+GATE_PREDICATE_TYPE = "https://modelsec.dev/robustness-gate/v1"
+_ROLE = {OMS_PREDICATE_TYPE: "weights", WATERMARK_PREDICATE_TYPE: "watermark", GATE_PREDICATE_TYPE: "gate"}
+_KIND = {
+    OMS_PREDICATE_TYPE: "signature",
+    WATERMARK_PREDICATE_TYPE: "watermark",
+    GATE_PREDICATE_TYPE: "robustness",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """One accepted piece of evidence: its kind, where it came from, who signed it, and a summary."""
+
+    kind: str
+    source: str
+    key: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class AttestationVerdict:
+    """The structured result of `verify_attestations`.
+
+    Attributes:
+        root_digest: The model root digest the evidence had to be about.
+        satisfied: Requirements met, in words (e.g. "robustness: pgd-linf eps 0.3 >= 0.03, robust 0.95").
+        missing: Requirements nothing satisfied (e.g. "signature: sm2").
+        refused: Bundles that failed a check, each with its source and reason.
+        evidence: The accepted evidence.
+    """
+
+    root_digest: str
+    satisfied: tuple[str, ...]
+    missing: tuple[str, ...]
+    refused: tuple[str, ...]
+    evidence: tuple[Evidence, ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        """Whether the policy is met: nothing missing and nothing refused."""
+        return not self.missing and not self.refused
+
+    def reasons(self) -> list[str]:
+        """Why the verdict is negative (empty when `ok`)."""
+        return [f"missing {m}" for m in self.missing] + [f"refused {r}" for r in self.refused]
+
+    def raise_for_policy(self) -> None:
+        """Raise `AttestationError` naming every missing or refused piece unless the verdict is `ok`."""
+        if not self.ok:
+            raise AttestationError(f"model {self.root_digest}: " + "; ".join(self.reasons()))
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready form for `--json` output, the service and the webhook's audit log."""
+        return {
+            "ok": self.ok,
+            "rootDigest": self.root_digest,
+            "satisfied": list(self.satisfied),
+            "missing": list(self.missing),
+            "refused": list(self.refused),
+            "evidence": [
+                {"kind": e.kind, "source": e.source, "key": e.key, "detail": e.detail} for e in self.evidence
+            ],
+        }
+
+
+def find_attestation_bundles(model_dir: Path | None, root_digest: str, policy: Policy) -> list[Path]:
+    """Bundles to consider: the reserved names in the model directory and the policy's store for the digest.
+
+    The store layout is `<attestation_dir>/sha256/<root digest>/*.sig`, so bundles are found by digest
+    without reading any model file.
+    """
+    found: list[Path] = []
+    if model_dir is not None:
+        found += [model_dir / n for n in ATTESTATION_FILE_NAMES if os.path.lexists(model_dir / n)]
+    if policy.attestation_dir is not None:
+        digest_dir = policy.attestation_dir / "sha256" / root_digest
+        if digest_dir.is_dir() and not digest_dir.is_symlink():
+            found += sorted(p for p in digest_dir.iterdir() if p.suffix == ".sig")
+    return found
+
+
+def _load(item: Path | bytes, policy: Policy, index: int) -> Bundle:
+    if isinstance(item, Path):
+        return read_bundle(item, policy.limits)
+    if len(item) > policy.limits.max_bundle_bytes:
+        raise AttestationError(f"bundle[{index}]: larger than {policy.limits.max_bundle_bytes} bytes")
+    return parse_bundle(item, source=f"bundle[{index}]")
+
+
+def _parse_time(value: object, what: str) -> datetime:
+    if not isinstance(value, str):
+        raise AttestationError(f"{what}: finishedAt is missing")
+    try:
+        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise AttestationError(f"{what}: finishedAt {value!r} is not RFC 3339") from None
+    if when.tzinfo is None:
+        raise AttestationError(f"{what}: finishedAt {value!r} has no time zone")
+    return when
+
+
+def _get(mapping: Mapping[str, Any], path: str, what: str) -> Any:
+    value: Any = mapping
+    for part in path.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            raise AttestationError(f"{what}: predicate lacks {path}")
+        value = value[part]
+    return value
+
+
+def _number(mapping: Mapping[str, Any], path: str, what: str) -> float:
+    value = _get(mapping, path, what)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise AttestationError(f"{what}: predicate {path} is not a number")
+    return float(value)
+
+
+def _check_gate(pred: Mapping[str, Any], req: RobustnessRequirement, what: str, now: datetime) -> str:
+    attack = _get(pred, "attack", what)
+    if attack != req.attack:
+        raise AttestationError(f"{what}: gate attack {attack!r} is not the policy's {req.attack!r}")
+    eps = _number(pred, "parameters.eps", what)
+    if eps < req.min_eps:
+        raise AttestationError(f"{what}: gate eps {eps} is below the policy's minEps {req.min_eps}")
+    verdict = _get(pred, "gate.verdict", what)
+    if verdict != "PASSED":
+        raise AttestationError(f"{what}: gate verdict is {verdict!r}, not 'PASSED'")
+    total = _number(pred, "results.robust.total", what)
+    if total < req.min_samples:
+        raise AttestationError(f"{what}: gate evaluated {int(total)} samples, policy needs {req.min_samples}")
+    accuracy = _number(pred, "results.robust.accuracy", what)
+    if req.rule == "strict":
+        interval = _get(pred, "results.robust.wilson95", what)
+        if (
+            not isinstance(interval, list)
+            or len(interval) != 2
+            or not all(isinstance(x, (int, float)) for x in interval)
+        ):
+            raise AttestationError(f"{what}: predicate results.robust.wilson95 is malformed")
+        value, label = float(interval[0]), "Wilson 95% lower bound"
+    else:
+        value, label = accuracy, "robust accuracy"
+    if value < req.min_robust_accuracy:
+        raise AttestationError(f"{what}: {label} {value:.4f} is below the policy's {req.min_robust_accuracy}")
+    checks = _get(pred, "sanity.checks", what)
+    failed = [c.get("name", "?") for c in checks if isinstance(c, Mapping) and c.get("passed") is not True]
+    if not isinstance(checks, list) or failed:
+        raise AttestationError(f"{what}: gate sanity checks failed: {failed}")
+    if req.max_age_seconds is not None:
+        finished = _parse_time(pred.get("finishedAt"), what)
+        age = (now - finished).total_seconds()
+        if age > req.max_age_seconds:
+            raise AttestationError(
+                f"{what}: gate result is stale ({age / 86400:.1f} days old; maxAge "
+                f"{req.max_age_seconds / 86400:.1f} days)"
+            )
+        if age < -300:
+            raise AttestationError(f"{what}: gate finishedAt lies in the future")
+    return (
+        f"robustness: {attack} eps {eps} >= {req.min_eps}, {label} {value:.4f} >= {req.min_robust_accuracy}"
+    )
+
+
+def _check_watermark(pred: Mapping[str, Any], req: WatermarkRequirement, what: str) -> str:
+    if _get(pred, "detection.detected", what) is not True:
+        raise AttestationError(f"{what}: the watermark was not detected at embed time")
+    confidence = _number(pred, "detection.confidence", what)
+    fpp = _number(pred, "detection.falsePositiveProbability", what)
+    if confidence < req.min_confidence:
+        raise AttestationError(f"{what}: watermark confidence {confidence:.4f} < policy {req.min_confidence}")
+    if fpp > req.max_false_positive:
+        raise AttestationError(
+            f"{what}: watermark false-positive probability {fpp:.3g} > policy {req.max_false_positive:.3g}"
+        )
+    for field_name in ("keyCommitment", "messageCommitment", "parameters", "carriers"):
+        if not isinstance(pred.get(field_name), Mapping):
+            raise AttestationError(f"{what}: watermark predicate lacks {field_name}")
+    return f"watermark: detected at embed time, confidence {confidence:.3f}, false-positive p {fpp:.2g}"
+
+
+def verify_attestations(
+    root_digest: str,
+    bundles: Sequence[Path | bytes],
+    policy: Policy,
+    *,
+    require_signatures: bool = True,
+    now: datetime | None = None,
+) -> AttestationVerdict:
+    """Check every bundle about a model against one policy (see the module docstring for the order).
+
+    Args:
+        root_digest: The model root digest (hex SHA-256) the evidence must be about.
+        bundles: Bundle files or bundle bytes (weights signatures and attestations, in any order).
+        policy: Keys with roles, required algorithms and attestation requirements.
+        require_signatures: Also require weights signatures of every `policy.require_algorithms` (and at
+            least one) among `bundles`; False when the caller verified the weights itself.
+        now: The time freshness is measured against (default: now, UTC).
+
+    Returns:
+        The verdict; check `.ok` or call `.raise_for_policy()`.
+
+    Raises:
+        Nothing for untrusted bundles (they are listed in `refused`); `PolicyError` only for a bad policy.
+    """
+    now = now or datetime.now(UTC)
+    satisfied: list[str] = []
+    refused: list[str] = []
+    evidence: list[Evidence] = []
+    signed_algorithms: set[str] = set()
+    gates = watermarks = 0
+    for index, item in enumerate(bundles):
+        what = str(item) if isinstance(item, Path) else f"bundle[{index}]"
+        try:
+            bundle = _load(item, policy, index)
+            claimed = parse_statement(bundle.envelope.payload, what=what).predicate_type
+            role = _ROLE.get(claimed)
+            if role is None:
+                raise AttestationError(f"{what}: unknown predicate type {claimed!r}")
+            key = verify_bundle_signature(bundle, policy.keys, role=role)
+            statement: Statement = parse_statement(bundle.envelope.payload, what=what, predicate_type=claimed)
+            subjects = [s.digest.get("sha256", "") for s in statement.subjects]
+            if not any(hmac.compare_digest(s.encode(), root_digest.encode()) for s in subjects):
+                raise AttestationError(f"{what}: is about model {subjects[0] or '?'}, not {root_digest}")
+            if claimed == OMS_PREDICATE_TYPE:
+                parse_manifest(statement, what=what, limits=policy.limits)
+                signed_algorithms.add(key.algorithm.value)
+                detail = f"signature: {key.algorithm.value}"
+            elif claimed == GATE_PREDICATE_TYPE:
+                if policy.robustness is None:
+                    detail = "robustness: present (not required by the policy)"
+                else:
+                    detail = _check_gate(statement.predicate, policy.robustness, what, now)
+                gates += 1
+            else:
+                if policy.watermark is None:
+                    detail = "watermark: present (not required by the policy)"
+                else:
+                    detail = _check_watermark(statement.predicate, policy.watermark, what)
+                watermarks += 1
+        except VerificationError as e:
+            refused.append(e.diagnostics())
+            continue
+        except Error as e:  # a bundle must never turn into anything but a refusal
+            refused.append(f"{what}: {e.diagnostics()}")
+            continue
+        satisfied.append(f"{detail} ({key.name}, {what})")
+        evidence.append(Evidence(_KIND[claimed], what, key.name, detail))
+    missing: list[str] = []
+    if require_signatures:
+        if not signed_algorithms:
+            missing.append("signature: no weights signature by a trusted key")
+        missing += [
+            f"signature: {a.value}"
+            for a in sorted(policy.require_algorithms)
+            if a.value not in signed_algorithms
+        ]
+    if policy.robustness is not None and not gates:
+        missing.append("robustness: no robustness-gate attestation")
+    if policy.watermark is not None and not watermarks:
+        missing.append("watermark: no watermark attestation")
+    return AttestationVerdict(root_digest, tuple(satisfied), tuple(missing), tuple(refused), tuple(evidence))
+
+
+def default_bundle_paths(model_dir: Path, root_digest: str, policy: Policy) -> list[Path]:
+    """All bundles about a local model: its weights signatures plus its attestations."""
+    sigs = [model_dir / n for n in SIGNATURE_FILE_NAMES if os.path.lexists(model_dir / n)]
+    return sigs + find_attestation_bundles(model_dir, root_digest, policy)

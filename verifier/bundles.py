@@ -1,0 +1,88 @@
+"""Signature bundles of a model: where they are, how they are read, and which trusted key signed them."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Sequence
+from pathlib import Path
+
+from modelsec.algorithms import SignatureAlgorithm
+from modelsec.attestations.bundle import Bundle, parse_bundle
+from modelsec.errors import MalformedArtifactError, PolicyViolationError, SignatureError
+from modelsec.limits import Limits
+from modelsec.signer.keys import TrustedKey
+from modelsec.signer.signing import SIGNATURE_FILE_NAMES
+
+__all__ = ["family_has_key", "find_default_bundles", "read_bundle", "verify_bundle_signature"]
+
+
+def read_bundle(path: Path, limits: Limits) -> Bundle:
+    """Read and parse a bundle file (symlinks refused, size bounded by `limits.max_bundle_bytes`).
+
+    Raises:
+        SignatureError: The file does not exist.
+        MalformedArtifactError: Too large, not a regular file, or not a well-formed bundle.
+        PolicyViolationError: The path is a symlink.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise SignatureError(f"{path}: signature bundle not found") from None
+    except OSError as e:
+        if os.path.islink(path):
+            raise PolicyViolationError(f"{path}: signature bundle is a symlink; refused") from e
+        raise MalformedArtifactError(f"{path}: cannot open signature bundle: {e.strerror}") from e
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise MalformedArtifactError(f"{path}: signature bundle is not a regular file")
+        data = f.read(limits.max_bundle_bytes + 1)
+    if len(data) > limits.max_bundle_bytes:
+        raise MalformedArtifactError(f"{path}: signature bundle exceeds {limits.max_bundle_bytes} bytes")
+    return parse_bundle(data, source=str(path))
+
+
+def verify_bundle_signature(
+    bundle: Bundle, keys: Sequence[TrustedKey], *, role: str = "weights"
+) -> TrustedKey:
+    """Check the bundle's single DSSE signature with the trusted keys.
+
+    The bundle's `publicKey.hint` and DSSE `keyid` only order the candidates (a key whose keyid matches is
+    tried first); every configured key allowed for `role` is tried, and the signature alone decides. Key
+    material embedded in the bundle is never used (DESIGN.md decision 7).
+
+    Args:
+        bundle: A parsed bundle.
+        keys: The policy's trusted keys.
+        role: The role the signing key must hold (`weights`, `watermark`, `gate`).
+
+    Returns:
+        The trusted key that verified.
+
+    Raises:
+        SignatureError: No configured key verifies the signature over the PAE.
+    """
+    selectors = {bundle.hint, bundle.signature.keyid} - {""}
+    candidates = sorted((k for k in keys if k.may(role)), key=lambda k: k.keyid not in selectors)
+    message = bundle.envelope.pae()
+    reasons = []
+    for key in candidates:
+        try:
+            key.verify(bundle.signature.sig, message)
+        except SignatureError as e:
+            reasons.append(f"{key.name}: {e}")
+            continue
+        return key
+    detail = "; ".join(reasons) if reasons else f"no configured key may sign {role!r}"
+    raise SignatureError(f"{bundle.source}: invalid signature: no trusted key verifies it ({detail})")
+
+
+def find_default_bundles(model_dir: Path) -> list[Path]:
+    """The default bundle names (`model.sig`, `model.p384.sig`, `model.sm2.sig`) present in `model_dir`."""
+    return [model_dir / n for n in SIGNATURE_FILE_NAMES if os.path.lexists(model_dir / n)]
+
+
+def family_has_key(path: Path, keys: Sequence[TrustedKey]) -> bool:
+    """Whether any key could verify the default-named bundle `path` (SM2 name vs ECDSA names)."""
+    sm2_name = path.name == SignatureAlgorithm.SM2.default_bundle_name
+    return any((k.algorithm is SignatureAlgorithm.SM2) == sm2_name for k in keys)
