@@ -74,7 +74,9 @@ def verify_bundle_signature(
             continue
         return key
     detail = "; ".join(reasons) if reasons else f"no configured key may sign {role!r}"
-    raise SignatureError(f"{bundle.source}: invalid signature: no trusted key verifies it ({detail})")
+    raise SignatureError(
+        f"{bundle.source}: invalid signature: no trusted key allowed to sign {role!r} verifies it ({detail})"
+    )
 
 
 def find_default_bundles(model_dir: Path) -> list[Path]:
