@@ -240,7 +240,8 @@ policies:
     match: ["file:///models/**"]
     keys: [{{path: {key_dir}/ecdsa-p384.pub.pem, roles: [gate]}}]
     attestations:
-      robustness: {{attack: pgd-linf, minEps: 0.03, minRobustAccuracy: 0.85, rule: strict, minSamples: 500, maxAge: 30d}}
+      robustness: {{attack: pgd-linf, minEps: 0.03, minRobustAccuracy: 0.85, rule: strict,
+                   minSamples: 500, maxAge: 30d}}
       watermark: {{required: true}}
 """
     p = tmp_path / "p.yaml"
