@@ -491,6 +491,190 @@ def _inspect(model_dir: Path, signatures: tuple[Path, ...], keys: tuple[Path, ..
         click.echo(f"  ignored: {', '.join(row['ignore_paths'])}")
 
 
+@main.command(name="release")
+@click.argument("model_dir", type=click.Path(path_type=Path))
+@click.option(
+    "--out",
+    "-o",
+    "out_dir",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="Where the released model is written (must not exist or be empty).",
+)
+@click.option(
+    "--key",
+    "-k",
+    "keys",
+    type=click.Path(path_type=Path),
+    multiple=True,
+    required=True,
+    help="Weights signing key (repeatable: ECDSA and/or SM2); the first also signs the attestations "
+    "unless --attestation-key is given.",
+)
+@click.option(
+    "--attestation-key", type=click.Path(path_type=Path), help="Key that signs watermark and gate results."
+)
+@click.option(
+    "--watermark-key", type=click.Path(path_type=Path), required=True, help="The owner's watermark key."
+)
+@click.option("--message", "-m", required=True, help="Watermark message (text, or hex with a 0x prefix).")
+@click.option(
+    "--gate-config",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="PGD gate configuration (YAML/JSON: architecture, data, eps, stepSize, steps, ...).",
+)
+@_json_option
+def _release(
+    model_dir: Path,
+    out_dir: Path,
+    keys: tuple[Path, ...],
+    attestation_key: Path | None,
+    watermark_key: Path,
+    message: str,
+    gate_config: Path,
+    as_json: bool,
+) -> None:
+    """Release MODEL_DIR: watermark -> sign -> PGD gate -> attest -> verify, into OUT.
+
+    Fails fast with the stage named (exit 1); the result verifies under a policy requiring every
+    signature algorithm used, the watermark and the gate.
+    """
+    from modelsec.release import load_gate_spec, release_model
+    from modelsec.signer import load_private_key_file
+    from modelsec.watermark import load_key_file, parse_message
+
+    try:
+        signers = [load_private_key_file(k, password=_password(k)) for k in keys]
+        attester = (
+            load_private_key_file(attestation_key, password=_password(attestation_key))
+            if attestation_key
+            else None
+        )
+        result = release_model(
+            model_dir,
+            out_dir,
+            signers=signers,
+            watermark_key=load_key_file(watermark_key),
+            message=parse_message(message),
+            gate=load_gate_spec(gate_config),
+            attestation_signer=attester,
+        )
+    except Error as e:
+        _fail(e, as_json)
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "ok": True,
+                    "out": str(result.out_dir),
+                    "root_digest": result.root_digest,
+                    "bundles": [str(b) for b in result.bundles],
+                    "watermark": str(result.watermark_attestation),
+                    "gate": str(result.gate_attestation),
+                    "robust_accuracy": result.robust_accuracy,
+                }
+            )
+        )
+        return
+    click.echo(f"released {result.out_dir}: model root digest sha256:{result.root_digest}")
+    for b in result.bundles:
+        click.echo(f"  signature   {b}")
+    click.echo(f"  watermark   {result.watermark_attestation}")
+    click.echo(f"  gate        {result.gate_attestation} (robust accuracy {result.robust_accuracy:.4f})")
+    click.echo("  verified under a policy requiring all of them")
+
+
+@main.group(name="attest")
+def _attest() -> None:
+    """List and show the attestations about a model (weights signatures, watermark, robustness gate)."""
+
+
+def _attestation_rows(model_dir: Path, store: Path | None, keys: tuple[Path, ...]) -> list[dict[str, Any]]:
+    from modelsec.attestations import parse_statement
+    from modelsec.signer import MODEL_IGNORE_PATHS
+    from modelsec.signer.keys import load_trusted_key_file
+    from modelsec.verifier import read_bundle, verify_bundle_signature
+    from modelsec.verifier.attestations import GATE_PREDICATE_TYPE, WATERMARK_PREDICATE_TYPE
+
+    roles = {GATE_PREDICATE_TYPE: "gate", WATERMARK_PREDICATE_TYPE: "watermark"}
+    trusted = [load_trusted_key_file(k) for k in keys]
+    paths = [model_dir / n for n in MODEL_IGNORE_PATHS if n.endswith(".sig") and (model_dir / n).is_file()]
+    if store is not None:
+        paths += sorted(p for p in store.rglob("*.sig") if p.is_file())
+    rows = []
+    for path in paths:
+        bundle = read_bundle(path, _limits())
+        statement = parse_statement(bundle.envelope.payload, what=str(path))
+        signer = "UNVERIFIED"
+        if trusted:
+            key = verify_bundle_signature(
+                bundle, trusted, role=roles.get(statement.predicate_type, "weights")
+            )
+            signer = f"{key.name} ({key.algorithm.value})"
+        rows.append(
+            {
+                "bundle": str(path),
+                "predicateType": statement.predicate_type,
+                "signed_by": signer,
+                "subject": [dict(s.digest) for s in statement.subjects],
+                "predicate": dict(statement.predicate),
+            }
+        )
+    return rows
+
+
+@_attest.command(name="list")
+@click.argument("model_dir", type=click.Path(path_type=Path))
+@click.option("--store", type=click.Path(path_type=Path), help="Also list an attestation directory store.")
+@click.option(
+    "--key",
+    "-k",
+    "keys",
+    type=click.Path(path_type=Path),
+    multiple=True,
+    help="Trusted key: check each signature (role by predicate type).",
+)
+@_json_option
+def _attest_list(model_dir: Path, store: Path | None, keys: tuple[Path, ...], as_json: bool) -> None:
+    """One line per bundle about MODEL_DIR: predicate type, subject, signer (UNVERIFIED without --key)."""
+    try:
+        rows = _attestation_rows(model_dir, store, keys)
+    except Error as e:
+        _fail(e, as_json)
+    if as_json:
+        click.echo(
+            json.dumps(
+                {"ok": True, "bundles": [{k: v for k, v in r.items() if k != "predicate"} for r in rows]},
+                default=str,
+            )
+        )
+        return
+    for r in rows:
+        digest = r["subject"][0].get("sha256", "?")[:16]
+        click.echo(f"{r['predicateType']:<45} sha256:{digest}…  {r['signed_by']:<30} {r['bundle']}")
+
+
+@_attest.command(name="show")
+@click.argument("model_dir", type=click.Path(path_type=Path))
+@click.option("--store", type=click.Path(path_type=Path), help="Also show an attestation directory store.")
+@click.option(
+    "--key",
+    "-k",
+    "keys",
+    type=click.Path(path_type=Path),
+    multiple=True,
+    help="Trusted key: check each signature (role by predicate type).",
+)
+def _attest_show(model_dir: Path, store: Path | None, keys: tuple[Path, ...]) -> None:
+    """Print every bundle's statement about MODEL_DIR as JSON (signer UNVERIFIED without --key)."""
+    try:
+        rows = _attestation_rows(model_dir, store, keys)
+    except Error as e:
+        _fail(e, False)
+    click.echo(json.dumps(rows, indent=2, default=str))
+
+
 def _limits() -> Any:
     from modelsec.limits import Limits
 

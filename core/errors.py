@@ -36,10 +36,16 @@ class Error(Exception):
     """Base class for every error raised by modelsec."""
 
     retryable: bool = False
+    context: str = ""
 
     def diagnostics(self) -> str:
         """Human-readable explanation shown by the CLI, the service and the webhook."""
-        return str(self)
+        return f"{self.context}: {self}" if self.context else str(self)
+
+    def add_context(self, context: str) -> Error:
+        """Prefix the diagnostic with where it happened (e.g. a release stage); returns `self` to re-raise."""
+        self.context = f"{context}: {self.context}" if self.context else context
+        return self
 
 
 class VerificationError(Error):

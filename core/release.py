@@ -1,0 +1,251 @@
+"""The release pipeline of the CI signing stage: watermark -> sign -> gate -> attest -> verify, failing fast.
+
+`release_model` runs, in order, each stage only if every earlier one succeeded (an error names the stage):
+
+1. `watermark`: embed the owner's mark into a copy of the model (`modelsec.watermark.embed_model`); the
+   embed-time detection must succeed.
+2. `sign`: sign the marked copy with every given key (ECDSA and/or SM2; `modelsec.signer.sign_model`).
+3. `attest-watermark`: sign the watermark statement about the marked model's root digest, written as
+   `model.watermark.sig` (a reserved name every manifest ignores).
+4. `gate`: verify the signed copy and run the PGD L∞ gate on it (`modelsec.robustness.run_pgd_gate`); the
+   statement is signed and written as `model.gate.sig` whatever the verdict, and a FAILED gate stops the
+   release (`GateFailedError`).
+5. `verify`: the released directory is verified end to end under a policy that requires every signature
+   algorithm used, the watermark and the gate (`modelsec.verifier.verify_model`), as a deployment would.
+
+The gate configuration is a small YAML/JSON file (validated strictly):
+
+```yaml
+architecture: lenet5:lenet5        # import path of the architecture factory
+data: mnist.npz                    # .npz / .safetensors with `inputs` and `labels` (relative to this file)
+eps: 0.3
+stepSize: 0.01
+steps: 40
+restarts: 1
+minRobustAccuracy: 0.85
+rule: point                        # or strict (Wilson 95% lower bound)
+minSamples: 100
+seed: 0
+```
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from modelsec.errors import Error, GateFailedError, PolicyError
+from modelsec.policy import Policy, RobustnessRequirement, WatermarkRequirement
+from modelsec.signer.keys import KeyBackend, TrustedKey, load_trusted_key
+
+__all__ = ["GateSpec", "ReleaseResult", "load_gate_spec", "release_model"]
+
+_GATE_FIELDS = {
+    "architecture": str,
+    "data": str,
+    "eps": float,
+    "stepSize": float,
+    "steps": int,
+    "restarts": int,
+    "minRobustAccuracy": float,
+    "rule": str,
+    "minSamples": int,
+    "seed": int,
+    "batchSize": int,
+    "device": str,
+}
+_REQUIRED = {"architecture", "data", "eps", "stepSize", "steps", "minRobustAccuracy"}
+
+
+@dataclass(frozen=True, slots=True)
+class GateSpec:
+    """The PGD gate of a release: architecture factory, dataset, and the attack and threshold."""
+
+    architecture: str
+    data: Path
+    eps: float
+    step_size: float
+    steps: int
+    min_robust_accuracy: float
+    restarts: int = 1
+    rule: str = "point"
+    min_samples: int = 100
+    seed: int = 0
+    batch_size: int = 256
+    device: str = "cpu"
+
+
+def load_gate_spec(path: Path) -> GateSpec:
+    """Read and validate a gate configuration file (YAML or JSON); `data` is relative to the file.
+
+    Raises:
+        PolicyError: Unreadable file, unknown or missing fields, wrong types.
+    """
+    from modelsec.policy import _load_yaml
+
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise PolicyError(f"{path}: cannot read the gate configuration: {e.strerror}") from e
+    doc = _load_yaml(raw, str(path))
+    if not isinstance(doc, dict):
+        raise PolicyError(f"{path}: the gate configuration must be a mapping")
+    unknown, missing = set(doc) - set(_GATE_FIELDS), _REQUIRED - set(doc)
+    if unknown or missing:
+        raise PolicyError(f"{path}: unknown field(s) {sorted(unknown)}, missing field(s) {sorted(missing)}")
+    values: dict[str, Any] = {}
+    for key, kind in _GATE_FIELDS.items():
+        if key not in doc:
+            continue
+        value = doc[key]
+        ok = isinstance(value, kind) and not isinstance(value, bool)
+        if kind is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not ok:
+            raise PolicyError(f"{path}: {key} must be of type {kind.__name__}")
+        values[key] = float(value) if kind is float else value
+    if values.get("rule", "point") not in ("point", "strict"):
+        raise PolicyError(f"{path}: rule must be 'point' or 'strict'")
+    return GateSpec(
+        architecture=values["architecture"],
+        data=(path.parent / values["data"]),
+        eps=values["eps"],
+        step_size=values["stepSize"],
+        steps=values["steps"],
+        min_robust_accuracy=values["minRobustAccuracy"],
+        restarts=values.get("restarts", 1),
+        rule=values.get("rule", "point"),
+        min_samples=values.get("minSamples", 100),
+        seed=values.get("seed", 0),
+        batch_size=values.get("batchSize", 256),
+        device=values.get("device", "cpu"),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseResult:
+    """What `release_model` produced.
+
+    Attributes:
+        out_dir: The released (marked, signed, attested) model directory.
+        root_digest: Its model root digest.
+        bundles: Weights signature bundles written.
+        watermark_attestation: Path of `model.watermark.sig`.
+        gate_attestation: Path of `model.gate.sig`.
+        robust_accuracy: The gate's measured robust accuracy.
+        policy: The policy the release was verified under (keys of the signers, everything required).
+    """
+
+    out_dir: Path
+    root_digest: str
+    bundles: tuple[Path, ...]
+    watermark_attestation: Path
+    gate_attestation: Path
+    robust_accuracy: float
+    policy: Policy
+
+
+def _trusted(signer: KeyBackend, name: str, roles: frozenset[str]) -> TrustedKey:
+    return load_trusted_key(signer.public_key_pem(), name=name, roles=roles)
+
+
+def release_model(
+    model_dir: Path,
+    out_dir: Path,
+    *,
+    signers: Sequence[KeyBackend],
+    watermark_key: Any,
+    message: bytes,
+    gate: GateSpec,
+    attestation_signer: KeyBackend | None = None,
+) -> ReleaseResult:
+    """Watermark, sign, gate and attest a model, then verify the result as a deployment would.
+
+    Args:
+        model_dir: The unmarked model (safetensors shards and side files); it is not modified.
+        out_dir: Where the released model is written (must not exist or be empty).
+        signers: Weights signing keys (ECDSA P-256/P-384, SM2); each algorithm becomes required.
+        watermark_key: The owner's `modelsec.watermark.WatermarkKey` (never written anywhere).
+        message: The watermark message (1-64 bytes).
+        gate: The PGD gate configuration.
+        attestation_signer: Signs the watermark and gate statements (default: the first signer).
+
+    Returns:
+        The release: root digest, bundle paths, gate figure, and the verifying policy.
+
+    Raises:
+        GateFailedError: The watermark was not detected after embedding, or the gate FAILED (stage named).
+        Error: Any modelsec error of a stage, with the stage named in its diagnostics.
+    """
+    from modelsec.robustness import GateConfig, run_pgd_gate
+    from modelsec.signer import sign_model
+    from modelsec.signer.signing import ATTESTATION_FILE_NAMES
+    from modelsec.verifier import verify_model
+    from modelsec.watermark import embed_model, write_watermark_attestation
+
+    if not signers:
+        raise PolicyError("release needs at least one signing key")
+    attester = attestation_signer or signers[0]
+    watermark_path, gate_path = (out_dir / n for n in ATTESTATION_FILE_NAMES)
+    stage = "watermark"
+    try:
+        embedded = embed_model(model_dir, out_dir, watermark_key, message)
+        if not embedded.detection.detected:
+            raise GateFailedError(f"{out_dir}: the watermark is not detected in the written weights")
+        stage = "sign"
+        signed = sign_model(out_dir, signers)
+        stage = "attest-watermark"
+        write_watermark_attestation(embedded, attester, watermark_path)
+        stage = "gate"
+        weights_keys = tuple(
+            _trusted(s, f"release-{s.algorithm.value}", frozenset({"weights"})) for s in signers
+        )
+        outcome = run_pgd_gate(
+            out_dir,
+            policy=Policy(keys=weights_keys),
+            architecture=gate.architecture,
+            data=gate.data,
+            config=GateConfig(
+                eps=gate.eps,
+                step_size=gate.step_size,
+                steps=gate.steps,
+                min_robust_accuracy=gate.min_robust_accuracy,
+                restarts=gate.restarts,
+                seed=gate.seed,
+                rule=gate.rule,
+                min_samples=gate.min_samples,
+                batch_size=gate.batch_size,
+                device=gate.device,
+            ),
+            signer=attester,
+            out=gate_path,
+        )
+        outcome.result.raise_for_verdict()
+        stage = "verify"
+        attest_roles = frozenset({"watermark", "gate"})
+        policy = Policy(
+            keys=(*weights_keys, _trusted(attester, "release-attestations", attest_roles)),
+            require_algorithms=frozenset(s.algorithm for s in signers),
+            robustness=RobustnessRequirement(
+                min_eps=gate.eps,
+                min_robust_accuracy=gate.min_robust_accuracy,
+                rule=gate.rule,
+                min_samples=gate.min_samples,
+            ),
+            watermark=WatermarkRequirement(),
+            name="release",
+        )
+        verified = verify_model(out_dir, policy)
+    except Error as e:
+        raise e.add_context(f"release stage {stage!r}") from e
+    return ReleaseResult(
+        out_dir=out_dir,
+        root_digest=verified.root_digest,
+        bundles=tuple(b.path for b in signed.bundles),
+        watermark_attestation=watermark_path,
+        gate_attestation=gate_path,
+        robust_accuracy=outcome.result.robust.accuracy,
+        policy=policy,
+    )
