@@ -655,6 +655,29 @@ def _attest_list(model_dir: Path, store: Path | None, keys: tuple[Path, ...], as
         click.echo(f"{r['predicateType']:<45} sha256:{digest}…  {r['signed_by']:<30} {r['bundle']}")
 
 
+@_attest.command(name="put")
+@click.argument("bundles", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option(
+    "--store", type=click.Path(path_type=Path), required=True, help="The attestation directory store."
+)
+@_json_option
+def _attest_put(bundles: tuple[Path, ...], store: Path, as_json: bool) -> None:
+    """File BUNDLES in a directory store by their subject's root digest (verified when read, not here)."""
+    from modelsec.verifier.attestations import store_bundle
+
+    try:
+        written = [store_bundle(store, b.read_bytes()) for b in bundles]
+    except OSError as e:
+        raise click.UsageError(f"cannot read or write: {e}") from e
+    except Error as e:
+        _fail(e, as_json)
+    if as_json:
+        click.echo(json.dumps({"ok": True, "stored": [str(p) for p in written]}))
+    else:
+        for p in written:
+            click.echo(f"stored {p}")
+
+
 @_attest.command(name="show")
 @click.argument("model_dir", type=click.Path(path_type=Path))
 @click.option("--store", type=click.Path(path_type=Path), help="Also show an attestation directory store.")

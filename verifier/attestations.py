@@ -33,6 +33,7 @@ from typing import Any
 from modelsec.attestations.bundle import Bundle, parse_bundle
 from modelsec.attestations.statement import Statement, parse_statement
 from modelsec.errors import AttestationError, Error, VerificationError
+from modelsec.limits import Limits
 from modelsec.policy import Policy, RobustnessRequirement, WatermarkRequirement
 from modelsec.signer.manifest import OMS_PREDICATE_TYPE, parse_manifest
 from modelsec.signer.signing import ATTESTATION_FILE_NAMES, SIGNATURE_FILE_NAMES
@@ -44,6 +45,7 @@ __all__ = [
     "AttestationVerdict",
     "Evidence",
     "find_attestation_bundles",
+    "store_bundle",
     "verify_attestations",
 ]
 
@@ -127,6 +129,40 @@ def find_attestation_bundles(model_dir: Path | None, root_digest: str, policy: P
         if digest_dir.is_dir() and not digest_dir.is_symlink():
             found += sorted(p for p in digest_dir.iterdir() if p.suffix == ".sig")
     return found
+
+
+def store_bundle(store: Path, data: bytes, *, limits: Limits | None = None) -> Path:
+    """File a bundle in a directory store under its subject's root digest: `<store>/sha256/<digest>/<id>.sig`.
+
+    Nothing is trusted here: the subject digest only decides where the file goes (a verifier checks the
+    signature and the subject again when it reads the store); `<id>` is the SHA-256 of the bundle bytes, so
+    storing the same bundle twice is idempotent and concurrent writers never clobber each other.
+
+    Raises:
+        MalformedArtifactError: The bundle or its statement cannot be parsed, or has no sha256 subject.
+    """
+    import hashlib
+    import re
+    import tempfile
+
+    from modelsec.errors import MalformedArtifactError
+
+    max_bytes = (limits or Limits()).max_bundle_bytes
+    if len(data) > max_bytes:
+        raise MalformedArtifactError(f"bundle larger than {max_bytes} bytes")
+    bundle = parse_bundle(data, source="bundle")
+    statement = parse_statement(bundle.envelope.payload, what="bundle")
+    digest = statement.subjects[0].digest.get("sha256", "")
+    if not re.fullmatch(r"[0-9a-f]{64}", digest):
+        raise MalformedArtifactError("bundle subject has no sha256 model root digest")
+    directory = store / "sha256" / digest
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / f"{hashlib.sha256(data).hexdigest()}.sig"
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, target)
+    return target
 
 
 def _load(item: Path | bytes, policy: Policy, index: int) -> Bundle:

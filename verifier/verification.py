@@ -130,11 +130,14 @@ def _read_verified_side_file(
     fd = open_beneath(root_fd, name, what=model)
     with os.fdopen(fd, "rb") as f:
         data = f.read(limits.max_json_side_file_bytes + 1)
-    h = new_hasher(HashAlgorithm.SHA256)
+    algorithm = (
+        HashAlgorithm.SHA256 if HashAlgorithm.SHA256 in expected.digests else next(iter(expected.digests))
+    )
+    h = new_hasher(algorithm)
     h.update(data)
-    if not hmac.compare_digest(h.digest(), expected.digests[HashAlgorithm.SHA256]):
+    if not hmac.compare_digest(h.digest(), expected.digests[algorithm]):
         raise DigestMismatchError(
-            f"{model}/{name}", expected.digests[HashAlgorithm.SHA256].hex(), h.digest().hex()
+            f"{model}/{name}", expected.digests[algorithm].hex(), h.digest().hex(), algorithm=algorithm.value
         )
     return data
 
@@ -346,9 +349,22 @@ def verify_signatures(
         bundles=tuple(verified),
         skipped=tuple(skipped),
         manifest=first,
-        file_hashes=tuple(dict.fromkeys([HashAlgorithm.SHA256, *(b.manifest.hash_type for b in checked)])),
+        file_hashes=_file_hashes(checked, policy),
         tensor_hash=next((b.manifest.tensor_hash for b in verified if b.manifest.tensor_hash), None),
     )
+
+
+def _file_hashes(checked: Sequence[VerifiedBundle], policy: Policy) -> tuple[HashAlgorithm, ...]:
+    """The file digests to compute: every checked manifest's hash type, plus SHA-256 for the model root.
+
+    A policy restricted to SM3 (`checkHashes: [sm3]`, e.g. SM-only deployments) skips SHA-256: the SM3
+    file digests bind the bytes, and the SHA-256 root in the SM2 statement is the trusted signer's claim
+    (still the identity attestations are matched against).
+    """
+    hashes = [b.manifest.hash_type for b in checked]
+    if not policy.check_hashes or HashAlgorithm.SHA256 in policy.check_hashes:
+        hashes.insert(0, HashAlgorithm.SHA256)
+    return tuple(dict.fromkeys(hashes))
 
 
 def check_file_set(signed: SignedModel, policy: Policy, *, only: Sequence[str] | None = None) -> list[str]:
@@ -421,7 +437,7 @@ def check_digests(
     for b in signed.bundles:
         if b.manifest.hash_type in signed.file_hashes:
             checked = max(checked, _compare(b.manifest, computed, signed.tensor_hash, model))
-    if whole_model:
+    if whole_model and HashAlgorithm.SHA256 in signed.file_hashes:
         root = root_digest([computed[n].digests[HashAlgorithm.SHA256] for n in signed.manifest.names]).hex()
         for b in signed.bundles:
             expected = b.manifest.subject_digest["sha256"]

@@ -290,24 +290,11 @@ def verify_watermark_attestation(
         expected = model_root_digests(model_dir, limits=limits)["sha256"]
     else:  # unreachable: exactly one was given
         raise PolicyError("give exactly one of root_digest and model_dir")
+    from modelsec.verifier.bundles import verify_bundle_signature
+
     data = _read_bounded(bundle_path, limits.max_bundle_bytes)
     bundle = parse_bundle(data, source=str(bundle_path))
-    selectors = {bundle.hint, bundle.signature.keyid} - {""}
-    candidates = sorted((k for k in keys if k.may(_ROLE)), key=lambda k: k.keyid not in selectors)
-    message = bundle.envelope.pae()
-    signer_key = None
-    reasons = []
-    for key in candidates:
-        try:
-            key.verify(bundle.signature.sig, message)
-        except SignatureError as e:
-            reasons.append(f"{key.name}: {e}")
-            continue
-        signer_key = key
-        break
-    if signer_key is None:
-        detail = "; ".join(reasons) if reasons else f"no configured key may sign {_ROLE!r}"
-        raise SignatureError(f"{bundle_path}: invalid signature: no trusted key verifies it ({detail})")
+    signer_key = verify_bundle_signature(bundle, keys, role=_ROLE)
     statement = parse_statement(bundle.envelope.payload, what=str(bundle_path), predicate_type=PREDICATE_TYPE)
     got = [s.digest.get("sha256", "") for s in statement.subjects]
     if not any(hmac.compare_digest(g.encode(), expected.encode()) for g in got):

@@ -255,3 +255,24 @@ policies:
     p.write_text(body.replace("minEps: 0.03", "minEps: 0.03, surprise: 1"))
     with pytest.raises(PolicyError, match="unknown field"):
         PolicySet.from_file(p)
+
+
+def test_directory_store_found_by_digest(setup: dict[str, Any], tmp_path: Path) -> None:
+    from modelsec.verifier import find_attestation_bundles
+    from modelsec.verifier.attestations import store_bundle
+
+    store = tmp_path / "store"
+    gate = setup["attest"](
+        "gate", gate_predicate(finishedAt=datetime.now(UTC).isoformat().replace("+00:00", "Z"))
+    )
+    wm = setup["attest"]("watermark", watermark_predicate())
+    paths = [store_bundle(store, gate), store_bundle(store, wm), store_bundle(store, gate)]  # idempotent
+    assert paths[0] == paths[2] and paths[0].parent == store / "sha256" / setup["root"]
+    policy = dataclasses.replace(setup["policy"], attestation_dir=store)
+    assert sorted(find_attestation_bundles(None, setup["root"], policy)) == sorted(paths[:2])
+    assert (
+        verify_model(setup["model"], policy).files == 6
+    )  # attestations from the store, weights from the dir
+    other = dataclasses.replace(policy, attestation_dir=tmp_path / "empty")
+    with pytest.raises(AttestationError, match="no robustness-gate attestation"):
+        verify_model(setup["model"], other)

@@ -327,3 +327,21 @@ def test_cuda_load_equals_cpu(tiny_model: Path, key_dir: Path) -> None:
     gpu = load_model(tiny_model, policy, device="cuda:0")
     assert all(v.device.type == "cuda" for v in gpu.values())
     assert _equal(cpu, {k: v.cpu() for k, v in gpu.items()})
+
+
+def test_sm3_only_policy_skips_sha256_but_still_refuses_tampering(tiny_model: Path, key_dir: Path) -> None:
+    import dataclasses
+
+    from modelsec.algorithms import HashAlgorithm
+    from modelsec.verifier import verify_signatures
+
+    sign_model(tiny_model, [load_private_key_file(key_dir / "sm2.key.pem")])
+    policy = dataclasses.replace(
+        Policy.from_key_files([key_dir / "sm2.pub.pem"]), check_hashes=frozenset({HashAlgorithm.SM3})
+    )
+    assert verify_signatures(tiny_model, policy).file_hashes == (HashAlgorithm.SM3,)
+    assert _equal(load_model(tiny_model, policy), _reference(tiny_model))
+    config = tiny_model / "config.json"
+    config.write_text(config.read_text().replace("16", "17"))
+    with pytest.raises(DigestMismatchError, match=r"config\.json: expected sm3 digest"):
+        load_model(tiny_model, policy)
