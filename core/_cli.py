@@ -40,6 +40,26 @@ def _json_option(f: F) -> F:
     )(f)
 
 
+def _keys_option(help_text: str, *, required: bool = False) -> Callable[[F], F]:
+    """`--key/-k PATH`, repeatable, into the parameter `keys`."""
+    return click.option(
+        "--key",
+        "-k",
+        "keys",
+        type=click.Path(path_type=Path),
+        multiple=True,
+        required=required,
+        help=help_text,
+    )
+
+
+def _signatures_option(help_text: str) -> Callable[[F], F]:
+    """`--signature/-s PATH`, repeatable, into the parameter `signatures`."""
+    return click.option(
+        "--signature", "-s", "signatures", type=click.Path(path_type=Path), multiple=True, help=help_text
+    )
+
+
 def _quiet_option(f: F) -> F:
     return click.option("--quiet", "-q", is_flag=True, help="No progress bar.")(f)
 
@@ -165,23 +185,13 @@ _TENSOR_DIGESTS = [HashAlgorithm.BLAKE3.value, HashAlgorithm.SHA256.value, HashA
 
 @main.command(name="sign")
 @click.argument("model_dir", type=click.Path(path_type=Path))
-@click.option(
-    "--key",
-    "-k",
-    "keys",
-    type=click.Path(path_type=Path),
-    multiple=True,
+@_keys_option(
+    f"Private key PEM (repeatable: one bundle per key). Encrypted keys read ${PASSWORD_ENV} or prompt.",
     required=True,
-    help=f"Private key PEM (repeatable: one bundle per key). Encrypted keys read ${PASSWORD_ENV} or prompt.",
 )
-@click.option(
-    "--signature",
-    "-s",
-    "signatures",
-    type=click.Path(path_type=Path),
-    multiple=True,
-    help="Bundle output path, one per --key in the same order (default: model.sig, "
-    "model.p384.sig, model.sm2.sig in MODEL_DIR).",
+@_signatures_option(
+    "Bundle output path, one per --key in the same order (default: model.sig, "
+    "model.p384.sig, model.sm2.sig in MODEL_DIR)."
 )
 @click.option(
     "--tensor-digest",
@@ -278,14 +288,9 @@ def _parse_require(value: str | None) -> list[SignatureAlgorithm]:
 
 @main.command(name="verify")
 @click.argument("model_path", type=click.Path(path_type=Path))
-@click.option(
-    "--key",
-    "-k",
-    "keys",
-    type=click.Path(path_type=Path),
-    multiple=True,
-    help="Trusted public key PEM (repeatable). Keys are never taken from the bundle. Without --key, the "
-    f"policy file of --policy or ${POLICY_ENV} decides.",
+@_keys_option(
+    "Trusted public key PEM (repeatable). Keys are never taken from the bundle. Without --key, the "
+    f"policy file of --policy or ${POLICY_ENV} decides."
 )
 @click.option(
     "--policy",
@@ -300,14 +305,9 @@ def _parse_require(value: str | None) -> list[SignatureAlgorithm]:
     metavar="NAME",
     help="Verify only this signed file of MODEL_PATH (repeatable), e.g. the shard a node holds.",
 )
-@click.option(
-    "--signature",
-    "-s",
-    "signatures",
-    type=click.Path(path_type=Path),
-    multiple=True,
-    help="Bundle to check (repeatable; default: model.sig, model.p384.sig, model.sm2.sig found in the "
-    "model directory).",
+@_signatures_option(
+    "Bundle to check (repeatable; default: model.sig, model.p384.sig, model.sm2.sig found in the "
+    "model directory)."
 )
 @click.option(
     "--require",
@@ -417,22 +417,8 @@ def _digest(model_dir: Path, as_json: bool, quiet: bool) -> None:
 
 @main.command(name="inspect")
 @click.argument("model_dir", type=click.Path(path_type=Path))
-@click.option(
-    "--signature",
-    "-s",
-    "signatures",
-    type=click.Path(path_type=Path),
-    multiple=True,
-    help="Bundle to show (repeatable; default: the default names in MODEL_DIR).",
-)
-@click.option(
-    "--key",
-    "-k",
-    "keys",
-    type=click.Path(path_type=Path),
-    multiple=True,
-    help="Trusted public key: check each bundle's signature and name the key that verifies.",
-)
+@_signatures_option("Bundle to show (repeatable; default: the default names in MODEL_DIR).")
+@_keys_option("Trusted public key: check each bundle's signature and name the key that verifies.")
 @_json_option
 def _inspect(model_dir: Path, signatures: tuple[Path, ...], keys: tuple[Path, ...], as_json: bool) -> None:
     """Show what MODEL_DIR's bundles sign: files, tensors, hashes, root digest, and by which key.
@@ -501,15 +487,10 @@ def _inspect(model_dir: Path, signatures: tuple[Path, ...], keys: tuple[Path, ..
     required=True,
     help="Where the released model is written (must not exist or be empty).",
 )
-@click.option(
-    "--key",
-    "-k",
-    "keys",
-    type=click.Path(path_type=Path),
-    multiple=True,
-    required=True,
-    help="Weights signing key (repeatable: ECDSA and/or SM2); the first also signs the attestations "
+@_keys_option(
+    "Weights signing key (repeatable: ECDSA and/or SM2); the first also signs the attestations "
     "unless --attestation-key is given.",
+    required=True,
 )
 @click.option(
     "--attestation-key", type=click.Path(path_type=Path), help="Key that signs watermark and gate results."
@@ -627,14 +608,7 @@ def _attestation_rows(model_dir: Path, store: Path | None, keys: tuple[Path, ...
 @_attest.command(name="list")
 @click.argument("model_dir", type=click.Path(path_type=Path))
 @click.option("--store", type=click.Path(path_type=Path), help="Also list an attestation directory store.")
-@click.option(
-    "--key",
-    "-k",
-    "keys",
-    type=click.Path(path_type=Path),
-    multiple=True,
-    help="Trusted key: check each signature (role by predicate type).",
-)
+@_keys_option("Trusted key: check each signature (role by predicate type).")
 @_json_option
 def _attest_list(model_dir: Path, store: Path | None, keys: tuple[Path, ...], as_json: bool) -> None:
     """One line per bundle about MODEL_DIR: predicate type, subject, signer (UNVERIFIED without --key)."""
@@ -681,14 +655,7 @@ def _attest_put(bundles: tuple[Path, ...], store: Path, as_json: bool) -> None:
 @_attest.command(name="show")
 @click.argument("model_dir", type=click.Path(path_type=Path))
 @click.option("--store", type=click.Path(path_type=Path), help="Also show an attestation directory store.")
-@click.option(
-    "--key",
-    "-k",
-    "keys",
-    type=click.Path(path_type=Path),
-    multiple=True,
-    help="Trusted key: check each signature (role by predicate type).",
-)
+@_keys_option("Trusted key: check each signature (role by predicate type).")
 def _attest_show(model_dir: Path, store: Path | None, keys: tuple[Path, ...]) -> None:
     """Print every bundle's statement about MODEL_DIR as JSON (signer UNVERIFIED without --key)."""
     try:
