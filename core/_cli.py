@@ -675,7 +675,11 @@ def _register_command_groups() -> None:
     """Attach the command groups of the optional packages (their modules import only click at top level)."""
     import importlib
 
-    for module, attr in (("modelsec._cli_watermark", "watermark"), ("modelsec._cli_gate", "gate")):
+    for module, attr in (
+        ("modelsec._cli_watermark", "watermark"),
+        ("modelsec._cli_gate", "gate"),
+        ("modelsec._cli_webhook", "webhook"),
+    ):
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as e:

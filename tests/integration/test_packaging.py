@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.integration
-SUBPACKAGES = ["attestations", "signer", "verifier", "watermark", "robustness", "v1"]
+SUBPACKAGES = ["attestations", "signer", "verifier", "watermark", "robustness", "v1", "webhook"]
 
 
 def test_wheel_contains_every_subpackage_and_nothing_else(tmp_path: Path) -> None:

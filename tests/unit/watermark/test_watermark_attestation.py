@@ -101,7 +101,7 @@ def test_attestation_refusals(toy_model: Path, tmp_path: Path, ecdsa: tuple[byte
     other = load_trusted_key(generate_private_key_pem(SignatureAlgorithm.ECDSA_P256)[1], name="other")
     with pytest.raises(AttestationError, match="is about model"):
         verify_watermark_attestation(path, [trusted], model_dir=toy_model)
-    with pytest.raises(SignatureError, match="no trusted key .*verifies"):
+    with pytest.raises(SignatureError, match=r"no trusted key .*verifies"):
         verify_watermark_attestation(path, [other], root_digest=digest)
     gate_only = load_trusted_key(ecdsa[1], name="ci", roles=frozenset({"gate"}))
     with pytest.raises(SignatureError, match="may sign 'watermark'"):

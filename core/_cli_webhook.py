@@ -1,0 +1,111 @@
+"""`modelsec webhook serve`: the Kubernetes validating admission webhook over HTTPS.
+
+Only click is imported here at module level; the server (starlette, uvicorn, prometheus-client: the
+`webhook` extra) loads inside the command so that `modelsec --help` stays fast. The command converts
+options, builds a `Reviewer` and serves; no trust decision is taken here. Exit 1 with a diagnostic when the
+policy, store, certificate or key cannot be loaded; 2 on usage errors.
+
+The mode (`enforce | warn | audit`) is a property of the deployment, set with `--mode` (or
+`$MODELSEC_WEBHOOK_MODE`): the same policy file can be rolled out in `audit`, then `warn`, then `enforce`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+__all__ = ["webhook"]
+
+
+@click.group(name="webhook")
+def webhook() -> None:
+    """Kubernetes validating admission webhook (AdmissionReview v1 over HTTPS)."""
+
+
+@webhook.command(name="serve")
+@click.option(
+    "--policy",
+    type=click.Path(path_type=Path, dir_okay=False),
+    required=True,
+    envvar="MODELSEC_POLICY",
+    help="Policy file (ModelPolicy, YAML or JSON); also $MODELSEC_POLICY.",
+)
+@click.option(
+    "--store",
+    type=click.Path(path_type=Path, file_okay=False),
+    required=True,
+    help="Attestation directory store (<store>/sha256/<model root digest>/*.sig, see `modelsec attest put`).",
+)
+@click.option(
+    "--cert", type=click.Path(path_type=Path, dir_okay=False), required=True, help="TLS certificate (PEM)."
+)
+@click.option(
+    "--key", type=click.Path(path_type=Path, dir_okay=False), required=True, help="TLS private key (PEM)."
+)
+@click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")  # noqa: S104
+@click.option("--port", type=click.IntRange(0, 65535), default=8443, show_default=True, help="HTTPS port.")
+@click.option(
+    "--mode",
+    type=click.Choice(["enforce", "warn", "audit"]),
+    default="enforce",
+    show_default=True,
+    envvar="MODELSEC_WEBHOOK_MODE",
+    help="enforce: deny; warn: allow with warnings; audit: allow, record only.",
+)
+@click.option(
+    "--deadline",
+    type=click.FloatRange(0.1, 30.0),
+    default=8.0,
+    show_default=True,
+    help="Internal deadline per decision in seconds; keep it below the webhook's timeoutSeconds.",
+)
+@click.option(
+    "--cache-ttl",
+    type=click.FloatRange(0.0, 3600.0),
+    default=60.0,
+    show_default=True,
+    help="Positive-cache TTL (s).",
+)
+def _serve(
+    policy: Path,
+    store: Path,
+    cert: Path,
+    key: Path,
+    host: str,
+    port: int,
+    mode: str,
+    deadline: float,
+    cache_ttl: float,
+) -> None:
+    """Serve POST /validate, /healthz, /readyz and /metrics over HTTPS until SIGTERM."""
+    from modelsec.errors import Error
+    from modelsec.policy import PolicySet
+
+    try:
+        from modelsec.webhook.review import DirectoryStore, Mode, Reviewer, WebhookConfig
+        from modelsec.webhook.server import serve
+    except ModuleNotFoundError as e:
+        click.echo(f"modelsec: error: {e.name} is missing; install modelsec[webhook]", err=True)
+        sys.exit(1)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    try:
+        policies = PolicySet.from_file(policy)
+        generation = hashlib.sha256(policy.read_bytes()).hexdigest()
+        config = WebhookConfig(mode=Mode(mode), deadline_seconds=deadline, cache_ttl_seconds=cache_ttl)
+        reviewer = Reviewer(
+            policies,
+            DirectoryStore(store, max_bundles=config.max_bundles),
+            config,
+            generation=generation,
+        )
+        serve(reviewer, cert, key, host=host, port=port)
+    except Error as e:
+        click.echo(f"modelsec: error: {e.diagnostics()}", err=True)
+        sys.exit(1)
+    except OSError as e:
+        click.echo(f"modelsec: error: {policy}: {e.strerror}", err=True)
+        sys.exit(1)

@@ -1,0 +1,707 @@
+"""AdmissionReview v1 decisions: which models a workload names, and whether each one may run.
+
+Pure logic, no HTTP: `Reviewer.parse` reads a request body, `Reviewer.decide` answers it. The server
+(`modelsec.webhook.server`) only moves bytes, enforces the deadline from the outside as well, logs and
+counts. Order, failing closed at every step (any error is a deny naming the reference and the reason):
+
+1. the body must be strict JSON (duplicate keys refused) holding an object `request` whose `uid` is a
+   non-empty string; otherwise `BadRequestError` (the server answers HTTP 400, never a verdict);
+2. the review must be `admission.k8s.io/v1` `AdmissionReview` for CREATE or UPDATE of a covered kind with
+   an `object`; anything else is a deny in the same apiVersion with the uid echoed (a `v1beta1` review
+   gets a `v1beta1`-shaped deny);
+3. model references are collected from the annotation `modelsec.dev/models` (comma-separated
+   `<uri>@sha256:<model root digest>`) on Pods (also for the `pods/ephemeralcontainers` subresource) and
+   on the workload and its pod template for Deployment, StatefulSet, DaemonSet, ReplicaSet, Job and
+   CronJob (`spec.jobTemplate.spec.template`), and for a KServe InferenceService from its annotations,
+   `spec.predictor.annotations`, `spec.predictor.storageUri`, `spec.predictor.model.storageUri` and
+   `spec.predictor.<framework>.storageUri`. A workload naming no model is allowed;
+4. per reference: a malformed reference (bad digest such as `sha256:zz`, no scheme, whitespace) is
+   refused; the URI (without the digest) must match a policy of the `PolicySet` (`noMatch: deny`); a
+   reference without a digest is refused when the matched policy has `requireDigest` (tags are mutable),
+   and also otherwise, since there is then no model root digest to look bundles up by;
+5. the bundles filed for the digest are read from the attestation store and checked with
+   `verify_attestations(digest, bundles, policy)` (weights signatures required); the reference is
+   allowed only when the verdict is `ok`. Only positive results are cached, keyed by (policy generation,
+   matched policy name, digest), for `cache_ttl_seconds`;
+6. the whole decision must finish within `deadline_seconds` (checked between steps; the server also stops
+   waiting at the deadline): an overrun is a deny.
+
+Modes (`WebhookConfig.mode`, set with `modelsec webhook serve --mode`): `enforce` answers the verdict;
+`warn` allows and returns every refusal as an AdmissionReview `warnings` entry; `audit` allows silently and
+leaves the refusal to the audit log, metrics and `auditAnnotations`. Requests that are not a valid v1
+AdmissionReview (step 2) are denied in every mode.
+
+Dry-run requests (`request.dryRun: true`) are evaluated exactly like others; they read the cache but never
+write it, so a dry run leaves no trace in the webhook's state besides logs and metrics.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import os
+import re
+import stat
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from modelsec._strict_json import strict_loads
+from modelsec.errors import (
+    BackendUnavailableError,
+    Error,
+    MalformedArtifactError,
+    PolicyViolationError,
+)
+from modelsec.policy import Policy, PolicySet
+
+__all__ = [
+    "ANNOTATION",
+    "AdmissionRequest",
+    "AttestationStore",
+    "BadRequestError",
+    "DeadlineExceededError",
+    "Decision",
+    "DirectoryStore",
+    "Mode",
+    "ModelReference",
+    "PositiveCache",
+    "ReferenceResult",
+    "Reviewer",
+    "WebhookConfig",
+    "parse_reference",
+]
+
+ANNOTATION = "modelsec.dev/models"
+API_V1 = "admission.k8s.io/v1"
+API_V1BETA1 = "admission.k8s.io/v1beta1"
+_DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}\Z")
+_URI_RE = re.compile(r"[a-z][a-z0-9+.-]*://[^\s@,]+\Z")
+_UID_MAX = 256
+_WORKLOAD_KINDS = {
+    ("apps", "Deployment"): ("spec", "template"),
+    ("apps", "StatefulSet"): ("spec", "template"),
+    ("apps", "DaemonSet"): ("spec", "template"),
+    ("apps", "ReplicaSet"): ("spec", "template"),
+    ("batch", "Job"): ("spec", "template"),
+    ("batch", "CronJob"): ("spec", "jobTemplate", "spec", "template"),
+}
+_KSERVE = ("serving.kserve.io", "InferenceService")
+
+
+class Mode(enum.StrEnum):
+    """What a refusal does: block (`enforce`), allow with warnings (`warn`), or only record it (`audit`)."""
+
+    ENFORCE = "enforce"
+    WARN = "warn"
+    AUDIT = "audit"
+
+
+class BadRequestError(MalformedArtifactError):
+    """The body is not an AdmissionReview with a readable `request.uid`: answer HTTP 400, not a verdict."""
+
+
+class DeadlineExceededError(BackendUnavailableError):
+    """The decision could not be finished within the internal deadline (the request is denied)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookConfig:
+    """Settings of one webhook process (one limits object, the python-tuf habit).
+
+    Attributes:
+        mode: `enforce`, `warn` or `audit` (see the module docstring).
+        deadline_seconds: Internal deadline for one decision; keep it below the webhook's `timeoutSeconds`
+            (at most 10 s in Kubernetes) so that an overrun is our deny, not the apiserver's timeout.
+        cache_ttl_seconds: How long a positive result is reused (0 disables the cache).
+        cache_max_entries: Bound on cached positive results.
+        max_body_bytes: Largest request body read (the apiserver's own request limit is 3 MiB).
+        max_references: Most model references one workload may name.
+        max_bundles: Most bundles read from the store for one digest.
+    """
+
+    mode: Mode = Mode.ENFORCE
+    deadline_seconds: float = 8.0
+    cache_ttl_seconds: float = 60.0
+    cache_max_entries: int = 4096
+    max_body_bytes: int = 4 * 2**20
+    max_references: int = 32
+    max_bundles: int = 64
+
+
+class AttestationStore(Protocol):
+    """Where the bundles about a model root digest come from (a directory, or the gRPC service's store)."""
+
+    def bundles(self, digest: str) -> list[bytes]:
+        """The raw bundles filed for `digest` (hex SHA-256); nothing in them is trusted yet.
+
+        Raises:
+            BackendUnavailableError: The store cannot be reached or read.
+        """
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class DirectoryStore:
+    """The directory store of `modelsec attest put` / `store_bundle`: `<root>/sha256/<digest>/*.sig`.
+
+    Attributes:
+        root: The store directory; it must exist (a missing store is an outage, not "no bundles").
+        max_bundle_bytes: Bytes read per bundle at most; a larger file is passed on truncated so that the
+            verifier refuses it by size.
+        max_bundles: Most bundles read for one digest.
+    """
+
+    root: Path
+    max_bundle_bytes: int = 16 * 2**20
+    max_bundles: int = 64
+
+    def bundles(self, digest: str) -> list[bytes]:
+        """Read every `*.sig` filed for `digest` (symlinks are skipped).
+
+        Raises:
+            BackendUnavailableError: The store root is missing, not a directory or unreadable, or a bundle
+                cannot be read.
+            MalformedArtifactError: `digest` is not 64 lowercase hex digits, or more than `max_bundles`
+                bundles are filed for it.
+        """
+        if not re.fullmatch(r"[0-9a-f]{64}", digest):
+            raise MalformedArtifactError(f"{digest!r} is not a hex SHA-256 digest")
+        try:
+            if not stat.S_ISDIR(os.stat(self.root).st_mode):
+                raise BackendUnavailableError(f"attestation store {self.root} is not a directory")
+            digest_dir = self.root / "sha256" / digest
+            try:
+                mode = os.lstat(digest_dir).st_mode
+            except FileNotFoundError:
+                return []
+            if not stat.S_ISDIR(mode):
+                return []
+            names = sorted(n for n in os.listdir(digest_dir) if n.endswith(".sig"))
+            if len(names) > self.max_bundles:
+                raise MalformedArtifactError(
+                    f"attestation store holds {len(names)} bundles for {digest}, more than {self.max_bundles}"
+                )
+            out = []
+            for name in names:
+                path = digest_dir / name
+                if not stat.S_ISREG(os.lstat(path).st_mode):
+                    continue
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+                with os.fdopen(fd, "rb") as f:
+                    out.append(f.read(self.max_bundle_bytes + 1))
+            return out
+        except OSError as e:
+            raise BackendUnavailableError(
+                f"attestation store {self.root} is unreadable: {e.strerror or type(e).__name__}"
+            ) from e
+
+
+@dataclass(frozen=True, slots=True)
+class ModelReference:
+    """One model reference as named by a workload.
+
+    Attributes:
+        raw: The reference as written.
+        uri: The part matched against the policies (everything before `@sha256:`).
+        digest: The model root digest (64 hex), or None when the reference pins none.
+        source: Where it was found (e.g. `spec.template.metadata.annotations`).
+    """
+
+    raw: str
+    uri: str
+    digest: str | None
+    source: str
+
+
+def parse_reference(raw: str, source: str) -> ModelReference:
+    """Parse `<uri>[@sha256:<64 hex>]`.
+
+    Args:
+        raw: One reference (already split on commas and stripped).
+        source: Where it was found, for diagnostics.
+
+    Returns:
+        The reference; its digest is None when none was pinned (refused later if the policy requires one).
+
+    Raises:
+        MalformedArtifactError: The URI has no scheme, contains whitespace, `,` or `@`, or the part after
+            the last `@` is not `sha256:` and 64 lowercase hex digits.
+    """
+    uri, at, suffix = raw.rpartition("@")
+    if not at:
+        uri, digest = raw, None
+    elif not _DIGEST_RE.match(suffix):
+        raise MalformedArtifactError(
+            f"{raw}: malformed digest {suffix!r} (want sha256: and 64 lowercase hex digits)"
+        )
+    else:
+        digest = suffix.removeprefix("sha256:")
+    if not _URI_RE.match(uri):
+        raise MalformedArtifactError(f"{raw}: malformed model URI (want scheme://path[@sha256:<digest>])")
+    return ModelReference(raw, uri, digest, source)
+
+
+class PositiveCache:
+    """Positive results only, keyed by (policy generation, policy name, digest), with a TTL. Thread-safe."""
+
+    def __init__(self, ttl_seconds: float, max_entries: int, clock: Callable[[], float]) -> None:
+        self._ttl, self._max, self._clock = ttl_seconds, max_entries, clock
+        self._entries: dict[tuple[str, str, str], float] = {}
+        self._lock = threading.Lock()
+
+    def hit(self, key: tuple[str, str, str]) -> bool:
+        """Whether `key` was verified positively less than the TTL ago."""
+        with self._lock:
+            expiry = self._entries.get(key)
+            if expiry is None:
+                return False
+            if expiry <= self._clock():
+                del self._entries[key]
+                return False
+            return True
+
+    def put(self, key: tuple[str, str, str]) -> None:
+        """Remember a positive result (expired entries, then the oldest, make room)."""
+        if self._ttl <= 0:
+            return
+        now = self._clock()
+        with self._lock:
+            if len(self._entries) >= self._max:
+                for k in [k for k, v in self._entries.items() if v <= now]:
+                    del self._entries[k]
+                while len(self._entries) >= self._max:
+                    del self._entries[next(iter(self._entries))]
+            self._entries[key] = now + self._ttl
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionRequest:
+    """A body whose uid could be read; everything else about it is still unchecked.
+
+    Attributes:
+        uid: `request.uid`, echoed in the response.
+        api_version: The review's apiVersion (the response uses the same one).
+        review: The decoded AdmissionReview.
+    """
+
+    uid: str
+    api_version: str
+    review: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ReferenceResult:
+    """The decision about one model reference.
+
+    Attributes:
+        reference: The reference as written.
+        allowed: Whether the reference may run.
+        reason: A short category for metrics (`verified`, `no-policy`, `digest-required`,
+            `malformed-reference`, `attestation`, `store-unavailable`, `deadline`, `error`).
+        detail: Human-readable explanation.
+        policy: The matched policy's name, if any.
+        cached: Whether a cached positive result was used.
+    """
+
+    reference: str
+    allowed: bool
+    reason: str
+    detail: str
+    policy: str | None = None
+    cached: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """An answered review: the response body and what the audit log and metrics record.
+
+    Attributes:
+        response: The AdmissionReview to send back (HTTP 200).
+        uid: The echoed uid.
+        verdict: `allow` or `deny`, before the mode is applied.
+        allowed: What the response says (always True in warn and audit modes, except for invalid reviews).
+        reason: A short category (`verified`, `no-references`, `malformed-request`, or the first refused
+            reference's reason).
+        mode: The mode applied.
+        dry_run: Whether the request was a dry run.
+        messages: Every refusal, in words.
+        references: The per-reference results.
+        request_info: kind, namespace, name, operation and subresource, for the audit log.
+    """
+
+    response: dict[str, Any]
+    uid: str
+    verdict: str
+    allowed: bool
+    reason: str
+    mode: Mode
+    dry_run: bool
+    messages: tuple[str, ...]
+    references: tuple[ReferenceResult, ...] = ()
+    request_info: Mapping[str, str] = field(default_factory=dict)
+
+    def audit_record(self) -> dict[str, Any]:
+        """A JSON-ready audit log record of the decision."""
+        return {
+            "uid": self.uid,
+            **self.request_info,
+            "dryRun": self.dry_run,
+            "mode": self.mode.value,
+            "verdict": self.verdict,
+            "allowed": self.allowed,
+            "reason": self.reason,
+            "messages": list(self.messages),
+            "references": [
+                {
+                    "reference": r.reference,
+                    "allowed": r.allowed,
+                    "reason": r.reason,
+                    "detail": r.detail,
+                    "policy": r.policy,
+                    "cached": r.cached,
+                }
+                for r in self.references
+            ],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class _PendingReference:
+    raw: str
+    where: str
+
+
+class _InvalidReviewError(MalformedArtifactError):
+    """The review is readable (uid known) but not a valid v1 AdmissionReview we can decide on."""
+
+
+def _reason_for(e: BaseException) -> str:
+    if isinstance(e, DeadlineExceededError):
+        return "deadline"
+    if isinstance(e, BackendUnavailableError):
+        return "store-unavailable"
+    if isinstance(e, PolicyViolationError):
+        return "no-policy"
+    if isinstance(e, MalformedArtifactError):
+        return "malformed-reference"
+    return "error"
+
+
+def _get(doc: object, path: Sequence[str], where: str) -> object:
+    value = doc
+    for part in path:
+        if value is None:
+            return None
+        if not isinstance(value, Mapping):
+            raise _InvalidReviewError(f"{where}: {'.'.join(path)} is not an object")
+        value = value.get(part)
+    return value
+
+
+class Reviewer:
+    """Answers AdmissionReviews for one policy set, attestation store and configuration.
+
+    Example:
+        >>> reviewer = Reviewer(PolicySet.from_file(Path("policy.yaml")), DirectoryStore(Path("/store")))
+        >>> decision = reviewer.review(body)  # raises BadRequestError when the uid is unreadable
+        >>> decision.response["response"]["allowed"]
+    """
+
+    def __init__(
+        self,
+        policies: PolicySet,
+        store: AttestationStore,
+        config: WebhookConfig | None = None,
+        *,
+        generation: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """Create a reviewer.
+
+        Args:
+            policies: The validated policy file.
+            store: Where bundles are read from.
+            config: Mode, deadline, cache and size limits; defaults to `WebhookConfig()`.
+            generation: Identifies this policy version in cache keys (e.g. the SHA-256 of the policy file);
+                defaults to a digest of `policies.source` and the policy names.
+            clock: Monotonic clock in seconds (tests inject one).
+        """
+        self.policies = policies
+        self.store = store
+        self.config = config or WebhookConfig()
+        self.generation = (
+            generation
+            or hashlib.sha256(
+                repr((policies.source, [p.name for p in policies.policies])).encode()
+            ).hexdigest()
+        )
+        self._clock = clock
+        self.cache = PositiveCache(self.config.cache_ttl_seconds, self.config.cache_max_entries, clock)
+
+    def review(self, body: bytes) -> Decision:
+        """Parse and decide in one call (see `parse` and `decide`).
+
+        Raises:
+            BadRequestError: No readable `request.uid` (answer HTTP 400).
+        """
+        return self.decide(self.parse(body))
+
+    def parse(self, body: bytes) -> AdmissionRequest:
+        """Read just enough of a body to answer it: strict JSON, an object `request` and its `uid`.
+
+        Args:
+            body: The raw HTTP request body.
+
+        Returns:
+            The request with its uid and apiVersion; its content is checked by `decide`.
+
+        Raises:
+            BadRequestError: Too large, not strict JSON, not an object, or no non-empty string
+                `request.uid` of at most 256 characters.
+        """
+        if len(body) > self.config.max_body_bytes:
+            raise BadRequestError(f"request body larger than {self.config.max_body_bytes} bytes")
+        try:
+            doc = strict_loads(body, what="AdmissionReview")
+        except MalformedArtifactError as e:
+            raise BadRequestError(e.diagnostics()) from e
+        request = doc.get("request") if isinstance(doc, dict) else None
+        uid = request.get("uid") if isinstance(request, dict) else None
+        if not isinstance(uid, str) or not uid or len(uid) > _UID_MAX or not uid.isprintable():
+            raise BadRequestError("AdmissionReview has no readable request.uid")
+        api_version = doc.get("apiVersion")
+        return AdmissionRequest(uid, api_version if isinstance(api_version, str) else API_V1, doc)
+
+    def decide(self, request: AdmissionRequest, *, started: float | None = None) -> Decision:
+        """Decide on a parsed request; never raises (every failure is a deny with its reason).
+
+        Args:
+            request: From `parse`.
+            started: When the deadline started (monotonic seconds; default now).
+
+        Returns:
+            The decision, with the response in the request's apiVersion and the uid echoed.
+        """
+        deadline = (self._clock() if started is None else started) + self.config.deadline_seconds
+        dry_run = False
+        info = self._request_info(request.review["request"])
+        try:
+            req = self._check_review(request)
+            dry_run = req.get("dryRun") is True
+            references = self._references(req)
+        except Error as e:
+            return self._answer(request, "deny", "malformed-request", (e.diagnostics(),), (), dry_run, info)
+        except Exception as e:  # noqa: BLE001 - fail closed: any bug in parsing is a deny, never an allow
+            message = f"internal error while reading the request: {type(e).__name__}"
+            return self._answer(request, "deny", "malformed-request", (message,), (), dry_run, info)
+        if not references:
+            return self._answer(request, "allow", "no-references", (), (), dry_run, info)
+        results = tuple(self._decide_reference(ref, deadline, dry_run) for ref in references)
+        refused = [r for r in results if not r.allowed]
+        if refused:
+            messages = tuple(f"model {r.reference}: {r.detail}" for r in refused)
+            return self._answer(request, "deny", refused[0].reason, messages, results, dry_run, info)
+        return self._answer(request, "allow", "verified", (), results, dry_run, info)
+
+    def deny(self, request: AdmissionRequest, reason: str, message: str) -> Decision:
+        """A deny for a request the caller could not get decided (e.g. `reason="deadline"`, `"error"`).
+
+        The mode applies as for any other refusal (warn and audit allow and record it).
+        """
+        dry_run = request.review["request"].get("dryRun") is True
+        return self._answer(
+            request, "deny", reason, (message,), (), dry_run, self._request_info(request.review["request"])
+        )
+
+    def deny_deadline(self, request: AdmissionRequest) -> Decision:
+        """The answer when the server stopped waiting for `decide` at the deadline."""
+        message = f"verification did not finish within the {self.config.deadline_seconds:g} s deadline"
+        return self.deny(request, "deadline", message)
+
+    def _check_review(self, request: AdmissionRequest) -> Mapping[str, Any]:
+        review = request.review
+        if review.get("apiVersion") != API_V1 or review.get("kind") != "AdmissionReview":
+            raise _InvalidReviewError(
+                f"only {API_V1} AdmissionReview is supported, got {review.get('apiVersion')!r} "
+                f"{review.get('kind')!r}"
+            )
+        req: Mapping[str, Any] = review["request"]
+        operation = req.get("operation")
+        if operation not in ("CREATE", "UPDATE"):
+            raise _InvalidReviewError(f"operation {operation!r} is not reviewed (only CREATE and UPDATE)")
+        if not isinstance(req.get("object"), dict):
+            raise _InvalidReviewError("request.object is missing or not an object")
+        if not isinstance(req.get("kind"), dict):
+            raise _InvalidReviewError("request.kind is missing")
+        return req
+
+    @staticmethod
+    def _request_info(req: Mapping[str, Any]) -> dict[str, str]:
+        """Who asked for what, for the audit log; best effort on an unchecked request (never raises)."""
+        kind = req.get("kind")
+        if not isinstance(kind, Mapping):
+            kind = {}
+        return {
+            key: str(value)
+            for key, value in (
+                ("kind", f"{kind.get('group') or 'core'}/{kind.get('kind')}" if kind else None),
+                ("namespace", req.get("namespace")),
+                ("name", req.get("name")),
+                ("operation", req.get("operation")),
+                ("subResource", req.get("subResource")),
+            )
+            if isinstance(value, str) and value
+        }
+
+    def _references(self, req: Mapping[str, Any]) -> list[_PendingReference]:
+        kind = req["kind"]
+        group, name = kind.get("group", ""), kind.get("kind")
+        obj = req["object"]
+        sources: list[tuple[object, str]] = []  # (annotation map or URI string, where)
+        if (group, name) == ("", "Pod"):
+            sources.append((_get(obj, ("metadata", "annotations"), "Pod"), "metadata.annotations"))
+        elif (group, name) in _WORKLOAD_KINDS:
+            template = _WORKLOAD_KINDS[(group, name)]
+            sources.append((_get(obj, ("metadata", "annotations"), name), "metadata.annotations"))
+            where = ".".join((*template, "metadata", "annotations"))
+            sources.append((_get(obj, (*template, "metadata", "annotations"), name), where))
+        elif (group, name) == _KSERVE:
+            sources.append((_get(obj, ("metadata", "annotations"), name), "metadata.annotations"))
+            predictor = _get(obj, ("spec", "predictor"), name)
+            if predictor is not None:
+                if not isinstance(predictor, Mapping):
+                    raise _InvalidReviewError(f"{name}: spec.predictor is not an object")
+                sources.append((predictor.get("annotations"), "spec.predictor.annotations"))
+                sources.append((predictor.get("storageUri"), "spec.predictor.storageUri"))
+                for key, value in sorted(predictor.items()):
+                    if isinstance(value, Mapping) and "storageUri" in value:
+                        sources.append((value["storageUri"], f"spec.predictor.{key}.storageUri"))
+        else:
+            raise _InvalidReviewError(f"kind {group or 'core'}/{name} is not covered by modelsec")
+        refs: list[_PendingReference] = []
+        seen: set[str] = set()
+        for value, where in sources:
+            raws: list[str]
+            if value is None:
+                continue
+            if where.endswith("annotations"):
+                if not isinstance(value, Mapping):
+                    raise _InvalidReviewError(f"{where} is not an object")
+                text = value.get(ANNOTATION)
+                if text is None:
+                    continue
+                if not isinstance(text, str):
+                    raise _InvalidReviewError(f"{where}[{ANNOTATION}] is not a string")
+                raws = [part.strip() for part in text.split(",")]
+                if any(not part for part in raws):
+                    raise _InvalidReviewError(f"{where}[{ANNOTATION}] has an empty entry")
+            elif isinstance(value, str) and value:
+                raws = [value.strip()]
+            else:
+                raise _InvalidReviewError(f"{where} is not a non-empty string")
+            for raw in raws:
+                if raw not in seen:
+                    seen.add(raw)
+                    refs.append(_PendingReference(raw, where))
+        if len(refs) > self.config.max_references:
+            raise _InvalidReviewError(
+                f"{len(refs)} model references, more than the limit of {self.config.max_references}"
+            )
+        return refs
+
+    def _decide_reference(
+        self, pending: _PendingReference, deadline: float, dry_run: bool
+    ) -> ReferenceResult:
+        raw = pending.raw
+        policy: Policy | None = None
+        try:
+            self._check_deadline(deadline)
+            ref = parse_reference(raw, pending.where)
+            policy = self.policies.for_uri(ref.uri)
+            if ref.digest is None:
+                if policy.require_digest:
+                    return ReferenceResult(
+                        raw,
+                        False,
+                        "digest-required",
+                        f"policy {policy.name!r} requires a pinned @sha256:<model root digest> "
+                        "(tags are mutable)",
+                        policy.name,
+                    )
+                return ReferenceResult(
+                    raw, False, "digest-required", "no model root digest to verify", policy.name
+                )
+            key = (self.generation, policy.name, ref.digest)
+            if self.cache.hit(key):
+                return ReferenceResult(raw, True, "verified", "verified (cached)", policy.name, True)
+            bundles = self.store.bundles(ref.digest)
+            self._check_deadline(deadline)
+            from modelsec.verifier.attestations import verify_attestations
+
+            verdict = verify_attestations(ref.digest, bundles, policy, require_signatures=True)
+            self._check_deadline(deadline)
+            if not verdict.ok:
+                detail = f"policy {policy.name!r}: " + "; ".join(verdict.reasons())
+                return ReferenceResult(raw, False, "attestation", detail, policy.name)
+            if not dry_run:
+                self.cache.put(key)
+            detail = "verified: " + "; ".join(verdict.satisfied)
+            return ReferenceResult(raw, True, "verified", detail, policy.name)
+        except Error as e:
+            name = policy.name if policy else None
+            return ReferenceResult(raw, False, _reason_for(e), e.diagnostics(), name)
+        except Exception as e:  # noqa: BLE001 - fail closed: a bug while verifying is a deny, never an allow
+            name = policy.name if policy else None
+            return ReferenceResult(raw, False, "error", f"internal error: {type(e).__name__}: {e}", name)
+
+    def _check_deadline(self, deadline: float) -> None:
+        if self._clock() > deadline:
+            raise DeadlineExceededError(
+                f"verification did not finish within the {self.config.deadline_seconds:g} s deadline"
+            )
+
+    def _answer(
+        self,
+        request: AdmissionRequest,
+        verdict: str,
+        reason: str,
+        messages: tuple[str, ...],
+        results: tuple[ReferenceResult, ...],
+        dry_run: bool,
+        info: Mapping[str, str],
+    ) -> Decision:
+        mode = self.config.mode
+        # An invalid review is denied in every mode: warn/audit soften model verdicts, not the protocol.
+        allowed = verdict == "allow" or (mode is not Mode.ENFORCE and reason != "malformed-request")
+        api_version = request.api_version if request.api_version in (API_V1, API_V1BETA1) else API_V1
+        response: dict[str, Any] = {
+            "uid": request.uid,
+            "allowed": allowed,
+            "auditAnnotations": {"decision": verdict, "reason": reason, "mode": mode.value},
+        }
+        if verdict == "deny":
+            text = "modelsec: " + "; ".join(messages)
+            if not allowed:
+                response["status"] = {"code": 403, "reason": "Forbidden", "message": text}
+            elif mode is Mode.WARN:
+                response["warnings"] = [f"modelsec ({mode.value} mode): {m}"[:512] for m in messages]
+        return Decision(
+            response={"apiVersion": api_version, "kind": "AdmissionReview", "response": response},
+            uid=request.uid,
+            verdict=verdict,
+            allowed=allowed,
+            reason=reason,
+            mode=mode,
+            dry_run=dry_run,
+            messages=messages,
+            references=results,
+            request_info=dict(info),
+        )

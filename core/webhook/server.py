@@ -1,0 +1,329 @@
+"""The HTTPS front door of the admission webhook (starlette on uvicorn; the `webhook` extra).
+
+Routes: `POST /validate` (AdmissionReview v1 in and out), `GET /healthz` (the process is up), `GET /readyz`
+(the certificate is loaded and the attestation store is a readable directory), `GET /metrics`
+(Prometheus text: `modelsec_webhook_decisions_total{outcome,reason}` and the
+`modelsec_webhook_decision_seconds` histogram).
+
+This module takes no trust decision: it reads the body (at most `WebhookConfig.max_body_bytes`), lets
+`Reviewer.parse` find the uid (HTTP 400 without one), runs `Reviewer.decide` in a worker thread and stops
+waiting at `WebhookConfig.deadline_seconds` (a deny), logs one JSON audit line per decision on the logger
+`modelsec.webhook.audit`, and counts it. TLS only: the serving certificate and key are re-read when their
+files change on disk (checked every `reload_interval` seconds; a pair that does not load is logged and the
+previous one kept), so a rotated Kubernetes Secret takes effect without a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import json
+import logging
+import os
+import socket
+import ssl
+import stat
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from modelsec.errors import BackendUnavailableError, KeyMaterialError
+from modelsec.webhook.review import BadRequestError, Decision, DirectoryStore, Reviewer
+
+__all__ = ["AUDIT_LOGGER", "CertificateReloader", "create_app", "serve"]
+
+AUDIT_LOGGER = "modelsec.webhook.audit"
+_log = logging.getLogger("modelsec.webhook")
+_audit = logging.getLogger(AUDIT_LOGGER)
+
+
+def _stamp(path: Path) -> tuple[int, int, int]:
+    st = os.stat(path)
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+class CertificateReloader:
+    """One server `SSLContext` whose certificate and key follow the files on disk.
+
+    New connections use the pair loaded last; established ones keep theirs. A changed pair is first loaded
+    into a throwaway context, so a half-written or mismatched pair never replaces a working one.
+    """
+
+    def __init__(self, cert: Path, key: Path) -> None:
+        """Load the pair (TLS 1.2 or later).
+
+        Raises:
+            KeyMaterialError: The certificate or key cannot be read or do not match.
+        """
+        self.cert, self.key = cert, key
+        self.context = self._new_context()
+        self._stamps = self._current_stamps()
+        self.reloads = 0
+
+    def _new_context(self) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        self._load(context)
+        return context
+
+    def _load(self, context: ssl.SSLContext) -> None:
+        try:
+            context.load_cert_chain(self.cert, self.key)
+        except (OSError, ssl.SSLError) as e:
+            raise KeyMaterialError(
+                f"cannot load the serving certificate {self.cert} and key {self.key}: {e}"
+            ) from e
+
+    def _current_stamps(self) -> tuple[tuple[int, int, int], ...]:
+        try:
+            return (_stamp(self.cert), _stamp(self.key))
+        except OSError as e:
+            raise KeyMaterialError(f"cannot stat the serving certificate or key: {e.strerror}") from e
+
+    def maybe_reload(self) -> bool:
+        """Reload the pair if either file changed since the last load.
+
+        Returns:
+            True when a new pair was loaded.
+
+        Raises:
+            KeyMaterialError: The files changed but do not load (the previous pair stays in use; the next
+                call tries again).
+        """
+        stamps = self._current_stamps()
+        if stamps == self._stamps:
+            return False
+        self._new_context()  # validates the new pair before it touches the live context
+        self._load(self.context)
+        self._stamps = stamps
+        self.reloads += 1
+        return True
+
+
+@dataclass(slots=True)
+class _Metrics:
+    registry: CollectorRegistry
+    decisions: Counter
+    latency: Histogram
+
+    @classmethod
+    def create(cls) -> _Metrics:
+        registry = CollectorRegistry()
+        return cls(
+            registry,
+            Counter(
+                "modelsec_webhook_decisions",
+                "Admission decisions by outcome (allow, deny, warn, audit, bad-request) and reason.",
+                ["outcome", "reason"],
+                registry=registry,
+            ),
+            Histogram(
+                "modelsec_webhook_decision_seconds",
+                "Time from request body read to response, in seconds.",
+                buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+                registry=registry,
+            ),
+        )
+
+
+def _outcome(decision: Decision) -> str:
+    if decision.verdict == "allow":
+        return "allow"
+    return "deny" if not decision.allowed else decision.mode.value
+
+
+def create_app(
+    reviewer: Reviewer,
+    *,
+    certificates: CertificateReloader | None = None,
+    reload_interval: float = 10.0,
+    workers: int = 4,
+) -> Starlette:
+    """The ASGI application (routes in the module docstring).
+
+    Args:
+        reviewer: Decides on each review.
+        certificates: Reloaded every `reload_interval` seconds while the app runs (None: no TLS here,
+            for tests of the routes alone).
+        reload_interval: Seconds between certificate checks.
+        workers: Threads that run decisions (verification is CPU-bound); a request waiting for a free
+            thread counts against its deadline.
+
+    Returns:
+        The Starlette app; `app.state.metrics_registry` holds its Prometheus registry.
+    """
+    metrics = _Metrics.create()
+    executor = concurrent.futures.ThreadPoolExecutor(
+        max_workers=workers, thread_name_prefix="modelsec-review"
+    )
+    deadline = reviewer.config.deadline_seconds
+    max_body = reviewer.config.max_body_bytes
+
+    async def read_body(request: Request) -> bytes | None:
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_body:
+                return None
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def record(decision: Decision, started: float) -> None:
+        elapsed = time.monotonic() - started
+        metrics.decisions.labels(_outcome(decision), decision.reason).inc()
+        metrics.latency.observe(elapsed)
+        line = {
+            "ts": datetime.now(UTC).isoformat(timespec="milliseconds"),
+            "event": "admission-decision",
+            "latencyMs": round(elapsed * 1000, 3),
+            **decision.audit_record(),
+        }
+        _audit.info(json.dumps(line, sort_keys=True))
+
+    def bad_request(message: str, started: float) -> Response:
+        metrics.decisions.labels("bad-request", "no-uid").inc()
+        metrics.latency.observe(time.monotonic() - started)
+        _audit.info(json.dumps({"event": "admission-bad-request", "error": message}, sort_keys=True))
+        return JSONResponse({"error": message}, status_code=400)
+
+    async def validate(request: Request) -> Response:
+        started = time.monotonic()
+        body = await read_body(request)
+        if body is None:
+            return bad_request(f"request body larger than {max_body} bytes", started)
+        try:
+            parsed = reviewer.parse(body)
+        except BadRequestError as e:
+            return bad_request(e.diagnostics(), started)
+        loop = asyncio.get_running_loop()
+        try:
+            remaining = max(0.0, deadline - (time.monotonic() - started))
+            future = loop.run_in_executor(executor, lambda: reviewer.decide(parsed, started=started))
+            decision = await asyncio.wait_for(future, timeout=remaining)
+        except TimeoutError:
+            decision = reviewer.deny_deadline(parsed)
+        except Exception as e:  # noqa: BLE001 - fail closed: an executor failure is a deny, never an allow
+            decision = reviewer.deny(parsed, "error", f"internal error: {type(e).__name__}")
+        record(decision, started)
+        return JSONResponse(decision.response)
+
+    async def healthz(request: Request) -> Response:
+        return PlainTextResponse("ok\n")
+
+    async def readyz(request: Request) -> Response:
+        store = reviewer.store
+        if isinstance(store, DirectoryStore):
+            try:
+                if not stat.S_ISDIR(os.stat(store.root).st_mode) or not os.access(
+                    store.root, os.R_OK | os.X_OK
+                ):
+                    raise BackendUnavailableError(
+                        f"attestation store {store.root} is not a readable directory"
+                    )
+            except OSError as e:
+                return PlainTextResponse(f"attestation store unavailable: {e.strerror}\n", status_code=503)
+            except BackendUnavailableError as e:
+                return PlainTextResponse(e.diagnostics() + "\n", status_code=503)
+        return PlainTextResponse("ready\n")
+
+    async def metrics_route(request: Request) -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        task = asyncio.create_task(_reload_loop(certificates, reload_interval)) if certificates else None
+        try:
+            yield
+        finally:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            executor.shutdown(wait=False, cancel_futures=True)
+
+    app = Starlette(
+        routes=[
+            Route("/validate", validate, methods=["POST"]),
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/readyz", readyz, methods=["GET"]),
+            Route("/metrics", metrics_route, methods=["GET"]),
+        ],
+        lifespan=lifespan,
+    )
+    app.state.metrics_registry = metrics.registry
+    return app
+
+
+async def _reload_loop(certificates: CertificateReloader, interval: float) -> None:
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            if certificates.maybe_reload():
+                _log.info("reloaded the serving certificate from %s", certificates.cert)
+        except KeyMaterialError as e:
+            _log.warning("keeping the previous serving certificate: %s", e.diagnostics())
+
+
+def build_server(
+    reviewer: Reviewer,
+    cert: Path,
+    key: Path,
+    *,
+    host: str = "0.0.0.0",  # noqa: S104 - a webhook Pod serves the cluster network
+    port: int = 8443,
+    reload_interval: float = 10.0,
+    workers: int = 4,
+) -> tuple[Any, CertificateReloader]:
+    """A configured `uvicorn.Server` serving `create_app(reviewer)` over TLS, and its certificate reloader.
+
+    Raises:
+        KeyMaterialError: The certificate or key cannot be loaded.
+    """
+    import uvicorn
+
+    certificates = CertificateReloader(cert, key)
+    app = create_app(reviewer, certificates=certificates, reload_interval=reload_interval, workers=workers)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        ssl_certfile=str(cert),
+        ssl_keyfile=str(key),
+        log_config=None,
+        access_log=False,
+        server_header=False,
+        timeout_graceful_shutdown=5,
+    )
+    config.load()
+    # Serve from the reloader's context, not the one uvicorn built, so that rotations take effect.
+    config.ssl = certificates.context
+    return uvicorn.Server(config), certificates
+
+
+def serve(
+    reviewer: Reviewer,
+    cert: Path,
+    key: Path,
+    *,
+    host: str = "0.0.0.0",  # noqa: S104 - a webhook Pod serves the cluster network
+    port: int = 8443,
+    sock: socket.socket | None = None,
+) -> None:
+    """Serve until SIGTERM/SIGINT (graceful stop: in-flight reviews finish, at most 5 s).
+
+    Raises:
+        KeyMaterialError: The certificate or key cannot be loaded.
+    """
+    server, _ = build_server(reviewer, cert, key, host=host, port=port)
+    server.run(sockets=[sock] if sock is not None else None)
