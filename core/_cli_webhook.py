@@ -70,6 +70,13 @@ def webhook() -> None:
     show_default=True,
     help="Positive-cache TTL (s).",
 )
+@click.option(
+    "--require-models-in",
+    "require_models_in",
+    multiple=True,
+    metavar="NAMESPACE_GLOB",
+    help="Namespaces whose workloads must name a model (repeatable glob); others without one are allowed.",
+)
 def _serve(
     policy: Path,
     store: Path,
@@ -80,6 +87,7 @@ def _serve(
     mode: str,
     deadline: float,
     cache_ttl: float,
+    require_models_in: tuple[str, ...],
 ) -> None:
     """Serve POST /validate, /healthz, /readyz and /metrics over HTTPS until SIGTERM."""
     from modelsec.errors import Error
@@ -95,7 +103,12 @@ def _serve(
     try:
         policies = PolicySet.from_file(policy)
         generation = hashlib.sha256(policy.read_bytes()).hexdigest()
-        config = WebhookConfig(mode=Mode(mode), deadline_seconds=deadline, cache_ttl_seconds=cache_ttl)
+        config = WebhookConfig(
+            mode=Mode(mode),
+            deadline_seconds=deadline,
+            cache_ttl_seconds=cache_ttl,
+            require_models_in=require_models_in,
+        )
         reviewer = Reviewer(
             policies,
             DirectoryStore(store, max_bundles=config.max_bundles),

@@ -38,6 +38,7 @@ write it, so a dry run leaves no trace in the webhook's state besides logs and m
 from __future__ import annotations
 
 import enum
+import fnmatch
 import hashlib
 import os
 import re
@@ -121,6 +122,8 @@ class WebhookConfig:
         max_body_bytes: Largest request body read (the apiserver's own request limit is 3 MiB).
         max_references: Most model references one workload may name.
         max_bundles: Most bundles read from the store for one digest.
+        require_models_in: Namespace globs (`fnmatch`) whose workloads must name at least one model: a
+            workload there without a model reference is denied instead of allowed.
     """
 
     mode: Mode = Mode.ENFORCE
@@ -130,6 +133,7 @@ class WebhookConfig:
     max_body_bytes: int = 4 * 2**20
     max_references: int = 32
     max_bundles: int = 64
+    require_models_in: tuple[str, ...] = ()
 
 
 class AttestationStore(Protocol):
@@ -503,6 +507,10 @@ class Reviewer:
             message = f"internal error while reading the request: {type(e).__name__}"
             return self._answer(request, "deny", "malformed-request", (message,), (), dry_run, info)
         if not references:
+            namespace = info.get("namespace", "")
+            if any(fnmatch.fnmatchcase(namespace, p) for p in self.config.require_models_in):
+                message = f"namespace {namespace!r} requires a model reference (annotation {ANNOTATION})"
+                return self._answer(request, "deny", "missing-references", (message,), (), dry_run, info)
             return self._answer(request, "allow", "no-references", (), (), dry_run, info)
         results = tuple(self._decide_reference(ref, deadline, dry_run) for ref in references)
         refused = [r for r in results if not r.allowed]

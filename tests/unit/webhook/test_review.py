@@ -216,6 +216,23 @@ def test_workload_without_models_is_allowed(kind: str, policies: PolicySet, sign
     assert decision.reason == "no-references"
 
 
+def test_namespace_that_requires_models_denies_workloads_without_one(
+    policies: PolicySet, signed: tuple[str, Path]
+) -> None:
+    body = review_body("Pod", None)
+    namespace = body["request"]["namespace"]
+    strict = reviewer(policies, signed[1], require_models_in=(namespace[:2] + "*",))
+    decision = strict.review(json.dumps(body).encode())
+    assert decision.response["response"]["allowed"] is False
+    assert decision.reason == "missing-references"
+    assert (
+        f"namespace {namespace!r} requires a model reference"
+        in decision.response["response"]["status"]["message"]
+    )
+    other = reviewer(policies, signed[1], require_models_in=("prod-*",))
+    assert other.review(json.dumps(body).encode()).response["response"]["allowed"] is True
+
+
 def test_ephemeral_containers_update_checks_pod_annotation(
     policies: PolicySet, signed: tuple[str, Path]
 ) -> None:
