@@ -506,6 +506,19 @@ class Reviewer:
         except Exception as e:  # noqa: BLE001 - fail closed: any bug in parsing is a deny, never an allow
             message = f"internal error while reading the request: {type(e).__name__}"
             return self._answer(request, "deny", "malformed-request", (message,), (), dry_run, info)
+        try:
+            uncovered = self._uncovered_image_volumes(req, references)
+        except Exception as e:  # noqa: BLE001 - fail closed
+            return self._answer(
+                request, "deny", "malformed-request", (f"image volumes: {e}",), (), dry_run, info
+            )
+        if uncovered:
+            messages = tuple(
+                f"image volume {ref!r} is not among the workload's verified model references ({ANNOTATION}: "
+                f"oci://<repository>@sha256:<model root digest>)"
+                for ref in uncovered
+            )
+            return self._answer(request, "deny", "unverified-image-volume", messages, (), dry_run, info)
         if not references:
             namespace = info.get("namespace", "")
             if any(fnmatch.fnmatchcase(namespace, p) for p in self.config.require_models_in):
@@ -624,6 +637,48 @@ class Reviewer:
                 f"{len(refs)} model references, more than the limit of {self.config.max_references}"
             )
         return refs
+
+    @staticmethod
+    def _uncovered_image_volumes(req: Mapping[str, Any], references: list[_PendingReference]) -> list[str]:
+        """Image volumes whose repository no model reference of the workload names as `oci://<repository>`.
+
+        Image volumes (`spec.volumes[].image.reference`, OCI artifacts mounted as files, Kubernetes 1.31+)
+        are how a model can reach a container without being named in the annotation: each one must be
+        covered by a reference that is then verified like any other.
+        """
+        kind = req["kind"]
+        group, name = kind.get("group", ""), kind.get("kind")
+        obj = req["object"]
+        if (group, name) == ("", "Pod"):
+            spec = obj.get("spec")
+        elif (group, name) in _WORKLOAD_KINDS:
+            spec = _get(obj, (*_WORKLOAD_KINDS[(group, name)], "spec"), name)
+        else:
+            return []
+        volumes = spec.get("volumes") if isinstance(spec, Mapping) else None
+        if not isinstance(volumes, list):
+            return []
+        named = set()
+        for pending in references:
+            uri = pending.raw.split("@", 1)[0]
+            if uri.startswith("oci://"):
+                named.add(uri[len("oci://") :])
+        uncovered = []
+        for volume in volumes:
+            image = volume.get("image") if isinstance(volume, Mapping) else None
+            if image is None:
+                continue
+            ref = image.get("reference") if isinstance(image, Mapping) else None
+            if not isinstance(ref, str) or not ref:
+                uncovered.append(repr(ref))
+                continue
+            repository = ref.split("@", 1)[0]
+            last = repository.rsplit("/", 1)[-1]
+            if ":" in last:  # a tag, not a registry port
+                repository = repository[: len(repository) - len(last)] + last.split(":", 1)[0]
+            if repository not in named:
+                uncovered.append(ref)
+        return uncovered
 
     def _decide_reference(
         self, pending: _PendingReference, deadline: float, dry_run: bool

@@ -216,6 +216,29 @@ def test_workload_without_models_is_allowed(kind: str, policies: PolicySet, sign
     assert decision.reason == "no-references"
 
 
+def test_image_volumes_must_be_covered_by_a_verified_reference(
+    policies: PolicySet, signed: tuple[str, Path]
+) -> None:
+    digest, store = signed
+    r = reviewer(policies, store)
+    ref = f"oci://registry.internal/models/x@sha256:{digest}"
+    for models, image, allowed in [
+        (ref, "registry.internal/models/x:v1", True),
+        (ref, "registry.internal/models/x@sha256:" + "ab" * 32, True),
+        (ref, "registry.internal/models/other:v1", False),
+        (None, "registry.internal/models/x:v1", False),
+    ]:
+        body = review_body("Pod", models)
+        body["request"]["object"].setdefault("spec", {})["volumes"] = [
+            {"name": "weights", "image": {"reference": image, "pullPolicy": "IfNotPresent"}}
+        ]
+        decision = r.review(json.dumps(body).encode())
+        assert decision.response["response"]["allowed"] is allowed, (models, image)
+        if not allowed:
+            assert decision.reason == "unverified-image-volume"
+            assert image in decision.response["response"]["status"]["message"]
+
+
 def test_namespace_that_requires_models_denies_workloads_without_one(
     policies: PolicySet, signed: tuple[str, Path]
 ) -> None:
