@@ -10,13 +10,16 @@ model when the policy requires attestations. Order for each bundle, failing clos
    `https://modelsec.dev/robustness-gate/v1` (role `gate`); anything else is refused by name;
 3. the signature must verify under a policy key holding that role (keys never come from the bundle);
 4. the statement is parsed again from the verified bytes, and its subject must be this model's root digest
-   (an attestation replayed from another model is refused);
+   (an attestation replayed from another model does not count);
 5. the predicate must meet the policy: the gate's attack, ε, verdict, robust accuracy under the policy's
    rule (point or Wilson lower bound), sample count, sanity checks and freshness (`finishedAt`); the
    watermark's embed-time detection, confidence and false-positive probability.
 
-The verdict lists what was satisfied, what is missing and every refused bundle with its reason; it is
-acceptable only when nothing is missing and nothing was refused.
+Bundles failing steps 1-4 are *ignored* (they are not this model's evidence under this policy, and a
+shared store must not let whoever writes to it veto a model); trusted statements about this model that
+fail step 5, or that have an unknown predicate type, are *refused* and veto. The verdict lists what was
+satisfied, what is missing, what was refused and what was ignored and why; it is acceptable only when
+nothing is missing and nothing was refused.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from typing import Any
 
 from modelsec.attestations.bundle import Bundle, parse_bundle
 from modelsec.attestations.statement import Statement, parse_statement
-from modelsec.errors import AttestationError, Error, VerificationError
+from modelsec.errors import AttestationError, Error
 from modelsec.limits import Limits
 from modelsec.policy import Policy, RobustnessRequirement, WatermarkRequirement
 from modelsec.signer.manifest import OMS_PREDICATE_TYPE, parse_manifest
@@ -77,8 +80,12 @@ class AttestationVerdict:
         root_digest: The model root digest the evidence had to be about.
         satisfied: Requirements met, in words (e.g. "robustness: pgd-linf eps 0.3 >= 0.03, robust 0.95").
         missing: Requirements nothing satisfied (e.g. "signature: sm2").
-        refused: Bundles that failed a check, each with its source and reason.
+        refused: Trusted statements about this model that fail the policy (a FAILED gate, eps too small,
+            stale, unknown predicate type), each with its source and reason; any refusal vetoes.
         evidence: The accepted evidence.
+        ignored: Bundles that are not evidence for this model under this policy (unparseable, signed by
+            no key trusted for their role, about another model), with the reason; they do not veto, but
+            explain a requirement left missing.
     """
 
     root_digest: str
@@ -86,6 +93,7 @@ class AttestationVerdict:
     missing: tuple[str, ...]
     refused: tuple[str, ...]
     evidence: tuple[Evidence, ...] = field(default=())
+    ignored: tuple[str, ...] = field(default=())
 
     @property
     def ok(self) -> bool:
@@ -93,8 +101,11 @@ class AttestationVerdict:
         return not self.missing and not self.refused
 
     def reasons(self) -> list[str]:
-        """Why the verdict is negative (empty when `ok`)."""
-        return [f"missing {m}" for m in self.missing] + [f"refused {r}" for r in self.refused]
+        """Why the verdict is negative (empty when `ok`); ignored bundles explain what is missing."""
+        if self.ok:
+            return []
+        explained = [f"ignored {i}" for i in self.ignored] if self.missing else []
+        return [f"missing {m}" for m in self.missing] + [f"refused {r}" for r in self.refused] + explained
 
     def raise_for_policy(self) -> None:
         """Raise `AttestationError` naming every missing or refused piece unless the verdict is `ok`."""
@@ -109,6 +120,7 @@ class AttestationVerdict:
             "satisfied": list(self.satisfied),
             "missing": list(self.missing),
             "refused": list(self.refused),
+            "ignored": list(self.ignored),
             "evidence": [
                 {"kind": e.kind, "source": e.source, "key": e.key, "detail": e.detail} for e in self.evidence
             ],
@@ -294,40 +306,55 @@ def verify_attestations(
     evidence: list[Evidence] = []
     signed_algorithms: set[str] = set()
     gates = watermarks = 0
+    ignored: list[str] = []
     for index, item in enumerate(bundles):
         what = str(item) if isinstance(item, Path) else f"bundle[{index}]"
+        # Evidence that is not this model's under this policy (unparseable, signed by no key trusted for
+        # its role, about another model) does not count, but does not veto either: a shared store may
+        # hold other teams' bundles, and anyone who can write to it must not be able to deny a model.
+        # Evidence a trusted key signed about this very model that fails a requirement is a refusal.
         try:
             bundle = _load(item, policy, index)
             claimed = parse_statement(bundle.envelope.payload, what=what).predicate_type
             role = _ROLE.get(claimed)
             if role is None:
-                raise AttestationError(f"{what}: unknown predicate type {claimed!r}")
+                signer = verify_bundle_signature(bundle, policy.keys, role=None)
+                refused.append(
+                    f"{what}: unknown predicate type {claimed!r} signed by trusted key {signer.name!r}"
+                )
+                continue
             key = verify_bundle_signature(bundle, policy.keys, role=role)
             statement: Statement = parse_statement(bundle.envelope.payload, what=what, predicate_type=claimed)
             subjects = [s.digest.get("sha256", "") for s in statement.subjects]
             if not any(hmac.compare_digest(s.encode(), root_digest.encode()) for s in subjects):
-                raise AttestationError(f"{what}: is about model {subjects[0] or '?'}, not {root_digest}")
+                ignored.append(f"{what}: is about model {subjects[0] or '?'}, not {root_digest}")
+                continue
+        except Error as e:
+            ignored.append(
+                e.diagnostics() if e.diagnostics().startswith(what) else f"{what}: {e.diagnostics()}"
+            )
+            continue
+        try:
             if claimed == OMS_PREDICATE_TYPE:
                 parse_manifest(statement, what=what, limits=policy.limits)
                 signed_algorithms.add(key.algorithm.value)
                 detail = f"signature: {key.algorithm.value}"
             elif claimed == GATE_PREDICATE_TYPE:
+                gates += 1
                 if policy.robustness is None:
                     detail = "robustness: present (not required by the policy)"
                 else:
                     detail = _check_gate(statement.predicate, policy.robustness, what, now)
-                gates += 1
             else:
+                watermarks += 1
                 if policy.watermark is None:
                     detail = "watermark: present (not required by the policy)"
                 else:
                     detail = _check_watermark(statement.predicate, policy.watermark, what)
-                watermarks += 1
-        except VerificationError as e:
-            refused.append(e.diagnostics())
-            continue
-        except Error as e:  # a bundle must never turn into anything but a refusal
-            refused.append(f"{what}: {e.diagnostics()}")
+        except Error as e:  # a trusted statement about this model that fails the policy: fail closed
+            refused.append(
+                e.diagnostics() if e.diagnostics().startswith(what) else f"{what}: {e.diagnostics()}"
+            )
             continue
         satisfied.append(f"{detail} ({key.name}, {what})")
         evidence.append(Evidence(_KIND[claimed], what, key.name, detail))
@@ -344,7 +371,9 @@ def verify_attestations(
         missing.append("robustness: no robustness-gate attestation")
     if policy.watermark is not None and not watermarks:
         missing.append("watermark: no watermark attestation")
-    return AttestationVerdict(root_digest, tuple(satisfied), tuple(missing), tuple(refused), tuple(evidence))
+    return AttestationVerdict(
+        root_digest, tuple(satisfied), tuple(missing), tuple(refused), tuple(evidence), tuple(ignored)
+    )
 
 
 def default_bundle_paths(model_dir: Path, root_digest: str, policy: Policy) -> list[Path]:

@@ -43,7 +43,7 @@ def read_bundle(path: Path, limits: Limits) -> Bundle:
 
 
 def verify_bundle_signature(
-    bundle: Bundle, keys: Sequence[TrustedKey], *, role: str = "weights"
+    bundle: Bundle, keys: Sequence[TrustedKey], *, role: str | None = "weights"
 ) -> TrustedKey:
     """Check the bundle's single DSSE signature with the trusted keys.
 
@@ -54,7 +54,7 @@ def verify_bundle_signature(
     Args:
         bundle: A parsed bundle.
         keys: The policy's trusted keys.
-        role: The role the signing key must hold (`weights`, `watermark`, `gate`).
+        role: The role the signing key must hold (`weights`, `watermark`, `gate`); None: any configured key.
 
     Returns:
         The trusted key that verified.
@@ -63,7 +63,9 @@ def verify_bundle_signature(
         SignatureError: No configured key verifies the signature over the PAE.
     """
     selectors = {bundle.hint, bundle.signature.keyid} - {""}
-    candidates = sorted((k for k in keys if k.may(role)), key=lambda k: k.keyid not in selectors)
+    candidates = sorted(
+        (k for k in keys if role is None or k.may(role)), key=lambda k: k.keyid not in selectors
+    )
     message = bundle.envelope.pae()
     reasons = []
     for key in candidates:

@@ -221,11 +221,25 @@ def test_strict_rule_uses_wilson_lower_bound(setup: dict[str, Any]) -> None:
     assert verify_attestations(setup["root"], _bundles(setup), point, now=NOW).ok
 
 
-def test_garbage_bundle_is_refused_not_raised(setup: dict[str, Any]) -> None:
-    verdict = verify_attestations(
-        setup["root"], _bundles(setup, extra=[b"{not json"]), setup["policy"], now=NOW
+def test_foreign_bundles_are_ignored_not_a_veto(setup: dict[str, Any], key_dir: Path) -> None:
+    """A shared store holds other teams' bundles: garbage, untrusted signers, other models never veto."""
+    failed = gate_predicate(**{"gate.verdict": "FAILED"})
+    stranger = sign_statement(  # SM2 key: trusted for weights only, not for gate results
+        Statement((Subject("m", {"sha256": setup["root"]}),), GATE_PREDICATE_TYPE, failed),
+        load_private_key_file(key_dir / "sm2.key.pem"),
     )
-    assert not verdict.ok and "invalid JSON" in verdict.refused[0]
+    other_model = setup["attest"]("gate", failed, digest="cd" * 32)
+    extra = [b"{not json", stranger, other_model]
+    verdict = verify_attestations(setup["root"], _bundles(setup, extra=extra), setup["policy"], now=NOW)
+    assert verdict.ok, verdict.reasons()
+    assert len(verdict.ignored) == 3 and "invalid JSON" in verdict.ignored[0]
+    assert "no trusted key allowed to sign 'gate'" in verdict.ignored[1]
+
+
+def test_a_failing_trusted_statement_vetoes_even_beside_a_passing_one(setup: dict[str, Any]) -> None:
+    failed = setup["attest"]("gate", gate_predicate(**{"gate.verdict": "FAILED"}))
+    verdict = verify_attestations(setup["root"], _bundles(setup, extra=[failed]), setup["policy"], now=NOW)
+    assert not verdict.ok and "verdict is 'FAILED'" in verdict.refused[0]
 
 
 def test_policy_file_attestations_section(tmp_path: Path, key_dir: Path) -> None:
