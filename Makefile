@@ -49,6 +49,7 @@ bench: $(VENV)/.test
 	$(BIN)/python bench/bench_load.py
 	$(BIN)/python bench/bench_watermark.py
 	PYTHONPATH=examples $(BIN)/python bench/bench_pgd.py
+	$(BIN)/python bench/bench_webhook.py
 
 clean:
 	rm -rf $(VENV) demo .bench build *.egg-info
