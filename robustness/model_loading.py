@@ -2,14 +2,10 @@
 
 Order (an invariant; each step runs only if every earlier one passed):
 
-1. `modelsec.verifier.verify_model` checks the whole model directory against its signed bundles under the
-   policy (signatures, file set, every digest); it returns the verified manifest and the model root digest.
-2. Each signed `*.safetensors` file is read once into private memory (opened below the model root without
-   following links), hashed, and compared in constant time with the verified manifest's digest for it.
-   The file could have changed since step 1; what counts is that *these bytes* match the signed digest
-   (DESIGN.md decision 5: hash exactly the bytes you load).
-3. The header of that buffer is parsed strictly (`modelsec.signer.safetensors_header`) and the tensors are
-   built from the same buffer with `safetensors.torch.load` (no mmap of the file).
+1-3. `modelsec.verifier.load_signed_model` verifies the whole model directory under the policy
+   (signatures, file set, refusals) and reads each shard once into private memory, hashing it as it is
+   read; tensors are built from exactly those verified bytes (DESIGN.md decision 5), and the model root
+   digest they were verified under is the attestation subject.
 4. The architecture is resolved from an import path `package.module:factory` (never from the model
    directory), called without arguments, and the tensors are loaded with `load_state_dict(strict=True)`.
 5. The module is put into eval mode with every parameter frozen, and moved to the requested device.
@@ -19,7 +15,6 @@ Pickle checkpoints are never read: the verifier refuses them and only safetensor
 
 from __future__ import annotations
 
-import hmac
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,16 +23,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from modelsec.errors import DigestMismatchError, MalformedArtifactError, PolicyError
-from modelsec.limits import Limits
+from modelsec.errors import MalformedArtifactError, PolicyError
 from modelsec.policy import Policy
 from modelsec.robustness._imports import resolve_import_path
-from modelsec.signer.hashing import new_hasher
-from modelsec.signer.manifest import Manifest
-from modelsec.signer.model_files import open_beneath, open_model_root
-from modelsec.signer.safetensors_header import parse_header, parse_header_length
 
-__all__ = ["VerifiedClassifier", "build_classifier", "load_verified_model", "read_verified_weights"]
+__all__ = ["VerifiedClassifier", "build_classifier", "load_verified_model"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,64 +47,6 @@ class VerifiedClassifier:
     model_name: str
     weights: tuple[str, ...]
     architecture: str
-
-
-def read_verified_weights(
-    model_dir: Path, manifest: Manifest
-) -> tuple[dict[str, torch.Tensor], tuple[str, ...]]:
-    """Read every signed safetensors file once, check it against `manifest`, and build its tensors.
-
-    Args:
-        model_dir: The model directory.
-        manifest: A manifest whose signature was verified (`VerifiedModel.bundles[i].manifest`).
-
-    Returns:
-        All tensors by name (CPU, built from the hashed buffers), and the file names read.
-
-    Raises:
-        MalformedArtifactError: No safetensors file is signed, a header is malformed, or two shards hold
-            the same tensor name.
-        DigestMismatchError: A file's bytes differ from the signed digest.
-        PolicyViolationError: A path component is a symlink.
-    """
-    from safetensors import SafetensorError
-    from safetensors.torch import load
-
-    names = [r.name for r in manifest.resources if r.name.endswith(".safetensors")]
-    if not names:
-        raise MalformedArtifactError(f"{model_dir}: the signed manifest lists no *.safetensors file")
-    state: dict[str, torch.Tensor] = {}
-    limits = Limits()
-    root_fd = open_model_root(model_dir)
-    try:
-        for name in names:
-            what = f"{model_dir}/{name}"
-            fd = open_beneath(root_fd, name, what=str(model_dir))
-            with os.fdopen(fd, "rb") as f:
-                data = f.read()
-            hasher = new_hasher(manifest.hash_type)
-            hasher.update(data)
-            resource = manifest.resource(name)
-            if resource is None:  # names come from the manifest; kept as a fail-closed guard
-                raise MalformedArtifactError(f"{what}: not in the signed manifest")
-            actual = hasher.digest()
-            if not hmac.compare_digest(actual, resource.digest):
-                raise DigestMismatchError(
-                    what, resource.digest.hex(), actual.hex(), algorithm=manifest.hash_type.value
-                )
-            n = parse_header_length(data[:8], len(data), path=what, limits=limits)
-            parse_header(data[8 : 8 + n], len(data), path=what, limits=limits)
-            try:
-                tensors = load(data)
-            except (SafetensorError, ValueError, RuntimeError) as e:
-                raise MalformedArtifactError(f"{what}: cannot build tensors: {e}") from e
-            duplicate = sorted(set(tensors) & set(state))
-            if duplicate:
-                raise MalformedArtifactError(f"{what}: tensor `{duplicate[0]}` is also held by another shard")
-            state.update(tensors)
-    finally:
-        os.close(root_fd)
-    return state, tuple(names)
 
 
 def build_classifier(
@@ -191,15 +123,16 @@ def load_verified_model(
         >>> policy = Policy.from_key_files([Path("trust/ci.pub.pem")])  # doctest: +SKIP
         >>> load_verified_model(Path("lenet"), policy, "lenet5:lenet5").root_digest  # doctest: +SKIP
     """
-    from modelsec.verifier import verify_model
+    from modelsec.verifier import load_signed_model
 
-    verified = verify_model(model_dir, policy, bundles=bundles)
-    state, names = read_verified_weights(model_dir, verified.manifest)
-    module = build_classifier(architecture, state, device=device, forbid_under=model_dir)
+    loaded = load_signed_model(model_dir, policy, bundles=bundles)
+    if not loaded.shards:
+        raise MalformedArtifactError(f"{model_dir}: the signed manifest lists no *.safetensors file")
+    module = build_classifier(architecture, loaded.tensors, device=device, forbid_under=model_dir)
     return VerifiedClassifier(
         module=module,
-        root_digest=verified.root_digest,
+        root_digest=loaded.root_digest,
         model_name=Path(os.path.abspath(model_dir)).name,
-        weights=names,
+        weights=loaded.shards,
         architecture=architecture,
     )

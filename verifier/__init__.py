@@ -13,7 +13,14 @@ from modelsec.verifier.attestations import (
     verify_attestations,
 )
 from modelsec.verifier.bundles import find_default_bundles, read_bundle, verify_bundle_signature
-from modelsec.verifier.loader import VerifiedSafeOpen, load_model, open_model, resolve_policy
+from modelsec.verifier.loader import (
+    LoadedModel,
+    VerifiedSafeOpen,
+    load_model,
+    load_signed_model,
+    open_model,
+    resolve_policy,
+)
 from modelsec.verifier.verification import (
     SignedModel,
     VerifiedBundle,
@@ -27,6 +34,7 @@ from modelsec.verifier.verification import (
 __all__ = [
     "AttestationVerdict",
     "Evidence",
+    "LoadedModel",
     "SignedModel",
     "VerifiedBundle",
     "VerifiedModel",
@@ -36,6 +44,7 @@ __all__ = [
     "find_attestation_bundles",
     "find_default_bundles",
     "load_model",
+    "load_signed_model",
     "open_model",
     "read_bundle",
     "resolve_policy",

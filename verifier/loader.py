@@ -57,7 +57,14 @@ from modelsec.verifier.verification import (
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["VerifiedSafeOpen", "load_model", "open_model", "resolve_policy"]
+__all__ = [
+    "LoadedModel",
+    "VerifiedSafeOpen",
+    "load_model",
+    "load_signed_model",
+    "open_model",
+    "resolve_policy",
+]
 
 _TORCH_DTYPES = {
     "BOOL": "bool",
@@ -446,8 +453,29 @@ def load_model(
         if missing:
             raise MalformedArtifactError(f"{model}: tensor(s) {missing} are not in the signed model")
         return _to_device(out, device)
-    names = check_file_set(signed, resolved, only=[single] if single is not None else None)
-    shards = _verify_whole_shards(signed, names, resolved, pinned=pinned, whole_model=single is None)
+    return _load_whole(signed, single, resolved, device).tensors
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    """Tensors built from verified bytes, with the identity they were verified under.
+
+    Attributes:
+        tensors: Tensor name -> tensor on the requested device.
+        root_digest: The model root digest the verified bundles sign (the attestation subject).
+        shards: The safetensors files the tensors came from, in manifest order.
+    """
+
+    tensors: dict[str, Any]
+    root_digest: str
+    shards: tuple[str, ...]
+
+
+def _load_whole(signed: SignedModel, single: str | None, policy: Policy, device: str) -> LoadedModel:
+    model = str(signed.model_dir)
+    names = check_file_set(signed, policy, only=[single] if single is not None else None)
+    pinned = device.startswith("cuda")
+    shards = _verify_whole_shards(signed, names, policy, pinned=pinned, whole_model=single is None)
     result: dict[str, Any] = {}
     for shard in shards.values():
         for k, v in _tensors_of(shard, None, f"{model}/{shard.name}").items():
@@ -456,7 +484,27 @@ def load_model(
                     f"{model}/{shard.name}: tensor `{k}` also appears in another shard"
                 )
             result[k] = v
-    return _to_device(result, device)
+    return LoadedModel(_to_device(result, device), signed.root_digest, tuple(shards))
+
+
+def load_signed_model(
+    model_path: Path,
+    policy: Policy | PolicySet | None = None,
+    *,
+    device: str = "cpu",
+    bundles: Sequence[Path] | None = None,
+) -> LoadedModel:
+    """`load_model` of a whole model (or one shard) that also returns the verified root digest.
+
+    Same checks, errors and single read pass as `load_model`; for callers that attest about what they
+    loaded (the robustness gate), so that the subject is the digest the loaded bytes were verified under.
+    """
+    model_dir, single = _split_path(model_path)
+    resolved = resolve_policy(model_path, policy)
+    if single is not None:
+        precheck_file(model_path, resolved)
+    signed = verify_signatures(model_dir, resolved, bundles=bundles)
+    return _load_whole(signed, single, resolved, device)
 
 
 class _VerifiedSlice:

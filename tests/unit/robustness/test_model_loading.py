@@ -19,7 +19,6 @@ from modelsec.errors import (  # noqa: E402
 )
 from modelsec.policy import Policy  # noqa: E402
 from modelsec.robustness import load_verified_model  # noqa: E402
-from modelsec.robustness.model_loading import read_verified_weights  # noqa: E402
 from modelsec.verifier import verify_model  # noqa: E402
 from tests.unit.robustness import _helpers as h  # noqa: E402
 
@@ -72,12 +71,12 @@ def test_tampered_weights_are_refused_before_loading(signed_mlp: Path, key_dir: 
 
 
 def test_weights_swapped_after_verification_are_caught_at_load(signed_mlp: Path, key_dir: Path) -> None:
-    """The TOCTOU case: the bytes read for loading are hashed again and compared with the signed digest."""
-    verified = verify_model(signed_mlp, _policy(key_dir))
+    """The TOCTOU case: the bytes loaded are the bytes hashed and compared with the signed digest."""
+    verify_model(signed_mlp, _policy(key_dir))
     other = h.trained_mlp().state_dict()
     save_file({k: (v + 1).contiguous() for k, v in other.items()}, str(signed_mlp / "model.safetensors"))
     with pytest.raises(DigestMismatchError):
-        read_verified_weights(signed_mlp, verified.manifest)
+        load_verified_model(signed_mlp, _policy(key_dir), "digits_models:digits_mlp")
 
 
 def test_untrusted_key_and_extra_files_are_refused(signed_mlp: Path, key_dir: Path) -> None:
