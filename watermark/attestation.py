@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from modelsec.errors import AttestationError, MalformedArtifactError, PolicyError, SignatureError
+from modelsec.errors import AttestationError, MalformedArtifactError, PolicyError
 from modelsec.limits import Limits
 
 if TYPE_CHECKING:
@@ -278,7 +278,6 @@ def verify_watermark_attestation(
         AttestationError: The subject is another model, or the predicate lacks required fields.
         PolicyError: Neither or both of `root_digest` and `model_dir` given.
     """
-    from modelsec.attestations.bundle import parse_bundle
     from modelsec.attestations.statement import parse_statement
 
     if (root_digest is None) == (model_dir is None):
@@ -290,10 +289,9 @@ def verify_watermark_attestation(
         expected = model_root_digests(model_dir, limits=limits)["sha256"]
     else:  # unreachable: exactly one was given
         raise PolicyError("give exactly one of root_digest and model_dir")
-    from modelsec.verifier.bundles import verify_bundle_signature
+    from modelsec.verifier.bundles import read_bundle, verify_bundle_signature
 
-    data = _read_bounded(bundle_path, limits.max_bundle_bytes)
-    bundle = parse_bundle(data, source=str(bundle_path))
+    bundle = read_bundle(bundle_path, limits)
     signer_key = verify_bundle_signature(bundle, keys, role=_ROLE)
     statement = parse_statement(bundle.envelope.payload, what=str(bundle_path), predicate_type=PREDICATE_TYPE)
     got = [s.digest.get("sha256", "") for s in statement.subjects]
@@ -305,20 +303,6 @@ def verify_watermark_attestation(
         if not isinstance(statement.predicate.get(required), Mapping):
             raise AttestationError(f"{bundle_path}: watermark predicate lacks the object {required!r}")
     return WatermarkAttestation(root_digest=expected, key=signer_key, statement=statement)
-
-
-def _read_bounded(path: Path, limit: int) -> bytes:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except FileNotFoundError:
-        raise SignatureError(f"{path}: watermark attestation not found") from None
-    except OSError as e:
-        raise MalformedArtifactError(f"{path}: cannot open the watermark attestation: {e.strerror}") from None
-    with os.fdopen(fd, "rb") as f:
-        data = f.read(limit + 1)
-    if len(data) > limit:
-        raise MalformedArtifactError(f"{path}: watermark attestation exceeds {limit} bytes")
-    return data
 
 
 @dataclass(frozen=True, slots=True)
@@ -393,11 +377,10 @@ def read_detection_hints(bundle_path: Path, *, limits: Limits | None = None) -> 
         MalformedArtifactError: Not a bundle, not a watermark statement, or missing parameters.
         PolicyError: Invalid recorded parameters.
     """
-    from modelsec.attestations.bundle import parse_bundle
     from modelsec.attestations.statement import parse_statement
+    from modelsec.verifier.bundles import read_bundle
 
-    limits = limits or Limits()
-    bundle = parse_bundle(_read_bounded(bundle_path, limits.max_bundle_bytes), source=str(bundle_path))
+    bundle = read_bundle(bundle_path, limits or Limits())
     statement = parse_statement(bundle.envelope.payload, what=str(bundle_path), predicate_type=PREDICATE_TYPE)
     return detection_hints(statement.predicate, what=str(bundle_path))
 
