@@ -17,6 +17,8 @@ from typing import Any
 
 import click
 
+from modelsec._cli_common import _fail, _json_option, _password, _quiet_option, _signatures_option
+
 __all__ = ["gate"]
 
 
@@ -112,14 +114,7 @@ class _RichProgress:
     required=True,
     help="Trusted public key PEM for the weights signatures (repeatable).",
 )
-@click.option(
-    "--signature",
-    "-s",
-    "signatures",
-    type=click.Path(path_type=Path),
-    multiple=True,
-    help="Weights signature bundle (repeatable; default: found in MODEL_DIR).",
-)
+@_signatures_option("Weights signature bundle (repeatable; default: found in MODEL_DIR).")
 @click.option(
     "--out",
     "-o",
@@ -127,8 +122,8 @@ class _RichProgress:
     required=True,
     help="Where to write the signed attestation bundle (outside MODEL_DIR, or a signed-ignored name).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout (for scripts).")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@_json_option
+@_quiet_option
 def _pgd(
     model_dir: Path,
     architecture: str,
@@ -163,7 +158,6 @@ def _pgd(
     built from the verified bytes. The attestation (subject: the model root digest) is written to --out
     whatever the verdict.
     """
-    from modelsec._cli import _fail, _password
     from modelsec.errors import Error
 
     try:

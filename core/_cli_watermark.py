@@ -15,6 +15,8 @@ from pathlib import Path
 
 import click
 
+from modelsec._cli_common import _fail, _json_option, _password
+
 __all__ = ["watermark"]
 
 _MESSAGE_HELP = "Message: UTF-8 text, or hex as hex:<digits> / 0x<digits> (at most 64 bytes)."
@@ -39,10 +41,9 @@ def watermark() -> None:
     help="Key file to write (mode 0600): 64 hex digits = 32 random bytes.",
 )
 @click.option("--force", is_flag=True, help="Overwrite an existing file.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout (for scripts).")
+@_json_option
 def _keygen(out: Path, force: bool, as_json: bool) -> None:
     """Generate a watermark key file (the key itself is never printed)."""
-    from modelsec._cli import _fail
     from modelsec.errors import KeyMaterialError
     from modelsec.watermark.scheme import generate_key_file_text
 
@@ -97,7 +98,7 @@ def _keygen(out: Path, force: bool, as_json: bool) -> None:
     show_default=True,
     help="Largest allowed |w' - w| / |w| of any weight.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout (for scripts).")
+@_json_option
 def _embed(
     model_dir: Path,
     key_file: Path,
@@ -110,7 +111,6 @@ def _embed(
     as_json: bool,
 ) -> None:
     """Write a watermarked copy of MODEL_DIR to OUT_DIR (dtype, shapes and side files kept)."""
-    from modelsec._cli import _fail, _password
     from modelsec.errors import Error
     from modelsec.watermark.embed import embed_model
     from modelsec.watermark.scheme import WatermarkParams, load_key_file, parse_message
@@ -211,7 +211,7 @@ def _embed(
     show_default=True,
     help="Detected only if the false-positive probability is at most this.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout (for scripts).")
+@_json_option
 def _detect(
     model_dir: Path,
     key_file: Path,
@@ -226,7 +226,6 @@ def _detect(
     """Detect the watermark of KEY_FILE in MODEL_DIR (exit 0 when detected, 1 when not)."""
     import hmac
 
-    from modelsec._cli import _fail
     from modelsec.errors import Error, KeyMaterialError
     from modelsec.watermark.detection import DetectionThresholds, detect
     from modelsec.watermark.scheme import load_key_file, parse_message

@@ -1,0 +1,83 @@
+"""Helpers shared by every `modelsec` command module: error output, common options, key passwords.
+
+Only click is imported here, so command modules can use these at import time without importing each other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import click
+
+from modelsec.errors import Error
+
+__all__ = [
+    "PASSWORD_ENV",
+    "POLICY_ENV",
+    "_fail",
+    "_json_option",
+    "_keys_option",
+    "_password",
+    "_quiet_option",
+    "_signatures_option",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+PASSWORD_ENV = "MODELSEC_KEY_PASSWORD"  # noqa: S105 - the variable name, not a password
+POLICY_ENV = "MODELSEC_POLICY"
+
+
+def _fail(e: Error, as_json: bool) -> NoReturn:
+    if as_json:
+        click.echo(json.dumps({"ok": False, "error": {"kind": type(e).__name__, "message": e.diagnostics()}}))
+    else:
+        click.echo(f"modelsec: error: {e.diagnostics()}", err=True)
+    sys.exit(1)
+
+
+def _json_option(f: F) -> F:
+    return click.option(
+        "--json", "as_json", is_flag=True, help="Print one JSON object on stdout (for scripts)."
+    )(f)
+
+
+def _keys_option(help_text: str, *, required: bool = False) -> Callable[[F], F]:
+    """`--key/-k PATH`, repeatable, into the parameter `keys`."""
+    return click.option(
+        "--key",
+        "-k",
+        "keys",
+        type=click.Path(path_type=Path),
+        multiple=True,
+        required=required,
+        help=help_text,
+    )
+
+
+def _signatures_option(help_text: str) -> Callable[[F], F]:
+    """`--signature/-s PATH`, repeatable, into the parameter `signatures`."""
+    return click.option(
+        "--signature", "-s", "signatures", type=click.Path(path_type=Path), multiple=True, help=help_text
+    )
+
+
+def _quiet_option(f: F) -> F:
+    return click.option("--quiet", "-q", is_flag=True, help="No progress bar.")(f)
+
+
+def _password(path: Path) -> bytes | None:
+    """The password of an encrypted key: $MODELSEC_KEY_PASSWORD, else a prompt on a terminal."""
+    if os.environ.get(PASSWORD_ENV) is not None:
+        return os.environ[PASSWORD_ENV].encode("utf-8")
+    try:
+        head = path.read_bytes()[:100]
+    except OSError:
+        return None
+    if b"ENCRYPTED" in head and sys.stdin.isatty():
+        return click.prompt(f"Password for {path}", hide_input=True).encode("utf-8")
+    return None
