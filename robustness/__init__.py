@@ -12,8 +12,9 @@ extra).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from modelsec._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from modelsec.robustness.attestation import gate_statement, sign_gate_result, write_attestation
@@ -90,14 +91,4 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE, globals(), __all__)

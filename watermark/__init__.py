@@ -18,8 +18,9 @@ The scheme, its parameters and sources are documented in `modelsec.watermark.sch
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from modelsec._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from modelsec.watermark.attestation import (
@@ -107,14 +108,4 @@ _HOME = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _HOME.get(name)
-    if module is None:
-        raise AttributeError(f"module 'modelsec.watermark' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"modelsec.watermark.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _HOME, globals(), __all__)
