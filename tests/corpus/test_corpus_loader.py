@@ -55,7 +55,7 @@ def _entry_points(
         shards = [target] if target.is_file() else sorted(target.glob("*.safetensors"))
         if target.is_dir():
             hook.preflight(target, policy)
-        return [safetensors.torch.load_file(str(s)) for s in shards] or hook.preflight(target, policy)
+        return [safetensors.torch.load_file(str(s)) for s in shards]
 
     def via_safe_open() -> object:
         import safetensors

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -158,4 +157,3 @@ def test_tamper_then_refuse(tiny_model: Path, key_dir: Path) -> None:
     r = run_cli("verify", tiny_model, "-k", key_dir / "ecdsa-p256.pub.pem")
     assert r.returncode == 1
     assert "model-00001-of-00002.safetensors" in r.stderr and "expected" in r.stderr
-    os.sync()
