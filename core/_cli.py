@@ -634,6 +634,7 @@ def _register_command_groups() -> None:
         ("modelsec._cli_watermark", "watermark"),
         ("modelsec._cli_gate", "gate"),
         ("modelsec._cli_webhook", "webhook"),
+        ("modelsec._cli_service", "serve"),
     ):
         try:
             mod = importlib.import_module(module)

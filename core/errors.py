@@ -8,6 +8,8 @@ Errors are grouped by who must act (the python-tuf habit):
   (policy file, key, algorithm choice, release threshold), not the artifact.
 * `BackendUnavailableError`: the environment lacks something (e.g. an OpenSSL without SM2); the only
   retryable kind.
+* `AuthenticationError`, `PermissionDeniedError`, `NotFoundError`: the gRPC service's caller is unknown, is
+  not allowed, or named something (a key version) that does not exist.
 
 Front doors map these uniformly: the CLI exits 1 with `diagnostics()` on stderr, the gRPC interceptor maps
 them to status codes, the webhook denies on any of them.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 __all__ = [
     "AttestationError",
+    "AuthenticationError",
     "BackendUnavailableError",
     "DigestMismatchError",
     "Error",
@@ -24,6 +27,8 @@ __all__ = [
     "GateFailedError",
     "KeyMaterialError",
     "MalformedArtifactError",
+    "NotFoundError",
+    "PermissionDeniedError",
     "PolicyError",
     "PolicyViolationError",
     "SignatureError",
@@ -109,3 +114,15 @@ class BackendUnavailableError(Error):
     """A cryptographic or storage backend is missing or unreachable. The only retryable error."""
 
     retryable = True
+
+
+class AuthenticationError(Error):
+    """The caller presented no credentials, or unknown ones (no client certificate, unknown bearer token)."""
+
+
+class PermissionDeniedError(Error):
+    """An authenticated caller may not perform this operation, use this key, or read this path."""
+
+
+class NotFoundError(Error):
+    """A named resource (a key version, a watermark key) does not exist."""

@@ -48,6 +48,7 @@ __all__ = [
     "AttestationVerdict",
     "Evidence",
     "find_attestation_bundles",
+    "role_for_predicate",
     "store_bundle",
     "verify_attestations",
 ]
@@ -60,6 +61,11 @@ _KIND = {
     WATERMARK_PREDICATE_TYPE: "watermark",
     GATE_PREDICATE_TYPE: "robustness",
 }
+
+
+def role_for_predicate(predicate_type: str) -> str | None:
+    """The key role a statement of this predicate type must be signed with (None: an unknown type)."""
+    return _ROLE.get(predicate_type)
 
 
 @dataclass(frozen=True, slots=True)

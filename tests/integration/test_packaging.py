@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.integration
-SUBPACKAGES = ["attestations", "signer", "verifier", "watermark", "robustness", "v1", "webhook"]
+SUBPACKAGES = ["attestations", "signer", "verifier", "watermark", "robustness", "v1", "service", "webhook"]
 
 
 def test_wheel_contains_every_subpackage_and_nothing_else(tmp_path: Path) -> None:
@@ -40,6 +40,8 @@ def test_wheel_contains_every_subpackage_and_nothing_else(tmp_path: Path) -> Non
     for sub in SUBPACKAGES:
         assert f"modelsec/{sub}/__init__.py" in names, sub
     assert "modelsec/errors.py" in names and "modelsec/py.typed" in names
+    for stub in ("signing_pb2.py", "signing_pb2.pyi", "signing_pb2_grpc.py", "signing.proto"):
+        assert f"modelsec/v1/{stub}" in names, stub
     assert not any(n.startswith("modelsec/tests") for n in names)
 
 

@@ -1,0 +1,74 @@
+"""`modelsec serve`: the gRPC service (modelsec.v1) with the configuration file of `modelsec.service.config`.
+
+Only click is imported at module level (grpc loads inside the command, so `modelsec --help` stays fast).
+On start the command prints one line, `serving modelsec.v1 on HOST:PORT (metrics on HOST:PORT)`, on
+stdout (scripts and tests read the bound port from it when `listen` ends in `:0`); logs are JSON lines on
+stderr. Exit 0 after a graceful shutdown (SIGTERM/SIGINT); 1 when the configuration, policy, keys or
+address are unusable; 2 on usage errors.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+__all__ = ["serve"]
+
+
+@click.command(name="serve")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    required=True,
+    envvar="MODELSEC_SERVER_CONFIG",
+    help="Server configuration (kind: ServerConfig, YAML or JSON); also $MODELSEC_SERVER_CONFIG.",
+)
+@click.option("--listen", help="Override the configuration's listen address (HOST:PORT; port 0 picks one).")
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+    help="Structured log level (one JSON line per RPC at info).",
+)
+def serve(config_path: Path, listen: str | None, log_level: str) -> None:
+    """Serve the modelsec.v1 gRPC API (signing, verification, attestation store, watermark, gate)."""
+    import asyncio
+    import dataclasses
+
+    try:
+        from modelsec.service.config import load_server_config
+        from modelsec.service.server import RunningServer, run_server
+    except ModuleNotFoundError as e:
+        click.echo(f"modelsec: error: {e.name} is missing; install modelsec[grpc]", err=True)
+        sys.exit(1)
+    from modelsec.errors import Error
+
+    logging.basicConfig(level=log_level.upper(), format="%(message)s", stream=sys.stderr)
+
+    def ready(running: RunningServer) -> None:
+        host = running.state.config.listen.rpartition(":")[0]
+        extra = ""
+        if running.metrics_port is not None:
+            mhost = (running.state.config.metrics_listen or "").rpartition(":")[0]
+            extra = f" (metrics on {mhost}:{running.metrics_port})"
+        click.echo(f"serving modelsec.v1 on {host}:{running.port}{extra}")
+        sys.stdout.flush()
+
+    try:
+        config = load_server_config(config_path)
+        if listen is not None:
+            from modelsec.service.config import _listen
+
+            config = dataclasses.replace(config, listen=_listen(listen, "--listen"))
+        asyncio.run(run_server(config, on_ready=ready))
+    except Error as e:
+        click.echo(f"modelsec: error: {e.diagnostics()}", err=True)
+        sys.exit(1)
+    except OSError as e:
+        click.echo(f"modelsec: error: {e.filename or ''}: {e.strerror}", err=True)
+        sys.exit(1)

@@ -1,0 +1,258 @@
+"""A small typed client for the modelsec.v1 services (blocking; one channel, reused).
+
+```python
+from modelsec.service.client import ModelsecClient, ChannelOptions
+with ModelsecClient("signer.internal:50051", ChannelOptions(ca=Path("ca.pem"), token="...")) as c:
+    bundle = c.sign_statement("ci-p256/1", statement_bytes)
+```
+
+Errors: a failed call raises the `modelsec.errors` class matching its status code (`error_for_status`):
+UNAUTHENTICATED -> AuthenticationError, PERMISSION_DENIED -> PermissionDeniedError, NOT_FOUND ->
+NotFoundError, INVALID_ARGUMENT -> MalformedArtifactError, FAILED_PRECONDITION -> VerificationError,
+UNAVAILABLE/DEADLINE_EXCEEDED/CANCELLED/RESOURCE_EXHAUSTED -> BackendUnavailableError (retryable), others ->
+Error; the message names the method and carries the server's diagnostic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import grpc
+
+from modelsec.errors import (
+    AuthenticationError,
+    BackendUnavailableError,
+    Error,
+    MalformedArtifactError,
+    NotFoundError,
+    PermissionDeniedError,
+    VerificationError,
+)
+from modelsec.v1 import (
+    attestation_pb2,
+    attestation_pb2_grpc,
+    robustness_pb2,
+    robustness_pb2_grpc,
+    signing_pb2,
+    signing_pb2_grpc,
+    verification_pb2,
+    verification_pb2_grpc,
+    watermark_pb2,
+    watermark_pb2_grpc,
+)
+
+__all__ = ["ChannelOptions", "ModelsecClient", "error_for_status"]
+
+TOKEN_ENV = "MODELSEC_TOKEN"  # noqa: S105 - the name of the variable, not a secret
+_ERRORS: dict[grpc.StatusCode, type[Error]] = {
+    grpc.StatusCode.UNAUTHENTICATED: AuthenticationError,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
+    grpc.StatusCode.NOT_FOUND: NotFoundError,
+    grpc.StatusCode.INVALID_ARGUMENT: MalformedArtifactError,
+    grpc.StatusCode.FAILED_PRECONDITION: VerificationError,
+    grpc.StatusCode.UNAVAILABLE: BackendUnavailableError,
+    grpc.StatusCode.DEADLINE_EXCEEDED: BackendUnavailableError,
+    grpc.StatusCode.CANCELLED: BackendUnavailableError,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: BackendUnavailableError,
+}
+
+
+def error_for_status(method: str, error: grpc.RpcError) -> Error:
+    """The `modelsec.errors` instance for a failed call (see the module docstring)."""
+    code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
+    detail = error.details() if hasattr(error, "details") else str(error)
+    return _ERRORS.get(code, Error)(f"{method}: {code.name}: {detail}")
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelOptions:
+    """How to reach the server.
+
+    Attributes:
+        ca: CA bundle (PEM) that signed the server certificate; None with `plaintext`.
+        cert: Client certificate (PEM) for mutual TLS.
+        key: Client private key (PEM) for mutual TLS.
+        token: Bearer token sent as `authorization: Bearer <token>`.
+        plaintext: No TLS (local development only; tokens then cross the wire in clear).
+        server_name: Override the TLS name checked against the server certificate.
+        timeout: Per-call deadline in seconds (streaming gate runs use `gate_timeout`).
+    """
+
+    ca: Path | None = None
+    cert: Path | None = None
+    key: Path | None = None
+    token: str | None = None
+    plaintext: bool = False
+    server_name: str | None = None
+    timeout: float = 30.0
+
+
+class ModelsecClient:
+    """Blocking client of the modelsec.v1 services; use as a context manager or call `close()`."""
+
+    def __init__(self, target: str, options: ChannelOptions | None = None) -> None:
+        self.options = options or ChannelOptions()
+        opts: list[tuple[str, Any]] = []
+        if self.options.server_name:
+            opts.append(("grpc.ssl_target_name_override", self.options.server_name))
+        if self.options.plaintext:
+            self.channel = grpc.insecure_channel(target, options=opts)
+        else:
+            creds = grpc.ssl_channel_credentials(
+                root_certificates=self.options.ca.read_bytes() if self.options.ca else None,
+                private_key=self.options.key.read_bytes() if self.options.key else None,
+                certificate_chain=self.options.cert.read_bytes() if self.options.cert else None,
+            )
+            self.channel = grpc.secure_channel(target, creds, options=opts)
+        self._metadata = (("authorization", f"Bearer {self.options.token}"),) if self.options.token else ()
+        self.signing = signing_pb2_grpc.SigningServiceStub(self.channel)
+        self.verification = verification_pb2_grpc.VerificationServiceStub(self.channel)
+        self.attestations = attestation_pb2_grpc.AttestationServiceStub(self.channel)
+        self.watermark = watermark_pb2_grpc.WatermarkServiceStub(self.channel)
+        self.robustness = robustness_pb2_grpc.RobustnessServiceStub(self.channel)
+
+    def __enter__(self) -> ModelsecClient:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the channel."""
+        self.channel.close()
+
+    def _call(self, method: str, fn: Any, request: Any, timeout: float | None = None) -> Any:
+        try:
+            return fn(request, timeout=timeout or self.options.timeout, metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise error_for_status(method, e) from None
+
+    # -- signing -------------------------------------------------------------------------------------------
+
+    def sign_statement(self, key_version: str, statement: bytes) -> signing_pb2.SignStatementResponse:
+        """Sign an in-toto statement (JSON bytes) with a server-held key version; returns bundle and key."""
+        return self._call(  # type: ignore[no-any-return]
+            "SignStatement",
+            self.signing.SignStatement,
+            signing_pb2.SignStatementRequest(key_version=key_version, statement=statement),
+        )
+
+    def get_public_key(self, key_version: str) -> signing_pb2.GetPublicKeyResponse:
+        """The key version's metadata and public key PEM."""
+        return self._call(  # type: ignore[no-any-return]
+            "GetPublicKey",
+            self.signing.GetPublicKey,
+            signing_pb2.GetPublicKeyRequest(key_version=key_version),
+        )
+
+    def list_keys(self) -> list[signing_pb2.KeyVersion]:
+        """The key versions this caller may use."""
+        return list(self._call("ListKeys", self.signing.ListKeys, signing_pb2.ListKeysRequest()).keys)
+
+    # -- verification --------------------------------------------------------------------------------------
+
+    def verify_bundle(
+        self, root_digest: str, bundles: list[bytes], *, policy: str = "", require_signatures: bool = False
+    ) -> verification_pb2.VerifyBundleResponse:
+        """The verdict on bundles about a model root digest (untrusted is a verdict, not an error)."""
+        return self._call(  # type: ignore[no-any-return]
+            "VerifyBundle",
+            self.verification.VerifyBundle,
+            verification_pb2.VerifyBundleRequest(
+                root_digest=root_digest, bundles=bundles, policy=policy, require_signatures=require_signatures
+            ),
+        )
+
+    def verify_model(
+        self, path: str, *, timeout: float | None = None
+    ) -> verification_pb2.VerifyModelResponse:
+        """Verify a model directory on the server (under its read roots)."""
+        return self._call(  # type: ignore[no-any-return]
+            "VerifyModel",
+            self.verification.VerifyModel,
+            verification_pb2.VerifyModelRequest(path=path),
+            timeout,
+        )
+
+    # -- attestation store ---------------------------------------------------------------------------------
+
+    def put_attestation(self, bundle: bytes) -> attestation_pb2.PutAttestationResponse:
+        """Store a bundle (the server verifies it against its policy first)."""
+        return self._call(  # type: ignore[no-any-return]
+            "PutAttestation",
+            self.attestations.PutAttestation,
+            attestation_pb2.PutAttestationRequest(bundle=bundle),
+        )
+
+    def get_attestations(self, root_digest: str) -> list[attestation_pb2.GetAttestationsResponse]:
+        """Every stored bundle about a model root digest, with its metadata."""
+        try:
+            stream = self.attestations.GetAttestations(
+                attestation_pb2.GetAttestationsRequest(root_digest=root_digest),
+                timeout=self.options.timeout,
+                metadata=self._metadata,
+            )
+            return list(stream)
+        except grpc.RpcError as e:
+            raise error_for_status("GetAttestations", e) from None
+
+    def bundles(self, digest: str) -> list[bytes]:
+        """The stored bundles about a digest (the webhook's `AttestationStore` protocol)."""
+        return [r.bundle for r in self.get_attestations(digest)]
+
+    def list_attestations(
+        self, *, root_digest: str = "", page_size: int = 100
+    ) -> Iterator[attestation_pb2.StoredAttestation]:
+        """Every stored record (newest first), fetching pages as needed."""
+        token = ""
+        while True:
+            page = self._call(
+                "ListAttestations",
+                self.attestations.ListAttestations,
+                attestation_pb2.ListAttestationsRequest(
+                    root_digest=root_digest, page_size=page_size, page_token=token
+                ),
+            )
+            yield from page.attestations
+            token = page.next_page_token
+            if not token:
+                return
+
+    # -- watermark and robustness --------------------------------------------------------------------------
+
+    def detect_watermark(
+        self, model_path: str, watermark_key: str, message: bytes = b"", *, timeout: float | None = None
+    ) -> watermark_pb2.DetectWatermarkResponse:
+        """Detect the watermark in a model directory on the server."""
+        return self._call(  # type: ignore[no-any-return]
+            "DetectWatermark",
+            self.watermark.DetectWatermark,
+            watermark_pb2.DetectWatermarkRequest(
+                model_path=model_path, watermark_key=watermark_key, message=message
+            ),
+            timeout,
+        )
+
+    def embed_watermark(
+        self, request: watermark_pb2.EmbedWatermarkRequest, *, timeout: float | None = None
+    ) -> watermark_pb2.EmbedWatermarkResponse:
+        """Write a watermarked copy of a model directory on the server."""
+        return self._call("EmbedWatermark", self.watermark.EmbedWatermark, request, timeout)  # type: ignore[no-any-return]
+
+    def run_gate(
+        self, request: robustness_pb2.RunGateRequest, *, timeout: float | None = None
+    ) -> Iterator[robustness_pb2.RunGateResponse]:
+        """Start a gate run: progress messages, then the result; closing the iterator cancels the run."""
+        call = self.robustness.RunGate(request, timeout=timeout, metadata=self._metadata)
+        try:
+            yield from call
+        except grpc.RpcError as e:
+            raise error_for_status("RunGate", e) from None
+        finally:
+            call.cancel()

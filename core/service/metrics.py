@@ -1,0 +1,93 @@
+"""Prometheus metrics of the gRPC service and the side HTTP port that serves `/metrics` and `/healthz`.
+
+Metrics (one registry per server, so several servers can live in one process):
+
+* `modelsec_grpc_requests_total{method, code}`: finished RPCs by full method name and status code name;
+* `modelsec_grpc_request_duration_seconds{method, code}`: latency histogram (seconds), same labels.
+
+`/healthz` answers 200 while the server is serving and 503 once it is shutting down (the readiness the
+`grpc.health.v1` service reports too).
+"""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+
+__all__ = ["MetricsServer", "ServiceMetrics"]
+
+_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0, 600.0)
+
+
+class ServiceMetrics:
+    """The RPC counters and latency histograms of one server."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "modelsec_grpc_requests",
+            "Finished modelsec gRPC calls by method and status code.",
+            ["method", "code"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "modelsec_grpc_request_duration_seconds",
+            "Latency of modelsec gRPC calls by method and status code (seconds).",
+            ["method", "code"],
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+        self.serving = True
+
+    def observe(self, method: str, code: str, seconds: float) -> None:
+        """Record one finished call."""
+        self.requests.labels(method, code).inc()
+        self.latency.labels(method, code).observe(seconds)
+
+
+class MetricsServer:
+    """Plain-HTTP side port: GET /metrics (Prometheus text format) and GET /healthz; a daemon thread."""
+
+    def __init__(self, metrics: ServiceMetrics, host: str, port: int) -> None:
+        owner = metrics
+
+        class _Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path == "/metrics":
+                    body, status, ctype = generate_latest(owner.registry), 200, CONTENT_TYPE_LATEST
+                elif self.path == "/healthz":
+                    ok = owner.serving
+                    body, status, ctype = (
+                        (b"ok\n" if ok else b"shutting down\n"),
+                        (200 if ok else 503),
+                        "text/plain",
+                    )
+                else:
+                    body, status, ctype = b"not found\n", 404, "text/plain"
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+        self._httpd = ThreadingHTTPServer((host, port), _Handler)
+        self._httpd.daemon_threads = True
+        self.port = self._httpd.server_address[1]
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, name="modelsec-metrics", daemon=True
+        )
+
+    def start(self) -> None:
+        """Start serving in the background."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop serving and close the socket."""
+        self._httpd.shutdown()
+        self._httpd.server_close()

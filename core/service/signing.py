@@ -1,0 +1,75 @@
+"""`modelsec.v1.SigningService`: sign in-toto statements with server-held keys (KMS style).
+
+The private key never leaves the server. A statement is parsed strictly (in-toto Statement v1; an OMS
+weights manifest is also checked against the limits) and its predicate type decides the role the key must
+hold (`weights`, `watermark`, `gate`): a key configured for gate attestations cannot be made to sign a
+weights manifest, and an unknown predicate type is never signed. The bundle is produced by the same
+`sign_statement` as local signing, so remote and local bundles verify identically.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grpc import aio
+
+from modelsec.attestations.bundle import sign_statement
+from modelsec.attestations.statement import parse_statement
+from modelsec.errors import MalformedArtifactError, PermissionDeniedError
+from modelsec.limits import Limits
+from modelsec.service.convert import key_to_proto
+from modelsec.service.state import ServiceState
+from modelsec.signer.manifest import OMS_PREDICATE_TYPE, parse_manifest
+from modelsec.v1 import signing_pb2, signing_pb2_grpc
+from modelsec.verifier.attestations import role_for_predicate
+
+__all__ = ["SigningServicer"]
+
+_MAX_STATEMENT_BYTES = 1 << 20
+
+
+class SigningServicer(signing_pb2_grpc.SigningServiceServicer):
+    """SignStatement, GetPublicKey, ListKeys over the keys in the server configuration."""
+
+    def __init__(self, state: ServiceState) -> None:
+        self.state = state
+        self.limits = Limits()
+
+    async def SignStatement(
+        self, request: signing_pb2.SignStatementRequest, context: aio.ServicerContext[Any, Any]
+    ) -> signing_pb2.SignStatementResponse:
+        """Sign one statement; see the module docstring for what is checked first."""
+        key = self.state.signing_key(request.key_version)
+        if len(request.statement) > _MAX_STATEMENT_BYTES:
+            raise MalformedArtifactError(f"statement larger than {_MAX_STATEMENT_BYTES} bytes")
+        statement = parse_statement(request.statement, what="statement")
+        role = role_for_predicate(statement.predicate_type)
+        if role is None or role not in key.config.roles:
+            raise PermissionDeniedError(
+                f"key version {request.key_version!r} may not sign predicate type "
+                f"{statement.predicate_type!r}"
+                f" (its roles: {', '.join(sorted(key.config.roles)) or 'none'})"
+            )
+        if statement.predicate_type == OMS_PREDICATE_TYPE:
+            manifest = parse_manifest(statement, what="statement", limits=self.limits)
+            if manifest.hash_type is not key.backend.algorithm.manifest_hash:
+                raise MalformedArtifactError(
+                    f"a {key.backend.algorithm.value} key signs {key.backend.algorithm.manifest_hash.value} "
+                    f"manifests; this one is {manifest.hash_type.value}"
+                )
+        bundle = sign_statement(statement, key.backend)
+        return signing_pb2.SignStatementResponse(bundle=bundle, key=key_to_proto(key))
+
+    async def GetPublicKey(
+        self, request: signing_pb2.GetPublicKeyRequest, context: aio.ServicerContext[Any, Any]
+    ) -> signing_pb2.GetPublicKeyResponse:
+        """The public key of a key version the caller may use."""
+        key = self.state.signing_key(request.key_version)
+        return signing_pb2.GetPublicKeyResponse(key=key_to_proto(key), public_key_pem=key.public_key_pem)
+
+    async def ListKeys(
+        self, request: signing_pb2.ListKeysRequest, context: aio.ServicerContext[Any, Any]
+    ) -> signing_pb2.ListKeysResponse:
+        """The key versions the caller may use."""
+        self.state.require("listKeys")
+        return signing_pb2.ListKeysResponse(keys=[key_to_proto(k) for k in self.state.visible_keys()])

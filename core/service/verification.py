@@ -1,0 +1,97 @@
+"""`modelsec.v1.VerificationService`: bundle verdicts without weights, and whole-directory verification.
+
+An untrusted artifact is a normal answer (`ok = false` with the reasons), never an RPC error; RPC errors
+are for bad requests (INVALID_ARGUMENT), callers without access (PERMISSION_DENIED) and server trouble.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+from grpc import aio
+
+from modelsec.errors import BackendUnavailableError, Error, MalformedArtifactError
+from modelsec.service.convert import algorithm_to_proto, verdict_to_proto
+from modelsec.service.state import ServiceState
+from modelsec.service.work import checkpoint, deadline_of, run_blocking
+from modelsec.v1 import verification_pb2, verification_pb2_grpc
+from modelsec.verifier import verify_attestations, verify_model
+
+__all__ = ["MAX_BUNDLES_PER_REQUEST", "VerificationServicer", "check_root_digest"]
+
+MAX_BUNDLES_PER_REQUEST = 64
+_DIGEST = re.compile(r"^[0-9a-f]{64}$")
+
+
+def check_root_digest(value: str) -> str:
+    """Return `value` if it is a model root digest (64 lowercase hex digits).
+
+    Raises:
+        MalformedArtifactError: It is not.
+    """
+    if not _DIGEST.match(value):
+        raise MalformedArtifactError(
+            f"root_digest must be 64 lowercase hex digits (SHA-256), got {value[:80]!r}"
+        )
+    return value
+
+
+class VerificationServicer(verification_pb2_grpc.VerificationServiceServicer):
+    """VerifyBundle and VerifyModel under the server's policies."""
+
+    def __init__(self, state: ServiceState) -> None:
+        self.state = state
+
+    async def VerifyBundle(
+        self, request: verification_pb2.VerifyBundleRequest, context: aio.ServicerContext[Any, Any]
+    ) -> verification_pb2.VerifyBundleResponse:
+        """Check the bundles against the named (or default) policy; the verdict says whether they pass."""
+        self.state.require("verify")
+        digest = check_root_digest(request.root_digest)
+        if not request.bundles:
+            raise MalformedArtifactError("bundles is empty")
+        if len(request.bundles) > MAX_BUNDLES_PER_REQUEST:
+            raise MalformedArtifactError(f"more than {MAX_BUNDLES_PER_REQUEST} bundles in one request")
+        policy = self.state.policy(request.policy)
+        verdict = verify_attestations(
+            digest, list(request.bundles), policy, require_signatures=request.require_signatures
+        )
+        return verification_pb2.VerifyBundleResponse(verdict=verdict_to_proto(verdict), policy=policy.name)
+
+    async def VerifyModel(
+        self, request: verification_pb2.VerifyModelRequest, context: aio.ServicerContext[Any, Any]
+    ) -> verification_pb2.VerifyModelResponse:
+        """Verify a directory under the read roots with the policy matching it (`file://<real path>`)."""
+        self.state.require("verifyModel")
+        path = self.state.readable_path(request.path, "path")
+        deadline = deadline_of(context)
+
+        def work(cancelled: threading.Event) -> verification_pb2.VerifyModelResponse:
+            return _verify(self.state, path, lambda _n: checkpoint(cancelled, deadline))
+
+        return await run_blocking(work, context)
+
+
+def _verify(state: ServiceState, path: Path, progress: Any) -> verification_pb2.VerifyModelResponse:
+    name = ""
+    try:
+        policy = state.policies.for_model(path)
+        name = policy.name
+        verified = verify_model(path, policy, progress=progress)
+    except BackendUnavailableError:
+        raise  # the server cannot verify now (or the call is gone): an RPC error, not a verdict
+    except Error as e:
+        return verification_pb2.VerifyModelResponse(
+            ok=False, error=e.diagnostics(), error_kind=type(e).__name__, policy=name
+        )
+    return verification_pb2.VerifyModelResponse(
+        ok=True,
+        root_digest=verified.root_digest,
+        algorithms=[algorithm_to_proto(a) for a in verified.algorithms],
+        files=verified.files,
+        tensors=verified.tensors,
+        policy=name,
+    )
