@@ -18,13 +18,17 @@ from grpc import aio
 
 from modelsec.errors import BackendUnavailableError
 
-__all__ = ["CancelledWorkError", "checkpoint", "run_blocking"]
+__all__ = ["CancelledWorkError", "DeadlinePassedError", "checkpoint", "deadline_of", "run_blocking"]
 
 T = TypeVar("T")
 
 
 class CancelledWorkError(BackendUnavailableError):
-    """The RPC that asked for this work is gone (cancelled, past its deadline, or the server is stopping)."""
+    """The RPC that asked for this work is gone (cancelled, or the server is stopping): status CANCELLED."""
+
+
+class DeadlinePassedError(CancelledWorkError):
+    """The RPC's deadline passed while the work ran: status DEADLINE_EXCEEDED."""
 
 
 def checkpoint(cancelled: threading.Event, deadline: float | None = None) -> None:
@@ -35,7 +39,7 @@ def checkpoint(cancelled: threading.Event, deadline: float | None = None) -> Non
         raise CancelledWorkError("the call was cancelled; work stopped")
     if deadline is not None and time.monotonic() > deadline:
         cancelled.set()
-        raise CancelledWorkError("the call's deadline passed; work stopped")
+        raise DeadlinePassedError("the call's deadline passed; work stopped")
 
 
 def deadline_of(context: aio.ServicerContext[Any, Any]) -> float | None:
