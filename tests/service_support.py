@@ -47,6 +47,8 @@ def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
 class TestCA:
     """A throwaway certificate authority (P-256), valid for one hour."""
 
+    __test__ = False  # not a pytest test class
+
     key: ec.EllipticCurvePrivateKey
     cert: x509.Certificate
     path: Path
