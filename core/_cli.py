@@ -26,6 +26,8 @@ from modelsec._cli_common import (
     _keys_option,
     _password,
     _quiet_option,
+    _server_client,
+    _server_options,
     _signatures_option,
 )
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
@@ -141,11 +143,25 @@ _TENSOR_DIGESTS = [HashAlgorithm.BLAKE3.value, HashAlgorithm.SHA256.value, HashA
 @main.command(name="sign")
 @click.argument("model_dir", type=click.Path(path_type=Path))
 @_keys_option(
-    f"Private key PEM (repeatable: one bundle per key). Encrypted keys read ${PASSWORD_ENV} or prompt.",
-    required=True,
+    f"Private key PEM (repeatable: one bundle per key). Encrypted keys read ${PASSWORD_ENV} or prompt."
 )
+@click.option(
+    "--key-version",
+    "key_versions",
+    multiple=True,
+    metavar="NAME/VERSION",
+    help="A key version held by the --server (repeatable): hash here, sign there; the key never leaves it.",
+)
+@click.option(
+    "--pin-key",
+    "pins",
+    type=click.Path(path_type=Path, dir_okay=False),
+    multiple=True,
+    help="Expected public key PEM of each --key-version, in the same order (refuse any other key).",
+)
+@_server_options(required=False)
 @_signatures_option(
-    "Bundle output path, one per --key in the same order (default: model.sig, "
+    "Bundle output path, one per key (local --key first, then --key-version, in order; default: model.sig, "
     "model.p384.sig, model.sm2.sig in MODEL_DIR)."
 )
 @click.option(
@@ -160,18 +176,46 @@ _TENSOR_DIGESTS = [HashAlgorithm.BLAKE3.value, HashAlgorithm.SHA256.value, HashA
 def _sign(
     model_dir: Path,
     keys: tuple[Path, ...],
+    key_versions: tuple[str, ...],
+    pins: tuple[Path, ...],
+    server: str | None,
+    server_ca: Path | None,
+    client_cert: Path | None,
+    client_key: Path | None,
+    token_env: str,
+    plaintext: bool,
     signatures: tuple[Path, ...],
     tensor_digest: str,
     as_json: bool,
     quiet: bool,
 ) -> None:
-    """Hash every file of MODEL_DIR once and write one signature bundle per key."""
+    """Hash every file of MODEL_DIR once and write one signature bundle per key.
+
+    Keys are local PEM files (--key) or key versions held by a modelsec signing service (--server with
+    --key-version): the manifest is built here and only the statement (digests, no weights) is sent; each
+    returned bundle is checked to sign exactly that statement with the server's (or the pinned) key.
+    """
     from modelsec.signer import load_private_key_file, sign_model
 
-    if signatures and len(signatures) != len(keys):
-        raise click.UsageError("give one --signature per --key, or none")
+    if not keys and not key_versions:
+        raise click.UsageError("give --key, or --server with --key-version")
+    if key_versions and not server:
+        raise click.UsageError("--key-version needs --server")
+    if pins and len(pins) != len(key_versions):
+        raise click.UsageError("give one --pin-key per --key-version, or none")
+    if signatures and len(signatures) != len(keys) + len(key_versions):
+        raise click.UsageError("give one --signature per key, or none")
+    client = None
     try:
-        signers = [load_private_key_file(k, password=_password(k)) for k in keys]
+        signers: list[Any] = [load_private_key_file(k, password=_password(k)) for k in keys]
+        if key_versions:
+            from modelsec.service.client import RemoteSigner
+
+            client = _server_client(str(server), server_ca, client_cert, client_key, token_env, plaintext)
+            signers += [
+                RemoteSigner(client, v, expected_public_key_pem=pins[i].read_bytes() if pins else None)
+                for i, v in enumerate(key_versions)
+            ]
         with _progress(_tree_size(model_dir), "hashing", not (quiet or as_json)) as progress:
             result = sign_model(
                 model_dir,
@@ -182,6 +226,11 @@ def _sign(
             )
     except Error as e:
         _fail(e, as_json)
+    except OSError as e:
+        raise click.UsageError(f"cannot read {e.filename}: {e.strerror}") from e
+    finally:
+        if client is not None:
+            client.close()
     if as_json:
         click.echo(
             json.dumps(
@@ -605,6 +654,106 @@ def _attest_put(bundles: tuple[Path, ...], store: Path, as_json: bool) -> None:
     else:
         for p in written:
             click.echo(f"stored {p}")
+
+
+@_attest.command(name="push")
+@click.argument("bundles", nargs=-1, required=True, type=click.Path(path_type=Path, dir_okay=False))
+@_server_options(required=True)
+@_json_option
+def _attest_push(
+    bundles: tuple[Path, ...],
+    server: str,
+    server_ca: Path | None,
+    client_cert: Path | None,
+    client_key: Path | None,
+    token_env: str,
+    plaintext: bool,
+    as_json: bool,
+) -> None:
+    """Store BUNDLES in the service's attestation store (the server verifies each against its policy first).
+
+    Exit 1 at the first bundle the server refuses (untrusted signer, failed requirement, malformed).
+    """
+    results = []
+    with _server_client(server, server_ca, client_cert, client_key, token_env, plaintext) as client:
+        for path in bundles:
+            try:
+                response = client.put_attestation(path.read_bytes())
+            except OSError as e:
+                raise click.UsageError(f"cannot read {path}: {e.strerror}") from e
+            except Error as e:
+                _fail(e.add_context(str(path)), as_json)
+            a = response.attestation
+            results.append(
+                {
+                    "bundle": str(path),
+                    "id": a.id,
+                    "root_digest": a.root_digest,
+                    "predicate_type": a.predicate_type,
+                    "signer": a.signer,
+                    "created": response.created,
+                }
+            )
+            if not as_json:
+                state = "stored" if response.created else "already stored"
+                click.echo(f"{state} {path} as {a.id[:16]}… ({a.predicate_type}, signer {a.signer})")
+    if as_json:
+        click.echo(json.dumps({"ok": True, "stored": results}))
+
+
+@_attest.command(name="pull")
+@click.argument("root_digest")
+@_server_options(required=True)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Write the bundles into this directory store (<out>/sha256/<digest>/<id>.sig), e.g. a policy's "
+    "attestationDir; without it, only list them.",
+)
+@_json_option
+def _attest_pull(
+    root_digest: str,
+    server: str,
+    server_ca: Path | None,
+    client_cert: Path | None,
+    client_key: Path | None,
+    token_env: str,
+    plaintext: bool,
+    out: Path | None,
+    as_json: bool,
+) -> None:
+    """Fetch every bundle the service stores about ROOT_DIGEST (hex, optionally prefixed `sha256:`).
+
+    Nothing is trusted by fetching: a verifier checks the bundles against its own policy when it reads them.
+    """
+    from modelsec.verifier.attestations import store_bundle
+
+    digest = root_digest.removeprefix("sha256:")
+    rows = []
+    with _server_client(server, server_ca, client_cert, client_key, token_env, plaintext) as client:
+        try:
+            for item in client.get_attestations(digest):
+                a = item.attestation
+                row = {
+                    "id": a.id,
+                    "predicate_type": a.predicate_type,
+                    "signer": a.signer,
+                    "stored_at": a.stored_at,
+                }
+                if out is not None:
+                    row["path"] = str(store_bundle(out, item.bundle))
+                rows.append(row)
+        except Error as e:
+            _fail(e, as_json)
+        except OSError as e:
+            raise click.UsageError(f"cannot write to {out}: {e.strerror}") from e
+    if as_json:
+        click.echo(json.dumps({"ok": True, "root_digest": digest, "bundles": rows}))
+        return
+    for r in rows:
+        click.echo(f"{r['predicate_type']:<45} {r['signer']:<30} {r.get('path', r['id'])}")
+    if not rows:
+        click.echo(f"no stored bundles about sha256:{digest}", err=True)
 
 
 @_attest.command(name="show")

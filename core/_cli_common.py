@@ -24,12 +24,15 @@ __all__ = [
     "_keys_option",
     "_password",
     "_quiet_option",
+    "_server_client",
+    "_server_options",
     "_signatures_option",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
 PASSWORD_ENV = "MODELSEC_KEY_PASSWORD"  # noqa: S105 - the variable name, not a password
 POLICY_ENV = "MODELSEC_POLICY"
+TOKEN_ENV = "MODELSEC_TOKEN"  # noqa: S105 - the variable name, not a token
 
 
 def _fail(e: Error, as_json: bool) -> NoReturn:
@@ -81,3 +84,78 @@ def _password(path: Path) -> bytes | None:
     if b"ENCRYPTED" in head and sys.stdin.isatty():
         return click.prompt(f"Password for {path}", hide_input=True).encode("utf-8")
     return None
+
+
+def _server_options(*, required: bool) -> Callable[[F], F]:
+    """`--server HOST:PORT` and how to reach it (TLS CA, mTLS client certificate, bearer token, plaintext)."""
+
+    def decorate(f: F) -> F:
+        options = [
+            click.option(
+                "--server",
+                required=required,
+                envvar="MODELSEC_SERVER",
+                metavar="HOST:PORT",
+                help="The modelsec gRPC service (also $MODELSEC_SERVER).",
+            ),
+            click.option(
+                "--ca",
+                "server_ca",
+                type=click.Path(path_type=Path, dir_okay=False),
+                help="CA bundle that signed the server certificate (default: the system roots).",
+            ),
+            click.option(
+                "--client-cert",
+                type=click.Path(path_type=Path, dir_okay=False),
+                help="Client certificate (PEM) for mutual TLS.",
+            ),
+            click.option(
+                "--client-key",
+                type=click.Path(path_type=Path, dir_okay=False),
+                help="Client private key (PEM) for mutual TLS.",
+            ),
+            click.option(
+                "--token-env",
+                default=TOKEN_ENV,
+                show_default=True,
+                metavar="VAR",
+                help="Environment variable holding a bearer token (never pass tokens as arguments).",
+            ),
+            click.option(
+                "--plaintext", is_flag=True, help="No TLS (local development only; tokens travel in clear)."
+            ),
+        ]
+        for option in reversed(options):
+            f = option(f)
+        return f
+
+    return decorate
+
+
+def _server_client(
+    server: str,
+    server_ca: Path | None,
+    client_cert: Path | None,
+    client_key: Path | None,
+    token_env: str,
+    plaintext: bool,
+) -> Any:
+    """A `modelsec.service.client.ModelsecClient` for the `_server_options` values.
+
+    Raises:
+        click.UsageError: Half an mTLS pair, or the grpc extra is not installed.
+    """
+    if (client_cert is None) != (client_key is None):
+        raise click.UsageError("give both --client-cert and --client-key, or neither")
+    try:
+        from modelsec.service.client import ChannelOptions, ModelsecClient
+    except ModuleNotFoundError as e:
+        raise click.UsageError(f"{e.name} is missing; install modelsec[grpc]") from e
+    options = ChannelOptions(
+        ca=server_ca,
+        cert=client_cert,
+        key=client_key,
+        token=os.environ.get(token_env) or None,
+        plaintext=plaintext,
+    )
+    return ModelsecClient(server, options)

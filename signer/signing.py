@@ -6,9 +6,11 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
 from modelsec.attestations.bundle import sign_statement
+from modelsec.attestations.statement import Statement
 from modelsec.errors import KeyMaterialError, MalformedArtifactError
 from modelsec.limits import Limits
 from modelsec.signer.hashing import ProgressCallback, hash_files
@@ -20,6 +22,7 @@ __all__ = [
     "ATTESTATION_FILE_NAMES",
     "MODEL_IGNORE_PATHS",
     "SIGNATURE_FILE_NAMES",
+    "BundleSigner",
     "SignedBundle",
     "SigningResult",
     "compute_manifests",
@@ -32,6 +35,28 @@ ATTESTATION_FILE_NAMES: tuple[str, ...] = ("model.watermark.sig", "model.gate.si
 # What signing leaves out and records in `serialization.ignore_paths`: top-level git metadata, the weights
 # signature bundles and the attestation bundles.
 MODEL_IGNORE_PATHS: tuple[str, ...] = (*DEFAULT_IGNORE_PATHS, *SIGNATURE_FILE_NAMES, *ATTESTATION_FILE_NAMES)
+
+
+@runtime_checkable
+class BundleSigner(Protocol):
+    """A signer that turns a whole statement into a bundle elsewhere (the gRPC `SigningService`).
+
+    `sign_model` hashes locally and hands each manifest statement to `sign_bundle`; the implementation
+    must check that the bundle it returns signs exactly that statement.
+    """
+
+    @property
+    def algorithm(self) -> SignatureAlgorithm:
+        """The signature scheme (decides the manifest hash type and the default bundle name)."""
+        ...
+
+    def public_key_pem(self) -> bytes:
+        """The signing key's SubjectPublicKeyInfo PEM."""
+        ...
+
+    def sign_bundle(self, statement: Statement) -> bytes:
+        """Sign `statement` and return the sigstore bundle JSON."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +142,7 @@ def compute_manifests(
 
 def sign_model(
     model_dir: Path,
-    signers: Sequence[KeyBackend],
+    signers: Sequence[KeyBackend | BundleSigner],
     *,
     signature_paths: Mapping[int, Path] | None = None,
     tensor_hash: HashAlgorithm | None = HashAlgorithm.BLAKE3,
@@ -134,7 +159,8 @@ def sign_model(
 
     Args:
         model_dir: The model directory (safetensors shards, index, config, tokenizer files).
-        signers: Key backends; at most one per algorithm unless explicit paths are given.
+        signers: Key backends, or `BundleSigner`s that sign remotely (the private key stays on the signing
+            server); at most one per algorithm unless explicit paths are given.
         signature_paths: Output path by index into `signers`.
         tensor_hash: Per-tensor digest algorithm recorded in the extension (None: plain OMS manifest).
         limits: Limits; defaults to `Limits()`.
@@ -175,7 +201,11 @@ def sign_model(
     written = []
     for signer, path in zip(signers, paths, strict=True):
         manifest = manifests[signer.algorithm.manifest_hash]
-        bundle = sign_statement(manifest_statement(manifest), signer)
+        statement = manifest_statement(manifest)
+        if isinstance(signer, BundleSigner):
+            bundle = signer.sign_bundle(statement)
+        else:
+            bundle = sign_statement(statement, signer)
         _write_atomically(path, bundle)
         from modelsec.attestations.bundle import key_hint
 

@@ -23,6 +23,8 @@ from typing import Any
 
 import grpc
 
+from modelsec.algorithms import SignatureAlgorithm
+from modelsec.attestations.statement import Statement
 from modelsec.errors import (
     AuthenticationError,
     BackendUnavailableError,
@@ -45,7 +47,7 @@ from modelsec.v1 import (
     watermark_pb2_grpc,
 )
 
-__all__ = ["ChannelOptions", "ModelsecClient", "error_for_status"]
+__all__ = ["ChannelOptions", "ModelsecClient", "RemoteSigner", "error_for_status"]
 
 TOKEN_ENV = "MODELSEC_TOKEN"  # noqa: S105 - the name of the variable, not a secret
 _ERRORS: dict[grpc.StatusCode, type[Error]] = {
@@ -256,3 +258,60 @@ class ModelsecClient:
             raise error_for_status("RunGate", e) from None
         finally:
             call.cancel()
+
+
+class RemoteSigner:
+    """A `modelsec.signer.BundleSigner` backed by the SigningService: `sign_model(dir, [RemoteSigner(...)])`.
+
+    The public key is fetched once (`GetPublicKey`) and, when `expected_public_key_pem` is given, must equal
+    it (pin the key so a compromised or misconfigured server cannot substitute another). Every returned
+    bundle is checked before it is accepted: it parses strictly, its payload is byte for byte the statement
+    that was sent, and its signature verifies under that public key.
+
+    Raises (constructor and `sign_bundle`):
+        KeyMaterialError: The server's key differs from the pinned one.
+        SignatureError: The returned bundle does not sign the sent statement with that key.
+        The errors of `error_for_status` for failed calls.
+    """
+
+    def __init__(
+        self, client: ModelsecClient, key_version: str, *, expected_public_key_pem: bytes | None = None
+    ) -> None:
+        from modelsec.errors import KeyMaterialError
+        from modelsec.signer.keys import load_trusted_key
+
+        self.client = client
+        self.key_version = key_version
+        response = client.get_public_key(key_version)
+        self._pem = response.public_key_pem
+        self._trusted = load_trusted_key(self._pem, name=key_version)
+        if expected_public_key_pem is not None:
+            pinned = load_trusted_key(expected_public_key_pem, name="pinned")
+            if pinned.keyid != self._trusted.keyid:
+                raise KeyMaterialError(
+                    f"key version {key_version!r} on the server is not the pinned public key"
+                )
+
+    @property
+    def algorithm(self) -> SignatureAlgorithm:
+        """The key version's signature algorithm."""
+        return self._trusted.algorithm
+
+    def public_key_pem(self) -> bytes:
+        """The key version's public key (PEM)."""
+        return self._pem
+
+    def sign_bundle(self, statement: Statement) -> bytes:
+        """Ask the server to sign `statement`; return the checked bundle JSON."""
+        from modelsec.attestations.bundle import parse_bundle
+        from modelsec.attestations.statement import serialize_statement
+        from modelsec.errors import SignatureError
+        from modelsec.verifier.bundles import verify_bundle_signature
+
+        payload = serialize_statement(statement)
+        data = self.client.sign_statement(self.key_version, payload).bundle
+        bundle = parse_bundle(data, source=f"bundle from {self.key_version}")
+        if bundle.envelope.payload != payload:
+            raise SignatureError(f"the server's bundle for {self.key_version!r} signs another statement")
+        verify_bundle_signature(bundle, [self._trusted], role=None)
+        return data
