@@ -326,7 +326,7 @@ def verify_attestations(
             if role is None:
                 signer = verify_bundle_signature(bundle, policy.keys, role=None)
                 refused.append(
-                    f"{what}: unknown predicate type {claimed!r} signed by trusted key {signer.name!r}"
+                    f"{what}: unknown predicateType {claimed!r} signed by trusted key {signer.name!r}"
                 )
                 continue
             key = verify_bundle_signature(bundle, policy.keys, role=role)

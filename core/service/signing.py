@@ -46,7 +46,7 @@ class SigningServicer(signing_pb2_grpc.SigningServiceServicer):
         role = role_for_predicate(statement.predicate_type)
         if role is None or role not in key.config.roles:
             raise PermissionDeniedError(
-                f"key version {request.key_version!r} may not sign predicate type "
+                f"key version {request.key_version!r} may not sign predicateType "
                 f"{statement.predicate_type!r}"
                 f" (its roles: {', '.join(sorted(key.config.roles)) or 'none'})"
             )

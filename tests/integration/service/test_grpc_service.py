@@ -115,7 +115,7 @@ def test_public_keys_and_listing(client: ModelsecClient, key_dir: Path) -> None:
     [
         ("missing/1", None, NotFoundError, "NOT_FOUND.*'missing/1' does not exist"),
         ("nobody/1", None, PermissionDeniedError, "PERMISSION_DENIED.*may not use key version"),
-        ("gate-only/1", None, PermissionDeniedError, "may not sign predicate type.*its roles: gate"),
+        ("gate-only/1", None, PermissionDeniedError, "may not sign predicateType.*its roles: gate"),
         ("ci-p256/1", b"{}", MalformedArtifactError, "INVALID_ARGUMENT.*_type"),
         ("ci-p256/1", b"\xff", MalformedArtifactError, "INVALID_ARGUMENT"),
         (
@@ -124,7 +124,7 @@ def test_public_keys_and_listing(client: ModelsecClient, key_dir: Path) -> None:
             + b"a" * 64
             + b'"}}],"predicateType":"https://slsa.dev/provenance/v1","predicate":{}}',
             PermissionDeniedError,
-            "may not sign predicate type 'https://slsa.dev/provenance/v1'",
+            "may not sign predicateType 'https://slsa.dev/provenance/v1'",
         ),
     ],
 )

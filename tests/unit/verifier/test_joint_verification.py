@@ -169,7 +169,7 @@ CASES: list[tuple[str, Callable[[dict[str, Any]], dict[str, Any]], str]] = [
     (
         "unknown predicate",
         lambda s: {"extra": [s["attest"]("gate", {"x": 1}, ptype="https://slsa.dev/provenance/v1")]},
-        r"unknown predicate type 'https://slsa.dev/provenance/v1'",
+        r"unknown predicateType 'https://slsa.dev/provenance/v1'",
     ),
     (
         "sanity check failed",
