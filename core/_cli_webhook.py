@@ -15,8 +15,12 @@ import hashlib
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
+
+if TYPE_CHECKING:
+    from modelsec.webhook.review import AttestationStore, WebhookConfig
 
 __all__ = ["webhook"]
 
@@ -36,9 +40,26 @@ def webhook() -> None:
 )
 @click.option(
     "--store",
-    type=click.Path(path_type=Path, file_okay=False),
     required=True,
-    help="Attestation directory store (<store>/sha256/<model root digest>/*.sig, see `modelsec attest put`).",
+    metavar="DIR|grpcs://HOST:PORT",
+    help="Attestation store: a directory (<store>/sha256/<digest>/*.sig, see `modelsec attest put`) or the "
+    "modelsec gRPC service's AttestationService (grpcs:// with TLS, grpc:// plaintext for development; "
+    "bearer token from $MODELSEC_TOKEN).",
+)
+@click.option(
+    "--store-ca",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="CA bundle of the gRPC store's server certificate.",
+)
+@click.option(
+    "--store-client-cert",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Client certificate (PEM) for mutual TLS to the gRPC store.",
+)
+@click.option(
+    "--store-client-key",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Client key (PEM) for mutual TLS to the gRPC store.",
 )
 @click.option(
     "--cert", type=click.Path(path_type=Path, dir_okay=False), required=True, help="TLS certificate (PEM)."
@@ -79,7 +100,10 @@ def webhook() -> None:
 )
 def _serve(
     policy: Path,
-    store: Path,
+    store: str,
+    store_ca: Path | None,
+    store_client_cert: Path | None,
+    store_client_key: Path | None,
     cert: Path,
     key: Path,
     host: str,
@@ -94,7 +118,7 @@ def _serve(
     from modelsec.policy import PolicySet
 
     try:
-        from modelsec.webhook.review import DirectoryStore, Mode, Reviewer, WebhookConfig
+        from modelsec.webhook.review import Mode, Reviewer, WebhookConfig
         from modelsec.webhook.server import serve
     except ModuleNotFoundError as e:
         click.echo(f"modelsec: error: {e.name} is missing; install modelsec[webhook]", err=True)
@@ -111,7 +135,7 @@ def _serve(
         )
         reviewer = Reviewer(
             policies,
-            DirectoryStore(store, max_bundles=config.max_bundles),
+            _store(store, config, store_ca, store_client_cert, store_client_key),
             config,
             generation=generation,
         )
@@ -122,3 +146,33 @@ def _serve(
     except OSError as e:
         click.echo(f"modelsec: error: {policy}: {e.strerror}", err=True)
         sys.exit(1)
+
+
+def _store(
+    spec: str, config: WebhookConfig, ca: Path | None, client_cert: Path | None, client_key: Path | None
+) -> AttestationStore:
+    """A directory store, or the gRPC AttestationService (`grpc://` / `grpcs://HOST:PORT`) as the store."""
+    import os
+
+    from modelsec.webhook.review import DirectoryStore
+
+    scheme, sep, target = spec.partition("://")
+    if not sep:
+        return DirectoryStore(Path(spec), max_bundles=config.max_bundles)
+    if scheme not in ("grpc", "grpcs") or not target:
+        raise click.UsageError(f"--store {spec!r}: use a directory, grpcs://HOST:PORT or grpc://HOST:PORT")
+    if (client_cert is None) != (client_key is None):
+        raise click.UsageError("give both --store-client-cert and --store-client-key, or neither")
+    try:
+        from modelsec.service.client import TOKEN_ENV, ChannelOptions, ModelsecClient
+    except ModuleNotFoundError as e:
+        raise click.UsageError(f"{e.name} is missing; install modelsec[grpc]") from e
+    options = ChannelOptions(
+        ca=ca,
+        cert=client_cert,
+        key=client_key,
+        token=os.environ.get(TOKEN_ENV) or None,
+        plaintext=scheme == "grpc",
+        timeout=config.deadline_seconds,
+    )
+    return ModelsecClient(target, options)
