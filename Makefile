@@ -47,6 +47,7 @@ test-slow: $(VENV)/.test
 lint: $(VENV)/.test
 	$(BIN)/ruff check core attestations signer verifier watermark robustness
 	bash scripts/typecheck.sh
+	cd proto && ../$(BUF) lint
 
 bench: $(VENV)/.test
 	$(BIN)/python bench/bench_sign_verify.py
@@ -54,6 +55,7 @@ bench: $(VENV)/.test
 	$(BIN)/python bench/bench_watermark.py
 	PYTHONPATH=examples $(BIN)/python bench/bench_pgd.py
 	$(BIN)/python bench/bench_webhook.py
+	$(BIN)/python bench/bench_grpc.py
 
 ## proto: regenerate the committed modelsec.v1 stubs from proto/modelsec/v1/*.proto
 proto: $(VENV)/.test
