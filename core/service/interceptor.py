@@ -15,6 +15,7 @@ services are left alone: probes and tooling call them without credentials). In o
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -45,6 +46,7 @@ __all__ = ["ServiceInterceptor", "identity_from_certificate", "status_for"]
 
 _log = logging.getLogger("modelsec.service")
 _UNTOUCHED_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
+_MAX_CACHED_CERTIFICATES = 1024
 
 
 def status_for(error: Error) -> grpc.StatusCode:
@@ -114,6 +116,8 @@ class _Authenticator:
         if certs:
             pem = next(iter(certs))
             if pem not in self._cert_cache:
+                if len(self._cert_cache) >= _MAX_CACHED_CERTIFICATES:
+                    self._cert_cache.clear()
                 self._cert_cache[pem] = identity_from_certificate(pem)
             identity = self._cert_cache[pem]
             if identity:
@@ -212,7 +216,7 @@ class _Call:
         elif isinstance(e, aio.AbortError | grpc.RpcError):
             self.code = self.context.code() or grpc.StatusCode.UNKNOWN  # already aborted by the servicer
             return
-        elif isinstance(e, BaseException) and type(e).__name__ == "CancelledError":
+        elif isinstance(e, asyncio.CancelledError):
             self.code = grpc.StatusCode.CANCELLED
             return
         else:
