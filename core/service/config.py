@@ -30,6 +30,7 @@ readRoots: [/models]                 # paths VerifyModel, watermark and gate RPC
 writeRoots: [/models/watermarked]    # where EmbedWatermark may write
 architectures: ["lenet5:lenet5"]     # classifier factories RunGate may import
 gracePeriod: 30                      # seconds in-flight RPCs get after SIGTERM
+maxConcurrentGates: 1                # RunGate calls running at once (others wait for a slot)
 ```
 
 Identities: with mutual TLS, the client certificate's first URI SAN (SPIFFE ID), else its first DNS SAN,
@@ -93,6 +94,7 @@ _TOP = {
     "architectures",
     "gracePeriod",
     "maxConcurrentRpcs",
+    "maxConcurrentGates",
 }
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -161,6 +163,7 @@ class ServerConfig:
     architectures: tuple[str, ...] = ()
     grace_period: float = 30.0
     max_concurrent_rpcs: int = 256
+    max_concurrent_gates: int = 1
     source: str = "<config>"
 
     def __post_init__(self) -> None:
@@ -318,6 +321,9 @@ def server_config_from_mapping(doc: object, *, base_dir: Path, source: str) -> S
     concurrent = top.get("maxConcurrentRpcs", 256)
     if isinstance(concurrent, bool) or not isinstance(concurrent, int) or not 1 <= concurrent <= 100_000:
         raise PolicyError(f"{source}: maxConcurrentRpcs must be an integer in [1, 100000]")
+    gates = top.get("maxConcurrentGates", 1)
+    if isinstance(gates, bool) or not isinstance(gates, int) or not 1 <= gates <= 64:
+        raise PolicyError(f"{source}: maxConcurrentGates must be an integer in [1, 64]")
     default_policy = top.get("defaultPolicy")
     if default_policy is not None and (not isinstance(default_policy, str) or not default_policy):
         raise PolicyError(f"{source}: defaultPolicy must be a non-empty string")
@@ -346,5 +352,6 @@ def server_config_from_mapping(doc: object, *, base_dir: Path, source: str) -> S
         architectures=tuple(_string_list(top.get("architectures", []), f"{source}: architectures")),
         grace_period=float(grace),
         max_concurrent_rpcs=concurrent,
+        max_concurrent_gates=gates,
         source=source,
     )

@@ -28,16 +28,22 @@ from modelsec.service.attestation import AttestationServicer
 from modelsec.service.config import ServerConfig
 from modelsec.service.interceptor import ServiceInterceptor
 from modelsec.service.metrics import MetricsServer, ServiceMetrics
+from modelsec.service.robustness import RobustnessServicer
 from modelsec.service.signing import SigningServicer
 from modelsec.service.state import ServiceState
 from modelsec.service.verification import VerificationServicer
+from modelsec.service.watermark import WatermarkServicer
 from modelsec.v1 import (
     attestation_pb2,
     attestation_pb2_grpc,
+    robustness_pb2,
+    robustness_pb2_grpc,
     signing_pb2,
     signing_pb2_grpc,
     verification_pb2,
     verification_pb2_grpc,
+    watermark_pb2,
+    watermark_pb2_grpc,
 )
 
 __all__ = ["MAX_MESSAGE_BYTES", "SERVICES", "RunningServer", "run_server", "start_server"]
@@ -56,6 +62,13 @@ SERVICES: dict[str, Callable[[ServiceState, aio.Server], None]] = {
     ),
     attestation_pb2.DESCRIPTOR.services_by_name["AttestationService"].full_name: lambda s, srv: (
         attestation_pb2_grpc.add_AttestationServiceServicer_to_server(AttestationServicer(s), srv)
+    ),
+    # Both import numpy and torch inside their RPC methods only, so server start stays light.
+    watermark_pb2.DESCRIPTOR.services_by_name["WatermarkService"].full_name: lambda s, srv: (
+        watermark_pb2_grpc.add_WatermarkServiceServicer_to_server(WatermarkServicer(s), srv)
+    ),
+    robustness_pb2.DESCRIPTOR.services_by_name["RobustnessService"].full_name: lambda s, srv: (
+        robustness_pb2_grpc.add_RobustnessServiceServicer_to_server(RobustnessServicer(s), srv)
     ),
 }
 

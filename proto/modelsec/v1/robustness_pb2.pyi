@@ -3,8 +3,10 @@
 isort:skip_file
 PGD (L-infinity) robustness gates on model directories the server can read."""
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -43,7 +45,9 @@ class RunGateRequest(_message.Message):
     data_path: _builtins.str
     """Dataset file (safetensors or .npz) under the server's read roots."""
     eps: _builtins.float
-    """L-infinity radius ε and PGD step size, in input units; steps >= 1 (Madry et al. 2018)."""
+    """L-infinity radius ε and PGD step size, in input units; steps >= 1 (Madry et al. 2018).
+    step_size 0 means 2.5 * eps / steps (Madry et al.'s rule of thumb, as `modelsec gate pgd`).
+    """
     step_size: _builtins.float
     steps: _builtins.int
     restarts: _builtins.int
@@ -130,6 +134,7 @@ class GateResult(_message.Message):
     ROBUST_ACCURACY_LOWER_FIELD_NUMBER: _builtins.int
     ROBUST_ACCURACY_UPPER_FIELD_NUMBER: _builtins.int
     ATTESTATION_FIELD_NUMBER: _builtins.int
+    REASONS_FIELD_NUMBER: _builtins.int
     verdict: _builtins.str
     """"PASSED" or "FAILED"."""
     root_digest: _builtins.str
@@ -141,6 +146,10 @@ class GateResult(_message.Message):
     robust_accuracy_upper: _builtins.float
     attestation: _builtins.bytes
     """The signed attestation bundle (empty without an attestation key version)."""
+    @_builtins.property
+    def reasons(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Why the verdict is FAILED (threshold, sample count, failed sanity checks); empty when PASSED."""
+
     def __init__(
         self,
         *,
@@ -152,10 +161,11 @@ class GateResult(_message.Message):
         robust_accuracy_lower: _builtins.float = ...,
         robust_accuracy_upper: _builtins.float = ...,
         attestation: _builtins.bytes = ...,
+        reasons: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attestation", b"attestation", "clean_accuracy", b"clean_accuracy", "robust_accuracy", b"robust_accuracy", "robust_accuracy_lower", b"robust_accuracy_lower", "robust_accuracy_upper", b"robust_accuracy_upper", "root_digest", b"root_digest", "samples", b"samples", "verdict", b"verdict"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attestation", b"attestation", "clean_accuracy", b"clean_accuracy", "reasons", b"reasons", "robust_accuracy", b"robust_accuracy", "robust_accuracy_lower", b"robust_accuracy_lower", "robust_accuracy_upper", b"robust_accuracy_upper", "root_digest", b"root_digest", "samples", b"samples", "verdict", b"verdict"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

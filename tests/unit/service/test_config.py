@@ -78,6 +78,7 @@ gracePeriod: 5
         ({"access": {"verify": "*"}}, "must be a list"),
         ({"gracePeriod": -1}, "gracePeriod"),
         ({"maxConcurrentRpcs": 0}, "maxConcurrentRpcs"),
+        ({"maxConcurrentGates": 0}, "maxConcurrentGates"),
     ],
 )
 def test_invalid_configs_name_the_field(tmp_path: Path, fields: dict[str, Any], mentions: str) -> None:

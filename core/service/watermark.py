@@ -1,0 +1,188 @@
+"""`modelsec.v1.WatermarkService`: embed and detect keyed parameter watermarks in server-side models.
+
+The watermark keys are server-held and named in the configuration (`watermarkKeys`), like signing keys: a
+caller names a key it is allowed to use and never sees its material. The key file is read for each call
+(rotating a key file needs no restart) and is never put into a response, an error or a log line; neither is
+the message. Model paths must lie under the read roots, output paths under the write roots.
+
+An undetected watermark is a normal answer (`detected = false`), never an RPC error. Neither
+`embed_model` nor `detect` takes a progress callback, so a cancelled call is noticed only before the
+library call starts (the worker's result is then discarded); an embedding (with its attestation) or a
+detection that has started runs to its end.
+
+numpy loads inside the RPC methods, so constructing the servicer at server start imports neither numpy
+nor torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from grpc import aio
+
+from modelsec.errors import KeyMaterialError, MalformedArtifactError, PermissionDeniedError
+from modelsec.limits import Limits
+from modelsec.service.config import WatermarkKeyConfig
+from modelsec.service.state import LoadedKey, ServiceState
+from modelsec.service.work import checkpoint, deadline_of, run_blocking
+from modelsec.signer.signing import ATTESTATION_FILE_NAMES
+from modelsec.v1 import watermark_pb2, watermark_pb2_grpc
+from modelsec.verifier.attestations import role_for_predicate
+from modelsec.watermark.attestation import PREDICATE_TYPE
+
+if TYPE_CHECKING:
+    from modelsec.watermark.detection import DetectionResult
+    from modelsec.watermark.scheme import WatermarkKey
+
+__all__ = ["ATTESTATION_FILE_NAME", "WatermarkServicer", "detection_to_proto"]
+
+_log = logging.getLogger("modelsec.service")
+# The reserved name inside a model directory that the manifest ignores (modelsec.signer.signing), so the
+# attestation can sit next to the weights without changing the root digest it attests.
+ATTESTATION_FILE_NAME = ATTESTATION_FILE_NAMES[0]
+
+
+def detection_to_proto(result: DetectionResult) -> watermark_pb2.WatermarkDetection:
+    """A detection result -> `WatermarkDetection` (the decoded message is not sent)."""
+    return watermark_pb2.WatermarkDetection(
+        detected=result.detected,
+        bits=result.bits,
+        matches=result.bit_matches,
+        bit_error_rate=result.bit_error_rate,
+        false_positive_probability=result.false_positive_probability,
+        log10_false_positive_probability=result.log10_false_positive_probability,
+        confidence=result.confidence,
+    )
+
+
+class WatermarkServicer(watermark_pb2_grpc.WatermarkServiceServicer):
+    """EmbedWatermark and DetectWatermark with the server's named watermark keys (access op `watermark`)."""
+
+    def __init__(self, state: ServiceState) -> None:
+        self.state = state
+        self.limits = Limits()
+
+    async def EmbedWatermark(
+        self, request: watermark_pb2.EmbedWatermarkRequest, context: aio.ServicerContext[Any, Any]
+    ) -> watermark_pb2.EmbedWatermarkResponse:
+        """Write a watermarked copy of `model_path` to `out_path`, and sign its attestation when asked.
+
+        Every check runs before any byte is read: access, the watermark key's `allow` list, both paths,
+        and the signing key's `allow` list and `watermark` role. The attestation is written as
+        `model.watermark.sig` inside the output directory (a name the manifest ignores) and returned.
+
+        Raises:
+            PermissionDeniedError: No `watermark` access, a key the caller may not use, a signing key
+                without the `watermark` role, or a path outside the server's roots.
+            NotFoundError: No such watermark key or signing key version.
+            PolicyError: Empty or too long a message, beyond the model's capacity, or an unusable output
+                directory (INVALID_ARGUMENT).
+            KeyMaterialError: The watermark key file cannot be loaded on the server.
+        """
+        self.state.require("watermark")
+        wm = self.state.watermark_key(request.watermark_key)
+        model_dir = self.state.readable_path(request.model_path, "model_path")
+        out_dir = self.state.writable_path(request.out_path, "out_path")
+        signer = (
+            self._attestation_key(request.attestation_key_version)
+            if request.attestation_key_version
+            else None
+        )
+        message = request.message
+        deadline = deadline_of(context)
+
+        def work(cancelled: threading.Event) -> watermark_pb2.EmbedWatermarkResponse:
+            from modelsec.watermark.attestation import model_root_digests, write_watermark_attestation
+            from modelsec.watermark.embed import embed_model
+
+            key = _load_key(wm)
+            checkpoint(cancelled, deadline)
+            result = embed_model(model_dir, out_dir, key, message, limits=self.limits)
+            # No checkpoint from here on: once the marked copy exists, it gets the attestation the caller
+            # asked for, so a cancelled call never leaves an unattested copy behind.
+            bundle = b""
+            if signer is None:
+                digest = model_root_digests(result.out_dir, limits=self.limits)["sha256"]
+            else:
+                digest, path = write_watermark_attestation(
+                    result, signer.backend, result.out_dir / ATTESTATION_FILE_NAME, limits=self.limits
+                )
+                bundle = _read_bounded(path, self.limits.max_bundle_bytes)
+            return watermark_pb2.EmbedWatermarkResponse(
+                root_digest=digest,
+                bits=result.message_bits,
+                detection=detection_to_proto(result.detection),
+                attestation=bundle,
+            )
+
+        return await run_blocking(work, context)
+
+    async def DetectWatermark(
+        self, request: watermark_pb2.DetectWatermarkRequest, context: aio.ServicerContext[Any, Any]
+    ) -> watermark_pb2.DetectWatermarkResponse:
+        """Detect the named key's watermark in `model_path` (blind when `message` is empty).
+
+        Raises:
+            PermissionDeniedError: No `watermark` access, a key the caller may not use, or a path outside
+                the read roots.
+            NotFoundError: No such watermark key.
+            PolicyError: A message longer than the scheme allows (INVALID_ARGUMENT).
+            MalformedArtifactError: No safetensors file, or a malformed one.
+            KeyMaterialError: The watermark key file cannot be loaded on the server.
+        """
+        self.state.require("watermark")
+        wm = self.state.watermark_key(request.watermark_key)
+        model_dir = self.state.readable_path(request.model_path, "model_path")
+        message = request.message or None
+        deadline = deadline_of(context)
+
+        def work(cancelled: threading.Event) -> watermark_pb2.DetectWatermarkResponse:
+            from modelsec.watermark.detection import detect
+
+            key = _load_key(wm)
+            checkpoint(cancelled, deadline)
+            result = detect(model_dir, key, message=message, limits=self.limits)
+            return watermark_pb2.DetectWatermarkResponse(detection=detection_to_proto(result))
+
+        return await run_blocking(work, context)
+
+    def _attestation_key(self, key_version: str) -> LoadedKey:
+        key = self.state.signing_key(key_version)
+        role = role_for_predicate(PREDICATE_TYPE)
+        if role is None or role not in key.config.roles:
+            raise PermissionDeniedError(
+                f"key version {key_version!r} may not sign watermark attestations "
+                f"(its roles: {', '.join(sorted(key.config.roles)) or 'none'})"
+            )
+        return key
+
+
+def _load_key(wm: WatermarkKeyConfig) -> WatermarkKey:
+    """Load a configured key file; the caller learns only the key's name, the log gets the reason."""
+    from modelsec.watermark.scheme import load_key_file
+
+    try:
+        return load_key_file(wm.path)
+    except KeyMaterialError as e:
+        _log.error("watermark key %r cannot be loaded: %s", wm.name, e.diagnostics())
+        raise KeyMaterialError(f"watermark key {wm.name!r} cannot be loaded on the server") from None
+
+
+def _read_bounded(path: Path, limit: int) -> bytes:
+    """Read back the bundle just written (no symlinks, at most `limit` bytes)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as e:
+        raise MalformedArtifactError(f"{path.name}: cannot read back the attestation: {e.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise MalformedArtifactError(f"{path.name}: the written attestation is not a regular file")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise MalformedArtifactError(f"{path.name}: the written attestation exceeds {limit} bytes")
+    return data
