@@ -9,6 +9,7 @@ from modelsec.attestations.bundle import (
     bundle_to_json,
     key_hint,
     parse_bundle,
+    sign_payload,
     sign_statement,
 )
 from modelsec.attestations.dsse import PAYLOAD_TYPE_IN_TOTO, Envelope, EnvelopeSignature, pae
@@ -36,5 +37,6 @@ __all__ = [
     "parse_bundle",
     "parse_statement",
     "serialize_statement",
+    "sign_payload",
     "sign_statement",
 ]

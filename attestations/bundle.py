@@ -32,6 +32,7 @@ __all__ = [
     "bundle_to_json",
     "key_hint",
     "parse_bundle",
+    "sign_payload",
     "sign_statement",
 ]
 
@@ -169,9 +170,7 @@ def bundle_to_json(envelope: Envelope, *, hint: str) -> bytes:
 def sign_statement(statement: Statement, signer: StatementSigner) -> bytes:
     """Sign an in-toto statement as DSSE and return the bundle JSON.
 
-    The payload is `serialize_statement(statement)`; the signature covers
-    `PAE("application/vnd.in-toto+json", payload)`; the hint (also used as the DSSE keyid) is
-    hex(SHA-256(public key PEM)).
+    The payload is `serialize_statement(statement)`; see `sign_payload`.
 
     Args:
         statement: The statement to sign.
@@ -180,7 +179,23 @@ def sign_statement(statement: Statement, signer: StatementSigner) -> bytes:
     Returns:
         The bundle file contents.
     """
-    payload = serialize_statement(statement)
+    return sign_payload(serialize_statement(statement), signer)
+
+
+def sign_payload(payload: bytes, signer: StatementSigner) -> bytes:
+    """Sign exact in-toto statement bytes as DSSE and return the bundle JSON.
+
+    The signature covers `PAE("application/vnd.in-toto+json", payload)`; the hint (also used as the DSSE
+    keyid) is hex(SHA-256(public key PEM)). The caller is responsible for `payload` being a statement it
+    means to sign (the signing service parses it strictly first).
+
+    Args:
+        payload: The statement JSON bytes, signed as they are.
+        signer: A key backend (ECDSA or SM2) holding the private key.
+
+    Returns:
+        The bundle file contents.
+    """
     hint = key_hint(signer.public_key_pem())
     unsigned = Envelope(payload=payload, payload_type=PAYLOAD_TYPE_IN_TOTO, signatures=())
     sig = signer.sign(unsigned.pae())

@@ -458,3 +458,34 @@ def render_table(header: Sequence[str], rows: Sequence[Sequence[str]], right: It
 
     sep = "  ".join("-" * w for w in widths)
     return "\n".join([line(header), sep, *(line(r) for r in rows)])
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile of an ascending list (nan when empty)."""
+    if not sorted_values:
+        return float("nan")
+    rank = max(1, min(len(sorted_values), int(-(-q * len(sorted_values) // 100))))
+    return sorted_values[rank - 1]
+
+
+def ops_per_second(fn: Callable[[], object], seconds: float) -> float:
+    runs = []
+    for _ in range(3):
+        count, start = 0, time.perf_counter()
+        deadline = start + seconds / 3
+        while True:
+            fn()
+            count += 1
+            now = time.perf_counter()
+            if now >= deadline:
+                break
+        runs.append(count / (now - start))
+    return statistics.median(runs)
+
+
+def cpu_pressure() -> str:
+    try:
+        line = Path("/proc/pressure/cpu").read_text().splitlines()[0]
+        return line.replace("some ", "")
+    except (OSError, IndexError):
+        return "n/a"

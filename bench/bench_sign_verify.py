@@ -147,14 +147,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def cpu_pressure() -> str:
-    try:
-        line = Path("/proc/pressure/cpu").read_text().splitlines()[0]
-        return line.replace("some ", "")
-    except (OSError, IndexError):
-        return "n/a"
-
-
 def machine_busy(*, load: bool = True) -> bool:
     """Whether other work competed for the CPUs lately (1-min load, or 5-min CPU pressure).
 
@@ -183,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in c.machine_lines():
         print("  " + line)
     load_before = c.load_average()
-    print(f"  load average before: {load_before}; cpu pressure: {cpu_pressure()}")
+    print(f"  load average before: {load_before}; cpu pressure: {c.cpu_pressure()}")
     busy_before = machine_busy()
     if busy_before:
         print("  WARNING: the machine is busy; wall times and ratios below are noisy (CPU seconds less so)")
@@ -926,7 +918,7 @@ def main(argv: list[str] | None = None) -> int:
         f" bytecode cache for commands: {'off' if args.no_bytecode_cache else 'on'}"
     )
     print(
-        f"load average before: {load_before}; after: {c.load_average()}; cpu pressure now: {cpu_pressure()}"
+        f"load average before: {load_before}; after: {c.load_average()}; cpu pressure now: {c.cpu_pressure()}"
     )
     return 0
 

@@ -10,36 +10,18 @@ through more public keys than the OpenSSL backend caches, so every call decodes 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
-from collections.abc import Callable
 
 from modelsec.errors import BackendUnavailableError
 from modelsec.signer import sm2
 
 try:  # bench/_common.py, when run as `python bench/bench_sm2.py`
-    from _common import machine_lines, render_table
+    from _common import machine_lines, ops_per_second, render_table
 except ImportError:  # pragma: no cover - run from elsewhere
     machine_lines = None  # type: ignore[assignment]
     render_table = None  # type: ignore[assignment]
 
 MESSAGE = b"DSSEv1 28 application/vnd.in-toto+json 1274 " + b"x" * 1274  # a PAE of typical size
-
-
-def ops_per_second(fn: Callable[[], object], seconds: float) -> float:
-    runs = []
-    for _ in range(3):
-        count, start = 0, time.perf_counter()
-        deadline = start + seconds / 3
-        while True:
-            fn()
-            count += 1
-            now = time.perf_counter()
-            if now >= deadline:
-                break
-        runs.append(count / (now - start))
-    return statistics.median(runs)
 
 
 def measure(

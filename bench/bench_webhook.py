@@ -57,10 +57,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 try:  # bench/_common.py, when run as `python bench/bench_webhook.py`
-    from _common import load_average, machine_lines, render_table
+    from _common import load_average, machine_lines, percentile, render_table
 except ImportError:  # pragma: no cover - run from elsewhere
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from _common import load_average, machine_lines, render_table
+    from _common import load_average, machine_lines, percentile, render_table
 
 HOST = "127.0.0.1"
 POLICIES = ("ecdsa", "sm2")
@@ -437,14 +437,6 @@ def drive(
 
 # --------------------------------------------------------------------------------------------------------
 # Main
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank percentile of an ascending list (nan when empty)."""
-    if not sorted_values:
-        return float("nan")
-    rank = max(1, min(len(sorted_values), int(-(-q * len(sorted_values) // 100))))
-    return sorted_values[rank - 1]
 
 
 @dataclass

@@ -134,6 +134,8 @@ class ServiceInterceptor(aio.ServerInterceptor):
     def __init__(self, config: ServerConfig, metrics: ServiceMetrics) -> None:
         self._auth = _Authenticator(config)
         self._metrics = metrics
+        # method -> (the servicer's handler, our wrapper): each method is wrapped once, not on every call.
+        self._wrapped: dict[str, tuple[Any, grpc.RpcMethodHandler[Any, Any]]] = {}
 
     async def intercept_service(  # noqa: D102 - see the class docstring
         self,
@@ -144,19 +146,26 @@ class ServiceInterceptor(aio.ServerInterceptor):
         method = handler_call_details.method
         if handler is None or method.startswith(_UNTOUCHED_PREFIXES):
             return handler
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped: grpc.RpcMethodHandler[Any, Any]
         if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
+            wrapped = grpc.unary_unary_rpc_method_handler(
                 self._wrap_unary(method, handler.unary_unary),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
+        elif handler.unary_stream is not None:
+            wrapped = grpc.unary_stream_rpc_method_handler(
                 self._wrap_stream(method, handler.unary_stream),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
-        return handler  # no client-streaming RPCs in modelsec.v1
+        else:
+            return handler  # no client-streaming RPCs in modelsec.v1
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
 
     def _wrap_unary(self, method: str, inner: Any) -> Any:
         async def unary(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:

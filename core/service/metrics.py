@@ -41,11 +41,16 @@ class ServiceMetrics:
             registry=self.registry,
         )
         self.serving = True
+        self._children: dict[tuple[str, str], tuple[Any, Any]] = {}
 
     def observe(self, method: str, code: str, seconds: float) -> None:
         """Record one finished call."""
-        self.requests.labels(method, code).inc()
-        self.latency.labels(method, code).observe(seconds)
+        children = self._children.get((method, code))
+        if children is None:  # label lookups cost more than the update itself: keep the children
+            children = self.requests.labels(method, code), self.latency.labels(method, code)
+            self._children[(method, code)] = children
+        children[0].inc()
+        children[1].observe(seconds)
 
 
 class MetricsServer:

@@ -3,8 +3,8 @@
 The private key never leaves the server. A statement is parsed strictly (in-toto Statement v1; an OMS
 weights manifest is also checked against the limits) and its predicate type decides the role the key must
 hold (`weights`, `watermark`, `gate`): a key configured for gate attestations cannot be made to sign a
-weights manifest, and an unknown predicate type is never signed. The bundle is produced by the same
-`sign_statement` as local signing, so remote and local bundles verify identically.
+weights manifest, and an unknown predicate type is never signed. The statement bytes are signed as received
+(`sign_payload`, the same DSSE/bundle code as local signing), so remote and local bundles verify identically.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from grpc import aio
 
-from modelsec.attestations.bundle import sign_statement
+from modelsec.attestations.bundle import sign_payload
 from modelsec.attestations.statement import parse_statement
 from modelsec.errors import MalformedArtifactError, PermissionDeniedError
 from modelsec.limits import Limits
@@ -57,7 +57,10 @@ class SigningServicer(signing_pb2_grpc.SigningServiceServicer):
                     f"a {key.backend.algorithm.value} key signs {key.backend.algorithm.manifest_hash.value} "
                     f"manifests; this one is {manifest.hash_type.value}"
                 )
-        bundle = sign_statement(statement, key.backend)
+        # The exact bytes received are signed (they parsed strictly above; a verifier parses them again):
+        # no second serialisation, and `modelsec sign --server` sends the canonical form, so its bundles
+        # carry the same payload as local signing.
+        bundle = sign_payload(request.statement, key.backend)
         return signing_pb2.SignStatementResponse(bundle=bundle, key=key_to_proto(key))
 
     async def GetPublicKey(
