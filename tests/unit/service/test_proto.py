@@ -6,6 +6,7 @@ import filecmp
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,12 +14,15 @@ import pytest
 from tests.conftest import REPO
 
 PROTO_DIR = REPO / "proto" / "modelsec" / "v1"
+_ENV = {**os.environ, "PYTHON": sys.executable}  # the generators of the environment running the tests
 BUF = Path(os.environ.get("MODELSEC_BUF", REPO / ".venv" / "buf" / "node_modules" / ".bin" / "buf"))
 
 
 def test_committed_stubs_match_make_proto(tmp_path: Path) -> None:
     """Regenerating with the pinned generators yields the committed files byte for byte (else: make proto)."""
-    subprocess.run(["bash", str(REPO / "scripts" / "gen_proto.sh"), str(tmp_path)], check=True, timeout=120)
+    subprocess.run(
+        ["bash", str(REPO / "scripts" / "gen_proto.sh"), str(tmp_path)], check=True, timeout=120, env=_ENV
+    )
     generated = sorted(p.name for p in (tmp_path / "modelsec" / "v1").iterdir())
     committed = sorted(p.name for p in PROTO_DIR.iterdir() if "_pb2" in p.name)
     assert generated == committed, "stub files added or removed: run `make proto` and commit"
