@@ -43,7 +43,11 @@ def test_a_changed_proto_makes_the_stubs_stale(tmp_path: Path) -> None:
     )
     out = tmp_path / "out"
     subprocess.run(
-        ["bash", str(copy / "scripts" / "gen_proto.sh"), str(out)], check=True, timeout=120, cwd=copy
+        ["bash", str(copy / "scripts" / "gen_proto.sh"), str(out)],
+        check=True,
+        timeout=120,
+        cwd=copy,
+        env=_ENV,
     )
     assert not filecmp.cmp(
         out / "modelsec" / "v1" / "signing_pb2.py", PROTO_DIR / "signing_pb2.py", shallow=False
