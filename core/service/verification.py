@@ -48,7 +48,12 @@ class VerificationServicer(verification_pb2_grpc.VerificationServiceServicer):
     async def VerifyBundle(
         self, request: verification_pb2.VerifyBundleRequest, context: aio.ServicerContext[Any, Any]
     ) -> verification_pb2.VerifyBundleResponse:
-        """Check the bundles against the named (or default) policy; the verdict says whether they pass."""
+        """Check the bundles against the named (or default) policy; the verdict says whether they pass.
+
+        `verdict.ok` holds only when every bundle sent is trusted evidence about `root_digest` (signed by
+        a policy key holding the role for its predicate type), the policy's requirements are met, nothing
+        was refused, and at least one bundle verified.
+        """
         self.state.require("verify")
         digest = check_root_digest(request.root_digest)
         if not request.bundles:
@@ -59,7 +64,12 @@ class VerificationServicer(verification_pb2_grpc.VerificationServiceServicer):
         verdict = verify_attestations(
             digest, list(request.bundles), policy, require_signatures=request.require_signatures
         )
-        return verification_pb2.VerifyBundleResponse(verdict=verdict_to_proto(verdict), policy=policy.name)
+        message = verdict_to_proto(verdict)
+        # The caller vouches for every bundle it sends: one that is not trusted evidence about this model
+        # (unparseable, untrusted signer, another subject) makes the answer negative, unlike a shared
+        # store where a stranger's bundle is only ignored. And nothing verified means nothing is proven.
+        message.ok = verdict.ok and not verdict.ignored and bool(verdict.evidence)
+        return verification_pb2.VerifyBundleResponse(verdict=message, policy=policy.name)
 
     async def VerifyModel(
         self, request: verification_pb2.VerifyModelRequest, context: aio.ServicerContext[Any, Any]

@@ -65,8 +65,14 @@ def test_dsse_cases_through_verify_bundle(case: str, served: tuple[Path, Modelse
             and base64.b64decode(json.loads(data)["dsseEnvelope"]["payload"]).isascii()
         ):
             continue  # the defective fixture (see tests/corpus/test_corpus_verify.py): it is a valid bundle
-        response = client.verify_bundle(digest, [data], policy=case, require_signatures=True)
-        assert not response.verdict.ok, target
-        assert not response.verdict.evidence, target
-        reasons = " ".join([*response.verdict.ignored, *response.verdict.refused])
-        assert mentions_all(reasons, mentions), (target, reasons)
+        for require_signatures in (True, False):  # negative whether or not signatures are required
+            response = client.verify_bundle(
+                digest, [data], policy=case, require_signatures=require_signatures
+            )
+            assert not response.verdict.ok, (target, require_signatures)
+            assert not response.verdict.evidence, target
+            reasons = " ".join([*response.verdict.ignored, *response.verdict.refused])
+            assert mentions_all(reasons, mentions), (target, reasons)
+        # A bad bundle next to the good one still makes the answer negative.
+        both = client.verify_bundle(digest, [(d / "model.ok.sig").read_bytes(), data], policy=case)
+        assert not both.verdict.ok and len(both.verdict.evidence) == 1, target

@@ -32,7 +32,9 @@ class VerifyBundleRequest(_message.Message):
     policy: _builtins.str
     """The policy by name in the server's policy file; empty: the server's default policy."""
     require_signatures: _builtins.bool
-    """Also require weights signatures of every algorithm the policy requires among `bundles`."""
+    """Also require weights signatures (OMS manifests) of every algorithm the policy requires among
+    `bundles`; false for attestation-only checks (e.g. a gate bundle on its own).
+    """
     @_builtins.property
     def bundles(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
         """Sigstore bundle v0.3 JSON documents, each at most the server's bundle size limit."""

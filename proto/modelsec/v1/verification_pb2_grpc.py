@@ -53,7 +53,9 @@ class VerificationServiceServicer:
 
     def VerifyBundle(self, request, context):
         """Checks bundles about a model root digest against a policy: signatures by trusted keys with the
-        right role, subjects, and the policy's attestation requirements. The verdict carries the outcome.
+        right role, subjects, and the policy's attestation requirements. The verdict carries the outcome:
+        ok only when every bundle sent is trusted evidence about the model (any untrusted, malformed or
+        off-subject bundle makes it negative), at least one verified, and the policy is met.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

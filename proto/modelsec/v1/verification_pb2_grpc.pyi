@@ -35,7 +35,9 @@ class VerificationServiceStub:
     def __new__(cls, channel: _aio.Channel) -> VerificationServiceAsyncStub: ...
     VerifyBundle: _grpc.UnaryUnaryMultiCallable[_verification_pb2.VerifyBundleRequest, _verification_pb2.VerifyBundleResponse]
     """Checks bundles about a model root digest against a policy: signatures by trusted keys with the
-    right role, subjects, and the policy's attestation requirements. The verdict carries the outcome.
+    right role, subjects, and the policy's attestation requirements. The verdict carries the outcome:
+    ok only when every bundle sent is trusted evidence about the model (any untrusted, malformed or
+    off-subject bundle makes it negative), at least one verified, and the policy is met.
     """
     VerifyModel: _grpc.UnaryUnaryMultiCallable[_verification_pb2.VerifyModelRequest, _verification_pb2.VerifyModelResponse]
     """Verifies a model directory under one of the server's read roots: every file listed, nothing extra,
@@ -50,7 +52,9 @@ class VerificationServiceAsyncStub(VerificationServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     VerifyBundle: _aio.UnaryUnaryMultiCallable[_verification_pb2.VerifyBundleRequest, _verification_pb2.VerifyBundleResponse]  # type: ignore[assignment]
     """Checks bundles about a model root digest against a policy: signatures by trusted keys with the
-    right role, subjects, and the policy's attestation requirements. The verdict carries the outcome.
+    right role, subjects, and the policy's attestation requirements. The verdict carries the outcome:
+    ok only when every bundle sent is trusted evidence about the model (any untrusted, malformed or
+    off-subject bundle makes it negative), at least one verified, and the policy is met.
     """
     VerifyModel: _aio.UnaryUnaryMultiCallable[_verification_pb2.VerifyModelRequest, _verification_pb2.VerifyModelResponse]  # type: ignore[assignment]
     """Verifies a model directory under one of the server's read roots: every file listed, nothing extra,
@@ -68,7 +72,9 @@ class VerificationServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_verification_pb2.VerifyBundleResponse, _abc.Awaitable[_verification_pb2.VerifyBundleResponse]]:
         """Checks bundles about a model root digest against a policy: signatures by trusted keys with the
-        right role, subjects, and the policy's attestation requirements. The verdict carries the outcome.
+        right role, subjects, and the policy's attestation requirements. The verdict carries the outcome:
+        ok only when every bundle sent is trusted evidence about the model (any untrusted, malformed or
+        off-subject bundle makes it negative), at least one verified, and the policy is met.
         """
 
     @_abc_1.abstractmethod
