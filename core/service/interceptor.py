@@ -42,11 +42,19 @@ from modelsec.service.metrics import ServiceMetrics
 from modelsec.service.state import current_identity
 from modelsec.service.work import CancelledWorkError, DeadlinePassedError
 
-__all__ = ["ServiceInterceptor", "identity_from_certificate", "status_for"]
+__all__ = ["ServiceInterceptor", "clip", "identity_from_certificate", "status_for"]
 
 _log = logging.getLogger("modelsec.service")
 _UNTOUCHED_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
 _MAX_CACHED_CERTIFICATES = 1024
+# Status details travel as HTTP/2 trailers (the client refuses more than ~16 KiB of metadata) and end up in
+# logs: a diagnostic that echoes a huge client-supplied value is cut here, whatever raised it.
+_MAX_DETAIL_CHARS = 1024
+
+
+def clip(text: str, limit: int = _MAX_DETAIL_CHARS) -> str:
+    """`text`, cut to `limit` characters with a note of how much was left out."""
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text) - limit} more characters)"
 
 
 def status_for(error: Error) -> grpc.StatusCode:
@@ -221,7 +229,7 @@ class _Call:
         if isinstance(e, _Abort):
             self.code, self.error = e.code, e.message
         elif isinstance(e, Error):
-            self.code, self.error = status_for(e), e.diagnostics()
+            self.code, self.error = status_for(e), clip(e.diagnostics())
         elif isinstance(e, aio.AbortError | grpc.RpcError):
             self.code = self.context.code() or grpc.StatusCode.UNKNOWN  # already aborted by the servicer
             return

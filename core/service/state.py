@@ -13,13 +13,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from modelsec.attestations.bundle import key_hint
-from modelsec.errors import AuthenticationError, NotFoundError, PermissionDeniedError, PolicyError
+from modelsec.errors import (
+    AuthenticationError,
+    MalformedArtifactError,
+    NotFoundError,
+    PermissionDeniedError,
+    PolicyError,
+)
 from modelsec.policy import Policy, PolicySet
 from modelsec.service.config import KeyConfig, ServerConfig, WatermarkKeyConfig, identity_allowed
 from modelsec.service.store import SqliteAttestationStore
 from modelsec.signer.keys import KeyBackend, load_private_key_file
 
 __all__ = ["LoadedKey", "ServiceState", "current_identity"]
+
+_MAX_NAME_CHARS = 256  # key versions, policy and watermark key names in requests
+_MAX_PATH_BYTES = 4096  # PATH_MAX
 
 # The authenticated identity of the RPC being served; set by the interceptor before a servicer runs.
 current_identity: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -101,6 +110,7 @@ class ServiceState:
         """
         if not name:
             return self.default_policy
+        _check_name(name, "policy")
         try:
             return self._policies[name]
         except KeyError:
@@ -114,6 +124,7 @@ class ServiceState:
             PermissionDeniedError: The caller is not in the key's `allow` list.
         """
         identity = self.identity()
+        _check_name(key_version, "key_version")
         key = self.keys.get(key_version)
         if key is None:
             raise NotFoundError(f"key version {key_version!r} does not exist")
@@ -134,6 +145,7 @@ class ServiceState:
             PermissionDeniedError: The caller is not in its `allow` list.
         """
         identity = self.identity()
+        _check_name(name, "watermark_key")
         key = self.watermark_keys.get(name)
         if key is None:
             raise NotFoundError(f"watermark key {name!r} does not exist")
@@ -160,7 +172,14 @@ class ServiceState:
         return _under(raw, self.config.write_roots, what, "write")
 
 
+def _check_name(value: str, what: str) -> None:
+    if len(value) > _MAX_NAME_CHARS:
+        raise MalformedArtifactError(f"{what} is longer than {_MAX_NAME_CHARS} characters")
+
+
 def _under(raw: str, roots: tuple[Path, ...], what: str, verb: str) -> Path:
+    if len(raw.encode("utf-8", "surrogatepass")) > _MAX_PATH_BYTES:
+        raise MalformedArtifactError(f"{what} is longer than {_MAX_PATH_BYTES} bytes")
     if not raw or not os.path.isabs(raw) or "\x00" in raw:
         raise PermissionDeniedError(f"{what} must be an absolute path on the server, got {raw!r}")
     real = Path(os.path.realpath(raw))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
 import sqlite3
 import threading
 from dataclasses import dataclass
@@ -181,13 +182,15 @@ def _encode_token(seq: object) -> str:
 def _decode_token(token: str) -> int:
     if not token:
         return 2**63 - 1
-    try:
-        text = base64.urlsafe_b64decode(token.encode()).decode()
-        if not text.startswith("seq:"):
-            raise ValueError(text)
-        seq = int(text[4:])
-    except (ValueError, UnicodeDecodeError):
-        raise MalformedArtifactError(f"page_token {token!r} is not a token this server issued") from None
-    if seq <= 0:
-        raise MalformedArtifactError(f"page_token {token!r} is not a token this server issued")
+    seq = None
+    if len(token) <= 64:
+        try:
+            match = re.fullmatch(
+                r"seq:([1-9][0-9]{0,17})", base64.urlsafe_b64decode(token.encode()).decode("ascii")
+            )
+        except (ValueError, UnicodeDecodeError):
+            match = None
+        seq = int(match.group(1)) if match else None
+    if seq is None:
+        raise MalformedArtifactError(f"page_token {token[:80]!r} is not a token this server issued")
     return seq

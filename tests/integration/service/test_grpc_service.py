@@ -114,6 +114,7 @@ def test_public_keys_and_listing(client: ModelsecClient, key_dir: Path) -> None:
     ("key_version", "statement", "error", "mentions"),
     [
         ("missing/1", None, NotFoundError, "NOT_FOUND.*'missing/1' does not exist"),
+        ("k" * 20_000, None, MalformedArtifactError, "key_version is longer than 256 characters"),
         ("nobody/1", None, PermissionDeniedError, "PERMISSION_DENIED.*may not use key version"),
         ("gate-only/1", None, PermissionDeniedError, "may not sign predicateType.*its roles: gate"),
         ("ci-p256/1", b"{}", MalformedArtifactError, "INVALID_ARGUMENT.*_type"),
@@ -138,6 +139,20 @@ def test_signing_refusals_map_to_status_codes(
 ) -> None:
     with pytest.raises(error, match=mentions):
         client.sign_statement(key_version, statement or _statement(setup[1]))
+
+
+def test_huge_echoed_values_are_cut(client: ModelsecClient) -> None:
+    """A diagnostic quoting a huge client value stays small (HTTP/2 trailers, log lines)."""
+    statement = (
+        b'{"_type":"https://in-toto.io/Statement/v1","subject":[{"name":"m","digest":{"sha256":"'
+        + b"a" * 64
+        + b'"}}],"predicateType":"https://x/'
+        + b"p" * 100_000
+        + b'","predicate":{}}'
+    )
+    with pytest.raises(PermissionDeniedError) as info:
+        client.sign_statement("ci-p256/1", statement)
+    assert "more characters)" in str(info.value) and len(str(info.value)) < 1200
 
 
 def test_verify_bundle_verdicts(setup: tuple[InThreadServer, Path], client: ModelsecClient) -> None:

@@ -53,7 +53,17 @@ def test_pages_newest_first_with_tokens(tmp_path: Path) -> None:
     assert len(only) == 2 and token == ""
 
 
-@pytest.mark.parametrize("token", ["garbage", "c2VxOi0x", "c2VxOmFiYw=="])
+@pytest.mark.parametrize(
+    "token",
+    [
+        "garbage",
+        "c2VxOi0x",
+        "c2VxOmFiYw==",
+        "c2VxOjk5OTk5OTk5OTk5OTk5OTk5OTk5OTk5",
+        "c2VxOu-8kQ==",
+        "x" * 10_000,
+    ],
+)
 def test_foreign_page_tokens_are_refused(tmp_path: Path, token: str) -> None:
     with pytest.raises(MalformedArtifactError, match="page_token"):
         SqliteAttestationStore(tmp_path / "s.db").page(page_token=token)
