@@ -8,6 +8,7 @@ Both are refused here.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from modelsec.errors import MalformedArtifactError
@@ -17,6 +18,13 @@ __all__ = ["strict_loads"]
 
 def _refuse_constant(name: str) -> Any:
     raise ValueError(f"non-JSON constant {name}")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999 overflows to inf: Infinity by another spelling
+        raise ValueError(f"number {text[:40]} is out of range (not finite)")
+    return value
 
 
 def strict_loads(data: bytes | str, *, what: str) -> Any:
@@ -43,6 +51,6 @@ def strict_loads(data: bytes | str, *, what: str) -> Any:
 
     try:
         text = data.decode("utf-8") if isinstance(data, bytes) else data
-        return json.loads(text, object_pairs_hook=pairs, parse_constant=_refuse_constant)
+        return json.loads(text, object_pairs_hook=pairs, parse_constant=_refuse_constant, parse_float=_finite)
     except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise MalformedArtifactError(f"{what}: invalid JSON: {e}") from e

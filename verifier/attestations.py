@@ -233,22 +233,35 @@ def _check_gate(pred: Mapping[str, Any], req: RobustnessRequirement, what: str, 
     if total < req.min_samples:
         raise AttestationError(f"{what}: gate evaluated {int(total)} samples, policy needs {req.min_samples}")
     accuracy = _number(pred, "results.robust.accuracy", what)
+    if not 0.0 <= accuracy <= 1.0:
+        raise AttestationError(f"{what}: predicate results.robust.accuracy {accuracy} is not in [0, 1]")
+    interval = _get(pred, "results.robust.wilson95", what)
+    if (
+        not isinstance(interval, list)
+        or len(interval) != 2
+        or not all(isinstance(x, int | float) and not isinstance(x, bool) for x in interval)
+        or not 0.0 <= interval[0] <= accuracy + 1e-9
+        or not accuracy - 1e-9 <= interval[1] <= 1.0
+    ):
+        raise AttestationError(
+            f"{what}: predicate results.robust.wilson95 must be [lower, upper] with "
+            "0 <= lower <= accuracy <= upper <= 1"
+        )
     if req.rule == "strict":
-        interval = _get(pred, "results.robust.wilson95", what)
-        if (
-            not isinstance(interval, list)
-            or len(interval) != 2
-            or not all(isinstance(x, (int, float)) for x in interval)
-        ):
-            raise AttestationError(f"{what}: predicate results.robust.wilson95 is malformed")
         value, label = float(interval[0]), "Wilson 95% lower bound"
     else:
         value, label = accuracy, "robust accuracy"
     if value < req.min_robust_accuracy:
         raise AttestationError(f"{what}: {label} {value:.4f} is below the policy's {req.min_robust_accuracy}")
     checks = _get(pred, "sanity.checks", what)
-    failed = [c.get("name", "?") for c in checks if isinstance(c, Mapping) and c.get("passed") is not True]
-    if not isinstance(checks, list) or failed:
+    if (
+        not isinstance(checks, list)
+        or not checks
+        or not all(isinstance(c, Mapping) and isinstance(c.get("name"), str) for c in checks)
+    ):
+        raise AttestationError(f"{what}: predicate sanity.checks must be a non-empty list of named checks")
+    failed = [c["name"] for c in checks if c.get("passed") is not True]
+    if failed:
         raise AttestationError(f"{what}: gate sanity checks failed: {failed}")
     if req.max_age_seconds is not None:
         finished = _parse_time(pred.get("finishedAt"), what)

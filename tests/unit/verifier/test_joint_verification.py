@@ -148,8 +148,33 @@ CASES: list[tuple[str, Callable[[dict[str, Any]], dict[str, Any]], str]] = [
     ),
     (
         "robust accuracy below threshold",
-        lambda s: {"gate": s["attest"]("gate", gate_predicate(**{"results.robust.accuracy": 0.6}))},
+        lambda s: {
+            "gate": s["attest"](
+                "gate",
+                gate_predicate(**{"results.robust.accuracy": 0.6, "results.robust.wilson95": [0.5, 0.7]}),
+            )
+        },
         r"robust accuracy 0.6000 is below",
+    ),
+    (
+        "gate sanity checks not a list",
+        lambda s: {"gate": s["attest"]("gate", gate_predicate(**{"sanity.checks": 5}))},
+        r"sanity.checks must be a non-empty list of named checks",
+    ),
+    (
+        "gate without any sanity check",
+        lambda s: {"gate": s["attest"]("gate", gate_predicate(**{"sanity.checks": []}))},
+        r"sanity.checks must be a non-empty list",
+    ),
+    (
+        "gate Wilson interval of booleans",
+        lambda s: {"gate": s["attest"]("gate", gate_predicate(**{"results.robust.wilson95": [True, True]}))},
+        r"wilson95 must be \[lower, upper\]",
+    ),
+    (
+        "gate Wilson interval that excludes the accuracy",
+        lambda s: {"gate": s["attest"]("gate", gate_predicate(**{"results.robust.wilson95": [0.99, 1.0]}))},
+        r"0 <= lower <= accuracy <= upper <= 1",
     ),
     (
         "gate result for a different model digest",

@@ -1,0 +1,31 @@
+"""The strict JSON reader every signed document goes through."""
+
+from __future__ import annotations
+
+import pytest
+
+from modelsec._strict_json import strict_loads
+from modelsec.errors import MalformedArtifactError
+
+
+@pytest.mark.parametrize(
+    ("doc", "mentions"),
+    [
+        (b'{"a": 1, "a": 2}', "duplicate key 'a'"),
+        (b'{"a": NaN}', "NaN"),
+        (b'{"a": Infinity}', "Infinity"),
+        (b'{"a": 1e999}', "out of range"),
+        (b'{"a": -1e999}', "out of range"),
+        (b'{"a": "\xff"}', "invalid JSON"),
+        (b"[" * 100_000 + b"]" * 100_000, "invalid JSON"),
+    ],
+)
+def test_refused(doc: bytes, mentions: str) -> None:
+    with pytest.raises(MalformedArtifactError, match=mentions):
+        strict_loads(doc, what="doc")
+
+
+def test_accepted() -> None:
+    assert strict_loads(b'{"a": [1, 2.5, 1e308, -0.0, "\\u00e8", null, true]}', what="doc") == {
+        "a": [1, 2.5, 1e308, -0.0, "è", None, True]
+    }
