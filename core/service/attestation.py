@@ -1,26 +1,34 @@
 """`modelsec.v1.AttestationService`: the attestation store that webhooks and loaders query by digest.
 
 `PutAttestation` verifies before it stores: the bundle must parse strictly, be signed by a key of the
-default policy holding the role for its predicate type, be about a sha256 model root digest, and meet the
-policy's requirements for its kind (a FAILED gate, a stale one or a weak watermark is refused, not stored:
-the store holds only acceptable evidence). Readers verify again whatever they read.
+default policy holding the role for its predicate type, be about exactly one sha256 model root digest, and
+meet the policy's requirements for its kind, or at least the baseline ones where the policy has none (a
+FAILED gate, a malformed predicate or an undetected watermark is refused, not stored: the store holds only
+acceptable evidence). Bundles are stored in canonical form and identified by the signed statement and the
+verifying key, so re-formatted copies of one bundle cannot fill a model's slots. Readers verify again
+whatever they read.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 from collections.abc import AsyncIterator
 from typing import Any
 
 from grpc import aio
 
-from modelsec.attestations.bundle import parse_bundle
+from modelsec.attestations.bundle import bundle_to_json, parse_bundle
+from modelsec.attestations.dsse import Envelope, EnvelopeSignature
 from modelsec.attestations.statement import parse_statement
 from modelsec.errors import AttestationError, MalformedArtifactError
+from modelsec.policy import RobustnessRequirement, WatermarkRequirement
 from modelsec.service.convert import record_to_proto
 from modelsec.service.state import ServiceState
 from modelsec.service.verification import check_root_digest
 from modelsec.v1 import attestation_pb2, attestation_pb2_grpc
-from modelsec.verifier.attestations import verify_attestations
+from modelsec.verifier.attestations import role_for_predicate, verify_attestations
+from modelsec.verifier.bundles import verify_bundle_signature
 
 __all__ = ["AttestationServicer"]
 
@@ -43,11 +51,21 @@ class AttestationServicer(attestation_pb2_grpc.AttestationServiceServicer):
             raise MalformedArtifactError(f"bundle larger than {policy.limits.max_bundle_bytes} bytes")
         bundle = parse_bundle(request.bundle, source="bundle")
         statement = parse_statement(bundle.envelope.payload, what="bundle")
-        digest = statement.subjects[0].digest.get("sha256", "")
-        if not digest:
-            raise MalformedArtifactError("bundle: the statement's subject has no sha256 model root digest")
-        check_root_digest(digest)
-        verdict = verify_attestations(digest, [request.bundle], policy, require_signatures=False)
+        if len(statement.subjects) != 1:
+            raise MalformedArtifactError(
+                f"bundle: a stored attestation has exactly one subject, this one {len(statement.subjects)}"
+            )
+        digest = check_root_digest(statement.subjects[0].digest.get("sha256", ""))
+        # Admission is stricter than the default policy: a gate or watermark statement must pass at least
+        # the baseline requirements (PASSED gate, detected watermark, well-formed predicate) even where the
+        # policy requires none, so the store never holds evidence that would veto a model for a reader
+        # whose policy does require it.
+        admission = dataclasses.replace(
+            policy,
+            robustness=policy.robustness or RobustnessRequirement(),
+            watermark=policy.watermark or WatermarkRequirement(),
+        )
+        verdict = verify_attestations(digest, [request.bundle], admission, require_signatures=False)
         if verdict.refused or verdict.ignored or not verdict.evidence:
             reasons = [f"refused {r}" for r in verdict.refused] + [
                 f"not trusted: {i}" for i in verdict.ignored
@@ -55,13 +73,23 @@ class AttestationServicer(attestation_pb2_grpc.AttestationServiceServicer):
             raise AttestationError(
                 f"bundle not stored under policy {policy.name!r}: " + ("; ".join(reasons) or "no evidence")
             )
-        evidence = verdict.evidence[0]
-        key = next(k for k in policy.keys if k.name == evidence.key)
+        key = verify_bundle_signature(bundle, policy.keys, role=role_for_predicate(statement.predicate_type))
+        # Stored in canonical form, identified by what is signed (payload type, payload) and by which key:
+        # unsigned formatting, hints or a re-encoded signature of the same statement are the same record.
+        envelope = bundle.envelope
+        canonical = bundle_to_json(
+            Envelope(
+                envelope.payload, envelope.payload_type, (EnvelopeSignature(bundle.signature.sig, key.keyid),)
+            ),
+            hint=key.keyid,
+        )
+        record_id = hashlib.sha256(envelope.pae() + b"\x00" + key.keyid.encode()).hexdigest()
         record, created = self.state.store.put(
-            request.bundle,
+            canonical,
+            record_id=record_id,
             root_digest=digest,
             predicate_type=statement.predicate_type,
-            signer=evidence.key,
+            signer=key.name,
             algorithm=key.algorithm.value,
             stored_by=identity,
         )

@@ -9,8 +9,9 @@ with ModelsecClient("signer.internal:50051", ChannelOptions(ca=Path("ca.pem"), t
 Errors: a failed call raises the `modelsec.errors` class matching its status code (`error_for_status`):
 UNAUTHENTICATED -> AuthenticationError, PERMISSION_DENIED -> PermissionDeniedError, NOT_FOUND ->
 NotFoundError, INVALID_ARGUMENT -> MalformedArtifactError, FAILED_PRECONDITION -> VerificationError,
-UNAVAILABLE/DEADLINE_EXCEEDED/CANCELLED/RESOURCE_EXHAUSTED -> BackendUnavailableError (retryable), others ->
-Error; the message names the method and carries the server's diagnostic.
+UNAVAILABLE/DEADLINE_EXCEEDED/CANCELLED -> BackendUnavailableError (retryable), others (RESOURCE_EXHAUSTED:
+a message over 4 MiB or a full store slot) -> Error; the message names the method and carries the server's
+diagnostic.
 """
 
 from __future__ import annotations
@@ -59,7 +60,6 @@ _ERRORS: dict[grpc.StatusCode, type[Error]] = {
     grpc.StatusCode.UNAVAILABLE: BackendUnavailableError,
     grpc.StatusCode.DEADLINE_EXCEEDED: BackendUnavailableError,
     grpc.StatusCode.CANCELLED: BackendUnavailableError,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: BackendUnavailableError,
 }
 
 

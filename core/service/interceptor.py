@@ -40,6 +40,7 @@ from modelsec.errors import (
 from modelsec.service.config import ServerConfig
 from modelsec.service.metrics import ServiceMetrics
 from modelsec.service.state import current_identity
+from modelsec.service.store import StoreFullError
 from modelsec.service.work import CancelledWorkError, DeadlinePassedError
 
 __all__ = ["ServiceInterceptor", "clip", "identity_from_certificate", "status_for"]
@@ -61,15 +62,18 @@ def status_for(error: Error) -> grpc.StatusCode:
     """The status code for a modelsec error (DESIGN.md decision 8).
 
     AuthenticationError -> UNAUTHENTICATED; PermissionDeniedError -> PERMISSION_DENIED; NotFoundError ->
-    NOT_FOUND; work stopped by the call's deadline or cancellation -> DEADLINE_EXCEEDED or CANCELLED;
-    MalformedArtifactError, PolicyError, UnsupportedAlgorithmError -> INVALID_ARGUMENT (the request
-    is wrong); BackendUnavailableError -> UNAVAILABLE (retryable); every other error (signature, digest,
-    attestation, key material, gate) -> FAILED_PRECONDITION (the artifact or setup must change first).
+    NOT_FOUND; StoreFullError -> RESOURCE_EXHAUSTED; work stopped by the call's deadline or cancellation ->
+    DEADLINE_EXCEEDED or CANCELLED; MalformedArtifactError, PolicyError, UnsupportedAlgorithmError ->
+    INVALID_ARGUMENT (the request is wrong); BackendUnavailableError -> UNAVAILABLE (retryable); every other
+    error (signature, digest, attestation, key material, gate) -> FAILED_PRECONDITION (the artifact or setup
+    must change first).
     """
     if isinstance(error, DeadlinePassedError):
         return grpc.StatusCode.DEADLINE_EXCEEDED
     if isinstance(error, CancelledWorkError):
         return grpc.StatusCode.CANCELLED
+    if isinstance(error, StoreFullError):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
     if isinstance(error, AuthenticationError):
         return grpc.StatusCode.UNAUTHENTICATED
     if isinstance(error, PermissionDeniedError):

@@ -5,8 +5,9 @@ admitted them (signer, algorithm, who stored them, when). The store itself trust
 verifies a bundle against the policy before `put`, and every reader (the webhook, `verify_attestations`)
 verifies again what it reads. Durability: WAL journal with `synchronous=FULL` (a committed put survives a
 crash or restart); concurrent writers (threads or several server processes on one data directory) are
-serialised by SQLite's lock with a busy timeout; the bundle id is SHA-256 of its bytes, so a put is
-idempotent. Satisfies the webhook's `AttestationStore` protocol (`bundles(digest)`).
+serialised by SQLite's lock with a busy timeout; a record id (the service's: the signed statement and the
+verifying key; default: SHA-256 of the bytes) is stored once, so a put is idempotent. Satisfies the
+webhook's `AttestationStore` protocol (`bundles(digest)`).
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from modelsec.errors import BackendUnavailableError, MalformedArtifactError
+from modelsec.errors import BackendUnavailableError, Error, MalformedArtifactError
 
-__all__ = ["SqliteAttestationStore", "StoredRecord"]
+__all__ = ["SqliteAttestationStore", "StoreFullError", "StoredRecord"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS attestations (
@@ -40,6 +41,10 @@ CREATE TABLE IF NOT EXISTS attestations (
 CREATE INDEX IF NOT EXISTS attestations_by_digest ON attestations (root_digest, seq);
 """
 _COLUMNS = "id, root_digest, predicate_type, signer, algorithm, stored_at, stored_by"
+
+
+class StoreFullError(Error):
+    """A model already has as many stored bundles as the store allows (status RESOURCE_EXHAUSTED)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +88,7 @@ class SqliteAttestationStore:
         self,
         bundle: bytes,
         *,
+        record_id: str | None = None,
         root_digest: str,
         predicate_type: str,
         signer: str,
@@ -91,11 +97,21 @@ class SqliteAttestationStore:
     ) -> tuple[StoredRecord, bool]:
         """Store a (verified) bundle; returns its record and whether it was new.
 
+        Args:
+            bundle: The bundle bytes.
+            record_id: The record's identity (default: hex SHA-256 of `bundle`); a second put with the same
+                id stores nothing.
+            root_digest: The subject's model root digest.
+            predicate_type: The statement's predicate type.
+            signer: Name of the trusted key that verified it.
+            algorithm: Its signature algorithm.
+            stored_by: The authenticated identity storing it.
+
         Raises:
-            MalformedArtifactError: The model already has `max_bundles_per_digest` bundles.
+            StoreFullError: The model already has `max_bundles_per_digest` bundles.
             BackendUnavailableError: The write failed.
         """
-        bundle_id = hashlib.sha256(bundle).hexdigest()
+        bundle_id = record_id or hashlib.sha256(bundle).hexdigest()
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         try:
             with self._lock:
@@ -112,7 +128,7 @@ class SqliteAttestationStore:
                         "SELECT COUNT(*) FROM attestations WHERE root_digest = ?", (root_digest,)
                     ).fetchone()
                     if count >= self.max_bundles_per_digest:
-                        raise MalformedArtifactError(
+                        raise StoreFullError(
                             f"model {root_digest} already has {count} stored bundles (the limit)"
                         )
                     record = StoredRecord(

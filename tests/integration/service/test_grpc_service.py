@@ -6,6 +6,7 @@ import json
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +16,7 @@ from modelsec.attestations.statement import serialize_statement
 from modelsec.errors import (
     AuthenticationError,
     BackendUnavailableError,
+    Error,
     MalformedArtifactError,
     NotFoundError,
     PermissionDeniedError,
@@ -274,8 +276,9 @@ def test_deadlines_and_message_limits(
     with pytest.raises(BackendUnavailableError, match="DEADLINE_EXCEEDED"):
         client.verify_model(str(big), timeout=0.02)
     assert client.verify_model(str(big), timeout=60).ok  # the server is fine afterwards
-    with pytest.raises(BackendUnavailableError, match="RESOURCE_EXHAUSTED"):
+    with pytest.raises(Error, match=r"RESOURCE_EXHAUSTED.*larger than max") as too_big:
         client.sign_statement("ci-p256/1", b" " * (4 * 1024 * 1024 + 1))
+    assert not too_big.value.retryable
     with pytest.raises(MalformedArtifactError, match="statement larger than 1048576 bytes"):
         client.sign_statement("ci-p256/1", b" " * (2 * 1024 * 1024))
 
@@ -293,3 +296,64 @@ def test_metrics_count_calls_by_method_and_code(
     assert 'code="NOT_FOUND",method="/modelsec.v1.SigningService/GetPublicKey"' in text
     assert "modelsec_grpc_request_duration_seconds_bucket" in text
     assert urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).read() == b"ok\n"
+
+
+def _gate_bundle(model_digest: str, key_dir: Path, **changes: Any) -> bytes:
+    from modelsec.attestations import Statement, Subject, sign_statement
+    from modelsec.verifier.attestations import GATE_PREDICATE_TYPE
+    from tests.unit.verifier.test_joint_verification import gate_predicate
+
+    statement = Statement(
+        (Subject("model", {"sha256": model_digest}),), GATE_PREDICATE_TYPE, gate_predicate(**changes)
+    )
+    return sign_statement(statement, load_private_key_file(key_dir / "ecdsa-p256.key.pem"))
+
+
+def test_store_admits_only_acceptable_evidence(client: ModelsecClient, key_dir: Path) -> None:
+    """The default policy requires no attestations; the store still refuses what would veto a model."""
+    digest = "c" * 64
+    for changes, mentions in [
+        ({"gate.verdict": "FAILED"}, "verdict is 'FAILED'"),
+        ({"sanity.checks": None}, "sanity.checks must be"),
+        ({"results.robust.accuracy": "high"}, "results.robust.accuracy is not a number"),
+    ]:
+        with pytest.raises(VerificationError, match=mentions):
+            client.put_attestation(_gate_bundle(digest, key_dir, **changes))
+    assert client.get_attestations(digest) == []
+    good = client.put_attestation(_gate_bundle(digest, key_dir))
+    assert good.created and good.attestation.predicate_type.endswith("robustness-gate/v1")
+
+
+def test_reformatted_replays_are_one_record(client: ModelsecClient, key_dir: Path) -> None:
+    digest = "d" * 64
+    bundle = _gate_bundle(digest, key_dir)
+    first = client.put_attestation(bundle)
+    doc = json.loads(bundle)
+    doc["verificationMaterial"]["publicKey"]["hint"] = "0" * 64  # unsigned: changes nothing that counts
+    variants = [
+        bundle + b"\n" * 3,
+        json.dumps(doc).encode(),
+        json.dumps(json.loads(bundle), indent=7).encode(),
+    ]
+    for variant in variants:
+        again = client.put_attestation(variant)
+        assert not again.created and again.attestation.id == first.attestation.id
+    (stored,) = client.get_attestations(digest)
+    assert (
+        json.loads(stored.bundle)["verificationMaterial"]["publicKey"]["hint"]
+        == json.loads(bundle)["verificationMaterial"]["publicKey"]["hint"]
+    )
+
+
+def test_multi_subject_statements_are_not_stored(client: ModelsecClient, key_dir: Path) -> None:
+    from modelsec.attestations import Statement, Subject, sign_statement
+    from modelsec.verifier.attestations import GATE_PREDICATE_TYPE
+    from tests.unit.verifier.test_joint_verification import gate_predicate
+
+    subjects = (Subject("a", {"sha256": "e" * 64}), Subject("b", {"sha256": "f" * 64}))
+    bundle = sign_statement(
+        Statement(subjects, GATE_PREDICATE_TYPE, gate_predicate()),
+        load_private_key_file(key_dir / "ecdsa-p256.key.pem"),
+    )
+    with pytest.raises(MalformedArtifactError, match="exactly one subject"):
+        client.put_attestation(bundle)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from modelsec.errors import BackendUnavailableError, MalformedArtifactError
-from modelsec.service.store import SqliteAttestationStore
+from modelsec.service.store import SqliteAttestationStore, StoreFullError
 
 D1, D2 = "a" * 64, "b" * 64
 
@@ -73,7 +73,7 @@ def test_per_model_limit(tmp_path: Path) -> None:
     store = SqliteAttestationStore(tmp_path / "s.db", max_bundles_per_digest=2)
     _put(store, b"1")
     _put(store, b"2")
-    with pytest.raises(MalformedArtifactError, match="already has 2 stored bundles"):
+    with pytest.raises(StoreFullError, match="already has 2 stored bundles"):
         _put(store, b"3")
     assert _put(store, b"1") is False  # an existing bundle is still found
 
