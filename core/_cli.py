@@ -728,7 +728,7 @@ def _attest_pull(
     """
     from modelsec.verifier.attestations import store_bundle
 
-    digest = root_digest.removeprefix("sha256:")
+    digest = root_digest.removeprefix("sha256:").lower()
     rows = []
     with _server_client(server, server_ca, client_cert, client_key, token_env, plaintext) as client:
         try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -238,6 +239,9 @@ def _read_key_file(path: Path) -> bytes:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as e:
         raise KeyMaterialError(f"{path}: cannot open key file: {e.strerror}") from e
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise KeyMaterialError(f"{path}: key file is not a regular file")
     with os.fdopen(fd, "rb") as f:
         data = f.read(_MAX_PEM_BYTES + 1)
     if len(data) > _MAX_PEM_BYTES:
@@ -274,8 +278,11 @@ def load_private_key(pem: bytes, *, name: str, password: bytes | None = None) ->
     try:
         key = serialization.load_pem_private_key(pem, password)
     except TypeError as e:
+        if password is not None:
+            raise KeyMaterialError(f"{name}: a password was given but the key is not encrypted") from e
         raise KeyMaterialError(
-            f"{name}: key is encrypted: set MODELSEC_KEY_PASSWORD or enter the password"
+            f"{name}: key is encrypted and no password was given (the CLI reads $MODELSEC_KEY_PASSWORD or "
+            "prompts; the server reads the key's passwordEnv)"
         ) from e
     except UnsupportedAlgorithm as e:
         raise UnsupportedAlgorithmError(f"{name}: unsupported private key type: {e}") from e

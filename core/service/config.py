@@ -167,7 +167,8 @@ class ServerConfig:
     source: str = "<config>"
 
     def __post_init__(self) -> None:
-        if self.tls is None and not self.tokens and not self.allow_anonymous:
+        client_certificates = self.tls is not None and self.tls.client_ca is not None
+        if not client_certificates and not self.tokens and not self.allow_anonymous:
             raise PolicyError(
                 f"{self.source}: no way to authenticate clients: configure tls.clientCA (mutual TLS), "
                 "tokens, or allowAnonymous: true (plaintext development only)"

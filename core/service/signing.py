@@ -42,7 +42,7 @@ class SigningServicer(signing_pb2_grpc.SigningServiceServicer):
         key = self.state.signing_key(request.key_version)
         if len(request.statement) > _MAX_STATEMENT_BYTES:
             raise MalformedArtifactError(f"statement larger than {_MAX_STATEMENT_BYTES} bytes")
-        statement = parse_statement(request.statement, what="statement")
+        statement = parse_statement(request.statement, what="SignStatement")
         role = role_for_predicate(statement.predicate_type)
         if role is None or role not in key.config.roles:
             raise PermissionDeniedError(
@@ -51,7 +51,7 @@ class SigningServicer(signing_pb2_grpc.SigningServiceServicer):
                 f" (its roles: {', '.join(sorted(key.config.roles)) or 'none'})"
             )
         if statement.predicate_type == OMS_PREDICATE_TYPE:
-            manifest = parse_manifest(statement, what="statement", limits=self.limits)
+            manifest = parse_manifest(statement, what="SignStatement", limits=self.limits)
             if manifest.hash_type is not key.backend.algorithm.manifest_hash:
                 raise MalformedArtifactError(
                     f"a {key.backend.algorithm.value} key signs {key.backend.algorithm.manifest_hash.value} "

@@ -15,6 +15,8 @@ from pathlib import Path
 from modelsec.attestations.bundle import key_hint
 from modelsec.errors import (
     AuthenticationError,
+    Error,
+    KeyMaterialError,
     MalformedArtifactError,
     NotFoundError,
     PermissionDeniedError,
@@ -64,9 +66,18 @@ class ServiceState:
         self.default_policy: Policy = by_name[name]
         self._policies = by_name
         self.keys: dict[str, LoadedKey] = {}
-        for k in config.keys:
-            password = os.environ.get(k.password_env, "").encode() if k.password_env else None
-            backend = load_private_key_file(k.path, password=password or None)
+        for i, k in enumerate(config.keys):
+            where = f"{config.source}: keys[{i}] ({k.key_version})"
+            password = None
+            if k.password_env:
+                value = os.environ.get(k.password_env)
+                if not value:
+                    raise KeyMaterialError(f"{where}: passwordEnv ${k.password_env} is unset or empty")
+                password = value.encode("utf-8")
+            try:
+                backend = load_private_key_file(k.path, password=password)
+            except Error as e:
+                raise type(e)(f"{where}: {e.diagnostics()}") from e
             pem = backend.public_key_pem()
             self.keys[k.key_version] = LoadedKey(k, backend, key_hint(pem), pem)
         self.watermark_keys: dict[str, WatermarkKeyConfig] = {k.name: k for k in config.watermark_keys}

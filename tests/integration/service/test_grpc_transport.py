@@ -184,6 +184,15 @@ def test_bad_configuration_exits_1_with_a_diagnostic(tmp_path: Path, key_dir: Pa
     )
     r = run_cli("serve", "--config", config)
     assert r.returncode == 1 and "missing.pem" in r.stderr, r.stderr
+    encrypted = [{"name": "k", "path": str(key_dir / "ecdsa-p256.key.pem"), "passwordEnv": "NO_SUCH_VAR_X"}]
+    r = run_cli("serve", "--config", write_server_config(tmp_path, key_dir, keys=encrypted))
+    assert r.returncode == 1 and "keys[0] (k/1): passwordEnv $NO_SUCH_VAR_X is unset" in r.stderr, r.stderr
+    r = run_cli(
+        "serve",
+        "--config",
+        write_server_config(tmp_path, key_dir, keys=[{"name": "d", "path": str(tmp_path)}]),
+    )
+    assert r.returncode == 1 and "keys[0] (d/1)" in r.stderr and "not a regular file" in r.stderr, r.stderr
     (tmp_path / "bad.yaml").write_text("kind: ServerConfig\n")
     r = run_cli("serve", "--config", tmp_path / "bad.yaml")
     assert r.returncode == 1 and "missing field(s)" in r.stderr, r.stderr

@@ -70,6 +70,7 @@ gracePeriod: 5
         ({"allowAnonymous": None}, "no way to authenticate clients"),
         ({"allowAnonymous": "yes"}, "allowAnonymous must be true or false"),
         ({"tls": {"cert": "c", "key": "k"}}, "allowAnonymous is for plaintext development only"),
+        ({"tls": {"cert": "c", "key": "k"}, "allowAnonymous": None}, "no way to authenticate clients"),
         ({"tokens": [{"identity": "ci", "sha256": "secret"}]}, "64 lowercase hex"),
         ({"keys": [{"name": "k", "path": "k.pem", "roles": ["admin"]}]}, r"unknown role\(s\) \['admin'\]"),
         ({"keys": [{"name": "k", "path": "a"}, {"name": "k", "path": "b"}]}, "listed twice"),
