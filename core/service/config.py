@@ -14,6 +14,7 @@ tls:
   key: tls/server.key
   clientCA: tls/clients-ca.pem       # mutual TLS: a client certificate signed by this CA is required
 tokens:                              # bearer tokens (`authorization: Bearer <token>`), stored as SHA-256
+  # printf %s "$TOKEN" | sha256sum   (with tls.clientCA set, a client certificate is needed as well)
   - {identity: ci-team-a, sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08}
 keys:                                # server-held signing keys, KMS style
   - name: ci-p256
@@ -30,11 +31,14 @@ readRoots: [/models]                 # paths VerifyModel, watermark and gate RPC
 writeRoots: [/models/watermarked]    # where EmbedWatermark may write
 architectures: ["lenet5:lenet5"]     # classifier factories RunGate may import
 gracePeriod: 30                      # seconds in-flight RPCs get after SIGTERM
+maxConcurrentRpcs: 256               # calls served at once (more get RESOURCE_EXHAUSTED)
+# allowAnonymous: true               # plaintext development only: unauthenticated callers are `anonymous`
 maxConcurrentGates: 1                # RunGate calls running at once (others wait for a slot)
 ```
 
 Identities: with mutual TLS, the client certificate's first URI SAN (SPIFFE ID), else its first DNS SAN,
-else its subject CN; with a bearer token, the token's `identity`. A connection with neither is refused
+else its subject CN; with a bearer token, the token's `identity` (a token wins over a certificate; both
+kinds share one namespace, so name tokens so that the client CA cannot issue the same name). A connection with neither is refused
 (UNAUTHENTICATED) unless `allowAnonymous: true` (plaintext local development; identity `anonymous`).
 Relative paths are relative to the configuration file's directory.
 """
