@@ -38,8 +38,9 @@ maxConcurrentGates: 1                # RunGate calls running at once (others wai
 
 Identities: with mutual TLS, the client certificate's first URI SAN (SPIFFE ID), else its first DNS SAN,
 else its subject CN; with a bearer token, the token's `identity` (a token wins over a certificate; both
-kinds share one namespace, so name tokens so that the client CA cannot issue the same name). A connection with neither is refused
-(UNAUTHENTICATED) unless `allowAnonymous: true` (plaintext local development; identity `anonymous`).
+kinds share one namespace, so name tokens so that the client CA cannot issue the same name). A connection
+with neither is refused (UNAUTHENTICATED) unless `allowAnonymous: true` (plaintext local development;
+identity `anonymous`).
 Relative paths are relative to the configuration file's directory.
 """
 
