@@ -169,9 +169,7 @@ class DirectorySource:
 
         self.root = Path(root)
         self.limits = limits or Limits()
-        self.files = walk_model(
-            self.root, ignore_paths=MODEL_IGNORE_PATHS, limits=self.limits
-        )
+        self.files = walk_model(self.root, ignore_paths=MODEL_IGNORE_PATHS, limits=self.limits)
         names = [f.name for f in self.files if f.name.endswith(".safetensors")]
         if not names:
             pickles = [
