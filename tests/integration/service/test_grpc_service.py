@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -291,9 +292,17 @@ def test_metrics_count_calls_by_method_and_code(
     with pytest.raises(NotFoundError):
         client.get_public_key("missing/1")
     port = server.running.metrics_port
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    assert 'modelsec_grpc_requests_total{code="OK",method="/modelsec.v1.SigningService/ListKeys"}' in text
-    assert 'code="NOT_FOUND",method="/modelsec.v1.SigningService/GetPublicKey"' in text
+    wanted = [
+        'modelsec_grpc_requests_total{code="OK",method="/modelsec.v1.SigningService/ListKeys"}',
+        'code="NOT_FOUND",method="/modelsec.v1.SigningService/GetPublicKey"',
+    ]
+    deadline = time.monotonic() + 5  # a call is counted when its handler returns, just after the client
+    while True:  # has its answer: scrape until both appear
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        if all(w in text for w in wanted) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert all(w in text for w in wanted), text[-3000:]
     assert "modelsec_grpc_request_duration_seconds_bucket" in text
     assert urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).read() == b"ok\n"
 
