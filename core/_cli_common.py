@@ -139,8 +139,10 @@ def _server_client(
     client_key: Path | None,
     token_env: str,
     plaintext: bool,
+    *,
+    timeout: float = 30.0,
 ) -> Any:
-    """A `modelsec.service.client.ModelsecClient` for the `_server_options` values.
+    """A `modelsec.service.client.ModelsecClient` for the `_server_options` values (`timeout`: per call).
 
     Raises:
         click.UsageError: Half an mTLS pair, or the grpc extra is not installed.
@@ -157,5 +159,6 @@ def _server_client(
         key=client_key,
         token=os.environ.get(token_env) or None,
         plaintext=plaintext,
+        timeout=timeout,
     )
     return ModelsecClient(server, options)

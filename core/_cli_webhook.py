@@ -152,8 +152,6 @@ def _store(
     spec: str, config: WebhookConfig, ca: Path | None, client_cert: Path | None, client_key: Path | None
 ) -> AttestationStore:
     """A directory store, or the gRPC AttestationService (`grpc://` / `grpcs://HOST:PORT`) as the store."""
-    import os
-
     from modelsec.webhook.review import DirectoryStore
 
     scheme, sep, target = spec.partition("://")
@@ -161,18 +159,9 @@ def _store(
         return DirectoryStore(Path(spec), max_bundles=config.max_bundles)
     if scheme not in ("grpc", "grpcs") or not target:
         raise click.UsageError(f"--store {spec!r}: use a directory, grpcs://HOST:PORT or grpc://HOST:PORT")
-    if (client_cert is None) != (client_key is None):
-        raise click.UsageError("give both --store-client-cert and --store-client-key, or neither")
-    try:
-        from modelsec.service.client import TOKEN_ENV, ChannelOptions, ModelsecClient
-    except ModuleNotFoundError as e:
-        raise click.UsageError(f"{e.name} is missing; install modelsec[grpc]") from e
-    options = ChannelOptions(
-        ca=ca,
-        cert=client_cert,
-        key=client_key,
-        token=os.environ.get(TOKEN_ENV) or None,
-        plaintext=scheme == "grpc",
-        timeout=config.deadline_seconds,
+    from modelsec._cli_common import TOKEN_ENV, _server_client
+
+    client: AttestationStore = _server_client(
+        target, ca, client_cert, client_key, TOKEN_ENV, scheme == "grpc", timeout=config.deadline_seconds
     )
-    return ModelsecClient(target, options)
+    return client

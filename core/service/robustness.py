@@ -27,10 +27,9 @@ from grpc import aio
 
 from modelsec.errors import PermissionDeniedError
 from modelsec.robustness import PREDICATE_TYPE
-from modelsec.service.state import LoadedKey, ServiceState
+from modelsec.service.state import ServiceState
 from modelsec.service.work import CancelledWorkError, checkpoint, deadline_of, run_blocking
 from modelsec.v1 import robustness_pb2, robustness_pb2_grpc
-from modelsec.verifier.attestations import role_for_predicate
 
 if TYPE_CHECKING:
     from modelsec.robustness.gate import GateConfig
@@ -112,7 +111,7 @@ class RobustnessServicer(robustness_pb2_grpc.RobustnessServiceServicer):
         data = self.state.readable_path(request.data_path, "data_path")
         policy = self.state.policies.for_model(model_dir)
         key = (
-            self._attestation_key(request.attestation_key_version)
+            self.state.signing_key_for(request.attestation_key_version, PREDICATE_TYPE)
             if request.attestation_key_version
             else None
         )
@@ -168,16 +167,6 @@ class RobustnessServicer(robustness_pb2_grpc.RobustnessServiceServicer):
             task.cancel()  # no-op when finished; otherwise run_blocking sets the worker's cancelled event
             self._slots.release()
         yield robustness_pb2.RunGateResponse(result=result_to_proto(outcome))
-
-    def _attestation_key(self, key_version: str) -> LoadedKey:
-        key = self.state.signing_key(key_version)
-        role = role_for_predicate(PREDICATE_TYPE)
-        if role is None or role not in key.config.roles:
-            raise PermissionDeniedError(
-                f"key version {key_version!r} may not sign robustness-gate attestations "
-                f"(its roles: {', '.join(sorted(key.config.roles)) or 'none'})"
-            )
-        return key
 
 
 def gate_config(request: robustness_pb2.RunGateRequest) -> GateConfig:

@@ -15,13 +15,12 @@ from grpc import aio
 
 from modelsec.attestations.bundle import sign_payload
 from modelsec.attestations.statement import parse_statement
-from modelsec.errors import MalformedArtifactError, PermissionDeniedError
+from modelsec.errors import MalformedArtifactError
 from modelsec.limits import Limits
 from modelsec.service.convert import key_to_proto
 from modelsec.service.state import ServiceState
 from modelsec.signer.manifest import OMS_PREDICATE_TYPE, parse_manifest
 from modelsec.v1 import signing_pb2, signing_pb2_grpc
-from modelsec.verifier.attestations import role_for_predicate
 
 __all__ = ["SigningServicer"]
 
@@ -39,17 +38,11 @@ class SigningServicer(signing_pb2_grpc.SigningServiceServicer):
         self, request: signing_pb2.SignStatementRequest, context: aio.ServicerContext[Any, Any]
     ) -> signing_pb2.SignStatementResponse:
         """Sign one statement; see the module docstring for what is checked first."""
-        key = self.state.signing_key(request.key_version)
+        self.state.signing_key(request.key_version)  # unknown or not allowed: say so before parsing
         if len(request.statement) > _MAX_STATEMENT_BYTES:
             raise MalformedArtifactError(f"statement larger than {_MAX_STATEMENT_BYTES} bytes")
         statement = parse_statement(request.statement, what="SignStatement")
-        role = role_for_predicate(statement.predicate_type)
-        if role is None or role not in key.config.roles:
-            raise PermissionDeniedError(
-                f"key version {request.key_version!r} may not sign predicateType "
-                f"{statement.predicate_type!r}"
-                f" (its roles: {', '.join(sorted(key.config.roles)) or 'none'})"
-            )
+        key = self.state.signing_key_for(request.key_version, statement.predicate_type)
         if statement.predicate_type == OMS_PREDICATE_TYPE:
             manifest = parse_manifest(statement, what="SignStatement", limits=self.limits)
             if manifest.hash_type is not key.backend.algorithm.manifest_hash:

@@ -143,6 +143,25 @@ class ServiceState:
             raise PermissionDeniedError(f"{identity!r} may not use key version {key_version!r}")
         return key
 
+    def signing_key_for(self, key_version: str, predicate_type: str) -> LoadedKey:
+        """The key version the caller may use, if it holds the role for statements of `predicate_type`.
+
+        Raises:
+            NotFoundError: No such key version.
+            PermissionDeniedError: The caller may not use it, or it may not sign this predicate type (an
+                unknown predicate type is never signed).
+        """
+        from modelsec.verifier.attestations import role_for_predicate
+
+        key = self.signing_key(key_version)
+        role = role_for_predicate(predicate_type)
+        if role is None or role not in key.config.roles:
+            raise PermissionDeniedError(
+                f"key version {key_version!r} may not sign predicateType {predicate_type!r} "
+                f"(its roles: {', '.join(sorted(key.config.roles)) or 'none'})"
+            )
+        return key
+
     def visible_keys(self) -> list[LoadedKey]:
         """The key versions the caller may use, by name."""
         identity = self.identity()

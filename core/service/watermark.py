@@ -25,14 +25,13 @@ from typing import TYPE_CHECKING, Any
 
 from grpc import aio
 
-from modelsec.errors import KeyMaterialError, MalformedArtifactError, PermissionDeniedError
+from modelsec.errors import KeyMaterialError, MalformedArtifactError
 from modelsec.limits import Limits
 from modelsec.service.config import WatermarkKeyConfig
-from modelsec.service.state import LoadedKey, ServiceState
+from modelsec.service.state import ServiceState
 from modelsec.service.work import checkpoint, deadline_of, run_blocking
 from modelsec.signer.signing import ATTESTATION_FILE_NAMES
 from modelsec.v1 import watermark_pb2, watermark_pb2_grpc
-from modelsec.verifier.attestations import role_for_predicate
 from modelsec.watermark.attestation import PREDICATE_TYPE
 
 if TYPE_CHECKING:
@@ -89,7 +88,7 @@ class WatermarkServicer(watermark_pb2_grpc.WatermarkServiceServicer):
         model_dir = self.state.readable_path(request.model_path, "model_path")
         out_dir = self.state.writable_path(request.out_path, "out_path")
         signer = (
-            self._attestation_key(request.attestation_key_version)
+            self.state.signing_key_for(request.attestation_key_version, PREDICATE_TYPE)
             if request.attestation_key_version
             else None
         )
@@ -150,16 +149,6 @@ class WatermarkServicer(watermark_pb2_grpc.WatermarkServiceServicer):
             return watermark_pb2.DetectWatermarkResponse(detection=detection_to_proto(result))
 
         return await run_blocking(work, context)
-
-    def _attestation_key(self, key_version: str) -> LoadedKey:
-        key = self.state.signing_key(key_version)
-        role = role_for_predicate(PREDICATE_TYPE)
-        if role is None or role not in key.config.roles:
-            raise PermissionDeniedError(
-                f"key version {key_version!r} may not sign watermark attestations "
-                f"(its roles: {', '.join(sorted(key.config.roles)) or 'none'})"
-            )
-        return key
 
 
 def _load_key(wm: WatermarkKeyConfig) -> WatermarkKey:
