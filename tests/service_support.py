@@ -13,11 +13,11 @@ import ipaddress
 import json
 import os
 import re
+import select
 import shutil
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -230,13 +230,13 @@ def spawn_cli_server(
         text=True,
         env={**os.environ, **(env or {})},
     )
-    deadline = time.monotonic() + timeout
     assert process.stdout is not None
-    line = process.stdout.readline()
-    if time.monotonic() > deadline or not line:
+    ready, _, _ = select.select([process.stdout], [], [], timeout)  # never hang on a server that hangs
+    line = process.stdout.readline() if ready else ""
+    if not line:
         process.kill()
         _, err = process.communicate()
-        raise AssertionError(f"modelsec serve did not start: {err[-2000:]}")
+        raise AssertionError(f"modelsec serve did not start within {timeout} s: {err[-2000:]}")
     m = re.search(r"serving modelsec\.v1 on \S+:(\d+)(?: \(metrics on \S+:(\d+)\))?", line)
     assert m, line
     return ChildServer(process, int(m.group(1)), int(m.group(2)) if m.group(2) else None)
