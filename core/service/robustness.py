@@ -27,6 +27,7 @@ from grpc import aio
 
 from modelsec.errors import PermissionDeniedError
 from modelsec.robustness import PREDICATE_TYPE
+from modelsec.service.attestation import store_produced, storer_for
 from modelsec.service.state import ServiceState
 from modelsec.service.work import CancelledWorkError, checkpoint, deadline_of, run_blocking
 from modelsec.v1 import robustness_pb2, robustness_pb2_grpc
@@ -103,6 +104,7 @@ class RobustnessServicer(robustness_pb2_grpc.RobustnessServiceServicer):
             CancelledWorkError: The call ended; the worker stops at its next batch.
         """
         self.state.require("robustness")
+        storer = storer_for(self.state, request.store_attestation, request.attestation_key_version)
         if request.architecture not in self.state.config.architectures:
             raise PermissionDeniedError(
                 f"architecture {request.architecture[:200]!r} is not in the server's allow-list"
@@ -166,7 +168,12 @@ class RobustnessServicer(robustness_pb2_grpc.RobustnessServiceServicer):
                 waiting.cancel()
             task.cancel()  # no-op when finished; otherwise run_blocking sets the worker's cancelled event
             self._slots.release()
-        yield robustness_pb2.RunGateResponse(result=result_to_proto(outcome))
+        result = result_to_proto(outcome)
+        if storer is not None and outcome.bundle:
+            result.stored_attestation_id, result.not_stored_reason = store_produced(
+                self.state, outcome.bundle, storer
+            )
+        yield robustness_pb2.RunGateResponse(result=result)
 
 
 def gate_config(request: robustness_pb2.RunGateRequest) -> GateConfig:

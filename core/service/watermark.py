@@ -27,6 +27,7 @@ from grpc import aio
 
 from modelsec.errors import KeyMaterialError, MalformedArtifactError
 from modelsec.limits import Limits
+from modelsec.service.attestation import store_produced, storer_for
 from modelsec.service.config import WatermarkKeyConfig
 from modelsec.service.state import ServiceState
 from modelsec.service.work import checkpoint, deadline_of, run_blocking
@@ -84,6 +85,7 @@ class WatermarkServicer(watermark_pb2_grpc.WatermarkServiceServicer):
             KeyMaterialError: The watermark key file cannot be loaded on the server.
         """
         self.state.require("watermark")
+        storer = storer_for(self.state, request.store_attestation, request.attestation_key_version)
         wm = self.state.watermark_key(request.watermark_key)
         model_dir = self.state.readable_path(request.model_path, "model_path")
         out_dir = self.state.writable_path(request.out_path, "out_path")
@@ -119,7 +121,12 @@ class WatermarkServicer(watermark_pb2_grpc.WatermarkServiceServicer):
                 attestation=bundle,
             )
 
-        return await run_blocking(work, context)
+        response = await run_blocking(work, context)
+        if storer is not None and response.attestation:
+            response.stored_attestation_id, response.not_stored_reason = store_produced(
+                self.state, response.attestation, storer
+            )
+        return response
 
     async def DetectWatermark(
         self, request: watermark_pb2.DetectWatermarkRequest, context: aio.ServicerContext[Any, Any]

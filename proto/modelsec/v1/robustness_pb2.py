@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cmodelsec/v1/robustness.proto\x12\x0bmodelsec.v1\"\xc5\x02\n\x0eRunGateRequest\x12\x12\n\nmodel_path\x18\x01 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x02 \x01(\t\x12\x11\n\tdata_path\x18\x03 \x01(\t\x12\x0b\n\x03\x65ps\x18\x04 \x01(\x01\x12\x11\n\tstep_size\x18\x05 \x01(\x01\x12\r\n\x05steps\x18\x06 \x01(\x05\x12\x10\n\x08restarts\x18\x07 \x01(\x05\x12\x0c\n\x04seed\x18\x08 \x01(\x03\x12\x1b\n\x13min_robust_accuracy\x18\t \x01(\x01\x12\x0c\n\x04rule\x18\n \x01(\t\x12\x13\n\x0bmin_samples\x18\x0b \x01(\x05\x12\x12\n\nbatch_size\x18\x0c \x01(\x05\x12\x10\n\x08\x63lip_min\x18\r \x01(\x01\x12\x10\n\x08\x63lip_max\x18\x0e \x01(\x01\x12\x0e\n\x06\x64\x65vice\x18\x0f \x01(\t\x12\x1f\n\x17\x61ttestation_key_version\x18\x10 \x01(\t\":\n\x0cGateProgress\x12\r\n\x05stage\x18\x01 \x01(\t\x12\x0c\n\x04\x64one\x18\x02 \x01(\x03\x12\r\n\x05total\x18\x03 \x01(\x03\"\xd8\x01\n\nGateResult\x12\x0f\n\x07verdict\x18\x01 \x01(\t\x12\x13\n\x0broot_digest\x18\x02 \x01(\t\x12\x0f\n\x07samples\x18\x03 \x01(\x03\x12\x16\n\x0e\x63lean_accuracy\x18\x04 \x01(\x01\x12\x17\n\x0frobust_accuracy\x18\x05 \x01(\x01\x12\x1d\n\x15robust_accuracy_lower\x18\x06 \x01(\x01\x12\x1d\n\x15robust_accuracy_upper\x18\x07 \x01(\x01\x12\x13\n\x0b\x61ttestation\x18\x08 \x01(\x0c\x12\x0f\n\x07reasons\x18\t \x03(\t\"t\n\x0fRunGateResponse\x12-\n\x08progress\x18\x01 \x01(\x0b\x32\x19.modelsec.v1.GateProgressH\x00\x12)\n\x06result\x18\x02 \x01(\x0b\x32\x17.modelsec.v1.GateResultH\x00\x42\x07\n\x05\x65vent2[\n\x11RobustnessService\x12\x46\n\x07RunGate\x12\x1b.modelsec.v1.RunGateRequest\x1a\x1c.modelsec.v1.RunGateResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cmodelsec/v1/robustness.proto\x12\x0bmodelsec.v1\"\xe0\x02\n\x0eRunGateRequest\x12\x12\n\nmodel_path\x18\x01 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x02 \x01(\t\x12\x11\n\tdata_path\x18\x03 \x01(\t\x12\x0b\n\x03\x65ps\x18\x04 \x01(\x01\x12\x11\n\tstep_size\x18\x05 \x01(\x01\x12\r\n\x05steps\x18\x06 \x01(\x05\x12\x10\n\x08restarts\x18\x07 \x01(\x05\x12\x0c\n\x04seed\x18\x08 \x01(\x03\x12\x1b\n\x13min_robust_accuracy\x18\t \x01(\x01\x12\x0c\n\x04rule\x18\n \x01(\t\x12\x13\n\x0bmin_samples\x18\x0b \x01(\x05\x12\x12\n\nbatch_size\x18\x0c \x01(\x05\x12\x10\n\x08\x63lip_min\x18\r \x01(\x01\x12\x10\n\x08\x63lip_max\x18\x0e \x01(\x01\x12\x0e\n\x06\x64\x65vice\x18\x0f \x01(\t\x12\x1f\n\x17\x61ttestation_key_version\x18\x10 \x01(\t\x12\x19\n\x11store_attestation\x18\x11 \x01(\x08\":\n\x0cGateProgress\x12\r\n\x05stage\x18\x01 \x01(\t\x12\x0c\n\x04\x64one\x18\x02 \x01(\x03\x12\r\n\x05total\x18\x03 \x01(\x03\"\x92\x02\n\nGateResult\x12\x0f\n\x07verdict\x18\x01 \x01(\t\x12\x13\n\x0broot_digest\x18\x02 \x01(\t\x12\x0f\n\x07samples\x18\x03 \x01(\x03\x12\x16\n\x0e\x63lean_accuracy\x18\x04 \x01(\x01\x12\x17\n\x0frobust_accuracy\x18\x05 \x01(\x01\x12\x1d\n\x15robust_accuracy_lower\x18\x06 \x01(\x01\x12\x1d\n\x15robust_accuracy_upper\x18\x07 \x01(\x01\x12\x13\n\x0b\x61ttestation\x18\x08 \x01(\x0c\x12\x0f\n\x07reasons\x18\t \x03(\t\x12\x1d\n\x15stored_attestation_id\x18\n \x01(\t\x12\x19\n\x11not_stored_reason\x18\x0b \x01(\t\"t\n\x0fRunGateResponse\x12-\n\x08progress\x18\x01 \x01(\x0b\x32\x19.modelsec.v1.GateProgressH\x00\x12)\n\x06result\x18\x02 \x01(\x0b\x32\x17.modelsec.v1.GateResultH\x00\x42\x07\n\x05\x65vent2[\n\x11RobustnessService\x12\x46\n\x07RunGate\x12\x1b.modelsec.v1.RunGateRequest\x1a\x1c.modelsec.v1.RunGateResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,13 +32,13 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'modelsec.v1.robustness_pb2'
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_RUNGATEREQUEST']._serialized_start=46
-  _globals['_RUNGATEREQUEST']._serialized_end=371
-  _globals['_GATEPROGRESS']._serialized_start=373
-  _globals['_GATEPROGRESS']._serialized_end=431
-  _globals['_GATERESULT']._serialized_start=434
-  _globals['_GATERESULT']._serialized_end=650
-  _globals['_RUNGATERESPONSE']._serialized_start=652
-  _globals['_RUNGATERESPONSE']._serialized_end=768
-  _globals['_ROBUSTNESSSERVICE']._serialized_start=770
-  _globals['_ROBUSTNESSSERVICE']._serialized_end=861
+  _globals['_RUNGATEREQUEST']._serialized_end=398
+  _globals['_GATEPROGRESS']._serialized_start=400
+  _globals['_GATEPROGRESS']._serialized_end=458
+  _globals['_GATERESULT']._serialized_start=461
+  _globals['_GATERESULT']._serialized_end=735
+  _globals['_RUNGATERESPONSE']._serialized_start=737
+  _globals['_RUNGATERESPONSE']._serialized_end=853
+  _globals['_ROBUSTNESSSERVICE']._serialized_start=855
+  _globals['_ROBUSTNESSSERVICE']._serialized_end=946
 # @@protoc_insertion_point(module_scope)

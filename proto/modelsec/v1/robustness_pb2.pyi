@@ -38,6 +38,7 @@ class RunGateRequest(_message.Message):
     CLIP_MAX_FIELD_NUMBER: _builtins.int
     DEVICE_FIELD_NUMBER: _builtins.int
     ATTESTATION_KEY_VERSION_FIELD_NUMBER: _builtins.int
+    STORE_ATTESTATION_FIELD_NUMBER: _builtins.int
     model_path: _builtins.str
     """Signed model directory under the server's read roots."""
     architecture: _builtins.str
@@ -64,6 +65,10 @@ class RunGateRequest(_message.Message):
     """"cpu" (default), "cuda" or "cuda:K"."""
     attestation_key_version: _builtins.str
     """Signing key version for the gate attestation; empty: unsigned result only."""
+    store_attestation: _builtins.bool
+    """Also put the signed attestation into the server's attestation store (needs putAttestation access
+    and an attestation_key_version; a FAILED gate is not stored, see GateResult.not_stored_reason).
+    """
     def __init__(
         self,
         *,
@@ -83,10 +88,11 @@ class RunGateRequest(_message.Message):
         clip_max: _builtins.float = ...,
         device: _builtins.str = ...,
         attestation_key_version: _builtins.str = ...,
+        store_attestation: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["architecture", b"architecture", "attestation_key_version", b"attestation_key_version", "batch_size", b"batch_size", "clip_max", b"clip_max", "clip_min", b"clip_min", "data_path", b"data_path", "device", b"device", "eps", b"eps", "min_robust_accuracy", b"min_robust_accuracy", "min_samples", b"min_samples", "model_path", b"model_path", "restarts", b"restarts", "rule", b"rule", "seed", b"seed", "step_size", b"step_size", "steps", b"steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["architecture", b"architecture", "attestation_key_version", b"attestation_key_version", "batch_size", b"batch_size", "clip_max", b"clip_max", "clip_min", b"clip_min", "data_path", b"data_path", "device", b"device", "eps", b"eps", "min_robust_accuracy", b"min_robust_accuracy", "min_samples", b"min_samples", "model_path", b"model_path", "restarts", b"restarts", "rule", b"rule", "seed", b"seed", "step_size", b"step_size", "steps", b"steps", "store_attestation", b"store_attestation"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -135,6 +141,8 @@ class GateResult(_message.Message):
     ROBUST_ACCURACY_UPPER_FIELD_NUMBER: _builtins.int
     ATTESTATION_FIELD_NUMBER: _builtins.int
     REASONS_FIELD_NUMBER: _builtins.int
+    STORED_ATTESTATION_ID_FIELD_NUMBER: _builtins.int
+    NOT_STORED_REASON_FIELD_NUMBER: _builtins.int
     verdict: _builtins.str
     """"PASSED" or "FAILED"."""
     root_digest: _builtins.str
@@ -146,6 +154,9 @@ class GateResult(_message.Message):
     robust_accuracy_upper: _builtins.float
     attestation: _builtins.bytes
     """The signed attestation bundle (empty without an attestation key version)."""
+    stored_attestation_id: _builtins.str
+    """With store_attestation: the stored record's id, or why the attestation was not stored."""
+    not_stored_reason: _builtins.str
     @_builtins.property
     def reasons(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Why the verdict is FAILED (threshold, sample count, failed sanity checks); empty when PASSED."""
@@ -162,10 +173,12 @@ class GateResult(_message.Message):
         robust_accuracy_upper: _builtins.float = ...,
         attestation: _builtins.bytes = ...,
         reasons: _abc.Iterable[_builtins.str] | None = ...,
+        stored_attestation_id: _builtins.str = ...,
+        not_stored_reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attestation", b"attestation", "clean_accuracy", b"clean_accuracy", "reasons", b"reasons", "robust_accuracy", b"robust_accuracy", "robust_accuracy_lower", b"robust_accuracy_lower", "robust_accuracy_upper", b"robust_accuracy_upper", "root_digest", b"root_digest", "samples", b"samples", "verdict", b"verdict"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attestation", b"attestation", "clean_accuracy", b"clean_accuracy", "not_stored_reason", b"not_stored_reason", "reasons", b"reasons", "robust_accuracy", b"robust_accuracy", "robust_accuracy_lower", b"robust_accuracy_lower", "robust_accuracy_upper", b"robust_accuracy_upper", "root_digest", b"root_digest", "samples", b"samples", "stored_attestation_id", b"stored_attestation_id", "verdict", b"verdict"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -25,6 +25,7 @@ class EmbedWatermarkRequest(_message.Message):
     WATERMARK_KEY_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     ATTESTATION_KEY_VERSION_FIELD_NUMBER: _builtins.int
+    STORE_ATTESTATION_FIELD_NUMBER: _builtins.int
     model_path: _builtins.str
     """Model directory under the server's read roots."""
     out_path: _builtins.str
@@ -35,6 +36,10 @@ class EmbedWatermarkRequest(_message.Message):
     """The message bits to embed, as bytes."""
     attestation_key_version: _builtins.str
     """Signing key version for the watermark attestation; empty: no attestation."""
+    store_attestation: _builtins.bool
+    """Also put the attestation into the server's attestation store (needs putAttestation access and an
+    attestation_key_version).
+    """
     def __init__(
         self,
         *,
@@ -43,10 +48,11 @@ class EmbedWatermarkRequest(_message.Message):
         watermark_key: _builtins.str = ...,
         message: _builtins.bytes = ...,
         attestation_key_version: _builtins.str = ...,
+        store_attestation: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attestation_key_version", b"attestation_key_version", "message", b"message", "model_path", b"model_path", "out_path", b"out_path", "watermark_key", b"watermark_key"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attestation_key_version", b"attestation_key_version", "message", b"message", "model_path", b"model_path", "out_path", b"out_path", "store_attestation", b"store_attestation", "watermark_key", b"watermark_key"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -60,12 +66,17 @@ class EmbedWatermarkResponse(_message.Message):
     BITS_FIELD_NUMBER: _builtins.int
     DETECTION_FIELD_NUMBER: _builtins.int
     ATTESTATION_FIELD_NUMBER: _builtins.int
+    STORED_ATTESTATION_ID_FIELD_NUMBER: _builtins.int
+    NOT_STORED_REASON_FIELD_NUMBER: _builtins.int
     root_digest: _builtins.str
     """Root digest of the watermarked copy (hex SHA-256)."""
     bits: _builtins.int
     """Embedded bits and the embed-time detection."""
     attestation: _builtins.bytes
     """The signed watermark attestation bundle (also written next to the weights as model.watermark.sig)."""
+    stored_attestation_id: _builtins.str
+    """With store_attestation: the stored record's id, or why the attestation was not stored."""
+    not_stored_reason: _builtins.str
     @_builtins.property
     def detection(self) -> Global___WatermarkDetection: ...
     def __init__(
@@ -75,10 +86,12 @@ class EmbedWatermarkResponse(_message.Message):
         bits: _builtins.int = ...,
         detection: Global___WatermarkDetection | None = ...,
         attestation: _builtins.bytes = ...,
+        stored_attestation_id: _builtins.str = ...,
+        not_stored_reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["detection", b"detection"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attestation", b"attestation", "bits", b"bits", "detection", b"detection", "root_digest", b"root_digest"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attestation", b"attestation", "bits", b"bits", "detection", b"detection", "not_stored_reason", b"not_stored_reason", "root_digest", b"root_digest", "stored_attestation_id", b"stored_attestation_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

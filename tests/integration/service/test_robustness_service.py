@@ -283,3 +283,29 @@ def test_gate_runs_take_turns(setup: Setup, server: InThreadServer) -> None:
     assert events["a"][-1][1] == "result" and events["b"][-1][1] == "result"
     first, second = sorted(events.values(), key=lambda e: e[0][0])
     assert second[0][0] >= first[-1][0], "the second run streamed before the first finished"
+
+
+def test_the_attestation_can_go_straight_into_the_store(setup: Setup, server: InThreadServer) -> None:
+    """store_attestation: a PASSED gate lands in the store the webhook reads; a FAILED one does not."""
+    from modelsec.errors import MalformedArtifactError
+
+    with _client(server.target) as c:
+        *_, passed = c.run_gate(_request(setup, attestation_key_version="ci-p256/1", store_attestation=True))
+        result = passed.result
+        assert result.verdict == "PASSED" and result.stored_attestation_id and not result.not_stored_reason
+        stored = {r.attestation.id: r.bundle for r in c.get_attestations(result.root_digest)}
+        assert result.stored_attestation_id in stored
+        *_, failed = c.run_gate(
+            _request(
+                setup,
+                min_robust_accuracy=0.99,
+                rule="strict",
+                attestation_key_version="ci-p256/1",
+                store_attestation=True,
+            )
+        )
+        assert failed.result.verdict == "FAILED" and failed.result.attestation
+        assert not failed.result.stored_attestation_id and "FAILED" in failed.result.not_stored_reason
+        assert len(c.get_attestations(result.root_digest)) == len(stored)
+        with pytest.raises(MalformedArtifactError, match="store_attestation needs attestation_key_version"):
+            list(c.run_gate(_request(setup, store_attestation=True)))

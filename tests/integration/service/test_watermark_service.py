@@ -177,3 +177,25 @@ def test_refusals_map_to_status_codes_and_never_show_the_key(
     assert not (setup.out / "refused").exists() and not (setup.root / "models" / "refused").exists()
     for text in [*errors, caplog.text]:
         assert setup.key_hex not in text and MESSAGE.decode() not in text
+
+
+def test_storing_the_attestation_needs_put_access_and_is_checked_first(setup: Setup) -> None:
+    """store_attestation asks for putAttestation access, refused before any byte is read or written."""
+    from modelsec.errors import PermissionDeniedError
+
+    out = setup.out / "clf-not-written"
+    with (
+        _client(setup) as c,
+        pytest.raises(PermissionDeniedError, match="'team-a' may not call putAttestation"),
+    ):
+        c.embed_watermark(
+            watermark_pb2.EmbedWatermarkRequest(
+                model_path=str(setup.model),
+                out_path=str(out),
+                watermark_key="owner",
+                message=MESSAGE,
+                attestation_key_version="ci-p256/1",
+                store_attestation=True,
+            )
+        )
+    assert not out.exists()
