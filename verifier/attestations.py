@@ -24,9 +24,11 @@ nothing is missing and nothing was refused.
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -35,7 +37,7 @@ from typing import Any
 
 from modelsec.attestations.bundle import Bundle, parse_bundle
 from modelsec.attestations.statement import Statement, parse_statement
-from modelsec.errors import AttestationError, Error
+from modelsec.errors import AttestationError, Error, MalformedArtifactError
 from modelsec.limits import Limits
 from modelsec.policy import Policy, RobustnessRequirement, WatermarkRequirement
 from modelsec.signer.manifest import OMS_PREDICATE_TYPE, parse_manifest
@@ -45,8 +47,10 @@ from modelsec.verifier.bundles import read_bundle, verify_bundle_signature
 __all__ = [
     "GATE_PREDICATE_TYPE",
     "WATERMARK_PREDICATE_TYPE",
+    "AdmittedAttestation",
     "AttestationVerdict",
     "Evidence",
+    "admit_to_store",
     "find_attestation_bundles",
     "role_for_predicate",
     "store_bundle",
@@ -76,6 +80,8 @@ class Evidence:
     source: str
     key: str
     detail: str
+    keyid: str = ""
+    algorithm: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +98,8 @@ class AttestationVerdict:
         ignored: Bundles that are not evidence for this model under this policy (unparseable, signed by
             no key trusted for their role, about another model), with the reason; they do not veto, but
             explain a requirement left missing.
+        every_bundle_counts: The bundles were submitted as evidence (not read from a shared store): an
+            ignored bundle vetoes too, and at least one must verify.
     """
 
     root_digest: str
@@ -100,17 +108,18 @@ class AttestationVerdict:
     refused: tuple[str, ...]
     evidence: tuple[Evidence, ...] = field(default=())
     ignored: tuple[str, ...] = field(default=())
+    every_bundle_counts: bool = False
 
     @property
     def ok(self) -> bool:
-        """Whether the policy is met: nothing missing and nothing refused."""
-        return not self.missing and not self.refused
+        """Whether the policy is met: nothing missing, nothing refused (nothing ignored, if every counts)."""
+        return not self.missing and not self.refused and not (self.every_bundle_counts and self.ignored)
 
     def reasons(self) -> list[str]:
         """Why the verdict is negative (empty when `ok`); ignored bundles explain what is missing."""
         if self.ok:
             return []
-        explained = [f"ignored {i}" for i in self.ignored] if self.missing else []
+        explained = [f"ignored {i}" for i in self.ignored] if self.missing or self.every_bundle_counts else []
         return [f"missing {m}" for m in self.missing] + [f"refused {r}" for r in self.refused] + explained
 
     def raise_for_policy(self) -> None:
@@ -160,10 +169,7 @@ def store_bundle(store: Path, data: bytes, *, limits: Limits | None = None) -> P
         MalformedArtifactError: The bundle or its statement cannot be parsed, or has no sha256 subject.
     """
     import hashlib
-    import re
     import tempfile
-
-    from modelsec.errors import MalformedArtifactError
 
     max_bytes = (limits or Limits()).max_bundle_bytes
     if len(data) > max_bytes:
@@ -301,6 +307,7 @@ def verify_attestations(
     policy: Policy,
     *,
     require_signatures: bool = True,
+    every_bundle_counts: bool = False,
     now: datetime | None = None,
 ) -> AttestationVerdict:
     """Check every bundle about a model against one policy (see the module docstring for the order).
@@ -311,6 +318,10 @@ def verify_attestations(
         policy: Keys with roles, required algorithms and attestation requirements.
         require_signatures: Also require weights signatures of every `policy.require_algorithms` (and at
             least one) among `bundles`; False when the caller verified the weights itself.
+        every_bundle_counts: The caller submits `bundles` as evidence (the gRPC VerifyBundle, a store
+            admitting one): any bundle that is not trusted evidence about the model makes the verdict
+            negative, and at least one must verify. False for bundles read from a shared store, where a
+            stranger's bundle is only ignored.
         now: The time freshness is measured against (default: now, UTC).
 
     Returns:
@@ -376,7 +387,7 @@ def verify_attestations(
             )
             continue
         satisfied.append(f"{detail} ({key.name}, {what})")
-        evidence.append(Evidence(_KIND[claimed], what, key.name, detail))
+        evidence.append(Evidence(_KIND[claimed], what, key.name, detail, key.keyid, key.algorithm.value))
     missing: list[str] = []
     if require_signatures:
         if not signed_algorithms:
@@ -390,9 +401,63 @@ def verify_attestations(
         missing.append("robustness: no robustness-gate attestation")
     if policy.watermark is not None and not watermarks:
         missing.append("watermark: no watermark attestation")
+    if every_bundle_counts and not evidence:
+        missing.append("evidence: no bundle verified")
     return AttestationVerdict(
-        root_digest, tuple(satisfied), tuple(missing), tuple(refused), tuple(evidence), tuple(ignored)
+        root_digest,
+        tuple(satisfied),
+        tuple(missing),
+        tuple(refused),
+        tuple(evidence),
+        tuple(ignored),
+        every_bundle_counts,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class AdmittedAttestation:
+    """A bundle `admit_to_store` accepted: the parsed bundle and statement, and the evidence it is."""
+
+    bundle: Bundle
+    statement: Statement
+    root_digest: str
+    evidence: Evidence
+
+
+def admit_to_store(data: bytes, policy: Policy, *, now: datetime | None = None) -> AdmittedAttestation:
+    """Whether an attestation store may hold this bundle, under `policy`.
+
+    The bundle must be about exactly one model (one subject with a sha256 root digest) and be trusted
+    evidence about it (`verify_attestations` with `every_bundle_counts`). Admission is stricter than the
+    policy: a gate or watermark statement must meet at least the baseline requirements (a PASSED gate, a
+    detected watermark, a well-formed predicate) even where the policy requires none, so a store never holds
+    evidence that would veto the model for a reader whose policy does require it.
+
+    Raises:
+        MalformedArtifactError: Malformed, too large, or not exactly one sha256 subject.
+        AttestationError: Not trusted under `policy`, or refused by its (baseline) requirements.
+    """
+    bundle = _load(data, policy, 0)
+    statement = parse_statement(bundle.envelope.payload, what="bundle")
+    if len(statement.subjects) != 1:
+        raise MalformedArtifactError(
+            f"bundle: a stored attestation has exactly one subject, this one {len(statement.subjects)}"
+        )
+    digest = statement.subjects[0].digest.get("sha256", "")
+    if not re.fullmatch(r"[0-9a-f]{64}", digest):
+        raise MalformedArtifactError("bundle: the subject has no sha256 model root digest (64 lowercase hex)")
+    baseline = dataclasses.replace(
+        policy,
+        robustness=policy.robustness or RobustnessRequirement(),
+        watermark=policy.watermark or WatermarkRequirement(),
+    )
+    verdict = verify_attestations(
+        digest, [data], baseline, require_signatures=False, every_bundle_counts=True, now=now
+    )
+    if verdict.refused or verdict.ignored or not verdict.evidence:
+        reasons = [f"refused {r}" for r in verdict.refused] + [f"not trusted: {i}" for i in verdict.ignored]
+        raise AttestationError("; ".join(reasons) or "no evidence")
+    return AdmittedAttestation(bundle, statement, digest, verdict.evidence[0])
 
 
 def default_bundle_paths(model_dir: Path, root_digest: str, policy: Policy) -> list[Path]:

@@ -1,35 +1,31 @@
 """`modelsec.v1.AttestationService`: the attestation store that webhooks and loaders query by digest.
 
-`PutAttestation` verifies before it stores: the bundle must parse strictly, be signed by a key of the
-default policy holding the role for its predicate type, be about exactly one sha256 model root digest, and
-meet the policy's requirements for its kind, or at least the baseline ones where the policy has none (a
-FAILED gate, a malformed predicate or an undetected watermark is refused, not stored: the store holds only
-acceptable evidence). Bundles are stored in canonical form and identified by the signed statement and the
-verifying key, so re-formatted copies of one bundle cannot fill a model's slots. Readers verify again
-whatever they read.
+`PutAttestation` verifies before it stores, with `modelsec.verifier.admit_to_store` under the default
+policy: the bundle must parse strictly, be signed by a key holding the role for its predicate type, be
+about exactly one sha256 model root digest, and meet the policy's requirements for its kind, or at least
+the baseline ones where the policy has none (a FAILED gate, a malformed predicate or an undetected
+watermark is refused, not stored: the store holds only acceptable evidence). Bundles are stored in
+canonical form and identified by the signed statement and the verifying key, so re-formatted copies of one
+bundle cannot fill a model's slots. Readers verify again whatever they read.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 from collections.abc import AsyncIterator
 from typing import Any
 
 from grpc import aio
 
-from modelsec.attestations.bundle import bundle_to_json, parse_bundle
+from modelsec.attestations.bundle import bundle_to_json
 from modelsec.attestations.dsse import Envelope, EnvelopeSignature
-from modelsec.attestations.statement import parse_statement
 from modelsec.errors import AttestationError, Error, MalformedArtifactError
-from modelsec.policy import RobustnessRequirement, WatermarkRequirement
 from modelsec.service.convert import record_to_proto
 from modelsec.service.state import ServiceState
 from modelsec.service.store import StoredRecord
 from modelsec.service.verification import check_root_digest
 from modelsec.v1 import attestation_pb2, attestation_pb2_grpc
-from modelsec.verifier.attestations import role_for_predicate, verify_attestations
-from modelsec.verifier.bundles import verify_bundle_signature
+from modelsec.verifier.attestations import admit_to_store
 
 __all__ = ["AttestationServicer", "admit_attestation", "store_produced", "storer_for"]
 
@@ -77,9 +73,10 @@ class AttestationServicer(attestation_pb2_grpc.AttestationServiceServicer):
 
 
 def admit_attestation(state: ServiceState, data: bytes, identity: str) -> tuple[StoredRecord, bool]:
-    """Verify a bundle for the store (see the module docstring) and store it; returns (record, created).
+    """Admit a bundle (`modelsec.verifier.admit_to_store` under the default policy) and store it.
 
     Used by PutAttestation and by the gate and watermark RPCs that store the attestation they sign.
+    Returns the record and whether it was new.
 
     Raises:
         MalformedArtifactError: Too large, malformed, not exactly one sha256 subject.
@@ -88,48 +85,28 @@ def admit_attestation(state: ServiceState, data: bytes, identity: str) -> tuple[
         BackendUnavailableError: The store cannot be written.
     """
     policy = state.default_policy
-    if len(data) > policy.limits.max_bundle_bytes:
-        raise MalformedArtifactError(f"bundle larger than {policy.limits.max_bundle_bytes} bytes")
-    bundle = parse_bundle(data, source="bundle")
-    statement = parse_statement(bundle.envelope.payload, what="bundle")
-    if len(statement.subjects) != 1:
-        raise MalformedArtifactError(
-            f"bundle: a stored attestation has exactly one subject, this one {len(statement.subjects)}"
-        )
-    digest = check_root_digest(statement.subjects[0].digest.get("sha256", ""))
-    # Admission is stricter than the default policy: a gate or watermark statement must pass at least the
-    # baseline requirements (PASSED gate, detected watermark, well-formed predicate) even where the policy
-    # requires none, so the store never holds evidence that would veto a model for a reader whose policy
-    # does require it.
-    admission = dataclasses.replace(
-        policy,
-        robustness=policy.robustness or RobustnessRequirement(),
-        watermark=policy.watermark or WatermarkRequirement(),
-    )
-    verdict = verify_attestations(digest, [data], admission, require_signatures=False)
-    if verdict.refused or verdict.ignored or not verdict.evidence:
-        reasons = [f"refused {r}" for r in verdict.refused] + [f"not trusted: {i}" for i in verdict.ignored]
-        raise AttestationError(
-            f"bundle not stored under policy {policy.name!r}: " + ("; ".join(reasons) or "no evidence")
-        )
-    key = verify_bundle_signature(bundle, policy.keys, role=role_for_predicate(statement.predicate_type))
+    try:
+        admitted = admit_to_store(data, policy)
+    except AttestationError as e:
+        raise e.add_context(f"bundle not stored under policy {policy.name!r}") from None
     # Stored in canonical form, identified by what is signed (payload type, payload) and by which key:
     # unsigned formatting, hints or a re-encoded signature of the same statement are the same record.
-    envelope = bundle.envelope
+    envelope, keyid = admitted.bundle.envelope, admitted.evidence.keyid
     canonical = bundle_to_json(
         Envelope(
-            envelope.payload, envelope.payload_type, (EnvelopeSignature(bundle.signature.sig, key.keyid),)
+            envelope.payload,
+            envelope.payload_type,
+            (EnvelopeSignature(admitted.bundle.signature.sig, keyid),),
         ),
-        hint=key.keyid,
+        hint=keyid,
     )
-    record_id = hashlib.sha256(envelope.pae() + b"\x00" + key.keyid.encode()).hexdigest()
     return state.store.put(
         canonical,
-        record_id=record_id,
-        root_digest=digest,
-        predicate_type=statement.predicate_type,
-        signer=key.name,
-        algorithm=key.algorithm.value,
+        record_id=hashlib.sha256(envelope.pae() + b"\x00" + keyid.encode()).hexdigest(),
+        root_digest=admitted.root_digest,
+        predicate_type=admitted.statement.predicate_type,
+        signer=admitted.evidence.key,
+        algorithm=admitted.evidence.algorithm,
         stored_by=identity,
     )
 

@@ -61,15 +61,16 @@ class VerificationServicer(verification_pb2_grpc.VerificationServiceServicer):
         if len(request.bundles) > MAX_BUNDLES_PER_REQUEST:
             raise MalformedArtifactError(f"more than {MAX_BUNDLES_PER_REQUEST} bundles in one request")
         policy = self.state.policy(request.policy)
+        # The caller vouches for every bundle it sends (unlike a shared store, where a stranger's bundle is
+        # only ignored): every_bundle_counts.
         verdict = verify_attestations(
-            digest, list(request.bundles), policy, require_signatures=request.require_signatures
+            digest,
+            list(request.bundles),
+            policy,
+            require_signatures=request.require_signatures,
+            every_bundle_counts=True,
         )
-        message = verdict_to_proto(verdict)
-        # The caller vouches for every bundle it sends: one that is not trusted evidence about this model
-        # (unparseable, untrusted signer, another subject) makes the answer negative, unlike a shared
-        # store where a stranger's bundle is only ignored. And nothing verified means nothing is proven.
-        message.ok = verdict.ok and not verdict.ignored and bool(verdict.evidence)
-        return verification_pb2.VerifyBundleResponse(verdict=message, policy=policy.name)
+        return verification_pb2.VerifyBundleResponse(verdict=verdict_to_proto(verdict), policy=policy.name)
 
     async def VerifyModel(
         self, request: verification_pb2.VerifyModelRequest, context: aio.ServicerContext[Any, Any]

@@ -315,3 +315,16 @@ def test_directory_store_found_by_digest(setup: dict[str, Any], tmp_path: Path) 
     other = dataclasses.replace(policy, attestation_dir=tmp_path / "empty")
     with pytest.raises(AttestationError, match="no robustness-gate attestation"):
         verify_model(setup["model"], other)
+
+
+def test_submitted_bundles_must_all_count(setup: dict[str, Any]) -> None:
+    """every_bundle_counts: a stranger's bundle, ignored when read from a store, vetoes when submitted."""
+    good = _bundles(setup)
+    foreign = setup["attest"]("gate", gate_predicate(), digest="cd" * 32)
+    policy, root = setup["policy"], setup["root"]
+    assert verify_attestations(root, [*good, foreign], policy, now=NOW).ok
+    submitted = verify_attestations(root, [*good, foreign], policy, every_bundle_counts=True, now=NOW)
+    assert not submitted.ok and any("is about model cdcd" in r for r in submitted.reasons())
+    assert verify_attestations(root, good, policy, every_bundle_counts=True, now=NOW).ok
+    nothing = verify_attestations(root, [foreign], policy, require_signatures=False, every_bundle_counts=True)
+    assert not nothing.ok and "evidence: no bundle verified" in nothing.missing
