@@ -226,13 +226,11 @@ class _Call:
         self.identity = self.owner._auth.identity(self.context)
         remaining = self.context.time_remaining()
         if remaining is not None and remaining <= 0:
-            raise _Abort(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded before the call started")
+            raise DeadlinePassedError("deadline exceeded before the call started")
         self._token = current_identity.set(self.identity)
 
     async def fail(self, e: BaseException) -> None:
-        if isinstance(e, _Abort):
-            self.code, self.error = e.code, e.message
-        elif isinstance(e, Error):
+        if isinstance(e, Error):
             self.code, self.error = status_for(e), clip(e.diagnostics())
         elif isinstance(e, aio.AbortError | grpc.RpcError):
             self.code = self.context.code() or grpc.StatusCode.UNKNOWN  # already aborted by the servicer
@@ -264,9 +262,3 @@ class _Call:
             if self.error:
                 record["error"] = self.error
             _log.info(json.dumps(record, separators=(",", ":")))
-
-
-class _Abort(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code, self.message = code, message

@@ -18,7 +18,6 @@ torch loads inside `RunGate`, so constructing the servicer at server start does 
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
@@ -29,7 +28,7 @@ from modelsec.errors import PermissionDeniedError
 from modelsec.robustness import PREDICATE_TYPE
 from modelsec.service.attestation import store_produced, storer_for
 from modelsec.service.state import ServiceState
-from modelsec.service.work import CancelledWorkError, checkpoint, deadline_of, run_blocking
+from modelsec.service.work import CancelledWorkError, Check, run_blocking
 from modelsec.v1 import robustness_pb2, robustness_pb2_grpc
 
 if TYPE_CHECKING:
@@ -117,22 +116,13 @@ class RobustnessServicer(robustness_pb2_grpc.RobustnessServiceServicer):
             if request.attestation_key_version
             else None
         )
-        deadline = deadline_of(context)
-        gone = threading.Event()  # set when the RPC ends, whatever our generator is awaiting then
-        # grpc-stubs declare the callback as a non-protocol class, so no function matches it.
-        context.add_done_callback(lambda _context: gone.set())  # type: ignore[arg-type]
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[robustness_pb2.GateProgress] = asyncio.Queue()
 
-        def work(cancelled: threading.Event) -> GateOutcome:
+        def work(stop: Check) -> GateOutcome:
             # Imported here, not on the event loop: the first import of torch takes seconds.
             from modelsec.robustness.distributed import DistContext
             from modelsec.robustness.pipeline import run_pgd_gate
-
-            def stop() -> None:
-                checkpoint(cancelled, deadline)
-                if gone.is_set():
-                    raise CancelledWorkError("the call ended; gate run stopped")
 
             config = gate_config(request)
             stop()

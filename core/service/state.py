@@ -77,7 +77,7 @@ class ServiceState:
             try:
                 backend = load_private_key_file(k.path, password=password)
             except Error as e:
-                raise type(e)(f"{where}: {e.diagnostics()}") from e
+                raise e.add_context(where) from None
             pem = backend.public_key_pem()
             self.keys[k.key_version] = LoadedKey(k, backend, key_hint(pem), pem)
         self.watermark_keys: dict[str, WatermarkKeyConfig] = {k.name: k for k in config.watermark_keys}

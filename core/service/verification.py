@@ -7,7 +7,6 @@ are for bad requests (INVALID_ARGUMENT), callers without access (PERMISSION_DENI
 from __future__ import annotations
 
 import re
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ from grpc import aio
 from modelsec.errors import BackendUnavailableError, Error, MalformedArtifactError
 from modelsec.service.convert import algorithm_to_proto, verdict_to_proto
 from modelsec.service.state import ServiceState
-from modelsec.service.work import checkpoint, deadline_of, run_blocking
+from modelsec.service.work import run_blocking
 from modelsec.v1 import verification_pb2, verification_pb2_grpc
 from modelsec.verifier import verify_attestations, verify_model
 
@@ -78,12 +77,7 @@ class VerificationServicer(verification_pb2_grpc.VerificationServiceServicer):
         """Verify a directory under the read roots with the policy matching it (`file://<real path>`)."""
         self.state.require("verifyModel")
         path = self.state.readable_path(request.path, "path")
-        deadline = deadline_of(context)
-
-        def work(cancelled: threading.Event) -> verification_pb2.VerifyModelResponse:
-            return _verify(self.state, path, lambda _n: checkpoint(cancelled, deadline))
-
-        return await run_blocking(work, context)
+        return await run_blocking(lambda check: _verify(self.state, path, lambda _n: check()), context)
 
 
 def _verify(state: ServiceState, path: Path, progress: Any) -> verification_pb2.VerifyModelResponse:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import os
 import stat
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +29,7 @@ from modelsec.limits import Limits
 from modelsec.service.attestation import store_produced, storer_for
 from modelsec.service.config import WatermarkKeyConfig
 from modelsec.service.state import ServiceState
-from modelsec.service.work import checkpoint, deadline_of, run_blocking
+from modelsec.service.work import Check, run_blocking
 from modelsec.signer.signing import ATTESTATION_FILE_NAMES
 from modelsec.v1 import watermark_pb2, watermark_pb2_grpc
 from modelsec.watermark.attestation import PREDICATE_TYPE
@@ -95,14 +94,13 @@ class WatermarkServicer(watermark_pb2_grpc.WatermarkServiceServicer):
             else None
         )
         message = request.message
-        deadline = deadline_of(context)
 
-        def work(cancelled: threading.Event) -> watermark_pb2.EmbedWatermarkResponse:
+        def work(check: Check) -> watermark_pb2.EmbedWatermarkResponse:
             from modelsec.watermark.attestation import model_root_digests, write_watermark_attestation
             from modelsec.watermark.embed import embed_model
 
             key = _load_key(wm)
-            checkpoint(cancelled, deadline)
+            check()
             result = embed_model(model_dir, out_dir, key, message, limits=self.limits)
             # No checkpoint from here on: once the marked copy exists, it gets the attestation the caller
             # asked for, so a cancelled call never leaves an unattested copy behind.
@@ -145,13 +143,12 @@ class WatermarkServicer(watermark_pb2_grpc.WatermarkServiceServicer):
         wm = self.state.watermark_key(request.watermark_key)
         model_dir = self.state.readable_path(request.model_path, "model_path")
         message = request.message or None
-        deadline = deadline_of(context)
 
-        def work(cancelled: threading.Event) -> watermark_pb2.DetectWatermarkResponse:
+        def work(check: Check) -> watermark_pb2.DetectWatermarkResponse:
             from modelsec.watermark.detection import detect
 
             key = _load_key(wm)
-            checkpoint(cancelled, deadline)
+            check()
             result = detect(model_dir, key, message=message, limits=self.limits)
             return watermark_pb2.DetectWatermarkResponse(detection=detection_to_proto(result))
 
