@@ -29,6 +29,7 @@ from modelsec._cli_common import (
     _server_client,
     _server_options,
     _signatures_option,
+    _write_key_file,
 )
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
 from modelsec.errors import Error
@@ -112,14 +113,8 @@ def _keygen(algorithm: str, out: Path, encrypt: bool, force: bool, as_json: bool
     public_path = Path(f"{out}.pub.pem")
     try:
         private, public = generate_private_key_pem(SignatureAlgorithm(algorithm), password=password)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_TRUNC if force else os.O_EXCL)
         for path, data, mode in ((private_path, private, 0o600), (public_path, public, 0o644)):
-            try:
-                fd = os.open(path, flags, mode)
-            except FileExistsError:
-                raise click.UsageError(f"{path} exists (use --force to overwrite)") from None
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
+            _write_key_file(path, data, mode, force=force)
     except Error as e:
         _fail(e, as_json)
     if as_json:

@@ -27,6 +27,7 @@ __all__ = [
     "_server_client",
     "_server_options",
     "_signatures_option",
+    "_write_key_file",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -162,3 +163,24 @@ def _server_client(
         timeout=timeout,
     )
     return ModelsecClient(server, options)
+
+
+def _write_key_file(path: Path, data: bytes, mode: int, *, force: bool) -> None:
+    """Write a key file with exactly `mode` (also when `--force` replaces an existing file).
+
+    Raises:
+        click.UsageError: The file exists and `force` is not set.
+        KeyMaterialError: The file cannot be written (missing directory, permissions, a symlink).
+    """
+    from modelsec.errors import KeyMaterialError
+
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_TRUNC if force else os.O_EXCL)
+    try:
+        fd = os.open(path, flags, mode)
+    except FileExistsError:
+        raise click.UsageError(f"{path} exists (use --force to overwrite)") from None
+    except OSError as e:
+        raise KeyMaterialError(f"{path}: cannot write the key file: {e.strerror}") from e
+    with os.fdopen(fd, "wb") as f:
+        os.fchmod(fd, mode)  # O_TRUNC keeps an existing file's mode: a private key must not stay 0644
+        f.write(data)

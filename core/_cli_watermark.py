@@ -9,13 +9,12 @@ error, and 2 on usage errors.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 import click
 
-from modelsec._cli_common import _fail, _json_option, _password
+from modelsec._cli_common import _fail, _json_option, _password, _write_key_file
 
 __all__ = ["watermark"]
 
@@ -47,15 +46,10 @@ def _keygen(out: Path, force: bool, as_json: bool) -> None:
     from modelsec.errors import KeyMaterialError
     from modelsec.watermark.scheme import generate_key_file_text
 
-    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_TRUNC if force else os.O_EXCL)
     try:
-        fd = os.open(out, flags, 0o600)
-    except FileExistsError:
-        raise click.UsageError(f"{out} exists (use --force to overwrite)") from None
-    except OSError as e:
-        _fail(KeyMaterialError(f"{out}: cannot write the key file: {e.strerror}"), as_json)
-    with os.fdopen(fd, "wb") as f:
-        f.write(generate_key_file_text())
+        _write_key_file(out, generate_key_file_text(), 0o600, force=force)
+    except KeyMaterialError as e:
+        _fail(e, as_json)
     if as_json:
         click.echo(json.dumps({"ok": True, "key_file": str(out)}))
     else:

@@ -48,6 +48,19 @@ def test_keygen_refuses_overwrite(tmp_path: Path) -> None:
     assert r.returncode == 2 and "exists" in r.stderr
 
 
+def test_keygen_force_keeps_the_private_key_private_and_errors_are_diagnostics(tmp_path: Path) -> None:
+    (tmp_path / "k.key.pem").write_text("old")
+    (tmp_path / "k.key.pem").chmod(0o644)
+    assert run_cli("keygen", "-o", tmp_path / "k", "--force").returncode == 0
+    assert (tmp_path / "k.key.pem").stat().st_mode & 0o777 == 0o600
+    r = run_cli("keygen", "-o", tmp_path / "missing" / "k")
+    assert (
+        r.returncode == 1
+        and r.stderr.startswith("modelsec: error:")
+        and "cannot write the key file" in r.stderr
+    )
+
+
 def test_encrypted_key_via_environment(tiny_model: Path, tmp_path: Path) -> None:
     env = {"MODELSEC_KEY_PASSWORD": "correct horse"}
     for alg in ("ecdsa-p384", "sm2"):
