@@ -13,16 +13,29 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeGuard
 
 from modelsec._strict_json import strict_loads
 from modelsec.errors import MalformedArtifactError
 
-__all__ = ["STATEMENT_TYPE", "Statement", "Subject", "parse_statement", "serialize_statement"]
+__all__ = [
+    "STATEMENT_TYPE",
+    "Statement",
+    "Subject",
+    "is_sha256_hex",
+    "parse_statement",
+    "serialize_statement",
+]
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
-_HEX_DIGEST = re.compile(r"^[0-9a-f]{32,128}$")
+_HEX_DIGEST = re.compile(r"[0-9a-f]{32,128}")
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _MAX_SUBJECTS = 1024
+
+
+def is_sha256_hex(value: object) -> TypeGuard[str]:
+    """Whether `value` is a SHA-256 digest as 64 lowercase hex digits, and nothing else (no newline)."""
+    return isinstance(value, str) and _SHA256_HEX.fullmatch(value) is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +137,7 @@ def parse_statement(payload: bytes, *, what: str, predicate_type: str | None = N
         if not isinstance(digest, dict) or not digest:
             raise MalformedArtifactError(f"{what}: subject[{i}].digest must be a non-empty object")
         for alg, value in digest.items():
-            if not isinstance(value, str) or not _HEX_DIGEST.match(value):
+            if not isinstance(value, str) or not _HEX_DIGEST.fullmatch(value):
                 raise MalformedArtifactError(f"{what}: subject[{i}].digest.{alg} is not lowercase hex")
         subjects.append(Subject(name=entry.get("name", ""), digest=MappingProxyType(dict(digest))))
     return Statement(

@@ -20,14 +20,13 @@ checks the `sha256` value against SHA-256 digests it computes itself.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
 from modelsec.algorithms import HashAlgorithm
-from modelsec.attestations.statement import Statement, Subject
+from modelsec.attestations.statement import Statement, Subject, is_sha256_hex
 from modelsec.errors import MalformedArtifactError
 from modelsec.limits import Limits
 from modelsec.signer.hashing import FileDigests, TensorDigest, new_hasher
@@ -47,7 +46,6 @@ __all__ = [
 
 OMS_PREDICATE_TYPE = "https://model_signing/signature/v1.0"
 EXTENSION_VERSION = 1
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _MANIFEST_HASHES = {HashAlgorithm.SHA256, HashAlgorithm.SM3, HashAlgorithm.BLAKE3}
 
 
@@ -194,7 +192,7 @@ def manifest_statement(manifest: Manifest) -> Statement:
 
 
 def _hex_digest(value: object, *, what: str) -> bytes:
-    if not isinstance(value, str) or not _HEX64.match(value):
+    if not is_sha256_hex(value):
         raise MalformedArtifactError(f"{what} must be 64 lowercase hex characters")
     return bytes.fromhex(value)
 
@@ -278,7 +276,7 @@ def parse_manifest(statement: Statement, *, what: str, limits: Limits | None = N
     subject = statement.subjects[0]
     if hash_type is HashAlgorithm.SM3:
         expected_key, expected = "sm3", root_digest([r.digest for r in ordered], HashAlgorithm.SM3)
-        if not _HEX64.match(subject.digest.get("sha256", "")):
+        if not is_sha256_hex(subject.digest.get("sha256", "")):
             raise MalformedArtifactError(f"{what}: SM3 manifest subject lacks the sha256 model root digest")
     else:
         expected_key, expected = "sha256", root_digest([r.digest for r in ordered])

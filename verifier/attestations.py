@@ -28,7 +28,6 @@ import dataclasses
 import hmac
 import math
 import os
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -36,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from modelsec.attestations.bundle import Bundle, parse_bundle
-from modelsec.attestations.statement import Statement, parse_statement
+from modelsec.attestations.statement import Statement, is_sha256_hex, parse_statement
 from modelsec.errors import AttestationError, Error, MalformedArtifactError
 from modelsec.limits import Limits
 from modelsec.policy import Policy, RobustnessRequirement, WatermarkRequirement
@@ -177,7 +176,7 @@ def store_bundle(store: Path, data: bytes, *, limits: Limits | None = None) -> P
     bundle = parse_bundle(data, source="bundle")
     statement = parse_statement(bundle.envelope.payload, what="bundle")
     digest = statement.subjects[0].digest.get("sha256", "")
-    if not re.fullmatch(r"[0-9a-f]{64}", digest):
+    if not is_sha256_hex(digest):
         raise MalformedArtifactError("bundle subject has no sha256 model root digest")
     directory = store / "sha256" / digest
     directory.mkdir(parents=True, exist_ok=True)
@@ -444,7 +443,7 @@ def admit_to_store(data: bytes, policy: Policy, *, now: datetime | None = None) 
             f"bundle: a stored attestation has exactly one subject, this one {len(statement.subjects)}"
         )
     digest = statement.subjects[0].digest.get("sha256", "")
-    if not re.fullmatch(r"[0-9a-f]{64}", digest):
+    if not is_sha256_hex(digest):
         raise MalformedArtifactError("bundle: the subject has no sha256 model root digest (64 lowercase hex)")
     baseline = dataclasses.replace(
         policy,

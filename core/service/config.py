@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from modelsec.attestations.statement import is_sha256_hex
 from modelsec.errors import PolicyError
 from modelsec.policy import API_VERSION, ROLES, _load_yaml, _mapping, _string_list
 
@@ -102,7 +103,6 @@ _TOP = {
     "maxConcurrentGates",
 }
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,7 +272,7 @@ def _parse_tokens(items: object, where: str) -> tuple[TokenConfig, ...]:
         at = f"{where}[{i}]"
         doc = _mapping(item, at, {"identity", "sha256"}, required={"identity", "sha256"})
         digest = _str(doc, "sha256", at)
-        if not _HEX64.match(digest):
+        if not is_sha256_hex(digest):
             raise PolicyError(f"{at}.sha256 must be the token's SHA-256 as 64 lowercase hex digits")
         tokens.append(TokenConfig(_str(doc, "identity", at), digest))
     return tuple(tokens)

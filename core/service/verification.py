@@ -6,12 +6,12 @@ are for bad requests (INVALID_ARGUMENT), callers without access (PERMISSION_DENI
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
 from grpc import aio
 
+from modelsec.attestations.statement import is_sha256_hex
 from modelsec.errors import BackendUnavailableError, Error, MalformedArtifactError
 from modelsec.service.convert import algorithm_to_proto, verdict_to_proto
 from modelsec.service.state import ServiceState
@@ -22,7 +22,6 @@ from modelsec.verifier import verify_attestations, verify_model
 __all__ = ["MAX_BUNDLES_PER_REQUEST", "VerificationServicer", "check_root_digest"]
 
 MAX_BUNDLES_PER_REQUEST = 64
-_DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
 
 def check_root_digest(value: str) -> str:
@@ -31,7 +30,7 @@ def check_root_digest(value: str) -> str:
     Raises:
         MalformedArtifactError: It is not.
     """
-    if not _DIGEST.match(value):
+    if not is_sha256_hex(value):
         raise MalformedArtifactError(
             f"root_digest must be 64 lowercase hex digits (SHA-256), got {value[:80]!r}"
         )

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from modelsec._strict_json import strict_loads
+from modelsec.attestations.statement import is_sha256_hex
 from modelsec.errors import (
     BackendUnavailableError,
     Error,
@@ -172,7 +173,7 @@ class DirectoryStore:
             MalformedArtifactError: `digest` is not 64 lowercase hex digits, or more than `max_bundles`
                 bundles are filed for it.
         """
-        if not re.fullmatch(r"[0-9a-f]{64}", digest):
+        if not is_sha256_hex(digest):
             raise MalformedArtifactError(f"{digest!r} is not a hex SHA-256 digest")
         try:
             if not stat.S_ISDIR(os.stat(self.root).st_mode):

@@ -181,3 +181,14 @@ def test_bundle_keeps_exact_payload_bytes() -> None:
     doc = json.loads(bundle_json)
     raw = base64.b64decode(doc["dsseEnvelope"]["payload"])
     assert parse_bundle(bundle_json, source="b").envelope.payload == raw
+
+
+def test_a_digest_with_a_trailing_newline_is_not_a_digest() -> None:
+    from modelsec.attestations.statement import is_sha256_hex, parse_statement
+    from modelsec.errors import MalformedArtifactError
+
+    assert is_sha256_hex("a" * 64) and not is_sha256_hex("a" * 64 + "\n") and not is_sha256_hex(None)
+    doc = '{"_type":"https://in-toto.io/Statement/v1","subject":[{"name":"m","digest":{"sha256":"%s\\n"}}],'
+    doc += '"predicateType":"x","predicate":{}}'
+    with pytest.raises(MalformedArtifactError):
+        parse_statement((doc % ("a" * 64)).encode(), what="s")
