@@ -21,7 +21,7 @@ checks the `sha256` value against SHA-256 digests it computes itself.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -86,6 +86,10 @@ class Manifest:
     tensor_hash: HashAlgorithm | None
     tensors: Mapping[str, Mapping[str, TensorEntry]]
     subject_digest: Mapping[str, str]
+    _by_name: Mapping[str, Resource] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_name", MappingProxyType({r.name: r for r in self.resources}))
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -93,11 +97,8 @@ class Manifest:
         return tuple(r.name for r in self.resources)
 
     def resource(self, name: str) -> Resource | None:
-        """The resource called `name`, or None."""
-        for r in self.resources:
-            if r.name == name:
-                return r
-        return None
+        """The resource called `name`, or None (a dict lookup: verification asks once per file)."""
+        return self._by_name.get(name)
 
 
 def root_digest(digests: Sequence[bytes], algorithm: HashAlgorithm = HashAlgorithm.SHA256) -> bytes:

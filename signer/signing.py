@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
-from modelsec.attestations.bundle import sign_statement
+from modelsec.attestations.bundle import key_hint, sign_statement
 from modelsec.attestations.statement import Statement
 from modelsec.errors import KeyMaterialError, MalformedArtifactError
 from modelsec.limits import Limits
@@ -76,14 +76,12 @@ class SigningResult:
         root_digest: The model root digest (hex SHA-256 over the SHA-256 resource digests).
         files: Number of signed files.
         tensors: Number of signed tensors (per-tensor digests).
-        bytes_hashed: Total file bytes hashed.
         bundles: The bundles written.
     """
 
     root_digest: str
     files: int
     tensors: int
-    bytes_hashed: int
     bundles: tuple[SignedBundle, ...]
 
 
@@ -190,7 +188,7 @@ def sign_model(
     root = os.path.abspath(model_dir)
     for p in paths:
         rel = os.path.relpath(os.path.abspath(p), root)
-        if not rel.startswith(".."):
+        if rel != os.pardir and not rel.startswith(os.pardir + os.sep):  # `..weird.sig` is inside
             rel_posix = Path(rel).as_posix()
             if rel_posix not in ignore:
                 ignore.append(rel_posix)
@@ -207,15 +205,12 @@ def sign_model(
         else:
             bundle = sign_statement(statement, signer)
         _write_atomically(path, bundle)
-        from modelsec.attestations.bundle import key_hint
-
         written.append(SignedBundle(signer.algorithm, path, key_hint(signer.public_key_pem())))
     sha = manifests.get(HashAlgorithm.SHA256) or next(iter(manifests.values()))
     return SigningResult(
         root_digest=sha.subject_digest["sha256"],
         files=len(sha.resources),
         tensors=sum(len(t) for t in sha.tensors.values()),
-        bytes_hashed=0,
         bundles=tuple(written),
     )
 

@@ -177,3 +177,15 @@ def test_plain_oms_manifest_without_tensor_digests(tiny_model: Path, key_dir: Pa
             )
         )["predicate"]
     )
+
+
+def test_a_bundle_named_dot_dot_something_inside_the_model_is_ignored(
+    tiny_model: Path, key_dir: Path
+) -> None:
+    """`..weird.sig` lies inside the model directory: it is recorded as ignored, so verification passes."""
+    bundle = tiny_model / "..weird.sig"
+    sign_model(
+        tiny_model, [load_private_key_file(key_dir / "ecdsa-p256.key.pem")], signature_paths={0: bundle}
+    )
+    policy = Policy.from_key_files([key_dir / "ecdsa-p256.pub.pem"])
+    assert verify_model(tiny_model, policy, bundles=[bundle]).files > 0
