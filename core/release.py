@@ -197,7 +197,10 @@ def release_model(
         stage = "sign"
         signed = sign_model(out_dir, signers)
         stage = "attest-watermark"
-        write_watermark_attestation(embedded, attester, watermark_path)
+        # The SHA-256 root was just computed by signing; an SM2 attester also records the SM3 root (hashed).
+        write_watermark_attestation(
+            embedded, attester, watermark_path, digests={"sha256": signed.root_digest}
+        )
         stage = "gate"
         weights_keys = tuple(
             _trusted(s, f"release-{s.algorithm.value}", frozenset({"weights"})) for s in signers

@@ -33,16 +33,15 @@ robustness attestation checks `gate.verdict`, `attack`, `parameters.eps` and the
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from modelsec.attestations import Statement, StatementSigner, Subject, sign_statement
-from modelsec.errors import BackendUnavailableError, MalformedArtifactError
+from modelsec.errors import MalformedArtifactError
 from modelsec.robustness import PREDICATE_TYPE
 from modelsec.robustness.gate import GateResult
+from modelsec.signer.signing import write_bundle_file
 
 __all__ = ["PREDICATE_TYPE", "gate_statement", "sign_gate_result", "write_attestation"]
 
@@ -116,23 +115,9 @@ def sign_gate_result(
 
 
 def write_attestation(path: Path, bundle: bytes) -> None:
-    """Write `bundle` to `path` atomically (temporary file in the same directory, then rename).
+    """Write `bundle` to `path` atomically (`modelsec.signer.write_bundle_file`).
 
     Raises:
-        BackendUnavailableError: The file cannot be written (storage problem; named in the message).
+        PolicyError: `path` is a symlink or cannot be written (named in the message).
     """
-    directory = path.parent if str(path.parent) else Path(".")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(bundle)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    except OSError as e:
-        raise BackendUnavailableError(f"{path}: cannot write the attestation: {e.strerror}") from e
+    write_bundle_file(path, bundle, what="gate attestation")

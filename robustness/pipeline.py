@@ -84,7 +84,8 @@ def run_pgd_gate(
         PolicyViolationError: The model must not be trusted (nothing was evaluated).
         MalformedArtifactError: The dataset is malformed or its labels exceed the model's classes.
         PolicyError: Bad configuration or architecture.
-        BackendUnavailableError: CUDA or the process group is unavailable, or the bundle cannot be written.
+        BackendUnavailableError: CUDA or the process group is unavailable.
+        PolicyError: The bundle cannot be written to `out`.
 
     Example:
         >>> outcome = run_pgd_gate(Path("lenet"), policy=policy, architecture="lenet5:lenet5",

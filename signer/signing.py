@@ -11,7 +11,7 @@ from typing import Protocol, runtime_checkable
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
 from modelsec.attestations.bundle import key_hint, sign_statement
 from modelsec.attestations.statement import Statement
-from modelsec.errors import KeyMaterialError, MalformedArtifactError
+from modelsec.errors import KeyMaterialError, MalformedArtifactError, PolicyError
 from modelsec.limits import Limits
 from modelsec.signer.hashing import ProgressCallback, hash_files
 from modelsec.signer.keys import KeyBackend
@@ -27,6 +27,7 @@ __all__ = [
     "SigningResult",
     "compute_manifests",
     "sign_model",
+    "write_bundle_file",
 ]
 
 SIGNATURE_FILE_NAMES: tuple[str, ...] = tuple(a.default_bundle_name for a in SignatureAlgorithm)
@@ -170,6 +171,7 @@ def sign_model(
     Raises:
         KeyMaterialError: No signer, or two signers would write the same bundle.
         MalformedArtifactError: The directory is empty, or a file is malformed.
+        PolicyError: A bundle path is a symlink or cannot be written.
         PolicyViolationError: A symlink or special file is present.
 
     Example:
@@ -204,7 +206,7 @@ def sign_model(
             bundle = signer.sign_bundle(statement)
         else:
             bundle = sign_statement(statement, signer)
-        _write_atomically(path, bundle)
+        write_bundle_file(path, bundle)
         written.append(SignedBundle(signer.algorithm, path, key_hint(signer.public_key_pem())))
     sha = manifests.get(HashAlgorithm.SHA256) or next(iter(manifests.values()))
     return SigningResult(
@@ -215,18 +217,31 @@ def sign_model(
     )
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    """Write `data` to `path` via a temporary file and rename (never through an existing symlink)."""
+def write_bundle_file(path: Path, data: bytes, *, what: str = "bundle") -> Path:
+    """Write a bundle (or attestation) file atomically: a temporary file in the same directory, fsync, rename.
+
+    Never writes through a symlink; the file ends up mode 0644. Returns `path`.
+
+    Raises:
+        PolicyError: `path` is a symlink, or cannot be written (missing directory, permissions, disk full;
+            the message names the file and the reason): the output option must change.
+    """
+    import tempfile
+
     if path.is_symlink():
-        raise MalformedArtifactError(f"{path}: refusing to write a bundle through a symlink")
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        raise PolicyError(f"{path}: refusing to write the {what} through a symlink")
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent if str(path.parent) else ".")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError as e:
+        raise PolicyError(f"{path}: cannot write the {what}: {e.strerror}") from e
+    return path

@@ -36,11 +36,11 @@ from typing import Any
 
 from modelsec.attestations.bundle import Bundle, parse_bundle
 from modelsec.attestations.statement import Statement, is_sha256_hex, parse_statement
-from modelsec.errors import AttestationError, Error, MalformedArtifactError
+from modelsec.errors import AttestationError, Error, MalformedArtifactError, PolicyError
 from modelsec.limits import Limits
 from modelsec.policy import Policy, RobustnessRequirement, WatermarkRequirement
 from modelsec.signer.manifest import OMS_PREDICATE_TYPE, parse_manifest
-from modelsec.signer.signing import ATTESTATION_FILE_NAMES, SIGNATURE_FILE_NAMES
+from modelsec.signer.signing import ATTESTATION_FILE_NAMES, SIGNATURE_FILE_NAMES, write_bundle_file
 from modelsec.verifier.bundles import read_bundle, verify_bundle_signature
 
 __all__ = [
@@ -166,9 +166,9 @@ def store_bundle(store: Path, data: bytes, *, limits: Limits | None = None) -> P
 
     Raises:
         MalformedArtifactError: The bundle or its statement cannot be parsed, or has no sha256 subject.
+        PolicyError: The store directory or the file cannot be written.
     """
     import hashlib
-    import tempfile
 
     max_bytes = (limits or Limits()).max_bundle_bytes
     if len(data) > max_bytes:
@@ -179,13 +179,11 @@ def store_bundle(store: Path, data: bytes, *, limits: Limits | None = None) -> P
     if not is_sha256_hex(digest):
         raise MalformedArtifactError("bundle subject has no sha256 model root digest")
     directory = store / "sha256" / digest
-    directory.mkdir(parents=True, exist_ok=True)
-    target = directory / f"{hashlib.sha256(data).hexdigest()}.sig"
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, target)
-    return target
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise PolicyError(f"{directory}: cannot create the store directory: {e.strerror}") from e
+    return write_bundle_file(directory / f"{hashlib.sha256(data).hexdigest()}.sig", data)
 
 
 def _load(item: Path | bytes, policy: Policy, index: int) -> Bundle:

@@ -9,8 +9,9 @@ Public API (imported lazily, so `import modelsec.watermark` loads neither numpy 
   false-positive probability and confidence (cosine of ±1 bit vectors).
 * `resynchronise`, `infer_groups`, `NeuronGroup`: undo neuron permutation and scaling against the
   registered reference model before extraction.
-* `write_watermark_attestation`, `verify_watermark_attestation`: the DSSE-signed in-toto statement
-  (`https://modelsec.dev/watermark/v1`) about the watermarked model's root digest.
+* `sign_watermark_attestation`, `write_watermark_attestation`, `verify_watermark_attestation`: the
+  DSSE-signed in-toto statement (`https://modelsec.dev/watermark/v1`) about the watermarked model's root
+  digest.
 
 The scheme, its parameters and sources are documented in `modelsec.watermark.scheme`; detection in
 `modelsec.watermark.detection`; what re-synchronisation can and cannot undo in `modelsec.watermark.resync`.
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
         PREDICATE_TYPE,
         WatermarkAttestation,
         model_root_digests,
+        sign_watermark_attestation,
         verify_watermark_attestation,
         watermark_statement,
         write_watermark_attestation,
@@ -71,6 +73,7 @@ __all__ = [
     "parse_key",
     "parse_message",
     "resynchronise",
+    "sign_watermark_attestation",
     "verify_watermark_attestation",
     "watermark_statement",
     "write_watermark_attestation",
@@ -82,6 +85,7 @@ _HOME = {
     "model_root_digests": "attestation",
     "verify_watermark_attestation": "attestation",
     "watermark_statement": "attestation",
+    "sign_watermark_attestation": "attestation",
     "write_watermark_attestation": "attestation",
     "DetectionResult": "detection",
     "DetectionThresholds": "detection",

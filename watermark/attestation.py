@@ -22,7 +22,6 @@ hashed into the root digest that it attests.
 from __future__ import annotations
 
 import hmac
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -159,21 +158,58 @@ def watermark_statement(
     )
 
 
+def sign_watermark_attestation(
+    result: EmbedResult,
+    signer: StatementSigner,
+    *,
+    sm3: bool | None = None,
+    digests: Mapping[str, str] | None = None,
+    limits: Limits | None = None,
+) -> tuple[dict[str, str], bytes]:
+    """Sign the watermark statement about the watermarked model as a DSSE bundle.
+
+    Args:
+        result: From `embed_model` (its `out_dir` is hashed now, after writing, unless `digests` is given).
+        signer: A key backend (`modelsec.signer.load_private_key_file`).
+        sm3: Also record the SM3 root digest (default: when the signer is an SM2 key).
+        digests: The model root digests the caller already computed for `result.out_dir` (`sha256`, and
+            `sm3` when `sm3`), e.g. by signing it; None hashes the directory.
+        limits: Walk and parser limits.
+
+    Returns:
+        The root digests recorded in the subject, and the bundle bytes.
+
+    Raises:
+        MalformedArtifactError: The model directory cannot be hashed.
+    """
+    from modelsec.attestations.bundle import sign_statement
+
+    if sm3 is None:
+        sm3 = getattr(getattr(signer, "algorithm", None), "value", "") == "sm2"
+    if digests is None or "sha256" not in digests or (sm3 and "sm3" not in digests):
+        digests = model_root_digests(result.out_dir, sm3=sm3, limits=limits)
+    recorded = dict(digests)
+    statement = watermark_statement(result, recorded, name=result.out_dir.resolve().name)
+    return recorded, sign_statement(statement, signer)
+
+
 def write_watermark_attestation(
     result: EmbedResult,
     signer: StatementSigner,
     path: Path,
     *,
     sm3: bool | None = None,
+    digests: Mapping[str, str] | None = None,
     limits: Limits | None = None,
 ) -> tuple[str, Path]:
-    """Hash the watermarked model, sign the watermark statement as DSSE and write the bundle.
+    """Sign the watermark statement (`sign_watermark_attestation`) and write the bundle to `path`.
 
     Args:
-        result: From `embed_model` (its `out_dir` is hashed now, after writing).
-        signer: A key backend (`modelsec.signer.load_private_key_file`).
-        path: Bundle path; must be outside `result.out_dir`.
+        result: From `embed_model`.
+        signer: A key backend.
+        path: Bundle path: outside `result.out_dir`, or its reserved name `model.watermark.sig` in it.
         sm3: Also record the SM3 root digest (default: when the signer is an SM2 key).
+        digests: Root digests already computed for `result.out_dir` (skips hashing it again).
         limits: Walk and parser limits.
 
     Returns:
@@ -183,7 +219,7 @@ def write_watermark_attestation(
         PolicyError: `path` lies inside the model directory, exists as a symlink, or cannot be written.
         MalformedArtifactError: The model directory cannot be hashed.
     """
-    from modelsec.signer.signing import ATTESTATION_FILE_NAMES
+    from modelsec.signer.signing import ATTESTATION_FILE_NAMES, write_bundle_file
 
     out_dir = result.out_dir.resolve()
     target = path.absolute()
@@ -195,30 +231,9 @@ def write_watermark_attestation(
         )
     if target.is_symlink():
         raise PolicyError(f"{path}: refusing to write the attestation through a symlink")
-    if sm3 is None:
-        algorithm = getattr(signer, "algorithm", None)
-        sm3 = getattr(algorithm, "value", "") == "sm2"
-    digests = model_root_digests(result.out_dir, sm3=sm3, limits=limits)
-    from modelsec.attestations.bundle import sign_statement
-
-    statement = watermark_statement(result, digests, name=out_dir.name)
-    bundle = sign_statement(statement, signer)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    except OSError as e:
-        raise PolicyError(f"{path}: cannot write the watermark attestation: {e.strerror}") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(bundle)
-        os.replace(tmp, target)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise PolicyError(f"{path}: cannot write the watermark attestation: {e.strerror}") from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return digests["sha256"], target
+    recorded, bundle = sign_watermark_attestation(result, signer, sm3=sm3, digests=digests, limits=limits)
+    write_bundle_file(target, bundle, what="watermark attestation")
+    return recorded["sha256"], target
 
 
 @dataclass(frozen=True, slots=True)

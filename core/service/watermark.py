@@ -17,20 +17,17 @@ nor torch.
 from __future__ import annotations
 
 import logging
-import os
-import stat
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from grpc import aio
 
-from modelsec.errors import KeyMaterialError, MalformedArtifactError
+from modelsec.errors import KeyMaterialError
 from modelsec.limits import Limits
 from modelsec.service.attestation import store_produced, storer_for
 from modelsec.service.config import WatermarkKeyConfig
 from modelsec.service.state import ServiceState
 from modelsec.service.work import Check, run_blocking
-from modelsec.signer.signing import ATTESTATION_FILE_NAMES
+from modelsec.signer.signing import ATTESTATION_FILE_NAMES, write_bundle_file
 from modelsec.v1 import watermark_pb2, watermark_pb2_grpc
 from modelsec.watermark.attestation import PREDICATE_TYPE
 
@@ -96,7 +93,7 @@ class WatermarkServicer(watermark_pb2_grpc.WatermarkServiceServicer):
         message = request.message
 
         def work(check: Check) -> watermark_pb2.EmbedWatermarkResponse:
-            from modelsec.watermark.attestation import model_root_digests, write_watermark_attestation
+            from modelsec.watermark.attestation import model_root_digests, sign_watermark_attestation
             from modelsec.watermark.embed import embed_model
 
             key = _load_key(wm)
@@ -108,10 +105,11 @@ class WatermarkServicer(watermark_pb2_grpc.WatermarkServiceServicer):
             if signer is None:
                 digest = model_root_digests(result.out_dir, limits=self.limits)["sha256"]
             else:
-                digest, path = write_watermark_attestation(
-                    result, signer.backend, result.out_dir / ATTESTATION_FILE_NAME, limits=self.limits
+                digests, bundle = sign_watermark_attestation(result, signer.backend, limits=self.limits)
+                write_bundle_file(
+                    result.out_dir / ATTESTATION_FILE_NAME, bundle, what="watermark attestation"
                 )
-                bundle = _read_bounded(path, self.limits.max_bundle_bytes)
+                digest = digests["sha256"]
             return watermark_pb2.EmbedWatermarkResponse(
                 root_digest=digest,
                 bits=result.message_bits,
@@ -164,18 +162,3 @@ def _load_key(wm: WatermarkKeyConfig) -> WatermarkKey:
     except KeyMaterialError as e:
         _log.error("watermark key %r cannot be loaded: %s", wm.name, e.diagnostics())
         raise KeyMaterialError(f"watermark key {wm.name!r} cannot be loaded on the server") from None
-
-
-def _read_bounded(path: Path, limit: int) -> bytes:
-    """Read back the bundle just written (no symlinks, at most `limit` bytes)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError as e:
-        raise MalformedArtifactError(f"{path.name}: cannot read back the attestation: {e.strerror}") from None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise MalformedArtifactError(f"{path.name}: the written attestation is not a regular file")
-        data = f.read(limit + 1)
-    if len(data) > limit:
-        raise MalformedArtifactError(f"{path.name}: the written attestation exceeds {limit} bytes")
-    return data
