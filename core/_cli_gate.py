@@ -163,14 +163,13 @@ def _pgd(
     try:
         from modelsec.policy import Policy
         from modelsec.robustness import FastPaths, GateConfig, SanityConfig, run_pgd_gate
+        from modelsec.robustness.gate import default_step_size
         from modelsec.signer import load_private_key_file
 
         on_cuda = device.startswith("cuda")
         config = GateConfig(
             eps=eps,
-            step_size=step_size
-            if step_size is not None
-            else (2.5 * eps / steps if eps > 0 and steps > 0 else 0.01),
+            step_size=step_size if step_size is not None else default_step_size(eps, steps),
             steps=steps,
             restarts=restarts,
             seed=seed,

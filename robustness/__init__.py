@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from modelsec._lazy import lazy_exports
+from modelsec.attestations.statement import GATE_PREDICATE_TYPE
 
 if TYPE_CHECKING:
     from modelsec.robustness.attestation import gate_statement, sign_gate_result, write_attestation
@@ -61,7 +62,7 @@ __all__ = [
     "write_attestation",
 ]
 
-PREDICATE_TYPE = "https://modelsec.dev/robustness-gate/v1"
+PREDICATE_TYPE = GATE_PREDICATE_TYPE
 
 _WHERE = {
     "Accuracy": "stats",

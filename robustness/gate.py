@@ -61,6 +61,17 @@ __all__ = [
 ]
 
 RULES = ("point", "strict")
+
+
+def default_step_size(eps: float, steps: int) -> float:
+    """The PGD step size when none is given: `2.5 * eps / steps` (Madry et al. 2018's rule of thumb).
+
+    0.01 when `eps` or `steps` is not positive, so that a configuration with `eps = 0` (the gate as a
+    clean-accuracy check) stays valid.
+    """
+    return 2.5 * eps / steps if eps > 0 and steps > 0 else 0.01
+
+
 PASSED, FAILED = "PASSED", "FAILED"
 
 

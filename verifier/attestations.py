@@ -35,7 +35,13 @@ from pathlib import Path
 from typing import Any
 
 from modelsec.attestations.bundle import Bundle, parse_bundle
-from modelsec.attestations.statement import Statement, is_sha256_hex, parse_statement
+from modelsec.attestations.statement import (
+    GATE_PREDICATE_TYPE,
+    WATERMARK_PREDICATE_TYPE,
+    Statement,
+    is_sha256_hex,
+    parse_statement,
+)
 from modelsec.errors import AttestationError, Error, MalformedArtifactError, PolicyError
 from modelsec.limits import Limits
 from modelsec.policy import Policy, RobustnessRequirement, WatermarkRequirement
@@ -56,8 +62,6 @@ __all__ = [
     "verify_attestations",
 ]
 
-WATERMARK_PREDICATE_TYPE = "https://modelsec.dev/watermark/v1"
-GATE_PREDICATE_TYPE = "https://modelsec.dev/robustness-gate/v1"
 _ROLE = {OMS_PREDICATE_TYPE: "weights", WATERMARK_PREDICATE_TYPE: "watermark", GATE_PREDICATE_TYPE: "gate"}
 _KIND = {
     OMS_PREDICATE_TYPE: "signature",

@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from modelsec.attestations.statement import WATERMARK_PREDICATE_TYPE
 from modelsec.errors import AttestationError, MalformedArtifactError, PolicyError
 from modelsec.limits import Limits
 
@@ -50,7 +51,7 @@ __all__ = [
     "write_watermark_attestation",
 ]
 
-PREDICATE_TYPE = "https://modelsec.dev/watermark/v1"
+PREDICATE_TYPE = WATERMARK_PREDICATE_TYPE
 _ROLE = "watermark"
 _SOURCES = (
     "Cox, Kilian, Leighton, Shamoon: Secure spread spectrum watermarking for multimedia, IEEE TIP 6(12) 1997",

@@ -32,7 +32,7 @@ from modelsec.service.work import CancelledWorkError, Check, run_blocking
 from modelsec.v1 import robustness_pb2, robustness_pb2_grpc
 
 if TYPE_CHECKING:
-    from modelsec.robustness.gate import GateConfig
+    from modelsec.robustness.gate import GateConfig, default_step_size
     from modelsec.robustness.pipeline import GateOutcome
 
 __all__ = ["PROGRESS_INTERVAL", "RobustnessServicer", "gate_config", "result_to_proto"]
@@ -170,7 +170,7 @@ def gate_config(request: robustness_pb2.RunGateRequest) -> GateConfig:
     """The gate configuration of a request, proto3 zero values meaning the documented defaults.
 
     `clip_min = clip_max = 0` -> `(0, 1)`; `rule ""` -> `point`; `restarts 0` -> 1; `min_samples 0`,
-    `batch_size 0` -> `GateConfig`'s defaults; `device ""` -> `cpu`; `step_size 0` -> `2.5 * eps / steps`
+    `batch_size 0` -> `GateConfig`'s defaults; `device ""` -> `cpu`; `step_size 0` -> `default_step_size`
     (Madry et al. 2018, as the CLI). `steps` has no default: 0 is refused. Sanity checks always run.
 
     Raises:
@@ -186,8 +186,7 @@ def gate_config(request: robustness_pb2.RunGateRequest) -> GateConfig:
     both_zero = request.clip_min == 0 and request.clip_max == 0
     return GateConfig(
         eps=request.eps,
-        step_size=request.step_size
-        or (2.5 * request.eps / request.steps if request.eps > 0 and request.steps > 0 else 0.0),
+        step_size=request.step_size or default_step_size(request.eps, request.steps),
         steps=request.steps,
         min_robust_accuracy=request.min_robust_accuracy,
         restarts=request.restarts or 1,
