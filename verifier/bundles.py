@@ -14,7 +14,13 @@ from modelsec.limits import Limits
 from modelsec.signer.keys import TrustedKey
 from modelsec.signer.signing import SIGNATURE_FILE_NAMES
 
-__all__ = ["family_has_key", "find_default_bundles", "read_bundle", "verify_bundle_signature"]
+__all__ = [
+    "family_has_key",
+    "find_default_bundles",
+    "read_bundle",
+    "read_bundle_bytes",
+    "verify_bundle_signature",
+]
 
 
 def read_bundle(path: Path, limits: Limits) -> Bundle:
@@ -23,6 +29,23 @@ def read_bundle(path: Path, limits: Limits) -> Bundle:
     Raises:
         SignatureError: The file does not exist.
         MalformedArtifactError: Too large, not a regular file, or not a well-formed bundle.
+        PolicyViolationError: The path is a symlink.
+    """
+    data = read_bundle_bytes(path, limits.max_bundle_bytes)
+    if len(data) > limits.max_bundle_bytes:
+        raise MalformedArtifactError(f"{path}: signature bundle exceeds {limits.max_bundle_bytes} bytes")
+    return parse_bundle(data, source=str(path))
+
+
+def read_bundle_bytes(path: Path, max_bytes: int) -> bytes:
+    """At most `max_bytes + 1` bytes of a bundle file; the caller checks the size.
+
+    Only a regular file is read, opened without following symlinks and without blocking (a FIFO planted
+    in a store cannot hang the reader).
+
+    Raises:
+        SignatureError: The file does not exist.
+        MalformedArtifactError: Not a regular file, or unreadable.
         PolicyViolationError: The path is a symlink.
     """
     try:
@@ -36,10 +59,7 @@ def read_bundle(path: Path, limits: Limits) -> Bundle:
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
             raise MalformedArtifactError(f"{path}: signature bundle is not a regular file")
-        data = f.read(limits.max_bundle_bytes + 1)
-    if len(data) > limits.max_bundle_bytes:
-        raise MalformedArtifactError(f"{path}: signature bundle exceeds {limits.max_bundle_bytes} bytes")
-    return parse_bundle(data, source=str(path))
+        return f.read(max_bytes + 1)
 
 
 def verify_bundle_signature(

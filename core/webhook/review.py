@@ -57,8 +57,10 @@ from modelsec.errors import (
     Error,
     MalformedArtifactError,
     PolicyViolationError,
+    SignatureError,
 )
 from modelsec.policy import Policy, PolicySet
+from modelsec.verifier.bundles import read_bundle_bytes
 
 __all__ = [
     "ANNOTATION",
@@ -192,12 +194,10 @@ class DirectoryStore:
                 )
             out = []
             for name in names:
-                path = digest_dir / name
-                if not stat.S_ISREG(os.lstat(path).st_mode):
-                    continue
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-                with os.fdopen(fd, "rb") as f:
-                    out.append(f.read(self.max_bundle_bytes + 1))
+                try:
+                    out.append(read_bundle_bytes(digest_dir / name, self.max_bundle_bytes))
+                except (MalformedArtifactError, PolicyViolationError, SignatureError):
+                    continue  # symlinks, FIFOs and other non-regular or vanished entries are not bundles
             return out
         except OSError as e:
             raise BackendUnavailableError(

@@ -631,3 +631,16 @@ def test_audit_record_names_the_request_even_when_denied_early(
     body = review_body("Pod", None)
     body["request"]["kind"] = "Pod"
     assert r.review(json.dumps(body).encode()).response["response"]["allowed"] is False
+
+
+def test_directory_store_skips_a_fifo_instead_of_hanging(signed: tuple[str, Path], tmp_path: Path) -> None:
+    """A FIFO planted next to the bundles (anyone who can write the store could) is not read: no hang."""
+    import os
+    import shutil
+
+    digest, store = signed
+    copy = tmp_path / "store"
+    shutil.copytree(store, copy)
+    os.mkfifo(copy / "sha256" / digest / "planted.sig")
+    bundles = DirectoryStore(copy).bundles(digest)
+    assert bundles == DirectoryStore(store).bundles(digest) and len(bundles) == 1
