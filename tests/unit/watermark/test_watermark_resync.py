@@ -100,6 +100,22 @@ def test_unrelated_reference_is_skipped_not_trusted() -> None:
 
 
 def test_greedy_fallback_without_scipy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Colliding row maxima need a real assignment: SciPy's optimum, or the greedy fallback without SciPy."""
+    import numpy as np
+
+    from modelsec.watermark import resync
+
+    similarity = np.array([[0.9, 0.8], [0.85, 0.1]])  # both rows prefer suspect 0
+    assert resync._assign(similarity).tolist() == [1, 0]  # Hungarian: 0.8 + 0.85 > 0.9 + 0.1
+
+    def no_scipy(name: str) -> object:
+        raise ImportError(name)
+
+    monkeypatch.setattr(resync.importlib, "import_module", no_scipy)
+    assert resync._assign(similarity).tolist() == [0, 1]  # greedy: the largest entry first
+
+
+def test_resync_undoes_permutation_and_scaling_without_scipy(monkeypatch: pytest.MonkeyPatch) -> None:
     import builtins
 
     real_import = builtins.__import__
