@@ -36,9 +36,13 @@ from modelsec.errors import Error
 
 
 @contextlib.contextmanager
-def _progress(total: int, description: str, enabled: bool) -> Iterator[Callable[[int], None] | None]:
-    """A rich progress bar on stderr when it is a terminal; None otherwise."""
-    if not enabled or not sys.stderr.isatty() or total <= 0:
+def _progress(path: Path, description: str, enabled: bool) -> Iterator[Callable[[int], None] | None]:
+    """A rich progress bar over the bytes under `path`, on stderr when it is a terminal; None otherwise.
+
+    The tree is walked for its size only when a bar is shown (never with --json, --quiet or off a terminal).
+    """
+    total = _tree_size(path) if enabled and sys.stderr.isatty() else 0
+    if total <= 0:
         yield None
         return
     from rich.console import Console
@@ -211,7 +215,7 @@ def _sign(
                 RemoteSigner(client, v, expected_public_key_pem=pins[i].read_bytes() if pins else None)
                 for i, v in enumerate(key_versions)
             ]
-        with _progress(_tree_size(model_dir), "hashing", not (quiet or as_json)) as progress:
+        with _progress(model_dir, "hashing", not (quiet or as_json)) as progress:
             result = sign_model(
                 model_dir,
                 signers,
@@ -342,7 +346,7 @@ def _verify(
     required = _parse_require(require)
     try:
         policy = _policy_from_options(model_path, keys, policy_file, required, allow_remote_code)
-        with _progress(_tree_size(model_path), "verifying", not (quiet or as_json)) as progress:
+        with _progress(model_path, "verifying", not (quiet or as_json)) as progress:
             result = verify_model(
                 model_path,
                 policy,
@@ -395,7 +399,7 @@ def _digest(model_dir: Path, as_json: bool, quiet: bool) -> None:
     from modelsec.signer import MODEL_IGNORE_PATHS, compute_manifests
 
     try:
-        with _progress(_tree_size(model_dir), "hashing", not (quiet or as_json)) as progress:
+        with _progress(model_dir, "hashing", not (quiet or as_json)) as progress:
             manifests = compute_manifests(
                 model_dir,
                 [HashAlgorithm.SHA256],

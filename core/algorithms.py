@@ -32,11 +32,6 @@ class HashAlgorithm(enum.StrEnum):
     SM3 = "sm3"
     BLAKE3 = "blake3"
 
-    @property
-    def digest_size(self) -> int:
-        """Digest length in bytes (all three are 256-bit)."""
-        return 32
-
 
 _BUNDLE_NAMES = {
     SignatureAlgorithm.ECDSA_P256: "model.sig",

@@ -194,7 +194,6 @@ def _glob_regex(pattern: str) -> re.Pattern[str]:
 
 @dataclass(frozen=True, slots=True)
 class _Entry:
-    patterns: tuple[str, ...]
     regexes: tuple[re.Pattern[str], ...]
     policy: Policy
 
@@ -358,7 +357,7 @@ def _parse_policy(item: object, where: str, base_dir: Path) -> _Entry:
         attestation_dir=(base_dir / store) if store else None,
         require_digest=doc.get("requireDigest", True),
     )
-    return _Entry(tuple(match), tuple(_glob_regex(p) for p in match), policy)
+    return _Entry(tuple(_glob_regex(p) for p in match), policy)
 
 
 def _number(doc: Mapping[str, Any], key: str, where: str, default: float, low: float, high: float) -> float:

@@ -113,10 +113,3 @@ def from_environment(device: str) -> DistContext:
     except (RuntimeError, ValueError) as e:
         raise BackendUnavailableError(f"cannot join the {backend} process group: {e}") from e
     return DistContext.current()
-
-
-def local_device(device: str, ctx: DistContext) -> torch.device:
-    """The device of this rank: `cuda` becomes `cuda:$LOCAL_RANK` under torchrun."""
-    if device == "cuda" and ctx.world_size > 1:
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return torch.device(device)

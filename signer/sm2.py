@@ -1019,7 +1019,6 @@ class Sm2Backend(Protocol):
         ...
 
 
-_BACKEND_NAMES: Final = ("openssl", "gmssl")
 _backends: dict[str, Sm2Backend] = {}
 _backends_lock = threading.Lock()
 

@@ -46,7 +46,7 @@ from modelsec.errors import AttestationError, Error, MalformedArtifactError, Pol
 from modelsec.limits import Limits
 from modelsec.policy import Policy, RobustnessRequirement, WatermarkRequirement
 from modelsec.signer.manifest import OMS_PREDICATE_TYPE, parse_manifest
-from modelsec.signer.signing import ATTESTATION_FILE_NAMES, SIGNATURE_FILE_NAMES, write_bundle_file
+from modelsec.signer.signing import ATTESTATION_FILE_NAMES, write_bundle_file
 from modelsec.verifier.bundles import read_bundle, verify_bundle_signature
 
 __all__ = [
@@ -459,9 +459,3 @@ def admit_to_store(data: bytes, policy: Policy, *, now: datetime | None = None) 
         reasons = [f"refused {r}" for r in verdict.refused] + [f"not trusted: {i}" for i in verdict.ignored]
         raise AttestationError("; ".join(reasons) or "no evidence")
     return AdmittedAttestation(bundle, statement, digest, verdict.evidence[0])
-
-
-def default_bundle_paths(model_dir: Path, root_digest: str, policy: Policy) -> list[Path]:
-    """All bundles about a local model: its weights signatures plus its attestations."""
-    sigs = [model_dir / n for n in SIGNATURE_FILE_NAMES if os.path.lexists(model_dir / n)]
-    return sigs + find_attestation_bundles(model_dir, root_digest, policy)

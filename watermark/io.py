@@ -250,10 +250,6 @@ class DirectorySource:
         """All tensors, shard by shard (shards sorted by name), sorted by name inside a shard."""
         return list(self._refs)
 
-    def shard_of(self, name: str) -> ShardFile:
-        """The shard that holds tensor `name`."""
-        return self._where[name][0]
-
     def _raw(self, ref: TensorRef) -> npt.NDArray[Any]:
         import numpy as np
 

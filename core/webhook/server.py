@@ -21,7 +21,6 @@ import contextlib
 import json
 import logging
 import os
-import socket
 import ssl
 import stat
 import time
@@ -318,7 +317,6 @@ def serve(
     *,
     host: str = "0.0.0.0",  # noqa: S104 - a webhook Pod serves the cluster network
     port: int = 8443,
-    sock: socket.socket | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT (graceful stop: in-flight reviews finish, at most 5 s).
 
@@ -326,4 +324,4 @@ def serve(
         KeyMaterialError: The certificate or key cannot be loaded.
     """
     server, _ = build_server(reviewer, cert, key, host=host, port=port)
-    server.run(sockets=[sock] if sock is not None else None)
+    server.run()
