@@ -489,3 +489,9 @@ def cpu_pressure() -> str:
         return line.replace("some ", "")
     except (OSError, IndexError):
         return "n/a"
+
+
+def console_script(name: str) -> str | None:
+    """The installed console script `name` next to this interpreter, else on PATH."""
+    here = Path(sys.executable).parent / name
+    return str(here) if here.exists() else shutil.which(name)

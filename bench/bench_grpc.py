@@ -83,12 +83,29 @@ from pathlib import Path
 from typing import Any
 
 try:  # bench/*.py, when run as `python bench/bench_grpc.py`
-    from _common import cpu_pressure, load_average, machine_lines, ops_per_second, percentile, render_table
+    from _common import (
+        console_script,
+        cpu_pressure,
+        load_average,
+        machine_lines,
+        ops_per_second,
+        percentile,
+        render_table,
+    )
 except ImportError:  # pragma: no cover - run from elsewhere
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from _common import cpu_pressure, load_average, machine_lines, ops_per_second, percentile, render_table
+    from _common import (
+        console_script,
+        cpu_pressure,
+        load_average,
+        machine_lines,
+        ops_per_second,
+        percentile,
+        render_table,
+    )
 
 HOST = "127.0.0.1"
+MODELSEC = console_script("modelsec") or "modelsec"
 IDENTITY = "bench"
 KEY_VERSIONS = {"p256": "bench-p256/1", "sm2": "bench-sm2/1"}
 SIGN_METHOD = "/modelsec.v1.SigningService/SignStatement"
@@ -102,20 +119,15 @@ SAMPLES_PER_CASE = 3  # returned bundles checked by the parent after each SignSt
 # Set-up: keys (CLI), tiny model, manifest statements, policy, server configuration
 
 
-def _modelsec_argv() -> list[str]:
-    exe = Path(sys.executable).with_name("modelsec")
-    return [str(exe)] if exe.exists() else ["modelsec"]
-
-
-def _write_tiny_model(model: Path) -> None:
-    """A two-block transformer-like model (hidden 32): 14 tensors, F32 and F16, about 65 KB."""
+def _write_tiny_model(model: Path, layers: int = 2) -> None:
+    """A transformer-like model (hidden 32) with `layers` blocks: 6 * layers + 2 tensors (14 by default)."""
     import numpy as np
     from safetensors.numpy import save_file
 
     rng = np.random.default_rng(7)
     h, vocab = 32, 256
     tensors: dict[str, Any] = {"model.embed_tokens.weight": rng.standard_normal((vocab, h))}
-    for i in range(2):
+    for i in range(layers):
         p = f"model.layers.{i}."
         tensors |= {
             p + "input_layernorm.weight": np.ones((h,)),
@@ -129,7 +141,7 @@ def _write_tiny_model(model: Path) -> None:
     tensors = {k: v.astype(np.float32 if v.ndim == 1 else np.float16) for k, v in sorted(tensors.items())}
     model.mkdir(parents=True)
     save_file(tensors, str(model / "model.safetensors"), metadata={"format": "pt"})
-    config = {"model_type": "llama", "hidden_size": h, "num_hidden_layers": 2, "vocab_size": vocab}
+    config = {"model_type": "llama", "hidden_size": h, "num_hidden_layers": layers, "vocab_size": vocab}
     (model / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
@@ -145,7 +157,7 @@ class Setup:
     tensors: int
 
 
-def make_setup(root: Path, auth: str) -> Setup:
+def make_setup(root: Path, auth: str, layers: int = 2) -> Setup:
     """Keys, model, statements, policy and server configuration under `root`."""
     from modelsec.algorithms import HashAlgorithm
     from modelsec.attestations.statement import serialize_statement
@@ -156,7 +168,14 @@ def make_setup(root: Path, auth: str) -> Setup:
     keys.mkdir()
     for algorithm in ("ecdsa-p256", "sm2"):
         out = subprocess.run(
-            [*_modelsec_argv(), "keygen", "-a", algorithm, "-o", str(keys / algorithm)],
+            [
+                console_script("modelsec") or "modelsec",
+                "keygen",
+                "-a",
+                algorithm,
+                "-o",
+                str(keys / algorithm),
+            ],
             capture_output=True,
             text=True,
             check=False,
@@ -164,7 +183,7 @@ def make_setup(root: Path, auth: str) -> Setup:
         if out.returncode != 0:
             raise RuntimeError(f"modelsec keygen -a {algorithm}: exit {out.returncode}: {out.stderr.strip()}")
     model = root / "model"
-    _write_tiny_model(model)
+    _write_tiny_model(model, layers)
     manifests = compute_manifests(
         model, [HashAlgorithm.SHA256, HashAlgorithm.SM3], ignore_paths=MODEL_IGNORE_PATHS
     )
@@ -243,7 +262,14 @@ def running_server(setup: Setup, log: Path, args: argparse.Namespace, outcome: l
 
     `outcome` receives a problem description if the server does not exit 0 after SIGTERM.
     """
-    argv = [*_modelsec_argv(), "serve", "--config", str(setup.config), "--log-level", args.log_level]
+    argv = [
+        console_script("modelsec") or "modelsec",
+        "serve",
+        "--config",
+        str(setup.config),
+        "--log-level",
+        args.log_level,
+    ]
     env = {**os.environ, "MODELSEC_SM2_BACKEND": args.sm2_backend}
     with open(log, "wb") as err:
         proc = subprocess.Popen(
@@ -502,7 +528,7 @@ class Reference:
 
 def reference_rates(setup: Setup, seconds: float) -> dict[str, Reference]:
     """Calls/s of the in-process work behind each RPC, for the same statements and keys."""
-    from modelsec.attestations.bundle import sign_statement
+    from modelsec.attestations.bundle import sign_payload, sign_statement
     from modelsec.attestations.statement import parse_statement
     from modelsec.limits import Limits
     from modelsec.policy import PolicySet
@@ -520,7 +546,7 @@ def reference_rates(setup: Setup, seconds: float) -> dict[str, Reference]:
     def servicer_work(raw: bytes, key: KeyBackend) -> bytes:  # what SigningServicer.SignStatement does
         parsed = parse_statement(raw, what="statement")
         parse_manifest(parsed, what="statement", limits=limits)
-        return sign_statement(parsed, key)
+        return sign_payload(raw, key)
 
     refs: dict[str, Reference] = {}
     for alg, key in keys.items():
@@ -530,7 +556,7 @@ def reference_rates(setup: Setup, seconds: float) -> dict[str, Reference]:
             f"sign_statement(), {alg}", ops_per_second(partial(sign_statement, statement, key), seconds)
         )
         refs[f"servicer {alg}"] = Reference(
-            f"parse_statement + parse_manifest + sign_statement, {alg}",
+            f"parse_statement + parse_manifest + sign_payload, {alg}",
             ops_per_second(partial(servicer_work, raw, key), seconds),
         )
     raw = setup.statements["p256"]
@@ -742,6 +768,9 @@ def main(argv: list[str] | None = None) -> int:
         "--log-level", choices=["warning", "info"], default="warning", help="the server's --log-level"
     )
     parser.add_argument("--reference-seconds", type=float, default=1.5, help="per in-process reference")
+    parser.add_argument(
+        "--layers", type=int, default=2, help="model blocks: 6 tensors each (default 2: a 14-tensor manifest)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (server log)")
     args = parser.parse_args(argv)
     seconds = 3.0 if args.quick else args.duration
@@ -774,7 +803,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tmp = Path(tempfile.mkdtemp(prefix="modelsec-bench-grpc-"))
     try:
-        setup = make_setup(tmp, args.auth)
+        setup = make_setup(tmp, args.auth, args.layers)
         print(
             f"model: {setup.files} files, {setup.tensors} tensors, root sha256:{setup.root_digest[:16]}...; "
             f"statements: p256 {len(setup.statements['p256'])} bytes (sha256 manifest), "

@@ -86,12 +86,6 @@ def subprocess_case(argv: list[str], what: str, env: dict[str, str] | None = Non
     return measure
 
 
-def console_script(name: str) -> str | None:
-    """The installed console script `name` next to this interpreter, else on PATH."""
-    here = Path(sys.executable).parent / name
-    return str(here) if here.exists() else shutil.which(name)
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
@@ -192,8 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         f"({single_bytes / c.GIB:.3f} GiB); threads T={threads}; repeat {args.repeat} (best of)"
     )
 
-    modelsec = console_script("modelsec")
-    model_signing = console_script("model_signing")
+    modelsec = c.console_script("modelsec")
+    model_signing = c.console_script("model_signing")
     # Commands run as an installed wheel runs them: with byte-compiled modules. An editable install under
     # PYTHONDONTWRITEBYTECODE=1 (as in some dev containers) recompiles modelsec's sources at every start
     # (~0.1 s); the start-up table shows that case too. The cache lives in the workdir, not in the sources.

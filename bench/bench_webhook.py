@@ -57,10 +57,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 try:  # bench/_common.py, when run as `python bench/bench_webhook.py`
-    from _common import load_average, machine_lines, percentile, render_table
+    from _common import console_script, load_average, machine_lines, percentile, render_table
 except ImportError:  # pragma: no cover - run from elsewhere
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from _common import load_average, machine_lines, percentile, render_table
+    from _common import console_script, load_average, machine_lines, percentile, render_table
 
 HOST = "127.0.0.1"
 POLICIES = ("ecdsa", "sm2")
@@ -269,8 +269,7 @@ def _client_context(ca: Path) -> ssl.SSLContext:
 @contextlib.contextmanager
 def running_server(setup: Setup, cache_ttl: float, log: Path) -> Iterator[int]:
     """`modelsec webhook serve` on a free loopback port, up once /healthz answers; yields the port."""
-    exe = Path(sys.executable).with_name("modelsec")
-    argv = [str(exe)] if exe.exists() else ["modelsec"]
+    argv = [console_script("modelsec") or "modelsec"]
     port = _free_port()
     argv += ["webhook", "serve", "--policy", str(setup.policy), "--store", str(setup.store)]
     argv += ["--cert", str(setup.cert), "--key", str(setup.key), "--host", HOST, "--port", str(port)]
