@@ -9,8 +9,8 @@ model when the policy requires attestations. Order for each bundle, failing clos
    weights manifest (role `weights`), `https://modelsec.dev/watermark/v1` (role `watermark`) or
    `https://modelsec.dev/robustness-gate/v1` (role `gate`); anything else is refused by name;
 3. the signature must verify under a policy key holding that role (keys never come from the bundle);
-4. the statement is parsed again from the verified bytes, and its subject must be this model's root digest
-   (an attestation replayed from another model does not count);
+4. the statement's subject (parsed once, from the payload bytes the signature covers) must be this model's
+   root digest (an attestation replayed from another model does not count);
 5. the predicate must meet the policy: the gate's attack, ε, verdict, robust accuracy under the policy's
    rule (point or Wilson lower bound), sample count, sanity checks and freshness (`finishedAt`); the
    watermark's embed-time detection, confidence and false-positive probability.
@@ -346,7 +346,8 @@ def verify_attestations(
         # Evidence a trusted key signed about this very model that fails a requirement is a refusal.
         try:
             bundle = _load(item, policy, index)
-            claimed = parse_statement(bundle.envelope.payload, what=what).predicate_type
+            statement = parse_statement(bundle.envelope.payload, what=what)
+            claimed = statement.predicate_type
             role = _ROLE.get(claimed)
             if role is None:
                 signer = verify_bundle_signature(bundle, policy.keys, role=None)
@@ -355,7 +356,6 @@ def verify_attestations(
                 )
                 continue
             key = verify_bundle_signature(bundle, policy.keys, role=role)
-            statement: Statement = parse_statement(bundle.envelope.payload, what=what, predicate_type=claimed)
             subjects = [s.digest.get("sha256", "") for s in statement.subjects]
             if not any(hmac.compare_digest(s.encode(), root_digest.encode()) for s in subjects):
                 ignored.append(f"{what}: is about model {subjects[0] or '?'}, not {root_digest}")

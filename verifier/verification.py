@@ -474,7 +474,12 @@ def precheck_file(path: Path, policy: Policy) -> None:
 
 
 def _check_safetensors_structure(path: Path, limits: Limits) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    # The same no-symlink open as every other read: refusals are modelsec errors, never a raw OSError.
+    root_fd = open_model_root(path.parent)
+    try:
+        fd = open_beneath(root_fd, path.name, what=str(path.parent))
+    finally:
+        os.close(root_fd)
     with os.fdopen(fd, "rb") as f:
         read_header(f, os.fstat(f.fileno()).st_size, path=str(path), limits=limits)
 

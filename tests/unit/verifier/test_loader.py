@@ -346,3 +346,16 @@ def test_sm3_only_policy_skips_sha256_but_still_refuses_tampering(tiny_model: Pa
     config.write_text(config.read_text().replace("16", "17"))
     with pytest.raises(DigestMismatchError, match=r"config\.json: expected sm3 digest"):
         load_model(tiny_model, policy)
+
+
+def test_a_symlinked_or_missing_shard_is_a_modelsec_error(tiny_model: Path, key_dir: Path) -> None:
+    """load_model on one shard path: a symlink or a missing file is refused with a modelsec error, as
+    verify_model does, never a raw OSError."""
+    sign_model(tiny_model, [load_private_key_file(key_dir / "ecdsa-p256.key.pem")])
+    policy = Policy.from_key_files([key_dir / "ecdsa-p256.pub.pem"])
+    link = tiny_model.parent / "link.safetensors"
+    os.symlink(tiny_model / "model-00001-of-00002.safetensors", link)
+    with pytest.raises(PolicyViolationError, match="symlink"):
+        load_model(link, policy)
+    with pytest.raises(MalformedArtifactError, match="cannot open"):
+        load_model(tiny_model / "missing.safetensors", policy)
