@@ -271,10 +271,8 @@ def load_private_key(pem: bytes, *, name: str, password: bytes | None = None) ->
         KeyMaterialError: Not a private key, wrong or missing password.
         UnsupportedAlgorithmError: Another key type or curve.
     """
-    if _is_sm2(pem) or (b"ENCRYPTED PRIVATE KEY" in pem and not _cryptography_loads(pem, password)):
-        from modelsec.signer import sm2
-
-        return _Sm2KeyBackend(sm2.Sm2PrivateKey.from_pem(pem, password))
+    if _is_sm2(pem):
+        return _sm2_backend(pem, password)
     try:
         key = serialization.load_pem_private_key(pem, password)
     except TypeError as e:
@@ -285,6 +283,8 @@ def load_private_key(pem: bytes, *, name: str, password: bytes | None = None) ->
             "prompts; the server reads the key's passwordEnv)"
         ) from e
     except UnsupportedAlgorithm as e:
+        if b"ENCRYPTED PRIVATE KEY" in pem:  # an encrypted SM2 key: cryptography cannot name its curve
+            return _sm2_backend(pem, password)
         raise UnsupportedAlgorithmError(f"{name}: unsupported private key type: {e}") from e
     except ValueError as e:
         raise KeyMaterialError(f"{name}: not a valid PEM private key, or wrong password ({e})") from e
@@ -296,15 +296,10 @@ def load_private_key(pem: bytes, *, name: str, password: bytes | None = None) ->
     return _EcdsaKeyBackend(key)
 
 
-def _cryptography_loads(pem: bytes, password: bytes | None) -> bool:
-    """Whether `cryptography` can open an encrypted key (SM2 keys it cannot: their curve is unsupported)."""
-    try:
-        serialization.load_pem_private_key(pem, password)
-    except UnsupportedAlgorithm:
-        return False
-    except (TypeError, ValueError):
-        return True  # let the main path report the password problem
-    return True
+def _sm2_backend(pem: bytes, password: bytes | None) -> KeyBackend:
+    from modelsec.signer import sm2
+
+    return _Sm2KeyBackend(sm2.Sm2PrivateKey.from_pem(pem, password))
 
 
 def load_private_key_file(path: Path, *, password: bytes | None = None) -> KeyBackend:
