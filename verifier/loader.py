@@ -307,9 +307,18 @@ def _read_range(fd: int, offset: int, length: int, what: str) -> Any:
 
 
 def _load_tensors_by_digest(
-    signed: SignedModel, wanted: Mapping[str, tuple[str, TensorEntry]], policy: Policy
+    signed: SignedModel,
+    wanted: Mapping[str, tuple[str, TensorEntry]],
+    policy: Policy,
+    headers: dict[str, SafetensorsHeader] | None = None,
 ) -> dict[str, Any]:
-    """Partial load with per-tensor digests: read only the needed ranges, compare each with the manifest."""
+    """Partial load with per-tensor digests: read only the needed ranges, compare each with the manifest.
+
+    `headers` caches parsed headers across calls (`VerifiedSafeOpen` reads one tensor per call): a cached
+    file was already checked against the signed file set, and its header is reused. That stays safe if the
+    file changes afterwards: each tensor's signed dtype, shape and offsets are compared with the header and
+    its bytes with the signed digest on every read.
+    """
     model, limits = str(signed.model_dir), policy.limits
     assert_hash = signed.tensor_hash
     if assert_hash is None:  # callers only come here with an extension; fail closed regardless
@@ -317,7 +326,10 @@ def _load_tensors_by_digest(
     by_file: dict[str, list[str]] = {}
     for tname, (file, _) in wanted.items():
         by_file.setdefault(file, []).append(tname)
-    check_file_set(signed, policy, only=sorted(by_file))
+    cache = headers if headers is not None else {}
+    unchecked = sorted(f for f in by_file if f not in cache)
+    if unchecked:
+        check_file_set(signed, policy, only=unchecked)
     out: dict[str, Any] = {}
     root_fd = open_model_root(signed.model_dir)
     try:
@@ -325,8 +337,11 @@ def _load_tensors_by_digest(
             what = f"{model}/{file}"
             fd = open_beneath(root_fd, file, what=model)
             try:
-                with os.fdopen(os.dup(fd), "rb") as f:
-                    header, _ = read_header(f, os.fstat(fd).st_size, path=what, limits=limits)
+                header = cache.get(file)
+                if header is None:
+                    with os.fdopen(os.dup(fd), "rb") as f:
+                        header, _ = read_header(f, os.fstat(fd).st_size, path=what, limits=limits)
+                    cache[file] = header
                 for tname in tnames:
                     entry = wanted[tname][1]
                     try:
@@ -552,6 +567,7 @@ class VerifiedSafeOpen:
         check_file_set(self._signed, self._policy, only=[self._single] if self._single else None)
         self._entries = self._signed.tensor_entries()
         self._shards: dict[str, _VerifiedShard] = {}
+        self._headers: dict[str, SafetensorsHeader] = {}  # parsed once per file for per-tensor reads
         self._lock = threading.Lock()
         files = (
             [self._single]
@@ -586,8 +602,11 @@ class VerifiedSafeOpen:
                 raise MalformedArtifactError(f"{self._dir}: tensor `{name}` is not in the signed model")
             return hit[0]
         for file in self._files:
-            if name in {t.name for t in self._shard(file).header.tensors}:
-                return file
+            try:
+                self._shard(file).header.tensor(name)
+            except KeyError:
+                continue
+            return file
         raise MalformedArtifactError(f"{self._dir}: tensor `{name}` is not in the signed model")
 
     def keys(self) -> list[str]:
@@ -608,9 +627,11 @@ class VerifiedSafeOpen:
         file = self._file_of(name)
         if file in self._shards or not self._entries:
             shard = self._shard(file)
-            tensor = _tensors_of(shard, [name], f"{self._dir}/{file}")[name]
+            info = shard.header.tensor(name)
+            tensor = _tensor_from(shard.buffer, shard.header.data_start, info, name, f"{self._dir}/{file}")
         else:
-            tensor = _load_tensors_by_digest(self._signed, {name: self._entries[name]}, self._policy)[name]
+            wanted = {name: self._entries[name]}
+            tensor = _load_tensors_by_digest(self._signed, wanted, self._policy, self._headers)[name]
         return _to_device({name: tensor}, self._device)[name]
 
     def get_slice(self, name: str) -> _VerifiedSlice:
