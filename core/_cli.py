@@ -579,9 +579,8 @@ def _attestation_rows(model_dir: Path, store: Path | None, keys: tuple[Path, ...
     from modelsec.signer import MODEL_IGNORE_PATHS
     from modelsec.signer.keys import load_trusted_key_file
     from modelsec.verifier import read_bundle, verify_bundle_signature
-    from modelsec.verifier.attestations import GATE_PREDICATE_TYPE, WATERMARK_PREDICATE_TYPE
+    from modelsec.verifier.attestations import role_for_predicate
 
-    roles = {GATE_PREDICATE_TYPE: "gate", WATERMARK_PREDICATE_TYPE: "watermark"}
     trusted = [load_trusted_key_file(k) for k in keys]
     paths = [model_dir / n for n in MODEL_IGNORE_PATHS if n.endswith(".sig") and (model_dir / n).is_file()]
     if store is not None:
@@ -593,7 +592,7 @@ def _attestation_rows(model_dir: Path, store: Path | None, keys: tuple[Path, ...
         signer = "UNVERIFIED"
         if trusted:
             key = verify_bundle_signature(
-                bundle, trusted, role=roles.get(statement.predicate_type, "weights")
+                bundle, trusted, role=role_for_predicate(statement.predicate_type) or "weights"
             )
             signer = f"{key.name} ({key.algorithm.value})"
         rows.append(

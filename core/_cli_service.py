@@ -46,7 +46,8 @@ def serve(config_path: Path, listen: str | None, log_level: str) -> None:
     except ModuleNotFoundError as e:
         click.echo(f"modelsec: error: {e.name} is missing; install modelsec[grpc]", err=True)
         sys.exit(1)
-    from modelsec.errors import Error
+    from modelsec._cli_common import _fail
+    from modelsec.errors import BackendUnavailableError, Error
 
     logging.basicConfig(level=log_level.upper(), format="%(message)s", stream=sys.stderr)
 
@@ -67,8 +68,6 @@ def serve(config_path: Path, listen: str | None, log_level: str) -> None:
             config = dataclasses.replace(config, listen=_listen(listen, "--listen"))
         asyncio.run(run_server(config, on_ready=ready))
     except Error as e:
-        click.echo(f"modelsec: error: {e.diagnostics()}", err=True)
-        sys.exit(1)
-    except OSError as e:
-        click.echo(f"modelsec: error: {e.filename or ''}: {e.strerror}", err=True)
-        sys.exit(1)
+        _fail(e, False)
+    except OSError as e:  # a TLS file or the data directory cannot be read or created
+        _fail(BackendUnavailableError(f"{e.filename or config_path}: {e.strerror or e}"), False)

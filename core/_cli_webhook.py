@@ -11,7 +11,6 @@ The mode (`enforce | warn | audit`) is a property of the deployment, set with `-
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import sys
 from pathlib import Path
@@ -114,7 +113,8 @@ def _serve(
     require_models_in: tuple[str, ...],
 ) -> None:
     """Serve POST /validate, /healthz, /readyz and /metrics over HTTPS until SIGTERM."""
-    from modelsec.errors import Error
+    from modelsec._cli_common import _fail
+    from modelsec.errors import BackendUnavailableError, Error
     from modelsec.policy import PolicySet
 
     try:
@@ -126,7 +126,6 @@ def _serve(
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
         policies = PolicySet.from_file(policy)
-        generation = hashlib.sha256(policy.read_bytes()).hexdigest()
         config = WebhookConfig(
             mode=Mode(mode),
             deadline_seconds=deadline,
@@ -137,15 +136,12 @@ def _serve(
             policies,
             _store(store, config, store_ca, store_client_cert, store_client_key),
             config,
-            generation=generation,
         )
         serve(reviewer, cert, key, host=host, port=port)
     except Error as e:
-        click.echo(f"modelsec: error: {e.diagnostics()}", err=True)
-        sys.exit(1)
-    except OSError as e:
-        click.echo(f"modelsec: error: {policy}: {e.strerror}", err=True)
-        sys.exit(1)
+        _fail(e, False)
+    except OSError as e:  # the address cannot be bound, a TLS file cannot be read
+        _fail(BackendUnavailableError(f"{e.filename or f'{host}:{port}'}: {e.strerror or e}"), False)
 
 
 def _store(

@@ -36,6 +36,8 @@ noMatch: deny
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -205,10 +207,13 @@ class PolicySet:
     Attributes:
         entries: The policies in file order (the first match wins).
         source: Where the policy came from (path or `$MODELSEC_POLICY`), for diagnostics.
+        digest: Hex SHA-256 of the file bytes that were parsed ("" when built from a mapping): identifies
+            this policy version (e.g. in the webhook's cache keys).
     """
 
     entries: tuple[_Entry, ...]
     source: str
+    digest: str = ""
 
     @property
     def policies(self) -> tuple[Policy, ...]:
@@ -245,7 +250,8 @@ class PolicySet:
             raise PolicyError(f"{path}: cannot read the policy file: {e.strerror}") from e
         if len(raw) > _MAX_POLICY_BYTES:
             raise PolicyError(f"{path}: policy file larger than {_MAX_POLICY_BYTES} bytes")
-        return cls.from_mapping(_load_yaml(raw, str(path)), base_dir=path.parent, source=str(path))
+        parsed = cls.from_mapping(_load_yaml(raw, str(path)), base_dir=path.parent, source=str(path))
+        return dataclasses.replace(parsed, digest=hashlib.sha256(raw).hexdigest())
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> PolicySet:

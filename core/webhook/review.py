@@ -444,6 +444,7 @@ class Reviewer:
         self.config = config or WebhookConfig()
         self.generation = (
             generation
+            or policies.digest
             or hashlib.sha256(
                 repr((policies.source, [p.name for p in policies.policies])).encode()
             ).hexdigest()

@@ -644,3 +644,14 @@ def test_directory_store_skips_a_fifo_instead_of_hanging(signed: tuple[str, Path
     os.mkfifo(copy / "sha256" / digest / "planted.sig")
     bundles = DirectoryStore(copy).bundles(digest)
     assert bundles == DirectoryStore(store).bundles(digest) and len(bundles) == 1
+
+
+def test_the_cache_generation_is_the_digest_of_the_parsed_policy_file(tmp_path: Path, key_dir: Path) -> None:
+    import hashlib
+
+    from tests.service_support import write_policy
+
+    path = write_policy(tmp_path, key_dir)
+    policies = PolicySet.from_file(path)
+    assert policies.digest == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert Reviewer(policies, DirectoryStore(tmp_path), WebhookConfig()).generation == policies.digest
