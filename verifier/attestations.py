@@ -45,6 +45,7 @@ from modelsec.attestations.statement import (
 from modelsec.errors import AttestationError, Error, MalformedArtifactError, PolicyError
 from modelsec.limits import Limits
 from modelsec.policy import Policy, RobustnessRequirement, WatermarkRequirement
+from modelsec.signer.keys import TrustedKey
 from modelsec.signer.manifest import OMS_PREDICATE_TYPE, parse_manifest
 from modelsec.signer.signing import ATTESTATION_FILE_NAMES, write_bundle_file
 from modelsec.verifier.bundles import read_bundle, verify_bundle_signature
@@ -60,6 +61,7 @@ __all__ = [
     "role_for_predicate",
     "store_bundle",
     "verify_attestations",
+    "verify_statement_bundle",
 ]
 
 _ROLE = {OMS_PREDICATE_TYPE: "weights", WATERMARK_PREDICATE_TYPE: "watermark", GATE_PREDICATE_TYPE: "gate"}
@@ -68,6 +70,36 @@ _KIND = {
     WATERMARK_PREDICATE_TYPE: "watermark",
     GATE_PREDICATE_TYPE: "robustness",
 }
+
+
+def verify_statement_bundle(
+    bundle: Bundle, statement: Statement, keys: Sequence[TrustedKey], root_digest: str, *, what: str
+) -> TrustedKey:
+    """Steps 3-4 for one bundle of a known predicate type: the signing key and the subject.
+
+    Args:
+        bundle: The parsed bundle.
+        statement: Its statement, parsed from `bundle.envelope.payload` (the bytes the signature covers).
+        keys: Trusted keys; only those holding the role for the statement's predicate type are tried.
+        root_digest: The model root digest (hex SHA-256) the statement must be about.
+        what: Names the bundle in errors.
+
+    Returns:
+        The trusted key that verified.
+
+    Raises:
+        SignatureError: No key allowed the role verifies the signature.
+        AttestationError: The predicate type is unknown, or no subject is `root_digest` (constant-time
+            comparison).
+    """
+    role = _ROLE.get(statement.predicate_type)
+    if role is None:
+        raise AttestationError(f"{what}: unknown predicateType {statement.predicate_type!r}")
+    key = verify_bundle_signature(bundle, keys, role=role)
+    subjects = [s.digest.get("sha256", "") for s in statement.subjects]
+    if not any(hmac.compare_digest(s.encode(), root_digest.encode()) for s in subjects):
+        raise AttestationError(f"{what}: is about model {subjects[0] or '?'}, not {root_digest}")
+    return key
 
 
 def role_for_predicate(predicate_type: str) -> str | None:
@@ -355,11 +387,7 @@ def verify_attestations(
                     f"{what}: unknown predicateType {claimed!r} signed by trusted key {signer.name!r}"
                 )
                 continue
-            key = verify_bundle_signature(bundle, policy.keys, role=role)
-            subjects = [s.digest.get("sha256", "") for s in statement.subjects]
-            if not any(hmac.compare_digest(s.encode(), root_digest.encode()) for s in subjects):
-                ignored.append(f"{what}: is about model {subjects[0] or '?'}, not {root_digest}")
-                continue
+            key = verify_statement_bundle(bundle, statement, policy.keys, root_digest, what=what)
         except Error as e:
             ignored.append(
                 e.diagnostics() if e.diagnostics().startswith(what) else f"{what}: {e.diagnostics()}"

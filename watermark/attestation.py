@@ -21,7 +21,6 @@ hashed into the root digest that it attests.
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -52,7 +51,6 @@ __all__ = [
 ]
 
 PREDICATE_TYPE = WATERMARK_PREDICATE_TYPE
-_ROLE = "watermark"
 _SOURCES = (
     "Cox, Kilian, Leighton, Shamoon: Secure spread spectrum watermarking for multimedia, IEEE TIP 6(12) 1997",
     "Uchida, Nagai, Sakazawa, Satoh: Embedding Watermarks into Deep Neural Networks, ICMR 2017",
@@ -295,26 +293,20 @@ def verify_watermark_attestation(
         PolicyError: Neither or both of `root_digest` and `model_dir` given.
     """
     from modelsec.attestations.statement import parse_statement
+    from modelsec.verifier.attestations import verify_statement_bundle
+    from modelsec.verifier.bundles import read_bundle
 
-    if (root_digest is None) == (model_dir is None):
-        raise PolicyError("give exactly one of root_digest and model_dir")
     limits = limits or Limits()
-    if root_digest is not None:
+    if root_digest is not None and model_dir is None:
         expected = root_digest
-    elif model_dir is not None:
+    elif root_digest is None and model_dir is not None:
         expected = model_root_digests(model_dir, limits=limits)["sha256"]
-    else:  # unreachable: exactly one was given
+    else:
         raise PolicyError("give exactly one of root_digest and model_dir")
-    from modelsec.verifier.bundles import read_bundle, verify_bundle_signature
 
     bundle = read_bundle(bundle_path, limits)
-    signer_key = verify_bundle_signature(bundle, keys, role=_ROLE)
     statement = parse_statement(bundle.envelope.payload, what=str(bundle_path), predicate_type=PREDICATE_TYPE)
-    got = [s.digest.get("sha256", "") for s in statement.subjects]
-    if not any(hmac.compare_digest(g.encode(), expected.encode()) for g in got):
-        raise AttestationError(
-            f"{bundle_path}: watermark attestation is about model {got[0] or '?'}, expected {expected}"
-        )
+    signer_key = verify_statement_bundle(bundle, statement, keys, expected, what=str(bundle_path))
     for required in ("scheme", "parameters", "keyCommitment", "messageCommitment", "carriers", "detection"):
         if not isinstance(statement.predicate.get(required), Mapping):
             raise AttestationError(f"{bundle_path}: watermark predicate lacks the object {required!r}")
