@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from modelsec.errors import SignatureError
 
-__all__ = ["decode_signature", "encode_signature"]
+__all__ = ["decode_signature", "encode_integer", "encode_length", "encode_signature"]
 
 _MAX_SIGNATURE_BYTES = 256
 
@@ -79,12 +79,14 @@ def decode_signature(signature: bytes, order: int) -> tuple[int, int]:
     return r, s
 
 
-def _encode_integer(value: int) -> bytes:
+def encode_integer(value: int) -> bytes:
+    """DER INTEGER of a non-negative `value` (minimal, with a leading zero byte when the top bit is set)."""
     body = value.to_bytes(value.bit_length() // 8 + 1, "big")
-    return b"\x02" + _encode_length(len(body)) + body
+    return b"\x02" + encode_length(len(body)) + body
 
 
-def _encode_length(length: int) -> bytes:
+def encode_length(length: int) -> bytes:
+    """DER definite length octets (short form below 128, else minimal long form)."""
     if length < 0x80:
         return bytes([length])
     raw = length.to_bytes((length.bit_length() + 7) // 8, "big")
@@ -95,5 +97,5 @@ def encode_signature(r: int, s: int) -> bytes:
     """Encode `(r, s)` as DER `SEQUENCE { r INTEGER, s INTEGER }` (both must be positive)."""
     if r <= 0 or s <= 0:
         raise ValueError("r and s must be positive")
-    body = _encode_integer(r) + _encode_integer(s)
-    return b"\x30" + _encode_length(len(body)) + body
+    body = encode_integer(r) + encode_integer(s)
+    return b"\x30" + encode_length(len(body)) + body

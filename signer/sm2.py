@@ -37,13 +37,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Protocol
 
+from modelsec.algorithms import HashAlgorithm
 from modelsec.errors import (
     BackendUnavailableError,
     KeyMaterialError,
     SignatureError,
     UnsupportedAlgorithmError,
 )
-from modelsec.signer.der import decode_signature
+from modelsec.signer.der import decode_signature, encode_integer, encode_length
+from modelsec.signer.hashing import _HASHLIB_SM3, new_hasher
 
 __all__ = [
     "BACKEND_ENV",
@@ -120,26 +122,11 @@ _SM2_CURVE: Final = _Curve(SM2_P, SM2_A, SM2_B, SM2_GX, SM2_GY, SM2_ORDER)
 # --------------------------------------------------------------------------------------------------------
 
 
-def _hashlib_has_sm3() -> bool:
-    try:
-        hashlib.new("sm3")
-    except ValueError:
-        return False
-    return True
-
-
-_HASHLIB_SM3: Final = _hashlib_has_sm3()
-
-
 def _sm3(data: bytes) -> bytes:
-    """SM3 digest of `data` (GB/T 32905-2016)."""
-    if _HASHLIB_SM3:
-        return hashlib.new("sm3", data).digest()
-    from cryptography.hazmat.primitives import hashes
-
-    h = hashes.Hash(hashes.SM3())
+    """SM3 digest of `data` (GB/T 32905-2016), through the hashing engine's SM3."""
+    h = new_hasher(HashAlgorithm.SM3)
     h.update(data)
-    return h.finalize()
+    return h.digest()
 
 
 def _hmac_sm3(key: bytes, data: bytes) -> bytes:
@@ -355,19 +342,8 @@ def _oid_der(dotted: str) -> bytes:
     return _tlv(_OID, bytes(body))
 
 
-def _length_der(length: int) -> bytes:
-    if length < 0x80:
-        return bytes([length])
-    raw = length.to_bytes((length.bit_length() + 7) // 8, "big")
-    return bytes([0x80 | len(raw)]) + raw
-
-
 def _tlv(tag: int, value: bytes) -> bytes:
-    return bytes([tag]) + _length_der(len(value)) + value
-
-
-def _int_der(value: int) -> bytes:
-    return _tlv(_INTEGER, value.to_bytes(value.bit_length() // 8 + 1, "big"))
+    return bytes([tag]) + encode_length(len(value)) + value
 
 
 class _DerReader:
@@ -820,11 +796,11 @@ class Sm2PrivateKey:
         """
         ec_private_key = _tlv(
             _SEQUENCE,
-            _int_der(1)
+            encode_integer(1)
             + _tlv(_OCTET_STRING, self._d.to_bytes(32, "big"))
             + _tlv(0xA1, _tlv(_BIT_STRING, b"\x00" + self._public_key.encoded_point())),
         )
-        return _tlv(_SEQUENCE, _int_der(0) + _SM2_ALGORITHM_DER + _tlv(_OCTET_STRING, ec_private_key))
+        return _tlv(_SEQUENCE, encode_integer(0) + _SM2_ALGORITHM_DER + _tlv(_OCTET_STRING, ec_private_key))
 
     def to_pem(self, password: bytes | None = None) -> bytes:
         """Return the key as PEM PKCS#8, encrypted when a password is given.
@@ -881,7 +857,7 @@ def _pkcs8_encrypt(der: bytes, password: bytes) -> bytes:
     kdf = _tlv(
         _SEQUENCE,
         _oid_der(_OID_PBKDF2)
-        + _tlv(_SEQUENCE, _tlv(_OCTET_STRING, salt) + _int_der(PBKDF2_ITERATIONS) + prf),
+        + _tlv(_SEQUENCE, _tlv(_OCTET_STRING, salt) + encode_integer(PBKDF2_ITERATIONS) + prf),
     )
     scheme = _tlv(_SEQUENCE, _oid_der(_OID_AES256_CBC) + _tlv(_OCTET_STRING, iv))
     algorithm = _tlv(_SEQUENCE, _oid_der(_OID_PBES2) + _tlv(_SEQUENCE, kdf + scheme))
