@@ -32,10 +32,9 @@ from typing import Any
 
 from modelsec.errors import Error, PolicyViolationError, UnsupportedAlgorithmError
 from modelsec.policy import Policy, PolicySet
-from modelsec.signer.hashing import hash_files, is_safetensors_name
-from modelsec.signer.model_files import open_model_root
+from modelsec.signer.hashing import is_safetensors_name
 from modelsec.verifier.loader import VerifiedSafeOpen, load_model, resolve_policy
-from modelsec.verifier.verification import check_digests, check_file_set, verify_signatures
+from modelsec.verifier.verification import check_file_set, verify_files, verify_signatures
 
 __all__ = ["install", "installed", "main", "preflight", "uninstall"]
 
@@ -92,19 +91,7 @@ def preflight(model_dir: Path, policy: Policy | PolicySet | None = None) -> None
     signed = verify_signatures(model_dir, resolved)
     names = check_file_set(signed, resolved)
     side = [n for n in names if not is_safetensors_name(n)]
-    root_fd = open_model_root(model_dir)
-    try:
-        computed = hash_files(
-            root_fd,
-            side,
-            algorithms=signed.file_hashes,
-            tensor_hash=None,
-            limits=resolved.limits,
-            model=str(model_dir),
-        )
-        check_digests(signed, computed, resolved, root_fd, whole_model=False)
-    finally:
-        os.close(root_fd)
+    verify_files(signed, side, resolved, tensor_hash=None, whole_model=False)
 
 
 def _wrap_from_pretrained(original: Any) -> Any:
@@ -117,12 +104,14 @@ def _wrap_from_pretrained(original: Any) -> Any:
                 f"{pretrained_model_name_or_path}: modelsec verifies local model directories only "
                 "(download and sign it first)"
             )
-        if kwargs.get("trust_remote_code"):
-            raise PolicyViolationError(
-                f"{path}: trust_remote_code=True is refused while modelsec is installed"
-            )
         subfolder = kwargs.get("subfolder") or ""
-        preflight(path / subfolder if subfolder else path)
+        model_dir = path / subfolder if subfolder else path
+        resolved = _policy_for(model_dir)
+        if kwargs.get("trust_remote_code") and not resolved.allow_remote_code:
+            raise PolicyViolationError(
+                f"{path}: trust_remote_code=True is refused by policy {resolved.name!r} (allowRemoteCode)"
+            )
+        preflight(model_dir, resolved)
         return func(cls, pretrained_model_name_or_path, *args, **kwargs)
 
     return classmethod(from_pretrained)

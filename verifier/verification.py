@@ -181,7 +181,6 @@ def verify_model(
         >>> policy = Policy.from_key_files([Path("trust/ci.pub.pem")])  # doctest: +SKIP
         >>> verify_model(Path("model"), policy).root_digest  # doctest: +SKIP
     """
-    limits = policy.limits
     try:
         st = os.lstat(model_path)
     except OSError as e:
@@ -207,20 +206,14 @@ def verify_model(
     else:
         single_names = [single] if single is not None else None
     names = check_file_set(signed, policy, only=single_names)
-    root_fd = open_model_root(model_dir)
-    try:
-        computed = hash_files(
-            root_fd,
-            names,
-            algorithms=signed.file_hashes,
-            tensor_hash=signed.tensor_hash,
-            limits=limits,
-            progress=progress,
-            model=str(model_dir),
-        )
-        checked = check_digests(signed, computed, policy, root_fd, whole_model=single_names is None)
-    finally:
-        os.close(root_fd)
+    computed, checked = verify_files(
+        signed,
+        names,
+        policy,
+        tensor_hash=signed.tensor_hash,
+        whole_model=single_names is None,
+        progress=progress,
+    )
     return VerifiedModel(
         root_digest=signed.root_digest,
         files=len(names),
@@ -231,6 +224,47 @@ def verify_model(
         skipped=signed.skipped,
         manifest=signed.manifest,
     )
+
+
+def verify_files(
+    signed: SignedModel,
+    names: Sequence[str],
+    policy: Policy,
+    *,
+    tensor_hash: HashAlgorithm | None,
+    whole_model: bool,
+    progress: ProgressCallback | None = None,
+) -> tuple[Mapping[str, FileDigests], int]:
+    """Hash the files `names` of a signed model once and compare every digest with its manifests.
+
+    Args:
+        signed: From `verify_signatures`; `names` from `check_file_set`.
+        names: The files to hash.
+        policy: Hash algorithms to recompute, limits, refusals.
+        tensor_hash: Per-tensor digest algorithm to compute as well (None: file digests only).
+        whole_model: The whole directory is being verified (index and remote-code checks apply).
+        progress: Byte-count callback.
+
+    Returns:
+        The computed digests by file, and how many per-tensor digests were checked.
+
+    Raises:
+        DigestMismatchError, MalformedArtifactError, PolicyViolationError: As `check_digests`.
+    """
+    root_fd = open_model_root(signed.model_dir)
+    try:
+        computed = hash_files(
+            root_fd,
+            names,
+            algorithms=signed.file_hashes,
+            tensor_hash=tensor_hash,
+            limits=policy.limits,
+            progress=progress,
+            model=str(signed.model_dir),
+        )
+        return computed, check_digests(signed, computed, policy, root_fd, whole_model=whole_model)
+    finally:
+        os.close(root_fd)
 
 
 @dataclass(frozen=True, slots=True)
