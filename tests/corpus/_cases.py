@@ -72,3 +72,17 @@ def materialise(case: str, tmp: Path) -> Path:
 
 def mentions_all(text: str, patterns: list[str]) -> bool:
     return all(re.search(p, text) for p in patterns)
+
+
+def payload(bundle: Path | bytes) -> bytes:
+    """The DSSE payload bytes of a bundle file (or bundle bytes), decoded without any verification."""
+    import base64
+
+    data = bundle.read_bytes() if isinstance(bundle, Path) else bundle
+    return base64.b64decode(json.loads(data)["dsseEnvelope"]["payload"])
+
+
+def defective_pae_fixture(target: str, bundle: Path | bytes) -> bool:
+    """DSSE02 `sigs/pae_char_length.sig` with an ASCII payload: byte-for-byte a valid bundle (see the
+    note in test_corpus_verify), which a correct verifier must accept."""
+    return target == "sigs/pae_char_length.sig" and payload(bundle).isascii()

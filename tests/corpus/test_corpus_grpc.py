@@ -7,7 +7,6 @@ for every faulty bundle, with reasons matching the case's `error_mentions`.
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from modelsec.service.client import ChannelOptions, ModelsecClient
-from tests.corpus._cases import case_ids, expected, materialise, mentions_all
+from tests.corpus._cases import case_ids, defective_pae_fixture, expected, materialise, mentions_all, payload
 from tests.service_support import InThreadServer, write_server_config
 
 pytestmark = pytest.mark.integration
@@ -23,8 +22,7 @@ CASES = case_ids(("DSSE",))
 
 
 def _subject(bundle: Path) -> str:
-    payload = base64.b64decode(json.loads(bundle.read_text())["dsseEnvelope"]["payload"])
-    digest: str = json.loads(payload)["subject"][0]["digest"]["sha256"]
+    digest: str = json.loads(payload(bundle))["subject"][0]["digest"]["sha256"]
     return digest
 
 
@@ -60,10 +58,7 @@ def test_dsse_cases_through_verify_bundle(case: str, served: tuple[Path, Modelse
     mentions = expected(case).get("error_mentions") or []
     for target in expected(case)["applies_to"]:
         data = (d / target).read_bytes()
-        if (
-            target == "sigs/pae_char_length.sig"
-            and base64.b64decode(json.loads(data)["dsseEnvelope"]["payload"]).isascii()
-        ):
+        if defective_pae_fixture(target, data):
             continue  # the defective fixture (see tests/corpus/test_corpus_verify.py): it is a valid bundle
         for require_signatures in (True, False):  # negative whether or not signatures are required
             response = client.verify_bundle(

@@ -17,7 +17,7 @@ from modelsec.errors import VerificationError
 from modelsec.policy import Policy
 from modelsec.verifier import verify_model
 from tests.conftest import CORPUS, run_cli
-from tests.corpus._cases import case_ids, expected, materialise, mentions_all
+from tests.corpus._cases import case_ids, defective_pae_fixture, expected, materialise, mentions_all
 
 pytestmark = pytest.mark.skipif(not CORPUS.is_dir(), reason="../shared/corpus not present")
 
@@ -92,21 +92,13 @@ def test_dsse_cases(case: str, tmp_path: Path) -> None:
     for target in exp["applies_to"]:
         if target == "model/model.sig":
             _reject(d, "model", "trust/trusted-p256.pub.pem", mentions=mentions)
-        elif target == "sigs/pae_char_length.sig" and _ascii_payload(d / target):
+        elif defective_pae_fixture(target, d / target):
             # Defective fixture: its payload escapes the non-ASCII name (\u00e8), so character and byte
             # lengths coincide and the bundle is byte-identical in meaning to model.ok.sig. A correct DSSE
             # verifier must accept it; the char-length fault itself is covered in tests/unit/attestations.
             _accept(d, "model", "trust/trusted-p256.pub.pem", signature=target)
         else:
             _reject(d, "model", "trust/trusted-p256.pub.pem", signature=target, mentions=mentions)
-
-
-def _ascii_payload(bundle: Path) -> bool:
-    import base64
-    import json
-
-    payload = base64.b64decode(json.loads(bundle.read_text())["dsseEnvelope"]["payload"])
-    return payload.isascii()
 
 
 def test_man01_path_traversal_never_opens_outside(tmp_path: Path) -> None:
