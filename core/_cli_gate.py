@@ -9,6 +9,7 @@ writes and prints.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -190,30 +191,23 @@ def _pgd(
         policy = Policy.from_key_files(trust)
         # Under torchrun only rank 0 draws a bar (every rank reports its own share of the work).
         show = not (quiet or as_json) and sys.stderr.isatty() and os.environ.get("RANK", "0") == "0"
-        if show:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+        with contextlib.ExitStack() as stack:
+            progress = None
+            if show:
+                from rich.console import Console
+                from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-            with Progress(
-                "[progress.description]{task.description}",
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=Console(stderr=True),
-                transient=True,
-            ) as bar:
-                outcome = run_pgd_gate(
-                    model_dir,
-                    policy=policy,
-                    architecture=architecture,
-                    data=data,
-                    config=config,
-                    signer=signer,
-                    out=out,
-                    bundles=list(signatures) or None,
-                    progress=_RichProgress(bar),
+                bar = stack.enter_context(
+                    Progress(
+                        "[progress.description]{task.description}",
+                        BarColumn(),
+                        MofNCompleteColumn(),
+                        TimeElapsedColumn(),
+                        console=Console(stderr=True),
+                        transient=True,
+                    )
                 )
-        else:
+                progress = _RichProgress(bar)
             outcome = run_pgd_gate(
                 model_dir,
                 policy=policy,
@@ -223,6 +217,7 @@ def _pgd(
                 signer=signer,
                 out=out,
                 bundles=list(signatures) or None,
+                progress=progress,
             )
     except Error as e:
         _fail(e, as_json)
