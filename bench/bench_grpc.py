@@ -82,27 +82,16 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-try:  # bench/*.py, when run as `python bench/bench_grpc.py`
-    from _common import (
-        console_script,
-        cpu_pressure,
-        load_average,
-        machine_lines,
-        ops_per_second,
-        percentile,
-        render_table,
-    )
-except ImportError:  # pragma: no cover - run from elsewhere
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from _common import (
-        console_script,
-        cpu_pressure,
-        load_average,
-        machine_lines,
-        ops_per_second,
-        percentile,
-        render_table,
-    )
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/_common.py, from wherever this runs
+from _common import (
+    console_script,
+    cpu_pressure,
+    load_average,
+    machine_lines,
+    ops_per_second,
+    percentile,
+    render_table,
+)
 
 HOST = "127.0.0.1"
 MODELSEC = console_script("modelsec") or "modelsec"
