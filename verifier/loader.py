@@ -26,7 +26,8 @@ import dataclasses
 import hmac
 import os
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import time
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,7 @@ from modelsec.signer.hashing import FileDigests, hash_files, hash_source, is_saf
 from modelsec.signer.manifest import TensorEntry
 from modelsec.signer.model_files import open_beneath, open_model_root
 from modelsec.signer.safetensors_header import SafetensorsHeader, TensorInfo, read_header
+from modelsec.verifier.audit import record_verified_model
 from modelsec.verifier.verification import (
     INDEX_NAME,
     SignedModel,
@@ -51,6 +53,7 @@ from modelsec.verifier.verification import (
     check_file_set,
     precheck_file,
     read_verified_index,
+    verify_files,
     verify_signatures,
 )
 
@@ -95,6 +98,40 @@ def _torch() -> Any:
     except ImportError as e:  # pragma: no cover - exercised only without the [torch] extra
         raise BackendUnavailableError("building tensors needs torch: pip install 'modelsec[torch]'") from e
     return torch
+
+
+def _check_device(device: str) -> str:
+    """`device` if tensors can go there; refuse an unavailable CUDA device before anything is read."""
+    if device == "cpu":
+        return device
+    if not isinstance(device, str) or not (device == "cuda" or device.startswith(("cuda:", "cpu:"))):
+        raise UnsupportedAlgorithmError(f"device {device!r}: modelsec loads to 'cpu' or 'cuda[:N]'")
+    if device.startswith("cuda"):
+        torch = _torch()
+        index = device.partition(":")[2]
+        if not torch.cuda.is_available():
+            raise BackendUnavailableError(f"device {device!r}: CUDA is not available on this node")
+        if index and (not index.isdigit() or int(index) >= torch.cuda.device_count()):
+            raise BackendUnavailableError(
+                f"device {device!r}: this node has {torch.cuda.device_count()} CUDA device(s)"
+            )
+    return device
+
+
+def _pinned_signatures(
+    model_dir: Path,
+    policy: Policy,
+    bundles: Sequence[Path] | None,
+    expected_digests: Collection[str] | None,
+) -> SignedModel:
+    signed = verify_signatures(model_dir, policy, bundles=bundles)
+    if expected_digests is not None:
+        wanted = {d.removeprefix("sha256:") for d in expected_digests}
+        if signed.root_digest not in wanted:
+            raise DigestMismatchError(
+                f"{model_dir} (pinned model root digest)", ", ".join(sorted(wanted)), signed.root_digest
+            )
+    return signed
 
 
 def resolve_policy(model_path: Path, policy: Policy | PolicySet | None) -> Policy:
@@ -402,12 +439,13 @@ def _shards_for_without_digests(signed: SignedModel, tensors: Sequence[str], pol
 
 
 def load_model(
-    model_path: Path,
+    model_path: str | os.PathLike[str],
     policy: Policy | PolicySet | None = None,
     *,
     device: str = "cpu",
     tensors: Sequence[str] | None = None,
     bundles: Sequence[Path] | None = None,
+    expected_digests: Collection[str] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Verify a model (or one shard, or some tensors) and return its tensors built from the verified bytes.
 
@@ -425,27 +463,33 @@ def load_model(
             to the device only after verification.
         tensors: Only these tensor names (e.g. one pipeline stage); None for all.
         bundles: Explicit bundle paths; default names in the model directory otherwise.
+        expected_digests: The model root digests (`sha256:<hex>`, as in the admission annotation) the
+            signed model must have, checked right after the signatures; None: no pin.
 
     Returns:
         Tensor name -> tensor on `device` (dtype and shape as in the safetensors header).
 
     Raises:
         SignatureError: No trusted or required signature.
-        DigestMismatchError: A file, tensor or the root digest differs from the manifest.
+        DigestMismatchError: A file, tensor or the root digest differs from the manifest, or the root
+            digest is not one of `expected_digests`.
         FileSetMismatchError: Files added, removed or renamed.
         MalformedArtifactError: Malformed bundle, manifest, header or index; an unknown tensor name.
         PolicyViolationError: Pickle, remote code, symlinks; no policy matches.
         PolicyError: No usable policy.
-        BackendUnavailableError: torch is not installed.
+        BackendUnavailableError: torch is not installed, or `device` is a CUDA device this node lacks.
+        UnsupportedAlgorithmError: `device` is neither CPU nor CUDA.
 
     Example:
         >>> weights = load_model(Path("/models/llm"), device="cuda:0")  # doctest: +SKIP
     """
+    model_path = Path(os.fspath(model_path))
+    device = _check_device(device)
     model_dir, single = _split_path(model_path)
     resolved = resolve_policy(model_path, policy)
     if single is not None:
         precheck_file(model_path, resolved)
-    signed = verify_signatures(model_dir, resolved, bundles=bundles)
+    signed = _pinned_signatures(model_dir, resolved, bundles, expected_digests)
     pinned = device.startswith("cuda")
     model = str(model_dir)
     if tensors is not None:
@@ -487,10 +531,21 @@ class LoadedModel:
 
 
 def _load_whole(signed: SignedModel, single: str | None, policy: Policy, device: str) -> LoadedModel:
+    started = time.monotonic()
     model = str(signed.model_dir)
     names = check_file_set(signed, policy, only=[single] if single is not None else None)
     pinned = device.startswith("cuda")
     shards = _verify_whole_shards(signed, names, policy, pinned=pinned, whole_model=single is None)
+    if single is None:
+        record_verified_model(
+            event="load",
+            model=signed.model_dir,
+            root_digest=signed.root_digest,
+            bundles=signed.bundles,
+            files=len(names),
+            bytes_hashed=sum(int(s.buffer.numel()) for s in shards.values()),
+            seconds=time.monotonic() - started,
+        )
     result: dict[str, Any] = {}
     for shard in shards.values():
         for k, v in _tensors_of(shard, None, f"{model}/{shard.name}").items():
@@ -503,22 +558,25 @@ def _load_whole(signed: SignedModel, single: str | None, policy: Policy, device:
 
 
 def load_signed_model(
-    model_path: Path,
+    model_path: str | os.PathLike[str],
     policy: Policy | PolicySet | None = None,
     *,
     device: str = "cpu",
     bundles: Sequence[Path] | None = None,
+    expected_digests: Collection[str] | None = None,
 ) -> LoadedModel:
     """`load_model` of a whole model (or one shard) that also returns the verified root digest.
 
     Same checks, errors and single read pass as `load_model`; for callers that attest about what they
     loaded (the robustness gate), so that the subject is the digest the loaded bytes were verified under.
     """
+    model_path = Path(os.fspath(model_path))
+    device = _check_device(device)
     model_dir, single = _split_path(model_path)
     resolved = resolve_policy(model_path, policy)
     if single is not None:
         precheck_file(model_path, resolved)
-    signed = verify_signatures(model_dir, resolved, bundles=bundles)
+    signed = _pinned_signatures(model_dir, resolved, bundles, expected_digests)
     return _load_whole(signed, single, resolved, device)
 
 
@@ -552,19 +610,28 @@ class VerifiedSafeOpen:
 
     def __init__(
         self,
-        model_path: Path,
+        model_path: str | os.PathLike[str],
         policy: Policy | PolicySet | None = None,
         *,
         device: str = "cpu",
         bundles: Sequence[Path] | None = None,
+        signed: SignedModel | None = None,
     ) -> None:
+        model_path = Path(os.fspath(model_path))
         self._dir, self._single = _split_path(model_path)
         self._policy = resolve_policy(model_path, policy)
-        self._device = device
+        self._device = _check_device(device)
         if self._single is not None:
             precheck_file(model_path, self._policy)
-        self._signed = verify_signatures(self._dir, self._policy, bundles=bundles)
-        check_file_set(self._signed, self._policy, only=[self._single] if self._single else None)
+        self._signed = (
+            signed if signed is not None else verify_signatures(self._dir, self._policy, bundles=bundles)
+        )
+        names = check_file_set(self._signed, self._policy, only=[self._single] if self._single else None)
+        if self._single is None:
+            # A directory gets the directory checks up front, as `load_model` makes them: every side file's
+            # digests, remote code in any JSON file, and the index; tensor files are checked as they are read.
+            side = [n for n in names if not is_safetensors_name(n)]
+            verify_files(self._signed, side, self._policy, tensor_hash=None, whole_model=False)
         self._entries = self._signed.tensor_entries()
         self._shards: dict[str, _VerifiedShard] = {}
         self._headers: dict[str, SafetensorsHeader] = {}  # parsed once per file for per-tensor reads
@@ -643,7 +710,7 @@ class VerifiedSafeOpen:
 
 
 def open_model(
-    model_path: Path,
+    model_path: str | os.PathLike[str],
     policy: Policy | PolicySet | None = None,
     *,
     device: str = "cpu",
