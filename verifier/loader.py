@@ -619,6 +619,10 @@ class VerifiedSafeOpen:
     ) -> None:
         model_path = Path(os.fspath(model_path))
         self._dir, self._single = _split_path(model_path)
+        if signed is not None and self._dir != signed.model_dir:
+            # A file in a subfolder of the signed model (e.g. `text_encoder/model.safetensors`).
+            self._dir = signed.model_dir
+            self._single = os.path.relpath(model_path, signed.model_dir)
         self._policy = resolve_policy(model_path, policy)
         self._device = _check_device(device)
         if self._single is not None:
