@@ -445,3 +445,30 @@ def test_sentence_transformers_through_the_guard(
     guard()
     with pytest.raises(DigestMismatchError, match=r"1_Pooling/config\.json"):
         SentenceTransformer(str(bad), device="cpu")
+
+
+# --- processors -------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def image_processor(tmp_path: Path, key_dir: Path) -> Path:
+    pytest.importorskip("PIL")
+    out = tmp_path / "vit-processor"
+    transformers.ViTImageProcessor(size={"height": 8, "width": 8}).save_pretrained(out)
+    return _sign(out, key_dir)
+
+
+@pytest.mark.parametrize("entry", ["AutoImageProcessor", "AutoProcessor"])
+def test_processors_through_the_guard(
+    image_processor: Path, tmp_path: Path, guard: Callable[..., None], entry: str
+) -> None:
+    guard()
+    load = getattr(transformers, entry).from_pretrained
+    assert load(str(image_processor)).size == {"height": 8, "width": 8}
+    bad = tmp_path / "bad"
+    shutil.copytree(image_processor, bad)
+    doc = json.loads((bad / "preprocessor_config.json").read_text())
+    doc["size"] = {"height": 9, "width": 9}
+    (bad / "preprocessor_config.json").write_text(json.dumps(doc))
+    with pytest.raises(DigestMismatchError, match=r"preprocessor_config\.json"):
+        load(str(bad))
