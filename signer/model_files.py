@@ -30,6 +30,7 @@ from modelsec.limits import Limits
 __all__ = [
     "DEFAULT_IGNORE_PATHS",
     "ModelFile",
+    "ambiguity_key",
     "open_beneath",
     "open_model_root",
     "validate_resource_name",
@@ -91,6 +92,15 @@ def validate_resource_name(name: object, *, what: str, limits: Limits | None = N
             f"{what}: file name {name!r} {problem} (must stay inside the model root)"
         )
     return name
+
+
+def ambiguity_key(name: str) -> str:
+    """The form under which two names denote one file on some file system: NFC, then case folded.
+
+    Two resource names with the same key are refused wherever names are read (the directory walk and the
+    signed manifest): macOS and Windows checkouts, and case-insensitive volumes, would hold one file for both.
+    """
+    return unicodedata.normalize("NFC", name).casefold()
 
 
 def open_model_root(root: Path) -> int:
@@ -196,7 +206,7 @@ def walk_model(root: Path, *, ignore_paths: Collection[str], limits: Limits | No
             if rel in ignored:
                 continue
             validate_resource_name(rel, what=str(root), limits=limits)
-            key = unicodedata.normalize("NFC", rel).casefold()
+            key = ambiguity_key(rel)
             if key in seen:
                 raise MalformedArtifactError(
                     f"{root}: file names {seen[key]!r} and {rel!r} are ambiguous (equal after Unicode "
