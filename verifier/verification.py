@@ -15,9 +15,11 @@ opened before step 4):
    remote code is allowed).
 4. Every file is hashed once (all needed digests in one pass, safetensors headers parsed strictly) and
    compared in constant time; per-tensor digests are compared when the manifest carries them.
-5. Side files are interpreted only after their bytes matched: `config.json` / `tokenizer_config.json`
-   `auto_map` (remote code) and `model.safetensors.index.json` (targets must be signed shards that hold
-   the named tensors).
+5. Side files are interpreted only after their bytes matched: every `*.json` file at any depth is read
+   again (bounded by `Limits.max_json_side_file_bytes`; a larger one is refused, never skipped), re-hashed
+   and searched for code references (`auto_map` at any nesting depth, `custom_pipelines`): refused unless
+   the policy allows remote code, and even then only local references to signed modules pass; then
+   `model.safetensors.index.json` (targets must be signed shards that hold the named tensors).
 
 Metadata inside safetensors headers never influences any decision.
 """
@@ -26,8 +28,10 @@ from __future__ import annotations
 
 import hmac
 import os
+import posixpath
+import re
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,9 +68,11 @@ __all__ = [
     "VerifiedModel",
     "check_digests",
     "check_file_set",
+    "check_remote_code",
     "find_default_bundles",
     "precheck_file",
     "read_bundle",
+    "remote_code_references",
     "verify_bundle_signature",
     "verify_model",
     "verify_signatures",
@@ -74,7 +80,6 @@ __all__ = [
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".joblib", ".dill")
 INDEX_NAME = "model.safetensors.index.json"
-_CODE_CONFIGS = ("config.json", "tokenizer_config.json")
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +131,10 @@ def _read_verified_side_file(
 ) -> bytes:
     """Read a small side file again and make sure it is byte-identical to what was hashed."""
     if expected.size > limits.max_json_side_file_bytes:
-        raise MalformedArtifactError(f"{model}/{name}: larger than {limits.max_json_side_file_bytes} bytes")
+        raise MalformedArtifactError(
+            f"{model}/{name}: {expected.size} bytes, larger than the JSON side-file limit of "
+            f"{limits.max_json_side_file_bytes} bytes (Limits.max_json_side_file_bytes); refused unread"
+        )
     fd = open_beneath(root_fd, name, what=model)
     with os.fdopen(fd, "rb") as f:
         data = f.read(limits.max_json_side_file_bytes + 1)
@@ -463,8 +471,9 @@ def check_digests(
 
     Raises:
         DigestMismatchError: A file, tensor or the root digest differs.
-        MalformedArtifactError: Per-tensor digests missing, or a bad index.
-        PolicyViolationError: `auto_map` in a config file unless remote code is allowed.
+        MalformedArtifactError: Per-tensor digests missing, a bad index, or a JSON file that is not strict
+            JSON or exceeds `Limits.max_json_side_file_bytes`.
+        PolicyViolationError: Code references in a JSON file (`check_remote_code`).
     """
     model, limits = str(signed.model_dir), policy.limits
     checked = 0
@@ -477,8 +486,7 @@ def check_digests(
             expected = b.manifest.subject_digest["sha256"]
             if b.manifest.hash_type is not HashAlgorithm.BLAKE3 and not hmac.compare_digest(expected, root):
                 raise DigestMismatchError(f"{model} (model root)", expected, root)
-    if not policy.allow_remote_code:
-        _refuse_auto_map(root_fd, computed, limits, model)
+    _check_remote_code(root_fd, computed, set(signed.manifest.names), policy, model)
     if INDEX_NAME in computed:
         _check_index(root_fd, computed, set(signed.manifest.names), limits, model)
     return checked
@@ -572,26 +580,139 @@ def _compare(
     return checked
 
 
-def _refuse_auto_map(root_fd: int, computed: Mapping[str, FileDigests], limits: Limits, model: str) -> None:
-    for name in _CODE_CONFIGS:
-        if name not in computed:
+def _check_remote_code(
+    root_fd: int,
+    computed: Mapping[str, FileDigests],
+    signed_names: Collection[str],
+    policy: Policy,
+    model: str,
+) -> None:
+    for name in computed:
+        if not name.endswith(".json"):
             continue
-        doc = strict_loads(
-            _read_verified_side_file(root_fd, name, computed[name], limits, model), what=f"{model}/{name}"
+        what = f"{model}/{name}"
+        raw = _read_verified_side_file(root_fd, name, computed[name], policy.limits, model)
+        # Every JSON file is parsed (no byte-level pre-filter): `"auto\\u005fmap"` is `auto_map` to a loader.
+        references = remote_code_references(strict_loads(raw, what=what), what=what)
+        check_remote_code(
+            name, references, signed_names, allow_remote_code=policy.allow_remote_code, model=model
         )
-        if isinstance(doc, dict) and "auto_map" in doc:
-            targets = ", ".join(map(str, _flatten(doc["auto_map"])))
+
+
+_CODE_KEYS = ("auto_map", "custom_pipelines")
+_CLASS_REFERENCE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+\Z")
+
+
+def remote_code_references(doc: object, *, what: str = "JSON document") -> list[str]:
+    """Every code reference a Hugging Face loader could import from a JSON document, at any depth.
+
+    A reference is a value under an `auto_map` object (`"AutoModel": "modeling_x.Model"`, or a tokenizer's
+    `[slow, fast]` list whose entries may be null) or a `custom_pipelines.<task>.impl` value, wherever the
+    key occurs in the document (e.g. `vision_config.auto_map`). The references are returned as written,
+    not checked; see `check_remote_code`.
+
+    Args:
+        doc: A decoded JSON document (strict_loads output).
+        what: Names the document in errors.
+
+    Returns:
+        The references, in document order (empty when the document names no code).
+
+    Raises:
+        MalformedArtifactError: An `auto_map` is not an object, or one of its values is not a string or a
+            list of strings and nulls; a `custom_pipelines` entry's `impl` is not a string.
+    """
+    references: list[str] = []
+    # Iterative, so a document nested as deeply as the JSON decoder allows cannot exhaust the stack here.
+    stack: list[tuple[str, object]] = [("", doc)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(value))))
+            continue
+        if not isinstance(value, dict):
+            continue
+        for key, item in reversed(list(value.items())):
+            where = f"{path}.{key}" if path else key
+            if key == "auto_map":
+                references.extend(_auto_map_targets(item, f"{what}: {where}"))
+            elif key == "custom_pipelines" and isinstance(item, dict):
+                for task, spec in item.items():
+                    impl = spec.get("impl") if isinstance(spec, dict) else None
+                    if impl is not None and not isinstance(impl, str):
+                        raise MalformedArtifactError(f"{what}: {where}.{task}.impl must be a string")
+                    if impl is not None:
+                        references.append(impl)
+            stack.append((where, item))
+    return references
+
+
+def _auto_map_targets(value: object, what: str) -> list[str]:
+    if not isinstance(value, dict):
+        raise MalformedArtifactError(f"{what} must be an object (auto class -> module.Class)")
+    targets: list[str] = []
+    for auto_class, target in value.items():
+        entries = target if isinstance(target, list) else [target]
+        for entry in entries:
+            if isinstance(entry, str):
+                targets.append(entry)
+            elif entry is not None or not isinstance(target, list):
+                raise MalformedArtifactError(
+                    f"{what}.{auto_class} must be a module.Class string or a list of them (or nulls)"
+                )
+    return targets
+
+
+def check_remote_code(
+    json_name: str,
+    references: Sequence[str],
+    signed_names: Collection[str],
+    *,
+    allow_remote_code: bool,
+    model: str,
+) -> None:
+    """Refuse the code references of one JSON file unless policy allows them and the code is signed.
+
+    Without `allow_remote_code` any reference is refused. With it, each reference must be local: a dotted
+    `module.Class` (or `package.module.Class`) whose module file (`module.py`, `package/module.py`),
+    relative to the directory holding `json_name`, is one of `signed_names`. A cross-repository reference
+    (`org/repo--module.Class`: anything with `--` or `/`) would make a loader fetch code from the Hub and
+    is always refused. Whether the signed module is safe to run is not judged here.
+
+    Args:
+        json_name: The JSON file's relative name in the model (e.g. `text_encoder/config.json`).
+        references: From `remote_code_references`.
+        signed_names: The signed resource names of the model.
+        allow_remote_code: The policy's remote-code rule.
+        model: Names the model in errors.
+
+    Raises:
+        PolicyViolationError: Remote code is not allowed, a reference is cross-repository, or its module is
+            not a signed file.
+        MalformedArtifactError: A reference is not a dotted Python name.
+    """
+    if not references:
+        return
+    what = f"{model}/{json_name}"
+    if not allow_remote_code:
+        raise PolicyViolationError(
+            f"{what}: auto_map requires remote code ({', '.join(references)}); refused by policy"
+        )
+    base = posixpath.dirname(json_name)
+    for ref in references:
+        if "--" in ref or "/" in ref:
             raise PolicyViolationError(
-                f"{model}/{name}: auto_map requires remote code ({targets}); refused by policy"
+                f"{what}: auto_map reference {ref!r} names code in another repository; refused (only signed "
+                "code of this model may run, and nothing is fetched)"
             )
-
-
-def _flatten(value: object) -> list[object]:
-    if isinstance(value, dict):
-        return [x for v in value.values() for x in _flatten(v)]
-    if isinstance(value, list):
-        return [x for v in value for x in _flatten(v)]
-    return [value]
+        if not _CLASS_REFERENCE.match(ref):
+            raise MalformedArtifactError(f"{what}: auto_map reference {ref!r} is not a module.Class name")
+        module = posixpath.join(base, *ref.split(".")[:-1]) + ".py"
+        if module not in signed_names:
+            raise PolicyViolationError(
+                f"{what}: auto_map reference {ref!r} needs {module!r}, which is not a signed file of the "
+                "model"
+            )
 
 
 def read_verified_index(signed: SignedModel, computed: FileDigests, policy: Policy) -> dict[str, str]:
