@@ -167,7 +167,9 @@ def verify_model(
 
     Args:
         model_path: The model directory, or one regular file inside it (then only that file is hashed and it
-            must be listed in the manifest; pickle formats are refused before anything else).
+            must be listed in the manifest; pickle formats are refused before anything else). A Hugging
+            Face hub cache snapshot (`models--org--name/snapshots/<rev>/`) or one of its blob links is
+            accepted; its links are followed only into that cache entry's `blobs/`.
         policy: Trusted keys, required algorithms, remote-code rule and limits.
         files: Verify only these signed files of the directory (e.g. the shards a node holds).
         bundles: Bundle paths; default: `model.sig`, `model.p384.sig`, `model.sm2.sig` in the model
@@ -195,7 +197,9 @@ def verify_model(
         raise MalformedArtifactError(f"{model_path}: cannot read: {e.strerror}") from e
     single: str | None = None
     if stat.S_ISLNK(st.st_mode):
-        raise PolicyViolationError(f"{model_path}: is a symlink; refused")
+        if not _is_hub_blob_link(model_path):
+            raise PolicyViolationError(f"{model_path}: is a symlink; refused")
+        st = os.stat(model_path)  # a regular blob of this cache entry: checked without following links
     if stat.S_ISREG(st.st_mode):
         precheck_file(model_path, policy)
         single, model_dir = model_path.name, model_path.parent
@@ -232,6 +236,21 @@ def verify_model(
         skipped=signed.skipped,
         manifest=signed.manifest,
     )
+
+
+def _is_hub_blob_link(path: Path) -> bool:
+    """Whether `path` is a hub cache snapshot's link to a regular blob of its own cache entry."""
+    try:
+        parent_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        os.close(open_beneath(parent_fd, path.name, what=str(path.parent)))
+    except (PolicyViolationError, MalformedArtifactError):
+        return False
+    finally:
+        os.close(parent_fd)
+    return True
 
 
 def verify_files(
