@@ -356,7 +356,7 @@ def verify_signatures(
     if not bundle_paths:
         looked_for = ", ".join(SIGNATURE_FILE_NAMES)
         raise SignatureError(
-            f"{model}: no signature bundle found (looked for {looked_for}); give --signature"
+            f"{model}: no signature bundle found (looked for {looked_for})"
         )
     verified: list[VerifiedBundle] = []
     skipped: list[Path] = []
