@@ -60,6 +60,7 @@ from modelsec.verifier.bundles import (
     read_bundle,
     verify_bundle_signature,
 )
+from modelsec.verifier.pinning import expected_digest_set
 
 __all__ = [
     "PICKLE_SUFFIXES",
@@ -157,6 +158,7 @@ def verify_model(
     bundles: Sequence[Path] | None = None,
     files: Sequence[str] | None = None,
     progress: ProgressCallback | None = None,
+    expected_digests: Collection[str] | None = None,
 ) -> VerifiedModel:
     """Verify every file of a model directory (or one file of it) against its signed bundles.
 
@@ -176,6 +178,9 @@ def verify_model(
             directory (a default bundle of an algorithm no policy key has is skipped and reported; an
             explicit one must verify).
         progress: Byte-count callback for a progress bar.
+        expected_digests: Model root digests this model may have (`sha256:<hex>` or hex, e.g. from
+            `modelsec.verifier.pinning.digest_pins_from_env`); None pins nothing. Checked right after the
+            signatures, before any model file is opened.
 
     Returns:
         The verified model: root digest, counts, bundles.
@@ -184,8 +189,10 @@ def verify_model(
         SignatureError: No bundle, a bundle no trusted key verifies, or a required algorithm did not sign.
         MalformedArtifactError: A bundle, statement, manifest or safetensors header is malformed.
         FileSetMismatchError: Files were added, removed or renamed.
-        DigestMismatchError: A file or tensor differs from the manifest.
+        DigestMismatchError: A file or tensor differs from the manifest, or the signed root digest is not one
+            of `expected_digests`.
         PolicyViolationError: Symlinks, special files, pickle formats, or remote code (by default).
+        PolicyError: `expected_digests` is empty or malformed.
 
     Example:
         >>> policy = Policy.from_key_files([Path("trust/ci.pub.pem")])  # doctest: +SKIP
@@ -208,7 +215,7 @@ def verify_model(
     else:
         raise MalformedArtifactError(f"{model_path}: neither a model directory nor a regular file")
 
-    signed = verify_signatures(model_dir, policy, bundles=bundles)
+    signed = verify_signatures(model_dir, policy, bundles=bundles, expected_digests=expected_digests)
     if files is not None:
         if single is not None:
             raise MalformedArtifactError(f"{model_path}: give either a shard path or `files`, not both")
@@ -332,7 +339,11 @@ class SignedModel:
 
 
 def verify_signatures(
-    model_dir: Path, policy: Policy, *, bundles: Sequence[Path] | None = None
+    model_dir: Path,
+    policy: Policy,
+    *,
+    bundles: Sequence[Path] | None = None,
+    expected_digests: Collection[str] | None = None,
 ) -> SignedModel:
     """Steps 1-2: read, parse and verify the bundles of `model_dir`; no model file is opened.
 
@@ -340,6 +351,8 @@ def verify_signatures(
         model_dir: The model directory.
         policy: Trusted keys, required algorithms, limits.
         bundles: Explicit bundle paths (each must verify), or None for the default names.
+        expected_digests: Model root digests the signed model may have (`sha256:<hex>` or hex; e.g. the
+            pins of `MODELSEC_MODEL_DIGEST`), checked as soon as the signatures verified; None: no pin.
 
     Returns:
         The verified bundles and what the files must hash to.
@@ -348,16 +361,17 @@ def verify_signatures(
         SignatureError: No bundle, no trusted key verifies one, or a required algorithm is missing.
         MalformedArtifactError: A bundle, statement or manifest is malformed, or bundles disagree.
         PolicyViolationError: A bundle path is a symlink.
+        DigestMismatchError: The signed model root digest is not one of `expected_digests`.
+        PolicyError: `expected_digests` is empty or malformed.
     """
     limits = policy.limits
+    pins = None if expected_digests is None else expected_digest_set(expected_digests)
     model = str(model_dir)
     explicit = bundles is not None
     bundle_paths = list(bundles) if bundles is not None else find_default_bundles(model_dir)
     if not bundle_paths:
         looked_for = ", ".join(SIGNATURE_FILE_NAMES)
-        raise SignatureError(
-            f"{model}: no signature bundle found (looked for {looked_for})"
-        )
+        raise SignatureError(f"{model}: no signature bundle found (looked for {looked_for})")
     verified: list[VerifiedBundle] = []
     skipped: list[Path] = []
     for path in bundle_paths:
@@ -393,6 +407,12 @@ def verify_signatures(
             raise MalformedArtifactError(f"{b.path}: describes other files than {verified[0].path}")
         if b.manifest.subject_digest.get("sha256") != first.subject_digest.get("sha256"):
             raise MalformedArtifactError(f"{b.path}: model root digest differs from {verified[0].path}")
+    if pins is not None and first.subject_digest["sha256"] not in pins:
+        raise DigestMismatchError(
+            f"{model} (model root digest, pinned)",
+            " or ".join(f"sha256:{p}" for p in sorted(pins)),
+            f"sha256:{first.subject_digest['sha256']}",
+        )
     if policy.requires_attestations:
         # Evidence about the weights is checked before any weight byte is read (no hashing wasted on a model
         # the policy refuses anyway); it is bound to the root digest the verified bundles sign.
