@@ -293,8 +293,9 @@ def walk_model(root: Path, *, ignore_paths: Collection[str], limits: Limits | No
 
     Raises:
         PolicyViolationError: A symlink (other than a hub blob link), FIFO, socket or device is present.
-        MalformedArtifactError: The root is not a directory, a name is not clean or ambiguous, or the
-            tree exceeds `limits.max_files` / `limits.max_depth`.
+        MalformedArtifactError: The root is not a directory, a name is not clean or ambiguous, the
+            tree exceeds `limits.max_files` / `limits.max_depth`, or an entry vanished or changed type
+            while it was walked.
     """
     limits = limits or Limits()
     ignored = set(ignore_paths)
@@ -324,9 +325,15 @@ def walk_model(root: Path, *, ignore_paths: Collection[str], limits: Limits | No
                         "normalisation or case folding)"
                     )
                 seen[key] = rel
-                st = entry.stat(follow_symlinks=False)
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                    target = os.readlink(entry.path) if stat.S_ISLNK(st.st_mode) else ""
+                except OSError as e:
+                    # Listed, then gone or replaced: the tree changed under the walk.
+                    raise MalformedArtifactError(
+                        f"{root}: {rel!r} vanished or changed type during the walk: {e.strerror}"
+                    ) from e
                 if stat.S_ISLNK(st.st_mode):
-                    target = os.readlink(entry.path)
                     blob = hub_blob_name(target, depth)
                     if blob is not None and blobs_fd is None:
                         blobs_fd = _hub_blobs_fd(root_fd)
