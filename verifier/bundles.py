@@ -58,9 +58,10 @@ def read_bundle_bytes(path: Path, max_bytes: int) -> bytes:
     except OSError as e:
         if not os.path.islink(path):
             raise MalformedArtifactError(f"{path}: cannot open signature bundle: {e.strerror}") from e
-        fd = _open_hub_bundle(path)
-        if fd is None:
+        blob = _open_hub_bundle(path)
+        if blob is None:
             raise PolicyViolationError(f"{path}: signature bundle is a symlink; refused") from e
+        fd = blob
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
             raise MalformedArtifactError(f"{path}: signature bundle is not a regular file")
