@@ -32,7 +32,7 @@ from modelsec._cli_common import (
     _write_key_file,
 )
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
-from modelsec.errors import Error
+from modelsec.errors import Error, SignatureError
 
 
 @contextlib.contextmanager
@@ -215,6 +215,10 @@ def _sign(
                 RemoteSigner(client, v, expected_public_key_pem=pins[i].read_bytes() if pins else None)
                 for i, v in enumerate(key_versions)
             ]
+        if not signatures and len({s.algorithm for s in signers}) < len(signers):
+            raise click.UsageError(
+                "two keys of one algorithm would write the same bundle; give --signature for each key"
+            )
         with _progress(model_dir, "hashing", not (quiet or as_json)) as progress:
             result = sign_model(
                 model_dir,
@@ -252,6 +256,16 @@ def _sign(
     )
     for b in result.bundles:
         click.echo(f"  {b.algorithm.value:<10} -> {b.path}")
+
+
+def _signature_hint(e: Error, model_path: Path, signatures: tuple[Path, ...]) -> str | None:
+    """The CLI's advice for a model without default bundles (the library's message names no option)."""
+    from modelsec.verifier import find_default_bundles
+
+    if signatures or not isinstance(e, SignatureError):
+        return None
+    model_dir = model_path if model_path.is_dir() else model_path.parent
+    return None if find_default_bundles(model_dir) else "give --signature"
 
 
 def _policy_from_options(
@@ -355,7 +369,7 @@ def _verify(
                 progress=progress,
             )
     except Error as e:
-        _fail(e, as_json)
+        _fail(e, as_json, hint=_signature_hint(e, model_path, signatures))
     if as_json:
         click.echo(
             json.dumps(

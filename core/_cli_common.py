@@ -36,11 +36,13 @@ POLICY_ENV = "MODELSEC_POLICY"
 TOKEN_ENV = "MODELSEC_TOKEN"  # noqa: S105 - the variable name, not a token
 
 
-def _fail(e: Error, as_json: bool) -> NoReturn:
+def _fail(e: Error, as_json: bool, *, hint: str | None = None) -> NoReturn:
+    # The library's messages carry no CLI advice; `hint` is the command's own (e.g. which option to give).
+    message = f"{e.diagnostics()} ({hint})" if hint else e.diagnostics()
     if as_json:
-        click.echo(json.dumps({"ok": False, "error": {"kind": type(e).__name__, "message": e.diagnostics()}}))
+        click.echo(json.dumps({"ok": False, "error": {"kind": type(e).__name__, "message": message}}))
     else:
-        click.echo(f"modelsec: error: {e.diagnostics()}", err=True)
+        click.echo(f"modelsec: error: {message}", err=True)
     sys.exit(1)
 
 

@@ -30,7 +30,7 @@ from modelsec.attestations.statement import Statement, Subject, is_sha256_hex
 from modelsec.errors import MalformedArtifactError
 from modelsec.limits import Limits
 from modelsec.signer.hashing import FileDigests, TensorDigest, new_hasher
-from modelsec.signer.model_files import validate_resource_name
+from modelsec.signer.model_files import ambiguity_key, validate_resource_name
 
 __all__ = [
     "EXTENSION_VERSION",
@@ -209,8 +209,10 @@ def parse_manifest(statement: Statement, *, what: str, limits: Limits | None = N
 
     Checks the predicate type, the `files` serialization, the hash type, every resource name
     (`validate_resource_name`: no traversal, absolute, backslash, NUL, percent-escape or dot segments;
-    corpus MAN01), duplicate names, at least one resource, a single subject whose digest equals the root
-    digest of the resources, and the extension's shape when present.
+    corpus MAN01), duplicate names, names equal after Unicode NFC normalisation or case folding (so a
+    single-file verify or load refuses them as the directory walk does), at least one resource, a
+    single subject whose digest equals the root digest of the resources, and the extension's shape when
+    present.
 
     Args:
         statement: The statement parsed from the verified payload.
@@ -254,6 +256,7 @@ def parse_manifest(statement: Statement, *, what: str, limits: Limits | None = N
     if len(raw_resources) > limits.max_files:
         raise MalformedArtifactError(f"{what}: predicate.resources lists more than {limits.max_files} files")
     resources: dict[str, Resource] = {}
+    ambiguous: dict[str, str] = {}
     for i, entry in enumerate(raw_resources):
         if not isinstance(entry, Mapping):
             raise MalformedArtifactError(f"{what}: predicate.resources[{i}] is not an object")
@@ -267,6 +270,12 @@ def parse_manifest(statement: Statement, *, what: str, limits: Limits | None = N
             )
         if name in resources:
             raise MalformedArtifactError(f"{what}: predicate.resources lists {name!r} twice")
+        other = ambiguous.setdefault(ambiguity_key(name), name)
+        if other != name:
+            raise MalformedArtifactError(
+                f"{what}: predicate.resources names {other!r} and {name!r}, which are ambiguous (equal after "
+                "Unicode NFC normalisation or case folding: one file on some file systems)"
+            )
         resources[name] = Resource(
             name, hash_type, _hex_digest(entry.get("digest"), what=f"{what}: {name!r} digest")
         )

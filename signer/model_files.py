@@ -4,7 +4,12 @@ Invariants (shared by the signer and the verifier, so both see the same file set
 
 * The walk never follows a symbolic link and refuses any it meets (file or directory links, absolute or
   relative, cycles): symlinks are never part of a model (corpus MAN02/MAN03), so a walk is bounded by the
-  real tree and by `Limits.max_files` / `Limits.max_depth`.
+  real tree and by `Limits.max_files` / `Limits.max_depth`. The one exception is the Hugging Face hub
+  cache layout (`<cache>/models--org--name/snapshots/<rev>/` whose entries are relative links into
+  `<cache>/models--org--name/blobs/`): when the model root is such a snapshot, a link to a file is followed
+  if its target, read with `readlink` and resolved lexically relative to the link's directory (no further
+  link is followed), is one plain name directly inside that cache entry's `blobs/`, and that blob is a
+  regular file, opened with `O_NOFOLLOW` relative to a descriptor of `blobs/`.
 * Only regular files and directories may appear; FIFOs, sockets and devices are refused.
 * Every relative name is a clean POSIX path (`validate_resource_name`) and no two names are equal after
   Unicode NFC normalisation and case folding (they would be one file on macOS/Windows checkouts).
@@ -30,6 +35,8 @@ from modelsec.limits import Limits
 __all__ = [
     "DEFAULT_IGNORE_PATHS",
     "ModelFile",
+    "ambiguity_key",
+    "hub_blob_name",
     "open_beneath",
     "open_model_root",
     "validate_resource_name",
@@ -39,6 +46,7 @@ __all__ = [
 DEFAULT_IGNORE_PATHS: tuple[str, ...] = (".git", ".gitattributes", ".github", ".gitignore")
 _PERCENT_ESCAPE = re.compile(r"%[0-9A-Fa-f]{2}")
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +101,15 @@ def validate_resource_name(name: object, *, what: str, limits: Limits | None = N
     return name
 
 
+def ambiguity_key(name: str) -> str:
+    """The form under which two names denote one file on some file system: NFC, then case folded.
+
+    Two resource names with the same key are refused wherever names are read (the directory walk and the
+    signed manifest): macOS and Windows checkouts, and case-insensitive volumes, would hold one file for both.
+    """
+    return unicodedata.normalize("NFC", name).casefold()
+
+
 def open_model_root(root: Path) -> int:
     """Open the model directory itself (not a symlink) and return its descriptor.
 
@@ -124,8 +141,12 @@ def open_beneath(root_fd: int, name: str, *, what: str) -> int:
     Returns:
         A read-only descriptor of a regular file; the caller closes it.
 
+    A symlink is refused, except a Hugging Face hub cache snapshot's link to a blob of its own cache
+    entry (see the module docstring): the blob is opened instead.
+
     Raises:
-        PolicyViolationError: A path component is a symlink.
+        PolicyViolationError: A path component is a symlink (other than a hub snapshot's blob link), or the
+            blob a hub link names is itself a symlink.
         MalformedArtifactError: The file is missing, not regular, or cannot be opened.
     """
     parts = name.split("/")
@@ -135,7 +156,13 @@ def open_beneath(root_fd: int, name: str, *, what: str) -> int:
         for part in parts[:-1]:
             current = _open_component(part, current, name, what, os.O_DIRECTORY)
             fds.append(current)
-        fd = _open_component(parts[-1], current, name, what, 0)
+        try:
+            fd = _open_component(parts[-1], current, name, what, 0)
+        except PolicyViolationError:
+            blob = _open_hub_blob(root_fd, current, parts[-1], len(parts) - 1, name, what)
+            if blob is None:
+                raise
+            fd = blob
     finally:
         for d in fds:
             os.close(d)
@@ -159,8 +186,101 @@ def _open_component(part: str, dir_fd: int, name: str, what: str, extra: int) ->
         raise MalformedArtifactError(f"{what}: cannot open {name!r}: {e.strerror}") from e
 
 
+def hub_blob_name(target: str, depth: int) -> str | None:
+    """The blob a hub snapshot link's target names, or None when the target is anything else.
+
+    The link sits in a directory `depth` levels below the snapshot root (`<entry>/snapshots/<rev>/`). Its
+    target (as `readlink` returns it; never followed) is resolved lexically; it qualifies only if it lands
+    on one plain name directly inside `<entry>/blobs/`, as the relative links `huggingface_hub` writes do
+    (`../../blobs/<hash>`, `../../../blobs/<hash>` one level down). Absolute targets never qualify.
+
+    Args:
+        target: The link's target.
+        depth: How many directories below the snapshot root the link's directory is.
+
+    Returns:
+        The blob's file name, or None.
+    """
+    if not target or target.startswith("/") or "\0" in target:
+        return None
+    # The link directory's path relative to the cache entry is snapshots/<rev>/<depth dirs>; placeholders
+    # stand for it, so only names taken from the link text can make up the result.
+    position: list[str | None] = [None] * (2 + depth)
+    for part in target.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not position:
+                return None  # above the cache entry
+            position.pop()
+        else:
+            position.append(part)
+    if len(position) == 2 and position[0] == "blobs" and position[1] is not None:
+        return position[1]
+    return None
+
+
+def _hub_blobs_fd(root_fd: int) -> int | None:
+    """A descriptor of `<entry>/blobs/` when `root_fd` is `<cache>/models--*/snapshots/<rev>/`, else None.
+
+    Parents are reached with `..` from the open root (the real parents, whatever path opened it), and each
+    name is checked by inode: the root's parent is the entry's `snapshots` directory, and the entry is a
+    `models--*` directory of its parent.
+    """
+    opened: list[int] = []
+    try:
+        snapshots = os.open("..", _DIR_FLAGS, dir_fd=root_fd)
+        opened.append(snapshots)
+        entry = os.open("..", _DIR_FLAGS, dir_fd=snapshots)
+        opened.append(entry)
+        cache = os.open("..", _DIR_FLAGS, dir_fd=entry)
+        opened.append(cache)
+        snap_st, entry_st = os.fstat(snapshots), os.fstat(entry)
+        named = os.lstat("snapshots", dir_fd=entry)
+        if not stat.S_ISDIR(named.st_mode) or (named.st_dev, named.st_ino) != (
+            snap_st.st_dev,
+            snap_st.st_ino,
+        ):
+            return None
+        with os.scandir(cache) as it:
+            names = [e.name for e in it if e.name.startswith("models--") and e.inode() == entry_st.st_ino]
+        if not any(_same_dir(cache, n, entry_st) for n in names):
+            return None
+        return os.open("blobs", _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=entry)
+    except OSError:
+        return None
+    finally:
+        for fd in opened:
+            os.close(fd)
+
+
+def _same_dir(parent_fd: int, name: str, st: os.stat_result) -> bool:
+    got = os.lstat(name, dir_fd=parent_fd)
+    return stat.S_ISDIR(got.st_mode) and (got.st_dev, got.st_ino) == (st.st_dev, st.st_ino)
+
+
+def _open_hub_blob(root_fd: int, dir_fd: int, entry: str, depth: int, name: str, what: str) -> int | None:
+    """Open the blob a hub snapshot link names (a regular file, no link followed), or None if not one."""
+    try:
+        blob = hub_blob_name(os.readlink(entry, dir_fd=dir_fd), depth)
+    except OSError:
+        return None
+    if blob is None:
+        return None
+    blobs_fd = _hub_blobs_fd(root_fd)
+    if blobs_fd is None:
+        return None
+    try:
+        return _open_component(blob, blobs_fd, f"{name} -> blobs/{blob}", what, 0)
+    finally:
+        os.close(blobs_fd)
+
+
 def walk_model(root: Path, *, ignore_paths: Collection[str], limits: Limits | None = None) -> list[ModelFile]:
     """List the regular files of a model directory, sorted by name.
+
+    Symlinks are refused, except a hub cache snapshot's links to blobs of its own cache entry (module
+    docstring), which are listed under the link's name with the blob's size.
 
     Args:
         root: The model directory.
@@ -172,52 +292,87 @@ def walk_model(root: Path, *, ignore_paths: Collection[str], limits: Limits | No
         Every regular file not ignored, with clean names, sorted by name (POSIX byte order of UTF-8).
 
     Raises:
-        PolicyViolationError: A symlink, FIFO, socket or device is present.
-        MalformedArtifactError: The root is not a directory, a name is not clean or ambiguous, or the
-            tree exceeds `limits.max_files` / `limits.max_depth`.
+        PolicyViolationError: A symlink (other than a hub blob link), FIFO, socket or device is present.
+        MalformedArtifactError: The root is not a directory, a name is not clean or ambiguous, the
+            tree exceeds `limits.max_files` / `limits.max_depth`, or an entry vanished or changed type
+            while it was walked.
     """
     limits = limits or Limits()
     ignored = set(ignore_paths)
     files: list[ModelFile] = []
     seen: dict[str, str] = {}
     root_fd = open_model_root(root)
-    os.close(root_fd)
-    stack: list[tuple[str, int]] = [("", 0)]
-    while stack:
-        prefix, depth = stack.pop()
-        directory = os.path.join(root, prefix) if prefix else str(root)
-        try:
-            with os.scandir(directory) as it:
-                entries = sorted(it, key=lambda e: e.name)
-        except OSError as e:
-            raise MalformedArtifactError(f"{root}: cannot list {prefix or '.'!r}: {e.strerror}") from e
-        for entry in entries:
-            rel = f"{prefix}/{entry.name}" if prefix else entry.name
-            if rel in ignored:
-                continue
-            validate_resource_name(rel, what=str(root), limits=limits)
-            key = unicodedata.normalize("NFC", rel).casefold()
-            if key in seen:
-                raise MalformedArtifactError(
-                    f"{root}: file names {seen[key]!r} and {rel!r} are ambiguous (equal after Unicode "
-                    "normalisation or case folding)"
-                )
-            seen[key] = rel
-            st = entry.stat(follow_symlinks=False)
-            if stat.S_ISLNK(st.st_mode):
-                target = os.readlink(entry.path)
-                raise PolicyViolationError(
-                    f"{root}: {rel!r} is a symlink (-> {target!r}); symlinks are refused"
-                )
-            if stat.S_ISDIR(st.st_mode):
-                if depth + 1 > limits.max_depth:
-                    raise MalformedArtifactError(f"{root}: {rel!r} is nested deeper than {limits.max_depth}")
-                stack.append((rel, depth + 1))
-            elif stat.S_ISREG(st.st_mode):
-                files.append(ModelFile(rel, st.st_size))
-                if len(files) > limits.max_files:
-                    raise MalformedArtifactError(f"{root}: more than {limits.max_files} files")
-            else:
-                raise PolicyViolationError(f"{root}: {rel!r} is not a regular file or directory; refused")
+    blobs_fd: int | None = None
+    try:
+        stack: list[tuple[str, int]] = [("", 0)]
+        while stack:
+            prefix, depth = stack.pop()
+            directory = os.path.join(root, prefix) if prefix else str(root)
+            try:
+                with os.scandir(directory) as it:
+                    entries = sorted(it, key=lambda e: e.name)
+            except OSError as e:
+                raise MalformedArtifactError(f"{root}: cannot list {prefix or '.'!r}: {e.strerror}") from e
+            for entry in entries:
+                rel = f"{prefix}/{entry.name}" if prefix else entry.name
+                if rel in ignored:
+                    continue
+                validate_resource_name(rel, what=str(root), limits=limits)
+                key = ambiguity_key(rel)
+                if key in seen:
+                    raise MalformedArtifactError(
+                        f"{root}: file names {seen[key]!r} and {rel!r} are ambiguous (equal after Unicode "
+                        "normalisation or case folding)"
+                    )
+                seen[key] = rel
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                    target = os.readlink(entry.path) if stat.S_ISLNK(st.st_mode) else ""
+                except OSError as e:
+                    # Listed, then gone or replaced: the tree changed under the walk.
+                    raise MalformedArtifactError(
+                        f"{root}: {rel!r} vanished or changed type during the walk: {e.strerror}"
+                    ) from e
+                if stat.S_ISLNK(st.st_mode):
+                    blob = hub_blob_name(target, depth)
+                    if blob is not None and blobs_fd is None:
+                        blobs_fd = _hub_blobs_fd(root_fd)
+                    if blob is None or blobs_fd is None:
+                        raise PolicyViolationError(
+                            f"{root}: {rel!r} is a symlink (-> {target!r}); symlinks are refused (only a "
+                            "Hugging Face cache snapshot's links into its own blobs/ are followed)"
+                        )
+                    st = _hub_blob_stat(blobs_fd, blob, rel, root)
+                if stat.S_ISDIR(st.st_mode):
+                    if depth + 1 > limits.max_depth:
+                        raise MalformedArtifactError(
+                            f"{root}: {rel!r} is nested deeper than {limits.max_depth}"
+                        )
+                    stack.append((rel, depth + 1))
+                elif stat.S_ISREG(st.st_mode):
+                    files.append(ModelFile(rel, st.st_size))
+                    if len(files) > limits.max_files:
+                        raise MalformedArtifactError(f"{root}: more than {limits.max_files} files")
+                else:
+                    raise PolicyViolationError(f"{root}: {rel!r} is not a regular file or directory; refused")
+    finally:
+        os.close(root_fd)
+        if blobs_fd is not None:
+            os.close(blobs_fd)
     files.sort(key=lambda f: f.name.encode("utf-8"))
     return files
+
+
+def _hub_blob_stat(blobs_fd: int, blob: str, rel: str, root: Path) -> os.stat_result:
+    try:
+        st = os.lstat(blob, dir_fd=blobs_fd)
+    except OSError as e:
+        raise MalformedArtifactError(
+            f"{root}: {rel!r} links to blobs/{blob}, which is unreadable: {e.strerror}"
+        ) from e
+    if not stat.S_ISREG(st.st_mode):
+        raise PolicyViolationError(
+            f"{root}: {rel!r} links to blobs/{blob}, which is not a regular file (a link or directory); "
+            "refused"
+        )
+    return st

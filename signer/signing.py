@@ -185,7 +185,7 @@ def sign_model(
         for i, s in enumerate(signers)
     ]
     if len({os.path.abspath(p) for p in paths}) != len(paths):
-        raise KeyMaterialError("two keys would write the same bundle; give --signature for each key")
+        raise KeyMaterialError("two keys would write the same bundle; map each key to its own signature path")
     ignore = list(MODEL_IGNORE_PATHS)
     root = os.path.abspath(model_dir)
     for p in paths:

@@ -12,6 +12,7 @@ from modelsec.attestations.bundle import Bundle, parse_bundle
 from modelsec.errors import MalformedArtifactError, PolicyViolationError, SignatureError
 from modelsec.limits import Limits
 from modelsec.signer.keys import TrustedKey
+from modelsec.signer.model_files import open_beneath
 from modelsec.signer.signing import SIGNATURE_FILE_NAMES
 
 __all__ = [
@@ -41,7 +42,9 @@ def read_bundle_bytes(path: Path, max_bytes: int) -> bytes:
     """At most `max_bytes + 1` bytes of a bundle file; the caller checks the size.
 
     Only a regular file is read, opened without following symlinks and without blocking (a FIFO planted
-    in a store cannot hang the reader).
+    in a store cannot hang the reader). In a Hugging Face hub cache snapshot, a bundle that is a link to a
+    blob of the same cache entry is read from that blob, as every model file is
+    (`modelsec.signer.model_files.open_beneath`).
 
     Raises:
         SignatureError: The file does not exist.
@@ -53,13 +56,30 @@ def read_bundle_bytes(path: Path, max_bytes: int) -> bytes:
     except FileNotFoundError:
         raise SignatureError(f"{path}: signature bundle not found") from None
     except OSError as e:
-        if os.path.islink(path):
+        if not os.path.islink(path):
+            raise MalformedArtifactError(f"{path}: cannot open signature bundle: {e.strerror}") from e
+        blob = _open_hub_bundle(path)
+        if blob is None:
             raise PolicyViolationError(f"{path}: signature bundle is a symlink; refused") from e
-        raise MalformedArtifactError(f"{path}: cannot open signature bundle: {e.strerror}") from e
+        fd = blob
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
             raise MalformedArtifactError(f"{path}: signature bundle is not a regular file")
         return f.read(max_bytes + 1)
+
+
+def _open_hub_bundle(path: Path) -> int | None:
+    """The blob behind a hub cache snapshot's bundle link, or None when `path` is any other link."""
+    try:
+        parent_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return open_beneath(parent_fd, path.name, what=str(path.parent))
+    except PolicyViolationError:
+        return None
+    finally:
+        os.close(parent_fd)
 
 
 def verify_bundle_signature(

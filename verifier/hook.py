@@ -53,7 +53,7 @@ from modelsec.errors import Error, PolicyViolationError, UnsupportedAlgorithmErr
 from modelsec.policy import Policy, PolicySet, model_uri
 from modelsec.verifier._postimport import when_imported
 from modelsec.verifier.loader import VerifiedSafeOpen, resolve_policy
-from modelsec.verifier.pinning import DIGEST_ENV, digests_for_model, parse_digest_pins
+from modelsec.verifier.pinning import DigestPin, digest_pins_from_env, digests_for_model, expected_digest_set
 from modelsec.verifier.snapshot import (
     VerifiedSnapshot,
     find_signed_root,
@@ -67,7 +67,7 @@ __all__ = ["guarded_path", "install", "installed", "main", "preflight", "uninsta
 _lock = threading.RLock()
 _originals: dict[tuple[int, str], tuple[object, object]] = {}  # (id(owner), name) -> (owner, original)
 _policy: Policy | PolicySet | None = None
-_pins: tuple[tuple[str | None, str], ...] | None = None
+_pins: tuple[DigestPin, ...] | None = None
 _active = False
 _generation = 0
 _modules_dir: Path | None = None
@@ -411,11 +411,11 @@ def install(
     global _policy, _pins, _active, _generation
     with _lock:
         resolved: Policy | PolicySet = policy if policy is not None else PolicySet.from_env()
-        if expected_digests is not None:
-            pins: tuple[tuple[str | None, str], ...] | None = tuple((None, d) for d in expected_digests)
-        else:
-            value = os.environ.get(DIGEST_ENV)
-            pins = parse_digest_pins(value, what=f"${DIGEST_ENV}") if value else None
+        pins = (
+            tuple(DigestPin(None, d) for d in expected_digest_set(expected_digests))
+            if expected_digests is not None
+            else digest_pins_from_env()
+        )
         _policy, _pins = resolved, pins
         if _active:
             return

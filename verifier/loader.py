@@ -118,22 +118,6 @@ def _check_device(device: str) -> str:
     return device
 
 
-def _pinned_signatures(
-    model_dir: Path,
-    policy: Policy,
-    bundles: Sequence[Path] | None,
-    expected_digests: Collection[str] | None,
-) -> SignedModel:
-    signed = verify_signatures(model_dir, policy, bundles=bundles)
-    if expected_digests is not None:
-        wanted = {d.removeprefix("sha256:") for d in expected_digests}
-        if signed.root_digest not in wanted:
-            raise DigestMismatchError(
-                f"{model_dir} (pinned model root digest)", ", ".join(sorted(wanted)), signed.root_digest
-            )
-    return signed
-
-
 def resolve_policy(model_path: Path, policy: Policy | PolicySet | None) -> Policy:
     """The `Policy` for `model_path`: as given, matched from a `PolicySet`, or from `$MODELSEC_POLICY`.
 
@@ -489,7 +473,7 @@ def load_model(
     resolved = resolve_policy(model_path, policy)
     if single is not None:
         precheck_file(model_path, resolved)
-    signed = _pinned_signatures(model_dir, resolved, bundles, expected_digests)
+    signed = verify_signatures(model_dir, resolved, bundles=bundles, expected_digests=expected_digests)
     pinned = device.startswith("cuda")
     model = str(model_dir)
     if tensors is not None:
@@ -576,7 +560,7 @@ def load_signed_model(
     resolved = resolve_policy(model_path, policy)
     if single is not None:
         precheck_file(model_path, resolved)
-    signed = _pinned_signatures(model_dir, resolved, bundles, expected_digests)
+    signed = verify_signatures(model_dir, resolved, bundles=bundles, expected_digests=expected_digests)
     return _load_whole(signed, single, resolved, device)
 
 

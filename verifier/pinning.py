@@ -1,58 +1,160 @@
-"""Pinning a model to the identity admission approved: `$MODELSEC_MODEL_DIGEST` and the annotation value.
+"""Pinning a model to the root digest admission approved.
 
-A pod can hand its loader the digests its admission checked through the downward API (an environment
-variable from the `modelsec.dev/models` annotation). Both spellings are accepted:
+An admission webhook approves a workload for the models its annotation `modelsec.dev/models` names, as a
+comma-separated list of `<uri>@sha256:<model root digest>` (DESIGN.md "Admission"). A pod can hand that
+value, or a bare `sha256:<digest>`, to the processes it runs through `MODELSEC_MODEL_DIGEST` (the downward
+API); the verifier and the loader then refuse a model whose signed root digest is not pinned
+(`verify_signatures(..., expected_digests=...)`). One parser serves the webhook and the pin, so the two can
+never read the same annotation differently.
 
-* a bare root digest, `sha256:<64 lowercase hex>`;
-* the whole annotation value, `uri@sha256:<hex>[,uri@sha256:<hex>...]` (DESIGN.md, "Admission").
-
-A model is pinned to the digests of the entries whose URI names it (`file://<real path>`); when no entry
-names it by URI (e.g. the annotation names the OCI reference the volume came from), to all of them.
+What is checked here is syntax only: a pin is trusted as configuration, and the root digest it is compared
+with is the one the verified bundles sign.
 """
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 
-from modelsec.errors import PolicyError
+from modelsec.errors import MalformedArtifactError, PolicyError
 
-__all__ = ["DIGEST_ENV", "DigestPin", "digests_for_model", "parse_digest_pins"]
+__all__ = [
+    "MODELS_ANNOTATION",
+    "MODEL_DIGEST_ENV",
+    "DigestPin",
+    "digest_pins_from_env",
+    "digests_for_model",
+    "expected_digest_set",
+    "parse_digest_pins",
+    "split_models_annotation",
+    "split_reference",
+]
 
-DIGEST_ENV = "MODELSEC_MODEL_DIGEST"
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+MODELS_ANNOTATION = "modelsec.dev/models"
+MODEL_DIGEST_ENV = "MODELSEC_MODEL_DIGEST"
+_DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}\Z")
+_HEX_RE = re.compile(r"[0-9a-f]{64}\Z")
+_URI_RE = re.compile(r"[a-z][a-z0-9+.-]*://[^\s@,]+\Z")
 
-DigestPin = tuple[str | None, str]
-"""(model URI or None for a bare digest, hex root digest)."""
+
+@dataclass(frozen=True, slots=True)
+class DigestPin:
+    """One pinned model: the URI it was admitted under (None for a bare digest) and its root digest (hex)."""
+
+    uri: str | None
+    digest: str
 
 
-def parse_digest_pins(value: str, *, what: str = f"${DIGEST_ENV}") -> tuple[DigestPin, ...]:
-    """Parse a bare `sha256:<hex>` or an annotation value `uri@sha256:<hex>[,...]`, strictly.
+def split_reference(raw: str) -> tuple[str, str | None]:
+    """Split one model reference `<uri>[@sha256:<64 hex>]` into its URI and digest (hex, or None).
 
     Args:
-        value: The text (surrounding whitespace of each entry is ignored).
-        what: Names the source in errors.
+        raw: One reference, already split from its list and stripped.
 
     Returns:
-        One (uri | None, hex digest) pair per entry, in order.
+        The URI and the 64-hex root digest, or None when the reference pins none.
 
     Raises:
-        PolicyError: Empty, or an entry that is not `sha256:<64 lowercase hex>` / `uri@sha256:<hex>`.
+        MalformedArtifactError: The URI has no scheme, contains whitespace, `,` or `@`, or the part after
+            the last `@` is not `sha256:` and 64 lowercase hex digits.
     """
-    pins: list[DigestPin] = []
-    for raw in value.split(","):
-        entry = raw.strip()
-        uri, at, digest = entry.rpartition("@")
-        if not at:
-            uri, digest = "", entry
-        if not _DIGEST.fullmatch(digest) or (at and not uri) or any(c.isspace() for c in uri):
-            raise PolicyError(
-                f"{what}: {entry!r} is not 'sha256:<64 lowercase hex>' or '<uri>@sha256:<64 lowercase hex>'"
-            )
-        pins.append((uri or None, digest.removeprefix("sha256:")))
+    uri, at, suffix = raw.rpartition("@")
+    if not at:
+        uri, digest = raw, None
+    elif not _DIGEST_RE.match(suffix):
+        raise MalformedArtifactError(
+            f"{raw}: malformed digest {suffix!r} (want sha256: and 64 lowercase hex digits)"
+        )
+    else:
+        digest = suffix.removeprefix("sha256:")
+    if not _URI_RE.match(uri):
+        raise MalformedArtifactError(f"{raw}: malformed model URI (want scheme://path[@sha256:<digest>])")
+    return uri, digest
+
+
+def split_models_annotation(text: str) -> list[str]:
+    """The references of a `modelsec.dev/models` value: split on commas, each stripped.
+
+    Raises:
+        MalformedArtifactError: An entry is empty (`a,,b`, a trailing comma, or an empty value).
+    """
+    parts = [part.strip() for part in text.split(",")]
+    if any(not part for part in parts):
+        raise MalformedArtifactError(f"{MODELS_ANNOTATION} value {text!r} has an empty entry")
+    return parts
+
+
+def parse_digest_pins(value: str, *, source: str = MODEL_DIGEST_ENV) -> tuple[DigestPin, ...]:
+    """Parse a pin: a bare `sha256:<64 hex>`, or a whole `modelsec.dev/models` annotation value.
+
+    Every entry of an annotation value must pin a digest (`<uri>@sha256:<64 lowercase hex>`); nothing is
+    normalised (no upper-case hex, no bare hex without `sha256:`), so a typo cannot pin something else.
+
+    Args:
+        value: The variable's (or annotation's) value.
+        source: Names where the value came from in errors.
+
+    Returns:
+        The pins, in order (at least one).
+
+    Raises:
+        PolicyError: The value is empty or malformed, or an entry pins no digest; the message names
+            `source` and the bad entry.
+    """
+    text = value.strip()
+    if _DIGEST_RE.match(text):
+        return (DigestPin(None, text.removeprefix("sha256:")),)
+    try:
+        pins = []
+        for raw in split_models_annotation(text):
+            uri, digest = split_reference(raw)
+            if digest is None:
+                raise MalformedArtifactError(f"{raw}: pins no digest (want <uri>@sha256:<digest>)")
+            pins.append(DigestPin(uri, digest))
+    except MalformedArtifactError as e:
+        raise PolicyError(
+            f"{source}: {e} (want sha256:<64 hex> or <uri>@sha256:<64 hex>[,<uri>@sha256:<64 hex>...])"
+        ) from e
     return tuple(pins)
 
 
-def digests_for_model(pins: tuple[DigestPin, ...], uri: str) -> frozenset[str]:
-    """The root digests a model referenced as `uri` (e.g. `file:///models/llm`) is pinned to."""
-    named = frozenset(d for u, d in pins if u is not None and u.rstrip("/") == uri.rstrip("/"))
-    return named or frozenset(d for _, d in pins)
+def digest_pins_from_env(environ: Mapping[str, str] | None = None) -> tuple[DigestPin, ...] | None:
+    """The pins of `MODELSEC_MODEL_DIGEST`, or None when it is unset.
+
+    Raises:
+        PolicyError: The variable is set but empty or malformed.
+    """
+    env = os.environ if environ is None else environ
+    value = env.get(MODEL_DIGEST_ENV)
+    return None if value is None else parse_digest_pins(value)
+
+
+def expected_digest_set(digests: Collection[str]) -> frozenset[str]:
+    """Normalise expected model root digests (`sha256:<hex>` or bare hex) to a set of 64-hex strings.
+
+    Raises:
+        PolicyError: The collection is empty (pass None to pin nothing), or a digest is malformed.
+    """
+    if isinstance(digests, str):
+        digests = [digests]
+    result = set()
+    for d in digests:
+        hex_digest = d.removeprefix("sha256:") if isinstance(d, str) else d
+        if not isinstance(hex_digest, str) or not _HEX_RE.match(hex_digest):
+            raise PolicyError(f"expected model digest {d!r} is not sha256:<64 lowercase hex>")
+        result.add(hex_digest)
+    if not result:
+        raise PolicyError("expected_digests is empty (pass None to pin no digest)")
+    return frozenset(result)
+
+
+def digests_for_model(pins: Collection[DigestPin], uri: str) -> frozenset[str]:
+    """The root digests a model referenced as `uri` (e.g. `file:///models/llm`) is pinned to.
+
+    The pins whose URI names the model decide; when none names it (a bare digest, or an annotation that
+    names the OCI reference the volume came from), every pinned digest is accepted.
+    """
+    named = frozenset(p.digest for p in pins if p.uri is not None and p.uri.rstrip("/") == uri.rstrip("/"))
+    return named or frozenset(p.digest for p in pins)

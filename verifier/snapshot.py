@@ -33,11 +33,7 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from modelsec.errors import (
-    DigestMismatchError,
-    MalformedArtifactError,
-    SignatureError,
-)
+from modelsec.errors import MalformedArtifactError, SignatureError
 from modelsec.policy import Policy, PolicySet
 from modelsec.signer.hashing import FileDigests, hash_files, hash_source, is_safetensors_name
 from modelsec.signer.model_files import open_beneath, open_model_root
@@ -173,14 +169,6 @@ def _read_side_file(root_fd: int, name: str, model: str) -> bytes:
     return data
 
 
-def _check_pins(model: Path, root: str, expected: Collection[str] | None) -> None:
-    if expected is None:
-        return
-    wanted = {d.removeprefix("sha256:") for d in expected}
-    if root not in wanted:
-        raise DigestMismatchError(f"{model} (pinned model root digest)", ", ".join(sorted(wanted)), root)
-
-
 def open_snapshot(
     model_dir: str | os.PathLike[str],
     policy: Policy | PolicySet | None = None,
@@ -212,8 +200,7 @@ def open_snapshot(
     """
     model_dir = Path(os.fspath(model_dir))
     resolved = resolve_policy(model_dir, policy)
-    signed = verify_signatures(model_dir, resolved)
-    _check_pins(model_dir, signed.root_digest, expected_digests)
+    signed = verify_signatures(model_dir, resolved, expected_digests=expected_digests)
     key = (os.path.realpath(model_dir), signed.root_digest, _policy_key(resolved))
     with _lock:
         hit = _by_key.get(key)

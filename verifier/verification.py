@@ -15,9 +15,11 @@ opened before step 4):
    remote code is allowed).
 4. Every file is hashed once (all needed digests in one pass, safetensors headers parsed strictly) and
    compared in constant time; per-tensor digests are compared when the manifest carries them.
-5. Side files are interpreted only after their bytes matched: `config.json` / `tokenizer_config.json`
-   `auto_map` (remote code) and `model.safetensors.index.json` (targets must be signed shards that hold
-   the named tensors).
+5. Side files are interpreted only after their bytes matched: every `*.json` file at any depth is read
+   again (bounded by `Limits.max_json_side_file_bytes`; a larger one is refused, never skipped), re-hashed
+   and searched for code references (`auto_map` at any nesting depth, `custom_pipelines`): refused unless
+   the policy allows remote code, and even then only local references to signed modules pass; then
+   `model.safetensors.index.json` (targets must be signed shards that hold the named tensors).
 
 Metadata inside safetensors headers never influences any decision.
 """
@@ -26,8 +28,10 @@ from __future__ import annotations
 
 import hmac
 import os
+import posixpath
+import re
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +60,7 @@ from modelsec.verifier.bundles import (
     read_bundle,
     verify_bundle_signature,
 )
+from modelsec.verifier.pinning import expected_digest_set
 
 __all__ = [
     "PICKLE_SUFFIXES",
@@ -64,9 +69,11 @@ __all__ = [
     "VerifiedModel",
     "check_digests",
     "check_file_set",
+    "check_remote_code",
     "find_default_bundles",
     "precheck_file",
     "read_bundle",
+    "remote_code_references",
     "verify_bundle_signature",
     "verify_model",
     "verify_signatures",
@@ -74,7 +81,6 @@ __all__ = [
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".joblib", ".dill")
 INDEX_NAME = "model.safetensors.index.json"
-_CODE_CONFIGS = ("config.json", "tokenizer_config.json")
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +132,10 @@ def _read_verified_side_file(
 ) -> bytes:
     """Read a small side file again and make sure it is byte-identical to what was hashed."""
     if expected.size > limits.max_json_side_file_bytes:
-        raise MalformedArtifactError(f"{model}/{name}: larger than {limits.max_json_side_file_bytes} bytes")
+        raise MalformedArtifactError(
+            f"{model}/{name}: {expected.size} bytes, larger than the JSON side-file limit of "
+            f"{limits.max_json_side_file_bytes} bytes (Limits.max_json_side_file_bytes); refused unread"
+        )
     fd = open_beneath(root_fd, name, what=model)
     with os.fdopen(fd, "rb") as f:
         data = f.read(limits.max_json_side_file_bytes + 1)
@@ -149,6 +158,7 @@ def verify_model(
     bundles: Sequence[Path] | None = None,
     files: Sequence[str] | None = None,
     progress: ProgressCallback | None = None,
+    expected_digests: Collection[str] | None = None,
 ) -> VerifiedModel:
     """Verify every file of a model directory (or one file of it) against its signed bundles.
 
@@ -159,13 +169,18 @@ def verify_model(
 
     Args:
         model_path: The model directory, or one regular file inside it (then only that file is hashed and it
-            must be listed in the manifest; pickle formats are refused before anything else).
+            must be listed in the manifest; pickle formats are refused before anything else). A Hugging
+            Face hub cache snapshot (`models--org--name/snapshots/<rev>/`) or one of its blob links is
+            accepted; its links are followed only into that cache entry's `blobs/`.
         policy: Trusted keys, required algorithms, remote-code rule and limits.
         files: Verify only these signed files of the directory (e.g. the shards a node holds).
         bundles: Bundle paths; default: `model.sig`, `model.p384.sig`, `model.sm2.sig` in the model
             directory (a default bundle of an algorithm no policy key has is skipped and reported; an
             explicit one must verify).
         progress: Byte-count callback for a progress bar.
+        expected_digests: Model root digests this model may have (`sha256:<hex>` or hex, e.g. from
+            `modelsec.verifier.pinning.digest_pins_from_env`); None pins nothing. Checked right after the
+            signatures, before any model file is opened.
 
     Returns:
         The verified model: root digest, counts, bundles.
@@ -174,8 +189,10 @@ def verify_model(
         SignatureError: No bundle, a bundle no trusted key verifies, or a required algorithm did not sign.
         MalformedArtifactError: A bundle, statement, manifest or safetensors header is malformed.
         FileSetMismatchError: Files were added, removed or renamed.
-        DigestMismatchError: A file or tensor differs from the manifest.
+        DigestMismatchError: A file or tensor differs from the manifest, or the signed root digest is not one
+            of `expected_digests`.
         PolicyViolationError: Symlinks, special files, pickle formats, or remote code (by default).
+        PolicyError: `expected_digests` is empty or malformed.
 
     Example:
         >>> policy = Policy.from_key_files([Path("trust/ci.pub.pem")])  # doctest: +SKIP
@@ -187,7 +204,9 @@ def verify_model(
         raise MalformedArtifactError(f"{model_path}: cannot read: {e.strerror}") from e
     single: str | None = None
     if stat.S_ISLNK(st.st_mode):
-        raise PolicyViolationError(f"{model_path}: is a symlink; refused")
+        if not _is_hub_blob_link(model_path):
+            raise PolicyViolationError(f"{model_path}: is a symlink; refused")
+        st = os.stat(model_path)  # a regular blob of this cache entry: checked without following links
     if stat.S_ISREG(st.st_mode):
         precheck_file(model_path, policy)
         single, model_dir = model_path.name, model_path.parent
@@ -196,7 +215,7 @@ def verify_model(
     else:
         raise MalformedArtifactError(f"{model_path}: neither a model directory nor a regular file")
 
-    signed = verify_signatures(model_dir, policy, bundles=bundles)
+    signed = verify_signatures(model_dir, policy, bundles=bundles, expected_digests=expected_digests)
     if files is not None:
         if single is not None:
             raise MalformedArtifactError(f"{model_path}: give either a shard path or `files`, not both")
@@ -224,6 +243,21 @@ def verify_model(
         skipped=signed.skipped,
         manifest=signed.manifest,
     )
+
+
+def _is_hub_blob_link(path: Path) -> bool:
+    """Whether `path` is a hub cache snapshot's link to a regular blob of its own cache entry."""
+    try:
+        parent_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        os.close(open_beneath(parent_fd, path.name, what=str(path.parent)))
+    except (PolicyViolationError, MalformedArtifactError):
+        return False
+    finally:
+        os.close(parent_fd)
+    return True
 
 
 def verify_files(
@@ -305,7 +339,11 @@ class SignedModel:
 
 
 def verify_signatures(
-    model_dir: Path, policy: Policy, *, bundles: Sequence[Path] | None = None
+    model_dir: Path,
+    policy: Policy,
+    *,
+    bundles: Sequence[Path] | None = None,
+    expected_digests: Collection[str] | None = None,
 ) -> SignedModel:
     """Steps 1-2: read, parse and verify the bundles of `model_dir`; no model file is opened.
 
@@ -313,6 +351,8 @@ def verify_signatures(
         model_dir: The model directory.
         policy: Trusted keys, required algorithms, limits.
         bundles: Explicit bundle paths (each must verify), or None for the default names.
+        expected_digests: Model root digests the signed model may have (`sha256:<hex>` or hex; e.g. the
+            pins of `MODELSEC_MODEL_DIGEST`), checked as soon as the signatures verified; None: no pin.
 
     Returns:
         The verified bundles and what the files must hash to.
@@ -321,16 +361,17 @@ def verify_signatures(
         SignatureError: No bundle, no trusted key verifies one, or a required algorithm is missing.
         MalformedArtifactError: A bundle, statement or manifest is malformed, or bundles disagree.
         PolicyViolationError: A bundle path is a symlink.
+        DigestMismatchError: The signed model root digest is not one of `expected_digests`.
+        PolicyError: `expected_digests` is empty or malformed.
     """
     limits = policy.limits
+    pins = None if expected_digests is None else expected_digest_set(expected_digests)
     model = str(model_dir)
     explicit = bundles is not None
     bundle_paths = list(bundles) if bundles is not None else find_default_bundles(model_dir)
     if not bundle_paths:
         looked_for = ", ".join(SIGNATURE_FILE_NAMES)
-        raise SignatureError(
-            f"{model}: no signature bundle found (looked for {looked_for}); give --signature"
-        )
+        raise SignatureError(f"{model}: no signature bundle found (looked for {looked_for})")
     verified: list[VerifiedBundle] = []
     skipped: list[Path] = []
     for path in bundle_paths:
@@ -366,6 +407,12 @@ def verify_signatures(
             raise MalformedArtifactError(f"{b.path}: describes other files than {verified[0].path}")
         if b.manifest.subject_digest.get("sha256") != first.subject_digest.get("sha256"):
             raise MalformedArtifactError(f"{b.path}: model root digest differs from {verified[0].path}")
+    if pins is not None and first.subject_digest["sha256"] not in pins:
+        raise DigestMismatchError(
+            f"{model} (model root digest, pinned)",
+            " or ".join(f"sha256:{p}" for p in sorted(pins)),
+            f"sha256:{first.subject_digest['sha256']}",
+        )
     if policy.requires_attestations:
         # Evidence about the weights is checked before any weight byte is read (no hashing wasted on a model
         # the policy refuses anyway); it is bound to the root digest the verified bundles sign.
@@ -463,8 +510,9 @@ def check_digests(
 
     Raises:
         DigestMismatchError: A file, tensor or the root digest differs.
-        MalformedArtifactError: Per-tensor digests missing, or a bad index.
-        PolicyViolationError: `auto_map` in a config file unless remote code is allowed.
+        MalformedArtifactError: Per-tensor digests missing, a bad index, or a JSON file that is not strict
+            JSON or exceeds `Limits.max_json_side_file_bytes`.
+        PolicyViolationError: Code references in a JSON file (`check_remote_code`).
     """
     model, limits = str(signed.model_dir), policy.limits
     checked = 0
@@ -477,8 +525,7 @@ def check_digests(
             expected = b.manifest.subject_digest["sha256"]
             if b.manifest.hash_type is not HashAlgorithm.BLAKE3 and not hmac.compare_digest(expected, root):
                 raise DigestMismatchError(f"{model} (model root)", expected, root)
-    if not policy.allow_remote_code:
-        _refuse_auto_map(root_fd, computed, limits, model)
+    _check_remote_code(root_fd, computed, set(signed.manifest.names), policy, model)
     if INDEX_NAME in computed:
         _check_index(root_fd, computed, set(signed.manifest.names), limits, model)
     return checked
@@ -572,26 +619,139 @@ def _compare(
     return checked
 
 
-def _refuse_auto_map(root_fd: int, computed: Mapping[str, FileDigests], limits: Limits, model: str) -> None:
-    for name in _CODE_CONFIGS:
-        if name not in computed:
+def _check_remote_code(
+    root_fd: int,
+    computed: Mapping[str, FileDigests],
+    signed_names: Collection[str],
+    policy: Policy,
+    model: str,
+) -> None:
+    for name in computed:
+        if not name.endswith(".json"):
             continue
-        doc = strict_loads(
-            _read_verified_side_file(root_fd, name, computed[name], limits, model), what=f"{model}/{name}"
+        what = f"{model}/{name}"
+        raw = _read_verified_side_file(root_fd, name, computed[name], policy.limits, model)
+        # Every JSON file is parsed (no byte-level pre-filter): `"auto\\u005fmap"` is `auto_map` to a loader.
+        references = remote_code_references(strict_loads(raw, what=what), what=what)
+        check_remote_code(
+            name, references, signed_names, allow_remote_code=policy.allow_remote_code, model=model
         )
-        if isinstance(doc, dict) and "auto_map" in doc:
-            targets = ", ".join(map(str, _flatten(doc["auto_map"])))
+
+
+_CODE_KEYS = ("auto_map", "custom_pipelines")
+_CLASS_REFERENCE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+\Z")
+
+
+def remote_code_references(doc: object, *, what: str = "JSON document") -> list[str]:
+    """Every code reference a Hugging Face loader could import from a JSON document, at any depth.
+
+    A reference is a value under an `auto_map` object (`"AutoModel": "modeling_x.Model"`, or a tokenizer's
+    `[slow, fast]` list whose entries may be null) or a `custom_pipelines.<task>.impl` value, wherever the
+    key occurs in the document (e.g. `vision_config.auto_map`). The references are returned as written,
+    not checked; see `check_remote_code`.
+
+    Args:
+        doc: A decoded JSON document (strict_loads output).
+        what: Names the document in errors.
+
+    Returns:
+        The references, in document order (empty when the document names no code).
+
+    Raises:
+        MalformedArtifactError: An `auto_map` is not an object, or one of its values is not a string or a
+            list of strings and nulls; a `custom_pipelines` entry's `impl` is not a string.
+    """
+    references: list[str] = []
+    # Iterative, so a document nested as deeply as the JSON decoder allows cannot exhaust the stack here.
+    stack: list[tuple[str, object]] = [("", doc)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(value))))
+            continue
+        if not isinstance(value, dict):
+            continue
+        for key, item in reversed(list(value.items())):
+            where = f"{path}.{key}" if path else key
+            if key == "auto_map":
+                references.extend(_auto_map_targets(item, f"{what}: {where}"))
+            elif key == "custom_pipelines" and isinstance(item, dict):
+                for task, spec in item.items():
+                    impl = spec.get("impl") if isinstance(spec, dict) else None
+                    if impl is not None and not isinstance(impl, str):
+                        raise MalformedArtifactError(f"{what}: {where}.{task}.impl must be a string")
+                    if impl is not None:
+                        references.append(impl)
+            stack.append((where, item))
+    return references
+
+
+def _auto_map_targets(value: object, what: str) -> list[str]:
+    if not isinstance(value, dict):
+        raise MalformedArtifactError(f"{what} must be an object (auto class -> module.Class)")
+    targets: list[str] = []
+    for auto_class, target in value.items():
+        entries = target if isinstance(target, list) else [target]
+        for entry in entries:
+            if isinstance(entry, str):
+                targets.append(entry)
+            elif entry is not None or not isinstance(target, list):
+                raise MalformedArtifactError(
+                    f"{what}.{auto_class} must be a module.Class string or a list of them (or nulls)"
+                )
+    return targets
+
+
+def check_remote_code(
+    json_name: str,
+    references: Sequence[str],
+    signed_names: Collection[str],
+    *,
+    allow_remote_code: bool,
+    model: str,
+) -> None:
+    """Refuse the code references of one JSON file unless policy allows them and the code is signed.
+
+    Without `allow_remote_code` any reference is refused. With it, each reference must be local: a dotted
+    `module.Class` (or `package.module.Class`) whose module file (`module.py`, `package/module.py`),
+    relative to the directory holding `json_name`, is one of `signed_names`. A cross-repository reference
+    (`org/repo--module.Class`: anything with `--` or `/`) would make a loader fetch code from the Hub and
+    is always refused. Whether the signed module is safe to run is not judged here.
+
+    Args:
+        json_name: The JSON file's relative name in the model (e.g. `text_encoder/config.json`).
+        references: From `remote_code_references`.
+        signed_names: The signed resource names of the model.
+        allow_remote_code: The policy's remote-code rule.
+        model: Names the model in errors.
+
+    Raises:
+        PolicyViolationError: Remote code is not allowed, a reference is cross-repository, or its module is
+            not a signed file.
+        MalformedArtifactError: A reference is not a dotted Python name.
+    """
+    if not references:
+        return
+    what = f"{model}/{json_name}"
+    if not allow_remote_code:
+        raise PolicyViolationError(
+            f"{what}: auto_map requires remote code ({', '.join(references)}); refused by policy"
+        )
+    base = posixpath.dirname(json_name)
+    for ref in references:
+        if "--" in ref or "/" in ref:
             raise PolicyViolationError(
-                f"{model}/{name}: auto_map requires remote code ({targets}); refused by policy"
+                f"{what}: auto_map reference {ref!r} names code in another repository; refused (only signed "
+                "code of this model may run, and nothing is fetched)"
             )
-
-
-def _flatten(value: object) -> list[object]:
-    if isinstance(value, dict):
-        return [x for v in value.values() for x in _flatten(v)]
-    if isinstance(value, list):
-        return [x for v in value for x in _flatten(v)]
-    return [value]
+        if not _CLASS_REFERENCE.match(ref):
+            raise MalformedArtifactError(f"{what}: auto_map reference {ref!r} is not a module.Class name")
+        module = posixpath.join(base, *ref.split(".")[:-1]) + ".py"
+        if module not in signed_names:
+            raise PolicyViolationError(
+                f"{what}: auto_map reference {ref!r} needs {module!r}, which is not a signed file of the "
+                "model"
+            )
 
 
 def read_verified_index(signed: SignedModel, computed: FileDigests, policy: Policy) -> dict[str, str]:

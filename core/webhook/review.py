@@ -41,7 +41,6 @@ import enum
 import fnmatch
 import hashlib
 import os
-import re
 import stat
 import threading
 import time
@@ -61,6 +60,7 @@ from modelsec.errors import (
 )
 from modelsec.policy import Policy, PolicySet
 from modelsec.verifier.bundles import read_bundle_bytes
+from modelsec.verifier.pinning import MODELS_ANNOTATION, split_models_annotation, split_reference
 
 __all__ = [
     "ANNOTATION",
@@ -79,11 +79,9 @@ __all__ = [
     "parse_reference",
 ]
 
-ANNOTATION = "modelsec.dev/models"
+ANNOTATION = MODELS_ANNOTATION
 API_V1 = "admission.k8s.io/v1"
 API_V1BETA1 = "admission.k8s.io/v1beta1"
-_DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}\Z")
-_URI_RE = re.compile(r"[a-z][a-z0-9+.-]*://[^\s@,]+\Z")
 _UID_MAX = 256
 _WORKLOAD_KINDS = {
     ("apps", "Deployment"): ("spec", "template"),
@@ -236,17 +234,7 @@ def parse_reference(raw: str, source: str) -> ModelReference:
         MalformedArtifactError: The URI has no scheme, contains whitespace, `,` or `@`, or the part after
             the last `@` is not `sha256:` and 64 lowercase hex digits.
     """
-    uri, at, suffix = raw.rpartition("@")
-    if not at:
-        uri, digest = raw, None
-    elif not _DIGEST_RE.match(suffix):
-        raise MalformedArtifactError(
-            f"{raw}: malformed digest {suffix!r} (want sha256: and 64 lowercase hex digits)"
-        )
-    else:
-        digest = suffix.removeprefix("sha256:")
-    if not _URI_RE.match(uri):
-        raise MalformedArtifactError(f"{raw}: malformed model URI (want scheme://path[@sha256:<digest>])")
+    uri, digest = split_reference(raw)
     return ModelReference(raw, uri, digest, source)
 
 
@@ -623,9 +611,10 @@ class Reviewer:
                     continue
                 if not isinstance(text, str):
                     raise _InvalidReviewError(f"{where}[{ANNOTATION}] is not a string")
-                raws = [part.strip() for part in text.split(",")]
-                if any(not part for part in raws):
-                    raise _InvalidReviewError(f"{where}[{ANNOTATION}] has an empty entry")
+                try:
+                    raws = split_models_annotation(text)
+                except MalformedArtifactError:
+                    raise _InvalidReviewError(f"{where}[{ANNOTATION}] has an empty entry") from None
             elif isinstance(value, str) and value:
                 raws = [value.strip()]
             else:

@@ -112,8 +112,9 @@ def test_signed_remote_code_refused_by_default(tiny_model: Path, key_dir: Path) 
     cfg = json.loads((tiny_model / "config.json").read_text())
     cfg["auto_map"] = {"AutoModel": "modeling_x.Model"}
     (tiny_model / "config.json").write_text(json.dumps(cfg))
+    (tiny_model / "modeling_x.py").write_text("")  # allowed remote code must be a signed module
     sign_model(tiny_model, _signers(key_dir, SignatureAlgorithm.ECDSA_P256))
-    with pytest.raises(PolicyViolationError, match="auto_map"):
+    with pytest.raises(PolicyViolationError, match=r"auto_map|remote code"):
         verify_model(tiny_model, _policy(key_dir, SignatureAlgorithm.ECDSA_P256))
     allowed = Policy.from_key_files([key_dir / "ecdsa-p256.pub.pem"], allow_remote_code=True)
     verify_model(tiny_model, allowed)
