@@ -472,3 +472,30 @@ def test_processors_through_the_guard(
     (bad / "preprocessor_config.json").write_text(json.dumps(doc))
     with pytest.raises(DigestMismatchError, match=r"preprocessor_config\.json"):
         load(str(bad))
+
+
+# --- the Hugging Face hub cache ---------------------------------------------------------------------
+
+
+def test_hub_cache_snapshot_through_the_guard(
+    decoder_src: Path, tmp_path: Path, guard: Callable[..., None]
+) -> None:
+    from tests.attacks.test_hub_cache import _to_hub_layout
+
+    src = tmp_path / "src"
+    shutil.copytree(decoder_src, src)
+    snapshot = _to_hub_layout(src, tmp_path / "hub")
+    assert os.path.islink(snapshot / "config.json") and os.path.islink(snapshot / "model.sig")
+    guard()
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(snapshot))
+    tok = transformers.AutoTokenizer.from_pretrained(str(snapshot))
+    assert len(model.model.layers) == 2 and tok.chat_template == CHAT_TEMPLATE
+    bad = tmp_path / "hub2"
+    shutil.copytree(tmp_path / "hub", bad, symlinks=True)
+    bad_snapshot = bad / snapshot.relative_to(tmp_path / "hub")
+    blob = (
+        bad_snapshot.parent.parent / "blobs" / Path(os.readlink(bad_snapshot / "generation_config.json")).name
+    )
+    blob.write_text("{}")
+    with pytest.raises(DigestMismatchError, match=r"generation_config\.json"):
+        transformers.GenerationConfig.from_pretrained(str(bad_snapshot))
