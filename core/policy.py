@@ -47,7 +47,7 @@ from typing import Any
 
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
 from modelsec.errors import Error, PolicyError, PolicyViolationError
-from modelsec.limits import Limits
+from modelsec.limits import SAFETENSORS_MAX_HEADER_SIZE, Limits
 from modelsec.signer.keys import TrustedKey, load_trusted_key_file
 
 __all__ = [
@@ -465,8 +465,15 @@ def _parse_limits(item: object, where: str) -> Limits:
         values[_LIMIT_FIELDS[key]] = value
     defaults = Limits()
     for f in fields(Limits):
+        if f.name == "max_safetensors_header_bytes":
+            continue
         if f.name in values and values[f.name] > getattr(defaults, f.name) * 16:
             raise PolicyError(f"{where}: {f.name} is unreasonably large")
+    if values.get("max_safetensors_header_bytes", 0) > SAFETENSORS_MAX_HEADER_SIZE:
+        raise PolicyError(
+            f"{where}.maxSafetensorsHeaderBytes may be at most {SAFETENSORS_MAX_HEADER_SIZE} "
+            "(safetensors' own MAX_HEADER_SIZE)"
+        )
     return Limits(**values)
 
 
