@@ -2,7 +2,10 @@
 
 RFC 8259 leaves duplicate member names undefined and Python keeps the last one, so two parsers of the same
 bytes can disagree (the classic "JSON interoperability" confusion); NaN/Infinity are not JSON at all.
-Both are refused here.
+Both are refused here. So are numbers no other implementation could hold: an integer outside the 64-bit range
+(signed or unsigned: RFC 8259 section 6 warns that larger ones are not interoperable, and Python's unbounded
+ints raise `OverflowError` the moment they meet a float, e.g. `10**400 < 0.5` is fine but
+`math.isfinite(10**400)` is not) and a float that overflows to infinity.
 """
 
 from __future__ import annotations
@@ -13,7 +16,13 @@ from typing import Any
 
 from modelsec.errors import MalformedArtifactError
 
-__all__ = ["strict_loads"]
+__all__ = ["MAX_JSON_INT", "MIN_JSON_INT", "strict_loads"]
+
+MIN_JSON_INT = -(2**63)
+MAX_JSON_INT = 2**64 - 1
+# The longest decimal spelling of an integer in range (with a sign); longer text is refused unread, before
+# `int()` does quadratic work on it.
+_MAX_INT_CHARS = len(str(MIN_JSON_INT))
 
 
 def _refuse_constant(name: str) -> Any:
@@ -27,8 +36,20 @@ def _finite(text: str) -> float:
     return value
 
 
+def _bounded_int(text: str) -> int:
+    if len(text) > _MAX_INT_CHARS:
+        raise ValueError(f"integer {text[:20]}... ({len(text)} digits) is out of the 64-bit range")
+    value = int(text)
+    if not MIN_JSON_INT <= value <= MAX_JSON_INT:
+        raise ValueError(f"integer {text} is out of the 64-bit range")
+    return value
+
+
 def strict_loads(data: bytes | str, *, what: str) -> Any:
-    """Decode JSON, refusing duplicate keys, NaN/Infinity and invalid UTF-8.
+    """Decode JSON, refusing duplicate keys, NaN/Infinity, out-of-range numbers and invalid UTF-8.
+
+    Integers must lie in [-2**63, 2**64 - 1] (int64 or uint64) and floats must be finite, so every consumer
+    can do arithmetic on what it gets without `OverflowError`; field-specific ranges are the consumer's.
 
     Args:
         data: The raw document.
@@ -51,6 +72,12 @@ def strict_loads(data: bytes | str, *, what: str) -> Any:
 
     try:
         text = data.decode("utf-8") if isinstance(data, bytes) else data
-        return json.loads(text, object_pairs_hook=pairs, parse_constant=_refuse_constant, parse_float=_finite)
+        return json.loads(
+            text,
+            object_pairs_hook=pairs,
+            parse_constant=_refuse_constant,
+            parse_float=_finite,
+            parse_int=_bounded_int,
+        )
     except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise MalformedArtifactError(f"{what}: invalid JSON: {e}") from e

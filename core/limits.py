@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Limits"]
+__all__ = ["SAFETENSORS_MAX_HEADER_SIZE", "Limits"]
+
+# safetensors' own MAX_HEADER_SIZE: the largest header any safetensors reader accepts, and so the largest
+# `max_safetensors_header_bytes` a policy may configure.
+SAFETENSORS_MAX_HEADER_SIZE = 100_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,8 +21,15 @@ class Limits:
     Attributes:
         max_files: Most regular files a model directory may hold (walk stops and fails beyond it).
         max_depth: Deepest directory nesting below the model root.
-        max_safetensors_header_bytes: Largest safetensors JSON header (safetensors' own MAX_HEADER_SIZE,
-            100,000,000 bytes).
+        max_safetensors_header_bytes: Largest safetensors JSON header, checked from the 8-byte prefix before
+            the header is read. Default 16 MiB, chosen from real checkpoints: all-MiniLM-L6-v2 has an 11,408
+            byte header (104 tensors, ~110 bytes each); a dense LLM with ~10^4 tensors at ~150 bytes each
+            needs ~1.5 MB in one file, and even ~10^5 tensors (a large unsharded MoE) fit. Parsing costs
+            memory in proportion to the header (measured up to ~33 bytes of peak RSS per header byte, for
+            headers of tiny `__metadata__` entries; tests/attacks/test_header_budget.py), so the default
+            bounds a parse before any signature check near 550 MiB (the old 100,000,000 default: 3 GiB).
+            A policy may raise it up to safetensors' own MAX_HEADER_SIZE, `SAFETENSORS_MAX_HEADER_SIZE`
+            (100,000,000 bytes), the documented maximum override.
         max_tensors_per_file: Most tensors one safetensors header may declare.
         max_bundle_bytes: Largest signature bundle file (16 MiB).
         max_json_side_file_bytes: Largest `config.json` / index JSON read into memory for policy checks.
@@ -28,7 +39,7 @@ class Limits:
 
     max_files: int = 65_536
     max_depth: int = 32
-    max_safetensors_header_bytes: int = 100_000_000  # safetensors' own MAX_HEADER_SIZE
+    max_safetensors_header_bytes: int = 16 * 2**20
     max_tensors_per_file: int = 1_000_000
     max_bundle_bytes: int = 16 * 2**20
     max_json_side_file_bytes: int = 64 * 2**20

@@ -40,14 +40,14 @@ import dataclasses
 import hashlib
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
 from modelsec.errors import Error, PolicyError, PolicyViolationError
-from modelsec.limits import Limits
+from modelsec.limits import SAFETENSORS_MAX_HEADER_SIZE, Limits
 from modelsec.signer.keys import TrustedKey, load_trusted_key_file
 
 __all__ = [
@@ -175,7 +175,12 @@ def model_uri(path: Path) -> str:
 
 
 def _glob_regex(pattern: str) -> re.Pattern[str]:
-    """`**` matches anything (including `/`), `*` anything but `/`, `?` one character but `/`."""
+    """`**` matches anything (including `/`), `*` anything but `/`, `?` one character but `/`.
+
+    "Anything" includes a line feed and every other character, for `*` and `**` alike (the regex is compiled
+    with DOTALL): a directory name holding a line feed is matched like any other. Patterns themselves may
+    not hold control characters (`_parse_policy` refuses them).
+    """
     out = []
     i = 0
     while i < len(pattern):
@@ -191,7 +196,7 @@ def _glob_regex(pattern: str) -> re.Pattern[str]:
         else:
             out.append(re.escape(pattern[i]))
             i += 1
-    return re.compile("".join(out) + r"\Z")
+    return re.compile("".join(out) + r"\Z", re.DOTALL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,6 +318,10 @@ _POLICY_FIELDS = {
 _ROBUSTNESS_FIELDS = {"attack", "minEps", "minRobustAccuracy", "rule", "minSamples", "maxAge"}
 _WATERMARK_FIELDS = {"required", "minConfidence", "maxFalsePositive", "keyFile"}
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
+_MAX_AGE_SECONDS = (
+    100 * 365 * 86400
+)  # a century: beyond it `maxAge` is a typo (or inf) that disables freshness
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _LIMIT_FIELDS = {
     "maxFiles": "max_files",
@@ -332,6 +341,9 @@ def _parse_policy(item: object, where: str, base_dir: Path) -> _Entry:
     if not isinstance(name, str) or not name:
         raise PolicyError(f"{where}.name must be a non-empty string")
     match = _string_list(doc["match"], f"{where}.match")
+    for j, pattern in enumerate(match):
+        if _CONTROL.search(pattern):
+            raise PolicyError(f"{where}.match[{j}] {pattern!r} holds a control character")
     keys = tuple(
         _parse_key(k, f"{where}.keys[{j}]", base_dir)
         for j, k in enumerate(_list(doc["keys"], f"{where}.keys"))
@@ -396,6 +408,8 @@ def _parse_attestations(
             if not m:
                 raise PolicyError(f"{w}.maxAge must be a duration like 3600s, 90m, 12h or 30d")
             max_age = float(m.group(1)) * _UNITS[m.group(2)]
+            if not 0 < max_age <= _MAX_AGE_SECONDS:
+                raise PolicyError(f"{w}.maxAge must be more than 0s and at most 36500d")
         robustness = RobustnessRequirement(
             attack=attack,
             min_eps=_number(r, "minEps", w, 0.0, 0.0, 1e9),
@@ -451,8 +465,15 @@ def _parse_limits(item: object, where: str) -> Limits:
         values[_LIMIT_FIELDS[key]] = value
     defaults = Limits()
     for f in fields(Limits):
+        if f.name == "max_safetensors_header_bytes":
+            continue
         if f.name in values and values[f.name] > getattr(defaults, f.name) * 16:
             raise PolicyError(f"{where}: {f.name} is unreasonably large")
+    if values.get("max_safetensors_header_bytes", 0) > SAFETENSORS_MAX_HEADER_SIZE:
+        raise PolicyError(
+            f"{where}.maxSafetensorsHeaderBytes may be at most {SAFETENSORS_MAX_HEADER_SIZE} "
+            "(safetensors' own MAX_HEADER_SIZE)"
+        )
     return Limits(**values)
 
 
@@ -493,7 +514,12 @@ def _enum_list(item: object, enum: type[SignatureAlgorithm] | type[HashAlgorithm
 
 
 def _load_yaml(raw: bytes, source: str) -> object:
-    """YAML (a superset of JSON) with duplicate keys refused and no arbitrary tags (SafeLoader)."""
+    """YAML (a superset of JSON) with string keys only, no duplicates and no arbitrary tags (SafeLoader).
+
+    Raises:
+        PolicyError: Not YAML, a duplicate or non-string mapping key (with its line and column), or nesting
+            deeper than the interpreter's recursion limit.
+    """
     import yaml
 
     class _StrictLoader(yaml.SafeLoader):
@@ -502,12 +528,18 @@ def _load_yaml(raw: bytes, source: str) -> object:
     def construct_mapping(
         loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False
     ) -> dict[Any, Any]:
-        keys: Sequence[Any] = [loader.construct_object(k, deep=deep) for k, _ in node.value]
         seen = set()
-        for k in keys:
-            if k in seen:
-                raise PolicyError(f"{source}: duplicate key {k!r} (line {node.start_mark.line + 1})")
-            seen.add(k)
+        for key_node, _ in node.value:
+            at = f"line {key_node.start_mark.line + 1}, column {key_node.start_mark.column + 1}"
+            # Every key of a policy or server document is a field name: a list or mapping as a key
+            # (`{[a]: 1}`, `? [a, b]`) is unhashable in Python, and a number or boolean key is a typo.
+            key = loader.construct_object(key_node) if isinstance(key_node, yaml.ScalarNode) else None
+            if not isinstance(key, str):
+                shown = type(key).__name__ if isinstance(key_node, yaml.ScalarNode) else key_node.id
+                raise PolicyError(f"{source}: {at}: a mapping key must be a string, not {shown}")
+            if key in seen:
+                raise PolicyError(f"{source}: duplicate key {key!r} ({at})")
+            seen.add(key)
         return loader.construct_mapping(node, deep=deep)
 
     _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
@@ -515,3 +547,5 @@ def _load_yaml(raw: bytes, source: str) -> object:
         return yaml.load(raw, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
         raise PolicyError(f"{source}: not valid YAML/JSON: {e}") from e
+    except RecursionError:  # PyYAML composes and constructs recursively: `[[[[...` exhausts the stack
+        raise PolicyError(f"{source}: not valid YAML/JSON: nested too deeply") from None

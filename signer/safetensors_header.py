@@ -9,10 +9,10 @@ of free-form string annotations.
 This module implements DESIGN.md decision 6 ("strict parsing before trust"). The checks run in this order,
 and each later step relies on the earlier ones (an invariant, not an implementation detail):
 
-1. The file holds the 8-byte prefix; `2 <= N <= limits.max_safetensors_header_bytes` (safetensors' own
-   MAX_HEADER_SIZE is 100,000,000 bytes); `8 + N <= file_size`. All of this is decided from the prefix and
-   the file size alone, *before* the header is read, so an attacker-declared length never drives an
-   allocation.
+1. The file holds the 8-byte prefix; `2 <= N <= limits.max_safetensors_header_bytes` (default 16 MiB, at
+   most safetensors' own MAX_HEADER_SIZE of 100,000,000 bytes; see `Limits`); `8 + N <= file_size`. All of
+   this is decided from the prefix and the file size alone, *before* the header is read, so an
+   attacker-declared length never drives an allocation.
 2. The header is valid UTF-8, starts with `{`, and its bracket nesting is at most `_MAX_NESTING` levels
    (checked by a linear scan before decoding, so the JSON decoder never recurses deeply).
 3. The header is strict JSON: no duplicate keys at any level, no `NaN`/`Infinity`, one top-level object,
@@ -186,8 +186,8 @@ def parse_header_length(prefix: bytes, file_size: int, *, path: str, limits: Lim
         prefix: The first bytes of the file; only the first 8 are used (fewer when the file is shorter).
         file_size: Size of the whole file in bytes.
         path: Display name of the file for error messages.
-        limits: `limits.max_safetensors_header_bytes` bounds the header (default 100,000,000, safetensors'
-            MAX_HEADER_SIZE).
+        limits: `limits.max_safetensors_header_bytes` bounds the header (default 16 MiB; safetensors'
+            MAX_HEADER_SIZE, 100,000,000, is the largest allowed override).
 
     Returns:
         `N`, the header length, with `2 <= N <= limit` and `8 + N <= file_size`; reading `N` more bytes is
@@ -323,7 +323,8 @@ def _check_header_length(n: int, file_size: int, *, path: str, limits: Limits) -
     limit = limits.max_safetensors_header_bytes
     if n > limit:
         raise MalformedArtifactError(
-            f"{path}: header length {n} exceeds the limit of {limit} bytes (and the file has {file_size})"
+            f"{path}: header length {n} exceeds the limit of {limit} bytes (and the file has {file_size}); "
+            "a policy may raise limits.maxSafetensorsHeaderBytes up to 100,000,000"
         )
     if n < _MIN_HEADER_BYTES:
         raise MalformedArtifactError(
@@ -478,7 +479,9 @@ def _check_metadata(value: object, *, path: str) -> Mapping[str, str]:
             raise MalformedArtifactError(
                 f"{path}: `{_METADATA_KEY}` entry {_show(key)} is not valid Unicode (lone surrogate escape)"
             )
-    return MappingProxyType(dict(value))
+    # `value` is the decoder's fresh dict, referenced nowhere else: a read-only view of it, not a copy (a
+    # header of tiny entries would otherwise pay for its largest object twice).
+    return MappingProxyType(value)
 
 
 def _int_pair(value: object) -> tuple[int, int] | None:

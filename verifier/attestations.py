@@ -11,9 +11,10 @@ model when the policy requires attestations. Order for each bundle, failing clos
 3. the signature must verify under a policy key holding that role (keys never come from the bundle);
 4. the statement's subject (parsed once, from the payload bytes the signature covers) must be this model's
    root digest (an attestation replayed from another model does not count);
-5. the predicate must meet the policy: the gate's attack, ε, verdict, robust accuracy under the policy's
-   rule (point or Wilson lower bound), sample count, sanity checks and freshness (`finishedAt`); the
-   watermark's embed-time detection, confidence and false-positive probability.
+5. every number of the predicate must lie in its field's range (`modelsec.attestations.predicates`, before
+   any arithmetic), and the predicate must meet the policy: the gate's attack, ε, verdict, robust accuracy
+   under the policy's rule (point or Wilson lower bound), sample count, sanity checks and freshness
+   (`finishedAt`); the watermark's embed-time detection, confidence and false-positive probability.
 
 Bundles failing steps 1-4 are *ignored* (they are not this model's evidence under this policy, and a
 shared store must not let whoever writes to it veto a model); trusted statements about this model that
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from modelsec.attestations.bundle import Bundle, parse_bundle
+from modelsec.attestations.predicates import check_gate_predicate, check_watermark_predicate, parse_rfc3339
 from modelsec.attestations.statement import (
     GATE_PREDICATE_TYPE,
     WATERMARK_PREDICATE_TYPE,
@@ -231,15 +233,9 @@ def _load(item: Path | bytes, policy: Policy, index: int) -> Bundle:
 
 
 def _parse_time(value: object, what: str) -> datetime:
-    if not isinstance(value, str):
+    if value is None:
         raise AttestationError(f"{what}: finishedAt is missing")
-    try:
-        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise AttestationError(f"{what}: finishedAt {value!r} is not RFC 3339") from None
-    if when.tzinfo is None:
-        raise AttestationError(f"{what}: finishedAt {value!r} has no time zone")
-    return when
+    return parse_rfc3339(value, field="finishedAt", what=what)
 
 
 def _get(mapping: Mapping[str, Any], path: str, what: str) -> Any:
@@ -259,6 +255,7 @@ def _number(mapping: Mapping[str, Any], path: str, what: str) -> float:
 
 
 def _check_gate(pred: Mapping[str, Any], req: RobustnessRequirement, what: str, now: datetime) -> str:
+    check_gate_predicate(pred, what=what)  # every number in range before any arithmetic
     attack = _get(pred, "attack", what)
     if attack != req.attack:
         raise AttestationError(f"{what}: gate attack {attack!r} is not the policy's {req.attack!r}")
@@ -318,6 +315,7 @@ def _check_gate(pred: Mapping[str, Any], req: RobustnessRequirement, what: str, 
 
 
 def _check_watermark(pred: Mapping[str, Any], req: WatermarkRequirement, what: str) -> str:
+    check_watermark_predicate(pred, what=what)  # every number in range before any arithmetic
     if _get(pred, "detection.detected", what) is not True:
         raise AttestationError(f"{what}: the watermark was not detected at embed time")
     confidence = _number(pred, "detection.confidence", what)

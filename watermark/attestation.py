@@ -289,9 +289,11 @@ def verify_watermark_attestation(
     Raises:
         SignatureError: No trusted key verifies the signature, or the bundle is missing.
         MalformedArtifactError: The bundle or statement is malformed or has another predicateType.
+        MalformedArtifactError: Also: a number of the predicate is out of its field's range.
         AttestationError: The subject is another model, or the predicate lacks required fields.
         PolicyError: Neither or both of `root_digest` and `model_dir` given.
     """
+    from modelsec.attestations.predicates import check_watermark_predicate
     from modelsec.attestations.statement import parse_statement
     from modelsec.verifier.attestations import verify_statement_bundle
     from modelsec.verifier.bundles import read_bundle
@@ -307,6 +309,7 @@ def verify_watermark_attestation(
     bundle = read_bundle(bundle_path, limits)
     statement = parse_statement(bundle.envelope.payload, what=str(bundle_path), predicate_type=PREDICATE_TYPE)
     signer_key = verify_statement_bundle(bundle, statement, keys, expected, what=str(bundle_path))
+    check_watermark_predicate(statement.predicate, what=str(bundle_path))
     for required in ("scheme", "parameters", "keyCommitment", "messageCommitment", "carriers", "detection"):
         if not isinstance(statement.predicate.get(required), Mapping):
             raise AttestationError(f"{bundle_path}: watermark predicate lacks the object {required!r}")
@@ -345,11 +348,13 @@ def detection_hints(predicate: Mapping[str, Any], *, what: str) -> DetectionHint
         The hints.
 
     Raises:
-        MalformedArtifactError: A required field is missing or has the wrong type.
+        MalformedArtifactError: A required field is missing, has the wrong type or is out of range.
         PolicyError: The recorded parameters are invalid.
     """
+    from modelsec.attestations.predicates import check_watermark_predicate
     from modelsec.watermark.scheme import WatermarkParams
 
+    check_watermark_predicate(predicate, what=what)  # numbers in range before float() or any allocation
     try:
         p = predicate["parameters"]
         params = WatermarkParams(

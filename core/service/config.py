@@ -40,7 +40,9 @@ Identities: with mutual TLS, the client certificate's first URI SAN (SPIFFE ID),
 else its subject CN; with a bearer token, the token's `identity` (a token wins over a certificate; both
 kinds share one namespace, so name tokens so that the client CA cannot issue the same name). A connection
 with neither is refused (UNAUTHENTICATED) unless `allowAnonymous: true` (plaintext local development;
-identity `anonymous`).
+identity `anonymous`). Bearer tokens without `tls` are accepted only on a loopback `listen` address
+(`127.0.0.1`, `[::1]`, `localhost`): on any other address the configuration is refused, since every token
+would cross the network in the clear.
 Relative paths are relative to the configuration file's directory.
 """
 
@@ -66,6 +68,7 @@ __all__ = [
     "TokenConfig",
     "WatermarkKeyConfig",
     "identity_allowed",
+    "is_loopback_listen",
     "load_server_config",
 ]
 
@@ -178,10 +181,35 @@ class ServerConfig:
                 f"{self.source}: no way to authenticate clients: configure tls.clientCA (mutual TLS), "
                 "tokens, or allowAnonymous: true (plaintext development only)"
             )
+        # A bearer token sent in plaintext is a credential handed to anyone on the path; on loopback the
+        # path is this host, which development setups rely on.
+        if self.tokens and self.tls is None and not is_loopback_listen(self.listen):
+            raise PolicyError(
+                f"{self.source}: bearer tokens over plaintext on {self.listen}: every token would cross the "
+                "network readable by anyone on the path; configure tls (cert, key), or listen on a loopback "
+                "address (127.0.0.1, [::1], localhost) for development"
+            )
 
     def may(self, operation: str, identity: str) -> bool:
         """Whether `identity` may perform `operation` (a key of `ACCESS_DEFAULTS`)."""
         return identity_allowed(identity, self.access[operation])
+
+
+def is_loopback_listen(listen: str) -> bool:
+    """Whether a `HOST:PORT` listen address only accepts connections from this host.
+
+    True for `localhost`, 127.0.0.0/8 and `[::1]`; False for wildcard addresses (`0.0.0.0`, `[::]`), any
+    other address, and any other host name (it may resolve to a routable address).
+    """
+    import ipaddress
+
+    host = listen.rpartition(":")[0].removeprefix("[").removesuffix("]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def identity_allowed(identity: str, patterns: Sequence[str]) -> bool:

@@ -3,8 +3,10 @@
 The private key never leaves the server. A statement is parsed strictly (in-toto Statement v1; an OMS
 weights manifest is also checked against the limits) and its predicate type decides the role the key must
 hold (`weights`, `watermark`, `gate`): a key configured for gate attestations cannot be made to sign a
-weights manifest, and an unknown predicate type is never signed. The statement bytes are signed as received
-(`sign_payload`, the same DSSE/bundle code as local signing), so remote and local bundles verify identically.
+weights manifest, and an unknown predicate type is never signed. The numbers of a gate or watermark
+predicate must lie in their fields' ranges (`modelsec.attestations.predicates`). The statement bytes are
+signed as received (`sign_payload`, the same DSSE/bundle code as local signing), so remote and local bundles
+verify identically.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 from grpc import aio
 
 from modelsec.attestations.bundle import sign_payload
+from modelsec.attestations.predicates import check_predicate_numbers
 from modelsec.attestations.statement import parse_statement
 from modelsec.errors import MalformedArtifactError
 from modelsec.limits import Limits
@@ -43,6 +46,7 @@ class SigningServicer(signing_pb2_grpc.SigningServiceServicer):
             raise MalformedArtifactError(f"statement larger than {_MAX_STATEMENT_BYTES} bytes")
         statement = parse_statement(request.statement, what="SignStatement")
         key = self.state.signing_key_for(request.key_version, statement.predicate_type)
+        check_predicate_numbers(statement, what="SignStatement")  # never sign numbers no verifier can read
         if statement.predicate_type == OMS_PREDICATE_TYPE:
             manifest = parse_manifest(statement, what="SignStatement", limits=self.limits)
             if manifest.hash_type is not key.backend.algorithm.manifest_hash:
