@@ -10,9 +10,14 @@ The binding follows the documented SM2 recipe of `EVP_PKEY-SM2(7)`:
 `EVP_PKEY_CTRL_SET1_ID` = 15) → `EVP_MD_CTX_set_pkey_ctx(mctx, pctx)` →
 `EVP_Digest{Sign,Verify}Init(mctx, NULL, EVP_sm3(), NULL, pkey)` → `EVP_Digest{Sign,Verify}`. The
 `EVP_PKEY_CTX` stays owned by the caller (`EVP_MD_CTX_set_pkey_ctx` sets `EVP_MD_CTX_FLAG_KEEP_PKEY_CTX`), so
-it is freed after the `EVP_MD_CTX`. Every object is freed in `finally`, and the thread's OpenSSL error queue
+it is freed after the `EVP_MD_CTX`. Every context is freed in `finally`, and the thread's OpenSSL error queue
 is cleared after each call so that failures do not leak into other users of the library. `ctypes` releases
 the GIL during the calls; each call uses its own contexts, so the backend is thread-safe.
+
+Decoding a key costs OpenSSL 3 about as much as a signature, so decoded keys are kept: a private key's
+`EVP_PKEY` lives with its `Sm2PrivateKey` (`Sm2PrivateKey.native_key`) and is freed when that key is
+garbage-collected; public keys sit in a small LRU cache. An `EVP_PKEY` is only read after decoding, which
+OpenSSL allows from several threads at once.
 
 The backend self-tests on construction (GB/T 32918.5-2017 annex A) and raises `BackendUnavailableError`
 if libcrypto is missing, older than 3.0, lacks SM2/SM3, or fails the test.
@@ -24,6 +29,7 @@ import ctypes
 import ctypes.util
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from ctypes import POINTER, c_char_p, c_int, c_long, c_size_t, c_ulong, c_void_p
 from typing import Final
 
@@ -96,6 +102,21 @@ def _load_libcrypto() -> ctypes.CDLL:
             continue
         return lib
     raise BackendUnavailableError("OpenSSL >= 3.0 libcrypto not found: " + "; ".join(problems))
+
+
+class _OwnedPkey:
+    """One reference to an `EVP_PKEY *`, released when this object is garbage-collected."""
+
+    __slots__ = ("_free", "pointer")
+
+    def __init__(self, pointer: int, free: Callable[[int], None]) -> None:
+        self.pointer = pointer
+        self._free = free
+
+    def __del__(self) -> None:
+        pointer, self.pointer = self.pointer, 0
+        if pointer:
+            self._free(pointer)
 
 
 class OpenSslSm2Backend:
@@ -178,7 +199,7 @@ class OpenSslSm2Backend:
 
         Decoded keys are kept in a small LRU cache. The cache holds one reference of its own and every
         caller gets another (`EVP_PKEY_up_ref`), so eviction never frees a key that another thread uses.
-        Only public keys are cached: private keys are decoded per signature and freed at once.
+        Private keys are not cached here: each one keeps its own `EVP_PKEY` (`_private_pkey`).
         """
         lib, key = self._lib, (public_key.x, public_key.y)
         with self._lock:
@@ -195,6 +216,13 @@ class OpenSslSm2Backend:
                 while len(self._cache) > _PUBLIC_KEY_CACHE_SIZE:
                     lib.EVP_PKEY_free(self._cache.popitem(last=False)[1])
         return pkey
+
+    def _private_pkey(self, private_key: Sm2PrivateKey) -> _OwnedPkey:
+        """Return the `EVP_PKEY` of `private_key`, decoded on its first signature and kept with the key."""
+        return private_key.native_key(
+            self,
+            lambda: _OwnedPkey(self._load_key(private_key.to_der(), private=True), self._lib.EVP_PKEY_free),
+        )
 
     def _digest_ctx(self, pkey: int, distid: bytes, *, signing: bool) -> tuple[int, int]:
         """Create `(EVP_MD_CTX *, EVP_PKEY_CTX *)` initialised for SM2 with SM3 and `distid`."""
@@ -235,9 +263,9 @@ class OpenSslSm2Backend:
         """
         check_distid(distid)
         lib = self._lib
-        pkey = self._load_key(private_key.to_der(), private=True)
+        owned = self._private_pkey(private_key)
         try:
-            mctx, pctx = self._digest_ctx(pkey, bytes(distid), signing=True)
+            mctx, pctx = self._digest_ctx(owned.pointer, bytes(distid), signing=True)
             try:
                 out = ctypes.create_string_buffer(_MAX_SIGNATURE_BYTES)
                 size = c_size_t(len(out))
@@ -249,7 +277,6 @@ class OpenSslSm2Backend:
                 lib.EVP_MD_CTX_free(mctx)
                 lib.EVP_PKEY_CTX_free(pctx)
         finally:
-            lib.EVP_PKEY_free(pkey)
             lib.ERR_clear_error()
         try:
             decode_sm2_signature(signature)
