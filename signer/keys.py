@@ -278,6 +278,10 @@ def load_private_key(pem: bytes, *, name: str, password: bytes | None = None) ->
         KeyMaterialError: Not a private key, wrong or missing password.
         UnsupportedAlgorithmError: Another key type or curve.
     """
+    if b"PUBLIC KEY-----" in pem and b"PRIVATE KEY-----" not in pem:
+        raise KeyMaterialError(
+            f"{name}: is a public key; signing needs the private key (keygen writes *.key.pem)"
+        )
     if _is_sm2(pem):
         return _sm2_backend(pem, password)
     try:
