@@ -75,7 +75,34 @@ def _tree_size(path: Path) -> int:
     return total
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Main(click.Group):
+    """The root group: a missing optional extra ends any command with one line naming it (exit 1)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        from modelsec._lazy import missing_extra
+
+        args = list(ctx.args)  # the subcommand's arguments (click empties ctx.args while invoking it)
+        try:
+            return super().invoke(ctx)
+        except ModuleNotFoundError as e:
+            command = ctx.invoked_subcommand or ""
+            extra = missing_extra(e.name, command)
+            if extra is None:
+                raise
+            if isinstance(self.get_command(ctx, command), click.Group) and args:
+                command = f"{command} {args[0]}"
+            message = (
+                f"modelsec {command} needs {e.name}, which is not installed: pip install 'modelsec[{extra}]'"
+            )
+            if "--json" in args:
+                error = {"kind": "MissingExtraError", "message": message, "extra": extra}
+                click.echo(json.dumps({"ok": False, "error": error}))
+            else:
+                click.echo(f"modelsec: error: {message}", err=True)
+            ctx.exit(1)
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="modelsec")
 def main() -> None:
     """Sign, watermark, gate and verify sharded safetensors models.

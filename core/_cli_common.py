@@ -255,14 +255,13 @@ def _server_client(
     """A `modelsec.service.client.ModelsecClient` for the `_server_options` values (`timeout`: per call).
 
     Raises:
-        click.UsageError: Half an mTLS pair, or the grpc extra is not installed.
+        click.UsageError: Half an mTLS pair.
+        ModuleNotFoundError: The grpc extra is not installed (the root command names the extra).
     """
     if (client_cert is None) != (client_key is None):
         raise click.UsageError("give both --client-cert and --client-key, or neither")
-    try:
-        from modelsec.service.client import ChannelOptions, ModelsecClient
-    except ModuleNotFoundError as e:
-        raise click.UsageError(f"{e.name} is missing; install modelsec[grpc]") from e
+    from modelsec.service.client import ChannelOptions, ModelsecClient
+
     options = ChannelOptions(
         ca=server_ca,
         cert=client_cert,
