@@ -76,7 +76,11 @@ def _tree_size(path: Path) -> int:
 
 
 class _Main(click.Group):
-    """The root group: a missing optional extra ends any command with one line naming it (exit 1)."""
+    """The root group: one line and a conventional exit code for what no command handles itself.
+
+    A missing optional extra ends any command with one line naming the extra (exit 1); Ctrl-C ends it with
+    one line and exit 130 (128 + SIGINT, the shell convention) instead of click's "Aborted!" and exit 1.
+    """
 
     def invoke(self, ctx: click.Context) -> Any:
         from modelsec._lazy import missing_extra
@@ -84,6 +88,13 @@ class _Main(click.Group):
         args = list(ctx.args)  # the subcommand's arguments (click empties ctx.args while invoking it)
         try:
             return super().invoke(ctx)
+        except KeyboardInterrupt:
+            message = f"modelsec {ctx.invoked_subcommand} interrupted (Ctrl-C)"
+            if "--json" in args:
+                click.echo(json.dumps({"ok": False, "error": {"kind": "Interrupted", "message": message}}))
+            else:
+                click.echo(f"modelsec: error: {message}", err=True)
+            ctx.exit(130)
         except ModuleNotFoundError as e:
             command = ctx.invoked_subcommand or ""
             extra = missing_extra(e.name, command)
@@ -225,6 +236,12 @@ _TENSOR_DIGESTS = [HashAlgorithm.BLAKE3.value, HashAlgorithm.SHA256.value, HashA
     show_default=True,
     help="Per-tensor digest algorithm recorded in the modelsec extension ('none': plain OMS).",
 )
+@click.option(
+    "--allow-unverifiable",
+    is_flag=True,
+    help="Sign even when MODEL_DIR holds pickle files (pytorch_model.bin, *.pt, ...) or *.py code, which "
+    "verification under the default policy always refuses (refused here by default).",
+)
 @_json_option
 @_quiet_option
 def _sign(
@@ -241,6 +258,7 @@ def _sign(
     plaintext: bool,
     signatures: tuple[Path, ...],
     tensor_digest: str,
+    allow_unverifiable: bool,
     as_json: bool,
     quiet: bool,
 ) -> None:
@@ -283,6 +301,7 @@ def _sign(
                 signature_paths=dict(enumerate(signatures)) or None,
                 tensor_hash=None if tensor_digest == "none" else HashAlgorithm(tensor_digest),
                 progress=progress,
+                refuse_unverifiable=not allow_unverifiable,
             )
     except Error as e:
         _fail(e, as_json)
