@@ -6,7 +6,8 @@ Usage: python bench/bench_sm2_speed.py [--seconds 3] [--rounds 3]
 modelsec is measured through the path `modelsec sign` and `verify` take: a key loaded by
 `load_private_key` (its `sign`, then the default SM2 backend) and a `TrustedKey` (`verify`), single-threaded,
 over the same 20-byte message `openssl speed` signs. Rounds alternate `openssl speed -seconds S sm2` and
-modelsec, so that other load on the machine hits both; each figure is the median of the rounds.
+modelsec, so that other load on the machine hits both; each figure is the best of the rounds (the round
+least disturbed by other jobs, as `timeit` takes the minimum), and the median is printed beside the ratio.
 
 `openssl speed` counts operations per second of *user CPU time* (its default; `-elapsed` would use wall
 time), so the ratio uses modelsec's operations per user CPU second as well; the wall-clock rate is printed
@@ -69,7 +70,7 @@ def openssl_speed(seconds: int) -> tuple[float, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=int, default=3, help="seconds per measurement (default 3)")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
     args = parser.parse_args()
     if shutil.which("openssl") is None:
         raise SystemExit("the openssl CLI is not installed")
@@ -93,6 +94,7 @@ def main() -> int:
         samples["m_verify"].append(cpu_rate)
         samples["m_verify_wall"].append(wall_rate)
     med = {k: statistics.median(v) for k, v in samples.items()}
+    best = {k: max(v) for k, v in samples.items()}
 
     backend = default_backend()
     print("\n".join(c.machine_lines()))
@@ -100,24 +102,26 @@ def main() -> int:
     print(f"SM2 backend: {backend.name} ({version}); {args.rounds} rounds of {args.seconds} s each")
     rows = [
         [
-            "sign",
-            f"{med['o_sign']:,.0f}",
-            f"{med['m_sign']:,.0f}",
-            f"{med['m_sign_wall']:,.0f}",
-            f"{med['m_sign'] / med['o_sign']:.2f}",
-            ">= 0.90",
-        ],
-        [
-            "verify",
-            f"{med['o_verify']:,.0f}",
-            f"{med['m_verify']:,.0f}",
-            f"{med['m_verify_wall']:,.0f}",
-            f"{med['m_verify'] / med['o_verify']:.2f}",
-            "",
-        ],
+            op,
+            f"{best['o_' + op]:,.0f}",
+            f"{best['m_' + op]:,.0f}",
+            f"{best['m_' + op + '_wall']:,.0f}",
+            f"{best['m_' + op] / best['o_' + op]:.2f}",
+            f"{med['m_' + op] / med['o_' + op]:.2f}",
+            target,
+        ]
+        for op, target in (("sign", ">= 0.90"), ("verify", ""))
     ]
-    header = ["SM2", "openssl speed /s", "modelsec /cpu-s", "modelsec /wall-s", "ratio (cpu)", "target"]
-    print(c.render_table(header, rows, right=(1, 2, 3, 4)))
+    header = [
+        "SM2",
+        "openssl speed /s",
+        "modelsec /cpu-s",
+        "modelsec /wall-s",
+        "ratio (best)",
+        "ratio (median)",
+        "target",
+    ]
+    print(c.render_table(header, rows, right=(1, 2, 3, 4, 5)))
     return 0
 
 

@@ -104,16 +104,42 @@ def _load_libcrypto() -> ctypes.CDLL:
     raise BackendUnavailableError("OpenSSL >= 3.0 libcrypto not found: " + "; ".join(problems))
 
 
-class _OwnedPkey:
-    """One reference to an `EVP_PKEY *`, released when this object is garbage-collected."""
+class _SignContext:
+    """One thread's `(EVP_MD_CTX *, EVP_PKEY_CTX *)` for one key and ID, freed when garbage-collected.
 
-    __slots__ = ("_free", "pointer")
+    `EVP_DigestSignInit` on the same `EVP_MD_CTX` starts the next signature, as `openssl speed` does: the
+    `EVP_PKEY_CTX` is kept (`EVP_MD_CTX_FLAG_KEEP_PKEY_CTX`) and re-applies its cached distinguishing ID at
+    every init (`evp_pkey_ctx_use_cached_data`), so contexts are not rebuilt per signature.
+    """
+
+    __slots__ = ("_lib", "distid", "mctx", "out", "pctx")
+
+    def __init__(self, lib: ctypes.CDLL, distid: bytes, mctx: int, pctx: int) -> None:
+        self._lib, self.distid, self.mctx, self.pctx = lib, distid, mctx, pctx
+        self.out = ctypes.create_string_buffer(_MAX_SIGNATURE_BYTES)
+
+    def __del__(self) -> None:
+        mctx, pctx, self.mctx, self.pctx = self.mctx, self.pctx, 0, 0
+        if mctx:
+            self._lib.EVP_MD_CTX_free(mctx)
+        if pctx:
+            self._lib.EVP_PKEY_CTX_free(pctx)
+
+
+class _OwnedPkey:
+    """One reference to an `EVP_PKEY *` and its per-thread signing contexts, released when collected."""
+
+    __slots__ = ("_free", "pointer", "threads")
 
     def __init__(self, pointer: int, free: Callable[[int], None]) -> None:
         self.pointer = pointer
         self._free = free
+        # Each thread signs with its own contexts (an EVP_MD_CTX is not thread-safe); a thread's entry is
+        # dropped when the thread ends, and all of them when this key is.
+        self.threads = threading.local()
 
     def __del__(self) -> None:
+        # Signing contexts hold references of their own to the key (EVP_PKEY_CTX_new up-refs it).
         pointer, self.pointer = self.pointer, 0
         if pointer:
             self._free(pointer)
@@ -264,18 +290,23 @@ class OpenSslSm2Backend:
         check_distid(distid)
         lib = self._lib
         owned = self._private_pkey(private_key)
+        threads = owned.threads
         try:
-            mctx, pctx = self._digest_ctx(owned.pointer, bytes(distid), signing=True)
-            try:
-                out = ctypes.create_string_buffer(_MAX_SIGNATURE_BYTES)
-                size = c_size_t(len(out))
-                data = bytes(message)
-                if lib.EVP_DigestSign(mctx, out, ctypes.byref(size), data, len(data)) != 1:
-                    raise BackendUnavailableError(f"OpenSSL SM2 signing failed: {self._errors()}")
-                signature = out.raw[: size.value]
-            finally:
-                lib.EVP_MD_CTX_free(mctx)
-                lib.EVP_PKEY_CTX_free(pctx)
+            ctx: _SignContext | None = getattr(threads, "sign", None)
+            if ctx is None or ctx.distid != distid:
+                threads.sign = None
+                distid = bytes(distid)
+                ctx = _SignContext(lib, distid, *self._digest_ctx(owned.pointer, distid, signing=True))
+                threads.sign = ctx
+            elif lib.EVP_DigestSignInit(ctx.mctx, None, self._sm3, None, owned.pointer) != 1:
+                threads.sign = None
+                raise BackendUnavailableError(f"OpenSSL SM2 sign init failed: {self._errors()}")
+            size = c_size_t(_MAX_SIGNATURE_BYTES)
+            data = bytes(message)
+            if lib.EVP_DigestSign(ctx.mctx, ctx.out, ctypes.byref(size), data, len(data)) != 1:
+                threads.sign = None  # start the next signature from new contexts
+                raise BackendUnavailableError(f"OpenSSL SM2 signing failed: {self._errors()}")
+            signature = ctx.out.raw[: size.value]
         finally:
             lib.ERR_clear_error()
         try:

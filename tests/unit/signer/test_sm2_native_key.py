@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import gc
+import shutil
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
+from modelsec.errors import SignatureError
 from modelsec.signer import _sm2_openssl, sm2
 from modelsec.signer.sm2 import Sm2PrivateKey
 
@@ -20,6 +24,7 @@ class _CountingLib:
         self._real = lib
         self.decoded: list[int] = []
         self.freed: list[int] = []
+        self.freed_contexts = 0
 
     def __getattr__(self, name: str) -> object:
         real = getattr(self._real, name)
@@ -31,6 +36,13 @@ class _CountingLib:
                 return pkey
 
             return decode
+        if name == "EVP_MD_CTX_free":
+
+            def free_ctx(mctx: int | None) -> None:
+                self.freed_contexts += 1
+                real(mctx)
+
+            return free_ctx
         if name == "EVP_PKEY_free":
 
             def free(pkey: int | None) -> None:
@@ -61,9 +73,11 @@ def test_private_key_is_decoded_once_and_freed_with_the_key(
     assert len(lib.decoded) == 1  # one decode for five signatures (it was one per signature)
     pkey = lib.decoded[0]
     assert pkey not in lib.freed
+    contexts_before = lib.freed_contexts  # verification contexts are freed per call
     del key
     gc.collect()
     assert lib.freed.count(pkey) == 1
+    assert lib.freed_contexts == contexts_before + 1  # this thread's signing context went with the key
 
 
 def test_drop_native_keys_frees_and_signing_still_works(
@@ -106,3 +120,31 @@ def test_native_key_is_per_backend_and_loaded_once() -> None:
     assert key.native_key("b", lambda: loader("b")) == ["b"]
     assert calls == ["a", "b"]
     assert "native" not in repr(key)
+
+
+def test_reused_contexts_keep_the_distinguishing_id(tmp_path: Path) -> None:
+    """The second and later signatures of a thread re-initialise its contexts: the ID must still be set."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl CLI not installed")
+    backend = _sm2_openssl.OpenSslSm2Backend()
+    key = Sm2PrivateKey(D1)
+    (tmp_path / "pub.pem").write_bytes(key.public_key.to_pem())
+    verify = ["openssl", "pkeyutl", "-verify", "-pubin", "-inkey", str(tmp_path / "pub.pem"), "-rawin"]
+    verify += ["-digest", "sm3", "-in", str(tmp_path / "msg"), "-sigfile", str(tmp_path / "sig")]
+    for i in range(3):
+        message = b"message %d" % i
+        (tmp_path / "msg").write_bytes(message)
+        (tmp_path / "sig").write_bytes(backend.sign(key, message))
+        with_id = subprocess.run([*verify, "-pkeyopt", "distid:1234567812345678"], capture_output=True)
+        assert b"Signature Verified Successfully" in with_id.stdout, (i, with_id.stderr)
+        assert subprocess.run(verify, capture_output=True).returncode != 0  # OpenSSL's default: empty ID
+
+
+def test_changing_the_id_on_one_thread() -> None:
+    backend = sm2.backend_by_name("openssl")
+    key = Sm2PrivateKey(D1)
+    for distid in (b"1234567812345678", b"alice@example", b"1234567812345678", b""):
+        signature = backend.sign(key, b"m", distid)
+        backend.verify(key.public_key, b"m", signature, distid)
+        with pytest.raises(SignatureError):
+            backend.verify(key.public_key, b"m", signature, distid + b"x")
