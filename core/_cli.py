@@ -23,9 +23,12 @@ from modelsec._cli_common import (
     POLICY_ENV,
     _fail,
     _json_option,
+    _key_password_option,
+    _key_password_sources,
     _keys_option,
     _password,
     _quiet_option,
+    _read_password_source,
     _server_client,
     _server_options,
     _signatures_option,
@@ -72,7 +75,45 @@ def _tree_size(path: Path) -> int:
     return total
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Main(click.Group):
+    """The root group: one line and a conventional exit code for what no command handles itself.
+
+    A missing optional extra ends any command with one line naming the extra (exit 1); Ctrl-C ends it with
+    one line and exit 130 (128 + SIGINT, the shell convention) instead of click's "Aborted!" and exit 1.
+    """
+
+    def invoke(self, ctx: click.Context) -> Any:
+        from modelsec._lazy import missing_extra
+
+        args = list(ctx.args)  # the subcommand's arguments (click empties ctx.args while invoking it)
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            message = f"modelsec {ctx.invoked_subcommand} interrupted (Ctrl-C)"
+            if "--json" in args:
+                click.echo(json.dumps({"ok": False, "error": {"kind": "Interrupted", "message": message}}))
+            else:
+                click.echo(f"modelsec: error: {message}", err=True)
+            ctx.exit(130)
+        except ModuleNotFoundError as e:
+            command = ctx.invoked_subcommand or ""
+            extra = missing_extra(e.name, command)
+            if extra is None:
+                raise
+            if isinstance(self.get_command(ctx, command), click.Group) and args:
+                command = f"{command} {args[0]}"
+            message = (
+                f"modelsec {command} needs {e.name}, which is not installed: pip install 'modelsec[{extra}]'"
+            )
+            if "--json" in args:
+                error = {"kind": "MissingExtraError", "message": message, "extra": extra}
+                click.echo(json.dumps({"ok": False, "error": error}))
+            else:
+                click.echo(f"modelsec: error: {message}", err=True)
+            ctx.exit(1)
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="modelsec")
 def main() -> None:
     """Sign, watermark, gate and verify sharded safetensors models.
@@ -99,23 +140,47 @@ def main() -> None:
     help="Output prefix: writes PREFIX.key.pem (mode 0600) and PREFIX.pub.pem.",
 )
 @click.option(
-    "--encrypt", is_flag=True, help=f"Encrypt the private key (password from ${PASSWORD_ENV} or a prompt)."
+    "--encrypt",
+    is_flag=True,
+    help=f"Encrypt the private key; the password comes from --key-password, else ${PASSWORD_ENV}, else a "
+    "prompt on a terminal.",
+)
+@click.option(
+    "--key-password",
+    "key_password",
+    metavar="env:VAR|file:PATH",
+    help="With --encrypt: read the password from $VAR or from a file (one trailing newline dropped).",
 )
 @click.option("--force", is_flag=True, help="Overwrite existing files.")
 @_json_option
-def _keygen(algorithm: str, out: Path, encrypt: bool, force: bool, as_json: bool) -> None:
+def _keygen(
+    algorithm: str, out: Path, encrypt: bool, key_password: str | None, force: bool, as_json: bool
+) -> None:
     """Generate a signing key pair (PKCS#8 private key, SubjectPublicKeyInfo public key)."""
+    from modelsec.errors import KeyMaterialError
     from modelsec.signer.keys import generate_private_key_pem
 
-    password = None
-    if encrypt:
-        env = os.environ.get(PASSWORD_ENV)
-        password = (env or click.prompt("Password", hide_input=True, confirmation_prompt=True)).encode(
-            "utf-8"
-        )
+    if key_password is not None and not encrypt:
+        raise click.UsageError("--key-password needs --encrypt")
+    if key_password is not None and (
+        key_password.partition(":")[0] not in ("env", "file") or not key_password.partition(":")[2]
+    ):
+        raise click.UsageError("--key-password: expected env:VAR or file:PATH")
     private_path = Path(f"{out}.key.pem")
     public_path = Path(f"{out}.pub.pem")
     try:
+        password = None
+        if key_password is not None:
+            password = _read_password_source(key_password, f"{private_path} (--key-password)")
+        elif encrypt and os.environ.get(PASSWORD_ENV):
+            password = os.environ[PASSWORD_ENV].encode("utf-8")
+        elif encrypt and sys.stdin.isatty():
+            password = click.prompt("Password", hide_input=True, confirmation_prompt=True).encode("utf-8")
+        elif encrypt:
+            raise KeyMaterialError(
+                f"keygen --encrypt: no terminal to ask for the password: set ${PASSWORD_ENV}, or give "
+                "--key-password env:VAR or --key-password file:PATH"
+            )
         private, public = generate_private_key_pem(SignatureAlgorithm(algorithm), password=password)
         for path, data, mode in ((private_path, private, 0o600), (public_path, public, 0o644)):
             _write_key_file(path, data, mode, force=force)
@@ -142,8 +207,9 @@ _TENSOR_DIGESTS = [HashAlgorithm.BLAKE3.value, HashAlgorithm.SHA256.value, HashA
 @main.command(name="sign")
 @click.argument("model_dir", type=click.Path(path_type=Path))
 @_keys_option(
-    f"Private key PEM (repeatable: one bundle per key). Encrypted keys read ${PASSWORD_ENV} or prompt."
+    "Private key PEM (repeatable: one bundle per key). An encrypted key's password: see --key-password."
 )
+@_key_password_option
 @click.option(
     "--key-version",
     "key_versions",
@@ -170,11 +236,18 @@ _TENSOR_DIGESTS = [HashAlgorithm.BLAKE3.value, HashAlgorithm.SHA256.value, HashA
     show_default=True,
     help="Per-tensor digest algorithm recorded in the modelsec extension ('none': plain OMS).",
 )
+@click.option(
+    "--allow-unverifiable",
+    is_flag=True,
+    help="Sign even when MODEL_DIR holds pickle files (pytorch_model.bin, *.pt, ...) or *.py code, which "
+    "verification under the default policy always refuses (refused here by default).",
+)
 @_json_option
 @_quiet_option
 def _sign(
     model_dir: Path,
     keys: tuple[Path, ...],
+    key_passwords: tuple[str, ...],
     key_versions: tuple[str, ...],
     pins: tuple[Path, ...],
     server: str | None,
@@ -185,6 +258,7 @@ def _sign(
     plaintext: bool,
     signatures: tuple[Path, ...],
     tensor_digest: str,
+    allow_unverifiable: bool,
     as_json: bool,
     quiet: bool,
 ) -> None:
@@ -193,6 +267,10 @@ def _sign(
     Keys are local PEM files (--key) or key versions held by a modelsec signing service (--server with
     --key-version): the manifest is built here and only the statement (digests, no weights) is sent; each
     returned bundle is checked to sign exactly that statement with the server's (or the pinned) key.
+
+    Without a terminal (CI), unencrypted keys need nothing; each encrypted key takes its password from its
+    own --key-password source, else from $MODELSEC_KEY_PASSWORD, e.g.
+    `sign M -k ci-p256.key.pem -k ci-sm2.key.pem --key-password ci-sm2.key.pem=env:SM2_KEY_PASSWORD`.
     """
     from modelsec.signer import load_private_key_file, sign_model
 
@@ -204,9 +282,10 @@ def _sign(
         raise click.UsageError("give one --pin-key per --key-version, or none")
     if signatures and len(signatures) != len(keys) + len(key_versions):
         raise click.UsageError("give one --signature per key, or none")
+    sources = _key_password_sources(key_passwords, list(keys))
     client = None
     try:
-        signers: list[Any] = [load_private_key_file(k, password=_password(k)) for k in keys]
+        signers: list[Any] = [load_private_key_file(k, password=_password(k, sources)) for k in keys]
         if key_versions:
             from modelsec.service.client import RemoteSigner
 
@@ -226,6 +305,7 @@ def _sign(
                 signature_paths=dict(enumerate(signatures)) or None,
                 tensor_hash=None if tensor_digest == "none" else HashAlgorithm(tensor_digest),
                 progress=progress,
+                refuse_unverifiable=not allow_unverifiable,
             )
     except Error as e:
         _fail(e, as_json)
@@ -512,6 +592,7 @@ def _inspect(model_dir: Path, signatures: tuple[Path, ...], keys: tuple[Path, ..
 @click.option(
     "--attestation-key", type=click.Path(path_type=Path), help="Key that signs watermark and gate results."
 )
+@_key_password_option
 @click.option(
     "--watermark-key", type=click.Path(path_type=Path), required=True, help="The owner's watermark key."
 )
@@ -528,6 +609,7 @@ def _release(
     out_dir: Path,
     keys: tuple[Path, ...],
     attestation_key: Path | None,
+    key_passwords: tuple[str, ...],
     watermark_key: Path,
     message: str,
     gate_config: Path,
@@ -542,10 +624,11 @@ def _release(
     from modelsec.signer import load_private_key_file
     from modelsec.watermark import load_key_file, parse_message
 
+    sources = _key_password_sources(key_passwords, [*keys, *([attestation_key] if attestation_key else [])])
     try:
-        signers = [load_private_key_file(k, password=_password(k)) for k in keys]
+        signers = [load_private_key_file(k, password=_password(k, sources)) for k in keys]
         attester = (
-            load_private_key_file(attestation_key, password=_password(attestation_key))
+            load_private_key_file(attestation_key, password=_password(attestation_key, sources))
             if attestation_key
             else None
         )

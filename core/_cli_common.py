@@ -17,13 +17,17 @@ import click
 from modelsec.errors import Error
 
 __all__ = [
+    "KEY_PASSWORD_HELP",
     "PASSWORD_ENV",
     "POLICY_ENV",
     "_fail",
     "_json_option",
+    "_key_password_option",
+    "_key_password_sources",
     "_keys_option",
     "_password",
     "_quiet_option",
+    "_read_password_source",
     "_server_client",
     "_server_options",
     "_signatures_option",
@@ -76,17 +80,122 @@ def _quiet_option(f: F) -> F:
     return click.option("--quiet", "-q", is_flag=True, help="No progress bar.")(f)
 
 
-def _password(path: Path) -> bytes | None:
-    """The password of an encrypted key: $MODELSEC_KEY_PASSWORD, else a prompt on a terminal."""
-    if os.environ.get(PASSWORD_ENV) is not None:
-        return os.environ[PASSWORD_ENV].encode("utf-8")
+KEY_PASSWORD_HELP = (
+    "Password source of one encrypted key, as KEY=env:VAR (read $VAR) or KEY=file:PATH (read the file; "
+    "one trailing newline is dropped); repeatable, one per key. An encrypted key without one uses "
+    f"${PASSWORD_ENV} (shared by every encrypted key), else a prompt on a terminal. Unencrypted keys need "
+    "no password (the shared one is not applied to them)."
+)
+_MAX_PASSWORD_FILE_BYTES = 64 * 1024
+
+
+def _key_password_option(f: F) -> F:
+    """`--key-password KEY=env:VAR|file:PATH`, repeatable, into the parameter `key_passwords`."""
+    return click.option(
+        "--key-password",
+        "key_passwords",
+        multiple=True,
+        metavar="KEY=env:VAR|file:PATH",
+        help=KEY_PASSWORD_HELP,
+    )(f)
+
+
+def _same_file_key(path: Path) -> str:
+    return os.path.normpath(os.path.abspath(path))
+
+
+def _key_password_sources(specs: tuple[str, ...], keys: list[Path]) -> dict[str, str]:
+    """Parse `--key-password` values into {normalised key path: `env:VAR` or `file:PATH`}.
+
+    Raises:
+        click.UsageError: A malformed value, a key named twice, or a key that is not one of `keys`.
+    """
+    known = {_same_file_key(k) for k in keys}
+    sources: dict[str, str] = {}
+    for spec in specs:
+        at = max(spec.rfind("=env:"), spec.rfind("=file:"))
+        key, source = spec[: max(at, 0)], spec[at + 1 :]
+        if at <= 0 or not source.partition(":")[2]:
+            # Nothing of the value is echoed: it may be a password typed where a source was expected.
+            raise click.UsageError(
+                "--key-password: expected KEY=env:VAR or KEY=file:PATH "
+                "(passwords themselves are never taken from the command line)"
+            )
+        name = _same_file_key(Path(key))
+        if name not in known:
+            raise click.UsageError(f"--key-password names {key}, which is not a private key of this command")
+        if name in sources:
+            raise click.UsageError(f"--key-password: {key} is given twice")
+        sources[name] = source
+    return sources
+
+
+def _read_password_source(source: str, what: str) -> bytes:
+    """Read a password from `env:VAR` or `file:PATH` (one trailing newline dropped).
+
+    Raises:
+        KeyMaterialError: The variable is unset or empty, or the file cannot be read or is empty.
+    """
+    from modelsec.errors import KeyMaterialError
+
+    kind, _, value = source.partition(":")
+    if kind == "env":
+        password = os.environ.get(value, "")
+        if not password:
+            raise KeyMaterialError(f"{what}: ${value} is not set or empty")
+        return password.encode("utf-8")
     try:
-        head = path.read_bytes()[:100]
-    except OSError:
+        with open(value, "rb") as f:
+            data = f.read(_MAX_PASSWORD_FILE_BYTES + 1)
+    except OSError as e:
+        raise KeyMaterialError(f"{what}: cannot read the password file {value}: {e.strerror}") from e
+    if len(data) > _MAX_PASSWORD_FILE_BYTES:
+        raise KeyMaterialError(f"{what}: the password file {value} is larger than 64 KiB")
+    data = data.removesuffix(b"\n").removesuffix(b"\r")
+    if not data:
+        raise KeyMaterialError(f"{what}: the password file {value} is empty")
+    return data
+
+
+def _key_is_encrypted(path: Path) -> bool:
+    """Whether the PEM private key at `path` is encrypted (PKCS#8 or legacy `Proc-Type: 4,ENCRYPTED`).
+
+    Raises:
+        KeyMaterialError: The key file cannot be read (missing, a symlink, not a regular file, too large).
+    """
+    from modelsec.signer.keys import _read_key_file
+
+    return b"ENCRYPTED" in _read_key_file(path)
+
+
+def _password(path: Path, sources: dict[str, str] | None = None) -> bytes | None:
+    """The password of the private key at `path`, or None when the key is not encrypted.
+
+    An encrypted key's password comes from its `--key-password` source, else $MODELSEC_KEY_PASSWORD (set
+    and non-empty), else a prompt when stdin is a terminal.
+
+    Raises:
+        KeyMaterialError: The key cannot be read; an encrypted key has no password source and there is no
+            terminal; its source cannot be read; or `--key-password` was given for an unencrypted key.
+    """
+    from modelsec.errors import KeyMaterialError
+
+    source = (sources or {}).get(_same_file_key(path))
+    if not _key_is_encrypted(path):
+        if source is not None:
+            raise KeyMaterialError(f"{path}: --key-password was given but the key is not encrypted")
         return None
-    if b"ENCRYPTED" in head and sys.stdin.isatty():
+    if source is not None:
+        return _read_password_source(source, f"{path} (--key-password)")
+    shared = os.environ.get(PASSWORD_ENV)
+    if shared:
+        return shared.encode("utf-8")
+    if sys.stdin.isatty():
         return click.prompt(f"Password for {path}", hide_input=True).encode("utf-8")
-    return None
+    raise KeyMaterialError(
+        f"{path}: the key is encrypted and no password was given (no terminal to ask): set "
+        f"${PASSWORD_ENV}, or give --key-password {path}=env:VAR or --key-password {path}=file:PATH"
+    )
 
 
 def _server_options(*, required: bool) -> Callable[[F], F]:
@@ -148,14 +257,13 @@ def _server_client(
     """A `modelsec.service.client.ModelsecClient` for the `_server_options` values (`timeout`: per call).
 
     Raises:
-        click.UsageError: Half an mTLS pair, or the grpc extra is not installed.
+        click.UsageError: Half an mTLS pair.
+        ModuleNotFoundError: The grpc extra is not installed (the root command names the extra).
     """
     if (client_cert is None) != (client_key is None):
         raise click.UsageError("give both --client-cert and --client-key, or neither")
-    try:
-        from modelsec.service.client import ChannelOptions, ModelsecClient
-    except ModuleNotFoundError as e:
-        raise click.UsageError(f"{e.name} is missing; install modelsec[grpc]") from e
+    from modelsec.service.client import ChannelOptions, ModelsecClient
+
     options = ChannelOptions(
         ca=server_ca,
         cert=client_cert,

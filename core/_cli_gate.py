@@ -18,7 +18,15 @@ from typing import Any
 
 import click
 
-from modelsec._cli_common import _fail, _json_option, _password, _quiet_option, _signatures_option
+from modelsec._cli_common import (
+    _fail,
+    _json_option,
+    _key_password_option,
+    _key_password_sources,
+    _password,
+    _quiet_option,
+    _signatures_option,
+)
 
 __all__ = ["gate"]
 
@@ -105,8 +113,9 @@ class _RichProgress:
     "key",
     type=click.Path(path_type=Path),
     required=True,
-    help="Private key PEM that signs the attestation ($MODELSEC_KEY_PASSWORD for encrypted keys).",
+    help="Private key PEM that signs the attestation (an encrypted key's password: see --key-password).",
 )
+@_key_password_option
 @click.option(
     "--trust",
     "trust",
@@ -147,6 +156,7 @@ def _pgd(
     sanity_samples: int,
     no_sanity: bool,
     key: Path,
+    key_passwords: tuple[str, ...],
     trust: tuple[Path, ...],
     signatures: tuple[Path, ...],
     out: Path,
@@ -161,6 +171,7 @@ def _pgd(
     """
     from modelsec.errors import Error
 
+    sources = _key_password_sources(key_passwords, [key])
     try:
         from modelsec.policy import Policy
         from modelsec.robustness import FastPaths, GateConfig, SanityConfig, run_pgd_gate
@@ -187,7 +198,7 @@ def _pgd(
             ),
             sanity=SanityConfig(enabled=not no_sanity, samples=sanity_samples),
         )
-        signer = load_private_key_file(key, password=_password(key))
+        signer = load_private_key_file(key, password=_password(key, sources))
         policy = Policy.from_key_files(trust)
         # Under torchrun only rank 0 draws a bar (every rank reports its own share of the work).
         show = not (quiet or as_json) and sys.stderr.isatty() and os.environ.get("RANK", "0") == "0"

@@ -40,14 +40,12 @@ def serve(config_path: Path, listen: str | None, log_level: str) -> None:
     import asyncio
     import dataclasses
 
-    try:
-        from modelsec.service.config import load_server_config
-        from modelsec.service.server import RunningServer, run_server
-    except ModuleNotFoundError as e:
-        click.echo(f"modelsec: error: {e.name} is missing; install modelsec[grpc]", err=True)
-        sys.exit(1)
     from modelsec._cli_common import _fail
     from modelsec.errors import BackendUnavailableError, Error
+
+    # Without the grpc extra this raises ModuleNotFoundError; the root command names the extra.
+    from modelsec.service.config import load_server_config
+    from modelsec.service.server import RunningServer, run_server
 
     logging.basicConfig(level=log_level.upper(), format="%(message)s", stream=sys.stderr)
 

@@ -14,7 +14,14 @@ from pathlib import Path
 
 import click
 
-from modelsec._cli_common import _fail, _json_option, _password, _write_key_file
+from modelsec._cli_common import (
+    _fail,
+    _json_option,
+    _key_password_option,
+    _key_password_sources,
+    _password,
+    _write_key_file,
+)
 
 __all__ = ["watermark"]
 
@@ -71,8 +78,10 @@ def _keygen(out: Path, force: bool, as_json: bool) -> None:
 @click.option(
     "--sign-key",
     type=click.Path(path_type=Path),
-    help="Private key PEM that signs the watermark attestation (with --attestation).",
+    help="Private key PEM that signs the watermark attestation (with --attestation; an encrypted key's "
+    "password: see --key-password).",
 )
+@_key_password_option
 @click.option(
     "--attestation",
     type=click.Path(path_type=Path),
@@ -99,6 +108,7 @@ def _embed(
     message: str,
     out_dir: Path,
     sign_key: Path | None,
+    key_passwords: tuple[str, ...],
     attestation: Path | None,
     kappa: float,
     max_relative_change: float,
@@ -111,6 +121,7 @@ def _embed(
 
     if (sign_key is None) != (attestation is None):
         raise click.UsageError("--sign-key and --attestation must be given together")
+    sources = _key_password_sources(key_passwords, [sign_key] if sign_key else [])
     try:
         key = load_key_file(key_file)
         payload = parse_message(message)
@@ -119,7 +130,7 @@ def _embed(
         if sign_key is not None:
             from modelsec.signer import load_private_key_file
 
-            signer = load_private_key_file(sign_key, password=_password(sign_key))
+            signer = load_private_key_file(sign_key, password=_password(sign_key, sources))
         result = embed_model(model_dir, out_dir, key, payload, params=params)
         digest = None
         if signer is not None and attestation is not None:

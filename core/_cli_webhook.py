@@ -117,12 +117,10 @@ def _serve(
     from modelsec.errors import BackendUnavailableError, Error
     from modelsec.policy import PolicySet
 
-    try:
-        from modelsec.webhook.review import Mode, Reviewer, WebhookConfig
-        from modelsec.webhook.server import serve
-    except ModuleNotFoundError as e:
-        click.echo(f"modelsec: error: {e.name} is missing; install modelsec[webhook]", err=True)
-        sys.exit(1)
+    # Without the webhook extra this raises ModuleNotFoundError; the root command names the extra.
+    from modelsec.webhook.review import Mode, Reviewer, WebhookConfig
+    from modelsec.webhook.server import serve
+
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
         policies = PolicySet.from_file(policy)

@@ -1,12 +1,46 @@
-"""Lazy package exports: names resolve to their submodule on first access (keeps torch out of import time)."""
+"""Lazy package exports and the optional extras: what to install when an optional import is missing."""
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
-from typing import Any
+from typing import Any, Final
 
-__all__ = ["lazy_exports"]
+__all__ = ["lazy_exports", "missing_extra"]
+
+# Top-level modules that each extra of pyproject.toml installs (base dependencies are not listed).
+_EXTRA_MODULES: Final[dict[str, frozenset[str]]] = {
+    "torch": frozenset({"torch", "numpy"}),
+    "grpc": frozenset({"grpc", "grpc_health", "grpc_reflection", "google", "prometheus_client"}),
+    "webhook": frozenset({"uvicorn", "starlette", "prometheus_client"}),
+    "watermark": frozenset({"torch", "numpy", "scipy"}),
+}
+# The extra that gives a command everything it needs, where one does.
+_COMMAND_EXTRA: Final[dict[str, str]] = {
+    "gate": "torch",
+    "release": "watermark",
+    "serve": "grpc",
+    "watermark": "watermark",
+    "webhook": "webhook",
+}
+
+
+def missing_extra(module: str | None, command: str | None = None) -> str | None:
+    """The extra (`pip install 'modelsec[EXTRA]'`) that installs `module`, or None if none does.
+
+    Args:
+        module: `ModuleNotFoundError.name`, e.g. `grpc` or `google.protobuf`.
+        command: The `modelsec` command that needed it; its own extra is preferred when it covers `module`
+            (numpy for `watermark` is the `watermark` extra, for `gate` the `torch` extra).
+
+    Returns:
+        The extra's name, or None when `module` belongs to no extra (a broken installation, not an option).
+    """
+    top = (module or "").partition(".")[0]
+    own = _COMMAND_EXTRA.get(command or "")
+    if own is not None and top in _EXTRA_MODULES[own]:
+        return own
+    return next((extra for extra, modules in _EXTRA_MODULES.items() if top in modules), None)
 
 
 def lazy_exports(

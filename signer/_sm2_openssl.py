@@ -10,9 +10,14 @@ The binding follows the documented SM2 recipe of `EVP_PKEY-SM2(7)`:
 `EVP_PKEY_CTRL_SET1_ID` = 15) → `EVP_MD_CTX_set_pkey_ctx(mctx, pctx)` →
 `EVP_Digest{Sign,Verify}Init(mctx, NULL, EVP_sm3(), NULL, pkey)` → `EVP_Digest{Sign,Verify}`. The
 `EVP_PKEY_CTX` stays owned by the caller (`EVP_MD_CTX_set_pkey_ctx` sets `EVP_MD_CTX_FLAG_KEEP_PKEY_CTX`), so
-it is freed after the `EVP_MD_CTX`. Every object is freed in `finally`, and the thread's OpenSSL error queue
+it is freed after the `EVP_MD_CTX`. Every context is freed in `finally`, and the thread's OpenSSL error queue
 is cleared after each call so that failures do not leak into other users of the library. `ctypes` releases
 the GIL during the calls; each call uses its own contexts, so the backend is thread-safe.
+
+Decoding a key costs OpenSSL 3 about as much as a signature, so decoded keys are kept: a private key's
+`EVP_PKEY` lives with its `Sm2PrivateKey` (`Sm2PrivateKey.native_key`) and is freed when that key is
+garbage-collected; public keys sit in a small LRU cache. An `EVP_PKEY` is only read after decoding, which
+OpenSSL allows from several threads at once.
 
 The backend self-tests on construction (GB/T 32918.5-2017 annex A) and raises `BackendUnavailableError`
 if libcrypto is missing, older than 3.0, lacks SM2/SM3, or fails the test.
@@ -24,6 +29,7 @@ import ctypes
 import ctypes.util
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from ctypes import POINTER, c_char_p, c_int, c_long, c_size_t, c_ulong, c_void_p
 from typing import Final
 
@@ -96,6 +102,47 @@ def _load_libcrypto() -> ctypes.CDLL:
             continue
         return lib
     raise BackendUnavailableError("OpenSSL >= 3.0 libcrypto not found: " + "; ".join(problems))
+
+
+class _SignContext:
+    """One thread's `(EVP_MD_CTX *, EVP_PKEY_CTX *)` for one key and ID, freed when garbage-collected.
+
+    `EVP_DigestSignInit` on the same `EVP_MD_CTX` starts the next signature, as `openssl speed` does: the
+    `EVP_PKEY_CTX` is kept (`EVP_MD_CTX_FLAG_KEEP_PKEY_CTX`) and re-applies its cached distinguishing ID at
+    every init (`evp_pkey_ctx_use_cached_data`), so contexts are not rebuilt per signature.
+    """
+
+    __slots__ = ("_lib", "distid", "mctx", "out", "pctx")
+
+    def __init__(self, lib: ctypes.CDLL, distid: bytes, mctx: int, pctx: int) -> None:
+        self._lib, self.distid, self.mctx, self.pctx = lib, distid, mctx, pctx
+        self.out = ctypes.create_string_buffer(_MAX_SIGNATURE_BYTES)
+
+    def __del__(self) -> None:
+        mctx, pctx, self.mctx, self.pctx = self.mctx, self.pctx, 0, 0
+        if mctx:
+            self._lib.EVP_MD_CTX_free(mctx)
+        if pctx:
+            self._lib.EVP_PKEY_CTX_free(pctx)
+
+
+class _OwnedPkey:
+    """One reference to an `EVP_PKEY *` and its per-thread signing contexts, released when collected."""
+
+    __slots__ = ("_free", "pointer", "threads")
+
+    def __init__(self, pointer: int, free: Callable[[int], None]) -> None:
+        self.pointer = pointer
+        self._free = free
+        # Each thread signs with its own contexts (an EVP_MD_CTX is not thread-safe); a thread's entry is
+        # dropped when the thread ends, and all of them when this key is.
+        self.threads = threading.local()
+
+    def __del__(self) -> None:
+        # Signing contexts hold references of their own to the key (EVP_PKEY_CTX_new up-refs it).
+        pointer, self.pointer = self.pointer, 0
+        if pointer:
+            self._free(pointer)
 
 
 class OpenSslSm2Backend:
@@ -178,7 +225,7 @@ class OpenSslSm2Backend:
 
         Decoded keys are kept in a small LRU cache. The cache holds one reference of its own and every
         caller gets another (`EVP_PKEY_up_ref`), so eviction never frees a key that another thread uses.
-        Only public keys are cached: private keys are decoded per signature and freed at once.
+        Private keys are not cached here: each one keeps its own `EVP_PKEY` (`_private_pkey`).
         """
         lib, key = self._lib, (public_key.x, public_key.y)
         with self._lock:
@@ -195,6 +242,13 @@ class OpenSslSm2Backend:
                 while len(self._cache) > _PUBLIC_KEY_CACHE_SIZE:
                     lib.EVP_PKEY_free(self._cache.popitem(last=False)[1])
         return pkey
+
+    def _private_pkey(self, private_key: Sm2PrivateKey) -> _OwnedPkey:
+        """Return the `EVP_PKEY` of `private_key`, decoded on its first signature and kept with the key."""
+        return private_key.native_key(
+            self,
+            lambda: _OwnedPkey(self._load_key(private_key.to_der(), private=True), self._lib.EVP_PKEY_free),
+        )
 
     def _digest_ctx(self, pkey: int, distid: bytes, *, signing: bool) -> tuple[int, int]:
         """Create `(EVP_MD_CTX *, EVP_PKEY_CTX *)` initialised for SM2 with SM3 and `distid`."""
@@ -235,21 +289,25 @@ class OpenSslSm2Backend:
         """
         check_distid(distid)
         lib = self._lib
-        pkey = self._load_key(private_key.to_der(), private=True)
+        owned = self._private_pkey(private_key)
+        threads = owned.threads
         try:
-            mctx, pctx = self._digest_ctx(pkey, bytes(distid), signing=True)
-            try:
-                out = ctypes.create_string_buffer(_MAX_SIGNATURE_BYTES)
-                size = c_size_t(len(out))
-                data = bytes(message)
-                if lib.EVP_DigestSign(mctx, out, ctypes.byref(size), data, len(data)) != 1:
-                    raise BackendUnavailableError(f"OpenSSL SM2 signing failed: {self._errors()}")
-                signature = out.raw[: size.value]
-            finally:
-                lib.EVP_MD_CTX_free(mctx)
-                lib.EVP_PKEY_CTX_free(pctx)
+            ctx: _SignContext | None = getattr(threads, "sign", None)
+            if ctx is None or ctx.distid != distid:
+                threads.sign = None
+                distid = bytes(distid)
+                ctx = _SignContext(lib, distid, *self._digest_ctx(owned.pointer, distid, signing=True))
+                threads.sign = ctx
+            elif lib.EVP_DigestSignInit(ctx.mctx, None, self._sm3, None, owned.pointer) != 1:
+                threads.sign = None
+                raise BackendUnavailableError(f"OpenSSL SM2 sign init failed: {self._errors()}")
+            size = c_size_t(_MAX_SIGNATURE_BYTES)
+            data = bytes(message)
+            if lib.EVP_DigestSign(ctx.mctx, ctx.out, ctypes.byref(size), data, len(data)) != 1:
+                threads.sign = None  # start the next signature from new contexts
+                raise BackendUnavailableError(f"OpenSSL SM2 signing failed: {self._errors()}")
+            signature = ctx.out.raw[: size.value]
         finally:
-            lib.EVP_PKEY_free(pkey)
             lib.ERR_clear_error()
         try:
             decode_sm2_signature(signature)

@@ -1,7 +1,9 @@
 """Key backends (private keys that sign) and trusted public keys (that verify), one protocol for all curves.
 
-* ECDSA P-256 with SHA-256 and P-384 with SHA-384 (FIPS 186-5) through `cryptography`; signatures are DER
-  and deterministic (RFC 6979), so golden files are reproducible.
+* ECDSA P-256 with SHA-256 and P-384 with SHA-384 (FIPS 186-5) through `cryptography`; signatures are DER,
+  deterministic (RFC 6979), so golden files are reproducible, and low-S (s <= n/2: of the two valid
+  forms (r, s) and (r, n - s) the signer emits the smaller). Verification accepts high-S too (model_signing
+  emits it).
 * SM2 with SM3 (GB/T 32918.2-2016, distinguishing ID `1234567812345678`) through `modelsec.signer.sm2`
   (OpenSSL EVP backend by default, hardened gmssl fallback).
 
@@ -25,7 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from modelsec.algorithms import SignatureAlgorithm
 from modelsec.errors import KeyMaterialError, SignatureError, UnsupportedAlgorithmError
-from modelsec.signer.der import decode_signature
+from modelsec.signer.der import decode_signature, encode_signature
 
 if TYPE_CHECKING:
     from modelsec.signer.sm2 import Sm2PrivateKey, Sm2PublicKey
@@ -96,8 +98,13 @@ class _EcdsaKeyBackend:
         )
 
     def sign(self, message: bytes) -> bytes:
-        digest = _ec_algorithm(self._key.curve)[1]
-        return self._key.sign(message, ec.ECDSA(digest, deterministic_signing=True))
+        algorithm, digest = _ec_algorithm(self._key.curve)
+        signature = self._key.sign(message, ec.ECDSA(digest, deterministic_signing=True))
+        # (r, s) and (r, n - s) both verify; emit the low-S form (s <= n/2), which strict verifiers
+        # (BIP 62 style) require. Verification still accepts either.
+        order = _ORDERS[algorithm]
+        r, s = decode_signature(signature, order)
+        return signature if s <= order // 2 else encode_signature(r, order - s)
 
 
 @dataclass(frozen=True, slots=True, repr=False)
@@ -271,6 +278,10 @@ def load_private_key(pem: bytes, *, name: str, password: bytes | None = None) ->
         KeyMaterialError: Not a private key, wrong or missing password.
         UnsupportedAlgorithmError: Another key type or curve.
     """
+    if b"PUBLIC KEY-----" in pem and b"PRIVATE KEY-----" not in pem:
+        raise KeyMaterialError(
+            f"{name}: is a public key; signing needs the private key (keygen writes *.key.pem)"
+        )
     if _is_sm2(pem):
         return _sm2_backend(pem, password)
     try:

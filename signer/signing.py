@@ -11,7 +11,7 @@ from typing import Protocol, runtime_checkable
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
 from modelsec.attestations.bundle import key_hint, sign_statement
 from modelsec.attestations.statement import Statement
-from modelsec.errors import KeyMaterialError, MalformedArtifactError, PolicyError
+from modelsec.errors import KeyMaterialError, MalformedArtifactError, PolicyError, PolicyViolationError
 from modelsec.limits import Limits
 from modelsec.signer.hashing import ProgressCallback, hash_files
 from modelsec.signer.keys import KeyBackend
@@ -27,6 +27,7 @@ __all__ = [
     "SigningResult",
     "compute_manifests",
     "sign_model",
+    "unverifiable_files",
     "write_bundle_file",
 ]
 
@@ -86,6 +87,30 @@ class SigningResult:
     bundles: tuple[SignedBundle, ...]
 
 
+def unverifiable_files(names: Sequence[str]) -> list[str]:
+    """The files that `verify` refuses under the default policy, whatever signs them, each with the reason.
+
+    Pickle formats (`PICKLE_SUFFIXES` of the verifier: unpickling runs code) and `*.py` files (remote code)
+    are refused by name by the default policy, at any depth. `auto_map` entries in config files are not
+    looked at here.
+
+    Args:
+        names: Relative POSIX paths of the files to sign.
+
+    Returns:
+        `"NAME (pickle format)"` / `"NAME (remote code)"` entries, in the order of `names`.
+    """
+    from modelsec.verifier.verification import PICKLE_SUFFIXES
+
+    found = []
+    for name in names:
+        if name.lower().endswith(PICKLE_SUFFIXES):
+            found.append(f"{name} (pickle format)")
+        elif name.endswith(".py"):
+            found.append(f"{name} (remote code)")
+    return found
+
+
 def compute_manifests(
     model_dir: Path,
     hash_types: Sequence[HashAlgorithm],
@@ -94,6 +119,7 @@ def compute_manifests(
     tensor_hash: HashAlgorithm | None = HashAlgorithm.BLAKE3,
     limits: Limits | None = None,
     progress: ProgressCallback | None = None,
+    refuse_unverifiable: bool = False,
 ) -> dict[HashAlgorithm, Manifest]:
     """Walk and hash `model_dir` once and build one manifest per requested file hash type.
 
@@ -106,18 +132,30 @@ def compute_manifests(
         tensor_hash: Per-tensor digest algorithm, or None.
         limits: Limits; defaults to `Limits()`.
         progress: Byte-count callback for a progress bar.
+        refuse_unverifiable: Refuse, before hashing, a directory holding files that `verify` refuses under
+            the default policy (see `unverifiable_files`).
 
     Returns:
         Manifest by hash type.
 
     Raises:
         MalformedArtifactError: The directory is empty or not a directory, or a file is malformed.
-        PolicyViolationError: A symlink or special file is present.
+        PolicyViolationError: A symlink or special file is present, or (with `refuse_unverifiable`) a
+            pickle or `*.py` file.
     """
     limits = limits or Limits()
     files = walk_model(model_dir, ignore_paths=ignore_paths, limits=limits)
     if not files:
         raise MalformedArtifactError(f"{model_dir}: the model directory holds no files to sign")
+    if refuse_unverifiable:
+        refused = unverifiable_files([f.name for f in files])
+        if refused:
+            raise PolicyViolationError(
+                f"{model_dir}: verification under the default policy will always refuse "
+                f"{', '.join(refused)}; convert pickles to safetensors and remove code files, or sign "
+                "anyway (--allow-unverifiable; a policy with refusePickle: false / allowRemoteCode: true "
+                "accepts them)"
+            )
     algorithms = list(dict.fromkeys([HashAlgorithm.SHA256, *hash_types]))
     root_fd = open_model_root(model_dir)
     try:
@@ -147,6 +185,7 @@ def sign_model(
     tensor_hash: HashAlgorithm | None = HashAlgorithm.BLAKE3,
     limits: Limits | None = None,
     progress: ProgressCallback | None = None,
+    refuse_unverifiable: bool = False,
 ) -> SigningResult:
     """Sign a model directory with one or more keys, writing one sigstore bundle per key.
 
@@ -164,6 +203,8 @@ def sign_model(
         tensor_hash: Per-tensor digest algorithm recorded in the extension (None: plain OMS manifest).
         limits: Limits; defaults to `Limits()`.
         progress: Byte-count callback for a progress bar.
+        refuse_unverifiable: Refuse, before hashing, files that `verify` refuses under the default policy
+            (pickle formats, `*.py`; see `unverifiable_files`). The `sign` command sets it by default.
 
     Returns:
         The model root digest, counts, and the bundles written.
@@ -172,7 +213,8 @@ def sign_model(
         KeyMaterialError: No signer, or two signers would write the same bundle.
         MalformedArtifactError: The directory is empty, or a file is malformed.
         PolicyError: A bundle path is a symlink or cannot be written.
-        PolicyViolationError: A symlink or special file is present.
+        PolicyViolationError: A symlink or special file is present, or (with `refuse_unverifiable`) a
+            pickle or `*.py` file.
 
     Example:
         >>> from modelsec.signer import load_private_key_file, sign_model
@@ -196,7 +238,13 @@ def sign_model(
                 ignore.append(rel_posix)
     hash_types = list(dict.fromkeys(s.algorithm.manifest_hash for s in signers))
     manifests = compute_manifests(
-        model_dir, hash_types, ignore_paths=ignore, tensor_hash=tensor_hash, limits=limits, progress=progress
+        model_dir,
+        hash_types,
+        ignore_paths=ignore,
+        tensor_hash=tensor_hash,
+        limits=limits,
+        progress=progress,
+        refuse_unverifiable=refuse_unverifiable,
     )
     written = []
     for signer, path in zip(signers, paths, strict=True):

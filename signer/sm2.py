@@ -35,7 +35,7 @@ import secrets
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Final, Protocol, TypeVar, cast
 
 from modelsec.algorithms import HashAlgorithm
 from modelsec.errors import (
@@ -113,6 +113,8 @@ class _Curve:
     def byte_length(self) -> int:
         return (self.p.bit_length() + 7) // 8
 
+
+_T = TypeVar("_T")
 
 _SM2_CURVE: Final = _Curve(SM2_P, SM2_A, SM2_B, SM2_GX, SM2_GY, SM2_ORDER)
 
@@ -626,9 +628,11 @@ class Sm2PrivateKey:
     cannot be pickled or copied (serialize them with `to_pem(password)`).
     """
 
-    __slots__ = ("_d", "_public_key")
+    __slots__ = ("_d", "_native", "_native_lock", "_public_key")
 
     _d: int
+    _native: dict[object, object]
+    _native_lock: threading.Lock
     _public_key: Sm2PublicKey
 
     def __init__(self, private_value: int) -> None:
@@ -647,6 +651,8 @@ class Sm2PrivateKey:
             raise KeyMaterialError("SM2 private key: [d]G is the point at infinity")
         self._d = private_value
         self._public_key = Sm2PublicKey(*point)
+        self._native = {}
+        self._native_lock = threading.Lock()
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -669,6 +675,34 @@ class Sm2PrivateKey:
     def private_value(self) -> int:
         """Return the secret scalar d. For backends only; never log or persist it outside `to_pem`."""
         return self._d
+
+    def native_key(self, backend: object, load: Callable[[], _T]) -> _T:
+        """Return `backend`'s native form of this key (e.g. an OpenSSL `EVP_PKEY`), loading it once.
+
+        For backends only. Decoding a PKCS#8 key costs OpenSSL about as much as a signature, so a backend
+        keeps its decoded key here, with this key, instead of decoding it for every signature. The object
+        `load` returns lives exactly as long as this key (or until `drop_native_keys`): it must free its
+        native resources when it is garbage-collected.
+
+        Args:
+            backend: The backend that owns the native key (one native key per backend).
+            load: Creates the native key; called at most once per backend while the key holds it.
+
+        Returns:
+            What `load` returned for `backend`.
+        """
+        native = self._native.get(backend)
+        if native is None:
+            with self._native_lock:
+                native = self._native.get(backend)
+                if native is None:
+                    native = self._native[backend] = load()
+        return cast(_T, native)
+
+    def drop_native_keys(self) -> None:
+        """Release every backend's native form of this key now (backends load it again on the next use)."""
+        with self._native_lock:
+            self._native.clear()
 
     # -- loading -------------------------------------------------------------------------------------------
 

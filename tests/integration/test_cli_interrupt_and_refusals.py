@@ -1,0 +1,133 @@
+"""Ctrl-C exits 130 with one line; `sign` refuses by default what `verify` always refuses (issue 19)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from modelsec.algorithms import SignatureAlgorithm
+from modelsec.signer import generate_private_key_pem
+
+pytestmark = pytest.mark.integration
+
+EXE = shutil.which("modelsec", path=str(Path(sys.executable).parent)) or "modelsec"
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("keys")
+    private, public = generate_private_key_pem(SignatureAlgorithm.ECDSA_P256)
+    (root / "ci.key.pem").write_bytes(private)
+    (root / "ci.pub.pem").write_bytes(public)
+    return root
+
+
+def big_model(root: Path, size: int = 2 * 2**30) -> Path:
+    """One safetensors file of `size` zero bytes, sparse on disk (hashing it still reads `size` bytes)."""
+    root.mkdir()
+    header = json.dumps({"w": {"dtype": "U8", "shape": [size], "data_offsets": [0, size]}}).encode()
+    header += b" " * (-len(header) % 8)
+    with open(root / "model.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header)
+        f.truncate(8 + len(header) + size)
+    return root
+
+
+def bytes_read(pid: int) -> int:
+    with open(f"/proc/{pid}/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
+
+
+def interrupt_while_hashing(*args: str | Path) -> tuple[subprocess.CompletedProcess[str], float]:
+    """Start the CLI, send SIGINT once it has read 32 MiB; return its result and how long it took to exit."""
+    proc = subprocess.Popen(
+        [EXE, *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while proc.poll() is None and bytes_read(proc.pid) < 32 * 2**20 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert proc.poll() is None, "finished before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    sent = time.monotonic()
+    out, err = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), time.monotonic() - sent
+
+
+needs_proc_io = pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/io"), reason="needs /proc/PID/io")
+
+
+@needs_proc_io
+def test_ctrl_c_during_digest_exits_130(tmp_path: Path) -> None:
+    model = big_model(tmp_path / "big")
+    r, took = interrupt_while_hashing("digest", model, "-q")
+    assert r.returncode == 130, (r.stdout, r.stderr)
+    assert r.stderr.strip().splitlines() == ["modelsec: error: modelsec digest interrupted (Ctrl-C)"]
+    assert r.stdout == ""
+    assert took < 10
+
+
+@needs_proc_io
+def test_ctrl_c_during_sign_exits_130_and_writes_no_bundle(tmp_path: Path, keys: Path) -> None:
+    model = big_model(tmp_path / "big")
+    r, _ = interrupt_while_hashing("sign", model, "-q", "-k", keys / "ci.key.pem", "--json")
+    assert r.returncode == 130, (r.stdout, r.stderr)
+    assert json.loads(r.stdout)["error"]["kind"] == "Interrupted"
+    assert not (model / "model.sig").exists()
+
+
+def run(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [EXE, *map(str, args)], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("pytorch_model.bin", "pickle format"),
+        ("sub/optimizer.pt", "pickle format"),
+        ("modeling_tiny.py", "remote code"),
+    ],
+)
+def test_sign_refuses_what_verify_refuses_unless_allowed(
+    tiny_model: Path, keys: Path, name: str, reason: str
+) -> None:
+    (tiny_model / name).parent.mkdir(exist_ok=True)
+    (tiny_model / name).write_bytes(b"\x80\x04K\x01." if reason == "pickle format" else b"import os\n")
+    r = run("sign", tiny_model, "-q", "-k", keys / "ci.key.pem")
+    assert r.returncode == 1, r.stderr
+    line = r.stderr.strip()
+    assert len(line.splitlines()) == 1 and line.startswith("modelsec: error:")
+    assert f"{name} ({reason})" in line and "--allow-unverifiable" in line
+    assert not (tiny_model / "model.sig").exists()
+
+    r = run("sign", tiny_model, "-q", "-k", keys / "ci.key.pem", "--allow-unverifiable")
+    assert r.returncode == 0, r.stderr
+    assert (tiny_model / "model.sig").is_file()
+    # The override signs, but the default policy still refuses the model: the refusal was not a guess.
+    r = run("verify", tiny_model, "-q", "-k", keys / "ci.pub.pem")
+    assert r.returncode == 1 and (
+        "pickle" in r.stderr if reason == "pickle format" else "remote code" in r.stderr
+    )
+    if reason == "remote code":
+        assert (
+            run("verify", tiny_model, "-q", "-k", keys / "ci.pub.pem", "--allow-remote-code").returncode == 0
+        )
+
+
+def test_sign_accepts_a_plain_safetensors_model(tiny_model: Path, keys: Path) -> None:
+    assert run("sign", tiny_model, "-q", "-k", keys / "ci.key.pem").returncode == 0
+    assert run("verify", tiny_model, "-q", "-k", keys / "ci.pub.pem").returncode == 0
