@@ -45,7 +45,7 @@ def _bounded_int(text: str) -> int:
     return value
 
 
-def strict_loads(data: bytes | str, *, what: str) -> Any:
+def strict_loads(data: bytes | str, *, what: str, bounded_ints: bool = True) -> Any:
     """Decode JSON, refusing duplicate keys, NaN/Infinity, out-of-range numbers and invalid UTF-8.
 
     Integers must lie in [-2**63, 2**64 - 1] (int64 or uint64) and floats must be finite, so every consumer
@@ -54,6 +54,9 @@ def strict_loads(data: bytes | str, *, what: str) -> Any:
     Args:
         data: The raw document.
         what: Names the document in the error (file name and role).
+        bounded_ints: Refuse integers outside the 64-bit range (statements, bundles, admission reviews).
+            False for a model's own JSON files, which real frameworks write with larger integers
+            (transformers' `model_max_length` is 10**30); Python's digit limit still bounds the parse.
 
     Returns:
         The decoded value (dict, list, str, int, float, bool or None).
@@ -77,7 +80,7 @@ def strict_loads(data: bytes | str, *, what: str) -> Any:
             object_pairs_hook=pairs,
             parse_constant=_refuse_constant,
             parse_float=_finite,
-            parse_int=_bounded_int,
+            parse_int=_bounded_int if bounded_ints else int,
         )
     except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise MalformedArtifactError(f"{what}: invalid JSON: {e}") from e

@@ -632,7 +632,7 @@ def _check_remote_code(
         what = f"{model}/{name}"
         raw = _read_verified_side_file(root_fd, name, computed[name], policy.limits, model)
         # Every JSON file is parsed (no byte-level pre-filter): `"auto\\u005fmap"` is `auto_map` to a loader.
-        references = remote_code_references(strict_loads(raw, what=what), what=what)
+        references = remote_code_references(strict_loads(raw, what=what, bounded_ints=False), what=what)
         check_remote_code(
             name, references, signed_names, allow_remote_code=policy.allow_remote_code, model=model
         )
@@ -782,7 +782,7 @@ def read_verified_index(signed: SignedModel, computed: FileDigests, policy: Poli
 
 
 def _parse_index(raw: bytes, signed: set[str], what: str) -> dict[str, str]:
-    doc = strict_loads(raw, what=what)
+    doc = strict_loads(raw, what=what, bounded_ints=False)
     weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(weight_map, dict):
         raise MalformedArtifactError(f"{what}: weight_map is missing or not an object")

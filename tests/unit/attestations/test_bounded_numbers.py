@@ -170,3 +170,11 @@ def test_trusted_watermark_with_huge_confidence_is_refused(setup: dict[str, Any]
     wm = setup["attest"]("watermark", predicate)
     verdict = verify_attestations(setup["root"], _bundles(setup, wm=wm), setup["policy"])
     assert not verdict.ok and any("detection.confidence" in r for r in verdict.reasons()), verdict.reasons()
+
+
+def test_model_json_files_keep_large_integers() -> None:
+    # transformers writes `model_max_length: 1000000000000000019884624838656` (10**30) into tokenizer configs.
+    from modelsec._strict_json import strict_loads
+
+    doc = strict_loads(b'{"model_max_length": 1000000000000000019884624838656}', what="t", bounded_ints=False)
+    assert doc["model_max_length"] == 1000000000000000019884624838656
