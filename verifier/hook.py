@@ -300,7 +300,7 @@ def _guarded_dynamic_class(original: Callable[..., Any], module: ModuleType) -> 
                 f"{snap.source}: remote code {reference!r} needs {module_file!r}, which is not a signed file"
             )
         # Import from a private per-process copy of the verified files, never the shared HF_MODULES_CACHE.
-        module.HF_MODULES_CACHE = str(_private_modules_dir())
+        setattr(module, "HF_MODULES_CACHE", str(_private_modules_dir()))  # noqa: B010 - a module global
         return original(reference, str(snap.path / rel) if rel else str(snap.path), *args, **kwargs)
 
     return get_class_from_dynamic_module
@@ -338,16 +338,16 @@ def _patch_sentence_transformers(module: ModuleType) -> None:
     cls = getattr(module, "BaseModel", None)
     if not isinstance(cls, type):
         return
-    original = _originals.get((id(cls), "__init__"), (None, cls.__dict__["__init__"]))[1]
+    original: Any = _originals.get((id(cls), "__init__"), (None, cls.__dict__["__init__"]))[1]
 
-    @functools.wraps(original)  # type: ignore[arg-type]
+    @functools.wraps(original)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         trust = bool(kwargs.get("trust_remote_code"))
         if args:
             args = (guarded_path(args[0], trust_remote_code=trust), *args[1:])
         elif "model_name_or_path" in kwargs:
             kwargs["model_name_or_path"] = guarded_path(kwargs["model_name_or_path"], trust_remote_code=trust)
-        original(self, *args, **kwargs)  # type: ignore[operator]
+        original(self, *args, **kwargs)
 
     _patch(cls, "__init__", __init__)
 

@@ -105,7 +105,6 @@ def test_unusable_policy_exits_before_user_code(models: tuple[Path, Path, Path],
         assert not marker.exists()
 
 
-@pytest.mark.xfail(reason="hook.install is eager until the lazy guard lands", strict=False)
 def test_startup_with_the_variable_imports_no_framework(
     models: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:
