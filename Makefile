@@ -50,6 +50,7 @@ test-slow: $(VENV)/.test
 lint: $(VENV)/.test
 	$(BIN)/ruff check core attestations signer verifier watermark robustness
 	bash scripts/typecheck.sh
+	bash scripts/lint_imports.sh --no-logo
 	cd proto && ../$(BUF) lint
 
 bench: $(VENV)/.test

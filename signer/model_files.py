@@ -34,6 +34,7 @@ from modelsec.limits import Limits
 
 __all__ = [
     "DEFAULT_IGNORE_PATHS",
+    "PICKLE_SUFFIXES",
     "ModelFile",
     "ambiguity_key",
     "hub_blob_name",
@@ -44,6 +45,8 @@ __all__ = [
 ]
 
 DEFAULT_IGNORE_PATHS: tuple[str, ...] = (".git", ".gitattributes", ".github", ".gitignore")
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".joblib", ".dill")
+"""File name endings of pickle formats: unpickling runs code, so the loader refuses them even when signed."""
 _PERCENT_ESCAPE = re.compile(r"%[0-9A-Fa-f]{2}")
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC

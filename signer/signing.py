@@ -16,7 +16,7 @@ from modelsec.limits import Limits
 from modelsec.signer.hashing import ProgressCallback, hash_files
 from modelsec.signer.keys import KeyBackend
 from modelsec.signer.manifest import Manifest, build_manifest, manifest_statement
-from modelsec.signer.model_files import DEFAULT_IGNORE_PATHS, open_model_root, walk_model
+from modelsec.signer.model_files import DEFAULT_IGNORE_PATHS, PICKLE_SUFFIXES, open_model_root, walk_model
 
 __all__ = [
     "ATTESTATION_FILE_NAMES",
@@ -90,7 +90,7 @@ class SigningResult:
 def unverifiable_files(names: Sequence[str]) -> list[str]:
     """The files that `verify` refuses under the default policy, whatever signs them, each with the reason.
 
-    Pickle formats (`PICKLE_SUFFIXES` of the verifier: unpickling runs code) and `*.py` files (remote code)
+    Pickle formats (`model_files.PICKLE_SUFFIXES`: unpickling runs code) and `*.py` files (remote code)
     are refused by name by the default policy, at any depth. `auto_map` entries in config files are not
     looked at here.
 
@@ -100,8 +100,6 @@ def unverifiable_files(names: Sequence[str]) -> list[str]:
     Returns:
         `"NAME (pickle format)"` / `"NAME (remote code)"` entries, in the order of `names`.
     """
-    from modelsec.verifier.verification import PICKLE_SUFFIXES
-
     found = []
     for name in names:
         if name.lower().endswith(PICKLE_SUFFIXES):

@@ -50,7 +50,7 @@ from modelsec.policy import Policy
 from modelsec.signer.hashing import FileDigests, ProgressCallback, hash_files, is_safetensors_name, new_hasher
 from modelsec.signer.keys import TrustedKey
 from modelsec.signer.manifest import OMS_PREDICATE_TYPE, Manifest, TensorEntry, parse_manifest, root_digest
-from modelsec.signer.model_files import open_beneath, open_model_root, walk_model
+from modelsec.signer.model_files import PICKLE_SUFFIXES, open_beneath, open_model_root, walk_model
 from modelsec.signer.safetensors_header import read_header
 from modelsec.signer.signing import SIGNATURE_FILE_NAMES
 from modelsec.verifier.attestations import find_attestation_bundles, verify_attestations
@@ -79,7 +79,6 @@ __all__ = [
     "verify_signatures",
 ]
 
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".joblib", ".dill")
 INDEX_NAME = "model.safetensors.index.json"
 
 
