@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -121,6 +122,8 @@ def main() -> None:
     Typical CI flow: `modelsec keygen`, `modelsec sign MODEL_DIR --key ci.key.pem`; on the deployment side:
     `modelsec verify MODEL_DIR --key ci.pub.pem`. Exit codes: 0 ok, 1 refused or failed, 2 usage.
     """
+    # The node audit lines (`modelsec.audit`) are for serving processes; a command reports on stdout/stderr.
+    logging.getLogger("modelsec.audit").addHandler(logging.NullHandler())
 
 
 @main.command(name="keygen")

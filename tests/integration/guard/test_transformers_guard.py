@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -499,3 +500,25 @@ def test_hub_cache_snapshot_through_the_guard(
     blob.write_text("{}")
     with pytest.raises(DigestMismatchError, match=r"generation_config\.json"):
         transformers.GenerationConfig.from_pretrained(str(bad_snapshot))
+
+
+@pytest.mark.parametrize(
+    ("name", "entry"),
+    [
+        ("config.json", lambda d: transformers.AutoModel.from_pretrained(d)),
+        ("tokenizer.json", lambda d: transformers.AutoTokenizer.from_pretrained(d)),
+        ("tokenizer_config.json", lambda d: transformers.pipeline("feature-extraction", model=d)),
+        ("model.safetensors.index.json", lambda d: transformers.AutoModel.from_pretrained(d)),
+    ],
+)
+def test_tampered_minilm_side_file_is_refused(
+    minilm_st: Path, tmp_path: Path, guard: Callable[..., None], name: str, entry: Callable[[str], object]
+) -> None:
+    bad = tmp_path / "minilm"
+    shutil.copytree(minilm_st, bad)
+    doc = json.loads((bad / name).read_text())
+    doc["modelsec_tamper"] = 1
+    (bad / name).write_text(json.dumps(doc))
+    guard()
+    with pytest.raises(DigestMismatchError, match=re.escape(name)):
+        entry(str(bad))
