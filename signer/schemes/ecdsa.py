@@ -9,7 +9,6 @@ the two valid forms (r, s) and (r, n - s) the signer emits the smaller). Verific
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TypeVar
 
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
@@ -22,7 +21,6 @@ from modelsec.signer.schemes.base import KeyBackend, PublicKeyVerifier
 
 __all__ = ["ECDSA_P256", "ECDSA_P384", "EcdsaScheme"]
 
-_K = TypeVar("_K", ec.EllipticCurvePrivateKey, ec.EllipticCurvePublicKey)
 _SPKI = (serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
@@ -73,7 +71,10 @@ class EcdsaScheme:
             raise UnsupportedAlgorithmError(f"{name}: unsupported private key type: {e}") from e
         except ValueError as e:
             raise KeyMaterialError(f"{name}: not a valid PEM private key, or wrong password ({e})") from e
-        return _EcdsaKeyBackend(self, self._check(key, ec.EllipticCurvePrivateKey, name))
+        self._check_curve(key, name)
+        if not isinstance(key, ec.EllipticCurvePrivateKey):
+            raise KeyMaterialError(f"{name}: not a private key")
+        return _EcdsaKeyBackend(self, key)
 
     def load_public_key(self, pem: bytes, *, name: str) -> tuple[bytes, PublicKeyVerifier]:
         """Load a SubjectPublicKeyInfo PEM on this curve: `(canonical PEM, verifier)`.
@@ -88,22 +89,22 @@ class EcdsaScheme:
             raise UnsupportedAlgorithmError(f"{name}: unsupported public key type: {e}") from e
         except ValueError as e:
             raise KeyMaterialError(f"{name}: not a valid PEM public key ({e})") from e
-        public = self._check(key, ec.EllipticCurvePublicKey, name)
-        return public.public_bytes(*_SPKI), _EcdsaVerifier(self, public)
+        self._check_curve(key, name)
+        if not isinstance(key, ec.EllipticCurvePublicKey):
+            raise KeyMaterialError(f"{name}: not a public key")
+        return key.public_bytes(*_SPKI), _EcdsaVerifier(self, key)
 
-    def _check(self, key: object, kind: type[_K], name: str) -> _K:
-        if not isinstance(key, kind):
+    def _check_curve(self, key: object, name: str) -> None:
+        if not isinstance(key, ec.EllipticCurvePrivateKey | ec.EllipticCurvePublicKey):
             from modelsec.signer.schemes import supported_names
 
             raise UnsupportedAlgorithmError(
                 f"{name}: {type(key).__name__} keys are not supported (use {supported_names()})"
             )
-        curve = key.curve  # type: ignore[attr-defined]
-        if not isinstance(curve, self.curve):
+        if not isinstance(key.curve, self.curve):
             raise UnsupportedAlgorithmError(
-                f"{name}: ECDSA curve {curve.name} is not supported (use P-256 or P-384)"
+                f"{name}: ECDSA curve {key.curve.name} is not supported (use P-256 or P-384)"
             )
-        return key
 
 
 @dataclass(frozen=True, slots=True, repr=False)

@@ -10,7 +10,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
 from modelsec.errors import KeyMaterialError, SignatureError, UnsupportedAlgorithmError
-from modelsec.signer import sm2
+from modelsec.signer import _sm2_asn1
 from modelsec.signer.keys import (
     PemFileKeySource,
     generate_private_key_pem,
@@ -41,7 +41,7 @@ def test_signed_ignore_list_is_unchanged() -> None:
 
 @pytest.fixture
 def fast_kdf(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sm2, "PBKDF2_ITERATIONS", 1000)
+    monkeypatch.setattr(_sm2_asn1, "PBKDF2_ITERATIONS", 1000)
 
 
 @pytest.mark.usefixtures("fast_kdf")
