@@ -27,7 +27,7 @@ from modelsec._cli_common import (
     _key_password_option,
     _key_password_sources,
     _keys_option,
-    _password,
+    _open_signing_key,
     _quiet_option,
     _read_password_source,
     _server_client,
@@ -130,6 +130,8 @@ def main() -> None:
 @click.option(
     "--algorithm",
     "-a",
+    # The enum is the registry's name list (tests/unit/signer/test_schemes.py); importing the registry here
+    # would load `modelsec.signer` and `cryptography` for every CLI start.
     type=click.Choice([a.value for a in SignatureAlgorithm]),
     default=SignatureAlgorithm.ECDSA_P256.value,
     show_default=True,
@@ -275,7 +277,7 @@ def _sign(
     own --key-password source, else from $MODELSEC_KEY_PASSWORD, e.g.
     `sign M -k ci-p256.key.pem -k ci-sm2.key.pem --key-password ci-sm2.key.pem=env:SM2_KEY_PASSWORD`.
     """
-    from modelsec.signer import load_private_key_file, sign_model
+    from modelsec.signer import sign_model
 
     if not keys and not key_versions:
         raise click.UsageError("give --key, or --server with --key-version")
@@ -288,7 +290,7 @@ def _sign(
     sources = _key_password_sources(key_passwords, list(keys))
     client = None
     try:
-        signers: list[Any] = [load_private_key_file(k, password=_password(k, sources)) for k in keys]
+        signers: list[Any] = [_open_signing_key(k, sources) for k in keys]
         if key_versions:
             from modelsec.service.client import RemoteSigner
 
@@ -624,17 +626,12 @@ def _release(
     signature algorithm used, the watermark and the gate.
     """
     from modelsec.release import load_gate_spec, release_model
-    from modelsec.signer import load_private_key_file
     from modelsec.watermark import load_key_file, parse_message
 
     sources = _key_password_sources(key_passwords, [*keys, *([attestation_key] if attestation_key else [])])
     try:
-        signers = [load_private_key_file(k, password=_password(k, sources)) for k in keys]
-        attester = (
-            load_private_key_file(attestation_key, password=_password(attestation_key, sources))
-            if attestation_key
-            else None
-        )
+        signers = [_open_signing_key(k, sources) for k in keys]
+        attester = _open_signing_key(attestation_key, sources) if attestation_key else None
         result = release_model(
             model_dir,
             out_dir,

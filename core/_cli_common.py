@@ -198,6 +198,19 @@ def _password(path: Path, sources: dict[str, str] | None = None) -> bytes | None
     )
 
 
+def _open_signing_key(path: Path, sources: dict[str, str] | None = None) -> Any:
+    """Open the private key `path` names for signing (`modelsec.signer.keys.key_source`), with its password.
+
+    Raises:
+        KeyMaterialError: See `_password`; or the key cannot be loaded.
+        UnsupportedAlgorithmError: A `pkcs11:` URI (not supported yet), or an unsupported key type.
+    """
+    from modelsec.signer.keys import key_source
+
+    source = key_source(path)
+    return source.open(password=_password(path, sources))
+
+
 def _server_options(*, required: bool) -> Callable[[F], F]:
     """`--server HOST:PORT` and how to reach it (TLS CA, mTLS client certificate, bearer token, plaintext)."""
 

@@ -23,7 +23,7 @@ from modelsec._cli_common import (
     _json_option,
     _key_password_option,
     _key_password_sources,
-    _password,
+    _open_signing_key,
     _quiet_option,
     _signatures_option,
 )
@@ -176,7 +176,6 @@ def _pgd(
         from modelsec.policy import Policy
         from modelsec.robustness import FastPaths, GateConfig, SanityConfig, run_pgd_gate
         from modelsec.robustness.gate import default_step_size
-        from modelsec.signer import load_private_key_file
 
         on_cuda = device.startswith("cuda")
         config = GateConfig(
@@ -198,7 +197,7 @@ def _pgd(
             ),
             sanity=SanityConfig(enabled=not no_sanity, samples=sanity_samples),
         )
-        signer = load_private_key_file(key, password=_password(key, sources))
+        signer = _open_signing_key(key, sources)
         policy = Policy.from_key_files(trust)
         # Under torchrun only rank 0 draws a bar (every rank reports its own share of the work).
         show = not (quiet or as_json) and sys.stderr.isatty() and os.environ.get("RANK", "0") == "0"

@@ -19,7 +19,7 @@ from modelsec._cli_common import (
     _json_option,
     _key_password_option,
     _key_password_sources,
-    _password,
+    _open_signing_key,
     _write_key_file,
 )
 
@@ -128,9 +128,7 @@ def _embed(
         params = WatermarkParams(kappa=kappa, max_relative_change=max_relative_change)
         signer = None
         if sign_key is not None:
-            from modelsec.signer import load_private_key_file
-
-            signer = load_private_key_file(sign_key, password=_password(sign_key, sources))
+            signer = _open_signing_key(sign_key, sources)
         result = embed_model(model_dir, out_dir, key, payload, params=params)
         digest = None
         if signer is not None and attestation is not None:

@@ -1,4 +1,8 @@
-"""Names of the signature and hash algorithms modelsec speaks (no cryptography here)."""
+"""Names of the signature and hash algorithms modelsec speaks (no cryptography here).
+
+What each signature scheme does (its keys, the manifest it signs, its default bundle name) lives in its
+module under `modelsec.signer.schemes`; ask `modelsec.signer.schemes.scheme_for(algorithm)`.
+"""
 
 from __future__ import annotations
 
@@ -14,16 +18,6 @@ class SignatureAlgorithm(enum.StrEnum):
     ECDSA_P384 = "ecdsa-p384"  # ECDSA over NIST P-384 with SHA-384
     SM2 = "sm2"  # SM2 signature with SM3 (GB/T 32918.2-2016), distinguishing ID 1234567812345678
 
-    @property
-    def manifest_hash(self) -> HashAlgorithm:
-        """The file digest algorithm of the manifest this scheme signs (DESIGN.md decision 2)."""
-        return HashAlgorithm.SM3 if self is SignatureAlgorithm.SM2 else HashAlgorithm.SHA256
-
-    @property
-    def default_bundle_name(self) -> str:
-        """The bundle file name written into the model directory by default."""
-        return _BUNDLE_NAMES[self]
-
 
 class HashAlgorithm(enum.StrEnum):
     """A digest algorithm of manifests and per-tensor digests (OMS `hash_type` spelling)."""
@@ -31,10 +25,3 @@ class HashAlgorithm(enum.StrEnum):
     SHA256 = "sha256"
     SM3 = "sm3"
     BLAKE3 = "blake3"
-
-
-_BUNDLE_NAMES = {
-    SignatureAlgorithm.ECDSA_P256: "model.sig",
-    SignatureAlgorithm.ECDSA_P384: "model.p384.sig",
-    SignatureAlgorithm.SM2: "model.sm2.sig",
-}

@@ -1,6 +1,7 @@
 """Hash and sign sharded safetensors models (ECDSA P-256/P-384 and SM2 with SM3).
 
-Public verbs: `sign_model`, `compute_manifests`, `load_private_key_file`, `generate_private_key_pem`;
+Public verbs: `sign_model`, `compute_manifests`, `key_source`, `load_private_key_file`,
+`generate_private_key_pem`; signature schemes: `modelsec.signer.schemes` (the registry);
 parsers: `modelsec.signer.safetensors_header`, `modelsec.signer.manifest`. Heavy modules (SM2 backends)
 load lazily.
 """
@@ -9,8 +10,10 @@ from __future__ import annotations
 
 from modelsec.signer.keys import (
     KeyBackend,
+    KeySource,
     TrustedKey,
     generate_private_key_pem,
+    key_source,
     load_private_key,
     load_private_key_file,
     load_trusted_key,
@@ -33,11 +36,13 @@ __all__ = [
     "SIGNATURE_FILE_NAMES",
     "BundleSigner",
     "KeyBackend",
+    "KeySource",
     "SignedBundle",
     "SigningResult",
     "TrustedKey",
     "compute_manifests",
     "generate_private_key_pem",
+    "key_source",
     "load_private_key",
     "load_private_key_file",
     "load_trusted_key",

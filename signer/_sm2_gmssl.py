@@ -31,8 +31,8 @@ from collections.abc import Iterator
 from typing import Any, Final
 
 from modelsec.errors import BackendUnavailableError, SignatureError
-from modelsec.signer.der import encode_signature
-from modelsec.signer.sm2 import (
+from modelsec.signer._sm2_backend import _self_test
+from modelsec.signer._sm2_core import (
     _KAT_D,
     _KAT_K,
     _KAT_MESSAGE,
@@ -42,15 +42,14 @@ from modelsec.signer.sm2 import (
     _KAT_Y,
     _SM2_CURVE,
     DEFAULT_DISTID,
-    Sm2PrivateKey,
-    Sm2PublicKey,
     _Curve,
     _hmac_sm3,
-    _self_test,
     check_distid,
     compute_digest,
     decode_sm2_signature,
 )
+from modelsec.signer._sm2_keys import Sm2PrivateKey, Sm2PublicKey
+from modelsec.signer.der import encode_signature
 
 __all__ = ["GmsslSm2Backend", "rfc6979_nonces"]
 

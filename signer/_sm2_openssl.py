@@ -30,78 +30,19 @@ import ctypes.util
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from ctypes import POINTER, c_char_p, c_int, c_long, c_size_t, c_ulong, c_void_p
+from ctypes import c_size_t, c_void_p
 from typing import Final
 
 from modelsec.errors import BackendUnavailableError, SignatureError
-from modelsec.signer.sm2 import (
-    DEFAULT_DISTID,
-    Sm2PrivateKey,
-    Sm2PublicKey,
-    _self_test,
-    check_distid,
-    decode_sm2_signature,
-)
+from modelsec.signer._sm2_backend import _self_test
+from modelsec.signer._sm2_core import DEFAULT_DISTID, check_distid, decode_sm2_signature
+from modelsec.signer._sm2_keys import Sm2PrivateKey, Sm2PublicKey
+from modelsec.signer._sm2_libcrypto import load_libcrypto
 
 __all__ = ["OpenSslSm2Backend"]
 
-_MIN_VERSION: Final = 0x30000000
-_CANDIDATES: Final = ("libcrypto.so.3", "libcrypto.3.dylib", "libcrypto-3-x64.dll")
 _MAX_SIGNATURE_BYTES: Final = 80  # SEQUENCE of two INTEGERs of at most 33 bytes: 72; OpenSSL reports 72.
 _PUBLIC_KEY_CACHE_SIZE: Final = 32  # Decoding an SPKI costs more than the verification itself in OpenSSL 3.0.
-
-
-def _bind(lib: ctypes.CDLL, name: str, restype: type | None, argtypes: list[type]) -> None:
-    func = getattr(lib, name)
-    func.restype = restype
-    func.argtypes = argtypes
-
-
-def _load_libcrypto() -> ctypes.CDLL:
-    """Find and load libcrypto >= 3.0, with every function modelsec calls given its C signature."""
-    names: list[str] = []
-    found = ctypes.util.find_library("crypto")
-    if found:
-        names.append(found)
-    names.extend(n for n in _CANDIDATES if n not in names)
-    problems: list[str] = []
-    for name in names:
-        try:
-            lib = ctypes.CDLL(name)
-            _bind(lib, "OpenSSL_version_num", c_ulong, [])
-            version = int(lib.OpenSSL_version_num())
-        except (OSError, AttributeError) as e:
-            problems.append(f"{name}: {e}")
-            continue
-        if version < _MIN_VERSION:
-            problems.append(f"{name}: version 0x{version:08x} is older than 3.0")
-            continue
-        try:
-            _bind(lib, "OpenSSL_version", c_char_p, [c_int])
-            _bind(lib, "ERR_clear_error", None, [])
-            _bind(lib, "ERR_get_error", c_ulong, [])
-            _bind(lib, "ERR_error_string_n", None, [c_ulong, c_char_p, c_size_t])
-            _bind(lib, "d2i_PUBKEY", c_void_p, [c_void_p, POINTER(c_void_p), c_long])
-            _bind(lib, "d2i_AutoPrivateKey", c_void_p, [c_void_p, POINTER(c_void_p), c_long])
-            _bind(lib, "EVP_PKEY_free", None, [c_void_p])
-            _bind(lib, "EVP_PKEY_up_ref", c_int, [c_void_p])
-            _bind(lib, "EVP_PKEY_is_a", c_int, [c_void_p, c_char_p])
-            _bind(lib, "EVP_MD_CTX_new", c_void_p, [])
-            _bind(lib, "EVP_MD_CTX_free", None, [c_void_p])
-            _bind(lib, "EVP_PKEY_CTX_new", c_void_p, [c_void_p, c_void_p])
-            _bind(lib, "EVP_PKEY_CTX_free", None, [c_void_p])
-            _bind(lib, "EVP_PKEY_CTX_set1_id", c_int, [c_void_p, c_void_p, c_int])
-            _bind(lib, "EVP_MD_CTX_set_pkey_ctx", None, [c_void_p, c_void_p])
-            _bind(lib, "EVP_sm3", c_void_p, [])
-            _bind(lib, "EVP_DigestSignInit", c_int, [c_void_p, c_void_p, c_void_p, c_void_p, c_void_p])
-            _bind(lib, "EVP_DigestSign", c_int, [c_void_p, c_void_p, POINTER(c_size_t), c_char_p, c_size_t])
-            _bind(lib, "EVP_DigestVerifyInit", c_int, [c_void_p, c_void_p, c_void_p, c_void_p, c_void_p])
-            _bind(lib, "EVP_DigestVerify", c_int, [c_void_p, c_char_p, c_size_t, c_char_p, c_size_t])
-        except AttributeError as e:
-            problems.append(f"{name}: missing symbol ({e})")
-            continue
-        return lib
-    raise BackendUnavailableError("OpenSSL >= 3.0 libcrypto not found: " + "; ".join(problems))
 
 
 class _SignContext:
@@ -158,7 +99,7 @@ class OpenSslSm2Backend:
     def __init__(self) -> None:
         self._cache: OrderedDict[tuple[int, int], int] = OrderedDict()
         self._lock = threading.Lock()
-        self._lib = _load_libcrypto()
+        self._lib = load_libcrypto()
         self._sm3 = self._lib.EVP_sm3()
         if not self._sm3:
             raise BackendUnavailableError("OpenSSL libcrypto has no SM3 (EVP_sm3 returned NULL)")

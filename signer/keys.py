@@ -1,130 +1,51 @@
-"""Key backends (private keys that sign) and trusted public keys (that verify), one protocol for all curves.
+"""Key sources and backends (private keys that sign) and trusted public keys (that verify), for every scheme.
 
-* ECDSA P-256 with SHA-256 and P-384 with SHA-384 (FIPS 186-5) through `cryptography`; signatures are DER,
-  deterministic (RFC 6979), so golden files are reproducible, and low-S (s <= n/2: of the two valid
-  forms (r, s) and (r, n - s) the signer emits the smaller). Verification accepts high-S too (model_signing
-  emits it).
-* SM2 with SM3 (GB/T 32918.2-2016, distinguishing ID `1234567812345678`) through `modelsec.signer.sm2`
-  (OpenSSL EVP backend by default, hardened gmssl fallback).
+The schemes themselves (ECDSA P-256/P-384 through `cryptography`, SM2 with SM3 through
+`modelsec.signer.sm2`) live in `modelsec.signer.schemes`, one module each; this module only chooses among
+them by the key's algorithm identifier, and chooses where a private key comes from (`key_source`).
 
-Verification is strict for every algorithm: the DER signature is decoded by `modelsec.signer.der` (strict
-DER, r and s in [1, n-1]) before any curve arithmetic, and failures raise `SignatureError` (never a bool).
-Keys are PEM: PKCS#8 (optionally encrypted) private keys and SubjectPublicKeyInfo public keys.
+Verification is strict for every scheme: the signature is decoded strictly before any curve arithmetic, and
+failures raise `SignatureError` (never a bool). Keys are PEM: PKCS#8 (optionally encrypted) private keys and
+SubjectPublicKeyInfo public keys.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import os
+import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
-
-from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from typing import Protocol
 
 from modelsec.algorithms import SignatureAlgorithm
 from modelsec.errors import KeyMaterialError, SignatureError, UnsupportedAlgorithmError
-from modelsec.signer.der import decode_signature, encode_signature
-
-if TYPE_CHECKING:
-    from modelsec.signer.sm2 import Sm2PrivateKey, Sm2PublicKey
+from modelsec.signer.schemes import (
+    KeyBackend,
+    PublicKeyVerifier,
+    SignatureScheme,
+    scheme_for,
+    schemes_for_key,
+)
 
 __all__ = [
     "KeyBackend",
+    "KeySource",
+    "PemFileKeySource",
     "TrustedKey",
     "generate_private_key_pem",
+    "key_source",
     "load_private_key",
     "load_private_key_file",
     "load_trusted_key",
     "load_trusted_key_file",
 ]
 
-_SM2_CURVE_OID_DER = bytes.fromhex("06082a811ccf5501822d")  # 1.2.156.10197.1.301
 _MAX_PEM_BYTES = 64 * 1024
-
-_CURVES: dict[str, tuple[SignatureAlgorithm, hashes.HashAlgorithm]] = {
-    "secp256r1": (SignatureAlgorithm.ECDSA_P256, hashes.SHA256()),
-    "secp384r1": (SignatureAlgorithm.ECDSA_P384, hashes.SHA384()),
-}
-_EC_CURVE_FOR = {
-    SignatureAlgorithm.ECDSA_P256: ec.SECP256R1,
-    SignatureAlgorithm.ECDSA_P384: ec.SECP384R1,
-}
-
-
-class KeyBackend(Protocol):
-    """Signs bytes with a private key it never exposes (PEM file, PKCS#11, KMS)."""
-
-    @property
-    def algorithm(self) -> SignatureAlgorithm:
-        """The signature scheme (curve and hash)."""
-        ...
-
-    def public_key_pem(self) -> bytes:
-        """The SubjectPublicKeyInfo PEM of the key."""
-        ...
-
-    def sign(self, message: bytes) -> bytes:
-        """Sign `message`; returns a DER `SEQUENCE { r, s }`."""
-        ...
-
-
-def _ec_algorithm(curve: ec.EllipticCurve) -> tuple[SignatureAlgorithm, hashes.HashAlgorithm]:
-    try:
-        return _CURVES[curve.name]
-    except KeyError:
-        raise UnsupportedAlgorithmError(
-            f"ECDSA curve {curve.name} is not supported (use P-256 or P-384)"
-        ) from None
-
-
-@dataclass(frozen=True, slots=True, repr=False)
-class _EcdsaKeyBackend:
-    _key: ec.EllipticCurvePrivateKey
-
-    def __repr__(self) -> str:
-        return f"<ECDSA key backend {self.algorithm}>"
-
-    @property
-    def algorithm(self) -> SignatureAlgorithm:
-        return _ec_algorithm(self._key.curve)[0]
-
-    def public_key_pem(self) -> bytes:
-        return self._key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
-
-    def sign(self, message: bytes) -> bytes:
-        algorithm, digest = _ec_algorithm(self._key.curve)
-        signature = self._key.sign(message, ec.ECDSA(digest, deterministic_signing=True))
-        # (r, s) and (r, n - s) both verify; emit the low-S form (s <= n/2), which strict verifiers
-        # (BIP 62 style) require. Verification still accepts either.
-        order = _ORDERS[algorithm]
-        r, s = decode_signature(signature, order)
-        return signature if s <= order // 2 else encode_signature(r, order - s)
-
-
-@dataclass(frozen=True, slots=True, repr=False)
-class _Sm2KeyBackend:
-    _key: Sm2PrivateKey  # the SM2 module itself is imported lazily
-
-    def __repr__(self) -> str:
-        return "<SM2 key backend>"
-
-    @property
-    def algorithm(self) -> SignatureAlgorithm:
-        return SignatureAlgorithm.SM2
-
-    def public_key_pem(self) -> bytes:
-        return self._key.public_key.to_pem()
-
-    def sign(self, message: bytes) -> bytes:
-        from modelsec.signer import sm2
-
-        return sm2.default_backend().sign(self._key, message)
+_PEM_BODY = re.compile(rb"-----BEGIN ([A-Z0-9 ]{1,40})-----(.*?)-----END ", re.S)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,19 +65,17 @@ class TrustedKey:
     pem: bytes = field(repr=False)
     keyid: str
     roles: frozenset[str] = frozenset()
-    _verifier: ec.EllipticCurvePublicKey | Sm2PublicKey | None = field(
-        default=None, repr=False, compare=False
-    )
+    _verifier: PublicKeyVerifier | None = field(default=None, repr=False, compare=False)
 
     def may(self, role: str) -> bool:
         """Whether this key may sign statements of `role`."""
         return not self.roles or role in self.roles
 
     def verify(self, signature: bytes, message: bytes) -> None:
-        """Verify a DER signature over `message` with this key.
+        """Verify a signature over `message` with this key.
 
         Args:
-            signature: DER `SEQUENCE { r, s }`, strict.
+            signature: The scheme's signature encoding (DER `SEQUENCE { r, s }`, strict, for ECDSA and SM2).
             message: The signed bytes (the DSSE PAE).
 
         Raises:
@@ -164,43 +83,27 @@ class TrustedKey:
         """
         if self._verifier is None:
             raise SignatureError(f"invalid signature: key {self.name!r} has no verifier")
-        if not isinstance(self._verifier, ec.EllipticCurvePublicKey):
-            from modelsec.signer import sm2
-
-            sm2.default_backend().verify(self._verifier, message, signature)
-            return
-        digest = _ec_algorithm(self._verifier.curve)[1]
-        decode_signature(signature, _ORDERS[self.algorithm])
-        try:
-            self._verifier.verify(signature, message, ec.ECDSA(digest))
-        except InvalidSignature:
-            raise SignatureError(f"invalid signature: does not verify under key {self.name!r}") from None
+        self._verifier.verify(signature, message, name=self.name)
 
 
-_ORDERS = {
-    SignatureAlgorithm.ECDSA_P256: 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551,
-    SignatureAlgorithm.ECDSA_P384: int(
-        "FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFC7634D81F4372DDF581A0DB248B0A77AECEC196ACCC52973", 16
-    ),
-}
+def _pem_der(pem: bytes) -> tuple[str, bytes]:
+    """The label and DER of the first PEM block, for choosing a scheme only (each scheme parses strictly)."""
+    found = _PEM_BODY.search(pem)
+    if found is None:
+        return "", pem
+    try:
+        return found.group(1).decode("ascii"), base64.b64decode(b"".join(found.group(2).split()))
+    except (binascii.Error, ValueError):
+        return found.group(1).decode("ascii"), pem
 
 
-def _is_sm2(der_or_pem: bytes) -> bool:
-    if b"-----BEGIN" in der_or_pem:
-        try:
-            import base64
-
-            body = b"".join(
-                line for line in der_or_pem.splitlines() if line and not line.startswith(b"-----")
-            )
-            der_or_pem = base64.b64decode(body)
-        except ValueError:
-            return False
-    return _SM2_CURVE_OID_DER in der_or_pem
+def _candidates(pem: bytes) -> tuple[SignatureScheme, ...]:
+    label, der = _pem_der(pem)
+    return schemes_for_key(b"" if label == "ENCRYPTED PRIVATE KEY" else der)
 
 
 def load_trusted_key(pem: bytes, *, name: str, roles: frozenset[str] = frozenset()) -> TrustedKey:
-    """Load a SubjectPublicKeyInfo PEM public key (ECDSA P-256/P-384 or SM2) as a trusted key.
+    """Load a SubjectPublicKeyInfo PEM public key of any registered scheme as a trusted key.
 
     Args:
         pem: The PEM text.
@@ -218,27 +121,17 @@ def load_trusted_key(pem: bytes, *, name: str, roles: frozenset[str] = frozenset
         raise KeyMaterialError(f"{name}: key file is too large to be a PEM public key")
     if b"PRIVATE KEY-----" in pem:
         raise KeyMaterialError(f"{name}: is a private key; give the public key (keygen writes *.pub.pem)")
-    if _is_sm2(pem):
-        from modelsec.signer import sm2
-
-        sm2_key = sm2.Sm2PublicKey.from_pem(pem)
-        canonical = sm2_key.to_pem()
+    first: UnsupportedAlgorithmError | None = None
+    for scheme in _candidates(pem):
+        try:
+            canonical, verifier = scheme.load_public_key(pem, name=name)
+        except UnsupportedAlgorithmError as e:
+            first = first or e
+            continue
         return TrustedKey(
-            name, SignatureAlgorithm.SM2, canonical, hashlib.sha256(canonical).hexdigest(), roles, sm2_key
+            name, scheme.algorithm, canonical, hashlib.sha256(canonical).hexdigest(), roles, verifier
         )
-    try:
-        key = serialization.load_pem_public_key(pem)
-    except UnsupportedAlgorithm as e:
-        raise UnsupportedAlgorithmError(f"{name}: unsupported public key type: {e}") from e
-    except ValueError as e:
-        raise KeyMaterialError(f"{name}: not a valid PEM public key ({e})") from e
-    if not isinstance(key, ec.EllipticCurvePublicKey):
-        raise UnsupportedAlgorithmError(
-            f"{name}: {type(key).__name__} keys are not supported (use ECDSA P-256/P-384 or SM2)"
-        )
-    algorithm = _ec_algorithm(key.curve)[0]
-    canonical = key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-    return TrustedKey(name, algorithm, canonical, hashlib.sha256(canonical).hexdigest(), roles, key)
+    raise first or UnsupportedAlgorithmError(f"{name}: no signature scheme is registered")
 
 
 def _read_key_file(path: Path) -> bytes:
@@ -264,7 +157,10 @@ def load_trusted_key_file(
 
 
 def load_private_key(pem: bytes, *, name: str, password: bytes | None = None) -> KeyBackend:
-    """Load a PKCS#8 (or SEC 1) PEM private key as a key backend.
+    """Load a PKCS#8 (or SEC 1) PEM private key of any registered scheme as a key backend.
+
+    The key's algorithm identifier chooses the scheme; an encrypted PKCS#8 key hides it, so each scheme
+    is tried in registration order until one recognises the decrypted key.
 
     Args:
         pem: The PEM text; encrypted PKCS#8 needs `password`.
@@ -272,7 +168,7 @@ def load_private_key(pem: bytes, *, name: str, password: bytes | None = None) ->
         password: Password of an encrypted key, or None.
 
     Returns:
-        A backend signing with ECDSA P-256/P-384 or SM2.
+        A backend signing with the key's scheme.
 
     Raises:
         KeyMaterialError: Not a private key, wrong or missing password.
@@ -282,35 +178,13 @@ def load_private_key(pem: bytes, *, name: str, password: bytes | None = None) ->
         raise KeyMaterialError(
             f"{name}: is a public key; signing needs the private key (keygen writes *.key.pem)"
         )
-    if _is_sm2(pem):
-        return _sm2_backend(pem, password)
-    try:
-        key = serialization.load_pem_private_key(pem, password)
-    except TypeError as e:
-        if password is not None:
-            raise KeyMaterialError(f"{name}: a password was given but the key is not encrypted") from e
-        raise KeyMaterialError(
-            f"{name}: key is encrypted and no password was given (the CLI reads $MODELSEC_KEY_PASSWORD or "
-            "prompts; the server reads the key's passwordEnv)"
-        ) from e
-    except UnsupportedAlgorithm as e:
-        if b"ENCRYPTED PRIVATE KEY" in pem:  # an encrypted SM2 key: cryptography cannot name its curve
-            return _sm2_backend(pem, password)
-        raise UnsupportedAlgorithmError(f"{name}: unsupported private key type: {e}") from e
-    except ValueError as e:
-        raise KeyMaterialError(f"{name}: not a valid PEM private key, or wrong password ({e})") from e
-    if not isinstance(key, ec.EllipticCurvePrivateKey):
-        raise UnsupportedAlgorithmError(
-            f"{name}: {type(key).__name__} keys are not supported (use ECDSA P-256/P-384 or SM2)"
-        )
-    _ec_algorithm(key.curve)
-    return _EcdsaKeyBackend(key)
-
-
-def _sm2_backend(pem: bytes, password: bytes | None) -> KeyBackend:
-    from modelsec.signer import sm2
-
-    return _Sm2KeyBackend(sm2.Sm2PrivateKey.from_pem(pem, password))
+    first: UnsupportedAlgorithmError | None = None
+    for scheme in _candidates(pem):
+        try:
+            return scheme.load_private_key(pem, name=name, password=password)
+        except UnsupportedAlgorithmError as e:
+            first = first or e
+    raise first or UnsupportedAlgorithmError(f"{name}: no signature scheme is registered")
 
 
 def load_private_key_file(path: Path, *, password: bytes | None = None) -> KeyBackend:
@@ -329,18 +203,71 @@ def generate_private_key_pem(
 
     Returns:
         `(private PKCS#8 PEM, public SubjectPublicKeyInfo PEM)`.
-    """
-    if algorithm is SignatureAlgorithm.SM2:
-        from modelsec.signer import sm2
 
-        sm2_key = sm2.generate_private_key()
-        return sm2_key.to_pem(password), sm2_key.public_key.to_pem()
-    key = ec.generate_private_key(_EC_CURVE_FOR[algorithm]())
-    encryption: serialization.KeySerializationEncryption = (
-        serialization.BestAvailableEncryption(password) if password else serialization.NoEncryption()
-    )
-    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption)
-    public = key.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
-    return private, public
+    Raises:
+        UnsupportedAlgorithmError: No scheme is registered for `algorithm`.
+    """
+    return scheme_for(algorithm).generate_private_key_pem(password)
+
+
+# -- key sources ------------------------------------------------------------------------------------------
+
+
+class KeySource(Protocol):
+    """Where a private key lives; opens it as a `KeyBackend`.
+
+    A PEM file today; PKCS#11 tokens and the gRPC signing service plug in here (`key_source` chooses).
+    """
+
+    @property
+    def reference(self) -> str:
+        """The key reference as the operator wrote it, for diagnostics."""
+        ...
+
+    def open(self, *, password: bytes | None = None) -> KeyBackend:
+        """Open the key for signing.
+
+        Raises:
+            KeyMaterialError: The key cannot be read or decrypted.
+            UnsupportedAlgorithmError: The key's scheme is not supported.
+        """
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class PemFileKeySource:
+    """A PEM private key file (symlinks refused, at most 64 KiB); see `load_private_key` for the formats."""
+
+    path: Path
+
+    @property
+    def reference(self) -> str:
+        """The file path."""
+        return str(self.path)
+
+    def open(self, *, password: bytes | None = None) -> KeyBackend:
+        """Read and load the key (`load_private_key_file`); same errors."""
+        return load_private_key_file(self.path, password=password)
+
+
+def key_source(reference: str | os.PathLike[str]) -> KeySource:
+    """The key source a private-key reference names: the one place that decides.
+
+    A `pkcs11:` URI (RFC 7512) names a token key, which is not supported yet; anything else is a PEM file
+    path.
+
+    Args:
+        reference: A file path, or a URI.
+
+    Returns:
+        The key source; nothing is read yet.
+
+    Raises:
+        UnsupportedAlgorithmError: A `pkcs11:` URI.
+    """
+    text = os.fspath(reference)
+    if text.lower().startswith("pkcs11:"):
+        raise UnsupportedAlgorithmError(
+            f"{text}: PKCS#11 keys are not supported yet (tracked in issue 16); give a PEM private key file"
+        )
+    return PemFileKeySource(Path(text))

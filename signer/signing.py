@@ -17,6 +17,7 @@ from modelsec.signer.hashing import ProgressCallback, hash_files
 from modelsec.signer.keys import KeyBackend
 from modelsec.signer.manifest import Manifest, build_manifest, manifest_statement
 from modelsec.signer.model_files import DEFAULT_IGNORE_PATHS, PICKLE_SUFFIXES, open_model_root, walk_model
+from modelsec.signer.schemes import all_schemes, scheme_for
 
 __all__ = [
     "ATTESTATION_FILE_NAMES",
@@ -31,7 +32,9 @@ __all__ = [
     "write_bundle_file",
 ]
 
-SIGNATURE_FILE_NAMES: tuple[str, ...] = tuple(a.default_bundle_name for a in SignatureAlgorithm)
+# The registered schemes' default bundle names (`modelsec.signer.schemes`): a new scheme's name joins the
+# ignore list recorded in every manifest signed from then on.
+SIGNATURE_FILE_NAMES: tuple[str, ...] = tuple(s.default_bundle_name for s in all_schemes())
 # Attestations may live next to the weights under these reserved names (DESIGN.md decision 1).
 ATTESTATION_FILE_NAMES: tuple[str, ...] = ("model.watermark.sig", "model.gate.sig")
 # What signing leaves out and records in `serialization.ignore_paths`: top-level git metadata, the weights
@@ -221,7 +224,7 @@ def sign_model(
     if not signers:
         raise KeyMaterialError("no signing key given")
     paths = [
-        (signature_paths or {}).get(i, model_dir / s.algorithm.default_bundle_name)
+        (signature_paths or {}).get(i, model_dir / scheme_for(s.algorithm).default_bundle_name)
         for i, s in enumerate(signers)
     ]
     if len({os.path.abspath(p) for p in paths}) != len(paths):
@@ -234,7 +237,7 @@ def sign_model(
             rel_posix = Path(rel).as_posix()
             if rel_posix not in ignore:
                 ignore.append(rel_posix)
-    hash_types = list(dict.fromkeys(s.algorithm.manifest_hash for s in signers))
+    hash_types = list(dict.fromkeys(scheme_for(s.algorithm).manifest_hash for s in signers))
     manifests = compute_manifests(
         model_dir,
         hash_types,
@@ -246,7 +249,7 @@ def sign_model(
     )
     written = []
     for signer, path in zip(signers, paths, strict=True):
-        manifest = manifests[signer.algorithm.manifest_hash]
+        manifest = manifests[scheme_for(signer.algorithm).manifest_hash]
         statement = manifest_statement(manifest)
         if isinstance(signer, BundleSigner):
             bundle = signer.sign_bundle(statement)

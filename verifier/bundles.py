@@ -7,12 +7,12 @@ import stat
 from collections.abc import Sequence
 from pathlib import Path
 
-from modelsec.algorithms import SignatureAlgorithm
 from modelsec.attestations.bundle import Bundle, parse_bundle
 from modelsec.errors import MalformedArtifactError, PolicyViolationError, SignatureError
 from modelsec.limits import Limits
 from modelsec.signer.keys import TrustedKey
 from modelsec.signer.model_files import open_beneath
+from modelsec.signer.schemes import scheme_for, scheme_for_bundle_name
 from modelsec.signer.signing import SIGNATURE_FILE_NAMES
 
 __all__ = [
@@ -127,6 +127,13 @@ def find_default_bundles(model_dir: Path) -> list[Path]:
 
 
 def family_has_key(path: Path, keys: Sequence[TrustedKey]) -> bool:
-    """Whether any key could verify the default-named bundle `path` (SM2 name vs ECDSA names)."""
-    sm2_name = path.name == SignatureAlgorithm.SM2.default_bundle_name
-    return any((k.algorithm is SignatureAlgorithm.SM2) == sm2_name for k in keys)
+    """Whether any key could verify the default-named bundle `path`.
+
+    A key of the same scheme family as the scheme that writes that name could (`SignatureScheme.family`:
+    any ECDSA key for `model.sig` or `model.p384.sig`, an SM2 key for `model.sm2.sig`). A name no scheme
+    writes counts as verifiable, so the caller reports its signature failure instead of skipping it.
+    """
+    scheme = scheme_for_bundle_name(path.name)
+    if scheme is None:
+        return True
+    return any(scheme_for(k.algorithm).family == scheme.family for k in keys)

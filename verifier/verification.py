@@ -52,6 +52,7 @@ from modelsec.signer.keys import TrustedKey
 from modelsec.signer.manifest import OMS_PREDICATE_TYPE, Manifest, TensorEntry, parse_manifest, root_digest
 from modelsec.signer.model_files import PICKLE_SUFFIXES, open_beneath, open_model_root, walk_model
 from modelsec.signer.safetensors_header import read_header
+from modelsec.signer.schemes import scheme_for
 from modelsec.signer.signing import SIGNATURE_FILE_NAMES
 from modelsec.verifier.attestations import find_attestation_bundles, verify_attestations
 from modelsec.verifier.bundles import (
@@ -389,7 +390,7 @@ def verify_signatures(
                 f"got {statement.predicate_type!r}"
             )
         manifest = parse_manifest(statement, what=str(path), limits=limits)
-        if manifest.hash_type not in _MANIFEST_HASHES_FOR[key.algorithm]:
+        if manifest.hash_type not in scheme_for(key.algorithm).signable_hashes:
             raise MalformedArtifactError(
                 f"{path}: a {key.algorithm} signature over a {manifest.hash_type} manifest is not accepted"
             )
@@ -528,13 +529,6 @@ def check_digests(
     if INDEX_NAME in computed:
         _check_index(root_fd, computed, set(signed.manifest.names), limits, model)
     return checked
-
-
-_MANIFEST_HASHES_FOR = {
-    SignatureAlgorithm.ECDSA_P256: frozenset({HashAlgorithm.SHA256, HashAlgorithm.BLAKE3}),
-    SignatureAlgorithm.ECDSA_P384: frozenset({HashAlgorithm.SHA256, HashAlgorithm.BLAKE3}),
-    SignatureAlgorithm.SM2: frozenset({HashAlgorithm.SM3}),
-}
 
 
 def precheck_file(path: Path, policy: Policy) -> None:

@@ -23,6 +23,7 @@ from modelsec.limits import Limits
 from modelsec.service.convert import key_to_proto
 from modelsec.service.state import ServiceState
 from modelsec.signer.manifest import OMS_PREDICATE_TYPE, parse_manifest
+from modelsec.signer.schemes import scheme_for
 from modelsec.v1 import signing_pb2, signing_pb2_grpc
 
 __all__ = ["SigningServicer"]
@@ -49,9 +50,10 @@ class SigningServicer(signing_pb2_grpc.SigningServiceServicer):
         check_predicate_numbers(statement, what="SignStatement")  # never sign numbers no verifier can read
         if statement.predicate_type == OMS_PREDICATE_TYPE:
             manifest = parse_manifest(statement, what="SignStatement", limits=self.limits)
-            if manifest.hash_type is not key.backend.algorithm.manifest_hash:
+            manifest_hash = scheme_for(key.backend.algorithm).manifest_hash
+            if manifest.hash_type is not manifest_hash:
                 raise MalformedArtifactError(
-                    f"a {key.backend.algorithm.value} key signs {key.backend.algorithm.manifest_hash.value} "
+                    f"a {key.backend.algorithm.value} key signs {manifest_hash.value} "
                     f"manifests; this one is {manifest.hash_type.value}"
                 )
         # The exact bytes received are signed (they parsed strictly above; a verifier parses them again):

@@ -25,7 +25,7 @@ from modelsec.errors import (
 from modelsec.policy import Policy, PolicySet
 from modelsec.service.config import KeyConfig, ServerConfig, WatermarkKeyConfig, identity_allowed
 from modelsec.service.store import SqliteAttestationStore
-from modelsec.signer.keys import KeyBackend, load_private_key_file
+from modelsec.signer.keys import KeyBackend, key_source
 
 __all__ = ["LoadedKey", "ServiceState", "current_identity"]
 
@@ -75,7 +75,7 @@ class ServiceState:
                     raise KeyMaterialError(f"{where}: passwordEnv ${k.password_env} is unset or empty")
                 password = value.encode("utf-8")
             try:
-                backend = load_private_key_file(k.path, password=password)
+                backend = key_source(k.path).open(password=password)
             except Error as e:
                 raise e.add_context(where) from None
             pem = backend.public_key_pem()

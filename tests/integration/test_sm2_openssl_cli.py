@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from modelsec.errors import SignatureError
-from modelsec.signer import sm2
+from modelsec.signer import _sm2_asn1, sm2
 from modelsec.signer.sm2 import DEFAULT_DISTID, Sm2PrivateKey, Sm2PublicKey
 
 pytestmark = pytest.mark.integration
@@ -153,7 +153,7 @@ def test_we_read_openssl_encrypted_keys(tmp_path: Path, openssl_key_pem: bytes, 
 def test_curve_parameters_match_openssl() -> None:
     der = _openssl("ecparam", "-name", "SM2", "-param_enc", "explicit", "-outform", "DER").stdout
     # X9.62 ECParameters { version, fieldID { prime-field, p }, curve { a, b, seed? }, base, order, cofactor }
-    outer = sm2._DerReader(der, "ECParameters")
+    outer = _sm2_asn1._DerReader(der, "ECParameters")
     params = outer.sequence("ECParameters")
     assert params.integer("version") == 1
     field = params.sequence("fieldID")

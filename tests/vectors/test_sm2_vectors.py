@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from modelsec.signer import _sm2_gmssl, sm2
+from modelsec.signer import _sm2_core, _sm2_gmssl, sm2
 from modelsec.signer.der import encode_signature
 from modelsec.signer.sm2 import Sm2PrivateKey, Sm2PublicKey
 from tests.conftest import CORPUS
@@ -35,7 +35,7 @@ def test_sm3_cryptography_fallback(message: bytes, digest: str) -> None:
 
 @pytest.mark.parametrize(("message", "digest"), SM3_VECTORS)
 def test_sm3_module_helper(message: bytes, digest: str) -> None:
-    assert sm2._sm3(message).hex() == digest
+    assert _sm2_core._sm3(message).hex() == digest
 
 
 # --- GB/T 32918.5-2017 annex A: SM2 signature on the recommended curve ------------------------------------
@@ -84,7 +84,7 @@ def test_corpus_key_is_the_gbt32918_5_key() -> None:
 # --- GB/T 32918.2-2016 annex A (= GM/T 0003.2-2012 annex A): the 256-bit example curve, ID ALICE123@YAHOO.COM
 # This curve is not the SM2 curve, so only the curve-parameterised internals can run it.
 
-G2_CURVE = sm2._Curve(
+G2_CURVE = _sm2_core._Curve(
     p=0x8542D69E4C044F18E8B92435BF6FF7DE457283915C45517D722EDB8B08F1DFC3,
     a=0x787968B4FA32C3FD2417842E73BBFEFF2F3C848B6831D7E0EC65228B3937E498,
     b=0x63E4C6D3B23B0C849CF84241484BFE48F61D59A5B16BA06E6E12D1DA27C5249A,
@@ -105,11 +105,11 @@ G2_S = 0x6FC6DAC32C5D5CF10C77DFB20F7C2EB667A457872FB09EC56327A67EC7DEEBE7
 
 
 def test_gbt32918_2_example_curve() -> None:
-    assert sm2._on_curve(G2_CURVE.gx, G2_CURVE.gy, G2_CURVE)
-    assert sm2._scalar_mult(G2_D, G2_CURVE.gx, G2_CURVE.gy, G2_CURVE) == (G2_X, G2_Y)
-    za = sm2._za(G2_ID, G2_X, G2_Y, G2_CURVE)
+    assert _sm2_core._on_curve(G2_CURVE.gx, G2_CURVE.gy, G2_CURVE)
+    assert _sm2_core._scalar_mult(G2_D, G2_CURVE.gx, G2_CURVE.gy, G2_CURVE) == (G2_X, G2_Y)
+    za = _sm2_core._za(G2_ID, G2_X, G2_Y, G2_CURVE)
     assert za.hex() == G2_ZA
-    digest = sm2._sm3(za + G2_M)
+    digest = _sm2_core._sm3(za + G2_M)
     assert digest.hex() == G2_E
     assert _sm2_gmssl._sign_digest(G2_D, digest, G2_K, G2_CURVE) == (G2_R, G2_S)
     assert _sm2_gmssl._verify_digest(G2_X, G2_Y, digest, G2_R, G2_S, G2_CURVE)

@@ -42,13 +42,14 @@ N256 = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551
     ("der", "mentions"),
     [
         (b"\x30\x06\x02\x01\x00\x02\x01\x00", r"r is outside \[1, n-1\]"),  # r = s = 0
-        (b"\x30\x07\x02\x01\x01\x02\x01\x01\x00", "trailing bytes inside the SEQUENCE"),
-        (b"\x30\x06\x02\x01\x01\x02\x01\x01\x00", "length does not match its size"),  # trailing outside
-        (b"\x30\x07\x02\x02\x00\x01\x02\x01\x01", "r is not minimally encoded"),  # non-minimal INTEGER
-        (b"\x30\x81\x06\x02\x01\x01\x02\x01\x01", "length is not minimally encoded"),
-        (b"\x30\x80\x02\x01\x01\x02\x01\x01\x00\x00", "indefinite or oversized length"),  # BER
-        (b"\x31\x06\x02\x01\x01\x02\x01\x01", "is not a SEQUENCE"),  # SET
-        (b"\x30\x06\x02\x01\x81\x02\x01\x01", "r is negative"),
+        (b"\x30\x07\x02\x01\x01\x02\x01\x01\x00", r"not strict DER.*ExtraData"),  # trailing inside
+        (b"\x30\x06\x02\x01\x01\x02\x01\x01\x00", r"not strict DER.*ExtraData"),  # trailing outside
+        (b"\x30\x07\x02\x02\x00\x01\x02\x01\x01", r"not strict DER.*DssSignature::r"),  # non-minimal INTEGER
+        (b"\x30\x81\x06\x02\x01\x01\x02\x01\x01", r"not strict DER.*InvalidLength"),  # non-minimal length
+        (b"\x30\x80\x02\x01\x01\x02\x01\x01\x00\x00", r"not strict DER.*InvalidLength"),  # BER indefinite
+        (b"\x31\x06\x02\x01\x01\x02\x01\x01", r"not strict DER.*UnexpectedTag"),  # SET
+        (b"\x30\x06\x02\x01\x81\x02\x01\x01", r"not strict DER.*DssSignature::r"),  # negative r
+        (b"\x30\x06\x02\x01\x01\x02\x01\x81", r"not strict DER.*DssSignature::s"),  # negative s
     ],
 )
 def test_strict_der(der: bytes, mentions: str) -> None:
