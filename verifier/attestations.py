@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import hmac
-import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from modelsec.attestations.bundle import Bundle, parse_bundle
-from modelsec.attestations.predicates import check_gate_predicate, check_watermark_predicate, parse_rfc3339
+from modelsec.attestations.gate_predicate import GatePredicate, parse_gate_predicate
 from modelsec.attestations.statement import (
     GATE_PREDICATE_TYPE,
     WATERMARK_PREDICATE_TYPE,
@@ -44,6 +43,7 @@ from modelsec.attestations.statement import (
     is_sha256_hex,
     parse_statement,
 )
+from modelsec.attestations.watermark_predicate import WatermarkPredicate, parse_watermark_predicate
 from modelsec.errors import AttestationError, Error, MalformedArtifactError, PolicyError
 from modelsec.limits import Limits
 from modelsec.policy import Policy, RobustnessRequirement, WatermarkRequirement
@@ -232,76 +232,33 @@ def _load(item: Path | bytes, policy: Policy, index: int) -> Bundle:
     return parse_bundle(item, source=f"bundle[{index}]")
 
 
-def _parse_time(value: object, what: str) -> datetime:
-    if value is None:
-        raise AttestationError(f"{what}: finishedAt is missing")
-    return parse_rfc3339(value, field="finishedAt", what=what)
+def _check_gate(predicate: Mapping[str, Any], req: RobustnessRequirement, what: str, now: datetime) -> str:
+    return _gate_meets(parse_gate_predicate(predicate, what=what), req, what, now)
 
 
-def _get(mapping: Mapping[str, Any], path: str, what: str) -> Any:
-    value: Any = mapping
-    for part in path.split("."):
-        if not isinstance(value, Mapping) or part not in value:
-            raise AttestationError(f"{what}: predicate lacks {path}")
-        value = value[part]
-    return value
-
-
-def _number(mapping: Mapping[str, Any], path: str, what: str) -> float:
-    value = _get(mapping, path, what)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise AttestationError(f"{what}: predicate {path} is not a number")
-    return float(value)
-
-
-def _check_gate(pred: Mapping[str, Any], req: RobustnessRequirement, what: str, now: datetime) -> str:
-    check_gate_predicate(pred, what=what)  # every number in range before any arithmetic
-    attack = _get(pred, "attack", what)
-    if attack != req.attack:
-        raise AttestationError(f"{what}: gate attack {attack!r} is not the policy's {req.attack!r}")
-    eps = _number(pred, "parameters.eps", what)
-    if eps < req.min_eps:
-        raise AttestationError(f"{what}: gate eps {eps} is below the policy's minEps {req.min_eps}")
-    verdict = _get(pred, "gate.verdict", what)
-    if verdict != "PASSED":
-        raise AttestationError(f"{what}: gate verdict is {verdict!r}, not 'PASSED'")
-    total = _number(pred, "results.robust.total", what)
-    if total < req.min_samples:
-        raise AttestationError(f"{what}: gate evaluated {int(total)} samples, policy needs {req.min_samples}")
-    accuracy = _number(pred, "results.robust.accuracy", what)
-    if not 0.0 <= accuracy <= 1.0:
-        raise AttestationError(f"{what}: predicate results.robust.accuracy {accuracy} is not in [0, 1]")
-    interval = _get(pred, "results.robust.wilson95", what)
-    if (
-        not isinstance(interval, list)
-        or len(interval) != 2
-        or not all(isinstance(x, int | float) and not isinstance(x, bool) for x in interval)
-        or not 0.0 <= interval[0] <= accuracy + 1e-9
-        or not accuracy - 1e-9 <= interval[1] <= 1.0
-    ):
+def _gate_meets(pred: GatePredicate, req: RobustnessRequirement, what: str, now: datetime) -> str:
+    if pred.attack != req.attack:
+        raise AttestationError(f"{what}: gate attack {pred.attack!r} is not the policy's {req.attack!r}")
+    if pred.eps < req.min_eps:
+        raise AttestationError(f"{what}: gate eps {pred.eps} is below the policy's minEps {req.min_eps}")
+    if pred.verdict != "PASSED":
+        raise AttestationError(f"{what}: gate verdict is {pred.verdict!r}, not 'PASSED'")
+    if pred.robust_total < req.min_samples:
         raise AttestationError(
-            f"{what}: predicate results.robust.wilson95 must be [lower, upper] with "
-            "0 <= lower <= accuracy <= upper <= 1"
+            f"{what}: gate evaluated {pred.robust_total} samples, policy needs {req.min_samples}"
         )
     if req.rule == "strict":
-        value, label = float(interval[0]), "Wilson 95% lower bound"
+        value, label = pred.robust_wilson95[0], "Wilson 95% lower bound"
     else:
-        value, label = accuracy, "robust accuracy"
+        value, label = pred.robust_accuracy, "robust accuracy"
     if value < req.min_robust_accuracy:
         raise AttestationError(f"{what}: {label} {value:.4f} is below the policy's {req.min_robust_accuracy}")
-    checks = _get(pred, "sanity.checks", what)
-    if (
-        not isinstance(checks, list)
-        or not checks
-        or not all(isinstance(c, Mapping) and isinstance(c.get("name"), str) for c in checks)
-    ):
-        raise AttestationError(f"{what}: predicate sanity.checks must be a non-empty list of named checks")
-    failed = [c["name"] for c in checks if c.get("passed") is not True]
-    if failed:
-        raise AttestationError(f"{what}: gate sanity checks failed: {failed}")
+    if pred.failed_checks:
+        raise AttestationError(f"{what}: gate sanity checks failed: {pred.failed_checks}")
     if req.max_age_seconds is not None:
-        finished = _parse_time(pred.get("finishedAt"), what)
-        age = (now - finished).total_seconds()
+        if pred.finished_at is None:
+            raise AttestationError(f"{what}: finishedAt is missing")
+        age = (now - pred.finished_at).total_seconds()
         if age > req.max_age_seconds:
             raise AttestationError(
                 f"{what}: gate result is stale ({age / 86400:.1f} days old; maxAge "
@@ -310,25 +267,25 @@ def _check_gate(pred: Mapping[str, Any], req: RobustnessRequirement, what: str, 
         if age < -300:
             raise AttestationError(f"{what}: gate finishedAt lies in the future")
     return (
-        f"robustness: {attack} eps {eps} >= {req.min_eps}, {label} {value:.4f} >= {req.min_robust_accuracy}"
+        f"robustness: {pred.attack} eps {pred.eps} >= {req.min_eps}, "
+        f"{label} {value:.4f} >= {req.min_robust_accuracy}"
     )
 
 
-def _check_watermark(pred: Mapping[str, Any], req: WatermarkRequirement, what: str) -> str:
-    check_watermark_predicate(pred, what=what)  # every number in range before any arithmetic
-    if _get(pred, "detection.detected", what) is not True:
+def _check_watermark(predicate: Mapping[str, Any], req: WatermarkRequirement, what: str) -> str:
+    return _watermark_meets(parse_watermark_predicate(predicate, what=what), req, what)
+
+
+def _watermark_meets(pred: WatermarkPredicate, req: WatermarkRequirement, what: str) -> str:
+    if not pred.detected:
         raise AttestationError(f"{what}: the watermark was not detected at embed time")
-    confidence = _number(pred, "detection.confidence", what)
-    fpp = _number(pred, "detection.falsePositiveProbability", what)
+    confidence, fpp = pred.confidence, pred.false_positive_probability
     if confidence < req.min_confidence:
         raise AttestationError(f"{what}: watermark confidence {confidence:.4f} < policy {req.min_confidence}")
     if fpp > req.max_false_positive:
         raise AttestationError(
             f"{what}: watermark false-positive probability {fpp:.3g} > policy {req.max_false_positive:.3g}"
         )
-    for field_name in ("keyCommitment", "messageCommitment", "parameters", "carriers"):
-        if not isinstance(pred.get(field_name), Mapping):
-            raise AttestationError(f"{what}: watermark predicate lacks {field_name}")
     return f"watermark: detected at embed time, confidence {confidence:.3f}, false-positive p {fpp:.2g}"
 
 
