@@ -528,10 +528,10 @@ def _inspect(model_dir: Path, signatures: tuple[Path, ...], keys: tuple[Path, ..
     Without --key nothing is verified and the output says UNVERIFIED: a bundle's contents are claims until
     a trusted key checks them. File contents are never hashed here (use `modelsec verify`).
     """
-    from modelsec.attestations import parse_statement
     from modelsec.signer.keys import load_trusted_key_file
     from modelsec.signer.manifest import parse_manifest
-    from modelsec.verifier import find_default_bundles, read_bundle, verify_bundle_signature
+    from modelsec.verifier import find_default_bundles
+    from modelsec.verifier.attestations import inspect_bundle
 
     rows: list[dict[str, Any]] = []
     try:
@@ -540,19 +540,15 @@ def _inspect(model_dir: Path, signatures: tuple[Path, ...], keys: tuple[Path, ..
         if not paths:
             raise click.UsageError(f"{model_dir}: no bundle found; give --signature")
         for path in paths:
-            bundle = read_bundle(path, _limits())
-            signer = "UNVERIFIED"
-            if trusted:
-                key = verify_bundle_signature(bundle, trusted)
-                signer = f"{key.algorithm.value} ({key.name}, keyid {key.keyid[:16]})"
-            manifest = parse_manifest(
-                parse_statement(bundle.envelope.payload, what=str(path)), what=str(path)
-            )
+            seen = inspect_bundle(path, trusted, limits=_limits())
+            key = seen.signer
+            signer = f"{key.algorithm.value} ({key.name}, keyid {key.keyid[:16]})" if key else "UNVERIFIED"
+            manifest = parse_manifest(seen.statement, what=str(path))
             rows.append(
                 {
                     "bundle": str(path),
                     "signed_by": signer,
-                    "hint": bundle.hint,
+                    "hint": seen.bundle.hint,
                     "hash_type": manifest.hash_type.value,
                     "root_digest": manifest.subject_digest.get("sha256"),
                     "subject_digest": dict(manifest.subject_digest),
@@ -671,45 +667,46 @@ def _attest() -> None:
     """List and show the attestations about a model (weights signatures, watermark, robustness gate)."""
 
 
-def _attestation_rows(model_dir: Path, store: Path | None, keys: tuple[Path, ...]) -> list[dict[str, Any]]:
-    from modelsec.attestations import parse_statement
+def _attestation_rows(model_dir: Path, store: str | None, keys: tuple[Path, ...]) -> list[dict[str, Any]]:
+    """The bundles about MODEL_DIR (its reserved names, and the store's for the digests they name)."""
     from modelsec.signer import MODEL_IGNORE_PATHS
     from modelsec.signer.keys import load_trusted_key_file
-    from modelsec.verifier import read_bundle, verify_bundle_signature
-    from modelsec.verifier.attestations import role_for_predicate
+    from modelsec.verifier.attestations import inspect_bundle
+    from modelsec.verifier.stores import StoreOptions, open_store
 
     trusted = [load_trusted_key_file(k) for k in keys]
     paths = [model_dir / n for n in MODEL_IGNORE_PATHS if n.endswith(".sig") and (model_dir / n).is_file()]
+    seen = [inspect_bundle(p, trusted, limits=_limits()) for p in paths]
     if store is not None:
-        paths += sorted(p for p in store.rglob("*.sig") if p.is_file())
-    rows = []
-    for path in paths:
-        bundle = read_bundle(path, _limits())
-        statement = parse_statement(bundle.envelope.payload, what=str(path))
-        signer = "UNVERIFIED"
-        if trusted:
-            key = verify_bundle_signature(
-                bundle, trusted, role=role_for_predicate(statement.predicate_type) or "weights"
-            )
-            signer = f"{key.name} ({key.algorithm.value})"
-        rows.append(
-            {
-                "bundle": str(path),
-                "predicateType": statement.predicate_type,
-                "signed_by": signer,
-                "subject": [dict(s.digest) for s in statement.subjects],
-                "predicate": dict(statement.predicate),
-            }
-        )
-    return rows
+        digests = sorted({s.digest.get("sha256", "") for b in seen for s in b.statement.subjects} - {""})
+        opened = open_store(store, StoreOptions(limits=_limits()))
+        try:
+            for digest in digests:
+                seen += [inspect_bundle(e, trusted, limits=_limits()) for e in opened.entries(digest)]
+        finally:
+            opened.close()
+    return [
+        {
+            "bundle": b.source,
+            "predicateType": b.statement.predicate_type,
+            "signed_by": f"{b.signer.name} ({b.signer.algorithm.value})" if b.signer else "UNVERIFIED",
+            "subject": [dict(s.digest) for s in b.statement.subjects],
+            "predicate": dict(b.statement.predicate),
+        }
+        for b in seen
+    ]
 
 
 @_attest.command(name="list")
 @click.argument("model_dir", type=click.Path(path_type=Path))
-@click.option("--store", type=click.Path(path_type=Path), help="Also list an attestation directory store.")
-@_keys_option("Trusted key: check each signature (role by predicate type).")
+@click.option(
+    "--store",
+    help="Also list what an attestation store (a directory or file://, sqlite://, grpc(s):// URI) holds "
+    "about the model's digest.",
+)
+@_keys_option("Trusted key: check each signature (role by predicate type; unknown types are refused).")
 @_json_option
-def _attest_list(model_dir: Path, store: Path | None, keys: tuple[Path, ...], as_json: bool) -> None:
+def _attest_list(model_dir: Path, store: str | None, keys: tuple[Path, ...], as_json: bool) -> None:
     """One line per bundle about MODEL_DIR: predicate type, subject, signer (UNVERIFIED without --key)."""
     try:
         rows = _attestation_rows(model_dir, store, keys)
@@ -731,21 +728,27 @@ def _attest_list(model_dir: Path, store: Path | None, keys: tuple[Path, ...], as
 @_attest.command(name="put")
 @click.argument("bundles", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option(
-    "--store", type=click.Path(path_type=Path), required=True, help="The attestation directory store."
+    "--store",
+    required=True,
+    help="The attestation store: a directory (<store>/sha256/<digest>/<id>.sig) or a file://, sqlite:// URI.",
 )
 @_json_option
-def _attest_put(bundles: tuple[Path, ...], store: Path, as_json: bool) -> None:
-    """File BUNDLES in a directory store by their subject's root digest (verified when read, not here)."""
-    from modelsec.verifier.attestations import store_bundle
+def _attest_put(bundles: tuple[Path, ...], store: str, as_json: bool) -> None:
+    """File BUNDLES in a store by their subject's root digest (verified when read, not here)."""
+    from modelsec.verifier.stores import StoreOptions, open_store
 
     try:
-        written = [store_bundle(store, b.read_bytes()) for b in bundles]
+        opened = open_store(store, StoreOptions(limits=_limits()))
+        try:
+            written = [opened.put(b.read_bytes())[0].source for b in bundles]
+        finally:
+            opened.close()
     except OSError as e:
         raise click.UsageError(f"cannot read or write: {e}") from e
     except Error as e:
         _fail(e, as_json)
     if as_json:
-        click.echo(json.dumps({"ok": True, "stored": [str(p) for p in written]}))
+        click.echo(json.dumps({"ok": True, "stored": written}))
     else:
         for p in written:
             click.echo(f"stored {p}")
@@ -801,9 +804,8 @@ def _attest_push(
 @_server_options(required=True)
 @click.option(
     "--out",
-    type=click.Path(path_type=Path, file_okay=False),
-    help="Write the bundles into this directory store (<out>/sha256/<digest>/<id>.sig), e.g. a policy's "
-    "attestationDir; without it, only list them.",
+    help="Write the bundles into this store (a directory: <out>/sha256/<digest>/<id>.sig, or a file://, "
+    "sqlite:// URI), e.g. a policy's attestationStore; without it, only list them.",
 )
 @_json_option
 def _attest_pull(
@@ -814,19 +816,22 @@ def _attest_pull(
     client_key: Path | None,
     token_env: str,
     plaintext: bool,
-    out: Path | None,
+    out: str | None,
     as_json: bool,
 ) -> None:
     """Fetch every bundle the service stores about ROOT_DIGEST (hex, optionally prefixed `sha256:`).
 
     Nothing is trusted by fetching: a verifier checks the bundles against its own policy when it reads them.
     """
-    from modelsec.verifier.attestations import store_bundle
+    from modelsec.verifier.stores import StoreOptions, open_store
 
     digest = root_digest.removeprefix("sha256:").lower()
     rows = []
     with _server_client(server, server_ca, client_cert, client_key, token_env, plaintext) as client:
         try:
+            target = (
+                None if out is None else open_store(out, StoreOptions(limits=_limits(), must_exist=False))
+            )
             for item in client.get_attestations(digest):
                 a = item.attestation
                 row = {
@@ -835,9 +840,11 @@ def _attest_pull(
                     "signer": a.signer,
                     "stored_at": a.stored_at,
                 }
-                if out is not None:
-                    row["path"] = str(store_bundle(out, item.bundle))
+                if target is not None:
+                    row["path"] = target.put(item.bundle)[0].source
                 rows.append(row)
+            if target is not None:
+                target.close()
         except Error as e:
             _fail(e, as_json)
         except OSError as e:
@@ -853,9 +860,9 @@ def _attest_pull(
 
 @_attest.command(name="show")
 @click.argument("model_dir", type=click.Path(path_type=Path))
-@click.option("--store", type=click.Path(path_type=Path), help="Also show an attestation directory store.")
-@_keys_option("Trusted key: check each signature (role by predicate type).")
-def _attest_show(model_dir: Path, store: Path | None, keys: tuple[Path, ...]) -> None:
+@click.option("--store", help="Also show what an attestation store holds about the model's digest.")
+@_keys_option("Trusted key: check each signature (role by predicate type; unknown types are refused).")
+def _attest_show(model_dir: Path, store: str | None, keys: tuple[Path, ...]) -> None:
     """Print every bundle's statement about MODEL_DIR as JSON (signer UNVERIFIED without --key)."""
     try:
         rows = _attestation_rows(model_dir, store, keys)

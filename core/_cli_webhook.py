@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 import click
 
 if TYPE_CHECKING:
-    from modelsec.webhook.review import AttestationStore, WebhookConfig
+    from modelsec.verifier.stores import AttestationStore
+    from modelsec.webhook.review import WebhookConfig
 
 __all__ = ["webhook"]
 
@@ -145,17 +146,30 @@ def _serve(
 def _store(
     spec: str, config: WebhookConfig, ca: Path | None, client_cert: Path | None, client_key: Path | None
 ) -> AttestationStore:
-    """A directory store, or the gRPC AttestationService (`grpc://` / `grpcs://HOST:PORT`) as the store."""
-    from modelsec.webhook.review import DirectoryStore
+    """The store `--store` names (`modelsec.verifier.stores.open_store`: a directory or a store URI)."""
+    import os
 
-    scheme, sep, target = spec.partition("://")
-    if not sep:
-        return DirectoryStore(Path(spec), max_bundles=config.max_bundles)
-    if scheme not in ("grpc", "grpcs") or not target:
-        raise click.UsageError(f"--store {spec!r}: use a directory, grpcs://HOST:PORT or grpc://HOST:PORT")
-    from modelsec._cli_common import TOKEN_ENV, _server_client
+    from modelsec.errors import PolicyError
+    from modelsec.verifier.stores import StoreOptions, open_store
 
-    client: AttestationStore = _server_client(
-        target, ca, client_cert, client_key, TOKEN_ENV, scheme == "grpc", timeout=config.deadline_seconds
-    )
-    return client
+    channel = None
+    if spec.startswith(("grpc://", "grpcs://")):
+        if (client_cert is None) != (client_key is None):
+            raise click.UsageError("give both --store-client-cert and --store-client-key, or neither")
+        from modelsec._cli_common import TOKEN_ENV
+        from modelsec.service.client import ChannelOptions
+
+        channel = ChannelOptions(
+            ca=ca,
+            cert=client_cert,
+            key=client_key,
+            token=os.environ.get(TOKEN_ENV) or None,
+            timeout=config.deadline_seconds,
+        )
+    try:
+        return open_store(spec, StoreOptions(max_bundles=config.max_bundles, channel=channel))
+    except PolicyError as e:
+        raise click.UsageError(
+            f"--store {spec!r}: use a directory, grpcs://HOST:PORT or grpc://HOST:PORT "
+            f"(or file://DIR, sqlite://FILE): {e.diagnostics()}"
+        ) from e

@@ -29,7 +29,9 @@ policies:
       robustness: {attack: pgd-linf, minEps: 0.03, minRobustAccuracy: 0.85, rule: strict, minSamples: 500,
                    maxAge: 30d}
       watermark: {required: true, minConfidence: 0.92, maxFalsePositive: 1e-9}
-    attestationDir: /var/lib/modelsec/attestations   # besides model.watermark.sig / model.gate.sig
+    attestationStore: /var/lib/modelsec/attestations  # besides model.watermark.sig / model.gate.sig; a
+                                                      # path or file:// | sqlite:// | grpc(s):// URI
+                                                      # (`attestationDir`: the older name, a path)
 noMatch: deny
 ```
 """
@@ -119,8 +121,9 @@ class Policy:
         name: The policy's name in diagnostics.
         robustness: A robustness-gate attestation required, or None.
         watermark: A watermark attestation required, or None.
-        attestation_dir: A directory store of attestation bundles (`<dir>/sha256/<digest>/*.sig`) searched
-            besides the reserved names in the model directory.
+        attestation_store: The attestation store searched besides the reserved names in the model
+            directory: a directory path or a store URI (`modelsec.verifier.stores.open_store`), relative
+            paths already resolved against the policy file's directory.
         require_digest: References (admission) must pin the model root digest.
     """
 
@@ -133,7 +136,7 @@ class Policy:
     name: str = "command line"
     robustness: RobustnessRequirement | None = None
     watermark: WatermarkRequirement | None = None
-    attestation_dir: Path | None = None
+    attestation_store: str | None = None
     require_digest: bool = True
 
     @property
@@ -314,6 +317,7 @@ _POLICY_FIELDS = {
     "limits",
     "attestations",
     "attestationDir",
+    "attestationStore",
 }
 _ROBUSTNESS_FIELDS = {"attack", "minEps", "minRobustAccuracy", "rule", "minSamples", "maxAge"}
 _WATERMARK_FIELDS = {"required", "minConfidence", "maxFalsePositive", "keyFile"}
@@ -333,6 +337,32 @@ _LIMIT_FIELDS = {
     "maxPathBytes": "max_path_bytes",
     "hashChunkBytes": "hash_chunk_bytes",
 }
+
+
+def _parse_store(doc: Mapping[str, Any], where: str, base_dir: Path) -> str | None:
+    """`attestationStore` (a path or store URI) or its older name `attestationDir` (a path).
+
+    A relative path (plain, or after `file://` / `sqlite://`) is resolved against the policy file's
+    directory; the scheme itself is checked when the store is opened (`modelsec.verifier.stores`).
+    """
+    if "attestationStore" in doc and "attestationDir" in doc:
+        raise PolicyError(f"{where}: give attestationStore or attestationDir (its older name), not both")
+    name = "attestationStore" if "attestationStore" in doc else "attestationDir"
+    store = doc.get(name)
+    if store is None:
+        return None
+    if not isinstance(store, str) or not store or _CONTROL.search(store):
+        raise PolicyError(f"{where}.{name} must be a path or a store URI")
+    scheme, sep, target = store.partition("://")
+    if not sep:
+        return str(base_dir / store)
+    if name == "attestationDir":
+        raise PolicyError(f"{where}.attestationDir must be a path (use attestationStore for a store URI)")
+    if not target:
+        raise PolicyError(f"{where}.attestationStore {store!r} names no directory, file or server")
+    if scheme in ("file", "sqlite"):  # the schemes whose target is a local path
+        return f"{scheme}://{base_dir / target}"
+    return store
 
 
 def _parse_policy(item: object, where: str, base_dir: Path) -> _Entry:
@@ -359,9 +389,7 @@ def _parse_policy(item: object, where: str, base_dir: Path) -> _Entry:
     robustness, watermark = _parse_attestations(
         doc.get("attestations", {}), f"{where}.attestations", base_dir
     )
-    store = doc.get("attestationDir")
-    if store is not None and (not isinstance(store, str) or not store):
-        raise PolicyError(f"{where}.attestationDir must be a path")
+    store = _parse_store(doc, where, base_dir)
     policy = Policy(
         keys=keys,
         require_algorithms=frozenset(require),
@@ -372,7 +400,7 @@ def _parse_policy(item: object, where: str, base_dir: Path) -> _Entry:
         name=name,
         robustness=robustness,
         watermark=watermark,
-        attestation_dir=(base_dir / store) if store else None,
+        attestation_store=store,
         require_digest=doc.get("requireDigest", True),
     )
     return _Entry(tuple(_glob_regex(p) for p in match), policy)

@@ -33,19 +33,16 @@ robustness attestation checks `gate.verdict`, `attack`, `parameters.eps` and the
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from modelsec.attestations import Statement, StatementSigner, Subject, sign_statement
-from modelsec.errors import MalformedArtifactError
+from modelsec.attestations import Statement, StatementSigner, sign_statement
+from modelsec.attestations.gate_predicate import gate_statement as build_statement
 from modelsec.robustness import PREDICATE_TYPE
 from modelsec.robustness.gate import GateResult
 from modelsec.signer.signing import write_bundle_file
 
 __all__ = ["PREDICATE_TYPE", "gate_statement", "sign_gate_result", "write_attestation"]
-
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def gate_statement(
@@ -69,17 +66,12 @@ def gate_statement(
         The unsigned statement.
 
     Raises:
-        MalformedArtifactError: `root_digest` is not 64 lowercase hex characters.
+        MalformedArtifactError: `root_digest` is not 64 lowercase hex characters, or a number of the
+            result is out of its field's range (`modelsec.attestations.gate_predicate`).
     """
-    if not _HEX64.match(root_digest):
-        raise MalformedArtifactError(f"model root digest {root_digest!r} is not a hex SHA-256 digest")
     predicate = result.to_json()
     predicate["model"] = {"architecture": architecture, "weights": list(weights)}
-    return Statement(
-        subjects=(Subject(name=model_name, digest={"sha256": root_digest}),),
-        predicate_type=PREDICATE_TYPE,
-        predicate=predicate,
-    )
+    return build_statement(predicate, root_digest=root_digest, model_name=model_name)
 
 
 def sign_gate_result(

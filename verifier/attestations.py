@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import hmac
-import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from modelsec.attestations.bundle import Bundle, parse_bundle
-from modelsec.attestations.predicates import check_gate_predicate, check_watermark_predicate, parse_rfc3339
+from modelsec.attestations.gate_predicate import GatePredicate, parse_gate_predicate
 from modelsec.attestations.statement import (
     GATE_PREDICATE_TYPE,
     WATERMARK_PREDICATE_TYPE,
@@ -44,13 +43,16 @@ from modelsec.attestations.statement import (
     is_sha256_hex,
     parse_statement,
 )
-from modelsec.errors import AttestationError, Error, MalformedArtifactError, PolicyError
+from modelsec.attestations.watermark_predicate import WatermarkPredicate, parse_watermark_predicate
+from modelsec.errors import AttestationError, Error, MalformedArtifactError
 from modelsec.limits import Limits
 from modelsec.policy import Policy, RobustnessRequirement, WatermarkRequirement
 from modelsec.signer.keys import TrustedKey
 from modelsec.signer.manifest import OMS_PREDICATE_TYPE, parse_manifest
-from modelsec.signer.signing import ATTESTATION_FILE_NAMES, write_bundle_file
+from modelsec.signer.signing import ATTESTATION_FILE_NAMES
 from modelsec.verifier.bundles import read_bundle, verify_bundle_signature
+from modelsec.verifier.stores import StoredBundle, StoreOptions, open_store
+from modelsec.verifier.stores.directory import DirectoryStore
 
 __all__ = [
     "GATE_PREDICATE_TYPE",
@@ -58,8 +60,10 @@ __all__ = [
     "AdmittedAttestation",
     "AttestationVerdict",
     "Evidence",
+    "InspectedBundle",
     "admit_to_store",
     "find_attestation_bundles",
+    "inspect_bundle",
     "role_for_predicate",
     "store_bundle",
     "verify_attestations",
@@ -107,6 +111,63 @@ def verify_statement_bundle(
 def role_for_predicate(predicate_type: str) -> str | None:
     """The key role a statement of this predicate type must be signed with (None: an unknown type)."""
     return _ROLE.get(predicate_type)
+
+
+@dataclass(frozen=True, slots=True)
+class InspectedBundle:
+    """A bundle read for display (`modelsec inspect`, `attest list`), and who signed it if keys were given.
+
+    Attributes:
+        source: Where it was read (a path, or a store's `<uri>#<id>`).
+        bundle: The parsed bundle.
+        statement: Its statement, parsed from the payload bytes.
+        signer: The trusted key that verified it under the role for its predicate type; None when no keys
+            were given (the contents are then claims, not verified).
+    """
+
+    source: str
+    bundle: Bundle
+    statement: Statement
+    signer: TrustedKey | None
+
+
+def inspect_bundle(
+    item: Path | StoredBundle, keys: Sequence[TrustedKey], *, limits: Limits | None = None
+) -> InspectedBundle:
+    """Read a bundle for display; with `keys`, verify it exactly as the verifier would choose its key.
+
+    With keys, the predicate type must be known (an unknown type is refused, as `verify_attestations`
+    refuses it) and the signature must verify under a key holding the role for that type. The subject is
+    not compared with any model and no predicate is checked against a policy (use `verify_attestations`).
+
+    Args:
+        item: A bundle file, or a bundle read from a store.
+        keys: Trusted keys; empty to read without verifying.
+        limits: Size limits (default `Limits()`).
+
+    Returns:
+        The parsed bundle, statement and verifying key (None without keys).
+
+    Raises:
+        MalformedArtifactError: The bundle or statement cannot be parsed, or is too large.
+        SignatureError: No key holding the role verifies the signature (or the file is missing).
+        AttestationError: With keys: the predicate type is not one modelsec knows.
+    """
+    limits = limits or Limits()
+    if isinstance(item, Path):
+        what, bundle = str(item), read_bundle(item, limits)
+    else:
+        if len(item.data) > limits.max_bundle_bytes:
+            raise MalformedArtifactError(f"{item.source}: larger than {limits.max_bundle_bytes} bytes")
+        what, bundle = item.source, parse_bundle(item.data, source=item.source)
+    statement = parse_statement(bundle.envelope.payload, what=what)
+    signer = None
+    if keys:
+        role = _ROLE.get(statement.predicate_type)
+        if role is None:
+            raise AttestationError(f"{what}: unknown predicateType {statement.predicate_type!r}")
+        signer = verify_bundle_signature(bundle, keys, role=role)
+    return InspectedBundle(what, bundle, statement, signer)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,129 +240,89 @@ class AttestationVerdict:
         }
 
 
-def find_attestation_bundles(model_dir: Path | None, root_digest: str, policy: Policy) -> list[Path]:
+def find_attestation_bundles(
+    model_dir: Path | None, root_digest: str, policy: Policy
+) -> list[Path | StoredBundle]:
     """Bundles to consider: the reserved names in the model directory and the policy's store for the digest.
 
-    The store layout is `<attestation_dir>/sha256/<root digest>/*.sig`, so bundles are found by digest
-    without reading any model file.
+    The policy's store (`Policy.attestation_store`, opened with `modelsec.verifier.stores.open_store`)
+    files bundles by digest, so they are found without reading any model file; a directory store that does
+    not exist holds nothing. Nothing returned is trusted yet.
+
+    Raises:
+        PolicyError: The policy's store reference has an unknown scheme.
+        BackendUnavailableError: The store cannot be reached or read.
+        MalformedArtifactError: The store holds more bundles for the digest than it reads.
     """
-    found: list[Path] = []
+    found: list[Path | StoredBundle] = []
     if model_dir is not None:
         found += [model_dir / n for n in ATTESTATION_FILE_NAMES if os.path.lexists(model_dir / n)]
-    if policy.attestation_dir is not None:
-        digest_dir = policy.attestation_dir / "sha256" / root_digest
-        if digest_dir.is_dir() and not digest_dir.is_symlink():
-            found += sorted(p for p in digest_dir.iterdir() if p.suffix == ".sig")
+    if policy.attestation_store is not None:
+        store = open_store(policy.attestation_store, StoreOptions(limits=policy.limits, must_exist=False))
+        try:
+            found += store.entries(root_digest)
+        finally:
+            store.close()
     return found
 
 
 def store_bundle(store: Path, data: bytes, *, limits: Limits | None = None) -> Path:
     """File a bundle in a directory store under its subject's root digest: `<store>/sha256/<digest>/<id>.sig`.
 
-    Nothing is trusted here: the subject digest only decides where the file goes (a verifier checks the
-    signature and the subject again when it reads the store); `<id>` is the SHA-256 of the bundle bytes, so
-    storing the same bundle twice is idempotent and concurrent writers never clobber each other.
+    `modelsec.verifier.stores.directory.DirectoryStore.put`, kept under its older name. Nothing is trusted
+    here (a verifier checks the signature and the subject again when it reads the store).
 
     Raises:
         MalformedArtifactError: The bundle or its statement cannot be parsed, or has no sha256 subject.
         PolicyError: The store directory or the file cannot be written.
     """
-    import hashlib
-
-    max_bytes = (limits or Limits()).max_bundle_bytes
-    if len(data) > max_bytes:
-        raise MalformedArtifactError(f"bundle larger than {max_bytes} bytes")
-    bundle = parse_bundle(data, source="bundle")
-    statement = parse_statement(bundle.envelope.payload, what="bundle")
-    digest = statement.subjects[0].digest.get("sha256", "")
-    if not is_sha256_hex(digest):
-        raise MalformedArtifactError("bundle subject has no sha256 model root digest")
-    directory = store / "sha256" / digest
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise PolicyError(f"{directory}: cannot create the store directory: {e.strerror}") from e
-    return write_bundle_file(directory / f"{hashlib.sha256(data).hexdigest()}.sig", data)
+    directory = DirectoryStore(store, max_bundle_bytes=(limits or Limits()).max_bundle_bytes)
+    return Path(directory.put(data)[0].source)
 
 
-def _load(item: Path | bytes, policy: Policy, index: int) -> Bundle:
+def _name(item: Path | bytes | StoredBundle, index: int) -> str:
+    if isinstance(item, StoredBundle):
+        return item.source
+    return str(item) if isinstance(item, Path) else f"bundle[{index}]"
+
+
+def _load(item: Path | bytes | StoredBundle, policy: Policy, index: int) -> Bundle:
     if isinstance(item, Path):
         return read_bundle(item, policy.limits)
-    if len(item) > policy.limits.max_bundle_bytes:
-        raise AttestationError(f"bundle[{index}]: larger than {policy.limits.max_bundle_bytes} bytes")
-    return parse_bundle(item, source=f"bundle[{index}]")
+    what = _name(item, index)
+    data = item.data if isinstance(item, StoredBundle) else item
+    if len(data) > policy.limits.max_bundle_bytes:
+        raise AttestationError(f"{what}: larger than {policy.limits.max_bundle_bytes} bytes")
+    return parse_bundle(data, source=what)
 
 
-def _parse_time(value: object, what: str) -> datetime:
-    if value is None:
-        raise AttestationError(f"{what}: finishedAt is missing")
-    return parse_rfc3339(value, field="finishedAt", what=what)
+def _check_gate(predicate: Mapping[str, Any], req: RobustnessRequirement, what: str, now: datetime) -> str:
+    return _gate_meets(parse_gate_predicate(predicate, what=what), req, what, now)
 
 
-def _get(mapping: Mapping[str, Any], path: str, what: str) -> Any:
-    value: Any = mapping
-    for part in path.split("."):
-        if not isinstance(value, Mapping) or part not in value:
-            raise AttestationError(f"{what}: predicate lacks {path}")
-        value = value[part]
-    return value
-
-
-def _number(mapping: Mapping[str, Any], path: str, what: str) -> float:
-    value = _get(mapping, path, what)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise AttestationError(f"{what}: predicate {path} is not a number")
-    return float(value)
-
-
-def _check_gate(pred: Mapping[str, Any], req: RobustnessRequirement, what: str, now: datetime) -> str:
-    check_gate_predicate(pred, what=what)  # every number in range before any arithmetic
-    attack = _get(pred, "attack", what)
-    if attack != req.attack:
-        raise AttestationError(f"{what}: gate attack {attack!r} is not the policy's {req.attack!r}")
-    eps = _number(pred, "parameters.eps", what)
-    if eps < req.min_eps:
-        raise AttestationError(f"{what}: gate eps {eps} is below the policy's minEps {req.min_eps}")
-    verdict = _get(pred, "gate.verdict", what)
-    if verdict != "PASSED":
-        raise AttestationError(f"{what}: gate verdict is {verdict!r}, not 'PASSED'")
-    total = _number(pred, "results.robust.total", what)
-    if total < req.min_samples:
-        raise AttestationError(f"{what}: gate evaluated {int(total)} samples, policy needs {req.min_samples}")
-    accuracy = _number(pred, "results.robust.accuracy", what)
-    if not 0.0 <= accuracy <= 1.0:
-        raise AttestationError(f"{what}: predicate results.robust.accuracy {accuracy} is not in [0, 1]")
-    interval = _get(pred, "results.robust.wilson95", what)
-    if (
-        not isinstance(interval, list)
-        or len(interval) != 2
-        or not all(isinstance(x, int | float) and not isinstance(x, bool) for x in interval)
-        or not 0.0 <= interval[0] <= accuracy + 1e-9
-        or not accuracy - 1e-9 <= interval[1] <= 1.0
-    ):
+def _gate_meets(pred: GatePredicate, req: RobustnessRequirement, what: str, now: datetime) -> str:
+    if pred.attack != req.attack:
+        raise AttestationError(f"{what}: gate attack {pred.attack!r} is not the policy's {req.attack!r}")
+    if pred.eps < req.min_eps:
+        raise AttestationError(f"{what}: gate eps {pred.eps} is below the policy's minEps {req.min_eps}")
+    if pred.verdict != "PASSED":
+        raise AttestationError(f"{what}: gate verdict is {pred.verdict!r}, not 'PASSED'")
+    if pred.robust_total < req.min_samples:
         raise AttestationError(
-            f"{what}: predicate results.robust.wilson95 must be [lower, upper] with "
-            "0 <= lower <= accuracy <= upper <= 1"
+            f"{what}: gate evaluated {pred.robust_total} samples, policy needs {req.min_samples}"
         )
     if req.rule == "strict":
-        value, label = float(interval[0]), "Wilson 95% lower bound"
+        value, label = pred.robust_wilson95[0], "Wilson 95% lower bound"
     else:
-        value, label = accuracy, "robust accuracy"
+        value, label = pred.robust_accuracy, "robust accuracy"
     if value < req.min_robust_accuracy:
         raise AttestationError(f"{what}: {label} {value:.4f} is below the policy's {req.min_robust_accuracy}")
-    checks = _get(pred, "sanity.checks", what)
-    if (
-        not isinstance(checks, list)
-        or not checks
-        or not all(isinstance(c, Mapping) and isinstance(c.get("name"), str) for c in checks)
-    ):
-        raise AttestationError(f"{what}: predicate sanity.checks must be a non-empty list of named checks")
-    failed = [c["name"] for c in checks if c.get("passed") is not True]
-    if failed:
-        raise AttestationError(f"{what}: gate sanity checks failed: {failed}")
+    if pred.failed_checks:
+        raise AttestationError(f"{what}: gate sanity checks failed: {pred.failed_checks}")
     if req.max_age_seconds is not None:
-        finished = _parse_time(pred.get("finishedAt"), what)
-        age = (now - finished).total_seconds()
+        if pred.finished_at is None:
+            raise AttestationError(f"{what}: finishedAt is missing")
+        age = (now - pred.finished_at).total_seconds()
         if age > req.max_age_seconds:
             raise AttestationError(
                 f"{what}: gate result is stale ({age / 86400:.1f} days old; maxAge "
@@ -310,31 +331,31 @@ def _check_gate(pred: Mapping[str, Any], req: RobustnessRequirement, what: str, 
         if age < -300:
             raise AttestationError(f"{what}: gate finishedAt lies in the future")
     return (
-        f"robustness: {attack} eps {eps} >= {req.min_eps}, {label} {value:.4f} >= {req.min_robust_accuracy}"
+        f"robustness: {pred.attack} eps {pred.eps} >= {req.min_eps}, "
+        f"{label} {value:.4f} >= {req.min_robust_accuracy}"
     )
 
 
-def _check_watermark(pred: Mapping[str, Any], req: WatermarkRequirement, what: str) -> str:
-    check_watermark_predicate(pred, what=what)  # every number in range before any arithmetic
-    if _get(pred, "detection.detected", what) is not True:
+def _check_watermark(predicate: Mapping[str, Any], req: WatermarkRequirement, what: str) -> str:
+    return _watermark_meets(parse_watermark_predicate(predicate, what=what), req, what)
+
+
+def _watermark_meets(pred: WatermarkPredicate, req: WatermarkRequirement, what: str) -> str:
+    if not pred.detected:
         raise AttestationError(f"{what}: the watermark was not detected at embed time")
-    confidence = _number(pred, "detection.confidence", what)
-    fpp = _number(pred, "detection.falsePositiveProbability", what)
+    confidence, fpp = pred.confidence, pred.false_positive_probability
     if confidence < req.min_confidence:
         raise AttestationError(f"{what}: watermark confidence {confidence:.4f} < policy {req.min_confidence}")
     if fpp > req.max_false_positive:
         raise AttestationError(
             f"{what}: watermark false-positive probability {fpp:.3g} > policy {req.max_false_positive:.3g}"
         )
-    for field_name in ("keyCommitment", "messageCommitment", "parameters", "carriers"):
-        if not isinstance(pred.get(field_name), Mapping):
-            raise AttestationError(f"{what}: watermark predicate lacks {field_name}")
     return f"watermark: detected at embed time, confidence {confidence:.3f}, false-positive p {fpp:.2g}"
 
 
 def verify_attestations(
     root_digest: str,
-    bundles: Sequence[Path | bytes],
+    bundles: Sequence[Path | bytes | StoredBundle],
     policy: Policy,
     *,
     require_signatures: bool = True,
@@ -345,7 +366,8 @@ def verify_attestations(
 
     Args:
         root_digest: The model root digest (hex SHA-256) the evidence must be about.
-        bundles: Bundle files or bundle bytes (weights signatures and attestations, in any order).
+        bundles: Bundle files, bundle bytes or bundles read from a store (weights signatures and
+            attestations, in any order).
         policy: Keys with roles, required algorithms and attestation requirements.
         require_signatures: Also require weights signatures of every `policy.require_algorithms` (and at
             least one) among `bundles`; False when the caller verified the weights itself.
@@ -369,7 +391,7 @@ def verify_attestations(
     gates = watermarks = 0
     ignored: list[str] = []
     for index, item in enumerate(bundles):
-        what = str(item) if isinstance(item, Path) else f"bundle[{index}]"
+        what = _name(item, index)
         # Evidence that is not this model's under this policy (unparseable, signed by no key trusted for
         # its role, about another model) does not count, but does not veto either: a shared store may
         # hold other teams' bundles, and anyone who can write to it must not be able to deny a model.

@@ -28,12 +28,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from modelsec.attestations.statement import WATERMARK_PREDICATE_TYPE
-from modelsec.errors import AttestationError, MalformedArtifactError, PolicyError
+from modelsec.errors import PolicyError, UnsupportedAlgorithmError
 from modelsec.limits import Limits
 
 if TYPE_CHECKING:
     from modelsec.attestations.bundle import StatementSigner
     from modelsec.attestations.statement import Statement
+    from modelsec.attestations.watermark_predicate import WatermarkPredicate
     from modelsec.signer.keys import TrustedKey
     from modelsec.watermark.embed import EmbedResult
     from modelsec.watermark.scheme import WatermarkParams
@@ -103,11 +104,12 @@ def watermark_statement(
 
     Returns:
         The unsigned statement.
-    """
-    from types import MappingProxyType
 
+    Raises:
+        MalformedArtifactError: A recorded number is out of its field's range (never signed).
+    """
     from modelsec import __version__
-    from modelsec.attestations.statement import Statement, Subject
+    from modelsec.attestations.watermark_predicate import watermark_statement as build_statement
     from modelsec.watermark.scheme import SCHEME
 
     when = (embedded_at or datetime.now(UTC)).astimezone(UTC).replace(microsecond=0)
@@ -150,11 +152,7 @@ def watermark_statement(
         "embeddedAt": when.isoformat().replace("+00:00", "Z"),
         "tool": {"name": "modelsec", "version": __version__},
     }
-    return Statement(
-        subjects=(Subject(name=name, digest=MappingProxyType(dict(digests))),),
-        predicate_type=PREDICATE_TYPE,
-        predicate=MappingProxyType(predicate),
-    )
+    return build_statement(predicate, digests, name=name)
 
 
 def sign_watermark_attestation(
@@ -243,11 +241,13 @@ class WatermarkAttestation:
         root_digest: The attested model root digest (SHA-256, hex), equal to the expected one.
         key: The trusted key that signed it.
         statement: The verified statement (predicate read-only).
+        parsed: The parsed predicate (scheme, commitments, embed-time detection).
     """
 
     root_digest: str
     key: TrustedKey
     statement: Statement
+    parsed: WatermarkPredicate
 
     @property
     def predicate(self) -> Mapping[str, Any]:
@@ -255,9 +255,14 @@ class WatermarkAttestation:
         return self.statement.predicate
 
     @property
+    def scheme(self) -> str:
+        """The scheme that embedded the mark (`scheme.name`)."""
+        return self.parsed.scheme
+
+    @property
     def detected_at_embedding(self) -> bool:
         """Whether the embed-time detection recorded a detected mark."""
-        return bool(self.predicate.get("detection", {}).get("detected") is True)
+        return self.parsed.detected
 
 
 def verify_watermark_attestation(
@@ -290,11 +295,12 @@ def verify_watermark_attestation(
         SignatureError: No trusted key verifies the signature, or the bundle is missing.
         MalformedArtifactError: The bundle or statement is malformed or has another predicateType.
         MalformedArtifactError: Also: a number of the predicate is out of its field's range.
-        AttestationError: The subject is another model, or the predicate lacks required fields.
+        AttestationError: The subject is another model, or the predicate lacks required fields
+            (`modelsec.attestations.watermark_predicate.parse_watermark_predicate`, the verifier's rule).
         PolicyError: Neither or both of `root_digest` and `model_dir` given.
     """
-    from modelsec.attestations.predicates import check_watermark_predicate
     from modelsec.attestations.statement import parse_statement
+    from modelsec.attestations.watermark_predicate import parse_watermark_predicate
     from modelsec.verifier.attestations import verify_statement_bundle
     from modelsec.verifier.bundles import read_bundle
 
@@ -309,11 +315,8 @@ def verify_watermark_attestation(
     bundle = read_bundle(bundle_path, limits)
     statement = parse_statement(bundle.envelope.payload, what=str(bundle_path), predicate_type=PREDICATE_TYPE)
     signer_key = verify_statement_bundle(bundle, statement, keys, expected, what=str(bundle_path))
-    check_watermark_predicate(statement.predicate, what=str(bundle_path))
-    for required in ("scheme", "parameters", "keyCommitment", "messageCommitment", "carriers", "detection"):
-        if not isinstance(statement.predicate.get(required), Mapping):
-            raise AttestationError(f"{bundle_path}: watermark predicate lacks the object {required!r}")
-    return WatermarkAttestation(root_digest=expected, key=signer_key, statement=statement)
+    parsed = parse_watermark_predicate(statement.predicate, what=str(bundle_path))
+    return WatermarkAttestation(root_digest=expected, key=signer_key, statement=statement, parsed=parsed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,7 +341,8 @@ def detection_hints(predicate: Mapping[str, Any], *, what: str) -> DetectionHint
 
     Choosing the test from a file that does not depend on the suspect's weights keeps the false-positive
     probability exact, so the attestation need not be trusted for this (verify it with
-    `verify_watermark_attestation` to rely on its claims).
+    `verify_watermark_attestation` to rely on its claims). The recorded scheme must be the one this
+    detector runs: another scheme's parameters would make the test meaningless.
 
     Args:
         predicate: The `https://modelsec.dev/watermark/v1` predicate.
@@ -349,36 +353,34 @@ def detection_hints(predicate: Mapping[str, Any], *, what: str) -> DetectionHint
 
     Raises:
         MalformedArtifactError: A required field is missing, has the wrong type or is out of range.
+        UnsupportedAlgorithmError: The predicate records another watermark scheme.
         PolicyError: The recorded parameters are invalid.
     """
-    from modelsec.attestations.predicates import check_watermark_predicate
-    from modelsec.watermark.scheme import WatermarkParams
+    from modelsec.attestations.watermark_predicate import parse_recorded_parameters
+    from modelsec.watermark.scheme import SCHEME, WatermarkParams
 
-    check_watermark_predicate(predicate, what=what)  # numbers in range before float() or any allocation
-    try:
-        p = predicate["parameters"]
-        params = WatermarkParams(
-            kappa=float(p["kappa"]),
-            pilot_bits=_int(p["pilotBits"]),
-            block_size=_int(p["blockSize"]),
-            target_carriers_log2=_int(p["targetCarriersLog2"]),
-            density_log2=_int(p["densityLog2"]),
-            min_tensor_elements=_int(p["minTensorElements"]),
-            max_relative_change=float(p["maxRelativeChange"]),
-            max_message_bits=_int(p["maxMessageBits"]),
-            min_carriers_per_bit=_int(p["minCarriersPerBit"]),
+    recorded = parse_recorded_parameters(predicate, what=what)
+    if recorded.scheme != SCHEME:
+        raise UnsupportedAlgorithmError(
+            f"{what}: the watermark was embedded with scheme {recorded.scheme!r}; "
+            f"this detector runs {SCHEME!r}"
         )
-        tensors = tuple(str(t["name"]) for t in predicate["carriers"]["tensors"])
-        message_bits = _int(p["messageBits"])
-        commitment = predicate["keyCommitment"]["value"]
-    except (KeyError, TypeError, ValueError) as e:
-        raise MalformedArtifactError(
-            f"{what}: watermark predicate lacks or mistypes a parameter: {e}"
-        ) from None
-    if not isinstance(commitment, str):
-        raise MalformedArtifactError(f"{what}: keyCommitment.value is not a string")
+    params = WatermarkParams(
+        kappa=recorded.kappa,
+        pilot_bits=recorded.pilot_bits,
+        block_size=recorded.block_size,
+        target_carriers_log2=recorded.target_carriers_log2,
+        density_log2=recorded.density_log2,
+        min_tensor_elements=recorded.min_tensor_elements,
+        max_relative_change=recorded.max_relative_change,
+        max_message_bits=recorded.max_message_bits,
+        min_carriers_per_bit=recorded.min_carriers_per_bit,
+    )
     return DetectionHints(
-        params=params, tensors=tensors, message_bits=message_bits, key_commitment=commitment
+        params=params,
+        tensors=recorded.tensors,
+        message_bits=recorded.message_bits,
+        key_commitment=recorded.key_commitment,
     )
 
 
@@ -396,9 +398,3 @@ def read_detection_hints(bundle_path: Path, *, limits: Limits | None = None) -> 
     bundle = read_bundle(bundle_path, limits or Limits())
     statement = parse_statement(bundle.envelope.payload, what=str(bundle_path), predicate_type=PREDICATE_TYPE)
     return detection_hints(statement.predicate, what=str(bundle_path))
-
-
-def _int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"expected an integer, got {value!r}")
-    return value

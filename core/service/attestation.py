@@ -22,10 +22,10 @@ from modelsec.attestations.dsse import Envelope, EnvelopeSignature
 from modelsec.errors import AttestationError, Error, MalformedArtifactError
 from modelsec.service.convert import record_to_proto
 from modelsec.service.state import ServiceState
-from modelsec.service.store import StoredRecord
 from modelsec.service.verification import check_root_digest
 from modelsec.v1 import attestation_pb2, attestation_pb2_grpc
 from modelsec.verifier.attestations import admit_to_store
+from modelsec.verifier.stores.sqlite import StoredRecord
 
 __all__ = ["AttestationServicer", "admit_attestation", "store_produced", "storer_for"]
 
@@ -100,7 +100,7 @@ def admit_attestation(state: ServiceState, data: bytes, identity: str) -> tuple[
         ),
         hint=keyid,
     )
-    return state.store.put(
+    return state.store.put_record(
         canonical,
         record_id=hashlib.sha256(envelope.pae() + b"\x00" + keyid.encode()).hexdigest(),
         root_digest=admitted.root_digest,

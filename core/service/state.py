@@ -24,8 +24,8 @@ from modelsec.errors import (
 )
 from modelsec.policy import Policy, PolicySet
 from modelsec.service.config import KeyConfig, ServerConfig, WatermarkKeyConfig, identity_allowed
-from modelsec.service.store import SqliteAttestationStore
 from modelsec.signer.keys import KeyBackend, key_source
+from modelsec.verifier.stores.sqlite import SqliteAttestationStore
 
 __all__ = ["LoadedKey", "ServiceState", "current_identity"]
 

@@ -40,27 +40,23 @@ from __future__ import annotations
 import enum
 import fnmatch
 import hashlib
-import os
-import stat
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from modelsec._strict_json import strict_loads
-from modelsec.attestations.statement import is_sha256_hex
 from modelsec.errors import (
     BackendUnavailableError,
     Error,
     MalformedArtifactError,
     PolicyViolationError,
-    SignatureError,
 )
 from modelsec.policy import Policy, PolicySet
-from modelsec.verifier.bundles import read_bundle_bytes
 from modelsec.verifier.pinning import MODELS_ANNOTATION, split_models_annotation, split_reference
+from modelsec.verifier.stores import AttestationStore
+from modelsec.verifier.stores.directory import DirectoryStore
 
 __all__ = [
     "ANNOTATION",
@@ -135,72 +131,6 @@ class WebhookConfig:
     max_references: int = 32
     max_bundles: int = 64
     require_models_in: tuple[str, ...] = ()
-
-
-class AttestationStore(Protocol):
-    """Where the bundles about a model root digest come from (a directory, or the gRPC service's store)."""
-
-    def bundles(self, digest: str) -> list[bytes]:
-        """The raw bundles filed for `digest` (hex SHA-256); nothing in them is trusted yet.
-
-        Raises:
-            BackendUnavailableError: The store cannot be reached or read.
-        """
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class DirectoryStore:
-    """The directory store of `modelsec attest put` / `store_bundle`: `<root>/sha256/<digest>/*.sig`.
-
-    Attributes:
-        root: The store directory; it must exist (a missing store is an outage, not "no bundles").
-        max_bundle_bytes: Bytes read per bundle at most; a larger file is passed on truncated so that the
-            verifier refuses it by size.
-        max_bundles: Most bundles read for one digest.
-    """
-
-    root: Path
-    max_bundle_bytes: int = 16 * 2**20
-    max_bundles: int = 64
-
-    def bundles(self, digest: str) -> list[bytes]:
-        """Read every `*.sig` filed for `digest` (symlinks are skipped).
-
-        Raises:
-            BackendUnavailableError: The store root is missing, not a directory or unreadable, or a bundle
-                cannot be read.
-            MalformedArtifactError: `digest` is not 64 lowercase hex digits, or more than `max_bundles`
-                bundles are filed for it.
-        """
-        if not is_sha256_hex(digest):
-            raise MalformedArtifactError(f"{digest!r} is not a hex SHA-256 digest")
-        try:
-            if not stat.S_ISDIR(os.stat(self.root).st_mode):
-                raise BackendUnavailableError(f"attestation store {self.root} is not a directory")
-            digest_dir = self.root / "sha256" / digest
-            try:
-                mode = os.lstat(digest_dir).st_mode
-            except FileNotFoundError:
-                return []
-            if not stat.S_ISDIR(mode):
-                return []
-            names = sorted(n for n in os.listdir(digest_dir) if n.endswith(".sig"))
-            if len(names) > self.max_bundles:
-                raise MalformedArtifactError(
-                    f"attestation store holds {len(names)} bundles for {digest}, more than {self.max_bundles}"
-                )
-            out = []
-            for name in names:
-                try:
-                    out.append(read_bundle_bytes(digest_dir / name, self.max_bundle_bytes))
-                except (MalformedArtifactError, PolicyViolationError, SignatureError):
-                    continue  # symlinks, FIFOs and other non-regular or vanished entries are not bundles
-            return out
-        except OSError as e:
-            raise BackendUnavailableError(
-                f"attestation store {self.root} is unreadable: {e.strerror or type(e).__name__}"
-            ) from e
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
 """The HTTPS front door of the admission webhook (starlette on uvicorn; the `webhook` extra).
 
 Routes: `POST /validate` (AdmissionReview v1 in and out), `GET /healthz` (the process is up), `GET /readyz`
-(the certificate is loaded and the attestation store is a readable directory), `GET /metrics`
+(the certificate is loaded and the attestation store answers `check()`), `GET /metrics`
 (Prometheus text: `modelsec_webhook_decisions_total{outcome,reason}` and the
 `modelsec_webhook_decision_seconds` histogram).
 
@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import ssl
-import stat
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from modelsec.errors import BackendUnavailableError, KeyMaterialError
-from modelsec.webhook.review import BadRequestError, Decision, DirectoryStore, Reviewer
+from modelsec.webhook.review import BadRequestError, Decision, Reviewer
 
 __all__ = ["AUDIT_LOGGER", "CertificateReloader", "create_app", "serve"]
 
@@ -221,19 +220,10 @@ def create_app(
         return PlainTextResponse("ok\n")
 
     async def readyz(request: Request) -> Response:
-        store = reviewer.store
-        if isinstance(store, DirectoryStore):
-            try:
-                if not stat.S_ISDIR(os.stat(store.root).st_mode) or not os.access(
-                    store.root, os.R_OK | os.X_OK
-                ):
-                    raise BackendUnavailableError(
-                        f"attestation store {store.root} is not a readable directory"
-                    )
-            except OSError as e:
-                return PlainTextResponse(f"attestation store unavailable: {e.strerror}\n", status_code=503)
-            except BackendUnavailableError as e:
-                return PlainTextResponse(e.diagnostics() + "\n", status_code=503)
+        try:
+            reviewer.store.check()
+        except BackendUnavailableError as e:
+            return PlainTextResponse(e.diagnostics() + "\n", status_code=503)
         return PlainTextResponse("ready\n")
 
     async def metrics_route(request: Request) -> Response:

@@ -108,6 +108,7 @@ def test_gate_freshness_uses_the_bounded_time(setup: dict[str, Any]) -> None:  #
 
 def _wm_predicate(**parameters: Any) -> dict[str, Any]:
     return {
+        "scheme": {"name": "modelsec-ss-mult/v1"},
         "parameters": {
             "kappa": 3.0,
             "pilotBits": 32,

@@ -16,7 +16,7 @@ D1, D2 = "a" * 64, "b" * 64
 
 
 def _put(store: SqliteAttestationStore, bundle: bytes, digest: str = D1, who: str = "ci") -> bool:
-    return store.put(
+    return store.put_record(
         bundle, root_digest=digest, predicate_type="p", signer="k", algorithm="ecdsa-p256", stored_by=who
     )[1]
 

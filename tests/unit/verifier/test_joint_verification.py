@@ -307,12 +307,14 @@ def test_directory_store_found_by_digest(setup: dict[str, Any], tmp_path: Path) 
     wm = setup["attest"]("watermark", watermark_predicate())
     paths = [store_bundle(store, gate), store_bundle(store, wm), store_bundle(store, gate)]  # idempotent
     assert paths[0] == paths[2] and paths[0].parent == store / "sha256" / setup["root"]
-    policy = dataclasses.replace(setup["policy"], attestation_dir=store)
-    assert sorted(find_attestation_bundles(None, setup["root"], policy)) == sorted(paths[:2])
+    policy = dataclasses.replace(setup["policy"], attestation_store=str(store))
+    assert sorted(Path(b.source) for b in find_attestation_bundles(None, setup["root"], policy)) == sorted(
+        paths[:2]
+    )
     assert (
         verify_model(setup["model"], policy).files == 6
     )  # attestations from the store, weights from the dir
-    other = dataclasses.replace(policy, attestation_dir=tmp_path / "empty")
+    other = dataclasses.replace(policy, attestation_store=str(tmp_path / "empty"))
     with pytest.raises(AttestationError, match="no robustness-gate attestation"):
         verify_model(setup["model"], other)
 

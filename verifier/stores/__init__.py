@@ -1,0 +1,184 @@
+"""Attestation stores: one protocol, chosen by URI in `open_store` (DESIGN.md decision 14).
+
+A store files bundles by their subject's model root digest and hands them back; it trusts nothing. Whoever
+reads a store (`verify_attestations`, the webhook, the loader through a policy's `attestationStore`) verifies
+every bundle it gets, and a bundle that is not trusted evidence about the model is ignored, never a veto.
+
+| URI | implementation |
+|---|---|
+| a plain path, `file:///abs/dir` | `DirectoryStore`: `<dir>/sha256/<digest>/<sha256 of the bundle>.sig` |
+| `sqlite:///abs/file.db`, `sqlite://rel.db` | `SqliteAttestationStore` (the service's embedded default) |
+| `grpc://HOST:PORT`, `grpcs://HOST:PORT` | `GrpcAttestationStore`: the service's AttestationService |
+
+A new store (e.g. `oci://`, issue 17) is one module beside these with a class implementing
+`AttestationStore` and one line in `_OPENERS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from modelsec.errors import PolicyError
+from modelsec.limits import Limits
+
+__all__ = ["AttestationStore", "StoreOptions", "StoredBundle", "open_store"]
+
+
+@dataclass(frozen=True, slots=True)
+class StoredBundle:
+    """One bundle as a store holds it (nothing in it is trusted yet).
+
+    Attributes:
+        id: The store's identity of the bundle (hex; a directory store: SHA-256 of the bytes).
+        root_digest: The model root digest it is filed under (from its subject; untrusted).
+        data: The bundle bytes (a directory store passes an oversize file on truncated to
+            `max_bundle_bytes + 1` bytes, so that the verifier refuses it by size).
+        source: Where it came from, for diagnostics (a path, or `<store uri>#<id>`).
+    """
+
+    id: str
+    root_digest: str
+    data: bytes = field(repr=False)
+    source: str = field(compare=False)
+
+
+class AttestationStore(Protocol):
+    """Where the bundles about a model root digest are filed and read back (see the module docstring)."""
+
+    @property
+    def uri(self) -> str:
+        """The store's reference, for diagnostics."""
+        ...
+
+    def bundles(self, digest: str) -> list[bytes]:
+        """The raw bundles filed for `digest` (hex SHA-256); nothing in them is trusted yet.
+
+        Raises:
+            BackendUnavailableError: The store cannot be reached or read.
+            MalformedArtifactError: `digest` is not 64 lowercase hex digits, or more bundles are filed for
+                it than the store reads.
+        """
+        ...
+
+    def entries(self, digest: str) -> list[StoredBundle]:
+        """`bundles`, with each bundle's id and source (same errors)."""
+        ...
+
+    def get(self, digest: str, bundle_id: str) -> StoredBundle:
+        """One bundle filed for `digest`.
+
+        Raises:
+            NotFoundError: No such bundle.
+            BackendUnavailableError: The store cannot be reached or read.
+        """
+        ...
+
+    def put(self, data: bytes) -> tuple[StoredBundle, bool]:
+        """File a bundle under its subject's root digest; returns it and whether it was new.
+
+        What a store checks before filing differs (a directory or SQLite file: that it parses and names a
+        sha256 subject; the service: that its policy trusts it); readers verify again in every case.
+
+        Raises:
+            MalformedArtifactError: Too large, not a bundle, or no sha256 subject.
+            AttestationError: The store refuses it (the service's policy).
+            BackendUnavailableError: The store cannot be reached or written.
+        """
+        ...
+
+    def check(self) -> None:
+        """Raise `BackendUnavailableError` unless the store can be read now (readiness probes)."""
+        ...
+
+    def close(self) -> None:
+        """Release connections and files."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class StoreOptions:
+    """How a store is opened (one options object for every implementation; each reads what it needs).
+
+    Attributes:
+        limits: `max_bundle_bytes` bounds every bundle read or written.
+        max_bundles: Most bundles read for one digest (more is an error, not a silent cut).
+        must_exist: A directory store whose root is missing is an outage (True: the webhook) or holds
+            nothing (False: a policy's store next to the model).
+        channel: For `grpc(s)://`: a `modelsec.service.client.ChannelOptions` (CA, client certificate,
+            token, timeout); None uses the defaults (system roots, no token).
+    """
+
+    limits: Limits = field(default_factory=Limits)
+    max_bundles: int = 256
+    must_exist: bool = True
+    channel: Any = None
+
+
+def _open_directory(target: str, options: StoreOptions) -> AttestationStore:
+    from modelsec.verifier.stores.directory import DirectoryStore
+
+    return DirectoryStore(
+        Path(target),
+        max_bundle_bytes=options.limits.max_bundle_bytes,
+        max_bundles=options.max_bundles,
+        must_exist=options.must_exist,
+    )
+
+
+def _open_sqlite(target: str, options: StoreOptions) -> AttestationStore:
+    from modelsec.verifier.stores.sqlite import SqliteAttestationStore
+
+    return SqliteAttestationStore(
+        Path(target),
+        max_bundles_per_digest=options.max_bundles,
+        max_bundle_bytes=options.limits.max_bundle_bytes,
+    )
+
+
+def _open_grpc(target: str, options: StoreOptions, *, plaintext: bool) -> AttestationStore:
+    from modelsec.verifier.stores.grpc import GrpcAttestationStore
+
+    return GrpcAttestationStore.connect(target, options.channel, plaintext=plaintext)
+
+
+_OPENERS: dict[str, Callable[[str, StoreOptions], AttestationStore]] = {
+    "": _open_directory,
+    "file": _open_directory,
+    "sqlite": _open_sqlite,
+    "grpc": lambda target, options: _open_grpc(target, options, plaintext=True),
+    "grpcs": lambda target, options: _open_grpc(target, options, plaintext=False),
+}
+
+
+def _split(reference: str) -> tuple[str, str]:
+    scheme, sep, target = reference.partition("://")
+    if not sep:
+        return "", reference
+    return scheme.lower(), target
+
+
+def open_store(reference: str, options: StoreOptions | None = None) -> AttestationStore:
+    """Open the attestation store a reference names (see the module docstring for the URI forms).
+
+    Args:
+        reference: A plain directory path or a store URI (`file://`, `sqlite://`, `grpc://`, `grpcs://`).
+        options: Limits and connection options (default: `StoreOptions()`).
+
+    Returns:
+        The store. Nothing is read yet, except that SQLite opens (or creates) its file.
+
+    Raises:
+        PolicyError: An unknown scheme or an empty target.
+        BackendUnavailableError: The store cannot be opened (SQLite), or the grpc extra is missing.
+    """
+    scheme, target = _split(reference)
+    opener = _OPENERS.get(scheme)
+    if opener is None:
+        known = ", ".join(f"{s}://" for s in sorted(_OPENERS) if s)
+        raise PolicyError(f"attestation store {reference!r}: unknown scheme {scheme!r} (use a path, {known})")
+    if not target:
+        raise PolicyError(f"attestation store {reference!r} names no directory, file or server")
+    return opener(target, options or StoreOptions())

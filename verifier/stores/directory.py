@@ -1,0 +1,178 @@
+"""The directory store: `<root>/sha256/<model root digest>/<sha256 of the bundle>.sig`.
+
+The one implementation of this layout (written by `modelsec attest put` / `attest pull --out`, read by the
+verifier through a policy's store and by the webhook). Reading lists the digest's directory without
+following a symlinked one, reads only regular files (`read_bundle_bytes`: no symlink, no FIFO can hang the
+reader) and at most `max_bundles` of them; writing parses the bundle only to learn where it goes (its
+subject's sha256 digest) and names the file by the SHA-256 of its bytes, so storing twice is idempotent and
+concurrent writers never clobber each other. Nothing is trusted here: readers verify what they read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from modelsec.attestations.bundle import parse_bundle
+from modelsec.attestations.statement import is_sha256_hex, parse_statement
+from modelsec.errors import (
+    BackendUnavailableError,
+    MalformedArtifactError,
+    NotFoundError,
+    PolicyError,
+    PolicyViolationError,
+    SignatureError,
+)
+from modelsec.signer.signing import write_bundle_file
+from modelsec.verifier.bundles import read_bundle_bytes
+from modelsec.verifier.stores import StoredBundle
+
+__all__ = ["DirectoryStore", "subject_root_digest"]
+
+
+def subject_root_digest(data: bytes, max_bytes: int) -> str:
+    """The sha256 model root digest a bundle's (first) subject names: where a store files it. Not trusted.
+
+    Raises:
+        MalformedArtifactError: Larger than `max_bytes`, not a bundle or statement, or no sha256 subject.
+    """
+    if len(data) > max_bytes:
+        raise MalformedArtifactError(f"bundle larger than {max_bytes} bytes")
+    bundle = parse_bundle(data, source="bundle")
+    statement = parse_statement(bundle.envelope.payload, what="bundle")
+    digest = statement.subjects[0].digest.get("sha256", "")
+    if not is_sha256_hex(digest):
+        raise MalformedArtifactError("bundle subject has no sha256 model root digest")
+    return digest
+
+
+@dataclass(frozen=True, slots=True)
+class DirectoryStore:
+    """A directory of bundles filed by model root digest (see the module docstring).
+
+    Attributes:
+        root: The store directory.
+        max_bundle_bytes: Bytes read per bundle at most; a larger file is passed on truncated so that the
+            verifier refuses it by size, and a larger bundle is not written.
+        max_bundles: Most bundles read for one digest.
+        must_exist: A missing or non-directory root is an outage (`BackendUnavailableError`) rather than
+            an empty store.
+    """
+
+    root: Path
+    max_bundle_bytes: int = 16 * 2**20
+    max_bundles: int = 64
+    must_exist: bool = True
+
+    @property
+    def uri(self) -> str:
+        """The root directory."""
+        return str(self.root)
+
+    def check(self) -> None:
+        """Raise unless the root is a readable directory.
+
+        Raises:
+            BackendUnavailableError: Missing, not a directory, or not readable.
+        """
+        try:
+            if not stat.S_ISDIR(os.stat(self.root).st_mode) or not os.access(self.root, os.R_OK | os.X_OK):
+                raise BackendUnavailableError(f"attestation store {self.root} is not a readable directory")
+        except OSError as e:
+            raise BackendUnavailableError(
+                f"attestation store {self.root} unavailable: {e.strerror or type(e).__name__}"
+            ) from e
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+    def bundles(self, digest: str) -> list[bytes]:
+        """Read every `*.sig` filed for `digest` (symlinks and other non-regular entries are skipped).
+
+        Raises:
+            BackendUnavailableError: The root is missing or not a directory (when `must_exist`), or it is
+                unreadable.
+            MalformedArtifactError: `digest` is not 64 lowercase hex digits, or more than `max_bundles`
+                bundles are filed for it.
+        """
+        return [e.data for e in self.entries(digest)]
+
+    def entries(self, digest: str) -> list[StoredBundle]:
+        """`bundles` with each bundle's id (the file's stem) and path (same errors)."""
+        if not is_sha256_hex(digest):
+            raise MalformedArtifactError(f"{digest!r} is not a hex SHA-256 digest")
+        try:
+            names = self._names(digest)
+            out = []
+            for name in names:
+                path = self.root / "sha256" / digest / name
+                try:
+                    data = read_bundle_bytes(path, self.max_bundle_bytes)
+                except (MalformedArtifactError, PolicyViolationError, SignatureError):
+                    continue  # symlinks, FIFOs and other non-regular or vanished entries are not bundles
+                out.append(StoredBundle(name.removesuffix(".sig"), digest, data, str(path)))
+            return out
+        except OSError as e:
+            raise BackendUnavailableError(
+                f"attestation store {self.root} is unreadable: {e.strerror or type(e).__name__}"
+            ) from e
+
+    def _names(self, digest: str) -> list[str]:
+        try:
+            root_mode = os.stat(self.root).st_mode
+        except FileNotFoundError:
+            root_mode = 0
+        if not stat.S_ISDIR(root_mode):
+            if self.must_exist:
+                raise BackendUnavailableError(f"attestation store {self.root} is not a directory")
+            return []
+        try:
+            mode = os.lstat(self.root / "sha256" / digest).st_mode
+        except FileNotFoundError:
+            return []
+        if not stat.S_ISDIR(mode):
+            return []
+        names = sorted(n for n in os.listdir(self.root / "sha256" / digest) if n.endswith(".sig"))
+        if len(names) > self.max_bundles:
+            raise MalformedArtifactError(
+                f"attestation store holds {len(names)} bundles for {digest}, more than {self.max_bundles}"
+            )
+        return names
+
+    def get(self, digest: str, bundle_id: str) -> StoredBundle:
+        """The bundle `<root>/sha256/<digest>/<bundle_id>.sig`.
+
+        Raises:
+            NotFoundError: No such bundle, or `bundle_id` is not a hex SHA-256.
+            BackendUnavailableError: The store cannot be read.
+        """
+        if not is_sha256_hex(digest) or not is_sha256_hex(bundle_id):
+            raise NotFoundError(f"attestation store {self.root}: no bundle {bundle_id!r} for {digest!r}")
+        for entry in self.entries(digest):
+            if entry.id == bundle_id:
+                return entry
+        raise NotFoundError(f"attestation store {self.root}: no bundle {bundle_id} for {digest}")
+
+    def put(self, data: bytes) -> tuple[StoredBundle, bool]:
+        """File a bundle under its subject's root digest (`<root>/sha256/<digest>/<sha256>.sig`).
+
+        Nothing is trusted here: the subject digest only decides where the file goes.
+
+        Raises:
+            MalformedArtifactError: The bundle is too large, cannot be parsed, or has no sha256 subject.
+            PolicyError: The store directory or the file cannot be written.
+        """
+        digest = subject_root_digest(data, self.max_bundle_bytes)
+        directory = self.root / "sha256" / digest
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise PolicyError(f"{directory}: cannot create the store directory: {e.strerror}") from e
+        bundle_id = hashlib.sha256(data).hexdigest()
+        path = directory / f"{bundle_id}.sig"
+        created = not os.path.lexists(path)
+        write_bundle_file(path, data)
+        return StoredBundle(bundle_id, digest, data, str(path)), created
