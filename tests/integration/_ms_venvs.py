@@ -22,8 +22,9 @@ VERSIONS = ("1.0.0", "1.0.1", "1.1.0", "1.1.1")
 _EXTRA = {
     "1.0.0": ["sigstore>=3.6,<4", "pyopenssl>=24.2,<26"],
     "1.0.1": ["sigstore>=3.6,<4", "pyopenssl>=24.2,<26"],
-    # 1.1.0 imports OpenSSL (certificate mode) without declaring pyOpenSSL.
+    # 1.1.x import OpenSSL (certificate mode) without declaring pyOpenSSL.
     "1.1.0": ["pyopenssl>=24.2"],
+    "1.1.1": ["pyopenssl>=24.2"],
 }
 
 
