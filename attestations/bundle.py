@@ -133,9 +133,13 @@ def parse_bundle(data: bytes, *, source: str) -> Bundle:
         sig = _b64(entry["sig"], what=f"{source}: dsseEnvelope.signatures[0].sig")
     except MalformedArtifactError as e:
         raise SignatureError(f"invalid signature: {e}") from e
-    keyid = entry.get("keyid", "")
+    # The keyid only orders candidate keys, never decides trust. model_signing 1.0.x writes `"keyid": null`
+    # (protobuf JSON's default value), so null and absent both mean "no keyid".
+    keyid = entry.get("keyid")
+    if keyid is None:
+        keyid = ""
     if not isinstance(keyid, str):
-        raise MalformedArtifactError(f"{source}: dsseEnvelope.signatures[0].keyid is not a string")
+        raise MalformedArtifactError(f"{source}: dsseEnvelope.signatures[0].keyid is not a string or null")
     hint = ""
     material = doc.get("verificationMaterial")
     if material is not None:

@@ -23,6 +23,7 @@ from modelsec._cli_common import (
     PASSWORD_ENV,
     POLICY_ENV,
     _fail,
+    _ignore_paths_option,
     _json_option,
     _key_password_option,
     _key_password_sources,
@@ -247,6 +248,11 @@ _TENSOR_DIGESTS = [HashAlgorithm.BLAKE3.value, HashAlgorithm.SHA256.value, HashA
     help="Sign even when MODEL_DIR holds pickle files (pytorch_model.bin, *.pt, ...) or *.py code, which "
     "verification under the default policy always refuses (refused here by default).",
 )
+@_ignore_paths_option(
+    "Leave this path (a file, or a directory with everything below it) out of the signature and record it "
+    "in the signed ignore list (repeatable; as model_signing's --ignore-paths, relative to the current "
+    "directory; paths outside MODEL_DIR are dropped)."
+)
 @_json_option
 @_quiet_option
 def _sign(
@@ -264,6 +270,7 @@ def _sign(
     signatures: tuple[Path, ...],
     tensor_digest: str,
     allow_unverifiable: bool,
+    ignore_paths: tuple[Path, ...],
     as_json: bool,
     quiet: bool,
 ) -> None:
@@ -278,6 +285,7 @@ def _sign(
     `sign M -k ci-p256.key.pem -k ci-sm2.key.pem --key-password ci-sm2.key.pem=env:SM2_KEY_PASSWORD`.
     """
     from modelsec.signer import sign_model
+    from modelsec.signer.signing import relative_ignore_paths
 
     if not keys and not key_versions:
         raise click.UsageError("give --key, or --server with --key-version")
@@ -311,6 +319,7 @@ def _sign(
                 tensor_hash=None if tensor_digest == "none" else HashAlgorithm(tensor_digest),
                 progress=progress,
                 refuse_unverifiable=not allow_unverifiable,
+                ignore_paths=relative_ignore_paths(model_dir, ignore_paths),
             )
     except Error as e:
         _fail(e, as_json)
@@ -422,6 +431,10 @@ def _parse_require(value: str | None) -> list[SignatureAlgorithm]:
     is_flag=True,
     help="Accept *.py files and auto_map in config files (refused by default).",
 )
+@_ignore_paths_option(
+    "Also ignore this unsigned path (repeatable; as model_signing's --ignore-paths). Signed files are "
+    "verified all the same."
+)
 @_json_option
 @_quiet_option
 def _verify(
@@ -432,6 +445,7 @@ def _verify(
     signatures: tuple[Path, ...],
     require: str | None,
     allow_remote_code: bool,
+    ignore_paths: tuple[Path, ...],
     as_json: bool,
     quiet: bool,
 ) -> None:
@@ -440,10 +454,13 @@ def _verify(
     Exit 0 when every signed file and tensor matches and a trusted key signed; exit 1 otherwise. Pickle
     checkpoints and remote code are refused even when signed.
     """
+    from modelsec.signer.signing import relative_ignore_paths
     from modelsec.verifier import verify_model
 
     required = _parse_require(require)
     try:
+        model_dir = model_path if model_path.is_dir() else model_path.parent
+        ignored = relative_ignore_paths(model_dir, ignore_paths)
         policy = _policy_from_options(model_path, keys, policy_file, required, allow_remote_code)
         with _progress(model_path, "verifying", not (quiet or as_json)) as progress:
             result = verify_model(
@@ -452,6 +469,7 @@ def _verify(
                 bundles=list(signatures) or None,
                 files=list(shards) or None,
                 progress=progress,
+                ignore_paths=ignored,
             )
     except Error as e:
         _fail(e, as_json, hint=_signature_hint(e, model_path, signatures))
@@ -491,24 +509,42 @@ def _verify(
 
 @main.command(name="digest")
 @click.argument("model_dir", type=click.Path(path_type=Path))
+@click.option(
+    "--hash-type",
+    type=click.Choice([HashAlgorithm.SHA256.value, HashAlgorithm.BLAKE3.value, HashAlgorithm.SM3.value]),
+    default=HashAlgorithm.SHA256.value,
+    show_default=True,
+    help="File digest of the manifest whose root to print: the OMS root is SHA-256 over these digests "
+    "(blake3: model_signing's blake3 bundles; sm3: equals sha256, as SM2 bundles carry the SHA-256 root).",
+)
+@_ignore_paths_option("Leave this path out, as `sign --ignore-paths` does (repeatable).")
 @_json_option
 @_quiet_option
-def _digest(model_dir: Path, as_json: bool, quiet: bool) -> None:
-    """Print the model root digest of MODEL_DIR (OMS SHA-256 subject digest; nothing is verified)."""
-    from modelsec.signer import MODEL_IGNORE_PATHS, compute_manifests
+def _digest(
+    model_dir: Path, hash_type: str, ignore_paths: tuple[Path, ...], as_json: bool, quiet: bool
+) -> None:
+    """Print the model root digest of MODEL_DIR (OMS SHA-256 subject digest; nothing is verified).
 
+    It equals the root digest `verify` reports for a bundle of that hash type signed over the same files
+    with the same ignore paths (OMS path order).
+    """
+    from modelsec.signer import MODEL_IGNORE_PATHS, compute_manifests
+    from modelsec.signer.signing import relative_ignore_paths
+
+    algorithm = HashAlgorithm(hash_type)
     try:
+        extra = relative_ignore_paths(model_dir, ignore_paths)
         with _progress(model_dir, "hashing", not (quiet or as_json)) as progress:
             manifests = compute_manifests(
                 model_dir,
-                [HashAlgorithm.SHA256],
-                ignore_paths=MODEL_IGNORE_PATHS,
+                [algorithm],
+                ignore_paths=[*MODEL_IGNORE_PATHS, *(p for p in extra if p not in MODEL_IGNORE_PATHS)],
                 tensor_hash=None,
                 progress=progress,
             )
     except Error as e:
         _fail(e, as_json)
-    m = manifests[HashAlgorithm.SHA256]
+    m = manifests[algorithm]
     if as_json:
         click.echo(
             json.dumps({"ok": True, "root_digest": m.subject_digest["sha256"], "files": len(m.resources)})

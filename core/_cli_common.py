@@ -76,6 +76,17 @@ def _signatures_option(help_text: str) -> Callable[[F], F]:
     )
 
 
+def _ignore_paths_option(help_text: str) -> Callable[[F], F]:
+    """`--ignore-paths PATH`, repeatable, into the parameter `ignore_paths` (model_signing's spelling)."""
+    return click.option(
+        "--ignore-paths",
+        "ignore_paths",
+        type=click.Path(path_type=Path),
+        multiple=True,
+        help=help_text,
+    )
+
+
 def _quiet_option(f: F) -> F:
     return click.option("--quiet", "-q", is_flag=True, help="No progress bar.")(f)
 

@@ -1,9 +1,10 @@
 """The weights manifest: OMS predicate `https://model_signing/signature/v1.0` plus the modelsec extension.
 
-Byte-compatible with PyPI `model-signing` 1.x ("files" serialization): `resources` sorted by POSIX path,
-each `{"name", "algorithm", "digest"}`; `serialization` records `method`, `hash_type`, `allow_symlinks`
-and `ignore_paths`; the single subject digest is SHA-256 over the concatenated raw resource digests, in
-resource order (`model_signing._signing.signing.Payload`). OMS verifiers ignore other predicate fields, so
+Byte-compatible with PyPI `model-signing` 1.x ("files" serialization): `resources` in OMS order (sorted as
+`PurePosixPath` sorts, i.e. by path components: `tokenizer.json` before `tokenizer/vocab.txt`), each
+`{"name", "algorithm", "digest"}`; `serialization` records `method`, `hash_type`, `allow_symlinks` and
+`ignore_paths`; the single subject digest is SHA-256 over the concatenated raw resource digests, in resource
+order (`model_signing._signing.signing.Payload`). OMS verifiers ignore other predicate fields, so
 modelsec's per-tensor digests live in an optional `modelsec` object:
 
 ```json
@@ -16,6 +17,16 @@ SM2 bundles sign a second manifest with `hash_type` `sm3` (resources with algori
 digest carries the model root digest (the SHA-256 root of the SHA-256 manifest, the identity every policy
 and attestation uses) together with `sm3` = SM3 over the concatenated SM3 resource digests; a verifier
 checks the `sha256` value against SHA-256 digests it computes itself.
+
+Order on verification, as OMS verifies (`model_signing._signing.signing.dsse_payload_to_manifest`): the
+subject digest is recomputed over the resources *in the order they are listed*, which is kept. modelsec
+before 0.x sorted resources byte by byte (`tokenizer/...` before `tokenizer.json`); those bundles list
+their resources in that order and their subject digest was computed in it, so they keep verifying, with the
+root digest they were signed with. Everything modelsec computes from now on (`build_manifest`,
+`modelsec digest`) uses the OMS order, so a file set has one root digest going forward.
+
+A single-file model (model_signing signing a file rather than a directory) has exactly one resource,
+named `.`; `Manifest.single_file` tells the verifier to bind it to the file it is given.
 """
 
 from __future__ import annotations
@@ -30,11 +41,12 @@ from modelsec.attestations.statement import Statement, Subject, is_sha256_hex
 from modelsec.errors import MalformedArtifactError
 from modelsec.limits import Limits
 from modelsec.signer.hashing import FileDigests, TensorDigest, new_hasher
-from modelsec.signer.model_files import ambiguity_key, validate_resource_name
+from modelsec.signer.model_files import ambiguity_key, oms_order, validate_resource_name
 
 __all__ = [
     "EXTENSION_VERSION",
     "OMS_PREDICATE_TYPE",
+    "SINGLE_FILE_NAME",
     "Manifest",
     "Resource",
     "TensorEntry",
@@ -47,6 +59,8 @@ __all__ = [
 OMS_PREDICATE_TYPE = "https://model_signing/signature/v1.0"
 EXTENSION_VERSION = 1
 _MANIFEST_HASHES = {HashAlgorithm.SHA256, HashAlgorithm.SM3, HashAlgorithm.BLAKE3}
+# The resource name OMS gives the one file of a single-file model (`PurePosixPath(".")`).
+SINGLE_FILE_NAME = "."
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +84,7 @@ class Manifest:
     Attributes:
         model_name: The subject name (informational, never compared).
         hash_type: The file digest algorithm (`sha256`, `sm3`, or `blake3` from model_signing).
-        resources: The signed files, sorted by name.
+        resources: The signed files, in the order signed (OMS order for everything modelsec builds).
         ignore_paths: The signed ignore list, applied exactly.
         allow_symlinks: As signed; modelsec refuses symlinks whatever it says.
         tensor_hash: The per-tensor digest algorithm, or None when the extension is absent.
@@ -93,8 +107,13 @@ class Manifest:
 
     @property
     def names(self) -> tuple[str, ...]:
-        """The signed file names, sorted."""
+        """The signed file names, in resource order."""
         return tuple(r.name for r in self.resources)
+
+    @property
+    def single_file(self) -> bool:
+        """Whether this manifest signs one file rather than a directory (its one resource is named `.`)."""
+        return len(self.resources) == 1 and self.resources[0].name == SINGLE_FILE_NAME
 
     def resource(self, name: str) -> Resource | None:
         """The resource called `name`, or None (a dict lookup: verification asks once per file)."""
@@ -127,11 +146,13 @@ def build_manifest(
         tensor_hash: The per-tensor digest algorithm used, or None to omit the extension.
 
     Returns:
-        The manifest, resources sorted by name.
+        The manifest, resources in OMS order (`oms_order`; `.` alone for a single-file model).
     """
-    names = sorted(files, key=lambda n: n.encode("utf-8"))
+    names = sorted(files, key=oms_order)
     resources = tuple(Resource(n, hash_type, files[n].digests[hash_type]) for n in names)
-    subject = {"sha256": root_digest([files[n].digests[HashAlgorithm.SHA256] for n in names]).hex()}
+    # OMS: SHA-256 over the resource digests; an SM3 manifest's subject carries the SHA-256 manifest's root.
+    root_of = HashAlgorithm.SHA256 if hash_type is HashAlgorithm.SM3 else hash_type
+    subject = {"sha256": root_digest([files[n].digests[root_of] for n in names]).hex()}
     if hash_type is HashAlgorithm.SM3:
         subject["sm3"] = root_digest([r.digest for r in resources], HashAlgorithm.SM3).hex()
     tensors: dict[str, Mapping[str, TensorEntry]] = {}
@@ -204,6 +225,81 @@ def _int(value: object, *, what: str) -> int:
     return value
 
 
+def _parse_serialization(
+    ser: object, what: str, limits: Limits
+) -> tuple[HashAlgorithm, bool, tuple[str, ...]]:
+    """`predicate.serialization`: the hash type, `allow_symlinks` and the ignore list, strictly."""
+    if isinstance(ser, Mapping) and ser.get("method") == "shards":
+        raise MalformedArtifactError(
+            f"{what}: predicate.serialization.method 'shards' (model_signing "
+            "`hashing.Config().use_shard_serialization`) is not supported; sign with the 'files' "
+            "serialization (model_signing's default, `use_file_serialization`)"
+        )
+    if not isinstance(ser, Mapping) or ser.get("method") != "files":
+        raise MalformedArtifactError(f"{what}: predicate.serialization.method must be 'files'")
+    if ser.get("hash_type") == "blake2b":
+        raise MalformedArtifactError(
+            f"{what}: predicate.serialization.hash_type 'blake2b' (model_signing "
+            '`use_file_serialization(hashing_algorithm="blake2")`) is not supported; sign with '
+            "hashing_algorithm 'sha256' (the default) or 'blake3'"
+        )
+    try:
+        hash_type = HashAlgorithm(str(ser.get("hash_type")))
+    except ValueError:
+        raise MalformedArtifactError(
+            f"{what}: predicate.serialization.hash_type {ser.get('hash_type')!r} is not supported"
+        ) from None
+    if hash_type not in _MANIFEST_HASHES:
+        raise MalformedArtifactError(f"{what}: hash_type {hash_type} is not supported")
+    allow_symlinks = ser.get("allow_symlinks", False)
+    if not isinstance(allow_symlinks, bool):
+        raise MalformedArtifactError(f"{what}: predicate.serialization.allow_symlinks must be a boolean")
+    raw_ignore = ser.get("ignore_paths", [])
+    if not isinstance(raw_ignore, list) or len(raw_ignore) > 1024:
+        raise MalformedArtifactError(f"{what}: predicate.serialization.ignore_paths must be a list")
+    ignore = tuple(validate_resource_name(p, what=f"{what}: ignore_paths", limits=limits) for p in raw_ignore)
+
+    return hash_type, allow_symlinks, ignore
+
+
+def _parse_resources(
+    raw_resources: object, hash_type: HashAlgorithm, what: str, limits: Limits
+) -> dict[str, Resource]:
+    """`predicate.resources`: clean, unique, unambiguous names with `hash_type` digests, in signed order."""
+    if not isinstance(raw_resources, list) or not raw_resources:
+        raise MalformedArtifactError(f"{what}: predicate.resources must list at least one file")
+    if len(raw_resources) > limits.max_files:
+        raise MalformedArtifactError(f"{what}: predicate.resources lists more than {limits.max_files} files")
+    resources: dict[str, Resource] = {}
+    ambiguous: dict[str, str] = {}
+    for i, entry in enumerate(raw_resources):
+        if not isinstance(entry, Mapping):
+            raise MalformedArtifactError(f"{what}: predicate.resources[{i}] is not an object")
+        if entry.get("name") == SINGLE_FILE_NAME and len(raw_resources) == 1:
+            name = SINGLE_FILE_NAME  # a single-file model (OMS: PurePosixPath(".")), bound to one file
+        else:
+            name = validate_resource_name(
+                entry.get("name"), what=f"{what}: predicate.resources[{i}]", limits=limits
+            )
+        if entry.get("algorithm") != hash_type.value:
+            raise MalformedArtifactError(
+                f"{what}: resources[{i}] ({name!r}) algorithm {entry.get('algorithm')!r} "
+                f"!= hash_type {hash_type}"
+            )
+        if name in resources:
+            raise MalformedArtifactError(f"{what}: predicate.resources lists {name!r} twice")
+        other = ambiguous.setdefault(ambiguity_key(name), name)
+        if other != name:
+            raise MalformedArtifactError(
+                f"{what}: predicate.resources names {other!r} and {name!r}, which are ambiguous (equal after "
+                "Unicode NFC normalisation or case folding: one file on some file systems)"
+            )
+        resources[name] = Resource(
+            name, hash_type, _hex_digest(entry.get("digest"), what=f"{what}: {name!r} digest")
+        )
+    return resources
+
+
 def parse_manifest(statement: Statement, *, what: str, limits: Limits | None = None) -> Manifest:
     """Interpret a verified statement as a weights manifest, strictly, before any file is opened.
 
@@ -211,8 +307,16 @@ def parse_manifest(statement: Statement, *, what: str, limits: Limits | None = N
     (`validate_resource_name`: no traversal, absolute, backslash, NUL, percent-escape or dot segments;
     corpus MAN01), duplicate names, names equal after Unicode NFC normalisation or case folding (so a
     single-file verify or load refuses them as the directory walk does), at least one resource, a
-    single subject whose digest equals the root digest of the resources, and the extension's shape when
-    present.
+    single subject whose digest equals the root digest of the resources in the order they are listed (as
+    OMS verifies; module docstring), and the extension's shape when present. A manifest whose one
+    resource is named `.` is a single-file model (OMS names a signed file so); `.` anywhere else is refused.
+
+    Not verified (refused, naming model_signing's option): the `shards` serialization
+    (`hashing.Config().use_shard_serialization`) and `blake2b` file digests
+    (`use_file_serialization(hashing_algorithm="blake2")`). Neither is reachable from model_signing's CLI
+    (only from its Python API); shards name byte ranges rather than files, which the one-pass engine, the
+    loader's per-file binding and the guard's private copies do not model, and BLAKE2b has no
+    `HashAlgorithm` identity in modelsec. Both are refused before any file is opened.
 
     Args:
         statement: The statement parsed from the verified payload.
@@ -231,55 +335,10 @@ def parse_manifest(statement: Statement, *, what: str, limits: Limits | None = N
             f"{what}: predicateType must be {OMS_PREDICATE_TYPE!r}, got {statement.predicate_type!r}"
         )
     pred = statement.predicate
-    ser = pred.get("serialization")
-    if not isinstance(ser, Mapping) or ser.get("method") != "files":
-        raise MalformedArtifactError(f"{what}: predicate.serialization.method must be 'files'")
-    try:
-        hash_type = HashAlgorithm(str(ser.get("hash_type")))
-    except ValueError:
-        raise MalformedArtifactError(
-            f"{what}: predicate.serialization.hash_type {ser.get('hash_type')!r} is not supported"
-        ) from None
-    if hash_type not in _MANIFEST_HASHES:
-        raise MalformedArtifactError(f"{what}: hash_type {hash_type} is not supported")
-    allow_symlinks = ser.get("allow_symlinks", False)
-    if not isinstance(allow_symlinks, bool):
-        raise MalformedArtifactError(f"{what}: predicate.serialization.allow_symlinks must be a boolean")
-    raw_ignore = ser.get("ignore_paths", [])
-    if not isinstance(raw_ignore, list) or len(raw_ignore) > 1024:
-        raise MalformedArtifactError(f"{what}: predicate.serialization.ignore_paths must be a list")
-    ignore = tuple(validate_resource_name(p, what=f"{what}: ignore_paths", limits=limits) for p in raw_ignore)
-
-    raw_resources = pred.get("resources")
-    if not isinstance(raw_resources, list) or not raw_resources:
-        raise MalformedArtifactError(f"{what}: predicate.resources must list at least one file")
-    if len(raw_resources) > limits.max_files:
-        raise MalformedArtifactError(f"{what}: predicate.resources lists more than {limits.max_files} files")
-    resources: dict[str, Resource] = {}
-    ambiguous: dict[str, str] = {}
-    for i, entry in enumerate(raw_resources):
-        if not isinstance(entry, Mapping):
-            raise MalformedArtifactError(f"{what}: predicate.resources[{i}] is not an object")
-        name = validate_resource_name(
-            entry.get("name"), what=f"{what}: predicate.resources[{i}]", limits=limits
-        )
-        if entry.get("algorithm") != hash_type.value:
-            raise MalformedArtifactError(
-                f"{what}: resources[{i}] ({name!r}) algorithm {entry.get('algorithm')!r} "
-                f"!= hash_type {hash_type}"
-            )
-        if name in resources:
-            raise MalformedArtifactError(f"{what}: predicate.resources lists {name!r} twice")
-        other = ambiguous.setdefault(ambiguity_key(name), name)
-        if other != name:
-            raise MalformedArtifactError(
-                f"{what}: predicate.resources names {other!r} and {name!r}, which are ambiguous (equal after "
-                "Unicode NFC normalisation or case folding: one file on some file systems)"
-            )
-        resources[name] = Resource(
-            name, hash_type, _hex_digest(entry.get("digest"), what=f"{what}: {name!r} digest")
-        )
-    ordered = tuple(resources[n] for n in sorted(resources, key=lambda n: n.encode("utf-8")))
+    hash_type, allow_symlinks, ignore = _parse_serialization(pred.get("serialization"), what, limits)
+    resources = _parse_resources(pred.get("resources"), hash_type, what, limits)
+    # Kept in the signed order: the subject digest is checked over exactly this order (module docstring).
+    ordered = tuple(resources.values())
 
     if len(statement.subjects) != 1:
         raise MalformedArtifactError(f"{what}: statement must have exactly one subject")

@@ -13,8 +13,9 @@ Invariants (shared by the signer and the verifier, so both see the same file set
 * Only regular files and directories may appear; FIFOs, sockets and devices are refused.
 * Every relative name is a clean POSIX path (`validate_resource_name`) and no two names are equal after
   Unicode NFC normalisation and case folding (they would be one file on macOS/Windows checkouts).
-* The ignore list applies to exact relative paths as signed (by default the top-level `.git`,
-  `.gitattributes`, `.github`, `.gitignore` and the signature files); a nested `.git` is an ordinary file.
+* The ignore list applies with OMS semantics to relative paths as signed (a path and everything below it;
+  by default the top-level `.git`, `.gitattributes`, `.github`, `.gitignore` and the signature files); a
+  nested `.git` is an ordinary file unless listed; a signed resource is never ignored.
 * `open_beneath` opens each path component with `O_NOFOLLOW` relative to its parent's descriptor, so a
   component swapped for a link after the walk is refused at open time too.
 """
@@ -25,7 +26,7 @@ import os
 import re
 import stat
 import unicodedata
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +39,7 @@ __all__ = [
     "ModelFile",
     "ambiguity_key",
     "hub_blob_name",
+    "oms_order",
     "open_beneath",
     "open_model_root",
     "validate_resource_name",
@@ -102,6 +104,16 @@ def validate_resource_name(name: object, *, what: str, limits: Limits | None = N
             f"{what}: file name {name!r} {problem} (must stay inside the model root)"
         )
     return name
+
+
+def oms_order(name: str) -> tuple[str, ...]:
+    """The sort key of OMS resource order: path components, compared as `PurePosixPath` compares them.
+
+    model_signing sorts its manifest items by `PurePosixPath`, i.e. by the tuple of path components, so
+    `tokenizer.json` sorts before `tokenizer/vocab.txt` although `.` (0x2E) sorts before `/` (0x2F) byte
+    by byte. Components compare by code point, which for clean names equals UTF-8 byte order.
+    """
+    return tuple(name.split("/"))
 
 
 def ambiguity_key(name: str) -> str:
@@ -279,20 +291,35 @@ def _open_hub_blob(root_fd: int, dir_fd: int, entry: str, depth: int, name: str,
         os.close(blobs_fd)
 
 
-def walk_model(root: Path, *, ignore_paths: Collection[str], limits: Limits | None = None) -> list[ModelFile]:
-    """List the regular files of a model directory, sorted by name.
+def walk_model(
+    root: Path,
+    *,
+    ignore_paths: Collection[str],
+    limits: Limits | None = None,
+    ignore_lists: Sequence[Collection[str]] = (),
+    keep: Collection[str] = (),
+) -> list[ModelFile]:
+    """List the regular files of a model directory, in OMS order.
+
+    Ignoring follows OMS (`model_signing._serialization.serialization.should_ignore`): a listed path
+    excludes itself and everything below it (`path.is_relative_to(ignored)`); a nested `.git` is an
+    ordinary file unless the list names it. A name in `keep` (the signed resources) is never ignored: the
+    walk descends into an ignored directory only to find kept names.
 
     Symlinks are refused, except a hub cache snapshot's links to blobs of its own cache entry (module
     docstring), which are listed under the link's name with the blob's size.
 
     Args:
         root: The model directory.
-        ignore_paths: Exact relative paths to skip (files or whole directories), e.g. the signed
-            `serialization.ignore_paths`.
+        ignore_paths: Relative paths always skipped (files or whole directories), e.g. the ignore list
+            being signed, or the bundle files a verifier reads.
         limits: Walk limits; defaults to `Limits()`.
+        ignore_lists: Further ignore lists (the signed lists of several bundles): a path is also skipped
+            when every one of them ignores it.
+        keep: Names never skipped (the signed resources).
 
     Returns:
-        Every regular file not ignored, with clean names, sorted by name (POSIX byte order of UTF-8).
+        Every regular file not ignored, with clean names, in OMS order (`oms_order`).
 
     Raises:
         PolicyViolationError: A symlink (other than a hub blob link), FIFO, socket or device is present.
@@ -301,15 +328,27 @@ def walk_model(root: Path, *, ignore_paths: Collection[str], limits: Limits | No
             while it was walked.
     """
     limits = limits or Limits()
-    ignored = set(ignore_paths)
+    always = frozenset(ignore_paths)
+    lists = [frozenset(x) for x in ignore_lists]
+    kept = frozenset(keep)
+    kept_dirs = {n.rsplit("/", 1)[0] for n in kept if "/" in n}
+    for d in list(kept_dirs):
+        while "/" in d:
+            d = d.rsplit("/", 1)[0]
+            kept_dirs.add(d)
+
+    def ignored(rel: str) -> bool:
+        return rel in always or (bool(lists) and all(rel in x for x in lists))
+
     files: list[ModelFile] = []
     seen: dict[str, str] = {}
     root_fd = open_model_root(root)
     blobs_fd: int | None = None
     try:
-        stack: list[tuple[str, int]] = [("", 0)]
+        # (directory prefix, depth, whether an ancestor is ignored: then only kept names are listed)
+        stack: list[tuple[str, int, bool]] = [("", 0, False)]
         while stack:
-            prefix, depth = stack.pop()
+            prefix, depth, under_ignored = stack.pop()
             directory = os.path.join(root, prefix) if prefix else str(root)
             try:
                 with os.scandir(directory) as it:
@@ -318,7 +357,8 @@ def walk_model(root: Path, *, ignore_paths: Collection[str], limits: Limits | No
                 raise MalformedArtifactError(f"{root}: cannot list {prefix or '.'!r}: {e.strerror}") from e
             for entry in entries:
                 rel = f"{prefix}/{entry.name}" if prefix else entry.name
-                if rel in ignored:
+                skip = under_ignored or ignored(rel)
+                if skip and rel not in kept and rel not in kept_dirs:
                     continue
                 validate_resource_name(rel, what=str(root), limits=limits)
                 key = ambiguity_key(rel)
@@ -351,7 +391,9 @@ def walk_model(root: Path, *, ignore_paths: Collection[str], limits: Limits | No
                         raise MalformedArtifactError(
                             f"{root}: {rel!r} is nested deeper than {limits.max_depth}"
                         )
-                    stack.append((rel, depth + 1))
+                    stack.append((rel, depth + 1, skip))
+                elif skip and rel not in kept:
+                    continue  # an ignored file whose name is a kept directory's
                 elif stat.S_ISREG(st.st_mode):
                     files.append(ModelFile(rel, st.st_size))
                     if len(files) > limits.max_files:
@@ -362,7 +404,7 @@ def walk_model(root: Path, *, ignore_paths: Collection[str], limits: Limits | No
         os.close(root_fd)
         if blobs_fd is not None:
             os.close(blobs_fd)
-    files.sort(key=lambda f: f.name.encode("utf-8"))
+    files.sort(key=lambda f: oms_order(f.name))
     return files
 
 

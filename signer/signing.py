@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,12 +13,20 @@ from typing import Protocol, runtime_checkable
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
 from modelsec.attestations.bundle import key_hint, sign_statement
 from modelsec.attestations.statement import Statement
-from modelsec.errors import KeyMaterialError, MalformedArtifactError, PolicyError, PolicyViolationError
+from modelsec.errors import Error, KeyMaterialError, MalformedArtifactError, PolicyError, PolicyViolationError
 from modelsec.limits import Limits
 from modelsec.signer.hashing import ProgressCallback, hash_files
 from modelsec.signer.keys import KeyBackend
-from modelsec.signer.manifest import Manifest, build_manifest, manifest_statement
-from modelsec.signer.model_files import DEFAULT_IGNORE_PATHS, PICKLE_SUFFIXES, open_model_root, walk_model
+from modelsec.signer.manifest import SINGLE_FILE_NAME, Manifest, build_manifest, manifest_statement
+from modelsec.signer.model_files import (
+    DEFAULT_IGNORE_PATHS,
+    PICKLE_SUFFIXES,
+    ModelFile,
+    open_beneath,
+    open_model_root,
+    validate_resource_name,
+    walk_model,
+)
 from modelsec.signer.schemes import all_schemes, scheme_for
 
 __all__ = [
@@ -27,6 +37,8 @@ __all__ = [
     "SignedBundle",
     "SigningResult",
     "compute_manifests",
+    "find_bundle_files",
+    "relative_ignore_paths",
     "sign_model",
     "unverifiable_files",
     "write_bundle_file",
@@ -112,6 +124,84 @@ def unverifiable_files(names: Sequence[str]) -> list[str]:
     return found
 
 
+_BUNDLE_SUFFIXES = (".sig", ".sigstore", ".sigstore.json", ".bundle")
+_BUNDLE_MEDIA_TYPE_PREFIX = b"application/vnd.dev.sigstore.bundle"
+
+
+def find_bundle_files(model_dir: Path, names: Sequence[str], limits: Limits | None = None) -> list[str]:
+    """The files among `names` that are sigstore bundles (signatures of this or another model).
+
+    A bundle written under a custom name inside the model directory (`sign --signature model/x.sig`,
+    model_signing's `--signature`) must not become a signed model file of the next `sign`: names ending
+    in `.sig`, `.sigstore`, `.sigstore.json` or `.bundle`, of at most `Limits.max_bundle_bytes`, whose JSON
+    `mediaType` starts with `application/vnd.dev.sigstore.bundle` are reported. Nothing in them is
+    verified; the caller records them in the signed ignore list.
+
+    Args:
+        model_dir: The model directory.
+        names: Relative names from `walk_model`.
+        limits: Size limit; defaults to `Limits()`.
+
+    Returns:
+        The bundle files among `names`, in their order.
+    """
+    import json
+
+    limits = limits or Limits()
+    found: list[str] = []
+    candidates = [n for n in names if n.endswith(_BUNDLE_SUFFIXES)]
+    if not candidates:
+        return found
+    root_fd = open_model_root(model_dir)
+    try:
+        for name in candidates:
+            try:
+                fd = open_beneath(root_fd, name, what=str(model_dir))
+            except Error:
+                continue  # the walk or the hashing pass reports it
+            with os.fdopen(fd, "rb") as f:
+                data = f.read(limits.max_bundle_bytes + 1)
+            if len(data) > limits.max_bundle_bytes or _BUNDLE_MEDIA_TYPE_PREFIX not in data[:4096]:
+                continue
+            try:
+                doc = json.loads(data)
+            except ValueError:
+                continue
+            media = doc.get("mediaType") if isinstance(doc, dict) else None
+            if isinstance(media, str) and media.startswith(_BUNDLE_MEDIA_TYPE_PREFIX.decode()):
+                found.append(name)
+    finally:
+        os.close(root_fd)
+    return found
+
+
+def relative_ignore_paths(model_path: Path, paths: Sequence[Path | str]) -> list[str]:
+    """Ignore paths as OMS records them: relative to the model, paths outside it dropped.
+
+    Like model_signing's CLI (`_resolve_ignore_paths`): a relative path is taken relative to the current
+    directory, resolved, and kept as a POSIX path relative to the model root when it lies inside it (a
+    path outside the model ignores nothing and is not recorded). `foo/` and `./foo` become `foo`.
+
+    Raises:
+        MalformedArtifactError: A path names the model root itself.
+    """
+    root = model_path.resolve()
+    result: list[str] = []
+    for p in paths:
+        candidate = Path(p)
+        full = (candidate if candidate.is_absolute() else Path.cwd() / candidate).resolve()
+        try:
+            rel = full.relative_to(root)
+        except ValueError:
+            continue
+        if not rel.parts:
+            raise MalformedArtifactError(f"{model_path}: an ignore path names the model itself: {p}")
+        name = rel.as_posix()
+        if name not in result:
+            result.append(name)
+    return result
+
+
 def compute_manifests(
     model_dir: Path,
     hash_types: Sequence[HashAlgorithm],
@@ -124,10 +214,13 @@ def compute_manifests(
 ) -> dict[HashAlgorithm, Manifest]:
     """Walk and hash `model_dir` once and build one manifest per requested file hash type.
 
-    Every `*.safetensors` file is strictly parsed on the way; a malformed one stops signing.
+    Every `*.safetensors` file is strictly parsed on the way; a malformed one stops signing. Sigstore
+    bundles found in the directory (`find_bundle_files`) are left out and added to the recorded ignore
+    list. A regular file instead of a directory is a single-file model: its one resource is named `.`, as
+    OMS names it.
 
     Args:
-        model_dir: The model directory.
+        model_dir: The model directory, or a single model file.
         hash_types: Manifest hash types to build (`sha256`, `sm3`).
         ignore_paths: Exact relative paths left out (and recorded in the manifests).
         tensor_hash: Per-tensor digest algorithm, or None.
@@ -145,7 +238,17 @@ def compute_manifests(
             pickle or `*.py` file.
     """
     limits = limits or Limits()
-    files = walk_model(model_dir, ignore_paths=ignore_paths, limits=limits)
+    single = _single_file(model_dir)
+    if single is not None:
+        files = [single]
+        root_dir = model_dir.parent
+    else:
+        root_dir = model_dir
+        files = walk_model(model_dir, ignore_paths=ignore_paths, limits=limits)
+        bundles = find_bundle_files(model_dir, [f.name for f in files], limits)
+        if bundles:
+            ignore_paths = [*ignore_paths, *(b for b in bundles if b not in ignore_paths)]
+            files = [f for f in files if f.name not in bundles]
     if not files:
         raise MalformedArtifactError(f"{model_dir}: the model directory holds no files to sign")
     if refuse_unverifiable:
@@ -158,7 +261,7 @@ def compute_manifests(
                 "accepts them)"
             )
     algorithms = list(dict.fromkeys([HashAlgorithm.SHA256, *hash_types]))
-    root_fd = open_model_root(model_dir)
+    root_fd = open_model_root(root_dir)
     try:
         digests = hash_files(
             root_fd,
@@ -171,11 +274,24 @@ def compute_manifests(
         )
     finally:
         os.close(root_fd)
+    if single is not None:
+        digests = {SINGLE_FILE_NAME: dataclasses.replace(digests[single.name], name=SINGLE_FILE_NAME)}
     name = model_dir.resolve().name
     return {
         h: build_manifest(name, digests, hash_type=h, ignore_paths=ignore_paths, tensor_hash=tensor_hash)
         for h in dict.fromkeys(hash_types)
     }
+
+
+def _single_file(path: Path) -> ModelFile | None:
+    """The model file when `path` is a regular file (a single-file model), else None (a directory)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None  # walk_model reports it
+    if stat.S_ISREG(st.st_mode):
+        return ModelFile(path.name, st.st_size)
+    return None
 
 
 def sign_model(
@@ -187,6 +303,7 @@ def sign_model(
     limits: Limits | None = None,
     progress: ProgressCallback | None = None,
     refuse_unverifiable: bool = False,
+    ignore_paths: Sequence[str] = (),
 ) -> SigningResult:
     """Sign a model directory with one or more keys, writing one sigstore bundle per key.
 
@@ -194,10 +311,12 @@ def sign_model(
     hashed once, with every needed digest in the same pass. Bundles go to `model.sig` (P-256),
     `model.p384.sig` (P-384) and `model.sm2.sig` (SM2) in the model directory unless `signature_paths` maps
     the signer's index to another path. All default signature names are recorded as ignored, so signing
-    again with another key leaves earlier bundles valid.
+    again with another key leaves earlier bundles valid; so are bundles found under other names
+    (`find_bundle_files`). A single file may be signed instead of a directory (OMS single-file model,
+    resource `.`); its default bundles go next to it.
 
     Args:
-        model_dir: The model directory (safetensors shards, index, config, tokenizer files).
+        model_dir: The model directory (safetensors shards, index, config, tokenizer files), or one file.
         signers: Key backends, or `BundleSigner`s that sign remotely (the private key stays on the signing
             server); at most one per algorithm unless explicit paths are given.
         signature_paths: Output path by index into `signers`.
@@ -206,6 +325,8 @@ def sign_model(
         progress: Byte-count callback for a progress bar.
         refuse_unverifiable: Refuse, before hashing, files that `verify` refuses under the default policy
             (pickle formats, `*.py`; see `unverifiable_files`). The `sign` command sets it by default.
+        ignore_paths: More relative paths to leave out and record (OMS semantics: a directory with
+            everything below it); see `relative_ignore_paths` for paths given on a command line.
 
     Returns:
         The model root digest, counts, and the bundles written.
@@ -223,13 +344,17 @@ def sign_model(
     """
     if not signers:
         raise KeyMaterialError("no signing key given")
+    bundle_dir = model_dir.parent if _single_file(model_dir) is not None else model_dir
     paths = [
-        (signature_paths or {}).get(i, model_dir / scheme_for(s.algorithm).default_bundle_name)
+        (signature_paths or {}).get(i, bundle_dir / scheme_for(s.algorithm).default_bundle_name)
         for i, s in enumerate(signers)
     ]
     if len({os.path.abspath(p) for p in paths}) != len(paths):
         raise KeyMaterialError("two keys would write the same bundle; map each key to its own signature path")
     ignore = list(MODEL_IGNORE_PATHS)
+    for extra in ignore_paths:
+        if validate_resource_name(extra, what=f"{model_dir}: ignore path") not in ignore:
+            ignore.append(extra)
     root = os.path.abspath(model_dir)
     for p in paths:
         rel = os.path.relpath(os.path.abspath(p), root)

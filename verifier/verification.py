@@ -26,6 +26,7 @@ Metadata inside safetensors headers never influences any decision.
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import os
 import posixpath
@@ -34,6 +35,7 @@ import stat
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 from modelsec._strict_json import strict_loads
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
@@ -49,11 +51,18 @@ from modelsec.limits import Limits
 from modelsec.policy import Policy
 from modelsec.signer.hashing import FileDigests, ProgressCallback, hash_files, is_safetensors_name, new_hasher
 from modelsec.signer.keys import TrustedKey
-from modelsec.signer.manifest import OMS_PREDICATE_TYPE, Manifest, TensorEntry, parse_manifest, root_digest
+from modelsec.signer.manifest import (
+    OMS_PREDICATE_TYPE,
+    Manifest,
+    Resource,
+    TensorEntry,
+    parse_manifest,
+    root_digest,
+)
 from modelsec.signer.model_files import PICKLE_SUFFIXES, open_beneath, open_model_root, walk_model
 from modelsec.signer.safetensors_header import read_header
 from modelsec.signer.schemes import scheme_for
-from modelsec.signer.signing import SIGNATURE_FILE_NAMES
+from modelsec.signer.signing import ATTESTATION_FILE_NAMES, SIGNATURE_FILE_NAMES
 from modelsec.verifier.attestations import find_attestation_bundles, verify_attestations
 from modelsec.verifier.bundles import (
     family_has_key,
@@ -159,6 +168,7 @@ def verify_model(
     files: Sequence[str] | None = None,
     progress: ProgressCallback | None = None,
     expected_digests: Collection[str] | None = None,
+    ignore_paths: Sequence[str] = (),
 ) -> VerifiedModel:
     """Verify every file of a model directory (or one file of it) against its signed bundles.
 
@@ -181,6 +191,11 @@ def verify_model(
         expected_digests: Model root digests this model may have (`sha256:<hex>` or hex, e.g. from
             `modelsec.verifier.pinning.digest_pins_from_env`); None pins nothing. Checked right after the
             signatures, before any model file is opened.
+        ignore_paths: Relative paths the operator ignores on top of the signed lists (OMS semantics, like
+            `model_signing verify --ignore-paths`); a signed file is verified all the same.
+
+    A bundle whose one resource is `.` signs a single-file model (OMS): `model_path` must then be that
+    file, and its digest is compared with the resource whatever the file is called.
 
     Returns:
         The verified model: root digest, counts, bundles.
@@ -215,7 +230,17 @@ def verify_model(
     else:
         raise MalformedArtifactError(f"{model_path}: neither a model directory nor a regular file")
 
-    signed = verify_signatures(model_dir, policy, bundles=bundles, expected_digests=expected_digests)
+    signed = verify_signatures(
+        model_dir, policy, bundles=bundles, expected_digests=expected_digests, ignore_paths=ignore_paths
+    )
+    whole = single is None
+    if signed.manifest.single_file:
+        if single is None:
+            raise MalformedArtifactError(
+                f"{model_path}: the bundle signs a single file (resource '.'), not a directory; verify "
+                "that file's path"
+            )
+        signed, whole = bind_single_file(signed, single), True
     if files is not None:
         if single is not None:
             raise MalformedArtifactError(f"{model_path}: give either a shard path or `files`, not both")
@@ -230,7 +255,7 @@ def verify_model(
         names,
         policy,
         tensor_hash=signed.tensor_hash,
-        whole_model=single_names is None,
+        whole_model=whole and files is None,
         progress=progress,
     )
     return VerifiedModel(
@@ -312,6 +337,8 @@ class SignedModel:
         manifest: The first bundle's manifest (all bundles describe the same files).
         file_hashes: File digest algorithms to compute: SHA-256 plus each manifest's hash type.
         tensor_hash: The per-tensor digest algorithm of the extension, or None.
+        excluded: Relative paths never part of the file set: every bundle file in the directory (those
+            read, and modelsec's reserved signature and attestation names) and the operator's ignore paths.
     """
 
     model_dir: Path
@@ -320,6 +347,7 @@ class SignedModel:
     manifest: Manifest
     file_hashes: tuple[HashAlgorithm, ...]
     tensor_hash: HashAlgorithm | None
+    excluded: tuple[str, ...] = ()
 
     @property
     def root_digest(self) -> str:
@@ -344,8 +372,13 @@ def verify_signatures(
     *,
     bundles: Sequence[Path] | None = None,
     expected_digests: Collection[str] | None = None,
+    ignore_paths: Sequence[str] = (),
 ) -> SignedModel:
     """Steps 1-2: read, parse and verify the bundles of `model_dir`; no model file is opened.
+
+    Several bundles must sign the same set of files (and the same model root digest); their ignore lists
+    may differ (model_signing records its own list, in set order): each is applied when the directory is
+    walked (`check_file_set`).
 
     Args:
         model_dir: The model directory.
@@ -353,6 +386,7 @@ def verify_signatures(
         bundles: Explicit bundle paths (each must verify), or None for the default names.
         expected_digests: Model root digests the signed model may have (`sha256:<hex>` or hex; e.g. the
             pins of `MODELSEC_MODEL_DIGEST`), checked as soon as the signatures verified; None: no pin.
+        ignore_paths: Relative paths the operator ignores as well (`SignedModel.excluded`).
 
     Returns:
         The verified bundles and what the files must hash to.
@@ -403,7 +437,7 @@ def verify_signatures(
         raise SignatureError(f"{model}: required signature(s) missing: {missing}")
     first = verified[0].manifest
     for b in verified[1:]:
-        if b.manifest.names != first.names or b.manifest.ignore_paths != first.ignore_paths:
+        if set(b.manifest.names) != set(first.names):
             raise MalformedArtifactError(f"{b.path}: describes other files than {verified[0].path}")
         if b.manifest.subject_digest.get("sha256") != first.subject_digest.get("sha256"):
             raise MalformedArtifactError(f"{b.path}: model root digest differs from {verified[0].path}")
@@ -432,7 +466,55 @@ def verify_signatures(
         manifest=first,
         file_hashes=_file_hashes(checked, policy),
         tensor_hash=next((b.manifest.tensor_hash for b in verified if b.manifest.tensor_hash), None),
+        excluded=_excluded_paths(model_dir, bundle_paths, ignore_paths),
     )
+
+
+def _excluded_paths(
+    model_dir: Path, bundle_paths: Sequence[Path], ignore_paths: Sequence[str]
+) -> tuple[str, ...]:
+    """Every bundle file inside `model_dir` (read or reserved by name) plus the operator's ignore paths.
+
+    Bundles are never model files: a bundle written inside the directory under any name (model_signing's
+    Python API records no ignore path for it) and modelsec's reserved names are left out of every walk,
+    whichever bundle's ignore list names them.
+    """
+    excluded = dict.fromkeys((*SIGNATURE_FILE_NAMES, *ATTESTATION_FILE_NAMES, *ignore_paths))
+    root = os.path.abspath(model_dir)
+    for p in bundle_paths:
+        rel = os.path.relpath(os.path.abspath(p), root)
+        if rel != os.pardir and not rel.startswith(os.pardir + os.sep):
+            excluded[Path(rel).as_posix()] = None
+    return tuple(excluded)
+
+
+def bind_single_file(signed: SignedModel, name: str) -> SignedModel:
+    """Bind the single-file manifests of `signed` (resource `.`) to the file `name` of its directory.
+
+    OMS names the one resource of a single-file model `.`; the file's own name is informational, like the
+    subject name. Every verified bundle must sign a single file.
+
+    Raises:
+        MalformedArtifactError: A bundle signs a directory while another signs a single file.
+    """
+    bound = []
+    for b in signed.bundles:
+        m = b.manifest
+        if not m.single_file:
+            raise MalformedArtifactError(
+                f"{b.path}: signs a directory while another bundle signs a single file"
+            )
+        r = m.resources[0]
+        tensors = dict.fromkeys([name], *m.tensors.values()) if m.tensors else {}
+        bound.append(
+            dataclasses.replace(
+                b,
+                manifest=dataclasses.replace(
+                    m, resources=(Resource(name, r.algorithm, r.digest),), tensors=MappingProxyType(tensors)
+                ),
+            )
+        )
+    return dataclasses.replace(signed, bundles=tuple(bound), manifest=bound[0].manifest)
 
 
 def _file_hashes(checked: Sequence[VerifiedBundle], policy: Policy) -> tuple[HashAlgorithm, ...]:
@@ -465,13 +547,27 @@ def check_file_set(signed: SignedModel, policy: Policy, *, only: Sequence[str] |
     """
     model = str(signed.model_dir)
     signed_names = set(signed.manifest.names)
+    if signed.manifest.single_file:
+        raise MalformedArtifactError(
+            f"{model}: the bundle signs a single file (resource '.'), not a directory; verify that "
+            "file's path"
+        )
     if only is not None:
         unsigned = [n for n in only if n not in signed_names]
         if unsigned:
             raise FileSetMismatchError(model, unsigned, [])
         names = list(only)
     else:
-        walked = walk_model(signed.model_dir, ignore_paths=signed.manifest.ignore_paths, limits=policy.limits)
+        # A file is part of the set unless every verified bundle's signed list ignores it (OMS semantics),
+        # or it is a bundle / operator-ignored path; a signed file is never ignored. So an unsigned file
+        # that any one bundle neither lists nor ignores is extra.
+        walked = walk_model(
+            signed.model_dir,
+            ignore_paths=signed.excluded,
+            ignore_lists=[b.manifest.ignore_paths for b in signed.bundles],
+            keep=signed_names,
+            limits=policy.limits,
+        )
         present = {f.name for f in walked}
         extra, missing = sorted(present - signed_names), sorted(signed_names - present)
         if extra or missing:

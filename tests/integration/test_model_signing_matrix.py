@@ -1,0 +1,144 @@
+"""Interop matrix, `key` mode, both directions, with every released model_signing (1.0.0 … 1.1.1).
+
+Each release runs in its own cached venv (`tests/integration/_ms_venvs.py`, created once per machine under
+`.venv/ms-venvs/`). The models hold what broke before: `tokenizer/` beside `tokenizer.json`, `checkpoint/`
+beside `checkpoint-100/`, nested folders, an ignored folder, a `.git` directory, and a single file.
+Every acceptance is paired with a refusal of a tampered copy, so it cannot pass vacuously.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from modelsec.errors import VerificationError
+from modelsec.policy import Policy
+from modelsec.signer import load_private_key_file, sign_model
+from modelsec.verifier import verify_model
+from tests.conftest import write_tiny_model
+from tests.integration._ms_venvs import VERSIONS, VenvUnavailable, python_for
+
+pytestmark = pytest.mark.integration  # ~16 s for all four once the venvs exist
+TOOL = Path(__file__).with_name("_ms_tool.py")
+
+
+def _python(version: str) -> Path:
+    try:
+        return python_for(version)
+    except VenvUnavailable as e:
+        pytest.skip(str(e))
+
+
+def _ms(python: Path, ops: list[dict[str, object]], tmp: Path) -> list[dict[str, object]]:
+    spec = tmp / "ops.json"
+    spec.write_text(json.dumps(ops, default=str))
+    r = subprocess.run([str(python), str(TOOL), str(spec)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def _dir_model(root: Path) -> Path:
+    write_tiny_model(root)
+    for name, text in {
+        "tokenizer/vocab.json": '{"a": 1}',
+        "tokenizer/merges.txt": "a b",
+        "checkpoint/trainer_state.json": "{}",
+        "checkpoint-100/trainer_state.json": '{"step": 100}',
+        "a/b/c/deep.json": "[]",
+        "a/b-c.txt": "x",
+        "notes/draft.txt": "ignored",
+        ".git/HEAD": "ref: refs/heads/main",
+    }.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+def _tampered(model: Path, tmp: Path, target: str) -> Path:
+    tmp.mkdir(parents=True, exist_ok=True)
+    copy = tmp / f"tampered-{model.name}"
+    if model.is_dir():
+        shutil.copytree(model, copy)
+        victim = copy / target
+    else:
+        shutil.copy(model, copy)
+        victim = copy
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 1
+    victim.write_bytes(bytes(data))
+    return copy
+
+
+def _root(sig: Path) -> str:
+    payload = json.loads(base64.b64decode(json.loads(sig.read_text())["dsseEnvelope"]["payload"]))
+    return payload["subject"][0]["digest"]["sha256"]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_matrix(version: str, tmp_path: Path, key_dir: Path) -> None:
+    python = _python(version)
+    priv, pub = key_dir / "ecdsa-p256.key.pem", key_dir / "ecdsa-p256.pub.pem"
+    policy = Policy.from_key_files([pub])
+    model = _dir_model(tmp_path / "dir-model")
+    single = write_tiny_model(tmp_path / "single-src") / "model-00001-of-00002.safetensors"
+    ignore = [model / ".git", model / "notes"]
+    sigs = tmp_path / "sigs"
+    sigs.mkdir()
+
+    # model_signing signs; modelsec verifies (and refuses tampered copies).
+    results = _ms(
+        python,
+        [
+            {"op": "sign", "model": model, "sig": sigs / "ms-dir.sig", "key": priv, "ignore": ignore},
+            {"op": "sign", "model": single, "sig": sigs / "ms-single.sig", "key": priv},
+        ],
+        tmp_path,
+    )
+    assert all(r["ok"] for r in results), results
+    # 1.0.x record no ignore list: the operator names the ignored paths, as with their own verify.
+    legacy = version.startswith("1.0.")
+    extra = [".git", "notes"] if legacy else []
+    got = verify_model(model, policy, bundles=[sigs / "ms-dir.sig"], ignore_paths=extra)
+    assert got.root_digest == _root(sigs / "ms-dir.sig") and got.files == 12
+    got = verify_model(single, policy, bundles=[sigs / "ms-single.sig"])
+    assert got.root_digest == _root(sigs / "ms-single.sig")
+    for m, sig, target in ((model, "ms-dir.sig", "tokenizer/vocab.json"), (single, "ms-single.sig", "")):
+        with pytest.raises(VerificationError):
+            verify_model(
+                _tampered(m, tmp_path / sig, target), policy, bundles=[sigs / sig], ignore_paths=extra
+            )
+
+    # modelsec signs; model_signing verifies (and refuses tampered copies).
+    key = load_private_key_file(priv)
+    ours = sign_model(model, [key], ignore_paths=["notes"])
+    assert ours.root_digest == _root(sigs / "ms-dir.sig")  # one identity for one file set
+    sign_model(single, [key], signature_paths={0: sigs / "ours-single.sig"}, tensor_hash=None)
+    # 1.0.x apply only their own ignore list at verification, never the signed one.
+    dir_ignore = [*ignore, model / "model.sig"] if legacy else []
+    tampered_dir = _tampered(model, tmp_path / "ours", "checkpoint-100/trainer_state.json")
+    tampered_ignore = (
+        [tampered_dir / ".git", tampered_dir / "notes", tampered_dir / "model.sig"] if legacy else []
+    )
+    tampered_single = _tampered(single, tmp_path / "ours-single", "")
+    results = _ms(
+        python,
+        [
+            {"op": "verify", "model": model, "sig": model / "model.sig", "key": pub, "ignore": dir_ignore},
+            {"op": "verify", "model": single, "sig": sigs / "ours-single.sig", "key": pub},
+            {
+                "op": "verify",
+                "model": tampered_dir,
+                "sig": model / "model.sig",
+                "key": pub,
+                "ignore": tampered_ignore,
+            },
+            {"op": "verify", "model": tampered_single, "sig": sigs / "ours-single.sig", "key": pub},
+        ],
+        tmp_path,
+    )
+    assert [r["ok"] for r in results] == [True, True, False, False], results
