@@ -16,6 +16,7 @@ A new store (e.g. `oci://`, issue 17) is one module beside these with a class im
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,9 +140,13 @@ def _open_sqlite(target: str, options: StoreOptions) -> AttestationStore:
 
 
 def _open_grpc(target: str, options: StoreOptions, *, plaintext: bool) -> AttestationStore:
-    from modelsec.verifier.stores.grpc import GrpcAttestationStore
-
-    return GrpcAttestationStore.connect(target, options.channel, plaintext=plaintext)
+    # The gRPC store is the service's client (a front door's transport, above this layer): it is looked up
+    # by module name when such a store is opened, as a plugin would be, so the verifier never imports it.
+    grpc_store: Any = importlib.import_module("modelsec.service.grpc_store")
+    store: AttestationStore = grpc_store.GrpcAttestationStore.connect(
+        target, options.channel, plaintext=plaintext
+    )
+    return store
 
 
 _OPENERS: dict[str, Callable[[str, StoreOptions], AttestationStore]] = {
