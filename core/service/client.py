@@ -6,7 +6,9 @@ with ModelsecClient("signer.internal:50051", ChannelOptions(ca=Path("ca.pem"), t
     bundle = c.sign_statement("ci-p256/1", statement_bytes)
 ```
 
-Errors: a failed call raises the `modelsec.errors` class matching its status code (`error_for_status`):
+Errors: a failed call raises the `modelsec.errors` class the server raised, named by the `google.rpc.Status`
+details it sends (`modelsec.service.status`; `DigestMismatchError.path` etc. restored). Without such details
+(another server, a proxy, a transport failure) the class follows the status code (`error_for_status`):
 UNAUTHENTICATED -> AuthenticationError, PERMISSION_DENIED -> PermissionDeniedError, NOT_FOUND ->
 NotFoundError, INVALID_ARGUMENT -> MalformedArtifactError, FAILED_PRECONDITION -> VerificationError,
 UNAVAILABLE/DEADLINE_EXCEEDED/CANCELLED -> BackendUnavailableError (retryable), others (RESOURCE_EXHAUSTED:
@@ -35,6 +37,7 @@ from modelsec.errors import (
     PermissionDeniedError,
     VerificationError,
 )
+from modelsec.service.status import error_from_status
 from modelsec.v1 import (
     attestation_pb2,
     attestation_pb2_grpc,
@@ -67,7 +70,8 @@ def error_for_status(method: str, error: grpc.RpcError) -> Error:
     """The `modelsec.errors` instance for a failed call (see the module docstring)."""
     code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
     detail = error.details() if hasattr(error, "details") else str(error)
-    return _ERRORS.get(code, Error)(f"{method}: {code.name}: {detail}")
+    raised = error_from_status(f"{method}: {code.name}", error)
+    return raised if raised is not None else _ERRORS.get(code, Error)(f"{method}: {code.name}: {detail}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,8 +8,9 @@ services are left alone: probes and tooling call them without credentials). In o
    UNAUTHENTICATED unless the server allows anonymous plaintext development;
 2. a call whose deadline has already passed is refused with DEADLINE_EXCEEDED before any work;
 3. the servicer runs with the identity in `state.current_identity`;
-4. `modelsec.errors` are mapped to status codes (`status_for`); anything else is INTERNAL with a generic
-   message and a reference id, the traceback going to the log only;
+4. `modelsec.errors` are mapped to status codes (`status_for`), with a `google.rpc.Status` trailer whose
+   `ErrorInfo` names the error class and its fields (`modelsec.service.status`); anything else is INTERNAL
+   with a generic message and a reference id, the traceback going to the log only;
 5. one JSON log line and the Prometheus counters/histogram per RPC, labelled by method and status code.
 """
 
@@ -40,6 +41,7 @@ from modelsec.errors import (
 from modelsec.service.config import ServerConfig
 from modelsec.service.metrics import ServiceMetrics
 from modelsec.service.state import current_identity
+from modelsec.service.status import trailing_metadata_for
 from modelsec.service.store import StoreFullError
 from modelsec.service.work import CancelledWorkError, DeadlinePassedError
 
@@ -232,6 +234,7 @@ class _Call:
     async def fail(self, e: BaseException) -> None:
         if isinstance(e, Error):
             self.code, self.error = status_for(e), clip(e.diagnostics())
+            await self.context.abort(self.code, self.error, trailing_metadata_for(e, self.code, self.error))
         elif isinstance(e, aio.AbortError | grpc.RpcError):
             self.code = self.context.code() or grpc.StatusCode.UNKNOWN  # already aborted by the servicer
             return

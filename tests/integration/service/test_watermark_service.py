@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from modelsec.errors import NotFoundError, PermissionDeniedError, VerificationError
+from modelsec.errors import KeyMaterialError, NotFoundError, PermissionDeniedError, VerificationError
 from modelsec.policy import Policy, WatermarkRequirement
 from modelsec.service.client import ChannelOptions, ModelsecClient
 from modelsec.v1 import watermark_pb2
@@ -155,7 +155,7 @@ def test_refusals_map_to_status_codes_and_never_show_the_key(
             b.detect_watermark(model, "owner")
         errors.append(str(e.value))
         # The key file is missing on the server: the caller learns the key's name, not the path.
-        with pytest.raises(VerificationError, match=r"FAILED_PRECONDITION.*'lost' cannot be loaded") as e:
+        with pytest.raises(KeyMaterialError, match=r"FAILED_PRECONDITION.*'lost' cannot be loaded") as e:
             a.detect_watermark(model, "lost")
         assert "missing.wmkey" not in str(e.value)
         errors.append(str(e.value))
