@@ -44,7 +44,13 @@ from modelsec.policy import Policy, PolicySet
 from modelsec.signer.hashing import FileDigests, hash_files, hash_source, is_safetensors_name, new_hasher
 from modelsec.signer.manifest import TensorEntry
 from modelsec.signer.model_files import open_beneath, open_model_root
-from modelsec.signer.safetensors_header import SafetensorsHeader, TensorInfo, read_header
+from modelsec.signer.safetensors_header import (
+    SafetensorsHeader,
+    TensorInfo,
+    parse_header,
+    parse_header_length,
+    read_header,
+)
 from modelsec.verifier.audit import record_verified_model
 from modelsec.verifier.verification import (
     INDEX_NAME,
@@ -197,6 +203,41 @@ class _BufferFill:
         self._thread.join()
 
 
+def _pread_exact(fd: int, length: int, offset: int, what: str) -> bytes:
+    parts, done = [], 0
+    while done < length:
+        got = os.pread(fd, length - done, offset + done)
+        if not got:
+            raise MalformedArtifactError(f"{what}: file shrank while it was read")
+        parts.append(got)
+        done += len(got)
+    return b"".join(parts)
+
+
+def _checked_shard_size(fd: int, name: str, signed: SignedModel, limits: Limits, what: str) -> int:
+    """The shard's size, once it equals what the signed manifest allows: checked before any allocation.
+
+    A signed shard replaced by a huge (e.g. sparse) file must be refused by its length, not by an attempt
+    to allocate it. With the per-tensor extension the signed entries give the data section's end; without
+    it the header is parsed first (bounded by `limits`), whose tensors must tile the rest of the file.
+    """
+    size = os.fstat(fd).st_size
+    n = parse_header_length(_pread_exact(fd, min(8, size), 0, what), size, path=what, limits=limits)
+    entries = next((b.manifest.tensors[name] for b in signed.bundles if name in b.manifest.tensors), None)
+    if entries is not None:
+        data_end = max((e.end for e in entries.values()), default=0)
+        source = "its signed tensor entries"
+    else:
+        data_end = parse_header(_pread_exact(fd, n, 8, what), size, path=what, limits=limits).data_size
+        source = "its header"
+    if size != 8 + n + data_end:
+        raise MalformedArtifactError(
+            f"{what}: the file has {size} bytes, but {source} allow exactly {8 + n + data_end} "
+            f"(8 + a {n}-byte header + {data_end} data bytes); refused before reading it"
+        )
+    return size
+
+
 def _read_and_hash_shard(
     root_fd: int, name: str, signed: SignedModel, limits: Limits, pinned: bool, model: str
 ) -> tuple[FileDigests, Any]:
@@ -204,8 +245,11 @@ def _read_and_hash_shard(
     what = f"{model}/{name}"
     fd = open_beneath(root_fd, name, what=model)
     try:
-        size = os.fstat(fd).st_size
-        buffer = torch.empty(size, dtype=torch.uint8, pin_memory=pinned)
+        size = _checked_shard_size(fd, name, signed, limits, what)
+        try:
+            buffer = torch.empty(size, dtype=torch.uint8, pin_memory=pinned)
+        except RuntimeError as e:  # the signed size itself does not fit this host's memory
+            raise BackendUnavailableError(f"{what}: cannot allocate {size} bytes to load it: {e}") from None
         view = memoryview(buffer.numpy()).cast("B") if size else memoryview(b"")
         source = _BufferFill(fd, view, size, limits.hash_chunk_bytes, what)
         try:
