@@ -22,7 +22,11 @@ counts. Order, failing closed at every step (any error is a deny naming the refe
 5. the bundles filed for the digest are read from the attestation store and checked with
    `verify_attestations(digest, bundles, policy)` (weights signatures required); the reference is
    allowed only when the verdict is `ok`. Only positive results are cached, keyed by (policy generation,
-   matched policy name, digest), for `cache_ttl_seconds`;
+   matched policy name, digest), for `cache_ttl_seconds`, together with a fingerprint of the bundles they
+   were computed from. The store is read on every decision, cached or not: a cached result is reused only
+   while the store returns exactly those bundles (a withdrawn or added bundle means a full verification);
+   a store that cannot be read denies (`cache_on_outage: deny`, the default) unless the operator chose
+   `serve`, which reuses an unexpired positive result during the outage (and says so in the decision);
 6. the whole decision must finish within `deadline_seconds` (checked between steps; the server also stops
    waiting at the deadline): an overrun is a deny.
 
@@ -40,6 +44,7 @@ from __future__ import annotations
 import enum
 import fnmatch
 import hashlib
+import hmac
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -63,6 +68,7 @@ __all__ = [
     "AdmissionRequest",
     "AttestationStore",
     "BadRequestError",
+    "CacheOnOutage",
     "DeadlineExceededError",
     "Decision",
     "DirectoryStore",
@@ -72,6 +78,7 @@ __all__ = [
     "ReferenceResult",
     "Reviewer",
     "WebhookConfig",
+    "bundles_fingerprint",
     "parse_reference",
 ]
 
@@ -102,6 +109,13 @@ class BadRequestError(MalformedArtifactError):
     """The body is not an AdmissionReview with a readable `request.uid`: answer HTTP 400, not a verdict."""
 
 
+class CacheOnOutage(enum.StrEnum):
+    """What a cached positive result is worth while the attestation store cannot be read."""
+
+    DENY = "deny"  # nothing: the store confirms every decision (the default; README: an outage denies)
+    SERVE = "serve"  # reused until its TTL ends, though a withdrawal during the outage goes unseen
+
+
 class DeadlineExceededError(BackendUnavailableError):
     """The decision could not be finished within the internal deadline (the request is denied)."""
 
@@ -116,6 +130,8 @@ class WebhookConfig:
             (at most 10 s in Kubernetes) so that an overrun is our deny, not the apiserver's timeout.
         cache_ttl_seconds: How long a positive result is reused (0 disables the cache).
         cache_max_entries: Bound on cached positive results.
+        cache_on_outage: `deny` (default): a store outage denies even a cached model; `serve`: an
+            unexpired cached positive result is reused while the store cannot be read.
         max_body_bytes: Largest request body read (the apiserver's own request limit is 3 MiB).
         max_references: Most model references one workload may name.
         max_bundles: Most bundles read from the store for one digest.
@@ -127,6 +143,7 @@ class WebhookConfig:
     deadline_seconds: float = 8.0
     cache_ttl_seconds: float = 60.0
     cache_max_entries: int = 4096
+    cache_on_outage: CacheOnOutage = CacheOnOutage.DENY
     max_body_bytes: int = 4 * 2**20
     max_references: int = 32
     max_bundles: int = 64
@@ -168,37 +185,58 @@ def parse_reference(raw: str, source: str) -> ModelReference:
     return ModelReference(raw, uri, digest, source)
 
 
+def bundles_fingerprint(bundles: Sequence[bytes]) -> str:
+    """A digest of a set of bundles (order-independent): what a cached result was computed from."""
+    h = hashlib.sha256()
+    for digest in sorted(hashlib.sha256(b).digest() for b in bundles):
+        h.update(digest)
+    return h.hexdigest()
+
+
 class PositiveCache:
-    """Positive results only, keyed by (policy generation, policy name, digest), with a TTL. Thread-safe."""
+    """Positive results only, keyed by (policy generation, policy name, digest), with a TTL. Thread-safe.
+
+    Each entry keeps the fingerprint of the bundles it was computed from (`bundles_fingerprint`).
+    """
 
     def __init__(self, ttl_seconds: float, max_entries: int, clock: Callable[[], float]) -> None:
         self._ttl, self._max, self._clock = ttl_seconds, max_entries, clock
-        self._entries: dict[tuple[str, str, str], float] = {}
+        self._entries: dict[tuple[str, str, str], tuple[float, str]] = {}
         self._lock = threading.Lock()
 
-    def hit(self, key: tuple[str, str, str]) -> bool:
-        """Whether `key` was verified positively less than the TTL ago."""
+    def get(self, key: tuple[str, str, str]) -> str | None:
+        """The bundles fingerprint of `key`'s positive result if it is younger than the TTL, else None."""
         with self._lock:
-            expiry = self._entries.get(key)
-            if expiry is None:
-                return False
-            if expiry <= self._clock():
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            if entry[0] <= self._clock():
                 del self._entries[key]
-                return False
-            return True
+                return None
+            return entry[1]
 
-    def put(self, key: tuple[str, str, str]) -> None:
+    def hit(self, key: tuple[str, str, str], fingerprint: str) -> bool:
+        """Whether `key` was verified positively, from bundles with `fingerprint`, less than the TTL ago."""
+        cached = self.get(key)
+        return cached is not None and hmac.compare_digest(cached, fingerprint)
+
+    def put(self, key: tuple[str, str, str], fingerprint: str) -> None:
         """Remember a positive result (expired entries, then the oldest, make room)."""
         if self._ttl <= 0:
             return
         now = self._clock()
         with self._lock:
             if len(self._entries) >= self._max:
-                for k in [k for k, v in self._entries.items() if v <= now]:
+                for k in [k for k, v in self._entries.items() if v[0] <= now]:
                     del self._entries[k]
                 while len(self._entries) >= self._max:
                     del self._entries[next(iter(self._entries))]
-            self._entries[key] = now + self._ttl
+            self._entries[key] = (now + self._ttl, fingerprint)
+
+    def discard(self, key: tuple[str, str, str]) -> None:
+        """Forget `key` (its bundles changed and no longer verify)."""
+        with self._lock:
+            self._entries.pop(key, None)
 
     def __len__(self) -> int:
         with self._lock:
@@ -624,19 +662,27 @@ class Reviewer:
                     raw, False, "digest-required", "no model root digest to verify", policy.name
                 )
             key = (self.generation, policy.name, ref.digest)
-            if self.cache.hit(key):
-                return ReferenceResult(raw, True, "verified", "verified (cached)", policy.name, True)
-            bundles = self.store.bundles(ref.digest)
+            try:
+                bundles = self.store.bundles(ref.digest)
+            except BackendUnavailableError:
+                if self.config.cache_on_outage is CacheOnOutage.SERVE and self.cache.get(key) is not None:
+                    detail = "verified (cached; the attestation store is unavailable, cacheOnOutage: serve)"
+                    return ReferenceResult(raw, True, "verified", detail, policy.name, True)
+                raise
             self._check_deadline(deadline)
+            fingerprint = bundles_fingerprint(bundles)
+            if self.cache.hit(key, fingerprint):
+                return ReferenceResult(raw, True, "verified", "verified (cached)", policy.name, True)
             from modelsec.verifier.attestations import verify_attestations
 
             verdict = verify_attestations(ref.digest, bundles, policy, require_signatures=True)
             self._check_deadline(deadline)
             if not verdict.ok:
+                self.cache.discard(key)
                 detail = f"policy {policy.name!r}: " + "; ".join(verdict.reasons())
                 return ReferenceResult(raw, False, "attestation", detail, policy.name)
             if not dry_run:
-                self.cache.put(key)
+                self.cache.put(key, fingerprint)
             detail = "verified: " + "; ".join(verdict.satisfied)
             return ReferenceResult(raw, True, "verified", detail, policy.name)
         except Error as e:

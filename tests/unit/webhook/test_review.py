@@ -421,11 +421,10 @@ def test_positive_results_cached_with_ttl_and_keyed_by_generation(
     bad = json.dumps(review_body("Pod", f"{REGISTRY}/x@sha256:{UNSIGNED}")).encode()
     r.review(bad)
     assert len(r.cache) == 1
-    # A cached positive survives a store outage until the TTL runs out; then the outage denies.
+    # A cached positive does not outlive a store outage (cacheOnOutage: deny, the default).
     r.store = DirectoryStore(tmp_path / "gone")
-    assert r.review(good).response["response"]["allowed"] is True
-    clock.now += 61
     assert r.review(good).response["response"]["allowed"] is False
+    clock.now += 61
     # Another policy generation does not see the first one's entries.
     r2 = reviewer(policies, signed[1], clock=clock)
     r2.cache = r.cache
