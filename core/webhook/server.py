@@ -5,12 +5,19 @@ Routes: `POST /validate` (AdmissionReview v1 in and out), `GET /healthz` (the pr
 (Prometheus text: `modelsec_webhook_decisions_total{outcome,reason}` and the
 `modelsec_webhook_decision_seconds` histogram).
 
-This module takes no trust decision: it reads the body (at most `WebhookConfig.max_body_bytes`), lets
+This module takes no trust decision: it reads the body (at most `WebhookConfig.max_body_bytes`, within
+`WebhookConfig.deadline_seconds`: a body still arriving then is answered 408 and its connection closed), lets
 `Reviewer.parse` find the uid (HTTP 400 without one), runs `Reviewer.decide` in a worker thread and stops
 waiting at `WebhookConfig.deadline_seconds` (a deny), logs one JSON audit line per decision on the logger
 `modelsec.webhook.audit`, and counts it. TLS only: the serving certificate and key are re-read when their
 files change on disk (checked every `reload_interval` seconds; a pair that does not load is logged and the
 previous one kept), so a rotated Kubernetes Secret takes effect without a restart.
+
+Connection bounds (`build_server`): at most `limit_concurrency` connections at once (uvicorn answers 503
+beyond), idle keep-alive connections closed after `timeout_keep_alive` seconds, request line and headers at
+most `MAX_HEADER_BYTES`. A request's memory is thus bounded by its body limit, and the process's by
+`limit_concurrency` times that. Not bounded: how long a client may take to send its headers (uvicorn has
+no such timeout); such a connection holds one of the `limit_concurrency` slots.
 """
 
 from __future__ import annotations
@@ -38,7 +45,9 @@ from starlette.routing import Route
 from modelsec.errors import BackendUnavailableError, KeyMaterialError
 from modelsec.webhook.review import BadRequestError, Decision, Reviewer
 
-__all__ = ["AUDIT_LOGGER", "CertificateReloader", "create_app", "serve"]
+__all__ = ["AUDIT_LOGGER", "MAX_HEADER_BYTES", "CertificateReloader", "build_server", "create_app", "serve"]
+
+MAX_HEADER_BYTES = 64 * 1024  # request line and headers (uvicorn's h11 limit); the apiserver sends a few
 
 AUDIT_LOGGER = "modelsec.webhook.audit"
 _log = logging.getLogger("modelsec.webhook")
@@ -197,7 +206,19 @@ def create_app(
 
     async def validate(request: Request) -> Response:
         started = time.monotonic()
-        body = await read_body(request)
+        try:
+            body = await asyncio.wait_for(read_body(request), timeout=deadline)
+        except TimeoutError:
+            # A body trickling in (slowloris) must not hold a connection and its buffer: the apiserver
+            # sends its review at once, so a body still arriving at the deadline is refused, the
+            # connection closed.
+            metrics.decisions.labels("bad-request", "slow-body").inc()
+            _audit.info(json.dumps({"event": "admission-bad-request", "error": "slow body"}, sort_keys=True))
+            return JSONResponse(
+                {"error": f"request body not received within {deadline:g} s"},
+                status_code=408,
+                headers={"connection": "close"},
+            )
         if body is None:
             return bad_request(f"request body larger than {max_body} bytes", started)
         try:
@@ -273,8 +294,24 @@ def build_server(
     port: int = 8443,
     reload_interval: float = 10.0,
     workers: int = 4,
+    limit_concurrency: int = 128,
+    timeout_keep_alive: float = 5.0,
 ) -> tuple[Any, CertificateReloader]:
     """A configured `uvicorn.Server` serving `create_app(reviewer)` over TLS, and its certificate reloader.
+
+    Args:
+        reviewer: Decides on each review.
+        cert: Serving certificate (PEM), reloaded when it changes.
+        key: Its private key (PEM).
+        host: Address to listen on.
+        port: Port to listen on (0: any free port).
+        reload_interval: Seconds between certificate checks.
+        workers: Threads that run decisions.
+        limit_concurrency: Most connections (and requests) at once; uvicorn answers 503 beyond.
+        timeout_keep_alive: Seconds an idle keep-alive connection stays open.
+
+    Returns:
+        The server (`run()` / `serve()`) and the certificate reloader.
 
     Raises:
         KeyMaterialError: The certificate or key cannot be loaded.
@@ -293,6 +330,9 @@ def build_server(
         access_log=False,
         server_header=False,
         timeout_graceful_shutdown=5,
+        timeout_keep_alive=int(timeout_keep_alive),
+        limit_concurrency=limit_concurrency,
+        h11_max_incomplete_event_size=MAX_HEADER_BYTES,
     )
     config.load()
     # Serve from the reloader's context, not the one uvicorn built, so that rotations take effect.
