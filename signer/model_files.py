@@ -400,7 +400,7 @@ def walk_model(
     own_fd = root_fd is None
     if root_fd is None:
         root_fd = open_model_root(root)
-    blobs_fd: int | None = None
+    blobs: list[int] = []  # the hub cache entry's blobs/ descriptor, opened at its first link
     dir_fd = -1
     try:
         # (directory prefix, depth, whether an ancestor is ignored: then only kept names are listed)
@@ -425,24 +425,7 @@ def walk_model(
                         "normalisation or case folding)"
                     )
                 seen[key] = rel
-                try:
-                    st = os.lstat(entry, dir_fd=dir_fd)
-                    target = os.readlink(entry, dir_fd=dir_fd) if stat.S_ISLNK(st.st_mode) else ""
-                except OSError as e:
-                    # Listed, then gone or replaced: the tree changed under the walk.
-                    raise MalformedArtifactError(
-                        f"{root}: {rel!r} vanished or changed type during the walk: {e.strerror}"
-                    ) from e
-                if stat.S_ISLNK(st.st_mode):
-                    blob = hub_blob_name(target, depth)
-                    if blob is not None and blobs_fd is None:
-                        blobs_fd = _hub_blobs_fd(root_fd)
-                    if blob is None or blobs_fd is None:
-                        raise PolicyViolationError(
-                            f"{root}: {rel!r} is a symlink (-> {target!r}); symlinks are refused (only a "
-                            "Hugging Face cache snapshot's links into its own blobs/ are followed)"
-                        )
-                    st = _hub_blob_stat(blobs_fd, blob, rel, root)
+                st = _entry_stat(dir_fd, entry, rel, depth, root, root_fd, blobs)
                 if stat.S_ISDIR(st.st_mode):
                     if depth + 1 > limits.max_depth:
                         raise MalformedArtifactError(
@@ -465,10 +448,37 @@ def walk_model(
             os.close(dir_fd)
         if own_fd:
             os.close(root_fd)
-        if blobs_fd is not None:
-            os.close(blobs_fd)
+        for fd in blobs:
+            os.close(fd)
     files.sort(key=lambda f: oms_order(f.name))
     return files
+
+
+def _entry_stat(
+    dir_fd: int, entry: str, rel: str, depth: int, root: Path, root_fd: int, blobs: list[int]
+) -> os.stat_result:
+    """The entry's own status, or its blob's for a hub snapshot's blob link (any other link is refused)."""
+    try:
+        st = os.lstat(entry, dir_fd=dir_fd)
+        target = os.readlink(entry, dir_fd=dir_fd) if stat.S_ISLNK(st.st_mode) else ""
+    except OSError as e:
+        # Listed, then gone or replaced: the tree changed under the walk.
+        raise MalformedArtifactError(
+            f"{root}: {rel!r} vanished or changed type during the walk: {e.strerror}"
+        ) from e
+    if not stat.S_ISLNK(st.st_mode):
+        return st
+    blob = hub_blob_name(target, depth)
+    if blob is not None and not blobs:
+        blobs_fd = _hub_blobs_fd(root_fd)
+        if blobs_fd is not None:
+            blobs.append(blobs_fd)
+    if blob is None or not blobs:
+        raise PolicyViolationError(
+            f"{root}: {rel!r} is a symlink (-> {target!r}); symlinks are refused (only a "
+            "Hugging Face cache snapshot's links into its own blobs/ are followed)"
+        )
+    return _hub_blob_stat(blobs[0], blob, rel, root)
 
 
 def _open_walk_dir(root_fd: int, prefix: str, root: Path) -> int:
