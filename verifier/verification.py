@@ -597,7 +597,10 @@ def _read_at(root_fd: int, name: str, path: Path, max_bytes: int) -> bytes:
 
 def _read_bundle_at(root_fd: int, path: Path, limits: Limits) -> Bundle:
     """`read_bundle` for a default bundle, read through the model directory's descriptor."""
-    data = _read_at(root_fd, path.name, path, limits.max_bundle_bytes)
+    try:
+        data = _read_at(root_fd, path.name, path, limits.max_bundle_bytes)
+    except PolicyViolationError:
+        raise PolicyViolationError(f"{path}: signature bundle is a symlink; refused") from None
     if len(data) > limits.max_bundle_bytes:
         raise MalformedArtifactError(f"{path}: signature bundle exceeds {limits.max_bundle_bytes} bytes")
     return parse_bundle(data, source=str(path))
