@@ -66,7 +66,9 @@ def _openat2(dir_fd: int, path: str, flags: int, mode: int) -> int | None:
     if _SYSCALL is None:
         return None
     fn, number = _SYSCALL
-    how = _OpenHow(flags | os.O_CLOEXEC, mode, _RESOLVE)
+    # RESOLVE_NO_SYMLINKS covers the last component too; O_NOFOLLOW with O_DIRECTORY would report a
+    # trailing link as ENOTDIR instead of ELOOP.
+    how = _OpenHow((flags | os.O_CLOEXEC) & ~os.O_NOFOLLOW, mode, _RESOLVE)
     raw = os.fsencode(path)
     fd = fn(  # type: ignore[operator]
         ctypes.c_long(number),
