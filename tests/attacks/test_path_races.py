@@ -89,7 +89,7 @@ def test_verify_model_directory_exchange_race(
         exchange(inside.parent, tmp / "link")  # root/team is now a link to outside/
         swapped.append(where)
 
-    monkeypatch.setattr(service_state, "path_hook", attacker)
+    monkeypatch.setattr(service_state, "path_hook", attacker, raising=False)
     with ModelsecClient(server.target, ChannelOptions(plaintext=True, timeout=30)) as client:
         answer = client.verify_model(str(inside))
     assert len(swapped) == 1
