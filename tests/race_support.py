@@ -11,7 +11,7 @@ _RENAME_EXCHANGE = 2
 
 
 def exchange(a: Path, b: Path) -> None:
-    """Swap `a` and `b` in one step (`renameat2(RENAME_EXCHANGE)`), or with three renames where unavailable."""
+    """Swap `a` and `b` in one step (`renameat2(RENAME_EXCHANGE)`), else with three renames."""
     libc = ctypes.CDLL(None, use_errno=True)
     fn = getattr(libc, "renameat2", None)
     if fn is not None:

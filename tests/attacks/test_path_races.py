@@ -44,7 +44,7 @@ def _signed(path: Path, key_dir: Path, seed: int) -> Path:
 def test_walked_directory_is_hashed_directory(
     tmp_path: Path, key_dir: Path, monkeypatch: pytest.MonkeyPatch, resolution: str
 ) -> None:
-    """The model directory exchanged for another after the walk: the hashed files are still the walked ones."""
+    """The model directory exchanged for another after the walk: the hashed files are the walked ones."""
     policy = Policy.from_key_files([key_dir / f"{P256}.pub.pem"])
     model = _signed(tmp_path / "model", key_dir, seed=0)
     expected = verify_model(model, policy).root_digest
@@ -103,7 +103,7 @@ def test_verify_model_refuses_links_below_the_root(
     read_root: tuple[InThreadServer, Path, Path], resolution: str
 ) -> None:
     """A link inside the read root is refused, not resolved (it could be swapped after any check)."""
-    server, inside, tmp = read_root
+    server, inside, _ = read_root
     (inside.parent / "alias").symlink_to(inside)
     (inside.parent.parent / "team-alias").symlink_to(inside.parent)
     with ModelsecClient(server.target, ChannelOptions(plaintext=True, timeout=30)) as client:

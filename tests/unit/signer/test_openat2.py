@@ -62,7 +62,7 @@ def test_opens(tree: int, mode: str) -> None:
 
 
 def test_modelsec_errors(tree: int, mode: str) -> None:
-    with pytest.raises(PolicyViolationError, match="'link/sub' is .*symlink"):
+    with pytest.raises(PolicyViolationError, match=r"'link/sub' is .*symlink"):
         open_dir_beneath(tree, "link/sub", what="root")
     with pytest.raises(MalformedArtifactError, match="cannot open 'nope'"):
         open_dir_beneath(tree, "nope", what="root")
