@@ -16,12 +16,16 @@ Invariants (shared by the signer and the verifier, so both see the same file set
 * The ignore list applies with OMS semantics to relative paths as signed (a path and everything below it;
   by default the top-level `.git`, `.gitattributes`, `.github`, `.gitignore` and the signature files); a
   nested `.git` is an ordinary file unless listed; a signed resource is never ignored.
-* `open_beneath` opens each path component with `O_NOFOLLOW` relative to its parent's descriptor, so a
-  component swapped for a link after the walk is refused at open time too.
+* The walk and every open go through one descriptor of the model root: directories are listed and files
+  opened relative to it (`openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`, or one `O_NOFOLLOW` open
+  per component where the kernel lacks it; `modelsec.signer._openat2`), so the directory walked is the
+  directory hashed even if its path is renamed or exchanged meanwhile, and a component swapped for a link
+  after the walk is refused at open time.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
@@ -32,15 +36,18 @@ from pathlib import Path
 
 from modelsec.errors import MalformedArtifactError, PolicyViolationError
 from modelsec.limits import Limits
+from modelsec.signer._openat2 import open_beneath_fd
 
 __all__ = [
     "DEFAULT_IGNORE_PATHS",
     "PICKLE_SUFFIXES",
     "ModelFile",
     "ambiguity_key",
+    "beneath_error",
     "hub_blob_name",
     "oms_order",
     "open_beneath",
+    "open_dir_beneath",
     "open_model_root",
     "validate_resource_name",
     "walk_model",
@@ -145,6 +152,38 @@ def open_model_root(root: Path) -> int:
         raise MalformedArtifactError(f"{root}: cannot open the model directory: {e.strerror}") from e
 
 
+def open_dir_beneath(dir_fd: int, rel: str, *, what: str) -> int:
+    """Open the directory `rel` below `dir_fd` without following any link and without leaving `dir_fd`.
+
+    Args:
+        dir_fd: The directory `rel` is resolved from (a model root, or a server's read or write root).
+        rel: A relative path; `""` opens `dir_fd` itself again.
+        what: Names `dir_fd` in errors.
+
+    Returns:
+        A read-only directory descriptor; the caller closes it.
+
+    Raises:
+        PolicyViolationError: A component is a symlink, or `rel` leaves `dir_fd`.
+        MalformedArtifactError: A component is missing or not a directory, or cannot be opened.
+    """
+    try:
+        return open_beneath_fd(dir_fd, rel, _DIR_FLAGS | os.O_NOFOLLOW)
+    except OSError as e:
+        raise beneath_error(e, rel, what) from e
+
+
+def beneath_error(e: OSError, rel: str, what: str) -> PolicyViolationError | MalformedArtifactError:
+    """The modelsec error for an `OSError` of `modelsec.signer._openat2.open_beneath_fd` on `rel`."""
+    if e.errno == errno.ELOOP:
+        return PolicyViolationError(f"{what}: {rel!r} is (or passes through) a symlink; refused")
+    if e.errno == errno.EXDEV:
+        return PolicyViolationError(f"{what}: {rel!r} leaves the directory; refused")
+    if e.errno == errno.ENOTDIR:
+        return MalformedArtifactError(f"{what}: {rel!r} is not a directory (or passes through a file)")
+    return MalformedArtifactError(f"{what}: cannot open {rel!r}: {e.strerror}")
+
+
 def open_beneath(root_fd: int, name: str, *, what: str) -> int:
     """Open the regular file `name` below `root_fd` without following any link on the way.
 
@@ -164,6 +203,19 @@ def open_beneath(root_fd: int, name: str, *, what: str) -> int:
             blob a hub link names is itself a symlink.
         MalformedArtifactError: The file is missing, not regular, or cannot be opened.
     """
+    try:
+        fd = open_beneath_fd(root_fd, name, _OPEN_FLAGS)
+    except OSError:
+        # A link (perhaps a hub blob link), a missing file...: the component walk below names the cause.
+        fd = _open_beneath_walk(root_fd, name, what)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise MalformedArtifactError(f"{what}: {name!r} is not a regular file")
+    return fd
+
+
+def _open_beneath_walk(root_fd: int, name: str, what: str) -> int:
     parts = name.split("/")
     fds: list[int] = []
     try:
@@ -181,10 +233,6 @@ def open_beneath(root_fd: int, name: str, *, what: str) -> int:
     finally:
         for d in fds:
             os.close(d)
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise MalformedArtifactError(f"{what}: {name!r} is not a regular file")
     return fd
 
 
@@ -298,8 +346,13 @@ def walk_model(
     limits: Limits | None = None,
     ignore_lists: Sequence[Collection[str]] = (),
     keep: Collection[str] = (),
+    root_fd: int | None = None,
 ) -> list[ModelFile]:
     """List the regular files of a model directory, in OMS order.
+
+    The directory is opened once (or `root_fd` is used) and walked through that descriptor only: every
+    subdirectory is opened beneath it without following links, so the tree listed is the one a caller
+    hashing through the same descriptor reads, whatever happens to the path `root` meanwhile.
 
     Ignoring follows OMS (`model_signing._serialization.serialization.should_ignore`): a listed path
     excludes itself and everything below it (`path.is_relative_to(ignored)`); a nested `.git` is an
@@ -317,6 +370,8 @@ def walk_model(
         ignore_lists: Further ignore lists (the signed lists of several bundles): a path is also skipped
             when every one of them ignores it.
         keep: Names never skipped (the signed resources).
+        root_fd: An open descriptor of `root` to walk (not closed here); `root` then only names the
+            model in messages. Default: `root` is opened with `open_model_root`.
 
     Returns:
         Every regular file not ignored, with clean names, in OMS order (`oms_order`).
@@ -342,21 +397,23 @@ def walk_model(
 
     files: list[ModelFile] = []
     seen: dict[str, str] = {}
-    root_fd = open_model_root(root)
-    blobs_fd: int | None = None
+    own_fd = root_fd is None
+    if root_fd is None:
+        root_fd = open_model_root(root)
+    blobs: list[int] = []  # the hub cache entry's blobs/ descriptor, opened at its first link
+    dir_fd = -1
     try:
         # (directory prefix, depth, whether an ancestor is ignored: then only kept names are listed)
         stack: list[tuple[str, int, bool]] = [("", 0, False)]
         while stack:
             prefix, depth, under_ignored = stack.pop()
-            directory = os.path.join(root, prefix) if prefix else str(root)
+            dir_fd = root_fd if not prefix else _open_walk_dir(root_fd, prefix, root)
             try:
-                with os.scandir(directory) as it:
-                    entries = sorted(it, key=lambda e: e.name)
+                entries = sorted(os.listdir(dir_fd))
             except OSError as e:
                 raise MalformedArtifactError(f"{root}: cannot list {prefix or '.'!r}: {e.strerror}") from e
             for entry in entries:
-                rel = f"{prefix}/{entry.name}" if prefix else entry.name
+                rel = f"{prefix}/{entry}" if prefix else entry
                 skip = under_ignored or ignored(rel)
                 if skip and rel not in kept and rel not in kept_dirs:
                     continue
@@ -368,24 +425,7 @@ def walk_model(
                         "normalisation or case folding)"
                     )
                 seen[key] = rel
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                    target = os.readlink(entry.path) if stat.S_ISLNK(st.st_mode) else ""
-                except OSError as e:
-                    # Listed, then gone or replaced: the tree changed under the walk.
-                    raise MalformedArtifactError(
-                        f"{root}: {rel!r} vanished or changed type during the walk: {e.strerror}"
-                    ) from e
-                if stat.S_ISLNK(st.st_mode):
-                    blob = hub_blob_name(target, depth)
-                    if blob is not None and blobs_fd is None:
-                        blobs_fd = _hub_blobs_fd(root_fd)
-                    if blob is None or blobs_fd is None:
-                        raise PolicyViolationError(
-                            f"{root}: {rel!r} is a symlink (-> {target!r}); symlinks are refused (only a "
-                            "Hugging Face cache snapshot's links into its own blobs/ are followed)"
-                        )
-                    st = _hub_blob_stat(blobs_fd, blob, rel, root)
+                st = _entry_stat(dir_fd, entry, rel, depth, root, root_fd, blobs)
                 if stat.S_ISDIR(st.st_mode):
                     if depth + 1 > limits.max_depth:
                         raise MalformedArtifactError(
@@ -400,12 +440,57 @@ def walk_model(
                         raise MalformedArtifactError(f"{root}: more than {limits.max_files} files")
                 else:
                     raise PolicyViolationError(f"{root}: {rel!r} is not a regular file or directory; refused")
+            if dir_fd != root_fd:
+                os.close(dir_fd)
+            dir_fd = -1
     finally:
-        os.close(root_fd)
-        if blobs_fd is not None:
-            os.close(blobs_fd)
+        if dir_fd not in (-1, root_fd):
+            os.close(dir_fd)
+        if own_fd:
+            os.close(root_fd)
+        for fd in blobs:
+            os.close(fd)
     files.sort(key=lambda f: oms_order(f.name))
     return files
+
+
+def _entry_stat(
+    dir_fd: int, entry: str, rel: str, depth: int, root: Path, root_fd: int, blobs: list[int]
+) -> os.stat_result:
+    """The entry's own status, or its blob's for a hub snapshot's blob link (any other link is refused)."""
+    try:
+        st = os.lstat(entry, dir_fd=dir_fd)
+        target = os.readlink(entry, dir_fd=dir_fd) if stat.S_ISLNK(st.st_mode) else ""
+    except OSError as e:
+        # Listed, then gone or replaced: the tree changed under the walk.
+        raise MalformedArtifactError(
+            f"{root}: {rel!r} vanished or changed type during the walk: {e.strerror}"
+        ) from e
+    if not stat.S_ISLNK(st.st_mode):
+        return st
+    blob = hub_blob_name(target, depth)
+    if blob is not None and not blobs:
+        blobs_fd = _hub_blobs_fd(root_fd)
+        if blobs_fd is not None:
+            blobs.append(blobs_fd)
+    if blob is None or not blobs:
+        raise PolicyViolationError(
+            f"{root}: {rel!r} is a symlink (-> {target!r}); symlinks are refused (only a "
+            "Hugging Face cache snapshot's links into its own blobs/ are followed)"
+        )
+    return _hub_blob_stat(blobs[0], blob, rel, root)
+
+
+def _open_walk_dir(root_fd: int, prefix: str, root: Path) -> int:
+    try:
+        return open_beneath_fd(root_fd, prefix, _DIR_FLAGS | os.O_NOFOLLOW)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.EXDEV):
+            raise beneath_error(e, prefix, str(root)) from e
+        # Listed as a directory, then gone or replaced: the tree changed under the walk.
+        raise MalformedArtifactError(
+            f"{root}: {prefix!r} vanished or changed type during the walk: {e.strerror}"
+        ) from e
 
 
 def _hub_blob_stat(blobs_fd: int, blob: str, rel: str, root: Path) -> os.stat_result:

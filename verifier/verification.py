@@ -27,6 +27,7 @@ Metadata inside safetensors headers never influences any decision.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import hmac
 import os
 import posixpath
@@ -39,9 +40,11 @@ from types import MappingProxyType
 
 from modelsec._strict_json import strict_loads
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
+from modelsec.attestations.bundle import Bundle, parse_bundle
 from modelsec.attestations.statement import parse_statement
 from modelsec.errors import (
     DigestMismatchError,
+    Error,
     FileSetMismatchError,
     MalformedArtifactError,
     PolicyViolationError,
@@ -71,6 +74,7 @@ from modelsec.verifier.bundles import (
     verify_bundle_signature,
 )
 from modelsec.verifier.pinning import expected_digest_set
+from modelsec.verifier.stores import StoredBundle
 
 __all__ = [
     "PICKLE_SUFFIXES",
@@ -169,6 +173,7 @@ def verify_model(
     progress: ProgressCallback | None = None,
     expected_digests: Collection[str] | None = None,
     ignore_paths: Sequence[str] = (),
+    dir_fd: int | None = None,
 ) -> VerifiedModel:
     """Verify every file of a model directory (or one file of it) against its signed bundles.
 
@@ -193,6 +198,14 @@ def verify_model(
             signatures, before any model file is opened.
         ignore_paths: Relative paths the operator ignores on top of the signed lists (OMS semantics, like
             `model_signing verify --ignore-paths`); a signed file is verified all the same.
+        dir_fd: A descriptor of the directory holding `model_path` (as the `*at` system calls take it):
+            `model_path.name` is looked up in it without following a link, and `model_path` otherwise only
+            names the model in messages. A server passes the descriptor it resolved beneath its read root,
+            so no later rename of the path can change what is verified. Not closed here.
+
+    The model directory is opened once; its default bundles, the walk and every file read go through that
+    descriptor, so the directory whose bundles verified is the one walked and the one hashed, even if its
+    path is renamed or exchanged meanwhile. Explicit `bundles` paths are read by path.
 
     A bundle whose one resource is `.` signs a single-file model (OMS): `model_path` must then be that
     file, and its digest is compared with the resource whatever the file is called.
@@ -213,25 +226,43 @@ def verify_model(
         >>> policy = Policy.from_key_files([Path("trust/ci.pub.pem")])  # doctest: +SKIP
         >>> verify_model(Path("model"), policy).root_digest  # doctest: +SKIP
     """
+    root_fd, single, model_dir = _open_model(model_path, policy, dir_fd)
     try:
-        st = os.lstat(model_path)
-    except OSError as e:
-        raise MalformedArtifactError(f"{model_path}: cannot read: {e.strerror}") from e
-    single: str | None = None
-    if stat.S_ISLNK(st.st_mode):
-        if not _is_hub_blob_link(model_path):
-            raise PolicyViolationError(f"{model_path}: is a symlink; refused")
-        st = os.stat(model_path)  # a regular blob of this cache entry: checked without following links
-    if stat.S_ISREG(st.st_mode):
-        precheck_file(model_path, policy)
-        single, model_dir = model_path.name, model_path.parent
-    elif stat.S_ISDIR(st.st_mode):
-        model_dir = model_path
-    else:
-        raise MalformedArtifactError(f"{model_path}: neither a model directory nor a regular file")
+        return _verify_open_model(
+            root_fd,
+            model_dir,
+            single,
+            policy,
+            bundles=bundles,
+            files=files,
+            progress=progress,
+            expected_digests=expected_digests,
+            ignore_paths=ignore_paths,
+        )
+    finally:
+        os.close(root_fd)
 
+
+def _verify_open_model(
+    root_fd: int,
+    model_dir: Path,
+    single: str | None,
+    policy: Policy,
+    *,
+    bundles: Sequence[Path] | None,
+    files: Sequence[str] | None,
+    progress: ProgressCallback | None,
+    expected_digests: Collection[str] | None,
+    ignore_paths: Sequence[str],
+) -> VerifiedModel:
+    model_path = model_dir / single if single is not None else model_dir
     signed = verify_signatures(
-        model_dir, policy, bundles=bundles, expected_digests=expected_digests, ignore_paths=ignore_paths
+        model_dir,
+        policy,
+        bundles=bundles,
+        expected_digests=expected_digests,
+        ignore_paths=ignore_paths,
+        root_fd=root_fd,
     )
     whole = single is None
     if signed.manifest.single_file:
@@ -249,7 +280,7 @@ def verify_model(
         single_names: Sequence[str] | None = list(files)
     else:
         single_names = [single] if single is not None else None
-    names = check_file_set(signed, policy, only=single_names)
+    names = check_file_set(signed, policy, only=single_names, root_fd=root_fd)
     computed, checked = verify_files(
         signed,
         names,
@@ -257,6 +288,7 @@ def verify_model(
         tensor_hash=signed.tensor_hash,
         whole_model=whole and files is None,
         progress=progress,
+        root_fd=root_fd,
     )
     return VerifiedModel(
         root_digest=signed.root_digest,
@@ -268,6 +300,56 @@ def verify_model(
         skipped=signed.skipped,
         manifest=signed.manifest,
     )
+
+
+def _open_model(model_path: Path, policy: Policy, dir_fd: int | None) -> tuple[int, str | None, Path]:
+    """Open the model directory once: (its descriptor, the single file's name or None, its path)."""
+    if dir_fd is not None:
+        return _open_model_at(model_path, policy, dir_fd)
+    try:
+        st = os.lstat(model_path)
+    except OSError as e:
+        raise MalformedArtifactError(f"{model_path}: cannot read: {e.strerror}") from e
+    if stat.S_ISLNK(st.st_mode):
+        if not _is_hub_blob_link(model_path):
+            raise PolicyViolationError(f"{model_path}: is a symlink; refused")
+        st = os.stat(model_path)  # a regular blob of this cache entry: checked without following links
+    if stat.S_ISDIR(st.st_mode):
+        return open_model_root(model_path), None, model_path
+    if not stat.S_ISREG(st.st_mode):
+        raise MalformedArtifactError(f"{model_path}: neither a model directory nor a regular file")
+    root_fd = open_model_root(model_path.parent)
+    try:
+        precheck_file(model_path, policy, root_fd=root_fd)
+    except BaseException:
+        os.close(root_fd)
+        raise
+    return root_fd, model_path.name, model_path.parent
+
+
+def _open_model_at(model_path: Path, policy: Policy, dir_fd: int) -> tuple[int, str | None, Path]:
+    name = model_path.name
+    if not name:
+        raise MalformedArtifactError(f"{model_path}: no file or directory name to look up")
+    try:
+        root_fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError as e:
+        try:
+            st = os.lstat(name, dir_fd=dir_fd)
+        except OSError:
+            raise MalformedArtifactError(f"{model_path}: cannot read: {e.strerror}") from e
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+            raise MalformedArtifactError(f"{model_path}: neither a model directory nor a regular file") from e
+        # A regular file (or a hub snapshot's blob link, else refused) of the directory `dir_fd`.
+        os.close(open_beneath(dir_fd, name, what=str(model_path.parent)))
+        root_fd = os.dup(dir_fd)
+        try:
+            precheck_file(model_path, policy, root_fd=root_fd)
+        except BaseException:
+            os.close(root_fd)
+            raise
+        return root_fd, name, model_path.parent
+    return root_fd, None, model_path
 
 
 def _is_hub_blob_link(path: Path) -> bool:
@@ -293,6 +375,7 @@ def verify_files(
     tensor_hash: HashAlgorithm | None,
     whole_model: bool,
     progress: ProgressCallback | None = None,
+    root_fd: int | None = None,
 ) -> tuple[Mapping[str, FileDigests], int]:
     """Hash the files `names` of a signed model once and compare every digest with its manifests.
 
@@ -303,6 +386,8 @@ def verify_files(
         tensor_hash: Per-tensor digest algorithm to compute as well (None: file digests only).
         whole_model: The whole directory is being verified (index and remote-code checks apply).
         progress: Byte-count callback.
+        root_fd: The model directory's descriptor that the walk used (not closed here); default: the
+            directory is opened by its path.
 
     Returns:
         The computed digests by file, and how many per-tensor digests were checked.
@@ -310,20 +395,30 @@ def verify_files(
     Raises:
         DigestMismatchError, MalformedArtifactError, PolicyViolationError: As `check_digests`.
     """
-    root_fd = open_model_root(signed.model_dir)
-    try:
-        computed = hash_files(
-            root_fd,
-            names,
-            algorithms=signed.file_hashes,
-            tensor_hash=tensor_hash,
-            limits=policy.limits,
-            progress=progress,
-            model=str(signed.model_dir),
-        )
-        return computed, check_digests(signed, computed, policy, root_fd, whole_model=whole_model)
-    finally:
-        os.close(root_fd)
+    if root_fd is None:
+        fd = open_model_root(signed.model_dir)
+        try:
+            return verify_files(
+                signed,
+                names,
+                policy,
+                tensor_hash=tensor_hash,
+                whole_model=whole_model,
+                progress=progress,
+                root_fd=fd,
+            )
+        finally:
+            os.close(fd)
+    computed = hash_files(
+        root_fd,
+        names,
+        algorithms=signed.file_hashes,
+        tensor_hash=tensor_hash,
+        limits=policy.limits,
+        progress=progress,
+        model=str(signed.model_dir),
+    )
+    return computed, check_digests(signed, computed, policy, root_fd, whole_model=whole_model)
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,6 +468,7 @@ def verify_signatures(
     bundles: Sequence[Path] | None = None,
     expected_digests: Collection[str] | None = None,
     ignore_paths: Sequence[str] = (),
+    root_fd: int | None = None,
 ) -> SignedModel:
     """Steps 1-2: read, parse and verify the bundles of `model_dir`; no model file is opened.
 
@@ -387,6 +483,8 @@ def verify_signatures(
         expected_digests: Model root digests the signed model may have (`sha256:<hex>` or hex; e.g. the
             pins of `MODELSEC_MODEL_DIGEST`), checked as soon as the signatures verified; None: no pin.
         ignore_paths: Relative paths the operator ignores as well (`SignedModel.excluded`).
+        root_fd: A descriptor of `model_dir` (not closed here): the default bundles and the attestations
+            inside the directory are read through it; default: by path.
 
     Returns:
         The verified bundles and what the files must hash to.
@@ -402,14 +500,23 @@ def verify_signatures(
     pins = None if expected_digests is None else expected_digest_set(expected_digests)
     model = str(model_dir)
     explicit = bundles is not None
-    bundle_paths = list(bundles) if bundles is not None else find_default_bundles(model_dir)
+    if bundles is not None:
+        bundle_paths = list(bundles)
+    elif root_fd is not None:
+        bundle_paths = [model_dir / n for n in SIGNATURE_FILE_NAMES if _present(root_fd, n)]
+    else:
+        bundle_paths = find_default_bundles(model_dir)
     if not bundle_paths:
         looked_for = ", ".join(SIGNATURE_FILE_NAMES)
         raise SignatureError(f"{model}: no signature bundle found (looked for {looked_for})")
     verified: list[VerifiedBundle] = []
     skipped: list[Path] = []
     for path in bundle_paths:
-        bundle = read_bundle(path, limits)
+        bundle = (
+            read_bundle(path, limits)
+            if explicit or root_fd is None
+            else _read_bundle_at(root_fd, path, limits)
+        )
         try:
             key = verify_bundle_signature(bundle, policy.keys)
         except SignatureError:
@@ -451,9 +558,10 @@ def verify_signatures(
         # Evidence about the weights is checked before any weight byte is read (no hashing wasted on a model
         # the policy refuses anyway); it is bound to the root digest the verified bundles sign.
         root = first.subject_digest["sha256"]
-        verdict = verify_attestations(
-            root, find_attestation_bundles(model_dir, root, policy), policy, require_signatures=False
-        )
+        found = find_attestation_bundles(model_dir if root_fd is None else None, root, policy)
+        if root_fd is not None:
+            found = [*_attestations_at(root_fd, model_dir, root, limits), *found]
+        verdict = verify_attestations(root, found, policy, require_signatures=False)
         verdict.raise_for_policy()
     checked = [b for b in verified if not policy.check_hashes or b.manifest.hash_type in policy.check_hashes]
     if not checked:
@@ -468,6 +576,53 @@ def verify_signatures(
         tensor_hash=next((b.manifest.tensor_hash for b in verified if b.manifest.tensor_hash), None),
         excluded=_excluded_paths(model_dir, bundle_paths, ignore_paths),
     )
+
+
+def _present(root_fd: int, name: str) -> bool:
+    try:
+        os.lstat(name, dir_fd=root_fd)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # present but unreadable: reading it reports why
+    return True
+
+
+def _read_at(root_fd: int, name: str, path: Path, max_bytes: int) -> bytes:
+    """At most `max_bytes + 1` bytes of the file `name` of the directory `root_fd` (no link followed)."""
+    fd = open_beneath(root_fd, name, what=str(path.parent))
+    with os.fdopen(fd, "rb") as f:
+        return f.read(max_bytes + 1)
+
+
+def _read_bundle_at(root_fd: int, path: Path, limits: Limits) -> Bundle:
+    """`read_bundle` for a default bundle, read through the model directory's descriptor."""
+    try:
+        data = _read_at(root_fd, path.name, path, limits.max_bundle_bytes)
+    except PolicyViolationError:
+        raise PolicyViolationError(f"{path}: signature bundle is a symlink; refused") from None
+    if len(data) > limits.max_bundle_bytes:
+        raise MalformedArtifactError(f"{path}: signature bundle exceeds {limits.max_bundle_bytes} bytes")
+    return parse_bundle(data, source=str(path))
+
+
+def _attestations_at(root_fd: int, model_dir: Path, root: str, limits: Limits) -> list[Path | StoredBundle]:
+    """The attestation bundles under their reserved names in the model directory, read through `root_fd`.
+
+    One that cannot be read (a link, a special file) is passed on by path: reading it there fails the same
+    way, and `verify_attestations` lists the reason among the ignored bundles.
+    """
+    found: list[Path | StoredBundle] = []
+    for name in ATTESTATION_FILE_NAMES:
+        if _present(root_fd, name):
+            path = model_dir / name
+            try:
+                data = _read_at(root_fd, name, path, limits.max_bundle_bytes)
+            except Error:
+                found.append(path)
+                continue
+            found.append(StoredBundle(hashlib.sha256(data).hexdigest(), root, data, str(path)))
+    return found
 
 
 def _excluded_paths(
@@ -530,13 +685,16 @@ def _file_hashes(checked: Sequence[VerifiedBundle], policy: Policy) -> tuple[Has
     return tuple(dict.fromkeys(hashes))
 
 
-def check_file_set(signed: SignedModel, policy: Policy, *, only: Sequence[str] | None = None) -> list[str]:
+def check_file_set(
+    signed: SignedModel, policy: Policy, *, only: Sequence[str] | None = None, root_fd: int | None = None
+) -> list[str]:
     """Step 3: the files to hash, after the file-set comparison and the refusals by name.
 
     Args:
         signed: The verified bundles.
         policy: Remote-code rule and limits.
         only: Check just these signed names (single-shard verification) instead of the whole directory.
+        root_fd: The model directory's descriptor to walk (not closed here); default: opened by path.
 
     Returns:
         The names to hash, in manifest order.
@@ -567,6 +725,7 @@ def check_file_set(signed: SignedModel, policy: Policy, *, only: Sequence[str] |
             ignore_lists=[b.manifest.ignore_paths for b in signed.bundles],
             keep=signed_names,
             limits=policy.limits,
+            root_fd=root_fd,
         )
         present = {f.name for f in walked}
         extra, missing = sorted(present - signed_names), sorted(signed_names - present)
@@ -627,11 +786,17 @@ def check_digests(
     return checked
 
 
-def precheck_file(path: Path, policy: Policy) -> None:
+def precheck_file(path: Path, policy: Policy, *, root_fd: int | None = None) -> None:
     """Refuse a single file for what it is, before any bundle is looked for.
 
     Pickle formats are refused by name (unless the policy allows them as opaque files) and a
     `*.safetensors` file's header is parsed strictly, so the diagnostic names the real defect.
+
+    Args:
+        path: The file.
+        policy: Pickle rule and limits.
+        root_fd: A descriptor of the file's directory to open `path.name` in (not closed here); default:
+            the directory is opened by path.
 
     Raises:
         PolicyViolationError: A pickle format.
@@ -640,16 +805,19 @@ def precheck_file(path: Path, policy: Policy) -> None:
     if policy.refuse_pickle:
         _refuse_pickle([path.name], str(path.parent))
     if is_safetensors_name(path.name):
-        _check_safetensors_structure(path, policy.limits)
+        _check_safetensors_structure(path, policy.limits, root_fd)
 
 
-def _check_safetensors_structure(path: Path, limits: Limits) -> None:
+def _check_safetensors_structure(path: Path, limits: Limits, root_fd: int | None) -> None:
     # The same no-symlink open as every other read: refusals are modelsec errors, never a raw OSError.
-    root_fd = open_model_root(path.parent)
-    try:
+    if root_fd is None:
+        parent_fd = open_model_root(path.parent)
+        try:
+            fd = open_beneath(parent_fd, path.name, what=str(path.parent))
+        finally:
+            os.close(parent_fd)
+    else:
         fd = open_beneath(root_fd, path.name, what=str(path.parent))
-    finally:
-        os.close(root_fd)
     with os.fdopen(fd, "rb") as f:
         read_header(f, os.fstat(f.fileno()).st_size, path=str(path), limits=limits)
 

@@ -110,7 +110,7 @@ class RobustnessServicer(robustness_pb2_grpc.RobustnessServiceServicer):
             )
         model_dir = self.state.readable_path(request.model_path, "model_path")
         data = self.state.readable_path(request.data_path, "data_path")
-        policy = self.state.policies.for_model(model_dir)
+        policy = self.state.policies.for_model(model_dir.path)
         key = (
             self.state.signing_key_for(request.attestation_key_version, PREDICATE_TYPE)
             if request.attestation_key_version
@@ -126,17 +126,19 @@ class RobustnessServicer(robustness_pb2_grpc.RobustnessServiceServicer):
 
             config = gate_config(request)
             stop()
-            # A server never joins a torchrun process group, whatever its environment says.
-            return run_pgd_gate(
-                model_dir,
-                policy=policy,
-                architecture=request.architecture,
-                data=data,
-                config=config,
-                signer=key.backend if key is not None else None,
-                progress=_StreamProgress(loop, queue, stop),
-                dist=DistContext.single(),
-            )
+            # A server never joins a torchrun process group, whatever its environment says. Both paths are
+            # opened beneath their root (no link followed) and used through those descriptors.
+            with model_dir.opened() as model_path, data.opened() as data_path:
+                return run_pgd_gate(
+                    model_path,
+                    policy=policy,
+                    architecture=request.architecture,
+                    data=data_path,
+                    config=config,
+                    signer=key.backend if key is not None else None,
+                    progress=_StreamProgress(loop, queue, stop),
+                    dist=DistContext.single(),
+                )
 
         await self._slots.acquire()
         task = asyncio.ensure_future(run_blocking(work, context))

@@ -7,8 +7,10 @@ status code.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,9 +27,10 @@ from modelsec.errors import (
 from modelsec.policy import Policy, PolicySet
 from modelsec.service.config import KeyConfig, ServerConfig, WatermarkKeyConfig, identity_allowed
 from modelsec.signer.keys import KeyBackend, key_source
+from modelsec.signer.model_files import open_dir_beneath
 from modelsec.verifier.stores.sqlite import SqliteAttestationStore
 
-__all__ = ["LoadedKey", "ServiceState", "current_identity"]
+__all__ = ["LoadedKey", "ServerPath", "ServiceState", "current_identity"]
 
 _MAX_NAME_CHARS = 256  # key versions, policy and watermark key names in requests
 _MAX_PATH_BYTES = 4096  # PATH_MAX
@@ -36,6 +39,75 @@ _MAX_PATH_BYTES = 4096  # PATH_MAX
 current_identity: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "modelsec_identity", default=None
 )
+
+
+@dataclass(frozen=True, slots=True)
+class ServerPath:
+    """A client-supplied path placed under one of the server's roots by its spelling; nothing opened yet.
+
+    The path is never resolved by name again: `open_parent` opens the directory holding it beneath the
+    root's descriptor (`openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`, or an `O_NOFOLLOW` walk),
+    and every later access goes through that descriptor, so renaming or exchanging a directory under the
+    root (for a link out of it) between the check and the use cannot redirect the request.
+
+    Attributes:
+        path: The root's real path joined with `rel` (the model's identity for policy matching).
+        root: The root's real path.
+        rel: The relative POSIX path below the root; `""` for the root itself.
+    """
+
+    path: Path
+    root: Path
+    rel: str
+
+    def open_parent(self) -> int:
+        """A descriptor of the directory holding `path` (`path.name` is looked up in it by the caller).
+
+        Raises:
+            PolicyViolationError: A component below the root is a symlink.
+            MalformedArtifactError: A component is missing or not a directory.
+        """
+        if path_hook is not None:
+            path_hook(self)
+        if not self.rel:
+            # The root itself: its parent is the operator's configuration, like the root.
+            return _open_dir(self.root.parent)
+        root_fd = _open_dir(self.root)
+        try:
+            return open_dir_beneath(root_fd, os.path.dirname(self.rel), what=str(self.root))
+        finally:
+            os.close(root_fd)
+
+    @contextlib.contextmanager
+    def opened(self) -> Iterator[Path]:
+        """The path, anchored at a descriptor of its directory for as long as the context lasts.
+
+        Yields `/proc/self/fd/<n>/<name>`: the kernel starts from the open directory, so later renames
+        above it cannot redirect the library call that receives the path, and the library opens `<name>`
+        itself without following a link. Where `/proc/self/fd` is missing, the descriptor is only the
+        check (no link below the root) and the real path is yielded.
+
+        Raises:
+            PolicyViolationError: A component below the root is a symlink.
+            MalformedArtifactError: A component is missing or not a directory.
+        """
+        fd = self.open_parent()
+        try:
+            anchor = Path(f"/proc/self/fd/{fd}")
+            yield (anchor if anchor.is_dir() else self.path.parent) / self.path.name
+        finally:
+            os.close(fd)
+
+
+path_hook: Callable[[ServerPath], None] | None = None
+"""Tests only: called between the check of a client path and its opening (where a race would strike)."""
+
+
+def _open_dir(path: Path) -> int:
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        raise MalformedArtifactError(f"{path}: cannot open the server root: {e.strerror}") from e
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,19 +257,21 @@ class ServiceState:
 
     # -- server-side paths --------------------------------------------------------------------------------
 
-    def readable_path(self, raw: str, what: str) -> Path:
-        """Resolve a client-supplied path that must lie under a read root (symlinks resolved first).
+    def readable_path(self, raw: str, what: str) -> ServerPath:
+        """Place a client-supplied path under a read root, by its spelling (no link is followed later).
 
         Raises:
             PermissionDeniedError: Not absolute, or outside every read root.
+            MalformedArtifactError: Longer than PATH_MAX.
         """
         return _under(raw, self.config.read_roots, what, "read")
 
-    def writable_path(self, raw: str, what: str) -> Path:
-        """Resolve a client-supplied output path that must lie under a write root.
+    def writable_path(self, raw: str, what: str) -> ServerPath:
+        """Place a client-supplied output path under a write root, by its spelling.
 
         Raises:
             PermissionDeniedError: Not absolute, or outside every write root.
+            MalformedArtifactError: Longer than PATH_MAX.
         """
         return _under(raw, self.config.write_roots, what, "write")
 
@@ -207,14 +281,20 @@ def _check_name(value: str, what: str) -> None:
         raise MalformedArtifactError(f"{what} is longer than {_MAX_NAME_CHARS} characters")
 
 
-def _under(raw: str, roots: tuple[Path, ...], what: str, verb: str) -> Path:
+def _under(raw: str, roots: tuple[Path, ...], what: str, verb: str) -> ServerPath:
+    # Placed by spelling only: `..` is folded lexically, which is what the kernel does too once no link
+    # below the root is followed (links are refused when the path is opened). The roots themselves are
+    # operator configuration, matched as written and as their real paths.
     if len(raw.encode("utf-8", "surrogatepass")) > _MAX_PATH_BYTES:
         raise MalformedArtifactError(f"{what} is longer than {_MAX_PATH_BYTES} bytes")
     if not raw or not os.path.isabs(raw) or "\x00" in raw:
         raise PermissionDeniedError(f"{what} must be an absolute path on the server, got {raw!r}")
-    real = Path(os.path.realpath(raw))
+    spelled = Path(os.path.normpath(raw))
     for root in roots:
         root_real = Path(os.path.realpath(root))
-        if real == root_real or root_real in real.parents:
-            return real
+        for base in dict.fromkeys((Path(os.path.normpath(os.path.abspath(root))), root_real)):
+            if spelled == base or base in spelled.parents:
+                rel = spelled.relative_to(base).as_posix()
+                rel = "" if rel == "." else rel
+                return ServerPath(root_real / rel if rel else root_real, root_real, rel)
     raise PermissionDeniedError(f"{what} {raw!r} is outside the server's {verb} roots")

@@ -6,7 +6,7 @@ are for bad requests (INVALID_ARGUMENT), callers without access (PERMISSION_DENI
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 from typing import Any
 
 from grpc import aio
@@ -14,7 +14,7 @@ from grpc import aio
 from modelsec.attestations.statement import is_sha256_hex
 from modelsec.errors import BackendUnavailableError, Error, MalformedArtifactError
 from modelsec.service.convert import algorithm_to_proto, verdict_to_proto
-from modelsec.service.state import ServiceState
+from modelsec.service.state import ServerPath, ServiceState
 from modelsec.service.work import run_blocking
 from modelsec.v1 import verification_pb2, verification_pb2_grpc
 from modelsec.verifier import verify_attestations, verify_model
@@ -73,18 +73,30 @@ class VerificationServicer(verification_pb2_grpc.VerificationServiceServicer):
     async def VerifyModel(
         self, request: verification_pb2.VerifyModelRequest, context: aio.ServicerContext[Any, Any]
     ) -> verification_pb2.VerifyModelResponse:
-        """Verify a directory under the read roots with the policy matching it (`file://<real path>`)."""
+        """Verify a directory under the read roots with the policy matching it (`file://<real path>`).
+
+        The path is placed under a read root by its spelling, then opened once beneath the root's
+        descriptor with no link followed (a link anywhere below the root is a `PolicyViolationError`
+        verdict); everything read afterwards goes through the descriptor.
+        """
         self.state.require("verifyModel")
         path = self.state.readable_path(request.path, "path")
         return await run_blocking(lambda check: _verify(self.state, path, lambda _n: check()), context)
 
 
-def _verify(state: ServiceState, path: Path, progress: Any) -> verification_pb2.VerifyModelResponse:
+def _verify(state: ServiceState, where: ServerPath, progress: Any) -> verification_pb2.VerifyModelResponse:
+    # The path is opened once, beneath the read root's descriptor and without following links; the
+    # verifier reads bundles, walks and hashes through the descriptor of the directory found there.
     name = ""
+    path = where.path
     try:
         policy = state.policies.for_model(path)
         name = policy.name
-        verified = verify_model(path, policy, progress=progress)
+        parent_fd = where.open_parent()
+        try:
+            verified = verify_model(path, policy, progress=progress, dir_fd=parent_fd)
+        finally:
+            os.close(parent_fd)
     except BackendUnavailableError:
         raise  # the server cannot verify now (or the call is gone): an RPC error, not a verdict
     except Error as e:

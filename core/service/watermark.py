@@ -16,18 +16,22 @@ nor torch.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import secrets
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from grpc import aio
 
-from modelsec.errors import KeyMaterialError
+from modelsec.errors import KeyMaterialError, PolicyError
 from modelsec.limits import Limits
 from modelsec.service.attestation import store_produced, storer_for
 from modelsec.service.config import WatermarkKeyConfig
 from modelsec.service.state import ServiceState
 from modelsec.service.work import Check, run_blocking
-from modelsec.signer.signing import ATTESTATION_FILE_NAMES, write_bundle_file
+from modelsec.signer.signing import ATTESTATION_FILE_NAMES
 from modelsec.v1 import watermark_pb2, watermark_pb2_grpc
 from modelsec.watermark.attestation import PREDICATE_TYPE
 
@@ -35,7 +39,7 @@ if TYPE_CHECKING:
     from modelsec.watermark.detection import DetectionResult
     from modelsec.watermark.scheme import WatermarkKey
 
-__all__ = ["ATTESTATION_FILE_NAME", "WatermarkServicer", "detection_to_proto"]
+__all__ = ["ATTESTATION_FILE_NAME", "WatermarkServicer", "detection_to_proto", "write_file_at"]
 
 _log = logging.getLogger("modelsec.service")
 # The reserved name inside a model directory that the manifest ignores (modelsec.signer.signing), so the
@@ -98,18 +102,20 @@ class WatermarkServicer(watermark_pb2_grpc.WatermarkServiceServicer):
 
             key = _load_key(wm)
             check()
-            result = embed_model(model_dir, out_dir, key, message, limits=self.limits)
-            # No checkpoint from here on: once the marked copy exists, it gets the attestation the caller
-            # asked for, so a cancelled call never leaves an unattested copy behind.
-            bundle = b""
-            if signer is None:
-                digest = model_root_digests(result.out_dir, limits=self.limits)["sha256"]
-            else:
-                digests, bundle = sign_watermark_attestation(result, signer.backend, limits=self.limits)
-                write_bundle_file(
-                    result.out_dir / ATTESTATION_FILE_NAME, bundle, what="watermark attestation"
-                )
-                digest = digests["sha256"]
+            # Both paths are opened beneath their roots (no link followed) and used through those
+            # descriptors: a directory renamed or exchanged for a link meanwhile cannot redirect the read
+            # or the write.
+            with model_dir.opened() as source, out_dir.opened() as out:
+                result = embed_model(source, out, key, message, limits=self.limits)
+                # No checkpoint from here on: once the marked copy exists, it gets the attestation the
+                # caller asked for, so a cancelled call never leaves an unattested copy behind.
+                bundle = b""
+                if signer is None:
+                    digest = model_root_digests(result.out_dir, limits=self.limits)["sha256"]
+                else:
+                    digests, bundle = sign_watermark_attestation(result, signer.backend, limits=self.limits)
+                    write_file_at(result.out_dir, ATTESTATION_FILE_NAME, bundle, what="watermark attestation")
+                    digest = digests["sha256"]
             return watermark_pb2.EmbedWatermarkResponse(
                 root_digest=digest,
                 bits=result.message_bits,
@@ -147,10 +153,46 @@ class WatermarkServicer(watermark_pb2_grpc.WatermarkServiceServicer):
 
             key = _load_key(wm)
             check()
-            result = detect(model_dir, key, message=message, limits=self.limits)
+            with model_dir.opened() as source:
+                result = detect(source, key, message=message, limits=self.limits)
             return watermark_pb2.DetectWatermarkResponse(detection=detection_to_proto(result))
 
         return await run_blocking(work, context)
+
+
+def write_file_at(directory: Path, name: str, data: bytes, *, what: str) -> None:
+    """Write `directory/name` atomically through a descriptor of `directory` (opened without following it).
+
+    The bytes go to a fresh temporary name created with `O_EXCL | O_NOFOLLOW` in that directory, are
+    synced, and are renamed onto `name` within the same descriptor, so neither step can be redirected by a
+    link planted meanwhile.
+
+    Raises:
+        PolicyError: `directory` is a link or cannot be opened, or the file cannot be written.
+    """
+    try:
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise PolicyError(f"{directory}: cannot open the directory for the {what}: {e.strerror}") from e
+    tmp = f".{name}.{secrets.token_hex(8)}"
+    try:
+        fd = os.open(
+            tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dir_fd
+        )
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dir_fd)
+            raise
+    except OSError as e:
+        raise PolicyError(f"{directory}/{name}: cannot write the {what}: {e.strerror}") from e
+    finally:
+        os.close(dir_fd)
 
 
 def _load_key(wm: WatermarkKeyConfig) -> WatermarkKey:

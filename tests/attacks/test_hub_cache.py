@@ -46,6 +46,14 @@ def _to_hub_layout(model: Path, cache: Path) -> Path:
     return snapshot
 
 
+@pytest.fixture(autouse=True, params=["openat2", "walk"])
+def _resolution(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every hub case with openat2 and with the forced component-by-component O_NOFOLLOW walk."""
+    from modelsec.signer import _openat2
+
+    monkeypatch.setattr(_openat2, "FORCE_FALLBACK", request.param == "walk")
+
+
 @pytest.fixture
 def hub_snapshot(tmp_path: Path, key_dir: Path) -> Path:
     model = write_tiny_model(tmp_path / "src")

@@ -199,3 +199,36 @@ def test_storing_the_attestation_needs_put_access_and_is_checked_first(setup: Se
             )
         )
     assert not out.exists()
+
+
+def test_embed_output_directory_exchange_race(
+    setup: Setup, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`out/team` exchanged for a link out of the write roots between the path check and the write."""
+    from modelsec.service import state as service_state
+    from tests.race_support import exchange
+
+    team = setup.out / "race-team"
+    team.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(elsewhere)
+
+    def attacker(where: object) -> None:
+        if str(getattr(where, "path", where)).startswith(str(team)):
+            exchange(team, link)  # out/race-team is now a link to elsewhere/
+
+    monkeypatch.setattr(service_state, "path_hook", attacker, raising=False)
+    with _client(setup) as c, pytest.raises(VerificationError, match="symlink"):
+        c.embed_watermark(
+            watermark_pb2.EmbedWatermarkRequest(
+                model_path=str(setup.model),
+                out_path=str(team / "marked"),
+                watermark_key="owner",
+                message=MESSAGE,
+                attestation_key_version="ci-p256/1",
+            )
+        )
+    # The old code wrote the marked model (and its attestation) through the link, outside the roots.
+    assert list(elsewhere.iterdir()) == []
