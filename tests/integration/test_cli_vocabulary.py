@@ -255,8 +255,8 @@ _RELEASE = (
     "--gate-config",
     "{gate}",
 )
-_GATE = ("gate", "pgd", "{model}", "--arch", "no_such_pkg:f", "--data", "{gate}", "--eps", "0.1")
-_GATE += ("--min-robust-accuracy", "0.5", "-o", "{OUT}")
+_GATE: tuple[str, ...] = ("gate", "pgd", "{model}", "--arch", "no_such_pkg:f", "--data", "{gate}")
+_GATE += ("--eps", "0.1", "--min-robust-accuracy", "0.5", "-o", "{OUT}")
 _EMBED = ("watermark", "embed", "{wm_model}", "-m", "x", "-o", "{OUT}")
 _REMOTE = ("sign", "{model}", "--key-version", "k/1", "--server", "localhost:1")
 _WEBHOOK = ("webhook", "serve", "--policy", "{policy}", "--store", "{tmp}")
