@@ -22,18 +22,23 @@ from modelsec import __version__
 from modelsec._cli_common import (
     PASSWORD_ENV,
     POLICY_ENV,
+    _digest_str,
     _fail,
     _ignore_paths_option,
     _json_option,
     _key_password_option,
     _key_password_sources,
-    _keys_option,
     _open_signing_key,
+    _option,
     _quiet_option,
     _read_password_source,
+    _reply,
     _server_client,
     _server_options,
     _signatures_option,
+    _signing_keys_option,
+    _trusted_keys_option,
+    _usage_error_reply,
     _write_key_file,
 )
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
@@ -82,37 +87,55 @@ class _Main(click.Group):
 
     A missing optional extra ends any command with one line naming the extra (exit 1); Ctrl-C ends it with
     one line and exit 130 (128 + SIGINT, the shell convention) instead of click's "Aborted!" and exit 1.
+    Under `--json`, each of these and every usage error (exit 2) is the JSON reply of `_reply` instead.
     """
 
     def invoke(self, ctx: click.Context) -> Any:
         from modelsec._lazy import missing_extra
 
         args = list(ctx.args)  # the subcommand's arguments (click empties ctx.args while invoking it)
+        as_json = "--json" in args
         try:
             return super().invoke(ctx)
+        except click.UsageError as e:
+            if not as_json:
+                raise
+            _usage_error_reply(e, self._invoked(ctx, args))
+            ctx.exit(2)
         except KeyboardInterrupt:
-            message = f"modelsec {ctx.invoked_subcommand} interrupted (Ctrl-C)"
-            if "--json" in args:
-                click.echo(json.dumps({"ok": False, "error": {"kind": "Interrupted", "message": message}}))
+            command = self._invoked(ctx, args)
+            message = f"modelsec {command} interrupted (Ctrl-C)"
+            if as_json:
+                _reply(ok=False, kind="Interrupted", message=message, command=command)
             else:
                 click.echo(f"modelsec: error: {message}", err=True)
             ctx.exit(130)
         except ModuleNotFoundError as e:
-            command = ctx.invoked_subcommand or ""
-            extra = missing_extra(e.name, command)
+            command = self._invoked(ctx, args)
+            extra = missing_extra(e.name, command.partition(" ")[0])
             if extra is None:
                 raise
-            if isinstance(self.get_command(ctx, command), click.Group) and args:
-                command = f"{command} {args[0]}"
             message = (
                 f"modelsec {command} needs {e.name}, which is not installed: pip install 'modelsec[{extra}]'"
             )
-            if "--json" in args:
-                error = {"kind": "MissingExtraError", "message": message, "extra": extra}
-                click.echo(json.dumps({"ok": False, "error": error}))
+            if as_json:
+                _reply(
+                    ok=False,
+                    kind="MissingExtraError",
+                    message=message,
+                    error_fields={"extra": extra},
+                    command=command,
+                )
             else:
                 click.echo(f"modelsec: error: {message}", err=True)
             ctx.exit(1)
+
+    def _invoked(self, ctx: click.Context, args: list[str]) -> str:
+        """The words of the command that ran, e.g. `attest list` (`args`: those after the first word)."""
+        command = ctx.invoked_subcommand or ""
+        if isinstance(self.get_command(ctx, command), click.Group) and args and not args[0].startswith("-"):
+            command = f"{command} {args[0]}"
+        return command
 
 
 @click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
@@ -120,8 +143,10 @@ class _Main(click.Group):
 def main() -> None:
     """Sign, watermark, gate and verify sharded safetensors models.
 
-    Typical CI flow: `modelsec keygen`, `modelsec sign MODEL_DIR --key ci.key.pem`; on the deployment side:
-    `modelsec verify MODEL_DIR --key ci.pub.pem`. Exit codes: 0 ok, 1 refused or failed, 2 usage.
+    Typical CI flow: `modelsec keygen`, `modelsec sign MODEL_DIR --signing-key ci.key.pem`; on the
+    deployment side: `modelsec verify MODEL_DIR --trusted-key ci.pub.pem`. Exit codes: 0 ok, 1 refused or
+    failed, 2 usage. Key options say which key: --signing-key (private), --trusted-key (public),
+    --watermark-key, --tls-key/--tls-cert. Every command takes --json (one object on stdout).
     """
     # The node audit lines (`modelsec.audit`) are for serving processes; a command reports on stdout/stderr.
     logging.getLogger("modelsec.audit").addHandler(logging.NullHandler())
@@ -193,16 +218,7 @@ def _keygen(
     except Error as e:
         _fail(e, as_json)
     if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "ok": True,
-                    "algorithm": algorithm,
-                    "private_key": str(private_path),
-                    "public_key": str(public_path),
-                }
-            )
-        )
+        _reply({"algorithm": algorithm, "privateKey": str(private_path), "publicKey": str(public_path)})
     else:
         click.echo(f"wrote {private_path} and {public_path} ({algorithm})")
 
@@ -212,8 +228,9 @@ _TENSOR_DIGESTS = [HashAlgorithm.BLAKE3.value, HashAlgorithm.SHA256.value, HashA
 
 @main.command(name="sign")
 @click.argument("model_dir", type=click.Path(path_type=Path))
-@_keys_option(
-    "Private key PEM (repeatable: one bundle per key). An encrypted key's password: see --key-password."
+@_signing_keys_option(
+    "Private key PEM (repeatable: one bundle per key; old spellings --key, -k). An encrypted key's "
+    "password: see --key-password."
 )
 @_key_password_option
 @click.option(
@@ -232,8 +249,8 @@ _TENSOR_DIGESTS = [HashAlgorithm.BLAKE3.value, HashAlgorithm.SHA256.value, HashA
 )
 @_server_options(required=False)
 @_signatures_option(
-    "Bundle output path, one per key (local --key first, then --key-version, in order; default: model.sig, "
-    "model.p384.sig, model.sm2.sig in MODEL_DIR)."
+    "Bundle output path, one per key (local --signing-key first, then --key-version, in order; default: "
+    "model.sig, model.p384.sig, model.sm2.sig in MODEL_DIR)."
 )
 @click.option(
     "--tensor-digest",
@@ -276,19 +293,20 @@ def _sign(
 ) -> None:
     """Hash every file of MODEL_DIR once and write one signature bundle per key.
 
-    Keys are local PEM files (--key) or key versions held by a modelsec signing service (--server with
+    Keys are local PEM files (--signing-key) or key versions held by a modelsec signing service (--server with
     --key-version): the manifest is built here and only the statement (digests, no weights) is sent; each
     returned bundle is checked to sign exactly that statement with the server's (or the pinned) key.
 
     Without a terminal (CI), unencrypted keys need nothing; each encrypted key takes its password from its
     own --key-password source, else from $MODELSEC_KEY_PASSWORD, e.g.
-    `sign M -k ci-p256.key.pem -k ci-sm2.key.pem --key-password ci-sm2.key.pem=env:SM2_KEY_PASSWORD`.
+    `sign M --signing-key ci-p256.key.pem --signing-key ci-sm2.key.pem
+    --key-password ci-sm2.key.pem=env:SM2_KEY_PASSWORD`.
     """
     from modelsec.signer import sign_model
     from modelsec.signer.signing import relative_ignore_paths
 
     if not keys and not key_versions:
-        raise click.UsageError("give --key, or --server with --key-version")
+        raise click.UsageError("give --signing-key, or --server with --key-version")
     if key_versions and not server:
         raise click.UsageError("--key-version needs --server")
     if pins and len(pins) != len(key_versions):
@@ -329,19 +347,16 @@ def _sign(
         if client is not None:
             client.close()
     if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "ok": True,
-                    "root_digest": result.root_digest,
-                    "files": result.files,
-                    "tensors": result.tensors,
-                    "bundles": [
-                        {"algorithm": b.algorithm.value, "path": str(b.path), "keyid": b.keyid}
-                        for b in result.bundles
-                    ],
-                }
-            )
+        _reply(
+            {
+                "rootDigest": _digest_str(result.root_digest),
+                "files": result.files,
+                "tensors": result.tensors,
+                "bundles": [
+                    {"path": str(b.path), "algorithm": b.algorithm.value, "keyid": b.keyid}
+                    for b in result.bundles
+                ],
+            }
         )
         return
     click.echo(
@@ -369,17 +384,17 @@ def _policy_from_options(
     required: list[SignatureAlgorithm],
     allow_remote_code: bool,
 ) -> Any:
-    """A Policy from --key options, or from --policy / $MODELSEC_POLICY (options can only tighten it)."""
+    """A Policy from --trusted-key options, or from --policy / $MODELSEC_POLICY (options only tighten it)."""
     import dataclasses
 
     from modelsec.policy import Policy, PolicySet
 
     if keys and policy_file:
-        raise click.UsageError("give --key or --policy, not both")
+        raise click.UsageError("give --trusted-key or --policy, not both")
     if keys:
         return Policy.from_key_files(keys, require=required, allow_remote_code=allow_remote_code)
     if not policy_file and not os.environ.get(POLICY_ENV):
-        raise click.UsageError(f"give --key, --policy, or set ${POLICY_ENV}")
+        raise click.UsageError(f"give --trusted-key, --policy, or set ${POLICY_ENV}")
     policy_set = PolicySet.from_file(policy_file) if policy_file else PolicySet.from_env()
     policy = policy_set.for_model(model_path)
     if allow_remote_code and not policy.allow_remote_code:
@@ -399,9 +414,9 @@ def _parse_require(value: str | None) -> list[SignatureAlgorithm]:
 
 @main.command(name="verify")
 @click.argument("model_path", type=click.Path(path_type=Path))
-@_keys_option(
-    "Trusted public key PEM (repeatable). Keys are never taken from the bundle. Without --key, the "
-    f"policy file of --policy or ${POLICY_ENV} decides."
+@_trusted_keys_option(
+    "Trusted public key PEM (repeatable; old spellings --key, -k). Keys are never taken from the bundle. "
+    f"Without --trusted-key, the policy file of --policy or ${POLICY_ENV} decides."
 )
 @click.option(
     "--policy",
@@ -474,27 +489,24 @@ def _verify(
     except Error as e:
         _fail(e, as_json, hint=_signature_hint(e, model_path, signatures))
     if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "ok": True,
-                    "root_digest": result.root_digest,
-                    "files": result.files,
-                    "tensors": result.tensors,
-                    "tensor_digests": result.tensor_digests,
-                    "bytes": result.bytes_hashed,
-                    "bundles": [
-                        {
-                            "path": str(b.path),
-                            "algorithm": b.algorithm.value,
-                            "key": b.key.name,
-                            "keyid": b.key.keyid,
-                        }
-                        for b in result.bundles
-                    ],
-                    "skipped": [str(p) for p in result.skipped],
-                }
-            )
+        _reply(
+            {
+                "rootDigest": _digest_str(result.root_digest),
+                "files": result.files,
+                "tensors": result.tensors,
+                "tensorDigests": result.tensor_digests,
+                "bytesHashed": result.bytes_hashed,
+                "bundles": [
+                    {
+                        "path": str(b.path),
+                        "algorithm": b.algorithm.value,
+                        "key": b.key.name,
+                        "keyid": b.key.keyid,
+                    }
+                    for b in result.bundles
+                ],
+                "skipped": [str(p) for p in result.skipped],
+            }
         )
         return
     algs = ", ".join(f"{b.algorithm.value} ({b.key.name})" for b in result.bundles)
@@ -546,23 +558,30 @@ def _digest(
         _fail(e, as_json)
     m = manifests[algorithm]
     if as_json:
-        click.echo(
-            json.dumps({"ok": True, "root_digest": m.subject_digest["sha256"], "files": len(m.resources)})
+        _reply(
+            {
+                "rootDigest": _digest_str(m.subject_digest["sha256"]),
+                "hashType": hash_type,
+                "files": len(m.resources),
+            }
         )
     else:
-        click.echo(f"sha256:{m.subject_digest['sha256']}")
+        click.echo(_digest_str(m.subject_digest["sha256"]))
 
 
 @main.command(name="inspect")
 @click.argument("model_dir", type=click.Path(path_type=Path))
 @_signatures_option("Bundle to show (repeatable; default: the default names in MODEL_DIR).")
-@_keys_option("Trusted public key: check each bundle's signature and name the key that verifies.")
+@_trusted_keys_option(
+    "Trusted public key PEM (repeatable; old spellings --key, -k): check each bundle's signature and name "
+    "the key that verifies."
+)
 @_json_option
 def _inspect(model_dir: Path, signatures: tuple[Path, ...], keys: tuple[Path, ...], as_json: bool) -> None:
     """Show what MODEL_DIR's bundles sign: files, tensors, hashes, root digest, and by which key.
 
-    Without --key nothing is verified and the output says UNVERIFIED: a bundle's contents are claims until
-    a trusted key checks them. File contents are never hashed here (use `modelsec verify`).
+    Without --trusted-key nothing is verified and the output says UNVERIFIED: a bundle's contents are
+    claims until a trusted key checks them. File contents are never hashed here (use `modelsec verify`).
     """
     from modelsec.signer.keys import load_trusted_key_file
     from modelsec.signer.manifest import parse_manifest
@@ -577,38 +596,56 @@ def _inspect(model_dir: Path, signatures: tuple[Path, ...], keys: tuple[Path, ..
             raise click.UsageError(f"{model_dir}: no bundle found; give --signature")
         for path in paths:
             seen = inspect_bundle(path, trusted, limits=_limits())
-            key = seen.signer
-            signer = f"{key.algorithm.value} ({key.name}, keyid {key.keyid[:16]})" if key else "UNVERIFIED"
             manifest = parse_manifest(seen.statement, what=str(path))
+            hash_type = manifest.hash_type.value
+            root = manifest.subject_digest.get("sha256")
             rows.append(
                 {
-                    "bundle": str(path),
-                    "signed_by": signer,
+                    "path": str(path),
+                    "signer": _signer_json(seen.signer),
                     "hint": seen.bundle.hint,
-                    "hash_type": manifest.hash_type.value,
-                    "root_digest": manifest.subject_digest.get("sha256"),
-                    "subject_digest": dict(manifest.subject_digest),
-                    "files": [{"name": r.name, "digest": r.digest.hex()} for r in manifest.resources],
-                    "ignore_paths": list(manifest.ignore_paths),
-                    "tensor_hash": manifest.tensor_hash.value if manifest.tensor_hash else None,
+                    "hashType": hash_type,
+                    "rootDigest": None if root is None else _digest_str(root),
+                    "subjectDigests": [_digest_str(v, a) for a, v in manifest.subject_digest.items()],
+                    "files": [
+                        {"name": r.name, "digest": _digest_str(r.digest.hex(), hash_type)}
+                        for r in manifest.resources
+                    ],
+                    "ignorePaths": list(manifest.ignore_paths),
+                    "tensorHash": manifest.tensor_hash.value if manifest.tensor_hash else None,
                     "tensors": sum(len(t) for t in manifest.tensors.values()),
                 }
             )
     except Error as e:
         _fail(e, as_json)
     if as_json:
-        click.echo(json.dumps({"ok": True, "bundles": rows}))
+        _reply({"bundles": rows})
         return
     for row in rows:
-        click.echo(f"{row['bundle']}: signed by {row['signed_by']}")
-        click.echo(f"  model root digest sha256:{row['root_digest']}  ({row['hash_type']} manifest)")
+        click.echo(f"{row['path']}: signed by {_signer_text(row['signer'], keyid=True)}")
+        click.echo(f"  model root digest {row['rootDigest']}  ({row['hashType']} manifest)")
         click.echo(
-            f"  {len(row['files'])} files, {row['tensors']} tensors with {row['tensor_hash'] or 'no'} "
+            f"  {len(row['files'])} files, {row['tensors']} tensors with {row['tensorHash'] or 'no'} "
             "per-tensor digests"
         )
         for f in row["files"]:
-            click.echo(f"    {f['digest'][:16]}  {f['name']}")
-        click.echo(f"  ignored: {', '.join(row['ignore_paths'])}")
+            click.echo(f"    {f['digest'].partition(':')[2][:16]}  {f['name']}")
+        click.echo(f"  ignored: {', '.join(row['ignorePaths'])}")
+
+
+def _signer_json(key: Any) -> dict[str, str] | None:
+    """The key that verified a bundle (`algorithm`, `key` name, `keyid`), or None when nothing verified it."""
+    if key is None:
+        return None
+    return {"algorithm": key.algorithm.value, "key": key.name, "keyid": key.keyid}
+
+
+def _signer_text(signer: dict[str, str] | None, *, keyid: bool = False) -> str:
+    if signer is None:
+        return "UNVERIFIED"
+    if keyid:
+        return f"{signer['algorithm']} ({signer['key']}, keyid {signer['keyid'][:16]})"
+    return f"{signer['key']} ({signer['algorithm']})"
 
 
 @main.command(name="release")
@@ -621,17 +658,26 @@ def _inspect(model_dir: Path, signatures: tuple[Path, ...], keys: tuple[Path, ..
     required=True,
     help="Where the released model is written (must not exist or be empty).",
 )
-@_keys_option(
-    "Weights signing key (repeatable: ECDSA and/or SM2); the first also signs the attestations "
-    "unless --attestation-key is given.",
+@_signing_keys_option(
+    "Private key PEM that signs the weights (repeatable: ECDSA and/or SM2; old spellings --key, -k); the "
+    "first also signs the attestations unless --attestation-signing-key is given.",
     required=True,
 )
-@click.option(
-    "--attestation-key", type=click.Path(path_type=Path), help="Key that signs watermark and gate results."
+@_option(
+    "--attestation-signing-key",
+    "attestation_key",
+    aliases=("--attestation-key",),
+    type=click.Path(path_type=Path),
+    metavar="PATH",
+    help="Private key PEM that signs the watermark and gate attestations (old spelling --attestation-key).",
 )
 @_key_password_option
 @click.option(
-    "--watermark-key", type=click.Path(path_type=Path), required=True, help="The owner's watermark key."
+    "--watermark-key",
+    type=click.Path(path_type=Path),
+    required=True,
+    metavar="PATH",
+    help="The owner's secret watermark key file (`modelsec watermark keygen`).",
 )
 @click.option("--message", "-m", required=True, help="Watermark message (text, or hex with a 0x prefix).")
 @click.option(
@@ -676,18 +722,15 @@ def _release(
     except Error as e:
         _fail(e, as_json)
     if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "ok": True,
-                    "out": str(result.out_dir),
-                    "root_digest": result.root_digest,
-                    "bundles": [str(b) for b in result.bundles],
-                    "watermark": str(result.watermark_attestation),
-                    "gate": str(result.gate_attestation),
-                    "robust_accuracy": result.robust_accuracy,
-                }
-            )
+        _reply(
+            {
+                "out": str(result.out_dir),
+                "rootDigest": _digest_str(result.root_digest),
+                "bundles": [str(b) for b in result.bundles],
+                "watermarkAttestation": str(result.watermark_attestation),
+                "gateAttestation": str(result.gate_attestation),
+                "robustAccuracy": result.robust_accuracy,
+            }
         )
         return
     click.echo(f"released {result.out_dir}: model root digest sha256:{result.root_digest}")
@@ -723,10 +766,13 @@ def _attestation_rows(model_dir: Path, store: str | None, keys: tuple[Path, ...]
             opened.close()
     return [
         {
-            "bundle": b.source,
+            "path": str(b.source),
             "predicateType": b.statement.predicate_type,
-            "signed_by": f"{b.signer.name} ({b.signer.algorithm.value})" if b.signer else "UNVERIFIED",
-            "subject": [dict(s.digest) for s in b.statement.subjects],
+            "signer": _signer_json(b.signer),
+            "subjects": [
+                {"name": s.name, "digests": [_digest_str(v, a) for a, v in s.digest.items()]}
+                for s in b.statement.subjects
+            ],
             "predicate": dict(b.statement.predicate),
         }
         for b in seen
@@ -740,25 +786,24 @@ def _attestation_rows(model_dir: Path, store: str | None, keys: tuple[Path, ...]
     help="Also list what an attestation store (a directory or file://, sqlite://, grpc(s):// URI) holds "
     "about the model's digest.",
 )
-@_keys_option("Trusted key: check each signature (role by predicate type; unknown types are refused).")
+@_trusted_keys_option(
+    "Trusted public key PEM (repeatable; old spellings --key, -k): check each signature (role by predicate "
+    "type; unknown types are refused)."
+)
 @_json_option
 def _attest_list(model_dir: Path, store: str | None, keys: tuple[Path, ...], as_json: bool) -> None:
-    """One line per bundle about MODEL_DIR: predicate type, subject, signer (UNVERIFIED without --key)."""
+    """One line per bundle about MODEL_DIR: predicate type, subject, signer (UNVERIFIED without a key)."""
     try:
         rows = _attestation_rows(model_dir, store, keys)
     except Error as e:
         _fail(e, as_json)
     if as_json:
-        click.echo(
-            json.dumps(
-                {"ok": True, "bundles": [{k: v for k, v in r.items() if k != "predicate"} for r in rows]},
-                default=str,
-            )
-        )
+        _reply({"bundles": [{k: v for k, v in r.items() if k != "predicate"} for r in rows]})
         return
     for r in rows:
-        digest = r["subject"][0].get("sha256", "?")[:16]
-        click.echo(f"{r['predicateType']:<45} sha256:{digest}…  {r['signed_by']:<30} {r['bundle']}")
+        digests = [d for s in r["subjects"] for d in s["digests"] if d.startswith("sha256:")]
+        digest = (digests[0] if digests else "sha256:?")[:23]
+        click.echo(f"{r['predicateType']:<45} {digest}…  {_signer_text(r['signer']):<30} {r['path']}")
 
 
 @_attest.command(name="put")
@@ -784,7 +829,7 @@ def _attest_put(bundles: tuple[Path, ...], store: str, as_json: bool) -> None:
     except Error as e:
         _fail(e, as_json)
     if as_json:
-        click.echo(json.dumps({"ok": True, "stored": written}))
+        _reply({"stored": [str(p) for p in written]})
     else:
         for p in written:
             click.echo(f"stored {p}")
@@ -820,10 +865,10 @@ def _attest_push(
             a = response.attestation
             results.append(
                 {
-                    "bundle": str(path),
+                    "path": str(path),
                     "id": a.id,
-                    "root_digest": a.root_digest,
-                    "predicate_type": a.predicate_type,
+                    "rootDigest": _digest_str(a.root_digest),
+                    "predicateType": a.predicate_type,
                     "signer": a.signer,
                     "created": response.created,
                 }
@@ -832,7 +877,7 @@ def _attest_push(
                 state = "stored" if response.created else "already stored"
                 click.echo(f"{state} {path} as {a.id[:16]}… ({a.predicate_type}, signer {a.signer})")
     if as_json:
-        click.echo(json.dumps({"ok": True, "stored": results}))
+        _reply({"stored": results})
 
 
 @_attest.command(name="pull")
@@ -872,9 +917,9 @@ def _attest_pull(
                 a = item.attestation
                 row = {
                     "id": a.id,
-                    "predicate_type": a.predicate_type,
+                    "predicateType": a.predicate_type,
                     "signer": a.signer,
-                    "stored_at": a.stored_at,
+                    "storedAt": a.stored_at,
                 }
                 if target is not None:
                     row["path"] = target.put(item.bundle)[0].source
@@ -886,10 +931,10 @@ def _attest_pull(
         except OSError as e:
             raise click.UsageError(f"cannot write to {out}: {e.strerror}") from e
     if as_json:
-        click.echo(json.dumps({"ok": True, "root_digest": digest, "bundles": rows}))
+        _reply({"rootDigest": _digest_str(digest), "bundles": rows})
         return
     for r in rows:
-        click.echo(f"{r['predicate_type']:<45} {r['signer']:<30} {r.get('path', r['id'])}")
+        click.echo(f"{r['predicateType']:<45} {r['signer']:<30} {r.get('path', r['id'])}")
     if not rows:
         click.echo(f"no stored bundles about sha256:{digest}", err=True)
 
@@ -897,14 +942,24 @@ def _attest_pull(
 @_attest.command(name="show")
 @click.argument("model_dir", type=click.Path(path_type=Path))
 @click.option("--store", help="Also show what an attestation store holds about the model's digest.")
-@_keys_option("Trusted key: check each signature (role by predicate type; unknown types are refused).")
-def _attest_show(model_dir: Path, store: str | None, keys: tuple[Path, ...]) -> None:
-    """Print every bundle's statement about MODEL_DIR as JSON (signer UNVERIFIED without --key)."""
+@_trusted_keys_option(
+    "Trusted public key PEM (repeatable; old spellings --key, -k): check each signature (role by predicate "
+    "type; unknown types are refused)."
+)
+@_json_option
+def _attest_show(model_dir: Path, store: str | None, keys: tuple[Path, ...], as_json: bool) -> None:
+    """Print every bundle's statement about MODEL_DIR as indented JSON (signer null without --trusted-key).
+
+    With --json the same bundles come as the `bundles` field of one JSON reply.
+    """
     try:
         rows = _attestation_rows(model_dir, store, keys)
     except Error as e:
-        _fail(e, False)
-    click.echo(json.dumps(rows, indent=2, default=str))
+        _fail(e, as_json)
+    if as_json:
+        _reply({"bundles": rows})
+    else:
+        click.echo(json.dumps(rows, indent=2, default=str))
 
 
 def _limits() -> Any:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -20,17 +20,23 @@ __all__ = [
     "KEY_PASSWORD_HELP",
     "PASSWORD_ENV",
     "POLICY_ENV",
+    "_command_name",
+    "_digest_str",
     "_fail",
     "_json_option",
     "_key_password_option",
     "_key_password_sources",
-    "_keys_option",
+    "_option",
     "_password",
     "_quiet_option",
     "_read_password_source",
+    "_reply",
     "_server_client",
     "_server_options",
     "_signatures_option",
+    "_signing_keys_option",
+    "_trusted_keys_option",
+    "_usage_error_reply",
     "_write_key_file",
 ]
 
@@ -40,31 +46,123 @@ POLICY_ENV = "MODELSEC_POLICY"
 TOKEN_ENV = "MODELSEC_TOKEN"  # noqa: S105 - the variable name, not a token
 
 
-def _fail(e: Error, as_json: bool, *, hint: str | None = None) -> NoReturn:
+def _command_name(ctx: click.Context | None = None) -> str:
+    """The command's words below the root, e.g. `attest list` (what `command` says in a JSON reply)."""
+    ctx = ctx if ctx is not None else click.get_current_context(silent=True)
+    words: list[str] = []
+    while ctx is not None and ctx.parent is not None:
+        words.append(ctx.command.name or ctx.info_name or "")
+        ctx = ctx.parent
+    return " ".join(reversed(words))
+
+
+def _digest_str(value: str, algorithm: str = "sha256") -> str:
+    """`<algorithm>:<hex>`, the one spelling of a digest in every output (idempotent)."""
+    return value if value.startswith(f"{algorithm}:") else f"{algorithm}:{value}"
+
+
+def _reply(
+    fields: Mapping[str, Any] | None = None,
+    *,
+    ok: bool = True,
+    kind: str | None = None,
+    message: str | None = None,
+    error_fields: Mapping[str, Any] | None = None,
+    command: str | None = None,
+) -> None:
+    """Print the one JSON object of a `--json` reply on stdout.
+
+    The envelope is the same for every command: `ok` (true only for a positive verdict), `command`, the
+    command's own camelCase `fields`, and on failure `error: {kind, message}` with `kind` the modelsec
+    error class name (`UsageError`, `Interrupted` and `MissingExtraError` outside the hierarchy).
+    """
+    doc: dict[str, Any] = {"ok": ok, "command": _command_name() if command is None else command}
+    doc.update(fields or {})
+    if kind is not None:
+        doc["error"] = {"kind": kind, "message": message or "", **(error_fields or {})}
+    click.echo(json.dumps(doc, default=str))
+
+
+def _fail(
+    e: Error, as_json: bool, *, hint: str | None = None, fields: Mapping[str, Any] | None = None
+) -> NoReturn:
+    """Report a modelsec error (one line on stderr, or the JSON envelope with `error`) and exit 1."""
     # The library's messages carry no CLI advice; `hint` is the command's own (e.g. which option to give).
     message = f"{e.diagnostics()} ({hint})" if hint else e.diagnostics()
     if as_json:
-        click.echo(json.dumps({"ok": False, "error": {"kind": type(e).__name__, "message": message}}))
+        _reply(fields, ok=False, kind=type(e).__name__, message=message)
     else:
         click.echo(f"modelsec: error: {message}", err=True)
     sys.exit(1)
 
 
+def _usage_error_reply(e: click.UsageError, command: str) -> None:
+    """The JSON reply to a usage error under `--json` (the caller exits 2); `command` unless `e` names one."""
+    name = _command_name(e.ctx) if e.ctx is not None and e.ctx.parent is not None else command
+    _reply(ok=False, kind="UsageError", message=e.format_message(), command=name)
+
+
 def _json_option(f: F) -> F:
     return click.option(
-        "--json", "as_json", is_flag=True, help="Print one JSON object on stdout (for scripts)."
+        "--json",
+        "as_json",
+        is_flag=True,
+        help="Print one JSON object on stdout (for scripts; fields: see the README).",
     )(f)
 
 
-def _keys_option(help_text: str, *, required: bool = False) -> Callable[[F], F]:
-    """`--key/-k PATH`, repeatable, into the parameter `keys`."""
-    return click.option(
-        "--key",
-        "-k",
+class _Option(click.Option):
+    """A click option with old spellings (`aliases`) that are accepted but not shown in --help."""
+
+    def __init__(self, *args: Any, aliases: tuple[str, ...] = (), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.aliases = aliases
+
+    def _shown(self) -> list[str]:
+        return [o for o in self.opts if o not in self.aliases]
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        opts, self.opts = self.opts, self._shown()
+        try:
+            return super().get_help_record(ctx)
+        finally:
+            self.opts = opts
+
+    def get_error_hint(self, ctx: click.Context | None) -> str:
+        return " / ".join(f"'{o}'" for o in self._shown())
+
+
+def _option(*decls: str, aliases: tuple[str, ...] = (), **kwargs: Any) -> Callable[[F], F]:
+    """`click.option` whose spellings in `aliases` (old names kept working) are hidden from --help."""
+    return click.option(*decls, *aliases, cls=_Option, aliases=aliases, **kwargs)
+
+
+def _signing_keys_option(help_text: str, *, required: bool = False) -> Callable[[F], F]:
+    """`--signing-key PATH` (private key), repeatable, into `keys`; `--key`/`-k` kept as aliases."""
+    return _option(
+        "--signing-key",
         "keys",
+        aliases=("--key", "-k"),
         type=click.Path(path_type=Path),
         multiple=True,
         required=required,
+        metavar="PATH",
+        help=help_text,
+    )
+
+
+def _trusted_keys_option(
+    help_text: str, *, aliases: tuple[str, ...] = ("--key", "-k"), required: bool = False
+) -> Callable[[F], F]:
+    """`--trusted-key PATH` (public key a verdict relies on), repeatable, into `keys`."""
+    return _option(
+        "--trusted-key",
+        "keys",
+        aliases=aliases,
+        type=click.Path(path_type=Path),
+        multiple=True,
+        required=required,
+        metavar="PATH",
         help=help_text,
     )
 
@@ -234,21 +332,26 @@ def _server_options(*, required: bool) -> Callable[[F], F]:
                 metavar="HOST:PORT",
                 help="The modelsec gRPC service (also $MODELSEC_SERVER).",
             ),
-            click.option(
-                "--ca",
+            _option(
+                "--tls-ca",
                 "server_ca",
+                aliases=("--ca",),
                 type=click.Path(path_type=Path, dir_okay=False),
                 help="CA bundle that signed the server certificate (default: the system roots).",
             ),
-            click.option(
-                "--client-cert",
+            _option(
+                "--tls-cert",
+                "client_cert",
+                aliases=("--client-cert",),
                 type=click.Path(path_type=Path, dir_okay=False),
                 help="Client certificate (PEM) for mutual TLS.",
             ),
-            click.option(
-                "--client-key",
+            _option(
+                "--tls-key",
+                "client_key",
+                aliases=("--client-key",),
                 type=click.Path(path_type=Path, dir_okay=False),
-                help="Client private key (PEM) for mutual TLS.",
+                help="Client private key (PEM) for mutual TLS, with --tls-cert.",
             ),
             click.option(
                 "--token-env",
@@ -285,7 +388,7 @@ def _server_client(
         ModuleNotFoundError: The grpc extra is not installed (the root command names the extra).
     """
     if (client_cert is None) != (client_key is None):
-        raise click.UsageError("give both --client-cert and --client-key, or neither")
+        raise click.UsageError("give both --tls-cert and --tls-key, or neither")
     from modelsec.service.client import ChannelOptions, ModelsecClient
 
     options = ChannelOptions(

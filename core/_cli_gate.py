@@ -10,7 +10,6 @@ writes and prints.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 from pathlib import Path
@@ -19,13 +18,17 @@ from typing import Any
 import click
 
 from modelsec._cli_common import (
+    _digest_str,
     _fail,
     _json_option,
     _key_password_option,
     _key_password_sources,
     _open_signing_key,
+    _option,
     _quiet_option,
+    _reply,
     _signatures_option,
+    _trusted_keys_option,
 )
 
 __all__ = ["gate"]
@@ -107,22 +110,21 @@ class _RichProgress:
 @click.option(
     "--no-sanity", is_flag=True, help="Skip the attack-based sanity checks (recorded in the attestation)."
 )
-@click.option(
-    "--key",
-    "-k",
+@_option(
+    "--signing-key",
     "key",
+    aliases=("--key", "-k"),
     type=click.Path(path_type=Path),
     required=True,
-    help="Private key PEM that signs the attestation (an encrypted key's password: see --key-password).",
+    metavar="PATH",
+    help="Private key PEM that signs the attestation (old spellings --key, -k; an encrypted key's password: "
+    "see --key-password).",
 )
 @_key_password_option
-@click.option(
-    "--trust",
-    "trust",
-    type=click.Path(path_type=Path),
-    multiple=True,
+@_trusted_keys_option(
+    "Trusted public key PEM for the weights signatures (repeatable, at least one; old spelling --trust).",
+    aliases=("--trust",),
     required=True,
-    help="Trusted public key PEM for the weights signatures (repeatable).",
 )
 @_signatures_option("Weights signature bundle (repeatable; default: found in MODEL_DIR).")
 @click.option(
@@ -157,7 +159,7 @@ def _pgd(
     no_sanity: bool,
     key: Path,
     key_passwords: tuple[str, ...],
-    trust: tuple[Path, ...],
+    keys: tuple[Path, ...],
     signatures: tuple[Path, ...],
     out: Path,
     as_json: bool,
@@ -165,11 +167,11 @@ def _pgd(
 ) -> None:
     """Verify MODEL_DIR, measure its accuracy under PGD L-infinity, sign the result (exit 1 unless PASSED).
 
-    The model directory is verified with the --trust keys before any weight is loaded; the weights are
+    The model directory is verified with the --trusted-key keys before any weight is loaded; the weights are
     built from the verified bytes. The attestation (subject: the model root digest) is written to --out
     whatever the verdict.
     """
-    from modelsec.errors import Error
+    from modelsec.errors import Error, GateFailedError
 
     sources = _key_password_sources(key_passwords, [key])
     try:
@@ -198,7 +200,7 @@ def _pgd(
             sanity=SanityConfig(enabled=not no_sanity, samples=sanity_samples),
         )
         signer = _open_signing_key(key, sources)
-        policy = Policy.from_key_files(trust)
+        policy = Policy.from_key_files(keys)
         # Under torchrun only rank 0 draws a bar (every rank reports its own share of the work).
         show = not (quiet or as_json) and sys.stderr.isatty() and os.environ.get("RANK", "0") == "0"
         with contextlib.ExitStack() as stack:
@@ -235,17 +237,15 @@ def _pgd(
         sys.exit(0 if outcome.result.passed else 1)
     result = outcome.result
     if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "ok": result.passed,
-                    "verdict": result.verdict,
-                    "root_digest": outcome.root_digest,
-                    "attestation": str(outcome.out) if outcome.out else None,
-                    "result": result.to_json(),
-                }
-            )
-        )
+        fields = {
+            "verdict": result.verdict,
+            "rootDigest": _digest_str(outcome.root_digest),
+            "attestation": str(outcome.out) if outcome.out else None,
+            "result": result.to_json(),
+        }
+        if not result.passed:
+            _fail(GateFailedError(_failed(result)), as_json, fields=fields)
+        _reply(fields)
     else:
         click.echo(f"{result.summary()}")
         click.echo(
@@ -259,3 +259,8 @@ def _pgd(
         click.echo(f"  attestation -> {outcome.out}")
     if not result.passed:
         sys.exit(1)
+
+
+def _failed(result: Any) -> str:
+    """The message of a FAILED verdict: the summary line and the gate's reasons."""
+    return "; ".join([result.summary(), *result.reasons])

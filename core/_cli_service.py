@@ -15,6 +15,8 @@ from pathlib import Path
 
 import click
 
+from modelsec._cli_common import _json_option, _reply
+
 __all__ = ["serve"]
 
 
@@ -35,8 +37,13 @@ __all__ = ["serve"]
     show_default=True,
     help="Structured log level (one JSON line per RPC at info).",
 )
-def serve(config_path: Path, listen: str | None, log_level: str) -> None:
-    """Serve the modelsec.v1 gRPC API (signing, verification, attestation store, watermark, gate)."""
+@_json_option
+def serve(config_path: Path, listen: str | None, log_level: str, as_json: bool) -> None:
+    """Serve the modelsec.v1 gRPC API (signing, verification, attestation store, watermark, gate).
+
+    Once listening it prints one line on stdout, `serving modelsec.v1 on HOST:PORT`, or with --json the
+    reply `{"ok": true, "command": "serve", "listen": "HOST:PORT", "metricsListen": ...}`.
+    """
     import asyncio
     import dataclasses
 
@@ -51,11 +58,15 @@ def serve(config_path: Path, listen: str | None, log_level: str) -> None:
 
     def ready(running: RunningServer) -> None:
         host = running.state.config.listen.rpartition(":")[0]
-        extra = ""
+        metrics = None
         if running.metrics_port is not None:
             mhost = (running.state.config.metrics_listen or "").rpartition(":")[0]
-            extra = f" (metrics on {mhost}:{running.metrics_port})"
-        click.echo(f"serving modelsec.v1 on {host}:{running.port}{extra}")
+            metrics = f"{mhost}:{running.metrics_port}"
+        if as_json:
+            _reply({"listen": f"{host}:{running.port}", "metricsListen": metrics}, command="serve")
+        else:
+            extra = f" (metrics on {metrics})" if metrics else ""
+            click.echo(f"serving modelsec.v1 on {host}:{running.port}{extra}")
         sys.stdout.flush()
 
     try:
@@ -66,6 +77,6 @@ def serve(config_path: Path, listen: str | None, log_level: str) -> None:
             config = dataclasses.replace(config, listen=_listen(listen, "--listen"))
         asyncio.run(run_server(config, on_ready=ready))
     except Error as e:
-        _fail(e, False)
+        _fail(e, as_json)
     except OSError as e:  # a TLS file or the data directory cannot be read or created
-        _fail(BackendUnavailableError(f"{e.filename or config_path}: {e.strerror or e}"), False)
+        _fail(BackendUnavailableError(f"{e.filename or config_path}: {e.strerror or e}"), as_json)

@@ -8,18 +8,21 @@ error, and 2 on usage errors.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
 from modelsec._cli_common import (
+    _digest_str,
     _fail,
     _json_option,
     _key_password_option,
     _key_password_sources,
     _open_signing_key,
+    _option,
+    _reply,
     _write_key_file,
 )
 
@@ -33,8 +36,8 @@ def watermark() -> None:
     """Embed and detect keyed parameter watermarks in safetensors models.
 
     `keygen` writes a secret watermark key (keep it like a private key); `embed` writes a marked copy of a
-    model and, with --sign-key and --attestation, a signed attestation about it; `detect` needs only the key
-    and the suspect model (plus --reference to undo neuron permutation and scaling).
+    model and, with --signing-key and --attestation, a signed attestation about it; `detect` needs only the
+    watermark key and the suspect model (plus --reference to undo neuron permutation and scaling).
     """
 
 
@@ -58,14 +61,25 @@ def _keygen(out: Path, force: bool, as_json: bool) -> None:
     except KeyMaterialError as e:
         _fail(e, as_json)
     if as_json:
-        click.echo(json.dumps({"ok": True, "key_file": str(out)}))
+        _reply({"watermarkKey": str(out)})
     else:
         click.echo(f"wrote watermark key {out} (keep it secret: it can detect and forge the mark)")
 
 
+_watermark_key_option = _option(
+    "--watermark-key",
+    "key_file",
+    aliases=("--key-file", "-k"),
+    type=click.Path(path_type=Path),
+    required=True,
+    metavar="PATH",
+    help="Secret watermark key file (`modelsec watermark keygen`; old spellings --key-file, -k).",
+)
+
+
 @watermark.command(name="embed")
 @click.argument("model_dir", type=click.Path(path_type=Path))
-@click.option("--key-file", "-k", type=click.Path(path_type=Path), required=True, help="Watermark key file.")
+@_watermark_key_option
 @click.option("--message", "-m", required=True, help=_MESSAGE_HELP)
 @click.option(
     "--out",
@@ -75,11 +89,14 @@ def _keygen(out: Path, force: bool, as_json: bool) -> None:
     required=True,
     help="Output directory for the watermarked model (must not exist, or be empty).",
 )
-@click.option(
-    "--sign-key",
+@_option(
+    "--signing-key",
+    "sign_key",
+    aliases=("--sign-key",),
     type=click.Path(path_type=Path),
-    help="Private key PEM that signs the watermark attestation (with --attestation; an encrypted key's "
-    "password: see --key-password).",
+    metavar="PATH",
+    help="Private key PEM that signs the watermark attestation (with --attestation; old spelling "
+    "--sign-key; an encrypted key's password: see --key-password).",
 )
 @_key_password_option
 @click.option(
@@ -120,7 +137,7 @@ def _embed(
     from modelsec.watermark.scheme import WatermarkParams, load_key_file, parse_message
 
     if (sign_key is None) != (attestation is None):
-        raise click.UsageError("--sign-key and --attestation must be given together")
+        raise click.UsageError("--signing-key and --attestation must be given together")
     sources = _key_password_sources(key_passwords, [sign_key] if sign_key else [])
     try:
         key = load_key_file(key_file)
@@ -139,25 +156,22 @@ def _embed(
         _fail(e, as_json)
     d = result.detection
     if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "ok": True,
-                    "out_dir": str(result.out_dir),
-                    "root_digest": digest,
-                    "attestation": None if attestation is None else str(attestation),
-                    "message_bits": result.message_bits,
-                    "code_bits": result.code_bits,
-                    "carriers": result.carriers,
-                    "carrier_tensors": len(result.tensors),
-                    "density_log2": result.density_log2,
-                    "max_relative_change": result.max_relative_change,
-                    "mean_relative_change": result.mean_relative_change,
-                    "relative_l2_change": result.relative_l2_change,
-                    "key_commitment": result.key_commitment,
-                    "detection": d.to_json(),
-                }
-            )
+        _reply(
+            {
+                "out": str(result.out_dir),
+                "rootDigest": None if digest is None else _digest_str(digest),
+                "attestation": None if attestation is None else str(attestation),
+                "messageBits": result.message_bits,
+                "codeBits": result.code_bits,
+                "carriers": result.carriers,
+                "carrierTensors": len(result.tensors),
+                "densityLog2": result.density_log2,
+                "maxRelativeChange": result.max_relative_change,
+                "meanRelativeChange": result.mean_relative_change,
+                "relativeL2Change": result.relative_l2_change,
+                "keyCommitment": result.key_commitment,
+                "detection": d.to_json(),
+            }
         )
         return
     click.echo(
@@ -179,7 +193,7 @@ def _embed(
 
 @watermark.command(name="detect")
 @click.argument("model_dir", type=click.Path(path_type=Path))
-@click.option("--key-file", "-k", type=click.Path(path_type=Path), required=True, help="Watermark key file.")
+@_watermark_key_option
 @click.option(
     "--message",
     "-m",
@@ -226,10 +240,13 @@ def _detect(
     max_false_positive: float,
     as_json: bool,
 ) -> None:
-    """Detect the watermark of KEY_FILE in MODEL_DIR (exit 0 when detected, 1 when not)."""
+    """Detect the watermark of --watermark-key in MODEL_DIR (exit 0 when detected, 1 when not).
+
+    With --json, `ok` is true only when the mark is detected; otherwise `error.kind` is GateFailedError.
+    """
     import hmac
 
-    from modelsec.errors import Error, KeyMaterialError
+    from modelsec.errors import Error, GateFailedError, KeyMaterialError
     from modelsec.watermark.detection import DetectionThresholds, detect
     from modelsec.watermark.scheme import load_key_file, parse_message
 
@@ -264,7 +281,9 @@ def _detect(
     except Error as e:
         _fail(e, as_json)
     if as_json:
-        click.echo(json.dumps({"ok": True, **result.to_json()}))
+        if not result.detected:
+            _fail(GateFailedError(_not_detected(result)), as_json, fields=result.to_json())
+        _reply(result.to_json())
     else:
         verdict = "DETECTED" if result.detected else "NOT DETECTED"
         what = "pilot and message bits" if result.mode == "message" else "pilot bits"
@@ -286,6 +305,13 @@ def _detect(
                 f"of {result.resync.groups} neuron groups against {reference}"
             )
     sys.exit(0 if result.detected else 1)
+
+
+def _not_detected(result: Any) -> str:
+    return (
+        f"watermark not detected: {result.bit_matches}/{result.bits} bits match, confidence "
+        f"{result.confidence:.3f}, false-positive probability {result.false_positive_probability:.3g}"
+    )
 
 
 def _printable(data: bytes) -> str:

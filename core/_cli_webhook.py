@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 
 import click
 
+from modelsec._cli_common import _json_option, _option
+
 if TYPE_CHECKING:
     from modelsec.verifier.stores import AttestationStore
     from modelsec.webhook.review import WebhookConfig
@@ -46,26 +48,42 @@ def webhook() -> None:
     "modelsec gRPC service's AttestationService (grpcs:// with TLS, grpc:// plaintext for development; "
     "bearer token from $MODELSEC_TOKEN).",
 )
-@click.option(
-    "--store-ca",
+@_option(
+    "--store-tls-ca",
+    "store_ca",
+    aliases=("--store-ca",),
     type=click.Path(path_type=Path, dir_okay=False),
     help="CA bundle of the gRPC store's server certificate.",
 )
-@click.option(
-    "--store-client-cert",
+@_option(
+    "--store-tls-cert",
+    "store_client_cert",
+    aliases=("--store-client-cert",),
     type=click.Path(path_type=Path, dir_okay=False),
     help="Client certificate (PEM) for mutual TLS to the gRPC store.",
 )
-@click.option(
-    "--store-client-key",
+@_option(
+    "--store-tls-key",
+    "store_client_key",
+    aliases=("--store-client-key",),
     type=click.Path(path_type=Path, dir_okay=False),
-    help="Client key (PEM) for mutual TLS to the gRPC store.",
+    help="Client private key (PEM) for mutual TLS to the gRPC store, with --store-tls-cert.",
 )
-@click.option(
-    "--cert", type=click.Path(path_type=Path, dir_okay=False), required=True, help="TLS certificate (PEM)."
+@_option(
+    "--tls-cert",
+    "cert",
+    aliases=("--cert",),
+    type=click.Path(path_type=Path, dir_okay=False),
+    required=True,
+    help="The webhook's TLS certificate (PEM; old spelling --cert).",
 )
-@click.option(
-    "--key", type=click.Path(path_type=Path, dir_okay=False), required=True, help="TLS private key (PEM)."
+@_option(
+    "--tls-key",
+    "key",
+    aliases=("--key",),
+    type=click.Path(path_type=Path, dir_okay=False),
+    required=True,
+    help="The webhook's TLS private key (PEM; old spelling --key).",
 )
 @click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")  # noqa: S104
 @click.option("--port", type=click.IntRange(0, 65535), default=8443, show_default=True, help="HTTPS port.")
@@ -98,6 +116,7 @@ def webhook() -> None:
     metavar="NAMESPACE_GLOB",
     help="Namespaces whose workloads must name a model (repeatable glob); others without one are allowed.",
 )
+@_json_option
 def _serve(
     policy: Path,
     store: str,
@@ -112,8 +131,12 @@ def _serve(
     deadline: float,
     cache_ttl: float,
     require_models_in: tuple[str, ...],
+    as_json: bool,
 ) -> None:
-    """Serve POST /validate, /healthz, /readyz and /metrics over HTTPS until SIGTERM."""
+    """Serve POST /validate, /healthz, /readyz and /metrics over HTTPS until SIGTERM.
+
+    With --json, a startup failure is the JSON reply with `error` (the server logs JSON lines on stderr).
+    """
     from modelsec._cli_common import _fail
     from modelsec.errors import BackendUnavailableError, Error
     from modelsec.policy import PolicySet
@@ -138,9 +161,9 @@ def _serve(
         )
         serve(reviewer, cert, key, host=host, port=port)
     except Error as e:
-        _fail(e, False)
+        _fail(e, as_json)
     except OSError as e:  # the address cannot be bound, a TLS file cannot be read
-        _fail(BackendUnavailableError(f"{e.filename or f'{host}:{port}'}: {e.strerror or e}"), False)
+        _fail(BackendUnavailableError(f"{e.filename or f'{host}:{port}'}: {e.strerror or e}"), as_json)
 
 
 def _store(
@@ -155,7 +178,7 @@ def _store(
     channel = None
     if spec.startswith(("grpc://", "grpcs://")):
         if (client_cert is None) != (client_key is None):
-            raise click.UsageError("give both --store-client-cert and --store-client-key, or neither")
+            raise click.UsageError("give both --store-tls-cert and --store-tls-key, or neither")
         from modelsec._cli_common import TOKEN_ENV
         from modelsec.service.client import ChannelOptions
 

@@ -16,13 +16,13 @@ $BIN/modelsec keygen -a ecdsa-p256 -o "$OUT/keys/ci-p256"
 $BIN/modelsec keygen -a sm2 -o "$OUT/keys/ci-sm2"
 
 echo "== 3. sign (one read pass: SHA-256 + SM3 + per-tensor BLAKE3)"
-$BIN/modelsec sign "$MODEL" -k "$OUT/keys/ci-p256.key.pem" -k "$OUT/keys/ci-sm2.key.pem"
+$BIN/modelsec sign "$MODEL" --signing-key "$OUT/keys/ci-p256.key.pem" --signing-key "$OUT/keys/ci-sm2.key.pem"
 
 echo "== 4. verify (both algorithms required)"
-$BIN/modelsec verify "$MODEL" -k "$OUT/keys/ci-p256.pub.pem" -k "$OUT/keys/ci-sm2.pub.pem" --require ecdsa-p256,sm2
+$BIN/modelsec verify "$MODEL" --trusted-key "$OUT/keys/ci-p256.pub.pem" --trusted-key "$OUT/keys/ci-sm2.pub.pem" --require ecdsa-p256,sm2
 
 echo "== 5. verify one shard only (a node holding shard 2 of 3)"
-$BIN/modelsec verify "$MODEL/model-00002-of-00003.safetensors" -k "$OUT/keys/ci-sm2.pub.pem" --require sm2
+$BIN/modelsec verify "$MODEL/model-00002-of-00003.safetensors" --trusted-key "$OUT/keys/ci-sm2.pub.pem" --require sm2
 
 echo "== 6. flip one byte of shard 3 and verify again (must be refused, exit 1)"
 cp -r "$MODEL" "$OUT/tampered"
@@ -34,7 +34,7 @@ data[len(data) // 2] ^= 0x01
 open(p, "wb").write(bytes(data))
 PY
 set +e
-$BIN/modelsec verify "$OUT/tampered" -k "$OUT/keys/ci-p256.pub.pem" -k "$OUT/keys/ci-sm2.pub.pem"
+$BIN/modelsec verify "$OUT/tampered" --trusted-key "$OUT/keys/ci-p256.pub.pem" --trusted-key "$OUT/keys/ci-sm2.pub.pem"
 rc=$?
 set -e
 if [ "$rc" -ne 1 ]; then echo "demo: tampered model was not refused (exit $rc)" >&2; exit 1; fi
@@ -53,7 +53,7 @@ restarts: 1
 minRobustAccuracy: 0.85
 YAML
 PYTHONPATH=examples $BIN/modelsec release "$OUT/lenet5" --out "$OUT/lenet5-released" \
-  -k "$OUT/keys/ci-p256.key.pem" -k "$OUT/keys/ci-sm2.key.pem" \
+  --signing-key "$OUT/keys/ci-p256.key.pem" --signing-key "$OUT/keys/ci-sm2.key.pem" \
   --watermark-key "$OUT/keys/owner.wmkey" -m "modelsec-demo-release" --gate-config "$OUT/gate.yaml"
 
 echo "== 8. deployment policy: both signatures, the watermark and a passed PGD gate at eps >= 0.3"
@@ -70,7 +70,7 @@ policies:
       watermark: {required: true}
 noMatch: deny
 YAML
-$BIN/modelsec attest list "$OUT/lenet5-released" -k "$OUT/keys/ci-p256.pub.pem" -k "$OUT/keys/ci-sm2.pub.pem"
+$BIN/modelsec attest list "$OUT/lenet5-released" --trusted-key "$OUT/keys/ci-p256.pub.pem" --trusted-key "$OUT/keys/ci-sm2.pub.pem"
 $BIN/modelsec verify "$OUT/lenet5-released" --policy "$OUT/policy.yaml"
 
 echo "== 9. load through the verified loader and classify real digits with the verified tensors"

@@ -36,10 +36,10 @@ def test_keygen_sign_verify_digest_round_trip(tiny_model: Path, tmp_path: Path) 
     )
     assert r.returncode == 0, r.stderr
     verified = json.loads(r.stdout)
-    assert verified["ok"] and verified["root_digest"] == signed["root_digest"]
+    assert verified["ok"] and verified["rootDigest"] == signed["rootDigest"]
     assert verified["files"] == 6 and verified["tensors"] == 6
     r = run_cli("digest", tiny_model)
-    assert r.returncode == 0 and r.stdout.strip() == f"sha256:{signed['root_digest']}"
+    assert r.returncode == 0 and r.stdout.strip() == signed["rootDigest"]
 
 
 def test_keygen_refuses_overwrite(tmp_path: Path) -> None:

@@ -82,7 +82,7 @@ def test_pass_writes_a_verifiable_attestation(setup: dict[str, Path], key_dir: P
     assert doc["ok"] is True and doc["verdict"] == "PASSED" and doc["attestation"] == str(out)
     policy = Policy.from_key_files([key_dir / "ecdsa-p256.pub.pem"])
     root = verify_model(setup["model"], policy).root_digest
-    assert doc["root_digest"] == root
+    assert doc["rootDigest"] == f"sha256:{root}"
     bundle = read_bundle(out, Limits())
     verify_bundle_signature(bundle, policy.keys, role="gate")
     statement = parse_statement(bundle.envelope.payload, what=str(out), predicate_type=PREDICATE_TYPE)
@@ -117,7 +117,8 @@ def test_tampered_weights_exit_1_without_running_the_gate(
     r = gate_cli(*args)
     assert r.returncode == 1
     doc = json.loads(r.stdout)
-    assert doc == {"ok": False, "error": {"kind": "DigestMismatchError", "message": doc["error"]["message"]}}
+    error = {"kind": "DigestMismatchError", "message": doc["error"]["message"]}
+    assert doc == {"ok": False, "command": "gate pgd", "error": error}
     assert "model.safetensors" in doc["error"]["message"]
     assert not out.exists()
 

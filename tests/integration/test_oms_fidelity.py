@@ -87,7 +87,7 @@ def test_legacy_byte_order_bundle_keeps_verifying(tmp_path: Path, key_dir: Path)
     new = sign_model(model, [key], tensor_hash=None)
     assert new.root_digest == m.subject_digest["sha256"] != legacy_root
     r = run_cli("digest", model, "--json")
-    assert json.loads(r.stdout)["root_digest"] == new.root_digest
+    assert json.loads(r.stdout)["rootDigest"] == f"sha256:{new.root_digest}"
 
 
 def test_null_and_absent_keyid(tmp_path: Path, key_dir: Path) -> None:
@@ -132,7 +132,7 @@ def test_single_file_both_directions(tmp_path: Path, key_dir: Path) -> None:
     r = run_cli("verify", model, "--key", pub, "--signature", tmp_path / "ours.sig")
     assert r.returncode == 0 and ms_root in r.stdout, r.stderr
     r = run_cli("digest", model, "--json")
-    assert json.loads(r.stdout)["root_digest"] == ms_root
+    assert json.loads(r.stdout)["rootDigest"] == f"sha256:{ms_root}"
 
     data = bytearray(model.read_bytes())
     data[-1] ^= 1
@@ -167,7 +167,7 @@ def test_model_signing_ecdsa_plus_modelsec_sm2(tmp_path: Path, key_dir: Path) ->
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert sorted(b["algorithm"] for b in out["bundles"]) == ["ecdsa-p256", "sm2"]
-    assert out["root_digest"] == _payload(model / "model.sig")["subject"][0]["digest"]["sha256"]  # type: ignore[index]
+    assert out["rootDigest"] == "sha256:" + _payload(model / "model.sig")["subject"][0]["digest"]["sha256"]  # type: ignore[index,operator]
     (model / "tokenizer" / "vocab.json").write_text('{"a": 2}')
     r = run_cli("verify", model, *args, "--require", "ecdsa-p256,sm2")
     assert r.returncode == 1 and "vocab.json" in r.stderr
@@ -233,12 +233,12 @@ def test_digest_equals_verified_root_for_every_hash_type(tmp_path: Path, key_dir
     _ms_sign(model, tmp_path / "b3.sig", priv, hashing=cfg)
     verified = verify_model(model, policy, bundles=[tmp_path / "b3.sig"]).root_digest
     r = run_cli("digest", model, "--hash-type", "blake3", "--json")
-    assert json.loads(r.stdout)["root_digest"] == verified
+    assert json.loads(r.stdout)["rootDigest"] == f"sha256:{verified}"
 
     sign_model(model, [load_private_key_file(priv), load_private_key_file(key_dir / "sm2.key.pem")])
     for hash_type in ("sha256", "sm3"):
         r = run_cli("digest", model, "--hash-type", hash_type, "--json")
-        assert json.loads(r.stdout)["root_digest"] == verify_model(model, policy).root_digest
+        assert json.loads(r.stdout)["rootDigest"] == f"sha256:{verify_model(model, policy).root_digest}"
 
 
 @pytest.mark.parametrize(

@@ -67,7 +67,7 @@ def test_release_then_verified_load(workdir: Path, key_dir: Path) -> None:
     )
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["robust_accuracy"] >= 0.85
+    assert doc["robustAccuracy"] >= 0.85
     assert sorted(p.name for p in out.iterdir()) == [
         "config.json",
         "model.gate.sig",

@@ -34,7 +34,7 @@ def test_keygen_embed_detect_round_trip(model: Path, tmp_path: Path, key_dir: Pa
     key = tmp_path / "wm.key"
     r = run_cli("watermark", "keygen", "-o", key, "--json")
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout) == {"ok": True, "key_file": str(key)}
+    assert json.loads(r.stdout) == {"ok": True, "command": "watermark keygen", "watermarkKey": str(key)}
     assert oct(key.stat().st_mode & 0o777) == "0o600" and len(key.read_bytes()) == 65
     assert key.read_text().strip() not in r.stdout + r.stderr
     assert run_cli("watermark", "keygen", "-o", key).returncode == 2  # never overwritten silently
@@ -58,11 +58,11 @@ def test_keygen_embed_detect_round_trip(model: Path, tmp_path: Path, key_dir: Pa
     )
     assert r.returncode == 0, r.stderr
     embedded = json.loads(r.stdout)
-    assert embedded["ok"] and embedded["detection"]["detected"] and embedded["message_bits"] == 64
-    assert embedded["max_relative_change"] <= 0.25
+    assert embedded["ok"] and embedded["detection"]["detected"] and embedded["messageBits"] == 64
+    assert embedded["maxRelativeChange"] <= 0.25
     assert key.read_text().strip() not in r.stdout + att.read_text()
     digest = run_cli("digest", tmp_path / "marked", "--json")
-    assert json.loads(digest.stdout)["root_digest"] == embedded["root_digest"]
+    assert json.loads(digest.stdout)["rootDigest"] == embedded["rootDigest"]
 
     r = run_cli("watermark", "detect", tmp_path / "marked", "--key-file", key)
     assert r.returncode == 0, r.stderr
@@ -81,7 +81,8 @@ def test_keygen_embed_detect_round_trip(model: Path, tmp_path: Path, key_dir: Pa
     r = run_cli("watermark", "detect", model, "--key-file", key, "--json")
     assert r.returncode == 1
     report = json.loads(r.stdout)
-    assert report["ok"] and not report["detected"] and report["falsePositiveProbability"] > 1e-6
+    assert report["ok"] is False and report["error"]["kind"] == "GateFailedError"
+    assert not report["detected"] and report["falsePositiveProbability"] > 1e-6
     other = tmp_path / "other.key"
     other.write_text(os.urandom(32).hex())
     r = run_cli("watermark", "detect", tmp_path / "marked", "--key-file", other)
@@ -146,6 +147,6 @@ def test_bad_inputs_give_one_line_diagnostics(model: Path, tmp_path: Path) -> No
         err = json.loads(r.stdout)
         assert err["ok"] is False and err["error"]["kind"] == kind and needle in err["error"]["message"]
     r = run_cli("watermark", "embed", model, "-k", key, "-m", "m", "-o", tmp_path / "o2", "--sign-key", key)
-    assert r.returncode == 2 and "--sign-key and --attestation" in r.stderr
+    assert r.returncode == 2 and "--signing-key and --attestation" in r.stderr
     r = run_cli("watermark", "detect", model, "-k", key, "-m", "x", "--message-bits", "8")
     assert r.returncode == 2

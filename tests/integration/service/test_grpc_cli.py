@@ -42,14 +42,14 @@ def test_remote_signing_is_verified_like_local_signing(
     r = run_cli(
         "sign", local, "--key", key_dir / "ecdsa-p256.key.pem", "--key", key_dir / "sm2.key.pem", "--json"
     )
-    assert json.loads(r.stdout)["root_digest"] == signed["root_digest"]
+    assert json.loads(r.stdout)["rootDigest"] == signed["rootDigest"]
     for model in (remote, local):
         r = run_cli(
             "verify", model, "--key", key_dir / "ecdsa-p256.pub.pem", "--key", key_dir / "sm2.pub.pem",
             "--require", "ecdsa-p256,sm2", "--json",
         )  # fmt: skip
         assert r.returncode == 0, r.stderr
-        assert json.loads(r.stdout)["root_digest"] == signed["root_digest"]
+        assert json.loads(r.stdout)["rootDigest"] == signed["rootDigest"]
     # Same statement bytes; only the (randomised) signatures differ.
     for name in ("model.sig", "model.sm2.sig"):
         remote_doc = json.loads((remote / name).read_text())
@@ -84,7 +84,7 @@ def test_pinning_a_different_key_refuses_to_sign(
     ("args", "message"),
     [
         (["--key-version", "ci-p256/1"], "--key-version needs --server"),
-        ([], "give --key, or --server with --key-version"),
+        ([], "give --signing-key, or --server with --key-version"),
         (
             ["--server", "x:1", "--key-version", "a/1", "--pin-key", "p", "--pin-key", "q"],
             "one --pin-key per",
@@ -110,7 +110,7 @@ def test_unknown_key_version_and_unreachable_server(tmp_path: Path, server: InTh
 def test_attest_push_and_pull(tmp_path: Path, server: InThreadServer, key_dir: Path) -> None:
     model = write_tiny_model(tmp_path / "m")
     r = run_cli("sign", model, "--key", key_dir / "ecdsa-p256.key.pem", "--json")
-    digest = json.loads(r.stdout)["root_digest"]
+    digest = json.loads(r.stdout)["rootDigest"].removeprefix("sha256:")
     r = run_cli("attest", "push", model / "model.sig", "--server", server.target, "--plaintext")
     assert r.returncode == 0 and r.stdout.startswith("stored "), r.stderr
     r = run_cli("attest", "push", model / "model.sig", "--server", server.target, "--plaintext", "--json")

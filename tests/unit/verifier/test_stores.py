@@ -125,4 +125,4 @@ def test_attest_list_refuses_an_unknown_predicate_type_like_the_verifier(
     result = CliRunner().invoke(main, ["attest", "list", str(tiny_model), "--json"])
     assert result.exit_code == 0, result.output
     (row,) = json.loads(result.output)["bundles"]
-    assert row["signed_by"] == "UNVERIFIED"
+    assert row["signer"] is None
