@@ -110,6 +110,13 @@ def webhook() -> None:
     help="Positive-cache TTL (s).",
 )
 @click.option(
+    "--cache-on-outage",
+    type=click.Choice(["deny", "serve"]),
+    default="deny",
+    show_default=True,
+    help="When the store cannot be read: deny (even a cached model), or serve an unexpired cached allow.",
+)
+@click.option(
     "--require-models-in",
     "require_models_in",
     multiple=True,
@@ -130,6 +137,7 @@ def _serve(
     mode: str,
     deadline: float,
     cache_ttl: float,
+    cache_on_outage: str,
     require_models_in: tuple[str, ...],
     as_json: bool,
 ) -> None:
@@ -142,7 +150,7 @@ def _serve(
     from modelsec.policy import PolicySet
 
     # Without the webhook extra this raises ModuleNotFoundError; the root command names the extra.
-    from modelsec.webhook.review import Mode, Reviewer, WebhookConfig
+    from modelsec.webhook.review import CacheOnOutage, Mode, Reviewer, WebhookConfig
     from modelsec.webhook.server import serve
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
@@ -152,6 +160,7 @@ def _serve(
             mode=Mode(mode),
             deadline_seconds=deadline,
             cache_ttl_seconds=cache_ttl,
+            cache_on_outage=CacheOnOutage(cache_on_outage),
             require_models_in=require_models_in,
         )
         reviewer = Reviewer(
