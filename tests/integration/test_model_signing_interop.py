@@ -68,7 +68,7 @@ def test_we_verify_model_signing_bundle(tmp_path: Path, key_dir: Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     r = run_cli("verify", model, "--key", key_dir / "ecdsa-p256.pub.pem", "--json")
     assert r.returncode == 0, r.stderr
-    assert '"tensor_digests": 0' in r.stdout  # plain OMS bundle: whole files verified
+    assert '"tensorDigests": 0' in r.stdout  # plain OMS bundle: whole files verified
     r = run_cli("verify", model, "--key", key_dir / "other.pub.pem")
     assert r.returncode == 1 and "signature" in r.stderr
 
