@@ -18,6 +18,7 @@ is the JSON Schema published under `schemas/` for editors.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -183,12 +184,23 @@ def _describe(err: Any) -> str:
         return "must be a non-empty string"
     if kind == "too_short":
         return "must not be empty"
+    if kind == "float_type" and isinstance(value, str) and _looks_numeric(value):
+        # PyYAML follows YAML 1.1, where an exponent needs a dot in the mantissa: `1e-9` is text.
+        return f"must be a number, not the text {value!r} (YAML reads 1e-9 as text: write 1.0e-9)"
     if kind == "finite_number":
         return f"must be a finite number, got {_shown(value)}"
-    text = err["msg"].replace("Input should be", "must be").replace("Value should be", "must be")
+    text = re.sub(r"^\w+ should ", "must ", err["msg"])  # "Input should be", "String should match", ...
     if kind.endswith("_type"):
         return f"{text}, not {type(value).__name__}"
     return f"{text}, got {_shown(value)}"
+
+
+def _looks_numeric(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _shown(value: object) -> str:

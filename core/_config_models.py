@@ -361,4 +361,19 @@ class _NoNullSchema(GenerateJsonSchema):
 def json_schema(model: type[_Base], schema_id: str) -> dict[str, Any]:
     """The published JSON Schema of a configuration file model (draft 2020-12, aliases as field names)."""
     schema = model.model_json_schema(by_alias=True, schema_generator=_NoNullSchema)
+    _tidy(schema)
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": schema_id, **schema}
+
+
+def _tidy(node: object) -> None:
+    """Drop the generated per-field titles (`Minrobustaccuracy`) and optional fields' `null` defaults."""
+    if isinstance(node, dict):
+        for prop in (node.get("properties") or {}).values():
+            prop.pop("title", None)
+            if "default" in prop and prop["default"] is None:
+                del prop["default"]
+        for value in node.values():
+            _tidy(value)
+    elif isinstance(node, list):
+        for value in node:
+            _tidy(value)

@@ -30,7 +30,7 @@ policies:
     attestations:
       robustness: {attack: pgd-linf, minEps: 0.03, minRobustAccuracy: 0.85, rule: strict, minSamples: 500,
                    maxAge: 30d}
-      watermark: {required: true, minConfidence: 0.92, maxFalsePositive: 1e-9}
+      watermark: {required: true, minConfidence: 0.92, maxFalsePositive: 1.0e-9}
     attestationStore: /var/lib/modelsec/attestations  # besides model.watermark.sig / model.gate.sig; a
                                                       # path or file:// | sqlite:// | grpc(s):// URI
                                                       # (`attestationDir`: the older name, a path)
