@@ -50,6 +50,7 @@ class ConfigModel(BaseModel):
         alias_generator=to_camel,
         populate_by_name=False,
         hide_input_in_errors=False,
+        defer_build=True,  # a process builds only the validators of the files it reads
     )
 
 

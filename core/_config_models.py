@@ -35,17 +35,16 @@ from modelsec.limits import SAFETENSORS_MAX_HEADER_SIZE, Limits
 __all__ = [
     "API_VERSION",
     "MAX_AGE_SECONDS",
-    "ROLES",
     "GateSpecModel",
     "KeyRefModel",
     "PolicyFileModel",
     "PolicyModel",
+    "Role",
     "ServerConfigModel",
     "json_schema",
 ]
 
-API_VERSION = "modelsec.dev/v1alpha1"
-ROLES = frozenset({"weights", "watermark", "gate"})
+API_VERSION = "modelsec.dev/v1alpha1"  # equal to modelsec.policy.API_VERSION (a test checks)
 MAX_AGE_SECONDS = (
     100 * 365 * 86400
 )  # a century: beyond it `maxAge` is a typo (or inf) that disables freshness

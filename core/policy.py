@@ -47,21 +47,15 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from modelsec._config import read_config, validate
-from modelsec._config_models import (
-    API_VERSION,
-    ROLES,
-    KeyRefModel,
-    PolicyFileModel,
-    PolicyModel,
-    RobustnessModel,
-    WatermarkModel,
-)
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
 from modelsec.errors import Error, PolicyError, PolicyViolationError
 from modelsec.limits import Limits
 from modelsec.signer.keys import TrustedKey, load_trusted_key_file
+
+if TYPE_CHECKING:  # pydantic is imported when a file is parsed, not by every `import modelsec.policy`
+    from modelsec._config_models import KeyRefModel, PolicyModel, RobustnessModel, WatermarkModel
 
 __all__ = [
     "API_VERSION",
@@ -74,7 +68,9 @@ __all__ = [
     "model_uri",
 ]
 
+API_VERSION = "modelsec.dev/v1alpha1"  # the `apiVersion` of every modelsec configuration file
 POLICY_ENV = "MODELSEC_POLICY"
+ROLES = frozenset({"weights", "watermark", "gate"})  # what a trusted key may sign
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +257,8 @@ class PolicySet:
                 and the field path).
             KeyMaterialError: A listed key cannot be read or parsed.
         """
+        from modelsec._config import read_config
+
         raw, doc = read_config(path, "policy file")
         parsed = cls.from_mapping(doc, base_dir=path.parent, source=str(path))
         return dataclasses.replace(parsed, digest=hashlib.sha256(raw).hexdigest())
@@ -286,6 +284,9 @@ class PolicySet:
             PolicyError: Invalid document (the message names the field path).
             KeyMaterialError: A listed key cannot be read or parsed.
         """
+        from modelsec._config import validate
+        from modelsec._config_models import PolicyFileModel
+
         model = validate(PolicyFileModel, doc, source)
         entries = []
         names: set[str] = set()

@@ -193,3 +193,21 @@ def test_server_config_null_and_numbers(tmp_path: Path) -> None:
     path.write_text(base + "allowAnonymous: true\ntls:\n")
     with pytest.raises(PolicyError, match="tls must not be null"):
         load_server_config(path)
+
+
+def test_model_constants_match_the_policy_module() -> None:
+    from typing import get_args
+
+    from modelsec import _config_models
+    from modelsec.policy import API_VERSION, ROLES
+
+    assert _config_models.API_VERSION == API_VERSION and set(get_args(_config_models.Role)) == ROLES
+    for name, _ in SCHEMAS.values():
+        schema = json.loads((REPO / "schemas" / name).read_text())
+        assert schema["properties"]["apiVersion"]["const"] == API_VERSION
+
+
+def test_importing_the_policy_module_does_not_import_pydantic() -> None:
+    """The runtime guard imports modelsec.policy in every process; pydantic only once a file is parsed."""
+    code = "import sys, modelsec.policy; print('pydantic' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout == "False\n"
