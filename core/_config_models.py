@@ -41,6 +41,7 @@ __all__ = [
     "PolicyModel",
     "Role",
     "ServerConfigModel",
+    "check_listen",
     "json_schema",
 ]
 
@@ -75,7 +76,8 @@ def _no_control(value: str) -> str:
     return value
 
 
-def _listen(value: str) -> str:
+def check_listen(value: str) -> str:
+    """`value` if it is `HOST:PORT` with a port up to 65535, else ValueError."""
     if not re.fullmatch(_LISTEN[1:-1], value):
         raise ValueError(f"must be HOST:PORT, got {value!r}")
     if int(value.rsplit(":", 1)[1]) > 65535:
@@ -122,7 +124,7 @@ Text = Annotated[str, Field(min_length=1)]
 Role = Literal["weights", "watermark", "gate"]
 _PRINTABLE = {"type": "string", "minLength": 1, "pattern": r"^[^\x00-\x1f\x7f-\x9f]+$"}
 Pattern = Annotated[str, Field(min_length=1), AfterValidator(_no_control), WithJsonSchema(_PRINTABLE)]
-Listen = Annotated[str, AfterValidator(_listen), WithJsonSchema({"type": "string", "pattern": _LISTEN})]
+Listen = Annotated[str, AfterValidator(check_listen), WithJsonSchema({"type": "string", "pattern": _LISTEN})]
 Store = Annotated[str, AfterValidator(_store), WithJsonSchema(_PRINTABLE)]
 Name = Annotated[str, AfterValidator(_name), WithJsonSchema({"type": "string", "pattern": _NAME})]
 Fraction = Annotated[float, Field(ge=0.0, le=1.0)]

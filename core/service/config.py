@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from modelsec._config import read_config, validate
-from modelsec._config_models import AccessModel, ServerConfigModel
+from modelsec._config_models import AccessModel, ServerConfigModel, check_listen
 from modelsec.errors import PolicyError
 
 __all__ = [
@@ -195,6 +195,20 @@ def identity_allowed(identity: str, patterns: Sequence[str]) -> bool:
 
 def _path(value: str, base: Path) -> Path:
     return Path(value) if os.path.isabs(value) else base / value
+
+
+def _listen(value: object, where: str) -> str:
+    """Check a `HOST:PORT` listen address given outside the file (`modelsec serve --listen`).
+
+    Raises:
+        PolicyError: Not `HOST:PORT`, or a port above 65535 (the message starts with `where`).
+    """
+    try:
+        if not isinstance(value, str):
+            raise ValueError(f"must be HOST:PORT, got {value!r}")
+        return check_listen(value)
+    except ValueError as e:
+        raise PolicyError(f"{where} {e}") from None
 
 
 def load_server_config(path: Path) -> ServerConfig:
