@@ -8,8 +8,10 @@ Two levels:
 * `PolicySet` is the policy *file* (YAML or JSON, `apiVersion: modelsec.dev/v1alpha1`, `kind: ModelPolicy`):
   named policies, each matching model references by glob (`oci://registry/models/**`,
   `file:///models/**`; a local directory is matched as `file://<real path>`), and `noMatch: deny`. It is
-  validated strictly: unknown fields, duplicate keys, wrong types and unreadable keys are `PolicyError`s
-  naming the field. Loaded from a path or from `$MODELSEC_POLICY`.
+  validated strictly (`modelsec._config_models.PolicyFileModel`, published as
+  `schemas/model-policy.schema.json`): unknown fields, duplicate keys, wrong types, `null` values and
+  unreadable keys are `PolicyError`s naming the file and the field path. Loaded from a path or from
+  `$MODELSEC_POLICY`.
 
 Example:
 ```yaml
@@ -28,7 +30,7 @@ policies:
     attestations:
       robustness: {attack: pgd-linf, minEps: 0.03, minRobustAccuracy: 0.85, rule: strict, minSamples: 500,
                    maxAge: 30d}
-      watermark: {required: true, minConfidence: 0.92, maxFalsePositive: 1e-9}
+      watermark: {required: true, minConfidence: 0.92, maxFalsePositive: 1.0e-9}
     attestationStore: /var/lib/modelsec/attestations  # besides model.watermark.sig / model.gate.sig; a
                                                       # path or file:// | sqlite:// | grpc(s):// URI
                                                       # (`attestationDir`: the older name, a path)
@@ -43,18 +45,22 @@ import hashlib
 import os
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
 from modelsec.errors import Error, PolicyError, PolicyViolationError
-from modelsec.limits import SAFETENSORS_MAX_HEADER_SIZE, Limits
+from modelsec.limits import Limits
 from modelsec.signer.keys import TrustedKey, load_trusted_key_file
+
+if TYPE_CHECKING:  # pydantic is imported when a file is parsed, not by every `import modelsec.policy`
+    from modelsec._config_models import KeyRefModel, PolicyModel, RobustnessModel, WatermarkModel
 
 __all__ = [
     "API_VERSION",
     "POLICY_ENV",
+    "ROLES",
     "Policy",
     "PolicySet",
     "RobustnessRequirement",
@@ -62,10 +68,9 @@ __all__ = [
     "model_uri",
 ]
 
-API_VERSION = "modelsec.dev/v1alpha1"
+API_VERSION = "modelsec.dev/v1alpha1"  # the `apiVersion` of every modelsec configuration file
 POLICY_ENV = "MODELSEC_POLICY"
-ROLES = frozenset({"weights", "watermark", "gate"})
-_MAX_POLICY_BYTES = 1 << 20
+ROLES = frozenset({"weights", "watermark", "gate"})  # what a trusted key may sign
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +187,7 @@ def _glob_regex(pattern: str) -> re.Pattern[str]:
 
     "Anything" includes a line feed and every other character, for `*` and `**` alike (the regex is compiled
     with DOTALL): a directory name holding a line feed is matched like any other. Patterns themselves may
-    not hold control characters (`_parse_policy` refuses them).
+    not hold control characters (`PolicyModel.match` refuses them).
     """
     out = []
     i = 0
@@ -248,17 +253,14 @@ class PolicySet:
         """Load and validate a YAML or JSON policy file; key paths are relative to its directory.
 
         Raises:
-            PolicyError: Unreadable, not YAML/JSON, or invalid (the message names the field).
+            PolicyError: Unreadable, larger than 1 MiB, not YAML/JSON, or invalid (the message names the file
+                and the field path).
             KeyMaterialError: A listed key cannot be read or parsed.
         """
-        try:
-            with open(path, "rb") as f:
-                raw = f.read(_MAX_POLICY_BYTES + 1)
-        except OSError as e:
-            raise PolicyError(f"{path}: cannot read the policy file: {e.strerror}") from e
-        if len(raw) > _MAX_POLICY_BYTES:
-            raise PolicyError(f"{path}: policy file larger than {_MAX_POLICY_BYTES} bytes")
-        parsed = cls.from_mapping(_load_yaml(raw, str(path)), base_dir=path.parent, source=str(path))
+        from modelsec._config import read_config
+
+        raw, doc = read_config(path, "policy file")
+        parsed = cls.from_mapping(doc, base_dir=path.parent, source=str(path))
         return dataclasses.replace(parsed, digest=hashlib.sha256(raw).hexdigest())
 
     @classmethod
@@ -276,83 +278,79 @@ class PolicySet:
 
     @classmethod
     def from_mapping(cls, doc: object, *, base_dir: Path, source: str) -> PolicySet:
-        """Validate a parsed policy document.
+        """Validate a parsed policy document (`modelsec._config_models.PolicyFileModel`).
 
         Raises:
-            PolicyError: Invalid document (the message names the field).
+            PolicyError: Invalid document (the message names the field path).
             KeyMaterialError: A listed key cannot be read or parsed.
         """
-        top = _mapping(
-            doc, source, {"apiVersion", "kind", "policies", "noMatch"}, required={"apiVersion", "kind"}
-        )
-        if top["apiVersion"] != API_VERSION:
-            raise PolicyError(f"{source}: apiVersion must be {API_VERSION!r}, got {top['apiVersion']!r}")
-        if top["kind"] != "ModelPolicy":
-            raise PolicyError(f"{source}: kind must be 'ModelPolicy', got {top['kind']!r}")
-        if top.get("noMatch", "deny") != "deny":
-            raise PolicyError(f"{source}: noMatch must be 'deny' (an unmatched model is never trusted)")
-        raw_policies = top.get("policies", [])
-        if not isinstance(raw_policies, list) or not raw_policies:
-            raise PolicyError(f"{source}: policies must be a non-empty list")
+        from modelsec._config import validate
+        from modelsec._config_models import PolicyFileModel
+
+        model = validate(PolicyFileModel, doc, source)
         entries = []
         names: set[str] = set()
-        for i, item in enumerate(raw_policies):
-            entry = _parse_policy(item, f"{source}: policies[{i}]", base_dir)
-            if entry.policy.name in names:
-                raise PolicyError(f"{source}: policies[{i}].name {entry.policy.name!r} is used twice")
-            names.add(entry.policy.name)
-            entries.append(entry)
+        for i, item in enumerate(model.policies):
+            where = f"{source}: policies[{i}]"
+            if item.name in names:
+                raise PolicyError(f"{where}.name {item.name!r} is used twice")
+            names.add(item.name)
+            entries.append(_Entry(tuple(_glob_regex(p) for p in item.match), _policy(item, where, base_dir)))
         return cls(tuple(entries), source)
 
 
-_POLICY_FIELDS = {
-    "name",
-    "match",
-    "keys",
-    "requireAlgorithms",
-    "requireDigest",
-    "checkHashes",
-    "allowRemoteCode",
-    "refusePickle",
-    "limits",
-    "attestations",
-    "attestationDir",
-    "attestationStore",
-}
-_ROBUSTNESS_FIELDS = {"attack", "minEps", "minRobustAccuracy", "rule", "minSamples", "maxAge"}
-_WATERMARK_FIELDS = {"required", "minConfidence", "maxFalsePositive", "keyFile"}
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
-_MAX_AGE_SECONDS = (
-    100 * 365 * 86400
-)  # a century: beyond it `maxAge` is a typo (or inf) that disables freshness
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_LIMIT_FIELDS = {
-    "maxFiles": "max_files",
-    "maxDepth": "max_depth",
-    "maxSafetensorsHeaderBytes": "max_safetensors_header_bytes",
-    "maxTensorsPerFile": "max_tensors_per_file",
-    "maxBundleBytes": "max_bundle_bytes",
-    "maxJsonSideFileBytes": "max_json_side_file_bytes",
-    "maxPathBytes": "max_path_bytes",
-    "hashChunkBytes": "hash_chunk_bytes",
-}
+def _policy(item: PolicyModel, where: str, base_dir: Path) -> Policy:
+    """A validated policy entry as a `Policy`: keys loaded, paths resolved against `base_dir`."""
+    return Policy(
+        keys=tuple(_load_key(k, f"{where}.keys[{j}]", base_dir) for j, k in enumerate(item.keys)),
+        require_algorithms=frozenset(item.require_algorithms),
+        allow_remote_code=item.allow_remote_code,
+        refuse_pickle=item.refuse_pickle,
+        check_hashes=frozenset(item.check_hashes),
+        limits=Limits(**{k: v for k, v in item.limits.model_dump().items() if v is not None}),
+        name=item.name,
+        robustness=_robustness(item.attestations.robustness),
+        watermark=_watermark(item.attestations.watermark, base_dir),
+        attestation_store=_store(item, where, base_dir),
+        require_digest=item.require_digest,
+    )
 
 
-def _parse_store(doc: Mapping[str, Any], where: str, base_dir: Path) -> str | None:
+def _robustness(r: RobustnessModel | None) -> RobustnessRequirement | None:
+    if r is None:
+        return None
+    return RobustnessRequirement(
+        attack=r.attack,
+        min_eps=r.min_eps,
+        min_robust_accuracy=r.min_robust_accuracy,
+        rule=r.rule,
+        min_samples=r.min_samples,
+        max_age_seconds=r.max_age,
+    )
+
+
+def _watermark(w: WatermarkModel | None, base_dir: Path) -> WatermarkRequirement | None:
+    if w is None or not w.required:
+        return None
+    return WatermarkRequirement(
+        min_confidence=w.min_confidence,
+        max_false_positive=w.max_false_positive,
+        key_file=(base_dir / w.key_file) if w.key_file else None,
+    )
+
+
+def _store(item: PolicyModel, where: str, base_dir: Path) -> str | None:
     """`attestationStore` (a path or store URI) or its older name `attestationDir` (a path).
 
     A relative path (plain, or after `file://` / `sqlite://`) is resolved against the policy file's
     directory; the scheme itself is checked when the store is opened (`modelsec.verifier.stores`).
     """
-    if "attestationStore" in doc and "attestationDir" in doc:
+    if item.attestation_store is not None and item.attestation_dir is not None:
         raise PolicyError(f"{where}: give attestationStore or attestationDir (its older name), not both")
-    name = "attestationStore" if "attestationStore" in doc else "attestationDir"
-    store = doc.get(name)
+    name = "attestationStore" if item.attestation_store is not None else "attestationDir"
+    store = item.attestation_store if item.attestation_store is not None else item.attestation_dir
     if store is None:
         return None
-    if not isinstance(store, str) or not store or _CONTROL.search(store):
-        raise PolicyError(f"{where}.{name} must be a path or a store URI")
     scheme, sep, target = store.partition("://")
     if not sep:
         return str(base_dir / store)
@@ -365,215 +363,13 @@ def _parse_store(doc: Mapping[str, Any], where: str, base_dir: Path) -> str | No
     return store
 
 
-def _parse_policy(item: object, where: str, base_dir: Path) -> _Entry:
-    doc = _mapping(item, where, _POLICY_FIELDS, required={"name", "match", "keys"})
-    name = doc["name"]
-    if not isinstance(name, str) or not name:
-        raise PolicyError(f"{where}.name must be a non-empty string")
-    match = _string_list(doc["match"], f"{where}.match")
-    for j, pattern in enumerate(match):
-        if _CONTROL.search(pattern):
-            raise PolicyError(f"{where}.match[{j}] {pattern!r} holds a control character")
-    keys = tuple(
-        _parse_key(k, f"{where}.keys[{j}]", base_dir)
-        for j, k in enumerate(_list(doc["keys"], f"{where}.keys"))
-    )
-    if not keys:
-        raise PolicyError(f"{where}.keys must list at least one key")
-    require = _enum_list(doc.get("requireAlgorithms", []), SignatureAlgorithm, f"{where}.requireAlgorithms")
-    hashes = _enum_list(doc.get("checkHashes", []), HashAlgorithm, f"{where}.checkHashes")
-    for field_name in ("allowRemoteCode", "refusePickle", "requireDigest"):
-        if field_name in doc and not isinstance(doc[field_name], bool):
-            raise PolicyError(f"{where}.{field_name} must be true or false")
-    limits = _parse_limits(doc.get("limits", {}), f"{where}.limits")
-    robustness, watermark = _parse_attestations(
-        doc.get("attestations", {}), f"{where}.attestations", base_dir
-    )
-    store = _parse_store(doc, where, base_dir)
-    policy = Policy(
-        keys=keys,
-        require_algorithms=frozenset(require),
-        allow_remote_code=doc.get("allowRemoteCode", False),
-        refuse_pickle=doc.get("refusePickle", True),
-        check_hashes=frozenset(hashes),
-        limits=limits,
-        name=name,
-        robustness=robustness,
-        watermark=watermark,
-        attestation_store=store,
-        require_digest=doc.get("requireDigest", True),
-    )
-    return _Entry(tuple(_glob_regex(p) for p in match), policy)
-
-
-def _number(doc: Mapping[str, Any], key: str, where: str, default: float, low: float, high: float) -> float:
-    value = doc.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise PolicyError(f"{where}.{key} must be a number in [{low}, {high}]")
-    return float(value)
-
-
-def _parse_attestations(
-    item: object, where: str, base_dir: Path
-) -> tuple[RobustnessRequirement | None, WatermarkRequirement | None]:
-    doc = _mapping(item, where, {"robustness", "watermark"})
-    robustness = None
-    if "robustness" in doc:
-        w = f"{where}.robustness"
-        r = _mapping(doc["robustness"], w, _ROBUSTNESS_FIELDS)
-        attack = r.get("attack", "pgd-linf")
-        if attack != "pgd-linf":
-            raise PolicyError(f"{w}.attack: only 'pgd-linf' is supported, got {attack!r}")
-        rule = r.get("rule", "point")
-        if rule not in ("point", "strict"):
-            raise PolicyError(f"{w}.rule must be 'point' or 'strict'")
-        min_samples = r.get("minSamples", 1)
-        if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 1:
-            raise PolicyError(f"{w}.minSamples must be a positive integer")
-        max_age = None
-        if "maxAge" in r:
-            m = _DURATION.match(str(r["maxAge"]))
-            if not m:
-                raise PolicyError(f"{w}.maxAge must be a duration like 3600s, 90m, 12h or 30d")
-            max_age = float(m.group(1)) * _UNITS[m.group(2)]
-            if not 0 < max_age <= _MAX_AGE_SECONDS:
-                raise PolicyError(f"{w}.maxAge must be more than 0s and at most 36500d")
-        robustness = RobustnessRequirement(
-            attack=attack,
-            min_eps=_number(r, "minEps", w, 0.0, 0.0, 1e9),
-            min_robust_accuracy=_number(r, "minRobustAccuracy", w, 0.0, 0.0, 1.0),
-            rule=rule,
-            min_samples=min_samples,
-            max_age_seconds=max_age,
-        )
-    watermark = None
-    if "watermark" in doc:
-        w = f"{where}.watermark"
-        m_doc = _mapping(doc["watermark"], w, _WATERMARK_FIELDS)
-        required = m_doc.get("required", True)
-        if not isinstance(required, bool):
-            raise PolicyError(f"{w}.required must be true or false")
-        key_file = m_doc.get("keyFile")
-        if key_file is not None and (not isinstance(key_file, str) or not key_file):
-            raise PolicyError(f"{w}.keyFile must be a path")
-        if required:
-            watermark = WatermarkRequirement(
-                min_confidence=_number(m_doc, "minConfidence", w, 0.92, 0.0, 1.0),
-                max_false_positive=_number(m_doc, "maxFalsePositive", w, 1e-9, 0.0, 1.0),
-                key_file=(base_dir / key_file) if key_file else None,
-            )
-    return robustness, watermark
-
-
-def _parse_key(item: object, where: str, base_dir: Path) -> TrustedKey:
-    if isinstance(item, str):
+def _load_key(item: str | KeyRefModel, where: str, base_dir: Path) -> TrustedKey:
+    if isinstance(item, str):  # the shorthand: a path, every role
         path, name, roles = item, None, frozenset[str]()
     else:
-        doc = _mapping(item, where, {"path", "name", "roles"}, required={"path"})
-        path, name = doc["path"], doc.get("name")
-        if not isinstance(path, str) or (name is not None and not isinstance(name, str)):
-            raise PolicyError(f"{where}: path and name must be strings")
-        roles = frozenset(_string_list(doc.get("roles", sorted(ROLES)), f"{where}.roles"))
-        unknown = roles - ROLES
-        if unknown:
-            raise PolicyError(f"{where}.roles: unknown role(s) {sorted(unknown)}; use {sorted(ROLES)}")
+        path, name, roles = item.path, item.name, frozenset[str](item.roles)
     full = Path(path) if os.path.isabs(path) else base_dir / path
     try:
         return load_trusted_key_file(full, name=name or Path(path).name, roles=roles)
     except Error as e:
         raise type(e)(f"{where}: {e.diagnostics()}") from e
-
-
-def _parse_limits(item: object, where: str) -> Limits:
-    doc = _mapping(item, where, set(_LIMIT_FIELDS))
-    values: dict[str, int] = {}
-    for key, value in doc.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise PolicyError(f"{where}.{key} must be a positive integer")
-        values[_LIMIT_FIELDS[key]] = value
-    defaults = Limits()
-    for f in fields(Limits):
-        if f.name == "max_safetensors_header_bytes":
-            continue
-        if f.name in values and values[f.name] > getattr(defaults, f.name) * 16:
-            raise PolicyError(f"{where}: {f.name} is unreasonably large")
-    if values.get("max_safetensors_header_bytes", 0) > SAFETENSORS_MAX_HEADER_SIZE:
-        raise PolicyError(
-            f"{where}.maxSafetensorsHeaderBytes may be at most {SAFETENSORS_MAX_HEADER_SIZE} "
-            "(safetensors' own MAX_HEADER_SIZE)"
-        )
-    return Limits(**values)
-
-
-def _mapping(item: object, where: str, allowed: set[str], required: set[str] = frozenset()) -> dict[str, Any]:  # type: ignore[assignment]
-    if not isinstance(item, dict):
-        raise PolicyError(f"{where} must be a mapping")
-    unknown = set(item) - allowed
-    if unknown:
-        raise PolicyError(f"{where}: unknown field(s) {sorted(map(str, unknown))}")
-    missing = required - set(item)
-    if missing:
-        raise PolicyError(f"{where}: missing field(s) {sorted(missing)}")
-    return item
-
-
-def _list(item: object, where: str) -> list[Any]:
-    if not isinstance(item, list):
-        raise PolicyError(f"{where} must be a list")
-    return item
-
-
-def _string_list(item: object, where: str) -> list[str]:
-    items = _list(item, where)
-    if not all(isinstance(x, str) and x for x in items):
-        raise PolicyError(f"{where} must be a list of non-empty strings")
-    return items
-
-
-def _enum_list(item: object, enum: type[SignatureAlgorithm] | type[HashAlgorithm], where: str) -> list[Any]:
-    result = []
-    for value in _string_list(item, where):
-        try:
-            result.append(enum(value))
-        except ValueError:
-            choices = ", ".join(e.value for e in enum)
-            raise PolicyError(f"{where}: {value!r} is not one of {choices}") from None
-    return result
-
-
-def _load_yaml(raw: bytes, source: str) -> object:
-    """YAML (a superset of JSON) with string keys only, no duplicates and no arbitrary tags (SafeLoader).
-
-    Raises:
-        PolicyError: Not YAML, a duplicate or non-string mapping key (with its line and column), or nesting
-            deeper than the interpreter's recursion limit.
-    """
-    import yaml
-
-    class _StrictLoader(yaml.SafeLoader):
-        pass
-
-    def construct_mapping(
-        loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False
-    ) -> dict[Any, Any]:
-        seen = set()
-        for key_node, _ in node.value:
-            at = f"line {key_node.start_mark.line + 1}, column {key_node.start_mark.column + 1}"
-            # Every key of a policy or server document is a field name: a list or mapping as a key
-            # (`{[a]: 1}`, `? [a, b]`) is unhashable in Python, and a number or boolean key is a typo.
-            key = loader.construct_object(key_node) if isinstance(key_node, yaml.ScalarNode) else None
-            if not isinstance(key, str):
-                shown = type(key).__name__ if isinstance(key_node, yaml.ScalarNode) else key_node.id
-                raise PolicyError(f"{source}: {at}: a mapping key must be a string, not {shown}")
-            if key in seen:
-                raise PolicyError(f"{source}: duplicate key {key!r} ({at})")
-            seen.add(key)
-        return loader.construct_mapping(node, deep=deep)
-
-    _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
-    try:
-        return yaml.load(raw, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as e:
-        raise PolicyError(f"{source}: not valid YAML/JSON: {e}") from e
-    except RecursionError:  # PyYAML composes and constructs recursively: `[[[[...` exhausts the stack
-        raise PolicyError(f"{source}: not valid YAML/JSON: nested too deeply") from None

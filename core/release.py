@@ -13,9 +13,12 @@
 5. `verify`: the released directory is verified end to end under a policy that requires every signature
    algorithm used, the watermark and the gate (`modelsec.verifier.verify_model`), as a deployment would.
 
-The gate configuration is a small YAML/JSON file (validated strictly):
+The gate configuration is a small YAML/JSON file (validated strictly; `apiVersion` and `kind` may be left
+out, as in files written before they existed; JSON Schema: `schemas/gate-spec.schema.json`):
 
 ```yaml
+apiVersion: modelsec.dev/v1alpha1
+kind: GateSpec
 architecture: lenet5:lenet5        # import path of the architecture factory
 data: mnist.npz                    # .npz / .safetensors with `inputs` and `labels` (relative to this file)
 eps: 0.3
@@ -36,27 +39,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from modelsec._config import read_config, validate
+from modelsec._config_models import GateSpecModel
 from modelsec.errors import Error, GateFailedError, PolicyError
 from modelsec.policy import Policy, RobustnessRequirement, WatermarkRequirement
 from modelsec.signer.keys import KeyBackend, TrustedKey, load_trusted_key
 
 __all__ = ["GateSpec", "ReleaseResult", "load_gate_spec", "release_model"]
-
-_GATE_FIELDS = {
-    "architecture": str,
-    "data": str,
-    "eps": float,
-    "stepSize": float,
-    "steps": int,
-    "restarts": int,
-    "minRobustAccuracy": float,
-    "rule": str,
-    "minSamples": int,
-    "seed": int,
-    "batchSize": int,
-    "device": str,
-}
-_REQUIRED = {"architecture", "data", "eps", "stepSize", "steps", "minRobustAccuracy"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,47 +69,28 @@ class GateSpec:
 def load_gate_spec(path: Path) -> GateSpec:
     """Read and validate a gate configuration file (YAML or JSON); `data` is relative to the file.
 
-    Raises:
-        PolicyError: Unreadable file, unknown or missing fields, wrong types.
-    """
-    from modelsec.policy import _load_yaml
+    The file is checked against `modelsec._config_models.GateSpecModel` (published as
+    `schemas/gate-spec.schema.json`); the dataset and the architecture are not opened here.
 
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise PolicyError(f"{path}: cannot read the gate configuration: {e.strerror}") from e
-    doc = _load_yaml(raw, str(path))
-    if not isinstance(doc, dict):
-        raise PolicyError(f"{path}: the gate configuration must be a mapping")
-    unknown, missing = set(doc) - set(_GATE_FIELDS), _REQUIRED - set(doc)
-    if unknown or missing:
-        raise PolicyError(f"{path}: unknown field(s) {sorted(unknown)}, missing field(s) {sorted(missing)}")
-    values: dict[str, Any] = {}
-    for key, kind in _GATE_FIELDS.items():
-        if key not in doc:
-            continue
-        value = doc[key]
-        ok = isinstance(value, kind) and not isinstance(value, bool)
-        if kind is float:
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not ok:
-            raise PolicyError(f"{path}: {key} must be of type {kind.__name__}")
-        values[key] = float(value) if kind is float else value
-    if values.get("rule", "point") not in ("point", "strict"):
-        raise PolicyError(f"{path}: rule must be 'point' or 'strict'")
+    Raises:
+        PolicyError: Unreadable file, larger than 1 MiB, not YAML/JSON, unknown or missing fields, wrong
+            types or values out of range (the message names the file and the field).
+    """
+    _, doc = read_config(path, "gate configuration")
+    spec = validate(GateSpecModel, doc, str(path))
     return GateSpec(
-        architecture=values["architecture"],
-        data=(path.parent / values["data"]),
-        eps=values["eps"],
-        step_size=values["stepSize"],
-        steps=values["steps"],
-        min_robust_accuracy=values["minRobustAccuracy"],
-        restarts=values.get("restarts", 1),
-        rule=values.get("rule", "point"),
-        min_samples=values.get("minSamples", 100),
-        seed=values.get("seed", 0),
-        batch_size=values.get("batchSize", 256),
-        device=values.get("device", "cpu"),
+        architecture=spec.architecture,
+        data=path.parent / spec.data,
+        eps=spec.eps,
+        step_size=spec.step_size,
+        steps=spec.steps,
+        min_robust_accuracy=spec.min_robust_accuracy,
+        restarts=spec.restarts,
+        rule=spec.rule,
+        min_samples=spec.min_samples,
+        seed=spec.seed,
+        batch_size=spec.batch_size,
+        device=spec.device,
     )
 
 

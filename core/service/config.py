@@ -43,22 +43,21 @@ with neither is refused (UNAUTHENTICATED) unless `allowAnonymous: true` (plainte
 identity `anonymous`). Bearer tokens without `tls` are accepted only on a loopback `listen` address
 (`127.0.0.1`, `[::1]`, `localhost`): on any other address the configuration is refused, since every token
 would cross the network in the clear.
-Relative paths are relative to the configuration file's directory.
+Relative paths are relative to the configuration file's directory. The file is validated strictly
+(`modelsec._config_models.ServerConfigModel`, published as `schemas/server-config.schema.json`).
 """
 
 from __future__ import annotations
 
 import fnmatch
 import os
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from modelsec.attestations.statement import is_sha256_hex
+from modelsec._config import read_config, validate
+from modelsec._config_models import AccessModel, ServerConfigModel, check_listen
 from modelsec.errors import PolicyError
-from modelsec.policy import API_VERSION, ROLES, _load_yaml, _mapping, _string_list
 
 __all__ = [
     "ACCESS_DEFAULTS",
@@ -72,7 +71,6 @@ __all__ = [
     "load_server_config",
 ]
 
-_MAX_CONFIG_BYTES = 1 << 20
 # Operation -> identity globs allowed by default. Reads are open to any authenticated caller; anything
 # that writes, or runs code paths over server files, must be granted explicitly.
 ACCESS_DEFAULTS: Mapping[str, tuple[str, ...]] = {
@@ -84,28 +82,6 @@ ACCESS_DEFAULTS: Mapping[str, tuple[str, ...]] = {
     "watermark": (),
     "robustness": (),
 }
-_TOP = {
-    "apiVersion",
-    "kind",
-    "listen",
-    "metricsListen",
-    "dataDir",
-    "policy",
-    "defaultPolicy",
-    "tls",
-    "tokens",
-    "allowAnonymous",
-    "keys",
-    "watermarkKeys",
-    "access",
-    "readRoots",
-    "writeRoots",
-    "architectures",
-    "gracePeriod",
-    "maxConcurrentRpcs",
-    "maxConcurrentGates",
-}
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,175 +193,87 @@ def identity_allowed(identity: str, patterns: Sequence[str]) -> bool:
     return any(fnmatch.fnmatchcase(identity, p) for p in patterns)
 
 
-def _str(doc: Mapping[str, Any], key: str, where: str, default: str | None = None) -> str:
-    value = doc.get(key, default)
-    if not isinstance(value, str) or not value:
-        raise PolicyError(f"{where}.{key} must be a non-empty string")
-    return value
-
-
 def _path(value: str, base: Path) -> Path:
     return Path(value) if os.path.isabs(value) else base / value
 
 
 def _listen(value: object, where: str) -> str:
-    if not isinstance(value, str) or not re.fullmatch(r"(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+):\d{1,5}", value):
-        raise PolicyError(f"{where} must be HOST:PORT, got {value!r}")
-    if int(value.rsplit(":", 1)[1]) > 65535:
-        raise PolicyError(f"{where}: port out of range in {value!r}")
-    return value
+    """Check a `HOST:PORT` listen address given outside the file (`modelsec serve --listen`).
 
-
-def _parse_keys(items: object, where: str, base: Path) -> tuple[KeyConfig, ...]:
-    keys: list[KeyConfig] = []
-    if not isinstance(items, list):
-        raise PolicyError(f"{where} must be a list")
-    for i, item in enumerate(items):
-        at = f"{where}[{i}]"
-        doc = _mapping(
-            item, at, {"name", "version", "path", "passwordEnv", "roles", "allow"}, required={"name", "path"}
-        )
-        name, version = _str(doc, "name", at), str(doc.get("version", "1"))
-        if not _NAME.match(name) or not _NAME.match(version):
-            raise PolicyError(f"{at}: name and version must match {_NAME.pattern}")
-        roles = frozenset(_string_list(doc.get("roles", sorted(ROLES)), f"{at}.roles"))
-        if roles - ROLES:
-            raise PolicyError(f"{at}.roles: unknown role(s) {sorted(roles - ROLES)}; use {sorted(ROLES)}")
-        password_env = doc.get("passwordEnv")
-        if password_env is not None and not isinstance(password_env, str):
-            raise PolicyError(f"{at}.passwordEnv must be a string")
-        keys.append(
-            KeyConfig(
-                name,
-                version,
-                _path(_str(doc, "path", at), base),
-                password_env,
-                roles,
-                tuple(_string_list(doc.get("allow", []), f"{at}.allow")),
-            )
-        )
-    names = [k.key_version for k in keys]
-    if len(set(names)) != len(names):
-        raise PolicyError(f"{where}: a key version is listed twice")
-    return tuple(keys)
-
-
-def _parse_watermark_keys(items: object, where: str, base: Path) -> tuple[WatermarkKeyConfig, ...]:
-    if not isinstance(items, list):
-        raise PolicyError(f"{where} must be a list")
-    result = []
-    for i, item in enumerate(items):
-        at = f"{where}[{i}]"
-        doc = _mapping(item, at, {"name", "path", "allow"}, required={"name", "path"})
-        name = _str(doc, "name", at)
-        if not _NAME.match(name):
-            raise PolicyError(f"{at}.name must match {_NAME.pattern}")
-        result.append(
-            WatermarkKeyConfig(
-                name,
-                _path(_str(doc, "path", at), base),
-                tuple(_string_list(doc.get("allow", []), f"{at}.allow")),
-            )
-        )
-    if len({k.name for k in result}) != len(result):
-        raise PolicyError(f"{where}: a watermark key name is listed twice")
-    return tuple(result)
-
-
-def _parse_tokens(items: object, where: str) -> tuple[TokenConfig, ...]:
-    if not isinstance(items, list):
-        raise PolicyError(f"{where} must be a list")
-    tokens = []
-    for i, item in enumerate(items):
-        at = f"{where}[{i}]"
-        doc = _mapping(item, at, {"identity", "sha256"}, required={"identity", "sha256"})
-        digest = _str(doc, "sha256", at)
-        if not is_sha256_hex(digest):
-            raise PolicyError(f"{at}.sha256 must be the token's SHA-256 as 64 lowercase hex digits")
-        tokens.append(TokenConfig(_str(doc, "identity", at), digest))
-    return tuple(tokens)
+    Raises:
+        PolicyError: Not `HOST:PORT`, or a port above 65535 (the message starts with `where`).
+    """
+    try:
+        if not isinstance(value, str):
+            raise ValueError(f"must be HOST:PORT, got {value!r}")
+        return check_listen(value)
+    except ValueError as e:
+        raise PolicyError(f"{where} {e}") from None
 
 
 def load_server_config(path: Path) -> ServerConfig:
     """Load and validate a server configuration file (YAML or JSON).
 
     Raises:
-        PolicyError: Unreadable, not YAML/JSON, or invalid (the message names the field).
+        PolicyError: Unreadable, larger than 1 MiB, not YAML/JSON, or invalid (the message names the file
+            and the field path).
     """
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(_MAX_CONFIG_BYTES + 1)
-    except OSError as e:
-        raise PolicyError(f"{path}: cannot read the server configuration: {e.strerror}") from e
-    if len(raw) > _MAX_CONFIG_BYTES:
-        raise PolicyError(f"{path}: server configuration larger than {_MAX_CONFIG_BYTES} bytes")
-    return server_config_from_mapping(_load_yaml(raw, str(path)), base_dir=path.parent, source=str(path))
+    _, doc = read_config(path, "server configuration")
+    return server_config_from_mapping(doc, base_dir=path.parent, source=str(path))
 
 
 def server_config_from_mapping(doc: object, *, base_dir: Path, source: str) -> ServerConfig:
     """Validate a parsed server configuration document (relative paths resolved against `base_dir`).
 
     Raises:
-        PolicyError: Invalid document (the message names the field).
+        PolicyError: Invalid document (the message names the field path).
     """
-    top = _mapping(doc, source, _TOP, required={"apiVersion", "kind", "listen", "dataDir", "policy"})
-    if top["apiVersion"] != API_VERSION:
-        raise PolicyError(f"{source}: apiVersion must be {API_VERSION!r}, got {top['apiVersion']!r}")
-    if top["kind"] != "ServerConfig":
-        raise PolicyError(f"{source}: kind must be 'ServerConfig', got {top['kind']!r}")
+    top = validate(ServerConfigModel, doc, source)
     tls = None
-    if "tls" in top:
-        t = _mapping(top["tls"], f"{source}: tls", {"cert", "key", "clientCA"}, required={"cert", "key"})
+    if top.tls is not None:
+        ca = top.tls.client_ca
         tls = TlsConfig(
-            _path(_str(t, "cert", f"{source}: tls"), base_dir),
-            _path(_str(t, "key", f"{source}: tls"), base_dir),
-            _path(_str(t, "clientCA", f"{source}: tls"), base_dir) if "clientCA" in t else None,
+            _path(top.tls.cert, base_dir),
+            _path(top.tls.key, base_dir),
+            _path(ca, base_dir) if ca is not None else None,
         )
-    access = dict(ACCESS_DEFAULTS)
-    for op, patterns in _mapping(top.get("access", {}), f"{source}: access", set(ACCESS_DEFAULTS)).items():
-        access[op] = tuple(_string_list(patterns, f"{source}: access.{op}"))
-    anonymous = top.get("allowAnonymous", False)
-    if not isinstance(anonymous, bool):
-        raise PolicyError(f"{source}: allowAnonymous must be true or false")
-    if anonymous and tls is not None:
+    if top.allow_anonymous and tls is not None:
         raise PolicyError(f"{source}: allowAnonymous is for plaintext development only; remove it or tls")
-    grace = top.get("gracePeriod", 30)
-    if isinstance(grace, bool) or not isinstance(grace, int | float) or not 0 <= grace <= 3600:
-        raise PolicyError(f"{source}: gracePeriod must be a number of seconds in [0, 3600]")
-    concurrent = top.get("maxConcurrentRpcs", 256)
-    if isinstance(concurrent, bool) or not isinstance(concurrent, int) or not 1 <= concurrent <= 100_000:
-        raise PolicyError(f"{source}: maxConcurrentRpcs must be an integer in [1, 100000]")
-    gates = top.get("maxConcurrentGates", 1)
-    if isinstance(gates, bool) or not isinstance(gates, int) or not 1 <= gates <= 64:
-        raise PolicyError(f"{source}: maxConcurrentGates must be an integer in [1, 64]")
-    default_policy = top.get("defaultPolicy")
-    if default_policy is not None and (not isinstance(default_policy, str) or not default_policy):
-        raise PolicyError(f"{source}: defaultPolicy must be a non-empty string")
+    access = dict(ACCESS_DEFAULTS)
+    for name, info in AccessModel.model_fields.items():
+        patterns = getattr(top.access, name)
+        if patterns is not None:
+            access[info.alias or name] = tuple(patterns)
+    keys = tuple(
+        KeyConfig(
+            k.name, k.version, _path(k.path, base_dir), k.password_env, frozenset(k.roles), tuple(k.allow)
+        )
+        for k in top.keys
+    )
+    if len({k.key_version for k in keys}) != len(keys):
+        raise PolicyError(f"{source}: keys: a key version is listed twice")
+    watermark_keys = tuple(
+        WatermarkKeyConfig(k.name, _path(k.path, base_dir), tuple(k.allow)) for k in top.watermark_keys
+    )
+    if len({k.name for k in watermark_keys}) != len(watermark_keys):
+        raise PolicyError(f"{source}: watermarkKeys: a watermark key name is listed twice")
     return ServerConfig(
-        listen=_listen(top["listen"], f"{source}: listen"),
-        metrics_listen=_listen(top["metricsListen"], f"{source}: metricsListen")
-        if "metricsListen" in top
-        else None,
-        data_dir=_path(_str(top, "dataDir", source), base_dir),
-        policy=_path(_str(top, "policy", source), base_dir),
-        default_policy=default_policy,
+        listen=top.listen,
+        metrics_listen=top.metrics_listen,
+        data_dir=_path(top.data_dir, base_dir),
+        policy=_path(top.policy, base_dir),
+        default_policy=top.default_policy,
         tls=tls,
-        tokens=_parse_tokens(top.get("tokens", []), f"{source}: tokens"),
-        allow_anonymous=anonymous,
-        keys=_parse_keys(top.get("keys", []), f"{source}: keys", base_dir),
-        watermark_keys=_parse_watermark_keys(
-            top.get("watermarkKeys", []), f"{source}: watermarkKeys", base_dir
-        ),
+        tokens=tuple(TokenConfig(t.identity, t.sha256) for t in top.tokens),
+        allow_anonymous=top.allow_anonymous,
+        keys=keys,
+        watermark_keys=watermark_keys,
         access=access,
-        read_roots=tuple(
-            _path(p, base_dir) for p in _string_list(top.get("readRoots", []), f"{source}: readRoots")
-        ),
-        write_roots=tuple(
-            _path(p, base_dir) for p in _string_list(top.get("writeRoots", []), f"{source}: writeRoots")
-        ),
-        architectures=tuple(_string_list(top.get("architectures", []), f"{source}: architectures")),
-        grace_period=float(grace),
-        max_concurrent_rpcs=concurrent,
-        max_concurrent_gates=gates,
+        read_roots=tuple(_path(p, base_dir) for p in top.read_roots),
+        write_roots=tuple(_path(p, base_dir) for p in top.write_roots),
+        architectures=tuple(top.architectures),
+        grace_period=top.grace_period,
+        max_concurrent_rpcs=top.max_concurrent_rpcs,
+        max_concurrent_gates=top.max_concurrent_gates,
         source=source,
     )

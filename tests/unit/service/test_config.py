@@ -72,7 +72,10 @@ gracePeriod: 5
         ({"tls": {"cert": "c", "key": "k"}}, "allowAnonymous is for plaintext development only"),
         ({"tls": {"cert": "c", "key": "k"}, "allowAnonymous": None}, "no way to authenticate clients"),
         ({"tokens": [{"identity": "ci", "sha256": "secret"}]}, "64 lowercase hex"),
-        ({"keys": [{"name": "k", "path": "k.pem", "roles": ["admin"]}]}, r"unknown role\(s\) \['admin'\]"),
+        (
+            {"keys": [{"name": "k", "path": "k.pem", "roles": ["admin"]}]},
+            r"keys\[0\]\.roles\[0\] must be .*, got 'admin'",
+        ),
         ({"keys": [{"name": "k", "path": "a"}, {"name": "k", "path": "b"}]}, "listed twice"),
         ({"keys": [{"name": "../k", "path": "a"}]}, "name and version must match"),
         ({"access": {"admin": ["*"]}}, r"unknown field\(s\) \['admin'\]"),
