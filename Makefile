@@ -56,6 +56,7 @@ lint: $(VENV)/.test
 bench: $(VENV)/.test
 	$(BIN)/python bench/bench_sign_verify.py
 	$(BIN)/python bench/bench_load.py
+	$(BIN)/python bench/bench_guard.py
 	$(BIN)/python bench/bench_watermark.py
 	PYTHONPATH=examples $(BIN)/python bench/bench_pgd.py
 	$(BIN)/python bench/bench_webhook.py
