@@ -71,6 +71,8 @@ _pins: tuple[DigestPin, ...] | None = None
 _active = False
 _generation = 0
 _modules_dir: Path | None = None
+# While `install()` patches the frameworks already imported, their sweeps are collected here, run once.
+_pending_rebind: dict[int, tuple[object, object]] | None = None
 
 
 # --- what the guard serves -------------------------------------------------------------------------
@@ -212,7 +214,10 @@ def _patch_functions(module: ModuleType, names: dict[str, Callable[..., Any]]) -
             original = _originals[(id(module), name)][1]
         replacements[id(original)] = (original, replacement)
         _patch(module, name, replacement)
-    _rebind(replacements)
+    if _pending_rebind is not None:
+        _pending_rebind.update(replacements)
+    else:
+        _rebind(replacements)
 
 
 def _redirecting(descriptor: Any, *, first: str = "pretrained_model_name_or_path") -> Any:
@@ -408,7 +413,7 @@ def install(
         PolicyError: `policy` is None and `$MODELSEC_POLICY` is unset or invalid, or
             `$MODELSEC_MODEL_DIGEST` is malformed (checked now: fail fast).
     """
-    global _policy, _pins, _active, _generation
+    global _policy, _pins, _active, _generation, _pending_rebind
     with _lock:
         resolved: Policy | PolicySet = policy if policy is not None else PolicySet.from_env()
         pins = (
@@ -421,10 +426,18 @@ def install(
             return
         _active = True
         _generation += 1
-        for name, patcher in _PATCHERS.items():
-            when_imported(name, _when_active(_generation, patcher))
-        for name in _METHODS:
-            when_imported(name, _when_active(_generation, _patch_methods))
+        # Frameworks already imported are patched now, within this call: one sweep of sys.modules for all of
+        # them (each sweep walks every attribute of every loaded module); later imports sweep on their own.
+        _pending_rebind = {}
+        try:
+            for name, patcher in _PATCHERS.items():
+                when_imported(name, _when_active(_generation, patcher))
+            for name in _METHODS:
+                when_imported(name, _when_active(_generation, _patch_methods))
+            replacements = _pending_rebind
+        finally:
+            _pending_rebind = None
+        _rebind(replacements)
 
 
 def installed() -> bool:
