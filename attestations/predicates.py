@@ -2,9 +2,10 @@
 
 Each predicate has one module that parses, builds and checks it: `modelsec.attestations.gate_predicate`
 (`https://modelsec.dev/robustness-gate/v1`) and `modelsec.attestations.watermark_predicate`
-(`https://modelsec.dev/watermark/v1`); the OMS weights manifest is `modelsec.signer.manifest`. This module
-keeps the names earlier callers import (`check_gate_predicate`, `check_watermark_predicate`,
-`parse_rfc3339`) and dispatches `check_predicate_numbers` by predicate type.
+(`https://modelsec.dev/watermark/v1`); the OMS weights manifest is
+`modelsec.attestations.oms_predicate`. This module keeps the names earlier callers import
+(`check_gate_predicate`, `check_watermark_predicate`, `parse_rfc3339`) and dispatches
+`check_predicate_numbers` by predicate type.
 
 What is checked: the type and range of every numeric field of the predicate *that is present* (and
 `finishedAt` / `embeddedAt` as RFC 3339 with a zone, years 1970-9998), and `correct <= total`. What is not:

@@ -30,8 +30,9 @@ __all__ = [
 ]
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
-# The predicate types modelsec writes besides the OMS weights manifest (`modelsec.signer.manifest`); the
-# verifier recognises evidence by these exact strings, so every module takes them from here.
+# The predicate types modelsec writes besides the OMS weights manifest
+# (`modelsec.attestations.oms_predicate`); the verifier recognises evidence by these exact strings, so every
+# module takes them from here.
 WATERMARK_PREDICATE_TYPE = "https://modelsec.dev/watermark/v1"
 GATE_PREDICATE_TYPE = "https://modelsec.dev/robustness-gate/v1"
 _HEX_DIGEST = re.compile(r"[0-9a-f]{32,128}")

@@ -149,8 +149,8 @@ class Setup:
 def make_setup(root: Path, auth: str, layers: int = 2) -> Setup:
     """Keys, model, statements, policy and server configuration under `root`."""
     from modelsec.algorithms import HashAlgorithm
+    from modelsec.attestations.oms_predicate import manifest_statement
     from modelsec.attestations.statement import serialize_statement
-    from modelsec.signer.manifest import manifest_statement
     from modelsec.signer.signing import MODEL_IGNORE_PATHS, compute_manifests
 
     keys = root / "keys"
@@ -518,12 +518,12 @@ class Reference:
 def reference_rates(setup: Setup, seconds: float) -> dict[str, Reference]:
     """Calls/s of the in-process work behind each RPC, for the same statements and keys."""
     from modelsec.attestations.bundle import sign_payload, sign_statement
+    from modelsec.attestations.oms_predicate import parse_manifest
     from modelsec.attestations.statement import parse_statement
     from modelsec.limits import Limits
     from modelsec.policy import PolicySet
     from modelsec.signer import load_private_key_file
     from modelsec.signer.keys import KeyBackend
-    from modelsec.signer.manifest import parse_manifest
     from modelsec.verifier import verify_attestations
 
     keys = {

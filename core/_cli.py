@@ -583,8 +583,8 @@ def _inspect(model_dir: Path, signatures: tuple[Path, ...], keys: tuple[Path, ..
     Without --trusted-key nothing is verified and the output says UNVERIFIED: a bundle's contents are
     claims until a trusted key checks them. File contents are never hashed here (use `modelsec verify`).
     """
+    from modelsec.attestations.oms_predicate import parse_manifest
     from modelsec.signer.keys import load_trusted_key_file
-    from modelsec.signer.manifest import parse_manifest
     from modelsec.verifier import find_default_bundles
     from modelsec.verifier.attestations import inspect_bundle
 

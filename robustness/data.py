@@ -4,7 +4,7 @@ A dataset is two tensors: `inputs` (N, ...) floating point in the model's native
 (N,) integer class indices. It comes from
 
 * a safetensors file holding exactly the tensors `inputs` and `labels` (header parsed strictly by
-  `modelsec.signer.safetensors_header` before `safetensors` sees the bytes),
+  `modelsec.modelformat.safetensors_header` before `safetensors` sees the bytes),
 * an `.npz` file holding exactly the arrays `inputs` and `labels` (`numpy.load(allow_pickle=False)`; member
   sizes bounded before decompression), or
 * an import path `package.module:function` to operator code returning `(inputs, labels)` or a mapping with
@@ -168,7 +168,7 @@ def _parse_safetensors(data: bytes, source: str, limits: Limits) -> tuple[torch.
     from safetensors import SafetensorError
     from safetensors.torch import load
 
-    from modelsec.signer.safetensors_header import parse_header, parse_header_length
+    from modelsec.modelformat.safetensors_header import parse_header, parse_header_length
 
     n = parse_header_length(data[:8], len(data), path=source, limits=limits)
     header = parse_header(data[8 : 8 + n], len(data), path=source, limits=limits)

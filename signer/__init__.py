@@ -2,8 +2,8 @@
 
 Public verbs: `sign_model`, `compute_manifests`, `key_source`, `load_private_key_file`,
 `generate_private_key_pem`; signature schemes: `modelsec.signer.schemes` (the registry);
-parsers: `modelsec.signer.safetensors_header`, `modelsec.signer.manifest`. Heavy modules (SM2 backends)
-load lazily.
+the model-format kernel is `modelsec.modelformat`, the OMS predicate `modelsec.attestations.oms_predicate`.
+Heavy modules (SM2 backends) load lazily.
 """
 
 from __future__ import annotations

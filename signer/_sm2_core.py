@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Final
 
 from modelsec.algorithms import HashAlgorithm
 from modelsec.errors import SignatureError, UnsupportedAlgorithmError
+from modelsec.modelformat.hashing import _HASHLIB_SM3, new_hasher
 from modelsec.signer.der import decode_signature
-from modelsec.signer.hashing import _HASHLIB_SM3, new_hasher
 
 if TYPE_CHECKING:
     from modelsec.signer._sm2_keys import Sm2PublicKey

@@ -12,13 +12,12 @@ from typing import Protocol, runtime_checkable
 
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
 from modelsec.attestations.bundle import key_hint, sign_statement
+from modelsec.attestations.oms_predicate import SINGLE_FILE_NAME, Manifest, build_manifest, manifest_statement
 from modelsec.attestations.statement import Statement
 from modelsec.errors import Error, KeyMaterialError, MalformedArtifactError, PolicyError, PolicyViolationError
 from modelsec.limits import Limits
-from modelsec.signer.hashing import ProgressCallback, hash_files
-from modelsec.signer.keys import KeyBackend
-from modelsec.signer.manifest import SINGLE_FILE_NAME, Manifest, build_manifest, manifest_statement
-from modelsec.signer.model_files import (
+from modelsec.modelformat.hashing import ProgressCallback, hash_files
+from modelsec.modelformat.model_files import (
     DEFAULT_IGNORE_PATHS,
     PICKLE_SUFFIXES,
     ModelFile,
@@ -27,6 +26,7 @@ from modelsec.signer.model_files import (
     validate_resource_name,
     walk_model,
 )
+from modelsec.signer.keys import KeyBackend
 from modelsec.signer.schemes import all_schemes, scheme_for
 
 __all__ = [

@@ -36,6 +36,7 @@ from typing import Any
 
 from modelsec.attestations.bundle import Bundle, parse_bundle
 from modelsec.attestations.gate_predicate import GatePredicate, parse_gate_predicate
+from modelsec.attestations.oms_predicate import OMS_PREDICATE_TYPE, parse_manifest
 from modelsec.attestations.statement import (
     GATE_PREDICATE_TYPE,
     WATERMARK_PREDICATE_TYPE,
@@ -48,7 +49,6 @@ from modelsec.errors import AttestationError, Error, MalformedArtifactError
 from modelsec.limits import Limits
 from modelsec.policy import Policy, RobustnessRequirement, WatermarkRequirement
 from modelsec.signer.keys import TrustedKey
-from modelsec.signer.manifest import OMS_PREDICATE_TYPE, parse_manifest
 from modelsec.signer.signing import ATTESTATION_FILE_NAMES
 from modelsec.verifier.bundles import read_bundle, verify_bundle_signature
 from modelsec.verifier.stores import StoredBundle, StoreOptions, open_store

@@ -10,8 +10,8 @@ from pathlib import Path
 from modelsec.attestations.bundle import Bundle, parse_bundle
 from modelsec.errors import MalformedArtifactError, PolicyViolationError, SignatureError
 from modelsec.limits import Limits
+from modelsec.modelformat.model_files import open_beneath
 from modelsec.signer.keys import TrustedKey
-from modelsec.signer.model_files import open_beneath
 from modelsec.signer.schemes import scheme_for, scheme_for_bundle_name
 from modelsec.signer.signing import SIGNATURE_FILE_NAMES
 
@@ -44,7 +44,7 @@ def read_bundle_bytes(path: Path, max_bytes: int) -> bytes:
     Only a regular file is read, opened without following symlinks and without blocking (a FIFO planted
     in a store cannot hang the reader). In a Hugging Face hub cache snapshot, a bundle that is a link to a
     blob of the same cache entry is read from that blob, as every model file is
-    (`modelsec.signer.model_files.open_beneath`).
+    (`modelsec.modelformat.model_files.open_beneath`).
 
     Raises:
         SignatureError: The file does not exist.

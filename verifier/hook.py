@@ -170,7 +170,7 @@ def preflight(model_dir: Path, policy: Policy | PolicySet | None = None) -> None
         VerificationError: Any of the checks fails (see `modelsec.verifier.verify_model`).
         PolicyError: No usable policy.
     """
-    from modelsec.signer.hashing import is_safetensors_name
+    from modelsec.modelformat.hashing import is_safetensors_name
 
     resolved = resolve_policy(model_dir, policy if policy is not None else _policy)
     signed = verify_signatures(model_dir, resolved)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from modelsec.attestations.oms_predicate import TensorEntry
 from modelsec.errors import (
     BackendUnavailableError,
     DigestMismatchError,
@@ -40,17 +41,16 @@ from modelsec.errors import (
     UnsupportedAlgorithmError,
 )
 from modelsec.limits import Limits
-from modelsec.policy import Policy, PolicySet
-from modelsec.signer.hashing import FileDigests, hash_files, hash_source, is_safetensors_name, new_hasher
-from modelsec.signer.manifest import TensorEntry
-from modelsec.signer.model_files import open_beneath, open_model_root
-from modelsec.signer.safetensors_header import (
+from modelsec.modelformat.hashing import FileDigests, hash_files, hash_source, is_safetensors_name, new_hasher
+from modelsec.modelformat.model_files import open_beneath, open_model_root
+from modelsec.modelformat.safetensors_header import (
     SafetensorsHeader,
     TensorInfo,
     parse_header,
     parse_header_length,
     read_header,
 )
+from modelsec.policy import Policy, PolicySet
 from modelsec.verifier.audit import record_verified_model
 from modelsec.verifier.verification import (
     INDEX_NAME,

@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from modelsec.errors import MalformedArtifactError, SignatureError
+from modelsec.modelformat.hashing import FileDigests, hash_files, hash_source, is_safetensors_name
+from modelsec.modelformat.model_files import open_beneath, open_model_root
 from modelsec.policy import Policy, PolicySet
-from modelsec.signer.hashing import FileDigests, hash_files, hash_source, is_safetensors_name
-from modelsec.signer.model_files import open_beneath, open_model_root
 from modelsec.signer.signing import SIGNATURE_FILE_NAMES
 from modelsec.verifier.audit import record_verified_model
 from modelsec.verifier.loader import resolve_policy

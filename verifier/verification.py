@@ -41,6 +41,14 @@ from types import MappingProxyType
 from modelsec._strict_json import strict_loads
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
 from modelsec.attestations.bundle import Bundle, parse_bundle
+from modelsec.attestations.oms_predicate import (
+    OMS_PREDICATE_TYPE,
+    Manifest,
+    Resource,
+    TensorEntry,
+    parse_manifest,
+    root_digest,
+)
 from modelsec.attestations.statement import parse_statement
 from modelsec.errors import (
     DigestMismatchError,
@@ -51,19 +59,17 @@ from modelsec.errors import (
     SignatureError,
 )
 from modelsec.limits import Limits
-from modelsec.policy import Policy
-from modelsec.signer.hashing import FileDigests, ProgressCallback, hash_files, is_safetensors_name, new_hasher
-from modelsec.signer.keys import TrustedKey
-from modelsec.signer.manifest import (
-    OMS_PREDICATE_TYPE,
-    Manifest,
-    Resource,
-    TensorEntry,
-    parse_manifest,
-    root_digest,
+from modelsec.modelformat.hashing import (
+    FileDigests,
+    ProgressCallback,
+    hash_files,
+    is_safetensors_name,
+    new_hasher,
 )
-from modelsec.signer.model_files import PICKLE_SUFFIXES, open_beneath, open_model_root, walk_model
-from modelsec.signer.safetensors_header import read_header
+from modelsec.modelformat.model_files import PICKLE_SUFFIXES, open_beneath, open_model_root, walk_model
+from modelsec.modelformat.safetensors_header import read_header
+from modelsec.policy import Policy
+from modelsec.signer.keys import TrustedKey
 from modelsec.signer.schemes import scheme_for
 from modelsec.signer.signing import ATTESTATION_FILE_NAMES, SIGNATURE_FILE_NAMES
 from modelsec.verifier.attestations import find_attestation_bundles, verify_attestations

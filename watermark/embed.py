@@ -350,7 +350,7 @@ class _Writer:
         self.bytes_processed = 0
 
     def run(self) -> None:
-        from modelsec.signer.model_files import open_beneath, open_model_root
+        from modelsec.modelformat.model_files import open_beneath, open_model_root
         from modelsec.signer.signing import MODEL_IGNORE_PATHS
 
         try:

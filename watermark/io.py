@@ -1,6 +1,6 @@
 """Tensor access for the watermark: safetensors model directories (strictly parsed) and in-memory arrays.
 
-Reading a model directory walks it with the signer's rules (`modelsec.signer.model_files.walk_model`: no
+Reading a model directory walks it with the signer's rules (`modelsec.modelformat.model_files.walk_model`: no
 symlinks, no special files, clean names), and parses every `*.safetensors` header with the strict parser of
 DESIGN.md decision 6 before any tensor byte is used. Data are read through a read-only memory map, one shard
 at a time, and only the carrier blocks are gathered, so memory stays bounded by one tensor's carriers;
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-    from modelsec.signer.safetensors_header import SafetensorsHeader, TensorInfo
+    from modelsec.modelformat.safetensors_header import SafetensorsHeader, TensorInfo
 
 __all__ = [
     "RAW_DTYPES",
@@ -164,7 +164,7 @@ class DirectorySource:
     """
 
     def __init__(self, root: Path, *, limits: Limits | None = None) -> None:
-        from modelsec.signer.model_files import open_model_root, walk_model
+        from modelsec.modelformat.model_files import open_model_root, walk_model
         from modelsec.signer.signing import MODEL_IGNORE_PATHS
 
         self.root = Path(root)
@@ -203,8 +203,8 @@ class DirectorySource:
             raise
 
     def _parse(self, name: str) -> ShardFile:
-        from modelsec.signer.model_files import open_beneath
-        from modelsec.signer.safetensors_header import read_header
+        from modelsec.modelformat.model_files import open_beneath
+        from modelsec.modelformat.safetensors_header import read_header
 
         fd = open_beneath(self._root_fd, name, what=str(self.root))
         with os.fdopen(fd, "rb") as f:
@@ -231,7 +231,7 @@ class DirectorySource:
             self._mapped = None
 
     def _map(self, shard: ShardFile) -> mmap.mmap:
-        from modelsec.signer.model_files import open_beneath
+        from modelsec.modelformat.model_files import open_beneath
 
         if self._mapped is not None and self._mapped[0] == shard.name:
             return self._mapped[1]

@@ -16,13 +16,13 @@ from typing import Any
 from grpc import aio
 
 from modelsec.attestations.bundle import sign_payload
+from modelsec.attestations.oms_predicate import OMS_PREDICATE_TYPE, parse_manifest
 from modelsec.attestations.predicates import check_predicate_numbers
 from modelsec.attestations.statement import parse_statement
 from modelsec.errors import MalformedArtifactError
 from modelsec.limits import Limits
 from modelsec.service.convert import key_to_proto
 from modelsec.service.state import ServiceState
-from modelsec.signer.manifest import OMS_PREDICATE_TYPE, parse_manifest
 from modelsec.signer.schemes import scheme_for
 from modelsec.v1 import signing_pb2, signing_pb2_grpc
 

@@ -24,10 +24,10 @@ from modelsec.errors import (
     PermissionDeniedError,
     PolicyError,
 )
+from modelsec.modelformat.model_files import open_dir_beneath
 from modelsec.policy import Policy, PolicySet
 from modelsec.service.config import KeyConfig, ServerConfig, WatermarkKeyConfig, identity_allowed
 from modelsec.signer.keys import KeyBackend, key_source
-from modelsec.signer.model_files import open_dir_beneath
 from modelsec.verifier.stores.sqlite import SqliteAttestationStore
 
 __all__ = ["LoadedKey", "ServerPath", "ServiceState", "current_identity"]

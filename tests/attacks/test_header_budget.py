@@ -20,8 +20,8 @@ import pytest
 
 from modelsec.errors import MalformedArtifactError, PolicyError
 from modelsec.limits import SAFETENSORS_MAX_HEADER_SIZE, Limits
+from modelsec.modelformat.safetensors_header import read_header
 from modelsec.policy import PolicySet
-from modelsec.signer.safetensors_header import read_header
 
 DEFAULT = 16 * 2**20
 
@@ -78,7 +78,7 @@ def test_policy_may_raise_the_limit_up_to_100_mb(tmp_path: Path, key_dir: Path) 
 _PARSE = r"""
 import sys
 from modelsec.limits import Limits
-from modelsec.signer.safetensors_header import parse_header
+from modelsec.modelformat.safetensors_header import parse_header
 n = int(sys.argv[1])
 entries = []
 size = 20

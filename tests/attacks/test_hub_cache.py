@@ -18,9 +18,9 @@ import pytest
 
 from modelsec.algorithms import SignatureAlgorithm
 from modelsec.errors import DigestMismatchError, PolicyViolationError
+from modelsec.modelformat.model_files import hub_blob_name
 from modelsec.policy import Policy
 from modelsec.signer import load_private_key_file, sign_model
-from modelsec.signer.model_files import hub_blob_name
 from modelsec.verifier import verify_model
 from modelsec.verifier.bundles import read_bundle
 from tests.conftest import write_tiny_model
@@ -49,7 +49,7 @@ def _to_hub_layout(model: Path, cache: Path) -> Path:
 @pytest.fixture(autouse=True, params=["openat2", "walk"])
 def _resolution(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every hub case with openat2 and with the forced component-by-component O_NOFOLLOW walk."""
-    from modelsec.signer import _openat2
+    from modelsec.modelformat import _openat2
 
     monkeypatch.setattr(_openat2, "FORCE_FALLBACK", request.param == "walk")
 

@@ -14,10 +14,11 @@ from typing import Any
 import pytest
 
 from modelsec.algorithms import SignatureAlgorithm
+from modelsec.modelformat import _openat2
 from modelsec.policy import Policy
 from modelsec.service import state as service_state
 from modelsec.service.client import ChannelOptions, ModelsecClient
-from modelsec.signer import _openat2, load_private_key_file, sign_model
+from modelsec.signer import load_private_key_file, sign_model
 from modelsec.verifier import verification, verify_model
 from tests.conftest import write_tiny_model
 from tests.race_support import exchange

@@ -19,7 +19,7 @@ import pytest
 
 from modelsec.errors import MalformedArtifactError, VerificationError
 from modelsec.limits import Limits
-from modelsec.signer.safetensors_header import (
+from modelsec.modelformat.safetensors_header import (
     SafetensorsHeader,
     parse_header,
     parse_header_length,

@@ -9,10 +9,11 @@ import pytest
 
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
 from modelsec.errors import MalformedArtifactError
+from modelsec.modelformat import model_files
+from modelsec.modelformat.hashing import hash_files
+from modelsec.modelformat.model_files import open_model_root, walk_model
 from modelsec.policy import Policy
-from modelsec.signer import load_private_key_file, model_files, sign_model
-from modelsec.signer.hashing import hash_files
-from modelsec.signer.model_files import open_model_root, walk_model
+from modelsec.signer import load_private_key_file, sign_model
 from modelsec.verifier import verify_model
 
 P256 = SignatureAlgorithm.ECDSA_P256.value

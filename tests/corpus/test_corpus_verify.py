@@ -234,7 +234,7 @@ def test_safetensors_cases(case: str, tmp_path: Path, key_dir: Path) -> None:
             assert mentions_all(r.stderr, mentions), (target, r.stderr)
             assert target in r.stderr  # names the file
     for target in exp.get("parses_metadata_ignored", []):
-        from modelsec.signer.safetensors_header import read_header
+        from modelsec.modelformat.safetensors_header import read_header
 
         with open(d / target, "rb") as f:
             header, _ = read_header(

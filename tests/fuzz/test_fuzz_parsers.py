@@ -22,9 +22,9 @@ from modelsec.attestations.bundle import parse_bundle
 from modelsec.attestations.statement import parse_statement
 from modelsec.errors import Error
 from modelsec.limits import Limits
+from modelsec.modelformat.safetensors_header import parse_header
 from modelsec.policy import PolicySet
 from modelsec.service.config import load_server_config
-from modelsec.signer.safetensors_header import parse_header
 
 EXAMPLES = int(os.environ.get("MODELSEC_FUZZ_EXAMPLES", "300"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))

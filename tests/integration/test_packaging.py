@@ -16,7 +16,19 @@ import pytest
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.integration
-SUBPACKAGES = ["attestations", "signer", "verifier", "watermark", "robustness", "v1", "service", "webhook"]
+SUBPACKAGES = [
+    "attestations",
+    "modelformat",
+    "signer",
+    "signer/schemes",
+    "verifier/stores",
+    "verifier",
+    "watermark",
+    "robustness",
+    "v1",
+    "service",
+    "webhook",
+]
 PTH = REPO / "verifier" / "modelsec-guard.pth.in"
 GROUP = "vllm.general_plugins"
 # What a build needs (pyproject.toml's package-dir), copied so that builds never write into the checkout.

@@ -15,11 +15,11 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from modelsec.attestations.oms_predicate import OMS_PREDICATE_TYPE, parse_manifest
 from modelsec.attestations.predicates import check_predicate_numbers
 from modelsec.attestations.statement import GATE_PREDICATE_TYPE, WATERMARK_PREDICATE_TYPE, parse_statement
 from modelsec.errors import Error
 from modelsec.policy import RobustnessRequirement, WatermarkRequirement
-from modelsec.signer.manifest import OMS_PREDICATE_TYPE, parse_manifest
 from modelsec.verifier.attestations import _check_gate, _check_watermark
 from modelsec.watermark.attestation import detection_hints
 from tests.unit.verifier.test_joint_verification import gate_predicate

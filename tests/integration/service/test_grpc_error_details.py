@@ -22,12 +22,12 @@ from grpc_status import rpc_status
 from modelsec import errors
 from modelsec.algorithms import HashAlgorithm
 from modelsec.attestations import Statement, Subject, sign_statement
+from modelsec.attestations.oms_predicate import manifest_statement
 from modelsec.attestations.statement import serialize_statement
 from modelsec.service.client import ChannelOptions, ModelsecClient
 from modelsec.service.status import DOMAIN, trailing_metadata_for
 from modelsec.service.store import StoreFullError
 from modelsec.signer import load_private_key_file
-from modelsec.signer.manifest import manifest_statement
 from modelsec.signer.signing import MODEL_IGNORE_PATHS, compute_manifests
 from modelsec.v1 import signing_pb2
 from modelsec.verifier.attestations import GATE_PREDICATE_TYPE

@@ -97,7 +97,7 @@ def test_partial_load_refuses_tampered_tensor(tiny_model: Path, key_dir: Path) -
     data[-1] ^= 1  # last tensor of the shard
     shard.write_bytes(bytes(data))
     from modelsec.limits import Limits
-    from modelsec.signer.safetensors_header import read_header
+    from modelsec.modelformat.safetensors_header import read_header
 
     with open(shard, "rb") as f:
         header, _ = read_header(f, len(data), path=str(shard), limits=Limits())

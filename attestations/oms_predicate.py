@@ -40,8 +40,8 @@ from modelsec.algorithms import HashAlgorithm
 from modelsec.attestations.statement import Statement, Subject, is_sha256_hex
 from modelsec.errors import MalformedArtifactError
 from modelsec.limits import Limits
-from modelsec.signer.hashing import FileDigests, TensorDigest, new_hasher
-from modelsec.signer.model_files import ambiguity_key, oms_order, validate_resource_name
+from modelsec.modelformat.hashing import FileDigests, TensorDigest, new_hasher
+from modelsec.modelformat.model_files import ambiguity_key, oms_order, validate_resource_name
 
 __all__ = [
     "EXTENSION_VERSION",

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from modelsec.errors import MalformedArtifactError, PolicyViolationError
-from modelsec.signer import _openat2
-from modelsec.signer.model_files import open_dir_beneath, walk_model
+from modelsec.modelformat import _openat2
+from modelsec.modelformat.model_files import open_dir_beneath, walk_model
 
 
 @pytest.fixture(params=["openat2", "walk"])

@@ -9,7 +9,7 @@ import pytest
 
 from modelsec.errors import MalformedArtifactError, PolicyViolationError
 from modelsec.limits import Limits
-from modelsec.signer.model_files import DEFAULT_IGNORE_PATHS, validate_resource_name, walk_model
+from modelsec.modelformat.model_files import DEFAULT_IGNORE_PATHS, validate_resource_name, walk_model
 
 
 @pytest.mark.parametrize(

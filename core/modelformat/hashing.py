@@ -4,7 +4,7 @@ For each file the engine computes, from the same bytes in one pass:
 
 * the file digests requested (SHA-256 for ECDSA manifests, SM3 for SM2 manifests, both at once when both
   are signed), through OpenSSL via `hashlib` (SM3: `hashlib.new("sm3")`, else `cryptography`'s SM3), and
-* for `*.safetensors` files, the strictly parsed header (`modelsec.signer.safetensors_header`) and one
+* for `*.safetensors` files, the strictly parsed header (`modelsec.modelformat.safetensors_header`) and one
   digest per tensor over exactly its byte range of the data section.
 
 Per-tensor digests default to BLAKE3 (the `blake3` package, C/SIMD, GIL released): they cover the same
@@ -31,8 +31,8 @@ from typing import Protocol
 from modelsec.algorithms import HashAlgorithm
 from modelsec.errors import BackendUnavailableError, MalformedArtifactError
 from modelsec.limits import Limits
-from modelsec.signer.model_files import open_beneath
-from modelsec.signer.safetensors_header import SafetensorsHeader, parse_header, parse_header_length
+from modelsec.modelformat.model_files import open_beneath
+from modelsec.modelformat.safetensors_header import SafetensorsHeader, parse_header, parse_header_length
 
 __all__ = ["ChunkSource", "FileDigests", "Hasher", "TensorDigest", "hash_files", "hash_source", "new_hasher"]
 
@@ -340,7 +340,7 @@ def hash_files(
     """Hash the named files of a model directory, one read pass each, in parallel threads.
 
     Args:
-        root_fd: Descriptor of the model root (`modelsec.signer.model_files.open_model_root`).
+        root_fd: Descriptor of the model root (`modelsec.modelformat.model_files.open_model_root`).
         names: Clean relative file names (from `walk_model` or a verified manifest).
         algorithms: File digest algorithms to compute, each in the same pass.
         tensor_hash: Per-tensor digest algorithm for safetensors files, or None for none.

@@ -14,8 +14,8 @@ from safetensors.numpy import save_file
 from modelsec.algorithms import HashAlgorithm
 from modelsec.errors import MalformedArtifactError, PolicyViolationError
 from modelsec.limits import Limits
-from modelsec.signer.hashing import hash_files, new_hasher
-from modelsec.signer.model_files import open_model_root
+from modelsec.modelformat.hashing import hash_files, new_hasher
+from modelsec.modelformat.model_files import open_model_root
 
 
 def _hash(root: Path, names: list[str], **kw):  # type: ignore[no-untyped-def]

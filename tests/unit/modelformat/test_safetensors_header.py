@@ -24,7 +24,7 @@ from safetensors.numpy import save_file as np_save_file
 
 from modelsec.errors import MalformedArtifactError
 from modelsec.limits import Limits
-from modelsec.signer.safetensors_header import (
+from modelsec.modelformat.safetensors_header import (
     DTYPE_BITS,
     SafetensorsHeader,
     TensorInfo,

@@ -1,0 +1,10 @@
+"""The model-format kernel: what a model directory *is*, shared by signer, verifier, watermark and robustness.
+
+- `modelsec.modelformat.safetensors_header`: the strict safetensors header parser (offsets, dtypes, shapes).
+- `modelsec.modelformat.model_files`: the file walk beneath one directory descriptor, file-name rules, ignore
+  rules and the OMS path order.
+- `modelsec.modelformat.hashing`: the hashing engine (each file read once; SHA-256, SM3, BLAKE3 per tensor).
+
+Nothing here holds keys or makes a trust decision; the OMS predicate built from these digests lives in
+`modelsec.attestations.oms_predicate`.
+"""
