@@ -29,6 +29,15 @@ def pytest_configure(config: pytest.Config) -> None:
         sys.modules["torch"].set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def _no_guard_left_installed() -> object:
+    """A test that installs the runtime guard and fails before its own cleanup must not patch later tests."""
+    yield
+    hook = sys.modules.get("modelsec.verifier.hook")
+    if hook is not None and getattr(hook, "_active", False):
+        hook.uninstall()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not any("gpu" in item.keywords for item in items):
         return

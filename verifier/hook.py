@@ -73,6 +73,10 @@ _generation = 0
 _modules_dir: Path | None = None
 # While `install()` patches the frameworks already imported, their sweeps are collected here, run once.
 _pending_rebind: dict[int, tuple[object, object]] | None = None
+# id(replacement) -> (replacement, original): a module imported while the guard is active binds the
+# replacement itself (`from safetensors import safe_open`), which `_originals` never saw; `uninstall()`
+# restores those bindings too.
+_replaced: dict[int, tuple[object, object]] = {}
 
 
 # --- what the guard serves -------------------------------------------------------------------------
@@ -192,16 +196,32 @@ def _patch(owner: object, name: str, replacement: object) -> None:
     setattr(owner, name, replacement)
 
 
-def _rebind(replacements: dict[int, tuple[object, object]]) -> None:
-    """Replace every module-level copy of a patched function (`from x import f` bound it at import)."""
+def _module_copies(replacements: dict[int, tuple[object, object]]) -> list[tuple[object, str, object]]:
+    """(module, attribute, new value) for every module-level binding of a key of `replacements`."""
+    found = []
     for module in list(sys.modules.values()):
+        if module is sys.modules[__name__]:  # defines the replacements: never rebound
+            continue
         namespace = getattr(module, "__dict__", None)
         if not isinstance(namespace, dict):
             continue
         for attr, value in list(namespace.items()):
             hit = replacements.get(id(value))
             if hit is not None and hit[0] is value:
-                _patch(module, attr, hit[1])
+                found.append((module, attr, hit[1]))
+    return found
+
+
+def _rebind(replacements: dict[int, tuple[object, object]]) -> None:
+    """Replace every module-level copy of a patched function (`from x import f` bound it at import)."""
+    for module, attr, replacement in _module_copies(replacements):
+        _patch(module, attr, replacement)
+
+
+def _rebind_copies(restorations: dict[int, tuple[object, object]]) -> None:
+    """Put the originals back wherever a module bound a replacement itself (no `_originals` entry)."""
+    for module, attr, original in _module_copies(restorations):
+        setattr(module, attr, original)
 
 
 def _patch_functions(module: ModuleType, names: dict[str, Callable[..., Any]]) -> None:
@@ -212,7 +232,12 @@ def _patch_functions(module: ModuleType, names: dict[str, Callable[..., Any]]) -
             continue
         if (id(module), name) in _originals:
             original = _originals[(id(module), name)][1]
+        elif id(original) in _replaced and _replaced[id(original)][0] is original:
+            # Imported while the guard was active: it bound the replacement; its original is the one replaced.
+            original = _replaced[id(original)][1]
+            _originals[(id(module), name)] = (module, original)
         replacements[id(original)] = (original, replacement)
+        _replaced.setdefault(id(replacement), (replacement, original))
         _patch(module, name, replacement)
     if _pending_rebind is not None:
         _pending_rebind.update(replacements)
@@ -452,6 +477,9 @@ def uninstall() -> None:
         for (_, name), (owner, original) in reversed(list(_originals.items())):
             setattr(owner, name, original)
         _originals.clear()
+        if _replaced:
+            _rebind_copies({k: (replacement, original) for k, (replacement, original) in _replaced.items()})
+            _replaced.clear()
         _policy, _pins, _active = None, None, False
         _generation += 1
 

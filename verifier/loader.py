@@ -27,7 +27,7 @@ import hmac
 import os
 import threading
 import time
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,22 +35,17 @@ from typing import TYPE_CHECKING, Any
 
 from modelsec.attestations.oms_predicate import TensorEntry
 from modelsec.errors import (
-    BackendUnavailableError,
     DigestMismatchError,
     MalformedArtifactError,
-    UnsupportedAlgorithmError,
 )
-from modelsec.limits import Limits
-from modelsec.modelformat.hashing import FileDigests, hash_files, hash_source, is_safetensors_name, new_hasher
+from modelsec.modelformat.hashing import FileDigests, hash_files, is_safetensors_name, new_hasher
 from modelsec.modelformat.model_files import open_beneath, open_model_root
 from modelsec.modelformat.safetensors_header import (
     SafetensorsHeader,
-    TensorInfo,
-    parse_header,
-    parse_header_length,
     read_header,
 )
 from modelsec.policy import Policy, PolicySet
+from modelsec.verifier import _shard_buffers as shard_io
 from modelsec.verifier.audit import record_verified_model
 from modelsec.verifier.verification import (
     INDEX_NAME,
@@ -75,54 +70,6 @@ __all__ = [
     "resolve_policy",
 ]
 
-_TORCH_DTYPES = {
-    "BOOL": "bool",
-    "U8": "uint8",
-    "I8": "int8",
-    "I16": "int16",
-    "U16": "uint16",
-    "F16": "float16",
-    "BF16": "bfloat16",
-    "I32": "int32",
-    "U32": "uint32",
-    "F32": "float32",
-    "F64": "float64",
-    "I64": "int64",
-    "U64": "uint64",
-    "C64": "complex64",
-    "F8_E4M3": "float8_e4m3fn",
-    "F8_E5M2": "float8_e5m2",
-    "F8_E8M0": "float8_e8m0fnu",
-    "F8_E4M3FNUZ": "float8_e4m3fnuz",
-    "F8_E5M2FNUZ": "float8_e5m2fnuz",
-}
-
-
-def _torch() -> Any:
-    try:
-        import torch
-    except ImportError as e:  # pragma: no cover - exercised only without the [torch] extra
-        raise BackendUnavailableError("building tensors needs torch: pip install 'modelsec[torch]'") from e
-    return torch
-
-
-def _check_device(device: str) -> str:
-    """`device` if tensors can go there; refuse an unavailable CUDA device before anything is read."""
-    if device == "cpu":
-        return device
-    if not isinstance(device, str) or not (device == "cuda" or device.startswith(("cuda:", "cpu:"))):
-        raise UnsupportedAlgorithmError(f"device {device!r}: modelsec loads to 'cpu' or 'cuda[:N]'")
-    if device.startswith("cuda"):
-        torch = _torch()
-        index = device.partition(":")[2]
-        if not torch.cuda.is_available():
-            raise BackendUnavailableError(f"device {device!r}: CUDA is not available on this node")
-        if index and (not index.isdigit() or int(index) >= torch.cuda.device_count()):
-            raise BackendUnavailableError(
-                f"device {device!r}: this node has {torch.cuda.device_count()} CUDA device(s)"
-            )
-    return device
-
 
 def resolve_policy(model_path: Path, policy: Policy | PolicySet | None) -> Policy:
     """The `Policy` for `model_path`: as given, matched from a `PolicySet`, or from `$MODELSEC_POLICY`.
@@ -137,174 +84,6 @@ def resolve_policy(model_path: Path, policy: Policy | PolicySet | None) -> Polic
     return policy_set.for_model(model_path)
 
 
-@dataclass(frozen=True, slots=True)
-class _VerifiedShard:
-    name: str
-    buffer: Any  # torch.Tensor (uint8, the whole file, private)
-    header: SafetensorsHeader
-
-
-class _BufferFill:
-    """A private buffer filled from a descriptor by a reader thread, consumed as a `ChunkSource`."""
-
-    def __init__(self, fd: int, view: memoryview, size: int, chunk: int, what: str) -> None:
-        self._fd, self._view, self._size, self._chunk, self._what = fd, view, size, chunk, what
-        self._filled = 0
-        self._pos = 0
-        self._error: BaseException | None = None
-        self._stop = False
-        self._cond = threading.Condition()
-        self._thread = threading.Thread(target=self._run, name="modelsec-read", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            while self._filled < self._size and not self._stop:
-                end = min(self._size, self._filled + self._chunk)
-                got = os.readv(self._fd, [self._view[self._filled : end]])
-                if got == 0:
-                    raise MalformedArtifactError(f"{self._what}: file shrank while it was read")
-                with self._cond:
-                    self._filled += got
-                    self._cond.notify_all()
-            if not self._stop and os.read(self._fd, 1):
-                raise MalformedArtifactError(f"{self._what}: file grew while it was read")
-        except BaseException as e:  # noqa: BLE001 - handed to the consuming thread, which re-raises it
-            with self._cond:
-                self._error = e
-                self._cond.notify_all()
-
-    def _wait(self, upto: int) -> None:
-        with self._cond:
-            while self._filled < upto and self._error is None:
-                self._cond.wait()
-            if self._error is not None:
-                raise self._error
-
-    def read_exact(self, n: int) -> bytes:
-        self._wait(self._pos + n)
-        data = bytes(self._view[self._pos : self._pos + n])
-        self._pos += n
-        return data
-
-    def chunks(self) -> Iterator[memoryview]:
-        while self._pos < self._size:
-            self._wait(self._pos + 1)
-            end = min(self._filled, self._pos + self._chunk)
-            view = self._view[self._pos : end]
-            self._pos = end
-            yield view
-        self.close()
-        if self._error is not None:
-            raise self._error
-
-    def close(self) -> None:
-        self._stop = True
-        self._thread.join()
-
-
-def _pread_exact(fd: int, length: int, offset: int, what: str) -> bytes:
-    parts, done = [], 0
-    while done < length:
-        got = os.pread(fd, length - done, offset + done)
-        if not got:
-            raise MalformedArtifactError(f"{what}: file shrank while it was read")
-        parts.append(got)
-        done += len(got)
-    return b"".join(parts)
-
-
-def _checked_shard_size(fd: int, name: str, signed: SignedModel, limits: Limits, what: str) -> int:
-    """The shard's size, once it equals what the signed manifest allows: checked before any allocation.
-
-    A signed shard replaced by a huge (e.g. sparse) file must be refused by its length, not by an attempt
-    to allocate it. With the per-tensor extension the signed entries give the data section's end; without
-    it the header is parsed first (bounded by `limits`), whose tensors must tile the rest of the file.
-    """
-    size = os.fstat(fd).st_size
-    n = parse_header_length(_pread_exact(fd, min(8, size), 0, what), size, path=what, limits=limits)
-    entries = next((b.manifest.tensors[name] for b in signed.bundles if name in b.manifest.tensors), None)
-    if entries is not None:
-        data_end = max((e.end for e in entries.values()), default=0)
-        source = "its signed tensor entries"
-    else:
-        data_end = parse_header(_pread_exact(fd, n, 8, what), size, path=what, limits=limits).data_size
-        source = "its header"
-    if size != 8 + n + data_end:
-        raise MalformedArtifactError(
-            f"{what}: the file has {size} bytes, but {source} allow exactly {8 + n + data_end} "
-            f"(8 + a {n}-byte header + {data_end} data bytes); refused before reading it"
-        )
-    return size
-
-
-def _read_and_hash_shard(
-    root_fd: int, name: str, signed: SignedModel, limits: Limits, pinned: bool, model: str
-) -> tuple[FileDigests, Any]:
-    torch = _torch()
-    what = f"{model}/{name}"
-    fd = open_beneath(root_fd, name, what=model)
-    try:
-        size = _checked_shard_size(fd, name, signed, limits, what)
-        try:
-            buffer = torch.empty(size, dtype=torch.uint8, pin_memory=pinned)
-        except RuntimeError as e:  # the signed size itself does not fit this host's memory
-            raise BackendUnavailableError(f"{what}: cannot allocate {size} bytes to load it: {e}") from None
-        view = memoryview(buffer.numpy()).cast("B") if size else memoryview(b"")
-        source = _BufferFill(fd, view, size, limits.hash_chunk_bytes, what)
-        try:
-            digests = hash_source(
-                source,
-                name,
-                size,
-                algorithms=signed.file_hashes,
-                tensor_hash=signed.tensor_hash,
-                limits=limits,
-                what=what,
-            )
-        finally:
-            source.close()
-        return digests, buffer
-    finally:
-        os.close(fd)
-
-
-def _tensor_from(buffer: Any, data_start: int, info: TensorInfo | TensorEntry, name: str, what: str) -> Any:
-    torch = _torch()
-    dtype_name = _TORCH_DTYPES.get(info.dtype)
-    dtype = getattr(torch, dtype_name, None) if dtype_name else None
-    if dtype is None:
-        raise UnsupportedAlgorithmError(
-            f"{what}: tensor `{name}` has dtype {info.dtype}, which torch cannot hold"
-        )
-    if info.end == info.begin:
-        return torch.empty(info.shape, dtype=dtype)
-    raw = buffer[data_start + info.begin : data_start + info.end]
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    if (data_start + info.begin) % itemsize:
-        raw = raw.clone()  # misaligned for its dtype: one copy, still of the verified bytes
-    return raw.view(dtype).reshape(info.shape)
-
-
-def _tensors_of(shard: _VerifiedShard, names: Iterable[str] | None, what: str) -> dict[str, Any]:
-    wanted = set(names) if names is not None else None
-    out = {}
-    for info in shard.header.tensors:
-        if wanted is None or info.name in wanted:
-            out[info.name] = _tensor_from(shard.buffer, shard.header.data_start, info, info.name, what)
-    return out
-
-
-def _to_device(tensors: dict[str, Any], device: str) -> dict[str, Any]:
-    if device == "cpu":
-        return tensors
-    torch = _torch()
-    moved = {k: v.to(device, non_blocking=True) for k, v in tensors.items()}
-    if device.startswith("cuda"):
-        torch.cuda.synchronize(device)
-    return moved
-
-
 def _split_path(model_path: Path) -> tuple[Path, str | None]:
     if model_path.is_dir() and not model_path.is_symlink():
         return model_path, None
@@ -313,7 +92,7 @@ def _split_path(model_path: Path) -> tuple[Path, str | None]:
 
 def _verify_whole_shards(
     signed: SignedModel, names: Sequence[str], policy: Policy, *, pinned: bool, whole_model: bool
-) -> dict[str, _VerifiedShard]:
+) -> dict[str, shard_io.VerifiedShard]:
     """Read every named file once into private memory (shards) or hash it (side files), then compare."""
     # Whole files are loaded, so their file digests cover every byte: computing per-tensor digests too
     # would only repeat hash work over the same bytes.
@@ -337,7 +116,7 @@ def _verify_whole_shards(
         workers = max(1, min(len(shards), os.cpu_count() or 1, 2))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="modelsec-load") as pool:
             futures = {
-                n: pool.submit(_read_and_hash_shard, root_fd, n, signed, limits, pinned, model)
+                n: pool.submit(shard_io.read_and_hash_shard, root_fd, n, signed, limits, pinned, model)
                 for n in shards
             }
             try:
@@ -354,21 +133,8 @@ def _verify_whole_shards(
         header = computed[n].header
         if header is None:  # every *.safetensors name is parsed by the engine; fail closed regardless
             raise MalformedArtifactError(f"{model}/{n}: no parsed header")
-        result[n] = _VerifiedShard(n, buffers[n], header)
+        result[n] = shard_io.VerifiedShard(n, buffers[n], header)
     return result
-
-
-def _read_range(fd: int, offset: int, length: int, what: str) -> Any:
-    torch = _torch()
-    buffer = torch.empty(length, dtype=torch.uint8)
-    view = memoryview(buffer.numpy()).cast("B") if length else memoryview(b"")
-    done = 0
-    while done < length:
-        got = os.preadv(fd, [view[done:]], offset + done)
-        if got == 0:
-            raise MalformedArtifactError(f"{what}: file shrank while it was read")
-        done += got
-    return buffer
 
 
 def _load_tensors_by_digest(
@@ -422,7 +188,7 @@ def _load_tensors_by_digest(
                             f"{entry.dtype}{list(entry.shape)}@{entry.begin}-{entry.end}",
                             f"{info.dtype}{list(info.shape)}@{info.begin}-{info.end}",
                         )
-                    raw = _read_range(fd, header.data_start + info.begin, info.end - info.begin, what)
+                    raw = shard_io.read_range(fd, header.data_start + info.begin, info.end - info.begin, what)
                     h = new_hasher(assert_hash)
                     h.update(memoryview(raw.numpy()).cast("B") if raw.numel() else b"")
                     digest = h.digest()
@@ -430,7 +196,7 @@ def _load_tensors_by_digest(
                         raise DigestMismatchError(
                             f"{what}:`{tname}`", entry.digest.hex(), digest.hex(), algorithm=assert_hash.value
                         )
-                    out[tname] = _tensor_from(raw, -info.begin, info, tname, what)
+                    out[tname] = shard_io.tensor_from(raw, -info.begin, info, tname, what)
             finally:
                 os.close(fd)
     finally:
@@ -512,7 +278,7 @@ def load_model(
         >>> weights = load_model(Path("/models/llm"), device="cuda:0")  # doctest: +SKIP
     """
     model_path = Path(os.fspath(model_path))
-    device = _check_device(device)
+    device = shard_io.check_device(device)
     model_dir, single = _split_path(model_path)
     resolved = resolve_policy(model_path, policy)
     if single is not None:
@@ -529,17 +295,17 @@ def load_model(
             selected = {t: entries[t] for t in tensors}
             if single is not None and any(f != single for f, _ in selected.values()):
                 raise MalformedArtifactError(f"{model}/{single}: does not hold all of {list(tensors)}")
-            return _to_device(_load_tensors_by_digest(signed, selected, resolved), device)
+            return shard_io.to_device(_load_tensors_by_digest(signed, selected, resolved), device)
         files = [single] if single is not None else _shards_for_without_digests(signed, tensors, resolved)
         names = check_file_set(signed, resolved, only=files)
         shards = _verify_whole_shards(signed, names, resolved, pinned=pinned, whole_model=False)
         out: dict[str, Any] = {}
         for shard in shards.values():
-            out.update(_tensors_of(shard, set(tensors) - set(out), f"{model}/{shard.name}"))
+            out.update(shard_io.tensors_of(shard, set(tensors) - set(out), f"{model}/{shard.name}"))
         missing = [t for t in tensors if t not in out]
         if missing:
             raise MalformedArtifactError(f"{model}: tensor(s) {missing} are not in the signed model")
-        return _to_device(out, device)
+        return shard_io.to_device(out, device)
     return _load_whole(signed, single, resolved, device).tensors
 
 
@@ -576,13 +342,13 @@ def _load_whole(signed: SignedModel, single: str | None, policy: Policy, device:
         )
     result: dict[str, Any] = {}
     for shard in shards.values():
-        for k, v in _tensors_of(shard, None, f"{model}/{shard.name}").items():
+        for k, v in shard_io.tensors_of(shard, None, f"{model}/{shard.name}").items():
             if k in result:
                 raise MalformedArtifactError(
                     f"{model}/{shard.name}: tensor `{k}` also appears in another shard"
                 )
             result[k] = v
-    return LoadedModel(_to_device(result, device), signed.root_digest, tuple(shards))
+    return LoadedModel(shard_io.to_device(result, device), signed.root_digest, tuple(shards))
 
 
 def load_signed_model(
@@ -599,7 +365,7 @@ def load_signed_model(
     loaded (the robustness gate), so that the subject is the digest the loaded bytes were verified under.
     """
     model_path = Path(os.fspath(model_path))
-    device = _check_device(device)
+    device = shard_io.check_device(device)
     model_dir, single = _split_path(model_path)
     resolved = resolve_policy(model_path, policy)
     if single is not None:
@@ -652,7 +418,7 @@ class VerifiedSafeOpen:
             self._dir = signed.model_dir
             self._single = os.path.relpath(model_path, signed.model_dir)
         self._policy = resolve_policy(model_path, policy)
-        self._device = _check_device(device)
+        self._device = shard_io.check_device(device)
         if self._single is not None:
             precheck_file(model_path, self._policy)
         self._signed = (
@@ -665,7 +431,7 @@ class VerifiedSafeOpen:
             side = [n for n in names if not is_safetensors_name(n)]
             verify_files(self._signed, side, self._policy, tensor_hash=None, whole_model=False)
         self._entries = self._signed.tensor_entries()
-        self._shards: dict[str, _VerifiedShard] = {}
+        self._shards: dict[str, shard_io.VerifiedShard] = {}
         self._headers: dict[str, SafetensorsHeader] = {}  # parsed once per file for per-tensor reads
         self._lock = threading.Lock()
         files = (
@@ -685,7 +451,7 @@ class VerifiedSafeOpen:
     def __exit__(self, *exc: object) -> None:
         self._shards.clear()
 
-    def _shard(self, name: str) -> _VerifiedShard:
+    def _shard(self, name: str) -> shard_io.VerifiedShard:
         with self._lock:
             if name not in self._shards:
                 pinned = self._device.startswith("cuda")
@@ -727,11 +493,13 @@ class VerifiedSafeOpen:
         if file in self._shards or not self._entries:
             shard = self._shard(file)
             info = shard.header.tensor(name)
-            tensor = _tensor_from(shard.buffer, shard.header.data_start, info, name, f"{self._dir}/{file}")
+            tensor = shard_io.tensor_from(
+                shard.buffer, shard.header.data_start, info, name, f"{self._dir}/{file}"
+            )
         else:
             wanted = {name: self._entries[name]}
             tensor = _load_tensors_by_digest(self._signed, wanted, self._policy, self._headers)[name]
-        return _to_device({name: tensor}, self._device)[name]
+        return shard_io.to_device({name: tensor}, self._device)[name]
 
     def get_slice(self, name: str) -> _VerifiedSlice:
         """A slice object over the verified tensor (`get_shape()`, `get_dtype()`, indexing)."""

@@ -11,7 +11,7 @@ import pytest
 
 from modelsec.errors import VerificationError
 from modelsec.policy import Policy
-from modelsec.verifier import hook, load_model, loader, open_model
+from modelsec.verifier import _shard_buffers, hook, load_model, open_model
 from tests.conftest import CORPUS
 from tests.corpus._cases import case_ids, expected, materialise, mentions_all
 
@@ -24,13 +24,13 @@ MARKERS = [Path(f"/tmp/modelsec_marker_{c}") for c in ("PKL01", "PKL03", "RC01",
 def built(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """Names of every tensor the loader builds (must stay empty for refused inputs)."""
     names: list[str] = []
-    original = loader._tensor_from
+    original = _shard_buffers.tensor_from
 
     def counting(*args: Any) -> Any:
         names.append(args[3])
         return original(*args)
 
-    monkeypatch.setattr(loader, "_tensor_from", counting)
+    monkeypatch.setattr(_shard_buffers, "tensor_from", counting)
     for m in MARKERS:
         m.unlink(missing_ok=True)
     yield names

@@ -59,7 +59,7 @@ def test_hooked_from_pretrained_gives_identical_embeddings(minilm: tuple[Path, P
 def test_tampered_shard_raises_before_any_tensor(
     minilm: tuple[Path, Policy], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from modelsec.verifier import loader
+    from modelsec.verifier import _shard_buffers
 
     model_dir, policy = minilm
     bad = tmp_path / "bad"
@@ -69,8 +69,8 @@ def test_tampered_shard_raises_before_any_tensor(
     data[len(data) // 2] ^= 0x01
     shard.write_bytes(bytes(data))
     built: list[str] = []
-    original = loader._tensor_from
-    monkeypatch.setattr(loader, "_tensor_from", lambda *a: built.append(a[3]) or original(*a))
+    original = _shard_buffers.tensor_from
+    monkeypatch.setattr(_shard_buffers, "tensor_from", lambda *a: built.append(a[3]) or original(*a))
     hook.install(policy)
     try:
         with pytest.raises(VerificationError, match="model-00002-of-00003"):
@@ -132,3 +132,20 @@ def test_uninstall_restores_everything(minilm: tuple[Path, Policy]) -> None:
     hook.uninstall()
     after = (safetensors.safe_open, mu.safe_open, mu.PreTrainedModel.__dict__["from_pretrained"])
     assert after == before and not hook.installed()
+
+
+def test_uninstall_restores_modules_imported_while_installed(minilm: tuple[Path, Policy]) -> None:
+    """A module first imported under the guard binds the patched `safe_open` itself; uninstall restores it."""
+    import safetensors
+
+    _, policy = minilm
+    original = safetensors.safe_open
+    sys.modules.pop("safetensors.torch", None)
+    hook.install(policy)
+    try:
+        import safetensors.torch as st
+
+        assert st.safe_open is not original  # bound the guard's replacement at import
+    finally:
+        hook.uninstall()
+    assert st.safe_open is original and safetensors.safe_open is original

@@ -143,11 +143,11 @@ def test_single_shard_load_and_open(tiny_model: Path, key_dir: Path) -> None:
 
 
 def test_open_refuses_tampered_shard_before_any_tensor(tiny_model: Path, key_dir: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from modelsec.verifier import loader
+    from modelsec.verifier import _shard_buffers
 
     built: list[str] = []
-    original = loader._tensor_from
-    monkeypatch.setattr(loader, "_tensor_from", lambda *a: built.append(a[3]) or original(*a))
+    original = _shard_buffers.tensor_from
+    monkeypatch.setattr(_shard_buffers, "tensor_from", lambda *a: built.append(a[3]) or original(*a))
     policy = _sign(tiny_model, key_dir)
     shard = tiny_model / "model-00001-of-00002.safetensors"
     data = bytearray(shard.read_bytes())

@@ -1,0 +1,257 @@
+"""Private shard buffers for the verified loader: read once from a descriptor, hashed while filled.
+
+Used by `modelsec.verifier.loader` only. A shard is refused by its length before any allocation
+(`checked_shard_size`); the buffer is filled by a reader thread while the caller's thread hashes it
+(`BufferFill`); tensors are views of the verified buffer (`tensor_from`). torch is imported only when a
+buffer or tensor is built.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from modelsec.attestations.oms_predicate import TensorEntry
+from modelsec.errors import BackendUnavailableError, MalformedArtifactError, UnsupportedAlgorithmError
+from modelsec.limits import Limits
+from modelsec.modelformat.hashing import FileDigests, hash_source
+from modelsec.modelformat.model_files import open_beneath
+from modelsec.modelformat.safetensors_header import (
+    SafetensorsHeader,
+    TensorInfo,
+    parse_header,
+    parse_header_length,
+)
+from modelsec.verifier.verification import SignedModel
+
+TORCH_DTYPES = {
+    "BOOL": "bool",
+    "U8": "uint8",
+    "I8": "int8",
+    "I16": "int16",
+    "U16": "uint16",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I32": "int32",
+    "U32": "uint32",
+    "F32": "float32",
+    "F64": "float64",
+    "I64": "int64",
+    "U64": "uint64",
+    "C64": "complex64",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "F8_E8M0": "float8_e8m0fnu",
+    "F8_E4M3FNUZ": "float8_e4m3fnuz",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz",
+}
+
+
+def torch_module() -> Any:
+    try:
+        import torch
+    except ImportError as e:  # pragma: no cover - exercised only without the [torch] extra
+        raise BackendUnavailableError("building tensors needs torch: pip install 'modelsec[torch]'") from e
+    return torch
+
+
+def check_device(device: str) -> str:
+    """`device` if tensors can go there; refuse an unavailable CUDA device before anything is read."""
+    if device == "cpu":
+        return device
+    if not isinstance(device, str) or not (device == "cuda" or device.startswith(("cuda:", "cpu:"))):
+        raise UnsupportedAlgorithmError(f"device {device!r}: modelsec loads to 'cpu' or 'cuda[:N]'")
+    if device.startswith("cuda"):
+        torch = torch_module()
+        index = device.partition(":")[2]
+        if not torch.cuda.is_available():
+            raise BackendUnavailableError(f"device {device!r}: CUDA is not available on this node")
+        if index and (not index.isdigit() or int(index) >= torch.cuda.device_count()):
+            raise BackendUnavailableError(
+                f"device {device!r}: this node has {torch.cuda.device_count()} CUDA device(s)"
+            )
+    return device
+
+
+@dataclass(frozen=True, slots=True)
+class VerifiedShard:
+    name: str
+    buffer: Any  # torch.Tensor (uint8, the whole file, private)
+    header: SafetensorsHeader
+
+
+class BufferFill:
+    """A private buffer filled from a descriptor by a reader thread, consumed as a `ChunkSource`."""
+
+    def __init__(self, fd: int, view: memoryview, size: int, chunk: int, what: str) -> None:
+        self._fd, self._view, self._size, self._chunk, self._what = fd, view, size, chunk, what
+        self._filled = 0
+        self._pos = 0
+        self._error: BaseException | None = None
+        self._stop = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="modelsec-read", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while self._filled < self._size and not self._stop:
+                end = min(self._size, self._filled + self._chunk)
+                got = os.readv(self._fd, [self._view[self._filled : end]])
+                if got == 0:
+                    raise MalformedArtifactError(f"{self._what}: file shrank while it was read")
+                with self._cond:
+                    self._filled += got
+                    self._cond.notify_all()
+            if not self._stop and os.read(self._fd, 1):
+                raise MalformedArtifactError(f"{self._what}: file grew while it was read")
+        except BaseException as e:  # noqa: BLE001 - handed to the consuming thread, which re-raises it
+            with self._cond:
+                self._error = e
+                self._cond.notify_all()
+
+    def _wait(self, upto: int) -> None:
+        with self._cond:
+            while self._filled < upto and self._error is None:
+                self._cond.wait()
+            if self._error is not None:
+                raise self._error
+
+    def read_exact(self, n: int) -> bytes:
+        self._wait(self._pos + n)
+        data = bytes(self._view[self._pos : self._pos + n])
+        self._pos += n
+        return data
+
+    def chunks(self) -> Iterator[memoryview]:
+        while self._pos < self._size:
+            self._wait(self._pos + 1)
+            end = min(self._filled, self._pos + self._chunk)
+            view = self._view[self._pos : end]
+            self._pos = end
+            yield view
+        self.close()
+        if self._error is not None:
+            raise self._error
+
+    def close(self) -> None:
+        self._stop = True
+        self._thread.join()
+
+
+def pread_exact(fd: int, length: int, offset: int, what: str) -> bytes:
+    parts, done = [], 0
+    while done < length:
+        got = os.pread(fd, length - done, offset + done)
+        if not got:
+            raise MalformedArtifactError(f"{what}: file shrank while it was read")
+        parts.append(got)
+        done += len(got)
+    return b"".join(parts)
+
+
+def checked_shard_size(fd: int, name: str, signed: SignedModel, limits: Limits, what: str) -> int:
+    """The shard's size, once it equals what the signed manifest allows: checked before any allocation.
+
+    A signed shard replaced by a huge (e.g. sparse) file must be refused by its length, not by an attempt
+    to allocate it. With the per-tensor extension the signed entries give the data section's end; without
+    it the header is parsed first (bounded by `limits`), whose tensors must tile the rest of the file.
+    """
+    size = os.fstat(fd).st_size
+    n = parse_header_length(pread_exact(fd, min(8, size), 0, what), size, path=what, limits=limits)
+    entries = next((b.manifest.tensors[name] for b in signed.bundles if name in b.manifest.tensors), None)
+    if entries is not None:
+        data_end = max((e.end for e in entries.values()), default=0)
+        source = "its signed tensor entries"
+    else:
+        data_end = parse_header(pread_exact(fd, n, 8, what), size, path=what, limits=limits).data_size
+        source = "its header"
+    if size != 8 + n + data_end:
+        raise MalformedArtifactError(
+            f"{what}: the file has {size} bytes, but {source} allow exactly {8 + n + data_end} "
+            f"(8 + a {n}-byte header + {data_end} data bytes); refused before reading it"
+        )
+    return size
+
+
+def read_and_hash_shard(
+    root_fd: int, name: str, signed: SignedModel, limits: Limits, pinned: bool, model: str
+) -> tuple[FileDigests, Any]:
+    torch = torch_module()
+    what = f"{model}/{name}"
+    fd = open_beneath(root_fd, name, what=model)
+    try:
+        size = checked_shard_size(fd, name, signed, limits, what)
+        try:
+            buffer = torch.empty(size, dtype=torch.uint8, pin_memory=pinned)
+        except RuntimeError as e:  # the signed size itself does not fit this host's memory
+            raise BackendUnavailableError(f"{what}: cannot allocate {size} bytes to load it: {e}") from None
+        view = memoryview(buffer.numpy()).cast("B") if size else memoryview(b"")
+        source = BufferFill(fd, view, size, limits.hash_chunk_bytes, what)
+        try:
+            digests = hash_source(
+                source,
+                name,
+                size,
+                algorithms=signed.file_hashes,
+                tensor_hash=signed.tensor_hash,
+                limits=limits,
+                what=what,
+            )
+        finally:
+            source.close()
+        return digests, buffer
+    finally:
+        os.close(fd)
+
+
+def tensor_from(buffer: Any, data_start: int, info: TensorInfo | TensorEntry, name: str, what: str) -> Any:
+    torch = torch_module()
+    dtype_name = TORCH_DTYPES.get(info.dtype)
+    dtype = getattr(torch, dtype_name, None) if dtype_name else None
+    if dtype is None:
+        raise UnsupportedAlgorithmError(
+            f"{what}: tensor `{name}` has dtype {info.dtype}, which torch cannot hold"
+        )
+    if info.end == info.begin:
+        return torch.empty(info.shape, dtype=dtype)
+    raw = buffer[data_start + info.begin : data_start + info.end]
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if (data_start + info.begin) % itemsize:
+        raw = raw.clone()  # misaligned for its dtype: one copy, still of the verified bytes
+    return raw.view(dtype).reshape(info.shape)
+
+
+def tensors_of(shard: VerifiedShard, names: Iterable[str] | None, what: str) -> dict[str, Any]:
+    wanted = set(names) if names is not None else None
+    out = {}
+    for info in shard.header.tensors:
+        if wanted is None or info.name in wanted:
+            out[info.name] = tensor_from(shard.buffer, shard.header.data_start, info, info.name, what)
+    return out
+
+
+def to_device(tensors: dict[str, Any], device: str) -> dict[str, Any]:
+    if device == "cpu":
+        return tensors
+    torch = torch_module()
+    moved = {k: v.to(device, non_blocking=True) for k, v in tensors.items()}
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+    return moved
+
+
+def read_range(fd: int, offset: int, length: int, what: str) -> Any:
+    torch = torch_module()
+    buffer = torch.empty(length, dtype=torch.uint8)
+    view = memoryview(buffer.numpy()).cast("B") if length else memoryview(b"")
+    done = 0
+    while done < length:
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if got == 0:
+            raise MalformedArtifactError(f"{what}: file shrank while it was read")
+        done += got
+    return buffer
