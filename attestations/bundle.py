@@ -18,7 +18,7 @@ import binascii
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from modelsec._strict_json import strict_loads
 from modelsec.attestations.dsse import PAYLOAD_TYPE_IN_TOTO, Envelope, EnvelopeSignature
@@ -28,6 +28,7 @@ from modelsec.errors import MalformedArtifactError, SignatureError
 __all__ = [
     "BUNDLE_MEDIA_TYPE",
     "Bundle",
+    "HintingSigner",
     "StatementSigner",
     "bundle_to_json",
     "key_hint",
@@ -49,6 +50,15 @@ class StatementSigner(Protocol):
 
     def sign(self, message: bytes) -> bytes:
         """Sign `message` (the PAE bytes); DER signature."""
+        ...
+
+
+@runtime_checkable
+class HintingSigner(Protocol):
+    """A signer whose scheme writes its own `publicKey.hint` (ML-DSA: `ML_DSA_65:<hex>`, as model_signing)."""
+
+    def key_hint(self) -> str:
+        """The hint (and DSSE keyid) to write instead of hex(SHA-256(public key PEM))."""
         ...
 
 
@@ -190,8 +200,9 @@ def sign_payload(payload: bytes, signer: StatementSigner) -> bytes:
     """Sign exact in-toto statement bytes as DSSE and return the bundle JSON.
 
     The signature covers `PAE("application/vnd.in-toto+json", payload)`; the hint (also used as the DSSE
-    keyid) is hex(SHA-256(public key PEM)). The caller is responsible for `payload` being a statement it
-    means to sign (the signing service parses it strictly first).
+    keyid) is hex(SHA-256(public key PEM)), or the signer's own `key_hint()` (`HintingSigner`). The caller
+    is responsible for `payload` being a statement it means to sign (the signing service parses it strictly
+    first).
 
     Args:
         payload: The statement JSON bytes, signed as they are.
@@ -200,7 +211,7 @@ def sign_payload(payload: bytes, signer: StatementSigner) -> bytes:
     Returns:
         The bundle file contents.
     """
-    hint = key_hint(signer.public_key_pem())
+    hint = signer.key_hint() if isinstance(signer, HintingSigner) else key_hint(signer.public_key_pem())
     unsigned = Envelope(payload=payload, payload_type=PAYLOAD_TYPE_IN_TOTO, signatures=())
     sig = signer.sign(unsigned.pae())
     signed = Envelope(
