@@ -17,8 +17,9 @@ import base64
 import binascii
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from modelsec._strict_json import strict_loads
 from modelsec.attestations.dsse import PAYLOAD_TYPE_IN_TOTO, Envelope, EnvelopeSignature
@@ -28,7 +29,9 @@ from modelsec.errors import MalformedArtifactError, SignatureError
 __all__ = [
     "BUNDLE_MEDIA_TYPE",
     "Bundle",
+    "HintingSigner",
     "StatementSigner",
+    "add_timestamps",
     "bundle_to_json",
     "key_hint",
     "parse_bundle",
@@ -37,6 +40,7 @@ __all__ = [
 ]
 
 BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
+_MAX_TIMESTAMPS = 16
 _TOP_LEVEL = {"mediaType", "verificationMaterial", "dsseEnvelope", "messageSignature"}
 
 
@@ -52,6 +56,15 @@ class StatementSigner(Protocol):
         ...
 
 
+@runtime_checkable
+class HintingSigner(Protocol):
+    """A signer whose scheme writes its own `publicKey.hint` (ML-DSA: `ML_DSA_65:<hex>`, as model_signing)."""
+
+    def key_hint(self) -> str:
+        """The hint (and DSSE keyid) to write instead of hex(SHA-256(public key PEM))."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class Bundle:
     """A parsed (not yet verified) bundle.
@@ -60,11 +73,15 @@ class Bundle:
         envelope: The DSSE envelope with exactly one signature.
         hint: `verificationMaterial.publicKey.hint`, untrusted, or "" when absent.
         source: Names the bundle (path) in diagnostics.
+        timestamps: The DER `TimeStampResp` of each RFC 3161 timestamp in
+            `verificationMaterial.timestampVerificationData.rfc3161Timestamps` (over the signature bytes),
+            unverified (`modelsec.verifier.timestamps`).
     """
 
     envelope: Envelope
     hint: str
     source: str
+    timestamps: tuple[bytes, ...] = ()
 
     @property
     def signature(self) -> EnvelopeSignature:
@@ -141,6 +158,7 @@ def parse_bundle(data: bytes, *, source: str) -> Bundle:
     if not isinstance(keyid, str):
         raise MalformedArtifactError(f"{source}: dsseEnvelope.signatures[0].keyid is not a string or null")
     hint = ""
+    timestamps: tuple[bytes, ...] = ()
     material = doc.get("verificationMaterial")
     if material is not None:
         if not isinstance(material, dict):
@@ -148,10 +166,43 @@ def parse_bundle(data: bytes, *, source: str) -> Bundle:
         public_key = material.get("publicKey")
         if isinstance(public_key, dict) and isinstance(public_key.get("hint"), str):
             hint = public_key["hint"]
+        timestamps = _parse_timestamps(material.get("timestampVerificationData"), source=source)
     envelope = Envelope(
         payload=payload, payload_type=payload_type, signatures=(EnvelopeSignature(sig, keyid),)
     )
-    return Bundle(envelope=envelope, hint=hint, source=source)
+    return Bundle(envelope=envelope, hint=hint, source=source, timestamps=timestamps)
+
+
+def _parse_timestamps(data: Any, *, source: str) -> tuple[bytes, ...]:
+    """`timestampVerificationData.rfc3161Timestamps[].signedTimestamp` (sigstore bundle v0.3), strictly."""
+    what = f"{source}: verificationMaterial.timestampVerificationData"
+    if data is None:
+        return ()
+    if not isinstance(data, dict):
+        raise MalformedArtifactError(f"{what} is not an object")
+    entries = data.get("rfc3161Timestamps", [])
+    if not isinstance(entries, list) or len(entries) > _MAX_TIMESTAMPS:
+        raise MalformedArtifactError(f"{what}.rfc3161Timestamps is not a list of at most {_MAX_TIMESTAMPS}")
+    out = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise MalformedArtifactError(f"{what}.rfc3161Timestamps[{i}] is not an object")
+        out.append(_b64(entry.get("signedTimestamp"), what=f"{what}.rfc3161Timestamps[{i}].signedTimestamp"))
+    return tuple(out)
+
+
+def add_timestamps(bundle_json: bytes, timestamps: Sequence[bytes], *, source: str) -> bytes:
+    """The bundle with RFC 3161 timestamps (DER `TimeStampResp`) appended where sigstore keeps them.
+
+    Raises:
+        MalformedArtifactError: `bundle_json` is not a well-formed bundle.
+    """
+    parse_bundle(bundle_json, source=source)
+    doc = strict_loads(bundle_json, what=source)
+    material = doc.setdefault("verificationMaterial", {})
+    entries = material.setdefault("timestampVerificationData", {}).setdefault("rfc3161Timestamps", [])
+    entries.extend({"signedTimestamp": base64.b64encode(t).decode("ascii")} for t in timestamps)
+    return (json.dumps(doc, indent=2) + "\n").encode("utf-8")
 
 
 def bundle_to_json(envelope: Envelope, *, hint: str) -> bytes:
@@ -190,8 +241,9 @@ def sign_payload(payload: bytes, signer: StatementSigner) -> bytes:
     """Sign exact in-toto statement bytes as DSSE and return the bundle JSON.
 
     The signature covers `PAE("application/vnd.in-toto+json", payload)`; the hint (also used as the DSSE
-    keyid) is hex(SHA-256(public key PEM)). The caller is responsible for `payload` being a statement it
-    means to sign (the signing service parses it strictly first).
+    keyid) is hex(SHA-256(public key PEM)), or the signer's own `key_hint()` (`HintingSigner`). The caller
+    is responsible for `payload` being a statement it means to sign (the signing service parses it strictly
+    first).
 
     Args:
         payload: The statement JSON bytes, signed as they are.
@@ -200,7 +252,7 @@ def sign_payload(payload: bytes, signer: StatementSigner) -> bytes:
     Returns:
         The bundle file contents.
     """
-    hint = key_hint(signer.public_key_pem())
+    hint = signer.key_hint() if isinstance(signer, HintingSigner) else key_hint(signer.public_key_pem())
     unsigned = Envelope(payload=payload, payload_type=PAYLOAD_TYPE_IN_TOTO, signatures=())
     sig = signer.sign(unsigned.pae())
     signed = Envelope(

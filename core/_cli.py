@@ -161,7 +161,8 @@ def main() -> None:
     type=click.Choice([a.value for a in SignatureAlgorithm]),
     default=SignatureAlgorithm.ECDSA_P256.value,
     show_default=True,
-    help="ecdsa-p256 (OMS/model_signing interop), ecdsa-p384, or sm2 (SM2 with SM3, GB/T 32918).",
+    help="ecdsa-p256 (OMS/model_signing interop), ecdsa-p384, sm2 (SM2 with SM3, GB/T 32918), or "
+    "ml-dsa-44/65/87 (FIPS 204).",
 )
 @click.option(
     "--out",

@@ -17,6 +17,9 @@ class SignatureAlgorithm(enum.StrEnum):
     ECDSA_P256 = "ecdsa-p256"  # ECDSA over NIST P-256 with SHA-256 (FIPS 186-5), the OMS interop profile
     ECDSA_P384 = "ecdsa-p384"  # ECDSA over NIST P-384 with SHA-384
     SM2 = "sm2"  # SM2 signature with SM3 (GB/T 32918.2-2016), distinguishing ID 1234567812345678
+    ML_DSA_44 = "ml-dsa-44"  # pure ML-DSA (FIPS 204), empty context, over the DSSE PAE
+    ML_DSA_65 = "ml-dsa-65"
+    ML_DSA_87 = "ml-dsa-87"
 
 
 class HashAlgorithm(enum.StrEnum):

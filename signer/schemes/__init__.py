@@ -16,6 +16,7 @@ from modelsec.algorithms import SignatureAlgorithm
 from modelsec.errors import UnsupportedAlgorithmError
 from modelsec.signer.schemes.base import KeyBackend, PublicKeyVerifier, SignatureScheme
 from modelsec.signer.schemes.ecdsa import ECDSA_P256, ECDSA_P384
+from modelsec.signer.schemes.mldsa import ML_DSA_44, ML_DSA_65, ML_DSA_87
 from modelsec.signer.schemes.sm2 import SM2
 
 __all__ = [
@@ -33,6 +34,9 @@ _REGISTERED: tuple[SignatureScheme, ...] = (
     ECDSA_P256,
     ECDSA_P384,
     SM2,
+    ML_DSA_44,
+    ML_DSA_65,
+    ML_DSA_87,
 )
 _BY_ALGORITHM: dict[SignatureAlgorithm, SignatureScheme] = {s.algorithm: s for s in _REGISTERED}
 

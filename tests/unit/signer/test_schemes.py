@@ -29,13 +29,20 @@ def test_every_spelling_has_exactly_one_scheme() -> None:
         assert scheme_for(scheme.algorithm) is scheme
         assert scheme_for(scheme.algorithm.value) is scheme
         assert scheme.manifest_hash in scheme.signable_hashes
-    with pytest.raises(UnsupportedAlgorithmError, match="ml-dsa-65"):
-        scheme_for("ml-dsa-65")
+    with pytest.raises(UnsupportedAlgorithmError, match="slh-dsa-sha2-128s"):
+        scheme_for("slh-dsa-sha2-128s")
 
 
 def test_signed_ignore_list_is_unchanged() -> None:
     # Recorded in every manifest's ignore_paths: a change here changes every signed manifest.
-    assert SIGNATURE_FILE_NAMES == ("model.sig", "model.p384.sig", "model.sm2.sig")
+    assert SIGNATURE_FILE_NAMES == (
+        "model.sig",
+        "model.p384.sig",
+        "model.sm2.sig",
+        "model.ml-dsa-44.sig",
+        "model.ml-dsa-65.sig",
+        "model.ml-dsa-87.sig",
+    )
     assert {s.manifest_hash for s in all_schemes()} == {HashAlgorithm.SHA256, HashAlgorithm.SM3}
 
 

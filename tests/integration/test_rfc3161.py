@@ -1,0 +1,182 @@
+"""RFC 3161 timestamps against a real TSA: `openssl ts -reply` behind a loopback HTTP server started here.
+
+The TSA configuration has no `certs=` (rfc3161-client refuses responses that carry extra certificates).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import http.server
+import json
+import shutil
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from modelsec.attestations.bundle import add_timestamps, parse_bundle
+from modelsec.errors import MalformedArtifactError, SignatureError
+from modelsec.policy import Policy
+from modelsec.signer import load_private_key_file, sign_model
+from modelsec.verifier import verify_model
+from modelsec.verifier.timestamps import (
+    check_validity_window,
+    load_timestamp_authority,
+    request_timestamp,
+    verify_timestamps,
+)
+
+pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI (openssl ts)")
+
+_CONFIG = """[ tsa ]
+default_tsa = tsa_config
+[ tsa_config ]
+serial = {dir}/serial
+signer_cert = {dir}/tsa.pem
+signer_key = {dir}/tsa.key
+signer_digest = sha256
+default_policy = 1.2.3.4.1
+digests = sha256, sha384, sha512
+accuracy = secs:1
+ess_cert_id_alg = sha256
+"""
+
+
+def _name(cn: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+def _make_tsa(d: Path, label: str) -> Path:
+    """A root CA and a TSA certificate (critical timeStamping EKU) under `d`; returns the root's PEM path."""
+    now = dt.datetime.now(dt.UTC)
+    root_key, tsa_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    valid = {"not_valid_before": now - dt.timedelta(days=1), "not_valid_after": now + dt.timedelta(days=30)}
+    root = (
+        x509.CertificateBuilder(
+            subject_name=_name(f"{label} root"), issuer_name=_name(f"{label} root"), **valid
+        )
+        .public_key(root_key.public_key())
+        .serial_number(1)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True
+        )
+        .sign(root_key, hashes.SHA256())
+    )
+    tsa = (
+        x509.CertificateBuilder(subject_name=_name(f"{label} tsa"), issuer_name=root.subject, **valid)
+        .public_key(tsa_key.public_key())
+        .serial_number(2)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.TIME_STAMPING]), critical=True)
+        .sign(root_key, hashes.SHA256())
+    )
+    d.mkdir()
+    (d / "root.pem").write_bytes(root.public_bytes(serialization.Encoding.PEM))
+    (d / "tsa.pem").write_bytes(tsa.public_bytes(serialization.Encoding.PEM))
+    (d / "tsa.key").write_bytes(
+        tsa_key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    (d / "serial").write_text("01\n")
+    (d / "ts.cnf").write_text(_CONFIG.format(dir=d))
+    return d / "root.pem"
+
+
+@pytest.fixture(scope="module")
+def tsa(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """(URL of a running TSA, its root certificate file)."""
+    d = tmp_path_factory.mktemp("tsa") / "tsa"
+    root = _make_tsa(d, "trusted")
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            query = self.rfile.read(int(self.headers["Content-Length"]))
+            (d / "q.tsq").write_bytes(query)
+            subprocess.run(
+                ["openssl", "ts", "-reply", "-config", str(d / "ts.cnf"), "-queryfile", str(d / "q.tsq"),
+                 "-out", str(d / "r.tsr")],
+                check=True, capture_output=True, timeout=30,
+            )  # fmt: skip
+            body = (d / "r.tsr").read_bytes()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/timestamp-reply")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/tsa", root
+    server.shutdown()
+    server.server_close()
+
+
+def _signed(model: Path, key_dir: Path) -> tuple[Path, bytes]:
+    sign_model(model, [load_private_key_file(key_dir / "ecdsa-p256.key.pem")])
+    bundle = model / "model.sig"
+    return bundle, parse_bundle(bundle.read_bytes(), source=str(bundle)).signature.sig
+
+
+def test_timestamp_round_trip_and_refusals(
+    tiny_model: Path, key_dir: Path, tsa: tuple[str, Path], tmp_path: Path
+) -> None:
+    url, root = tsa
+    bundle, signature = _signed(tiny_model, key_dir)
+    before = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(seconds=2)
+    token = request_timestamp(signature, url)
+    bundle.write_bytes(add_timestamps(bundle.read_bytes(), [token], source=str(bundle)))
+    doc = json.loads(bundle.read_bytes())
+    stored = doc["verificationMaterial"]["timestampVerificationData"]["rfc3161Timestamps"]
+    assert [base64.b64decode(e["signedTimestamp"]) for e in stored] == [token]
+    parsed = parse_bundle(bundle.read_bytes(), source="b")
+    authority = load_timestamp_authority(root)
+    (when,) = verify_timestamps(parsed.timestamps, signature, [authority], source="b")
+    assert before <= when <= dt.datetime.now(dt.UTC) + dt.timedelta(seconds=2)
+    # A bundle carrying a timestamp still verifies as before.
+    verify_model(tiny_model, Policy.from_key_files([key_dir / "ecdsa-p256.pub.pem"]))
+
+    # Refused: a timestamp over other bytes, and one from a TSA the policy does not name.
+    other = request_timestamp(b"other bytes", url)
+    with pytest.raises(SignatureError, match="not trusted for this signature"):
+        verify_timestamps([other], signature, [authority], source="b")
+    stranger = load_timestamp_authority(_make_tsa(tmp_path / "untrusted", "untrusted"))
+    with pytest.raises(SignatureError, match="not trusted for this signature"):
+        verify_timestamps([token], signature, [stranger], source="b")
+    with pytest.raises(SignatureError, match="no timestamp authority is configured"):
+        verify_timestamps([token], signature, [], source="b")
+    with pytest.raises(MalformedArtifactError, match="not a DER TimeStampResp"):
+        verify_timestamps([b"\x30\x03junk"], signature, [authority], source="b")
+
+
+def test_validity_window_uses_the_trusted_time(
+    key_dir: Path, tiny_model: Path, tsa: tuple[str, Path]
+) -> None:
+    url, root = tsa
+    _, signature = _signed(tiny_model, key_dir)
+    token = request_timestamp(signature, url)
+    (when,) = verify_timestamps([token], signature, [load_timestamp_authority(root)], source="b")
+    # The key's window closed one minute after the timestamp: verified later, the signature still counts.
+    valid_until = when + dt.timedelta(minutes=1)
+    check_validity_window(when, valid_from=when - dt.timedelta(days=1), valid_until=valid_until, key="ci")
+    # Without a timestamp the verification time (now + 1 hour here) decides, and it is outside the window.
+    later = when + dt.timedelta(hours=1)
+    with pytest.raises(SignatureError, match="after key 'ci' validUntil"):
+        check_validity_window(later, valid_from=None, valid_until=valid_until, key="ci")
+    # A signature timestamped after the key's validUntil is refused.
+    with pytest.raises(SignatureError, match="after key 'ci' validUntil"):
+        check_validity_window(when, valid_from=None, valid_until=when - dt.timedelta(seconds=1), key="ci")
+    with pytest.raises(SignatureError, match="before key 'ci' validFrom"):
+        check_validity_window(when, valid_from=when + dt.timedelta(seconds=1), valid_until=None, key="ci")
