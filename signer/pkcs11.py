@@ -25,6 +25,8 @@ signature (`CKA_ALWAYS_AUTHENTICATE`) are not supported.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 import re
 import threading
@@ -216,12 +218,13 @@ class Pkcs11KeySource:
             password: The user PIN, when the URI has no `pin-source` (the service's `passwordEnv`).
 
         Returns:
-            A backend signing inside the token (serialised: one signature at a time per backend).
+            A backend signing inside the token. All keys of one token share one logged-in session (PKCS#11
+            logs in per application and token), which signs one message at a time.
 
         Raises:
             KeyMaterialError: No PIN or two; the module cannot be loaded; no such token (not present,
-                removed) or several; a wrong or locked PIN; no such private key or several, or no public key
-                object beside it.
+                removed) or several; a wrong or locked PIN, or another PIN than the token was opened with;
+                no such private key or several, or no public key object beside it.
             UnsupportedAlgorithmError: Not an EC key on P-256 or P-384 (SM2 is refused: see the module
                 docstring).
             BackendUnavailableError: python-pkcs11 is not installed.
@@ -236,6 +239,23 @@ class Pkcs11KeySource:
                 f"{where}: cannot load the PKCS#11 module {self.uri.module_path}: {e}"
             ) from e
         token = self._token(lib, where)
+        with _LOGINS_LOCK:
+            login = self._login(p11, token, pin, where)
+        try:
+            with login.lock:
+                return self._backend(p11, login, where)
+        except p11.PKCS11Error as e:
+            raise KeyMaterialError(f"{where}: cannot read the key pair from the token: {_why(e)}") from e
+
+    def _login(self, p11: ModuleType, token: Any, pin: str, where: str) -> _Login:
+        """The logged-in session of `token`: the cached one (same PIN required), else a new login."""
+        slot = (os.path.realpath(self.uri.module_path), int(token.slot.slot_id))
+        digest = hashlib.sha256(pin.encode("utf-8")).digest()
+        login = _LOGINS.get(slot)
+        if login is not None:
+            if not hmac.compare_digest(login.pin_digest, digest):
+                raise KeyMaterialError(f"{where}: the token is already logged in with another PIN")
+            return login
         try:
             session = token.open(user_pin=pin)
         except p11.exceptions.PinIncorrect:
@@ -244,11 +264,8 @@ class Pkcs11KeySource:
             raise KeyMaterialError(f"{where}: the token's user PIN is locked (too many wrong PINs)") from None
         except p11.PKCS11Error as e:
             raise KeyMaterialError(f"{where}: cannot log in to the token: {_why(e)}") from e
-        try:
-            return self._backend(p11, session, where)
-        except BaseException:
-            session.close()
-            raise
+        _LOGINS[slot] = login = _Login(slot, session, digest)
+        return login
 
     def _pin(self, password: bytes | None, where: str) -> str:
         source = self.uri.pin_source
@@ -284,7 +301,8 @@ class Pkcs11KeySource:
             raise KeyMaterialError(f"{where}: {len(matches)} tokens match the URI; name one with token=LABEL")
         return matches[0]
 
-    def _backend(self, p11: ModuleType, session: Any, where: str) -> KeyBackend:
+    def _backend(self, p11: ModuleType, login: _Login, where: str) -> KeyBackend:
+        session = login.session
         Attribute, ObjectClass = p11.Attribute, p11.ObjectClass
         selector: dict[Any, Any] = {}
         if self.uri.object is not None:
@@ -316,7 +334,22 @@ class Pkcs11KeySource:
             public_key = ec.EllipticCurvePublicKey.from_encoded_point(scheme.curve(), point)
         except ValueError as e:
             raise KeyMaterialError(f"{where}: the token's public key is not a point on the curve") from e
-        return _Pkcs11Backend(scheme, public_key, session, key, p11, where)
+        return _Pkcs11Backend(scheme, public_key, login, key, p11, where)
+
+
+@dataclass(frozen=True, slots=True)
+class _Login:
+    slot: tuple[str, int]  # (real path of the module, slot id)
+    session: Any = field(repr=False)
+    pin_digest: bytes = field(repr=False)
+    # A PKCS#11 session runs one operation at a time; the gRPC service signs from many threads.
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+
+# PKCS#11 login state belongs to the application and the token, not to a session: a second login fails
+# (CKR_USER_ALREADY_LOGGED_IN), so all keys of one token share one logged-in session, for the process.
+_LOGINS: dict[tuple[str, int], _Login] = {}
+_LOGINS_LOCK = threading.Lock()
 
 
 def _why(error: Exception) -> str:
@@ -364,12 +397,10 @@ def _ec_point(value: bytes, scheme: EcdsaScheme) -> bytes:
 class _Pkcs11Backend:
     _scheme: EcdsaScheme
     _public: ec.EllipticCurvePublicKey
-    _session: Any
+    _login: _Login
     _key: Any
     _p11: ModuleType
     _where: str
-    # A PKCS#11 session runs one operation at a time; the gRPC service signs from many threads.
-    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __repr__(self) -> str:
         return f"<PKCS#11 key backend {self.algorithm} {self._where}>"
@@ -403,9 +434,12 @@ class _Pkcs11Backend:
             exceptions.DeviceError,
         )
         try:
-            with self._lock:
+            with self._login.lock:
                 raw = self._key.sign(digest, mechanism=self._p11.Mechanism.ECDSA)
         except gone as e:
+            with _LOGINS_LOCK:  # the next open logs in afresh
+                if _LOGINS.get(self._login.slot) is self._login:
+                    del _LOGINS[self._login.slot]
             raise BackendUnavailableError(f"{self._where}: the token is gone: {_why(e)}") from e
         except self._p11.PKCS11Error as e:
             raise KeyMaterialError(f"{self._where}: the token refused to sign: {_why(e)}") from e
