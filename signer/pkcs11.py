@@ -189,12 +189,9 @@ def _read_pin(source: str, where: str) -> str:
 
 
 def _binding() -> ModuleType:
-    try:
-        import pkcs11
-    except ModuleNotFoundError as e:
-        raise BackendUnavailableError(
-            f"PKCS#11 keys need python-pkcs11, which is not installed: pip install 'modelsec[pkcs11]' ({e})"
-        ) from e
+    """python-pkcs11; a ModuleNotFoundError names the `pkcs11` extra (`modelsec._lazy`) to the CLI."""
+    import pkcs11
+
     return pkcs11
 
 
@@ -227,11 +224,11 @@ class Pkcs11KeySource:
                 no such private key or several, or no public key object beside it.
             UnsupportedAlgorithmError: Not an EC key on P-256 or P-384 (SM2 is refused: see the module
                 docstring).
-            BackendUnavailableError: python-pkcs11 is not installed.
+            ModuleNotFoundError: python-pkcs11 is not installed (`pip install 'modelsec[pkcs11]'`).
         """
         where = self.reference
-        pin = self._pin(password, where)
         p11 = _binding()
+        pin = self._pin(password, where)
         try:
             lib = p11.lib(self.uri.module_path)
         except p11.PKCS11Error as e:

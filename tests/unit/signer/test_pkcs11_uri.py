@@ -70,6 +70,7 @@ def test_malformed_uris_are_refused_naming_the_attribute(uri: str, message: str)
     ],
 )
 def test_pin_sources_other_than_a_file_or_variable_are_refused(pin_source: str, message: str) -> None:
+    pytest.importorskip("pkcs11", reason="python-pkcs11 is not installed (pip install 'modelsec[pkcs11]')")
     source = key_source(f"pkcs11:object=k?{_MODULE}&pin-source={pin_source}")
     with pytest.raises(KeyMaterialError, match=message) as caught:
         source.open()  # the PIN is read before the module is loaded
@@ -77,6 +78,7 @@ def test_pin_sources_other_than_a_file_or_variable_are_refused(pin_source: str, 
 
 
 def test_a_pin_from_the_uri_and_from_the_caller_is_ambiguous(tmp_path: Path) -> None:
+    pytest.importorskip("pkcs11", reason="python-pkcs11 is not installed (pip install 'modelsec[pkcs11]')")
     (tmp_path / "pin").write_text("1234\n")
     source = key_source(f"pkcs11:object=k?{_MODULE}&pin-source=file:{tmp_path / 'pin'}")
     with pytest.raises(KeyMaterialError, match="pin-source and a PIN was given as well"):
