@@ -235,7 +235,7 @@ class Pkcs11KeySource:
             raise KeyMaterialError(
                 f"{where}: cannot load the PKCS#11 module {self.uri.module_path}: {e}"
             ) from e
-        token = self._token(lib, where)
+        token = self._token(p11, lib, where)
         with _LOGINS_LOCK:
             login = self._login(p11, token, pin, where)
         try:
@@ -279,13 +279,22 @@ class Pkcs11KeySource:
         except UnicodeDecodeError:
             raise KeyMaterialError(f"{where}: the PIN is not UTF-8") from None
 
-    def _token(self, lib: Any, where: str) -> Any:
+    def _token(self, p11: ModuleType, lib: Any, where: str) -> Any:
         wanted = {attr: getattr(self.uri, attr) for attr in ("token", "manufacturer", "model", "serial")}
         matches = []
-        for slot in lib.get_slots(token_present=True):
+        try:
+            slots = lib.get_slots(token_present=True)
+        except p11.PKCS11Error as e:
+            raise KeyMaterialError(
+                f"{where}: cannot list the slots of {self.uri.module_path}: {_why(e)}"
+            ) from e
+        for slot in slots:
             if self.uri.slot_id is not None and slot.slot_id != self.uri.slot_id:
                 continue
-            token = slot.get_token()
+            try:
+                token = slot.get_token()
+            except p11.PKCS11Error:
+                continue  # a token removed since the slot list was read
             have = {k: _token_text(getattr(token, v)) for k, v in _TOKEN_ATTRS.items()}
             if all(value is None or have[k] == value for k, value in wanted.items()):
                 matches.append(token)
@@ -415,7 +424,8 @@ class _Pkcs11Backend:
         """Sign `message` in the token: low-S DER, checked against the public key object.
 
         Raises:
-            BackendUnavailableError: The token was removed or its session is gone (retryable once it is back).
+            BackendUnavailableError: The token or the key was removed, or the session is gone (retryable:
+                the next `open` logs in afresh).
             KeyMaterialError: The token refused to sign, returned a malformed signature, or one that does not
                 verify under its public key object.
         """
@@ -426,9 +436,12 @@ class _Pkcs11Backend:
         gone = (
             exceptions.DeviceRemoved,
             exceptions.TokenNotPresent,
+            exceptions.TokenNotRecognised,
             exceptions.SessionClosed,
             exceptions.SessionHandleInvalid,
             exceptions.DeviceError,
+            exceptions.ObjectHandleInvalid,  # SoftHSM2, its token deleted under an open session
+            exceptions.KeyHandleInvalid,
         )
         try:
             with self._login.lock:
@@ -437,7 +450,9 @@ class _Pkcs11Backend:
             with _LOGINS_LOCK:  # the next open logs in afresh
                 if _LOGINS.get(self._login.slot) is self._login:
                     del _LOGINS[self._login.slot]
-            raise BackendUnavailableError(f"{self._where}: the token is gone: {_why(e)}") from e
+            raise BackendUnavailableError(
+                f"{self._where}: the token or its key is gone (removed?): {_why(e)}"
+            ) from e
         except self._p11.PKCS11Error as e:
             raise KeyMaterialError(f"{self._where}: the token refused to sign: {_why(e)}") from e
         size = _coordinate_bytes(self._scheme)

@@ -6,17 +6,19 @@ object it stores without checking is refused by modelsec with a plain message, t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
 import subprocess
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from modelsec.attestations.bundle import parse_bundle
-from modelsec.errors import KeyMaterialError, PolicyError
+from modelsec.errors import BackendUnavailableError, KeyMaterialError, PolicyError
 from modelsec.signer.der import decode_signature
 from modelsec.signer.schemes.ecdsa import ECDSA_P256, ECDSA_P384
 from tests.conftest import run_cli, write_tiny_model
@@ -107,6 +109,15 @@ def test_cli_token_errors_are_one_clear_line(token: Token, tmp_path: Path) -> No
 def session_token(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Token]:
     """The one token this process loads SoftHSM2 for (it reads SOFTHSM2_CONF once per process)."""
     token = make_token(tmp_path_factory.mktemp("hsm-api"), label="api")
+    # A second token in the same directory, for the removal test: SoftHSM2 only sees tokens that exist
+    # when this process first loads it.
+    subprocess.run(
+        ["softhsm2-util", "--init-token", "--free", "--label", "doomed", "--so-pin", "5678", "--pin", PIN],
+        env=token.env,
+        check=True,
+        capture_output=True,
+    )
+    dataclasses.replace(token, label="doomed").generate("doomed", "09", "secp256r1")
     saved = os.environ.get("SOFTHSM2_CONF")
     os.environ["SOFTHSM2_CONF"] = token.env["SOFTHSM2_CONF"]
     yield token
@@ -134,6 +145,10 @@ def test_api_signs_a_model_and_the_private_key_never_leaves_the_token(
         signature = backend.sign(message)
         assert decode_signature(signature, ECDSA_P256.order)[1] <= ECDSA_P256.order // 2
         trusted.verify(signature, message)
+    # The gRPC service signs from many threads: one session, one operation at a time.
+    with ThreadPoolExecutor(8) as pool:
+        for message, signature in pool.map(lambda i: (b"%d" % i, backend.sign(b"%d" % i)), range(64)):
+            trusted.verify(signature, message)
     model = write_tiny_model(tmp_path / "model")
     signed = sign_model(model, [backend])
     assert verify_model(model, Policy.from_key_files([session_token.public_key()])).root_digest == (
@@ -146,6 +161,24 @@ def test_api_signs_a_model_and_the_private_key_never_leaves_the_token(
         assert key[pkcs11.Attribute.EXTRACTABLE] is False
         with pytest.raises(pkcs11.exceptions.AttributeSensitive):
             key[pkcs11.Attribute.VALUE]
+
+
+def test_a_token_removed_under_an_open_key_is_one_clear_error(session_token: Token) -> None:
+    from modelsec.signer import key_source
+
+    doomed = dataclasses.replace(session_token, label="doomed")
+    backend = key_source(doomed.uri("doomed")).open()
+    backend.sign(b"before")
+    subprocess.run(
+        ["softhsm2-util", "--delete-token", "--token", "doomed"],
+        env=doomed.env,
+        check=True,
+        capture_output=True,
+    )
+    with pytest.raises(BackendUnavailableError, match="the token or its key is gone"):
+        backend.sign(b"after")
+    with pytest.raises(KeyMaterialError, match="no token matching the URI is present"):
+        key_source(doomed.uri("doomed")).open()
 
 
 def test_service_config_refuses_a_pin_in_a_key_uri(tmp_path: Path, key_dir: Path) -> None:
