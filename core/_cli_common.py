@@ -310,13 +310,21 @@ def _password(path: Path, sources: dict[str, str] | None = None) -> bytes | None
 def _open_signing_key(path: Path, sources: dict[str, str] | None = None) -> Any:
     """Open the private key `path` names for signing (`modelsec.signer.keys.key_source`), with its password.
 
+    A `pkcs11:` URI reads its PIN from its own `pin-source` (`modelsec.signer.pkcs11`), never from a prompt.
+
     Raises:
-        KeyMaterialError: See `_password`; or the key cannot be loaded.
-        UnsupportedAlgorithmError: A `pkcs11:` URI (not supported yet), or an unsupported key type.
+        KeyMaterialError: See `_password`; or the key cannot be loaded; `--key-password` for a token key.
+        UnsupportedAlgorithmError: An unsupported key type.
+        BackendUnavailableError: A token key without python-pkcs11 installed, or a removed token.
     """
-    from modelsec.signer.keys import key_source
+    from modelsec.errors import KeyMaterialError
+    from modelsec.signer.keys import PemFileKeySource, key_source
 
     source = key_source(path)
+    if not isinstance(source, PemFileKeySource):
+        if _same_file_key(path) in (sources or {}):
+            raise KeyMaterialError(f"{source.reference}: --key-password is for PEM keys; a URI names its PIN")
+        return source.open()
     return source.open(password=_password(path, sources))
 
 

@@ -14,6 +14,7 @@ _EXTRA_MODULES: Final[dict[str, frozenset[str]]] = {
     "grpc": frozenset({"grpc", "grpc_health", "grpc_reflection", "google", "prometheus_client"}),
     "webhook": frozenset({"uvicorn", "starlette", "prometheus_client"}),
     "watermark": frozenset({"torch", "numpy", "scipy"}),
+    "pkcs11": frozenset({"pkcs11"}),
 }
 # The extra that gives a command everything it needs, where one does.
 _COMMAND_EXTRA: Final[dict[str, str]] = {

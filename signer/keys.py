@@ -17,12 +17,14 @@ import hashlib
 import os
 import re
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from modelsec.algorithms import SignatureAlgorithm
 from modelsec.errors import KeyMaterialError, SignatureError, UnsupportedAlgorithmError
+from modelsec.signer.pkcs11 import Pkcs11KeySource
 from modelsec.signer.schemes import (
     KeyBackend,
     PublicKeyVerifier,
@@ -216,7 +218,7 @@ def generate_private_key_pem(
 class KeySource(Protocol):
     """Where a private key lives; opens it as a `KeyBackend`.
 
-    A PEM file today; PKCS#11 tokens and the gRPC signing service plug in here (`key_source` chooses).
+    A PEM file, or a key in a PKCS#11 token (`modelsec.signer.pkcs11`); `key_source` chooses.
     """
 
     @property
@@ -253,21 +255,25 @@ class PemFileKeySource:
 def key_source(reference: str | os.PathLike[str]) -> KeySource:
     """The key source a private-key reference names: the one place that decides.
 
-    A `pkcs11:` URI (RFC 7512) names a token key, which is not supported yet; anything else is a PEM file
-    path.
+    A URI whose scheme is registered in `_URI_KEY_SOURCES` (`pkcs11:`, RFC 7512: a key in a PKCS#11
+    token, see `modelsec.signer.pkcs11`) opens through that source; anything else is a PEM file path.
 
     Args:
         reference: A file path, or a URI.
 
     Returns:
-        The key source; nothing is read yet.
+        The key source; nothing is opened yet (a URI is parsed).
 
     Raises:
-        UnsupportedAlgorithmError: A `pkcs11:` URI.
+        KeyMaterialError: A malformed URI of a registered scheme (e.g. a PIN written into a `pkcs11:` URI).
     """
     text = os.fspath(reference)
-    if text.lower().startswith("pkcs11:"):
-        raise UnsupportedAlgorithmError(
-            f"{text}: PKCS#11 keys are not supported yet (tracked in issue 16); give a PEM private key file"
-        )
-    return PemFileKeySource(Path(text))
+    scheme, colon, _ = text.partition(":")
+    from_uri = _URI_KEY_SOURCES.get(scheme.lower()) if colon else None
+    return PemFileKeySource(Path(text)) if from_uri is None else from_uri(text)
+
+
+# URI scheme -> the key source that opens such URIs. A new key source is its module plus one line here.
+_URI_KEY_SOURCES: dict[str, Callable[[str], KeySource]] = {
+    "pkcs11": Pkcs11KeySource.from_uri,
+}

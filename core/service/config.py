@@ -20,7 +20,10 @@ keys:                                # server-held signing keys, KMS style
   - name: ci-p256
     version: "1"
     path: keys/ci-p256.key.pem
-    passwordEnv: CI_P256_PASSWORD    # for an encrypted PEM
+    passwordEnv: CI_P256_PASSWORD    # for an encrypted PEM (or a token's PIN)
+  - name: hsm                        # a key in a PKCS#11 token (RFC 7512 URI; see modelsec.signer.pkcs11)
+    version: "1"
+    path: "pkcs11:token=ci;object=release?module-path=/usr/lib/softhsm/libsofthsm2.so&pin-source=env:PIN"
     roles: [weights, watermark, gate]  # which predicate types the key may sign
     allow: ["spiffe://example.org/ci/*", ci-team-a]   # identities (globs) that may use it
 watermarkKeys:
@@ -107,7 +110,7 @@ class KeyConfig:
 
     name: str
     version: str
-    path: Path
+    path: Path | str  # a PEM file, or a key-source URI such as `pkcs11:…` (`modelsec.signer.keys.key_source`)
     password_env: str | None
     roles: frozenset[str]
     allow: tuple[str, ...]
@@ -197,6 +200,22 @@ def _path(value: str, base: Path) -> Path:
     return Path(value) if os.path.isabs(value) else base / value
 
 
+def _key_ref(value: str, base: Path, where: str) -> Path | str:
+    """A signing key's `path`: a key-source URI (`pkcs11:…`) as written, else a path like `_path`.
+
+    Raises:
+        PolicyError: A malformed URI (the message starts with `where`).
+    """
+    from modelsec.errors import KeyMaterialError
+    from modelsec.signer.keys import PemFileKeySource, key_source
+
+    try:
+        pem = isinstance(key_source(value), PemFileKeySource)
+    except KeyMaterialError as e:
+        raise PolicyError(f"{where}: {e}") from None
+    return _path(value, base) if pem else value
+
+
 def _listen(value: object, where: str) -> str:
     """Check a `HOST:PORT` listen address given outside the file (`modelsec serve --listen`).
 
@@ -226,7 +245,7 @@ def server_config_from_mapping(doc: object, *, base_dir: Path, source: str) -> S
     """Validate a parsed server configuration document (relative paths resolved against `base_dir`).
 
     Raises:
-        PolicyError: Invalid document (the message names the field path).
+        PolicyError: Invalid document (the message names the field path), e.g. a malformed `pkcs11:` key URI.
     """
     top = validate(ServerConfigModel, doc, source)
     tls = None
@@ -246,9 +265,14 @@ def server_config_from_mapping(doc: object, *, base_dir: Path, source: str) -> S
             access[info.alias or name] = tuple(patterns)
     keys = tuple(
         KeyConfig(
-            k.name, k.version, _path(k.path, base_dir), k.password_env, frozenset(k.roles), tuple(k.allow)
+            k.name,
+            k.version,
+            _key_ref(k.path, base_dir, f"{source}: keys[{i}].path"),
+            k.password_env,
+            frozenset(k.roles),
+            tuple(k.allow),
         )
-        for k in top.keys
+        for i, k in enumerate(top.keys)
     )
     if len({k.key_version for k in keys}) != len(keys):
         raise PolicyError(f"{source}: keys: a key version is listed twice")

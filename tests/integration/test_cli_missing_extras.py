@@ -22,7 +22,7 @@ from modelsec.signer import generate_private_key_pem
 pytestmark = pytest.mark.integration
 
 EXTRA_MODULES = (
-    "torch,numpy,scipy,grpc,grpc_health,grpc_reflection,google,prometheus_client,uvicorn,starlette"
+    "torch,numpy,scipy,grpc,grpc_health,grpc_reflection,google,prometheus_client,uvicorn,starlette,pkcs11"
 )
 BLOCKER = """
 import importlib.abc, os, sys
@@ -77,6 +77,7 @@ SERVER = ["--server", "localhost:1", "--plaintext"]
 CASES = {
     "sign --server": (["sign", "model", *SERVER, "--key-version", "ci/1"], "grpc"),
     "serve": (["serve", "--config", "server.yaml"], "grpc"),
+    "sign": (["sign", "model", "-k", "pkcs11:object=ci?module-path=/x.so&pin-source=env:PIN"], "pkcs11"),
     "attest pull": (["attest", "pull", "ab" * 32, *SERVER], "grpc"),
     "attest push": (["attest", "push", "ci.pub.pem", *SERVER], "grpc"),
     "webhook serve": (

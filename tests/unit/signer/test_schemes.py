@@ -116,7 +116,8 @@ def test_key_source_is_chosen_by_the_reference(tmp_path: Path) -> None:
     source = key_source(tmp_path / "k.pem")
     assert source == PemFileKeySource(tmp_path / "k.pem") and source.reference == str(tmp_path / "k.pem")
     assert source.open().public_key_pem() == load_trusted_key(public, name="p").pem
-    with pytest.raises(UnsupportedAlgorithmError, match=r"PKCS#11 keys are not supported yet.*issue 16"):
-        key_source("pkcs11:token=ci;object=release-key")
+    assert key_source("pkcs11:token=ci;object=k?module-path=/m.so").reference == "pkcs11:token=ci;object=k"
+    with pytest.raises(KeyMaterialError, match=r"module-path=/path/to/pkcs11-module\.so is required"):
+        key_source("pkcs11:token=ci;object=release-key")  # a token key (modelsec.signer.pkcs11), not a path
     with pytest.raises(KeyMaterialError, match="cannot open key file"):
         key_source(tmp_path / "missing.pem").open()
