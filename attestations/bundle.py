@@ -17,7 +17,7 @@ import base64
 import binascii
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from modelsec._strict_json import strict_loads
@@ -60,11 +60,14 @@ class Bundle:
         envelope: The DSSE envelope with exactly one signature.
         hint: `verificationMaterial.publicKey.hint`, untrusted, or "" when absent.
         source: Names the bundle (path) in diagnostics.
+        data: The bundle file's bytes, for the verifiers of certificate and keyless bundles
+            (`modelsec.verifier.identity`), which believe its certificates only through a configured root.
     """
 
     envelope: Envelope
     hint: str
     source: str
+    data: bytes = field(default=b"", repr=False, compare=False)
 
     @property
     def signature(self) -> EnvelopeSignature:
@@ -151,7 +154,7 @@ def parse_bundle(data: bytes, *, source: str) -> Bundle:
     envelope = Envelope(
         payload=payload, payload_type=payload_type, signatures=(EnvelopeSignature(sig, keyid),)
     )
-    return Bundle(envelope=envelope, hint=hint, source=source)
+    return Bundle(envelope=envelope, hint=hint, source=source, data=data)
 
 
 def bundle_to_json(envelope: Envelope, *, hint: str) -> bytes:

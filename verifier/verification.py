@@ -524,9 +524,9 @@ def verify_signatures(
             else _read_bundle_at(root_fd, path, limits)
         )
         try:
-            key = verify_bundle_signature(bundle, policy.keys)
+            key = verify_bundle_signature(bundle, policy.keys, authorities=policy.authorities)
         except SignatureError:
-            if not explicit and not family_has_key(path, policy.keys):
+            if not explicit and not family_has_key(path, policy.keys, policy.authorities):
                 skipped.append(path)
                 continue
             raise
