@@ -402,6 +402,8 @@ class PolicySet:
 
 def _policy(item: PolicyModel, where: str, base_dir: Path) -> Policy:
     """A validated policy entry as a `Policy`: keys loaded, paths resolved against `base_dir`."""
+    if not item.keys and not item.authorities:
+        raise PolicyError(f"{where}: trusts nothing: give at least one of keys and authorities")
     return Policy(
         keys=tuple(_load_key(k, f"{where}.keys[{j}]", base_dir) for j, k in enumerate(item.keys)),
         require_algorithms=frozenset(item.require_algorithms),

@@ -178,3 +178,35 @@ def test_policy_file_with_a_sigstore_authority(doc: dict[str, object], tmp_path:
     assert verify_bundle_signature(bundle, policy.keys, authorities=policy.authorities).name.startswith(
         "sigstage"
     )
+
+
+def test_policy_without_keys_or_authorities_is_refused(tmp_path: Path) -> None:
+    doc = {
+        "apiVersion": "modelsec.dev/v1alpha1",
+        "kind": "ModelPolicy",
+        "policies": [{"name": "x", "match": ["*"]}],
+    }
+    with pytest.raises(PolicyError, match=r"policy.yaml: policies\[0\]: trusts nothing"):
+        PolicySet.from_mapping(doc, base_dir=tmp_path, source="policy.yaml")
+
+
+@pytest.mark.parametrize(
+    ("identity", "message"),
+    [
+        ({"identity": IDENTITY}, "needs issuer or issuerRegexp"),
+        ({"identity": IDENTITY, "identityRegexp": ".*", "issuer": ISSUER}, "exactly one of identity"),
+        ({"identity": IDENTITY, "issuer": ISSUER, "issuerRegexp": ".*"}, "issuer or issuerRegexp, not both"),
+        ({"identityRegexp": "(", "issuer": ISSUER}, "not a regular expression"),
+    ],
+)
+def test_sigstore_identity_rules_are_validated(
+    identity: dict[str, str], message: str, tmp_path: Path
+) -> None:
+    authority = {"name": "s", "sigstore": {"identities": [identity]}}
+    doc = {
+        "apiVersion": "modelsec.dev/v1alpha1",
+        "kind": "ModelPolicy",
+        "policies": [{"name": "x", "match": ["*"], "authorities": [authority]}],
+    }
+    with pytest.raises(PolicyError, match=re.escape(message)):
+        PolicySet.from_mapping(doc, base_dir=tmp_path, source="policy.yaml")
