@@ -8,6 +8,7 @@ verifies it only through the root named in the policy (DESIGN.md decision 12).
 from __future__ import annotations
 
 import datetime
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from modelsec.errors import PolicyError, SignatureError
 from modelsec.policy import Policy, PolicySet
 from modelsec.verifier import verify_model
-from tests.conftest import write_tiny_model
+from tests.conftest import run_cli, write_tiny_model
 
 signing = pytest.importorskip("model_signing.signing", reason="model_signing is the reference signer")
 
@@ -180,13 +181,13 @@ def test_untrusted_root_refused(setup: Setup, tmp_path: Path) -> None:
 
 def test_wrong_san_refused(setup: Setup) -> None:
     model, policy = setup(san="intern@corp.example")
-    with pytest.raises(SignatureError, match="intern@corp.example.*not an identity the policy trusts"):
+    with pytest.raises(SignatureError, match=r"intern@corp\.example.*not an identity the policy trusts"):
         verify_model(model, policy)
 
 
 def test_expired_leaf_refused(setup: Setup) -> None:
     model, policy = setup(not_after=NOW - datetime.timedelta(minutes=1))
-    with pytest.raises(SignatureError, match="does not verify to a configured root.*not valid at"):
+    with pytest.raises(SignatureError, match=r"does not verify to a configured root.*not valid at"):
         verify_model(model, policy)
 
 
@@ -219,3 +220,27 @@ def test_authority_must_name_a_readable_root(tmp_path: Path) -> None:
     }
     with pytest.raises(PolicyError, match=r"authorities\[0\]\.x509\.roots\[0\]"):
         PolicySet.from_mapping(doc, base_dir=tmp_path, source="policy.yaml")
+
+
+def test_cli_verify_with_a_policy_file(setup: Setup, tmp_path: Path) -> None:
+    model, _ = setup()
+    policy = {
+        "apiVersion": "modelsec.dev/v1alpha1",
+        "kind": "ModelPolicy",
+        "policies": [
+            {
+                "name": "corp",
+                "match": ["file:///**"],
+                "authorities": [
+                    {"name": "corp-ca", "x509": {"roots": ["root.pem"], "identities": [{"san": SAN}]}}
+                ],
+            }
+        ],
+    }
+    (tmp_path / "policy.json").write_text(json.dumps(policy))
+    r = run_cli("verify", model, "--policy", tmp_path / "policy.json", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout)["bundles"][0]["key"] == f"corp-ca: {SAN}"
+    (tmp_path / "root.pem").write_bytes(_ca("other root").cert.public_bytes(serialization.Encoding.PEM))
+    r = run_cli("verify", model, "--policy", tmp_path / "policy.json", "--json")
+    assert r.returncode == 1 and json.loads(r.stdout)["error"]["kind"] == "SignatureError"
