@@ -18,7 +18,7 @@ import binascii
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from modelsec._strict_json import strict_loads
@@ -76,12 +76,15 @@ class Bundle:
         timestamps: The DER `TimeStampResp` of each RFC 3161 timestamp in
             `verificationMaterial.timestampVerificationData.rfc3161Timestamps` (over the signature bytes),
             unverified (`modelsec.verifier.timestamps`).
+        data: The bundle file's bytes, for the verifiers of certificate and keyless bundles
+            (`modelsec.verifier.identity`), which believe its certificates only through a configured root.
     """
 
     envelope: Envelope
     hint: str
     source: str
     timestamps: tuple[bytes, ...] = ()
+    data: bytes = field(default=b"", repr=False, compare=False)
 
     @property
     def signature(self) -> EnvelopeSignature:
@@ -170,7 +173,7 @@ def parse_bundle(data: bytes, *, source: str) -> Bundle:
     envelope = Envelope(
         payload=payload, payload_type=payload_type, signatures=(EnvelopeSignature(sig, keyid),)
     )
-    return Bundle(envelope=envelope, hint=hint, source=source, timestamps=timestamps)
+    return Bundle(envelope=envelope, hint=hint, source=source, timestamps=timestamps, data=data)
 
 
 def _parse_timestamps(data: Any, *, source: str) -> tuple[bytes, ...]:

@@ -35,7 +35,9 @@ from modelsec.limits import SAFETENSORS_MAX_HEADER_SIZE, Limits
 __all__ = [
     "API_VERSION",
     "MAX_AGE_SECONDS",
+    "AuthorityModel",
     "GateSpecModel",
+    "IdentityModel",
     "KeyRefModel",
     "PolicyFileModel",
     "PolicyModel",
@@ -212,12 +214,85 @@ class LimitsModel(_Model):
     hash_chunk_bytes: int | None = _bound("hash_chunk_bytes")
 
 
+class IdentityModel(_Model):
+    """An identity a certificate must name (exact or regular expression, matched in full) and its issuer."""
+
+    issuer: Pattern | None = None
+    issuer_regexp: Pattern | None = None
+
+    @model_validator(mode="after")
+    def _one_issuer(self) -> IdentityModel:
+        if self.issuer is not None and self.issuer_regexp is not None:
+            raise ValueError(": give issuer or issuerRegexp, not both")
+        return self
+
+
+class X509IdentityModel(IdentityModel):
+    """A leaf certificate's SAN (URI, email or Sigstore otherName), with an optional OIDC issuer."""
+
+    san: Pattern | None = None
+    san_regexp: Pattern | None = None
+
+    @model_validator(mode="after")
+    def _one_san(self) -> X509IdentityModel:
+        if (self.san is None) == (self.san_regexp is None):
+            raise ValueError(": give exactly one of san and sanRegexp")
+        return self
+
+
+class SigstoreIdentityModel(IdentityModel):
+    """A Fulcio certificate's identity (like cosign's `--certificate-identity[-regexp]`) and its issuer."""
+
+    identity: Pattern | None = None
+    identity_regexp: Pattern | None = None
+
+    @model_validator(mode="after")
+    def _both(self) -> SigstoreIdentityModel:
+        if (self.identity is None) == (self.identity_regexp is None):
+            raise ValueError(": give exactly one of identity and identityRegexp")
+        if self.issuer is None and self.issuer_regexp is None:
+            raise ValueError(": a keyless identity needs issuer or issuerRegexp")
+        return self
+
+
+class X509Model(_Model):
+    """Certificate trust: PEM root files (relative to the policy file) and the identities they vouch for."""
+
+    roots: list[Text] = Field(min_length=1)
+    identities: list[X509IdentityModel] = Field(min_length=1)
+
+
+class SigstoreModel(_Model):
+    """Keyless trust: a Sigstore trusted root (`production`, `staging` or a `trusted_root.json` file)."""
+
+    trusted_root: Text = "production"
+    identities: list[SigstoreIdentityModel] = Field(min_length=1)
+
+
+class AuthorityModel(_Model):
+    """A certificate or Sigstore authority (one of `x509` and `sigstore`) and the roles it may sign."""
+
+    name: Name
+    roles: list[Role] = Field(default_factory=_all_roles, description="empty: every role")
+    x509: X509Model | None = None
+    sigstore: SigstoreModel | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> AuthorityModel:
+        if (self.x509 is None) == (self.sigstore is None):
+            raise ValueError(": give exactly one of x509 and sigstore")
+        return self
+
+
 class PolicyModel(_Model):
     """One named policy: the model references it covers and what it requires."""
 
     name: Text
     match: list[Pattern]
-    keys: list[KeyEntry] = Field(min_length=1)
+    keys: list[KeyEntry] = Field(
+        default_factory=list, description="pinned keys; at least one key or authority"
+    )
+    authorities: list[AuthorityModel] = Field(default_factory=list)
     require_algorithms: list[Signature] = Field(default_factory=list)
     require_digest: bool = True
     check_hashes: list[Hash] = Field(default_factory=list)

@@ -1,4 +1,4 @@
-"""Verification policy: which keys are trusted, which algorithms must have signed, what is refused.
+"""Verification policy: which keys and identities are trusted, which algorithms must sign, what is refused.
 
 Two levels:
 
@@ -23,6 +23,18 @@ policies:
     keys:
       - {path: trust/ci-p256.pub.pem, name: ci-ecdsa, roles: [weights]}
       - trust/ci-sm2.pub.pem               # shorthand: all roles
+    authorities:                           # identities, besides pinned keys (DESIGN.md decision 12)
+      - name: corp-ca
+        roles: [weights]
+        x509:
+          roots: [trust/corp-root.pem]       # bundles' own intermediates are untrusted path material
+          identities: [{san: "mailto:release@corp.example"}]
+      - name: sigstore
+        sigstore:
+          trustedRoot: production            # production | staging | a trusted_root.json file
+          identities:
+            - identity: https://github.com/org/repo/.github/workflows/release.yml@refs/heads/main
+              issuer: https://token.actions.githubusercontent.com
     requireAlgorithms: [ecdsa-p256, sm2]
     checkHashes: [sha256]                  # file digests the loader recomputes (default: every signed one)
     allowRemoteCode: false
@@ -55,16 +67,27 @@ from modelsec.limits import Limits
 from modelsec.signer.keys import TrustedKey, load_trusted_key_file
 
 if TYPE_CHECKING:  # pydantic is imported when a file is parsed, not by every `import modelsec.policy`
-    from modelsec._config_models import KeyRefModel, PolicyModel, RobustnessModel, WatermarkModel
+    from modelsec._config_models import (
+        AuthorityModel,
+        IdentityModel,
+        KeyRefModel,
+        PolicyModel,
+        RobustnessModel,
+        WatermarkModel,
+    )
 
 __all__ = [
     "API_VERSION",
     "POLICY_ENV",
     "ROLES",
+    "Authority",
+    "IdentityRule",
     "Policy",
     "PolicySet",
     "RobustnessRequirement",
+    "SigstoreAuthority",
     "WatermarkRequirement",
+    "X509Authority",
     "model_uri",
 ]
 
@@ -111,11 +134,86 @@ class WatermarkRequirement:
 
 
 @dataclass(frozen=True, slots=True)
+class IdentityRule:
+    """Who a certificate must name: a SAN (exact or a full regular-expression match) and an OIDC issuer.
+
+    The identity is matched against the leaf's SAN URIs, emails and Sigstore `otherName`s; the issuer
+    against Fulcio's OIDC-issuer extension (1.3.6.1.4.1.57264.1.8, or the older .1.1). Regular expressions
+    must match the whole value (`re.fullmatch`), unlike cosign's `--certificate-identity-regexp`, which
+    searches: `.*` must be written out where a prefix or suffix is meant.
+
+    Attributes:
+        identity: The exact SAN, or None when `identity_regexp` is given.
+        identity_regexp: A pattern the whole SAN must match, or None.
+        issuer: The exact OIDC issuer, or None.
+        issuer_regexp: A pattern the whole issuer must match, or None (neither: any or no issuer).
+    """
+
+    identity: str | None = None
+    identity_regexp: re.Pattern[str] | None = None
+    issuer: str | None = None
+    issuer_regexp: re.Pattern[str] | None = None
+
+    def __str__(self) -> str:
+        who = self.identity or f"~{self.identity_regexp.pattern if self.identity_regexp else ''}"
+        by = self.issuer or (f"~{self.issuer_regexp.pattern}" if self.issuer_regexp else "")
+        return f"{who} (issuer {by})" if by else who
+
+
+@dataclass(frozen=True, slots=True)
+class X509Authority:
+    """A certificate authority: bundles whose X.509 chain leads to one of `roots` and names an identity.
+
+    Attributes:
+        name: Names the authority in diagnostics.
+        roots: The trusted root certificates (DER), read from the policy's PEM files.
+        identities: The leaf must match at least one.
+        roles: What signers it vouches for may sign (`weights`, `watermark`, `gate`); empty means all.
+    """
+
+    name: str
+    roots: tuple[bytes, ...] = field(repr=False)
+    identities: tuple[IdentityRule, ...]
+    roles: frozenset[str] = frozenset()
+
+    def may(self, role: str) -> bool:
+        """Whether identities of this authority may sign statements of `role`."""
+        return not self.roles or role in self.roles
+
+
+@dataclass(frozen=True, slots=True)
+class SigstoreAuthority:
+    """A Sigstore instance: keyless bundles (Fulcio certificate, Rekor entry) verified offline.
+
+    Attributes:
+        name: Names the authority in diagnostics.
+        trusted_root: `production` or `staging` (the roots embedded in the `sigstore` package) or the path
+            of a `trusted_root.json`.
+        identities: The signing certificate must match at least one (each with an issuer).
+        roles: What signers it vouches for may sign; empty means all.
+    """
+
+    name: str
+    trusted_root: str
+    identities: tuple[IdentityRule, ...]
+    roles: frozenset[str] = frozenset()
+
+    def may(self, role: str) -> bool:
+        """Whether identities of this authority may sign statements of `role`."""
+        return not self.roles or role in self.roles
+
+
+Authority = X509Authority | SigstoreAuthority
+
+
+@dataclass(frozen=True, slots=True)
 class Policy:
     """What a verifier trusts and requires.
 
     Attributes:
         keys: Trusted public keys; keys are never taken from an artifact.
+        authorities: Certificate and Sigstore authorities with identity constraints; a certificate in a
+            bundle is believed only through one of them (DESIGN.md decision 12).
         require_algorithms: Every one of these must have produced a valid signature.
         allow_remote_code: Accept `*.py` files and `auto_map` in config files (default: refuse).
         refuse_pickle: Refuse pickle formats (`.bin`, `.pt`, ...) in a model (default: refuse). Even when
@@ -143,6 +241,7 @@ class Policy:
     watermark: WatermarkRequirement | None = None
     attestation_store: str | None = None
     require_digest: bool = True
+    authorities: tuple[Authority, ...] = ()
 
     @property
     def requires_attestations(self) -> bool:
@@ -150,8 +249,10 @@ class Policy:
         return self.robustness is not None or self.watermark is not None
 
     def __post_init__(self) -> None:
-        if not self.keys:
-            raise PolicyError(f"policy {self.name!r} trusts no key: give at least one public key")
+        if not self.keys and not self.authorities:
+            raise PolicyError(
+                f"policy {self.name!r} trusts no key: give at least one public key or authority"
+            )
 
     @classmethod
     def from_key_files(
@@ -301,6 +402,8 @@ class PolicySet:
 
 def _policy(item: PolicyModel, where: str, base_dir: Path) -> Policy:
     """A validated policy entry as a `Policy`: keys loaded, paths resolved against `base_dir`."""
+    if not item.keys and not item.authorities:
+        raise PolicyError(f"{where}: trusts nothing: give at least one of keys and authorities")
     return Policy(
         keys=tuple(_load_key(k, f"{where}.keys[{j}]", base_dir) for j, k in enumerate(item.keys)),
         require_algorithms=frozenset(item.require_algorithms),
@@ -313,6 +416,9 @@ def _policy(item: PolicyModel, where: str, base_dir: Path) -> Policy:
         watermark=_watermark(item.attestations.watermark, base_dir),
         attestation_store=_store(item, where, base_dir),
         require_digest=item.require_digest,
+        authorities=tuple(
+            _authority(a, f"{where}.authorities[{j}]", base_dir) for j, a in enumerate(item.authorities)
+        ),
     )
 
 
@@ -373,3 +479,70 @@ def _load_key(item: str | KeyRefModel, where: str, base_dir: Path) -> TrustedKey
         return load_trusted_key_file(full, name=name or Path(path).name, roles=roles)
     except Error as e:
         raise type(e)(f"{where}: {e.diagnostics()}") from e
+
+
+def _authority(item: AuthorityModel, where: str, base_dir: Path) -> Authority:
+    """A validated `authorities` entry: root files read, patterns compiled, a trusted-root file resolved."""
+    roles = frozenset[str](item.roles)
+    if item.x509 is not None:
+        roots: list[bytes] = []
+        for k, path in enumerate(item.x509.roots):
+            roots.extend(_read_roots(base_dir / path, f"{where}.x509.roots[{k}]"))
+        rules = tuple(
+            _identity_rule(r.san, r.san_regexp, r, f"{where}.x509.identities[{k}]")
+            for k, r in enumerate(item.x509.identities)
+        )
+        return X509Authority(item.name, tuple(roots), rules, roles)
+    if item.sigstore is None:  # refused by the model already; kept as a fail-closed guard
+        raise PolicyError(f"{where}: give x509 or sigstore")
+    root = item.sigstore.trusted_root
+    if root not in ("production", "staging"):
+        root = str(base_dir / root)
+        if not os.path.isfile(root):
+            raise PolicyError(f"{where}.sigstore.trustedRoot: {root} is not a file")
+    rules = tuple(
+        _identity_rule(r.identity, r.identity_regexp, r, f"{where}.sigstore.identities[{k}]")
+        for k, r in enumerate(item.sigstore.identities)
+    )
+    return SigstoreAuthority(item.name, root, rules, roles)
+
+
+def _identity_rule(exact: str | None, pattern: str | None, item: IdentityModel, where: str) -> IdentityRule:
+    return IdentityRule(
+        identity=exact,
+        identity_regexp=_compile(pattern, where),
+        issuer=item.issuer,
+        issuer_regexp=_compile(item.issuer_regexp, where),
+    )
+
+
+def _compile(pattern: str | None, where: str) -> re.Pattern[str] | None:
+    if pattern is None:
+        return None
+    try:
+        return re.compile(pattern)
+    except re.error as e:
+        raise PolicyError(f"{where}: {pattern!r} is not a regular expression: {e}") from e
+
+
+def _read_roots(path: Path, where: str) -> list[bytes]:
+    """The DER of every certificate in a PEM file (at most 1 MiB, symlinks refused)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(_MAX_ROOTS_BYTES + 1)
+    except OSError as e:
+        raise PolicyError(f"{where}: cannot read {path}: {e.strerror}") from e
+    if len(data) > _MAX_ROOTS_BYTES:
+        raise PolicyError(f"{where}: {path} is larger than {_MAX_ROOTS_BYTES} bytes")
+    try:
+        certs = x509.load_pem_x509_certificates(data)
+    except ValueError as e:
+        raise PolicyError(f"{where}: {path} holds no valid PEM certificate: {e}") from e
+    return [c.public_bytes(Encoding.DER) for c in certs]
+
+
+_MAX_ROOTS_BYTES = 2**20

@@ -11,9 +11,11 @@ from modelsec.attestations.bundle import Bundle, parse_bundle
 from modelsec.errors import MalformedArtifactError, PolicyViolationError, SignatureError
 from modelsec.limits import Limits
 from modelsec.modelformat.model_files import open_beneath
+from modelsec.policy import Authority
 from modelsec.signer.keys import TrustedKey
 from modelsec.signer.schemes import scheme_for, scheme_for_bundle_name
 from modelsec.signer.signing import SIGNATURE_FILE_NAMES
+from modelsec.verifier.identity import verify_with_authorities
 
 __all__ = [
     "family_has_key",
@@ -83,24 +85,36 @@ def _open_hub_bundle(path: Path) -> int | None:
 
 
 def verify_bundle_signature(
-    bundle: Bundle, keys: Sequence[TrustedKey], *, role: str | None = "weights"
+    bundle: Bundle,
+    keys: Sequence[TrustedKey],
+    *,
+    role: str | None = "weights",
+    authorities: Sequence[Authority] = (),
 ) -> TrustedKey:
-    """Check the bundle's single DSSE signature with the trusted keys.
+    """Check the bundle's single DSSE signature with the trusted keys, then through the authorities.
 
     The bundle's `publicKey.hint` and DSSE `keyid` only order the candidates (a key whose keyid matches is
-    tried first); every configured key allowed for `role` is tried, and the signature alone decides. Key
-    material embedded in the bundle is never used (DESIGN.md decision 7).
+    tried first); every configured key allowed for `role` is tried, and the signature alone decides. A
+    public key embedded in the bundle is never used (DESIGN.md decision 7); a certificate in it is believed
+    only through a configured authority (decision 12, `modelsec.verifier.identity`).
 
     Args:
         bundle: A parsed bundle.
         keys: The policy's trusted keys.
         role: The role the signing key must hold (`weights`, `watermark`, `gate`); None: any configured key.
+        authorities: The policy's certificate and Sigstore authorities (tried when no key verifies and the
+            bundle carries a certificate).
 
     Returns:
-        The trusted key that verified.
+        The trusted key that verified: a pinned key, or the key of a certificate an authority vouched for.
 
     Raises:
-        SignatureError: No configured key verifies the signature over the PAE.
+        SignatureError: No configured key verifies the signature over the PAE, and no authority vouches for
+            the bundle's certificate and signature.
+        MalformedArtifactError: The bundle's certificates are malformed (only read when authorities are
+            configured).
+        BackendUnavailableError: A Sigstore authority is configured without the `sigstore` package.
+        PolicyError: A Sigstore authority's trusted root cannot be loaded.
     """
     selectors = {bundle.hint, bundle.signature.keyid} - {""}
     candidates = sorted(
@@ -115,6 +129,11 @@ def verify_bundle_signature(
             reasons.append(f"{key.name}: {e}")
             continue
         return key
+    if authorities:
+        vouched, refusals = verify_with_authorities(bundle, authorities, role=role)
+        if vouched is not None:
+            return vouched
+        reasons.extend(refusals)
     detail = "; ".join(reasons) if reasons else f"no configured key may sign {role!r}"
     raise SignatureError(
         f"{bundle.source}: invalid signature: no trusted key allowed to sign {role!r} verifies it ({detail})"
@@ -126,14 +145,17 @@ def find_default_bundles(model_dir: Path) -> list[Path]:
     return [model_dir / n for n in SIGNATURE_FILE_NAMES if os.path.lexists(model_dir / n)]
 
 
-def family_has_key(path: Path, keys: Sequence[TrustedKey]) -> bool:
-    """Whether any key could verify the default-named bundle `path`.
+def family_has_key(path: Path, keys: Sequence[TrustedKey], authorities: Sequence[Authority] = ()) -> bool:
+    """Whether any key or authority could verify the default-named bundle `path`.
 
     A key of the same scheme family as the scheme that writes that name could (`SignatureScheme.family`:
-    any ECDSA key for `model.sig` or `model.p384.sig`, an SM2 key for `model.sm2.sig`). A name no scheme
-    writes counts as verifiable, so the caller reports its signature failure instead of skipping it.
+    any ECDSA key for `model.sig` or `model.p384.sig`, an SM2 key for `model.sm2.sig`); an authority could
+    vouch for any name but `model.sm2.sig` (certificates of the ecosystem carry ECDSA keys). A name no
+    scheme writes counts as verifiable, so the caller reports its signature failure instead of skipping it.
     """
     scheme = scheme_for_bundle_name(path.name)
     if scheme is None:
+        return True
+    if authorities and scheme.family != "sm2":
         return True
     return any(scheme_for(k.algorithm).family == scheme.family for k in keys)

@@ -1,0 +1,246 @@
+"""Certificate trust end to end: model_signing's `certificate` method, verified through an X.509 authority.
+
+A root CA, an intermediate and leaves are made here with `cryptography`; model_signing 1.1.1 signs the model
+with the leaf (its bundle carries leaf + intermediate + root as `x509CertificateChain`), and modelsec
+verifies it only through the root named in the policy (DESIGN.md decision 12).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from modelsec.errors import PolicyError, SignatureError
+from modelsec.policy import Policy, PolicySet
+from modelsec.verifier import verify_model
+from tests.conftest import run_cli, write_tiny_model
+
+signing = pytest.importorskip("model_signing.signing", reason="model_signing is the reference signer")
+
+pytestmark = pytest.mark.integration
+NOW = datetime.datetime.now(datetime.UTC)
+SAN = "release@corp.example"
+
+
+@dataclass
+class Issued:
+    key: ec.EllipticCurvePrivateKey
+    cert: x509.Certificate
+
+
+def _name(cn: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+def _ca(cn: str, issuer: Issued | None = None) -> Issued:
+    key = ec.generate_private_key(ec.SECP256R1())
+    ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(_name(cn))
+        .issuer_name(issuer.cert.subject if issuer else _name(cn))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(NOW - datetime.timedelta(days=1))
+        .not_valid_after(NOW + datetime.timedelta(days=30))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True
+        )
+        .add_extension(ski, critical=False)
+    )
+    if issuer is not None:
+        builder = builder.add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer.key.public_key()), critical=False
+        )
+    return Issued(key, builder.sign(issuer.key if issuer else key, hashes.SHA256()))
+
+
+def _leaf(
+    issuer: Issued,
+    *,
+    san: str = SAN,
+    eku: tuple[x509.ObjectIdentifier, ...] = (ExtendedKeyUsageOID.CODE_SIGNING,),
+    not_after: datetime.datetime | None = None,
+) -> Issued:
+    key = ec.generate_private_key(ec.SECP256R1())
+    general: x509.GeneralName = x509.UniformResourceIdentifier(san) if "://" in san else x509.RFC822Name(san)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name("release signer"))
+        .issuer_name(issuer.cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(NOW - datetime.timedelta(days=1))
+        .not_valid_after(not_after or NOW + datetime.timedelta(days=7))
+        .add_extension(x509.SubjectAlternativeName([general]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage(list(eku)), critical=False)
+        .add_extension(
+            x509.KeyUsage(True, False, False, False, False, False, False, False, False), critical=True
+        )
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer.key.public_key()), critical=False
+        )
+        .sign(issuer.key, hashes.SHA256())
+    )
+    return Issued(key, cert)
+
+
+def _pem(path: Path, *certs: x509.Certificate) -> Path:
+    path.write_bytes(b"".join(c.public_bytes(serialization.Encoding.PEM) for c in certs))
+    return path
+
+
+@pytest.fixture(scope="module")
+def pki() -> tuple[Issued, Issued]:
+    root = _ca("corp root")
+    return root, _ca("corp signing intermediate", root)
+
+
+def _sign(tmp_path: Path, leaf: Issued, chain: list[x509.Certificate]) -> Path:
+    model = write_tiny_model(tmp_path / "m")
+    key = tmp_path / "leaf.key.pem"
+    key.write_bytes(
+        leaf.key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    signing.Config().use_certificate_signer(
+        private_key=key,
+        signing_certificate=_pem(tmp_path / "leaf.pem", leaf.cert),
+        certificate_chain=[_pem(tmp_path / "chain.pem", *chain)],
+    ).sign(model, model / "model.sig")
+    return model
+
+
+def _policy(tmp_path: Path, root: x509.Certificate, identity: dict[str, str]) -> Policy:
+    _pem(tmp_path / "root.pem", root)
+    doc = {
+        "apiVersion": "modelsec.dev/v1alpha1",
+        "kind": "ModelPolicy",
+        "policies": [
+            {
+                "name": "corp",
+                "match": ["file:///**"],
+                "authorities": [
+                    {
+                        "name": "corp-ca",
+                        "roles": ["weights"],
+                        "x509": {"roots": ["root.pem"], "identities": [identity]},
+                    }
+                ],
+            }
+        ],
+    }
+    return PolicySet.from_mapping(doc, base_dir=tmp_path, source="policy.yaml").policies[0]
+
+
+Setup = Callable[..., tuple[Path, Policy]]
+
+
+@pytest.fixture
+def setup(tmp_path: Path, pki: tuple[Issued, Issued]) -> Setup:
+    root, intermediate = pki
+
+    def make(identity: dict[str, str] | None = None, **leaf_options: object) -> tuple[Path, Policy]:
+        leaf = _leaf(intermediate, **leaf_options)  # type: ignore[arg-type]
+        model = _sign(tmp_path, leaf, [intermediate.cert, root.cert])
+        return model, _policy(tmp_path, root.cert, identity or {"san": SAN})
+
+    return make
+
+
+def test_model_signing_certificate_bundle_verifies_through_the_root(setup: Setup) -> None:
+    model, policy = setup()
+    verified = verify_model(model, policy)
+    signed = {p.name for p in model.rglob("*") if p.is_file()} - {"model.sig"}
+    assert verified.files == len(signed) and verified.bundles[0].key.name == f"corp-ca: {SAN}"
+
+
+def test_san_regexp(setup: Setup) -> None:
+    model, policy = setup({"sanRegexp": r".*@corp\.example"})
+    assert verify_model(model, policy).bundles[0].key.name.startswith("corp-ca: ~.*@corp")
+
+
+def test_untrusted_root_refused(setup: Setup, tmp_path: Path) -> None:
+    model, _ = setup()
+    # The bundle carries its own root: believed only if the policy names it.
+    other = _policy(tmp_path, _ca("other root").cert, {"san": SAN})
+    with pytest.raises(SignatureError, match="does not verify to a configured root"):
+        verify_model(model, other)
+
+
+def test_wrong_san_refused(setup: Setup) -> None:
+    model, policy = setup(san="intern@corp.example")
+    with pytest.raises(SignatureError, match=r"intern@corp\.example.*not an identity the policy trusts"):
+        verify_model(model, policy)
+
+
+def test_expired_leaf_refused(setup: Setup) -> None:
+    model, policy = setup(not_after=NOW - datetime.timedelta(minutes=1))
+    with pytest.raises(SignatureError, match=r"does not verify to a configured root.*not valid at"):
+        verify_model(model, policy)
+
+
+def test_leaf_without_code_signing_refused(setup: Setup) -> None:
+    model, policy = setup(eku=(ExtendedKeyUsageOID.EMAIL_PROTECTION,))
+    with pytest.raises(SignatureError, match="does not include code signing"):
+        verify_model(model, policy)
+
+
+def test_pinned_keys_alone_refuse_a_certificate_bundle(setup: Setup, key_dir: Path) -> None:
+    model, _ = setup()
+    with pytest.raises(SignatureError):
+        verify_model(model, Policy.from_key_files([key_dir / "ecdsa-p256.pub.pem"]))
+
+
+def test_authority_must_name_a_readable_root(tmp_path: Path) -> None:
+    (tmp_path / "root.pem").write_text("not a certificate")
+    doc = {
+        "apiVersion": "modelsec.dev/v1alpha1",
+        "kind": "ModelPolicy",
+        "policies": [
+            {
+                "name": "corp",
+                "match": ["file:///**"],
+                "authorities": [
+                    {"name": "corp-ca", "x509": {"roots": ["root.pem"], "identities": [{"san": SAN}]}}
+                ],
+            }
+        ],
+    }
+    with pytest.raises(PolicyError, match=r"authorities\[0\]\.x509\.roots\[0\]"):
+        PolicySet.from_mapping(doc, base_dir=tmp_path, source="policy.yaml")
+
+
+def test_cli_verify_with_a_policy_file(setup: Setup, tmp_path: Path) -> None:
+    model, _ = setup()
+    policy = {
+        "apiVersion": "modelsec.dev/v1alpha1",
+        "kind": "ModelPolicy",
+        "policies": [
+            {
+                "name": "corp",
+                "match": ["file:///**"],
+                "authorities": [
+                    {"name": "corp-ca", "x509": {"roots": ["root.pem"], "identities": [{"san": SAN}]}}
+                ],
+            }
+        ],
+    }
+    (tmp_path / "policy.json").write_text(json.dumps(policy))
+    r = run_cli("verify", model, "--policy", tmp_path / "policy.json", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout)["bundles"][0]["key"] == f"corp-ca: {SAN}"
+    (tmp_path / "root.pem").write_bytes(_ca("other root").cert.public_bytes(serialization.Encoding.PEM))
+    r = run_cli("verify", model, "--policy", tmp_path / "policy.json", "--json")
+    assert r.returncode == 1 and json.loads(r.stdout)["error"]["kind"] == "SignatureError"
