@@ -19,6 +19,7 @@ from typing import Any
 import click
 
 from modelsec import __version__
+from modelsec._cli_attest import attest_delete
 from modelsec._cli_common import (
     PASSWORD_ENV,
     POLICY_ENV,
@@ -744,6 +745,9 @@ def _release(
 @main.group(name="attest")
 def _attest() -> None:
     """List and show the attestations about a model (weights signatures, watermark, robustness gate)."""
+
+
+_attest.add_command(attest_delete)
 
 
 def _attestation_rows(model_dir: Path, store: str | None, keys: tuple[Path, ...]) -> list[dict[str, Any]]:
