@@ -180,6 +180,7 @@ def test_delete_and_supersede_remove_a_record_from_what_readers_get(
 def test_attest_delete_cli_and_verify_json_lists_ignored(
     setup: dict[str, Any],  # noqa: F811
     tmp_path: Path,
+    key_dir: Path,
 ) -> None:
     store = tmp_path / "store"
     stale = store_bundle(store, _gate(setup, 400))
@@ -189,6 +190,29 @@ def test_attest_delete_cli_and_verify_json_lists_ignored(
     store_bundle(store, setup["attest"]("watermark", watermark_predicate()))
     store_bundle(store, setup["attest"]("gate", gate_predicate(finishedAt=_now())))
     assert verify_model(setup["model"], policy).files == 6
+    # `verify --json` shows the attestation verdict, the stale gate among the ignored bundles.
+    policy_file = tmp_path / "policy.yaml"
+    policy_file.write_text(
+        f"""apiVersion: modelsec.dev/v1alpha1
+kind: ModelPolicy
+policies:
+  - name: all
+    match: ["file:///**"]
+    attestationStore: {store}
+    keys:
+      - {{path: {key_dir}/ecdsa-p256.pub.pem, roles: [weights]}}
+      - {{path: {key_dir}/ecdsa-p384.pub.pem, roles: [gate]}}
+      - {{path: {key_dir}/other.pub.pem, roles: [watermark]}}
+    attestations:
+      robustness: {{minEps: 0.03, minRobustAccuracy: 0.85, maxAge: 30d}}
+      watermark: {{required: true}}
+"""
+    )
+    shown = runner.invoke(main, ["verify", str(setup["model"]), "--policy", str(policy_file), "--json"])
+    assert shown.exit_code == 0, shown.output
+    verdict = json.loads(shown.output)["attestations"]
+    assert verdict["ok"] and len(verdict["ignored"]) == 1 and "stale" in verdict["ignored"][0]
+    assert {e["kind"] for e in verdict["evidence"]} == {"robustness", "watermark"}
     result = runner.invoke(
         main, ["attest", "delete", str(store), "--digest", digest, "--id", stale.stem, "--json"]
     )
