@@ -19,6 +19,7 @@ from typing import Any
 import click
 
 from modelsec import __version__
+from modelsec._cli_attest import attest_delete
 from modelsec._cli_common import (
     PASSWORD_ENV,
     POLICY_ENV,
@@ -507,6 +508,7 @@ def _verify(
                     for b in result.bundles
                 ],
                 "skipped": [str(p) for p in result.skipped],
+                "attestations": result.attestations.to_json() if result.attestations else None,
             }
         )
         return
@@ -587,7 +589,7 @@ def _inspect(model_dir: Path, signatures: tuple[Path, ...], keys: tuple[Path, ..
     from modelsec.attestations.oms_predicate import parse_manifest
     from modelsec.signer.keys import load_trusted_key_file
     from modelsec.verifier import find_default_bundles
-    from modelsec.verifier.attestations import inspect_bundle
+    from modelsec.verifier.inspection import inspect_bundle
 
     rows: list[dict[str, Any]] = []
     try:
@@ -747,11 +749,14 @@ def _attest() -> None:
     """List and show the attestations about a model (weights signatures, watermark, robustness gate)."""
 
 
+_attest.add_command(attest_delete)
+
+
 def _attestation_rows(model_dir: Path, store: str | None, keys: tuple[Path, ...]) -> list[dict[str, Any]]:
     """The bundles about MODEL_DIR (its reserved names, and the store's for the digests they name)."""
     from modelsec.signer import MODEL_IGNORE_PATHS
     from modelsec.signer.keys import load_trusted_key_file
-    from modelsec.verifier.attestations import inspect_bundle
+    from modelsec.verifier.inspection import inspect_bundle
     from modelsec.verifier.stores import StoreOptions, open_store
 
     trusted = [load_trusted_key_file(k) for k in keys]

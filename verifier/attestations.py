@@ -11,24 +11,30 @@ model when the policy requires attestations. Order for each bundle, failing clos
 3. the signature must verify under a policy key holding that role (keys never come from the bundle);
 4. the statement's subject (parsed once, from the payload bytes the signature covers) must be this model's
    root digest (an attestation replayed from another model does not count);
-5. every number of the predicate must lie in its field's range (`modelsec.attestations.predicates`, before
-   any arithmetic), and the predicate must meet the policy: the gate's attack, ε, verdict, robust accuracy
-   under the policy's rule (point or Wilson lower bound), sample count, sanity checks and freshness
-   (`finishedAt`); the watermark's embed-time detection, confidence and false-positive probability.
+5. the predicate must parse with every number in its field's range (`modelsec.attestations.predicates`,
+   before any arithmetic);
+6. a gate statement must apply to the policy: its attack, ε and sample count at least the policy's, and
+   fresh (`finishedAt` within `maxAge`, not in the future); a watermark record must not be dated in the
+   future.
 
-Bundles failing steps 1-4 are *ignored* (they are not this model's evidence under this policy, and a
-shared store must not let whoever writes to it veto a model); trusted statements about this model that
-fail step 5, or that have an unknown predicate type, are *refused* and veto. The verdict lists what was
-satisfied, what is missing, what was refused and what was ignored and why; it is acceptable only when
-nothing is missing and nothing was refused.
+A bundle failing any of steps 1-6 is *ignored*, with the reason: it is not this model's evidence under this
+policy, and it never vetoes (a shared store must not let whoever writes to it, nor an old result, deny a
+model). Evidence is then *selected*, not voted: a weights signature counts for its algorithm; among the gate
+statements left, the newest (`finishedAt`) decides: its verdict, robust accuracy under the policy's rule
+(point or Wilson lower bound) and sanity checks must meet the policy, or it is *refused* and vetoes (a newer
+FAILED beats an older PASSED; at the same time a failure wins); the older ones are ignored as superseded.
+The same holds for watermark records (`embeddedAt`; the newest must show a detection meeting the policy).
+The verdict lists what was satisfied, what is missing, what was refused and what was ignored and why; it
+is acceptable only when nothing is missing and nothing was refused.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hmac
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -60,10 +66,8 @@ __all__ = [
     "AdmittedAttestation",
     "AttestationVerdict",
     "Evidence",
-    "InspectedBundle",
     "admit_to_store",
     "find_attestation_bundles",
-    "inspect_bundle",
     "role_for_predicate",
     "store_bundle",
     "verify_attestations",
@@ -71,11 +75,9 @@ __all__ = [
 ]
 
 _ROLE = {OMS_PREDICATE_TYPE: "weights", WATERMARK_PREDICATE_TYPE: "watermark", GATE_PREDICATE_TYPE: "gate"}
-_KIND = {
-    OMS_PREDICATE_TYPE: "signature",
-    WATERMARK_PREDICATE_TYPE: "watermark",
-    GATE_PREDICATE_TYPE: "robustness",
-}
+# A statement dated further ahead than this is not fresh evidence (it would stay the newest for as long).
+_CLOCK_SKEW_SECONDS = 300.0
+_UNDATED = datetime.min.replace(tzinfo=UTC)
 
 
 def verify_statement_bundle(
@@ -114,63 +116,6 @@ def role_for_predicate(predicate_type: str) -> str | None:
 
 
 @dataclass(frozen=True, slots=True)
-class InspectedBundle:
-    """A bundle read for display (`modelsec inspect`, `attest list`), and who signed it if keys were given.
-
-    Attributes:
-        source: Where it was read (a path, or a store's `<uri>#<id>`).
-        bundle: The parsed bundle.
-        statement: Its statement, parsed from the payload bytes.
-        signer: The trusted key that verified it under the role for its predicate type; None when no keys
-            were given (the contents are then claims, not verified).
-    """
-
-    source: str
-    bundle: Bundle
-    statement: Statement
-    signer: TrustedKey | None
-
-
-def inspect_bundle(
-    item: Path | StoredBundle, keys: Sequence[TrustedKey], *, limits: Limits | None = None
-) -> InspectedBundle:
-    """Read a bundle for display; with `keys`, verify it exactly as the verifier would choose its key.
-
-    With keys, the predicate type must be known (an unknown type is refused, as `verify_attestations`
-    refuses it) and the signature must verify under a key holding the role for that type. The subject is
-    not compared with any model and no predicate is checked against a policy (use `verify_attestations`).
-
-    Args:
-        item: A bundle file, or a bundle read from a store.
-        keys: Trusted keys; empty to read without verifying.
-        limits: Size limits (default `Limits()`).
-
-    Returns:
-        The parsed bundle, statement and verifying key (None without keys).
-
-    Raises:
-        MalformedArtifactError: The bundle or statement cannot be parsed, or is too large.
-        SignatureError: No key holding the role verifies the signature (or the file is missing).
-        AttestationError: With keys: the predicate type is not one modelsec knows.
-    """
-    limits = limits or Limits()
-    if isinstance(item, Path):
-        what, bundle = str(item), read_bundle(item, limits)
-    else:
-        if len(item.data) > limits.max_bundle_bytes:
-            raise MalformedArtifactError(f"{item.source}: larger than {limits.max_bundle_bytes} bytes")
-        what, bundle = item.source, parse_bundle(item.data, source=item.source)
-    statement = parse_statement(bundle.envelope.payload, what=what)
-    signer = None
-    if keys:
-        role = _ROLE.get(statement.predicate_type)
-        if role is None:
-            raise AttestationError(f"{what}: unknown predicateType {statement.predicate_type!r}")
-        signer = verify_bundle_signature(bundle, keys, role=role)
-    return InspectedBundle(what, bundle, statement, signer)
-
-
-@dataclass(frozen=True, slots=True)
 class Evidence:
     """One accepted piece of evidence: its kind, where it came from, who signed it, and a summary."""
 
@@ -190,14 +135,17 @@ class AttestationVerdict:
         root_digest: The model root digest the evidence had to be about.
         satisfied: Requirements met, in words (e.g. "robustness: pgd-linf eps 0.3 >= 0.03, robust 0.95").
         missing: Requirements nothing satisfied (e.g. "signature: sm2").
-        refused: Trusted statements about this model that fail the policy (a FAILED gate, eps too small,
-            stale, unknown predicate type), each with its source and reason; any refusal vetoes.
+        refused: The deciding statement of a requirement when it fails it (the newest applicable gate is
+            FAILED or below the accuracy threshold; the newest watermark record shows no detection), with
+            its source and reason; any refusal vetoes.
         evidence: The accepted evidence.
         ignored: Bundles that are not evidence for this model under this policy (unparseable, signed by
-            no key trusted for their role, about another model), with the reason; they do not veto, but
-            explain a requirement left missing.
+            no key trusted for their role, about another model, of an unknown predicate type, stale, dated
+            in the future, run with settings weaker than the policy's, or superseded by a newer statement),
+            with the reason; they do not veto, but explain a requirement left missing.
         every_bundle_counts: The bundles were submitted as evidence (not read from a shared store): an
-            ignored bundle vetoes too, and at least one must verify.
+            ignored bundle (other than a superseded one) vetoes too, and at least one must verify.
+        superseded: The entries of `ignored` that are trusted, applicable statements a newer one outranked.
     """
 
     root_digest: str
@@ -207,11 +155,15 @@ class AttestationVerdict:
     evidence: tuple[Evidence, ...] = field(default=())
     ignored: tuple[str, ...] = field(default=())
     every_bundle_counts: bool = False
+    superseded: tuple[str, ...] = field(default=())
 
     @property
     def ok(self) -> bool:
         """Whether the policy is met: nothing missing, nothing refused (nothing ignored, if every counts)."""
-        return not self.missing and not self.refused and not (self.every_bundle_counts and self.ignored)
+        return not self.missing and not self.refused and not (self.every_bundle_counts and self._vetoing())
+
+    def _vetoing(self) -> list[str]:
+        return [i for i in self.ignored if i not in self.superseded]
 
     def reasons(self) -> list[str]:
         """Why the verdict is negative (empty when `ok`); ignored bundles explain what is missing."""
@@ -226,7 +178,7 @@ class AttestationVerdict:
             raise AttestationError(f"model {self.root_digest}: " + "; ".join(self.reasons()))
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-ready form for `--json` output, the service and the webhook's audit log."""
+        """A JSON-ready form (camelCase) for `--json` output, the service and the webhook's audit log."""
         return {
             "ok": self.ok,
             "rootDigest": self.root_digest,
@@ -234,6 +186,7 @@ class AttestationVerdict:
             "missing": list(self.missing),
             "refused": list(self.refused),
             "ignored": list(self.ignored),
+            "superseded": list(self.superseded),
             "evidence": [
                 {"kind": e.kind, "source": e.source, "key": e.key, "detail": e.detail} for e in self.evidence
             ],
@@ -290,27 +243,52 @@ def _load(item: Path | bytes | StoredBundle, policy: Policy, index: int) -> Bund
     if isinstance(item, Path):
         return read_bundle(item, policy.limits)
     what = _name(item, index)
+    if isinstance(item, StoredBundle) and item.note:
+        raise AttestationError(f"{what}: {item.note}")
     data = item.data if isinstance(item, StoredBundle) else item
     if len(data) > policy.limits.max_bundle_bytes:
         raise AttestationError(f"{what}: larger than {policy.limits.max_bundle_bytes} bytes")
     return parse_bundle(data, source=what)
 
 
-def _check_gate(predicate: Mapping[str, Any], req: RobustnessRequirement, what: str, now: datetime) -> str:
-    return _gate_meets(parse_gate_predicate(predicate, what=what), req, what, now)
+def _gate_applies(pred: GatePredicate, req: RobustnessRequirement, what: str, now: datetime) -> None:
+    """Whether a trusted gate statement is evidence for `req` at all: its settings and its freshness.
 
-
-def _gate_meets(pred: GatePredicate, req: RobustnessRequirement, what: str, now: datetime) -> str:
+    A statement failing this is ignored (it neither satisfies nor vetoes); one passing it competes with the
+    others, and the newest decides through `_gate_outcome`.
+    """
     if pred.attack != req.attack:
         raise AttestationError(f"{what}: gate attack {pred.attack!r} is not the policy's {req.attack!r}")
     if pred.eps < req.min_eps:
         raise AttestationError(f"{what}: gate eps {pred.eps} is below the policy's minEps {req.min_eps}")
-    if pred.verdict != "PASSED":
-        raise AttestationError(f"{what}: gate verdict is {pred.verdict!r}, not 'PASSED'")
     if pred.robust_total < req.min_samples:
         raise AttestationError(
             f"{what}: gate evaluated {pred.robust_total} samples, policy needs {req.min_samples}"
         )
+    _fresh(pred.finished_at, req.max_age_seconds, "gate result", "finishedAt", what, now)
+
+
+def _fresh(
+    when: datetime | None, max_age: float | None, label: str, field_name: str, what: str, now: datetime
+) -> None:
+    # A time in the future would make a statement the newest for as long as the clock lags: not evidence.
+    if when is not None and (when - now).total_seconds() > _CLOCK_SKEW_SECONDS:
+        raise AttestationError(f"{what}: {field_name} {when.isoformat()} lies in the future")
+    if max_age is None:
+        return
+    if when is None:
+        raise AttestationError(f"{what}: {field_name} is missing (the policy sets maxAge)")
+    age = (now - when).total_seconds()
+    if age > max_age:
+        raise AttestationError(
+            f"{what}: {label} is stale ({age / 86400:.1f} days old; maxAge {max_age / 86400:.1f} days)"
+        )
+
+
+def _gate_outcome(pred: GatePredicate, req: RobustnessRequirement, what: str) -> str:
+    """The deciding gate statement's result: verdict, accuracy and sanity checks (raises unless met)."""
+    if pred.verdict != "PASSED":
+        raise AttestationError(f"{what}: gate verdict is {pred.verdict!r}, not 'PASSED'")
     if req.rule == "strict":
         value, label = pred.robust_wilson95[0], "Wilson 95% lower bound"
     else:
@@ -319,28 +297,20 @@ def _gate_meets(pred: GatePredicate, req: RobustnessRequirement, what: str, now:
         raise AttestationError(f"{what}: {label} {value:.4f} is below the policy's {req.min_robust_accuracy}")
     if pred.failed_checks:
         raise AttestationError(f"{what}: gate sanity checks failed: {pred.failed_checks}")
-    if req.max_age_seconds is not None:
-        if pred.finished_at is None:
-            raise AttestationError(f"{what}: finishedAt is missing")
-        age = (now - pred.finished_at).total_seconds()
-        if age > req.max_age_seconds:
-            raise AttestationError(
-                f"{what}: gate result is stale ({age / 86400:.1f} days old; maxAge "
-                f"{req.max_age_seconds / 86400:.1f} days)"
-            )
-        if age < -300:
-            raise AttestationError(f"{what}: gate finishedAt lies in the future")
     return (
         f"robustness: {pred.attack} eps {pred.eps} >= {req.min_eps}, "
         f"{label} {value:.4f} >= {req.min_robust_accuracy}"
     )
 
 
-def _check_watermark(predicate: Mapping[str, Any], req: WatermarkRequirement, what: str) -> str:
-    return _watermark_meets(parse_watermark_predicate(predicate, what=what), req, what)
+def _check_gate(predicate: Mapping[str, Any], req: RobustnessRequirement, what: str, now: datetime) -> str:
+    """One gate statement alone: parsed, applicable and passing (raises naming the first failure)."""
+    pred = parse_gate_predicate(predicate, what=what)
+    _gate_applies(pred, req, what, now)
+    return _gate_outcome(pred, req, what)
 
 
-def _watermark_meets(pred: WatermarkPredicate, req: WatermarkRequirement, what: str) -> str:
+def _watermark_outcome(pred: WatermarkPredicate, req: WatermarkRequirement, what: str) -> str:
     if not pred.detected:
         raise AttestationError(f"{what}: the watermark was not detected at embed time")
     confidence, fpp = pred.confidence, pred.false_positive_probability
@@ -353,6 +323,121 @@ def _watermark_meets(pred: WatermarkPredicate, req: WatermarkRequirement, what: 
     return f"watermark: detected at embed time, confidence {confidence:.3f}, false-positive p {fpp:.2g}"
 
 
+def _check_watermark(predicate: Mapping[str, Any], req: WatermarkRequirement, what: str) -> str:
+    """One watermark statement alone: parsed and passing (raises naming the first failure)."""
+    pred = parse_watermark_predicate(predicate, what=what)
+    _fresh(pred.embedded_at, None, "watermark record", "embeddedAt", what, datetime.now(UTC))
+    return _watermark_outcome(pred, req, what)
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    """A trusted, fresh, applicable statement about this model, competing to decide one requirement."""
+
+    when: datetime | None
+    what: str
+    key: TrustedKey
+    kind: str
+    detail: str  # what it shows when it passes
+    failure: str  # why it fails the requirement; empty when it passes
+
+
+def _candidate(
+    kind: str, when: datetime | None, what: str, key: TrustedKey, outcome: Callable[[], str]
+) -> _Candidate:
+    try:
+        return _Candidate(when, what, key, kind, outcome(), "")
+    except Error as e:
+        return _Candidate(when, what, key, kind, "", _reason(e, what))
+
+
+def _newest_first(candidates: list[_Candidate]) -> list[_Candidate]:
+    # Newest first; an undated statement is older than every dated one; at the same time a failing statement
+    # comes first, so a tie never lets a pass hide a failure.
+    return sorted(candidates, key=lambda c: (c.when or _UNDATED, bool(c.failure)), reverse=True)
+
+
+def _reason(e: Error, what: str) -> str:
+    text = e.diagnostics()
+    return text if text.startswith(what) else f"{what}: {text}"
+
+
+class _Selection:
+    """What `verify_attestations` collects while it reads the bundles (one instance per call)."""
+
+    def __init__(self, policy: Policy, root_digest: str, now: datetime) -> None:
+        self.policy, self.root_digest, self.now = policy, root_digest, now
+        self.satisfied: list[str] = []
+        self.refused: list[str] = []
+        self.ignored: list[str] = []
+        self.superseded: list[str] = []
+        self.evidence: list[Evidence] = []
+        self.signed_algorithms: set[str] = set()
+        self.gates: list[_Candidate] = []
+        self.watermarks: list[_Candidate] = []
+
+    def accept(self, kind: str, what: str, key: TrustedKey, detail: str) -> None:
+        self.satisfied.append(f"{detail} ({key.name}, {what})")
+        self.evidence.append(Evidence(kind, what, key.name, detail, key.keyid, key.algorithm.value))
+
+    def read(self, item: Path | bytes | StoredBundle, index: int) -> None:
+        """Steps 1-5 for one bundle: it is ignored, accepted, or becomes a candidate for its requirement."""
+        what = _name(item, index)
+        try:
+            bundle = _load(item, self.policy, index)
+            statement = parse_statement(bundle.envelope.payload, what=what)
+            claimed = statement.predicate_type
+            if claimed not in _ROLE:
+                signer = verify_bundle_signature(bundle, self.policy.keys, role=None)
+                raise AttestationError(
+                    f"{what}: unknown predicateType {claimed!r} (signed by trusted key {signer.name!r}): "
+                    "evidence for no requirement"
+                )
+            key = verify_statement_bundle(bundle, statement, self.policy.keys, self.root_digest, what=what)
+            self._classify(statement, key, what)
+        except Error as e:
+            self.ignored.append(_reason(e, what))
+
+    def _classify(self, statement: Statement, key: TrustedKey, what: str) -> None:
+        claimed, robustness, watermark = (
+            statement.predicate_type,
+            self.policy.robustness,
+            self.policy.watermark,
+        )
+        if claimed == OMS_PREDICATE_TYPE:
+            parse_manifest(statement, what=what, limits=self.policy.limits)
+            self.signed_algorithms.add(key.algorithm.value)
+            self.accept("signature", what, key, f"signature: {key.algorithm.value}")
+        elif claimed == GATE_PREDICATE_TYPE and robustness is None:
+            self.accept("robustness", what, key, "robustness: present (not required by the policy)")
+        elif claimed == GATE_PREDICATE_TYPE and robustness is not None:
+            gate = parse_gate_predicate(statement.predicate, what=what)
+            _gate_applies(gate, robustness, what, self.now)
+            outcome = functools.partial(_gate_outcome, gate, robustness, what)
+            self.gates.append(_candidate("robustness", gate.finished_at, what, key, outcome))
+        elif watermark is None:
+            self.accept("watermark", what, key, "watermark: present (not required by the policy)")
+        else:
+            mark = parse_watermark_predicate(statement.predicate, what=what)
+            _fresh(mark.embedded_at, None, "watermark record", "embeddedAt", what, self.now)
+            outcome = functools.partial(_watermark_outcome, mark, watermark, what)
+            self.watermarks.append(_candidate("watermark", mark.embedded_at, what, key, outcome))
+
+    def decide(self, candidates: list[_Candidate]) -> None:
+        """The newest candidate decides its requirement; the older ones are listed as superseded."""
+        if not candidates:
+            return
+        newest, *older = _newest_first(candidates)
+        if newest.failure:
+            self.refused.append(newest.failure)
+        else:
+            self.accept(newest.kind, newest.what, newest.key, newest.detail)
+        for c in older:
+            line = f"{c.what}: superseded by the newer {newest.what}"
+            self.ignored.append(line)
+            self.superseded.append(line)
+
+
 def verify_attestations(
     root_digest: str,
     bundles: Sequence[Path | bytes | StoredBundle],
@@ -362,7 +447,7 @@ def verify_attestations(
     every_bundle_counts: bool = False,
     now: datetime | None = None,
 ) -> AttestationVerdict:
-    """Check every bundle about a model against one policy (see the module docstring for the order).
+    """Select, for each requirement of `policy`, the evidence about a model (see the module docstring).
 
     Args:
         root_digest: The model root digest (hex SHA-256) the evidence must be about.
@@ -372,94 +457,47 @@ def verify_attestations(
         require_signatures: Also require weights signatures of every `policy.require_algorithms` (and at
             least one) among `bundles`; False when the caller verified the weights itself.
         every_bundle_counts: The caller submits `bundles` as evidence (the gRPC VerifyBundle, a store
-            admitting one): any bundle that is not trusted evidence about the model makes the verdict
-            negative, and at least one must verify. False for bundles read from a shared store, where a
-            stranger's bundle is only ignored.
+            admitting one): any bundle that is not trusted evidence about the model (other than one
+            superseded by a newer statement) makes the verdict negative, and at least one must verify.
+            False for bundles read from a shared store, where a stranger's bundle is only ignored.
         now: The time freshness is measured against (default: now, UTC).
 
     Returns:
         The verdict; check `.ok` or call `.raise_for_policy()`.
 
     Raises:
-        Nothing for untrusted bundles (they are listed in `refused`); `PolicyError` only for a bad policy.
+        Nothing for untrusted, stale or failing bundles (they are listed in `ignored` or `refused`);
+        `PolicyError` only for a bad policy.
     """
-    now = now or datetime.now(UTC)
-    satisfied: list[str] = []
-    refused: list[str] = []
-    evidence: list[Evidence] = []
-    signed_algorithms: set[str] = set()
-    gates = watermarks = 0
-    ignored: list[str] = []
+    selection = _Selection(policy, root_digest, now or datetime.now(UTC))
     for index, item in enumerate(bundles):
-        what = _name(item, index)
-        # Evidence that is not this model's under this policy (unparseable, signed by no key trusted for
-        # its role, about another model) does not count, but does not veto either: a shared store may
-        # hold other teams' bundles, and anyone who can write to it must not be able to deny a model.
-        # Evidence a trusted key signed about this very model that fails a requirement is a refusal.
-        try:
-            bundle = _load(item, policy, index)
-            statement = parse_statement(bundle.envelope.payload, what=what)
-            claimed = statement.predicate_type
-            role = _ROLE.get(claimed)
-            if role is None:
-                signer = verify_bundle_signature(bundle, policy.keys, role=None)
-                refused.append(
-                    f"{what}: unknown predicateType {claimed!r} signed by trusted key {signer.name!r}"
-                )
-                continue
-            key = verify_statement_bundle(bundle, statement, policy.keys, root_digest, what=what)
-        except Error as e:
-            ignored.append(
-                e.diagnostics() if e.diagnostics().startswith(what) else f"{what}: {e.diagnostics()}"
-            )
-            continue
-        try:
-            if claimed == OMS_PREDICATE_TYPE:
-                parse_manifest(statement, what=what, limits=policy.limits)
-                signed_algorithms.add(key.algorithm.value)
-                detail = f"signature: {key.algorithm.value}"
-            elif claimed == GATE_PREDICATE_TYPE:
-                gates += 1
-                if policy.robustness is None:
-                    detail = "robustness: present (not required by the policy)"
-                else:
-                    detail = _check_gate(statement.predicate, policy.robustness, what, now)
-            else:
-                watermarks += 1
-                if policy.watermark is None:
-                    detail = "watermark: present (not required by the policy)"
-                else:
-                    detail = _check_watermark(statement.predicate, policy.watermark, what)
-        except Error as e:  # a trusted statement about this model that fails the policy: fail closed
-            refused.append(
-                e.diagnostics() if e.diagnostics().startswith(what) else f"{what}: {e.diagnostics()}"
-            )
-            continue
-        satisfied.append(f"{detail} ({key.name}, {what})")
-        evidence.append(Evidence(_KIND[claimed], what, key.name, detail, key.keyid, key.algorithm.value))
+        selection.read(item, index)
+    selection.decide(selection.gates)
+    selection.decide(selection.watermarks)
     missing: list[str] = []
     if require_signatures:
-        if not signed_algorithms:
+        if not selection.signed_algorithms:
             missing.append("signature: no weights signature by a trusted key")
         missing += [
             f"signature: {a.value}"
             for a in sorted(policy.require_algorithms)
-            if a.value not in signed_algorithms
+            if a.value not in selection.signed_algorithms
         ]
-    if policy.robustness is not None and not gates:
+    if policy.robustness is not None and not selection.gates:
         missing.append("robustness: no robustness-gate attestation")
-    if policy.watermark is not None and not watermarks:
+    if policy.watermark is not None and not selection.watermarks:
         missing.append("watermark: no watermark attestation")
-    if every_bundle_counts and not evidence:
+    if every_bundle_counts and not selection.evidence:
         missing.append("evidence: no bundle verified")
     return AttestationVerdict(
         root_digest,
-        tuple(satisfied),
+        tuple(selection.satisfied),
         tuple(missing),
-        tuple(refused),
-        tuple(evidence),
-        tuple(ignored),
+        tuple(selection.refused),
+        tuple(selection.evidence),
+        tuple(selection.ignored),
         every_bundle_counts,
+        tuple(selection.superseded),
     )
 
 

@@ -37,7 +37,7 @@ from modelsec.policy import Policy
 from modelsec.signer.keys import TrustedKey
 from modelsec.signer.schemes import scheme_for
 from modelsec.signer.signing import ATTESTATION_FILE_NAMES, SIGNATURE_FILE_NAMES
-from modelsec.verifier.attestations import find_attestation_bundles, verify_attestations
+from modelsec.verifier.attestations import AttestationVerdict, find_attestation_bundles, verify_attestations
 from modelsec.verifier.bundles import (
     family_has_key,
     find_default_bundles,
@@ -82,6 +82,7 @@ class SignedModel:
         tensor_hash: The per-tensor digest algorithm of the extension, or None.
         excluded: Relative paths never part of the file set: every bundle file in the directory (those
             read, and modelsec's reserved signature and attestation names) and the operator's ignore paths.
+        attestations: The attestation verdict when the policy requires attestations, else None.
     """
 
     model_dir: Path
@@ -91,6 +92,7 @@ class SignedModel:
     file_hashes: tuple[HashAlgorithm, ...]
     tensor_hash: HashAlgorithm | None
     excluded: tuple[str, ...] = ()
+    attestations: AttestationVerdict | None = None
 
     @property
     def root_digest(self) -> str:
@@ -202,6 +204,7 @@ def verify_signatures(
             " or ".join(f"sha256:{p}" for p in sorted(pins)),
             f"sha256:{first.subject_digest['sha256']}",
         )
+    verdict = None
     if policy.requires_attestations:
         # Evidence about the weights is checked before any weight byte is read (no hashing wasted on a model
         # the policy refuses anyway); it is bound to the root digest the verified bundles sign.
@@ -223,6 +226,7 @@ def verify_signatures(
         file_hashes=_file_hashes(checked, policy),
         tensor_hash=next((b.manifest.tensor_hash for b in verified if b.manifest.tensor_hash), None),
         excluded=_excluded_paths(model_dir, bundle_paths, ignore_paths),
+        attestations=verdict,
     )
 
 

@@ -42,6 +42,7 @@ from modelsec.errors import MalformedArtifactError, PolicyViolationError
 from modelsec.modelformat.hashing import ProgressCallback
 from modelsec.modelformat.model_files import PICKLE_SUFFIXES, open_beneath, open_model_root
 from modelsec.policy import Policy
+from modelsec.verifier.attestations import AttestationVerdict
 from modelsec.verifier.bundles import find_default_bundles, read_bundle, verify_bundle_signature
 from modelsec.verifier.files import (
     check_digests,
@@ -89,6 +90,8 @@ class VerifiedModel:
         bundles: The verified bundles.
         skipped: Bundles found by default name but not checked (no configured key of their algorithm).
         manifest: The verified manifest of the first bundle.
+        attestations: The attestation verdict (evidence selected, bundles ignored and why) when the policy
+            requires attestations; None otherwise.
     """
 
     root_digest: str
@@ -99,6 +102,7 @@ class VerifiedModel:
     bundles: tuple[VerifiedBundle, ...]
     skipped: tuple[Path, ...]
     manifest: Manifest
+    attestations: AttestationVerdict | None = None
 
     @property
     def algorithms(self) -> tuple[SignatureAlgorithm, ...]:
@@ -241,6 +245,7 @@ def _verify_open_model(
         bundles=signed.bundles,
         skipped=signed.skipped,
         manifest=signed.manifest,
+        attestations=signed.attestations,
     )
 
 

@@ -18,10 +18,11 @@ The output appears atomically: files are written to a fresh sibling directory th
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import secrets
 import shutil
-import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from modelsec.errors import MalformedArtifactError, PolicyError
 from modelsec.limits import Limits
+from modelsec.modelformat._openat2 import open_beneath_fd
 from modelsec.watermark.detection import DetectionResult, DetectionThresholds, ExtractedBlocks, evaluate
 from modelsec.watermark.io import RAW_DTYPES, DirectorySource, ShardFile, TensorRef, decode, encode
 from modelsec.watermark.scheme import (
@@ -350,45 +352,46 @@ class _Writer:
         self.bytes_processed = 0
 
     def run(self) -> None:
-        from modelsec.modelformat.model_files import open_beneath, open_model_root
+        # Everything is written through descriptors: the output's parent is opened once and the staging
+        # directory beneath it, so a directory swapped for a link meanwhile cannot redirect a write; the model
+        # is read through the descriptor the source walked.
+        parent_fd = _open_out_parent(self.out_dir)
+        try:
+            staging = _make_staging(parent_fd, self.out_dir)
+            try:
+                staging_fd = open_beneath_fd(parent_fd, staging, os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    self._write_all(staging_fd)
+                finally:
+                    os.close(staging_fd)
+                _move_into_place(parent_fd, staging, self.out_dir)
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True, dir_fd=parent_fd)
+                raise
+        except OSError as e:
+            raise PolicyError(f"{self.out_dir}: cannot write the watermarked model: {e.strerror}") from None
+        finally:
+            os.close(parent_fd)
+
+    def _write_all(self, staging_fd: int) -> None:
+        from modelsec.modelformat.model_files import open_beneath
         from modelsec.signer.signing import MODEL_IGNORE_PATHS
 
-        try:
-            staging = Path(tempfile.mkdtemp(prefix=f".{self.out_dir.name}.tmp-", dir=self.out_dir.parent))
-            staging.chmod(0o755)  # mkdtemp creates 0700; the model directory is an ordinary directory
-        except OSError as e:
-            raise PolicyError(f"{self.out_dir}: cannot create the output directory: {e.strerror}") from None
         shards = {s.name: (s, refs) for s, refs in self.source.iter_shards()}
-        root_fd = open_model_root(self.source.root)
-        try:
-            for file in self.source.files:
-                if file.name in MODEL_IGNORE_PATHS:
-                    continue
-                target = staging / file.name
-                fd = open_beneath(root_fd, file.name, what=str(self.source.root))
-                with os.fdopen(fd, "rb") as f:
-                    if file.name in shards:
-                        shard, refs = shards[file.name]
-                        data = self._read_shard(f, shard)
-                        self._mark_shard(data, shard, refs)
-                        _write_new(target, [data], self.out_dir)
-                        self.bytes_processed += len(data)
-                        del data  # release this shard before the next one is read
-                    else:
-                        _write_new(target, _chunks(f), self.out_dir)
-            try:
-                if self.out_dir.exists():
-                    self.out_dir.rmdir()
-                os.rename(staging, self.out_dir)
-            except OSError as e:
-                raise PolicyError(
-                    f"{self.out_dir}: cannot move the watermarked model into place: {e.strerror}"
-                ) from None
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-        finally:
-            os.close(root_fd)
+        for file in self.source.files:
+            if file.name in MODEL_IGNORE_PATHS:
+                continue
+            fd = open_beneath(self.source.root_fd, file.name, what=str(self.source.root))
+            with os.fdopen(fd, "rb") as f:
+                if file.name in shards:
+                    shard, refs = shards[file.name]
+                    data = self._read_shard(f, shard)
+                    self._mark_shard(data, shard, refs)
+                    _write_new(staging_fd, file.name, [data], self.out_dir)
+                    self.bytes_processed += len(data)
+                    del data  # release this shard before the next one is read
+                else:
+                    _write_new(staging_fd, file.name, _chunks(f), self.out_dir)
 
     def _read_shard(self, f: Any, shard: ShardFile) -> npt.NDArray[np.uint8]:
         import numpy as np
@@ -501,15 +504,49 @@ def _chunks(f: Any) -> Iterator[bytes]:
         yield chunk
 
 
-def _write_new(path: Path, chunks: Iterable[Any], out_dir: Path) -> None:
-    """Create `path` (never through a symlink, never over an existing file) and write the chunks.
+def _open_out_parent(out_dir: Path) -> int:
+    try:
+        return os.open(out_dir.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        raise PolicyError(f"{out_dir}: cannot open the parent directory: {e.strerror}") from None
+
+
+def _make_staging(parent_fd: int, out_dir: Path) -> str:
+    """Create a fresh staging directory beneath `parent_fd` (0755, never an existing name); its name."""
+    for _ in range(16):
+        name = f".{out_dir.name}.tmp-{secrets.token_hex(6)}"
+        try:
+            os.mkdir(name, 0o755, dir_fd=parent_fd)
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise PolicyError(f"{out_dir}: cannot create the output directory: {e.strerror}") from None
+        return name
+    raise PolicyError(f"{out_dir}: cannot create a staging directory beside it")
+
+
+def _move_into_place(parent_fd: int, staging: str, out_dir: Path) -> None:
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.rmdir(out_dir.name, dir_fd=parent_fd)  # an empty output directory given by the caller
+        os.rename(staging, out_dir.name, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
+    except OSError as e:
+        raise PolicyError(f"{out_dir}: cannot move the watermarked model into place: {e.strerror}") from None
+
+
+def _write_new(staging_fd: int, name: str, chunks: Iterable[Any], out_dir: Path) -> None:
+    """Create `name` beneath `staging_fd` (no link followed, never over an existing file); write it.
 
     Raises:
         PolicyError: The output cannot be written (permissions, disk full): a setup problem.
     """
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        parts = name.split("/")[:-1]
+        for depth in range(1, len(parts) + 1):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir("/".join(parts[:depth]), 0o755, dir_fd=staging_fd)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        fd = open_beneath_fd(staging_fd, name, flags, 0o644)
         with os.fdopen(fd, "wb") as f:
             for chunk in chunks:
                 f.write(chunk)

@@ -169,24 +169,30 @@ class DirectorySource:
 
         self.root = Path(root)
         self.limits = limits or Limits()
-        self.files = walk_model(self.root, ignore_paths=MODEL_IGNORE_PATHS, limits=self.limits)
-        names = [f.name for f in self.files if f.name.endswith(".safetensors")]
-        if not names:
-            pickles = [
-                f.name for f in self.files if f.name.endswith((".bin", ".pt", ".pth", ".ckpt", ".pkl"))
-            ]
-            hint = (
-                f" (found {', '.join(pickles[:3])}: pickle checkpoints are not supported)" if pickles else ""
-            )
-            raise MalformedArtifactError(
-                f"{self.root}: no *.safetensors weights in the model directory{hint}"
-            )
-        self._root_fd = open_model_root(self.root)
         self.shards: list[ShardFile] = []
         self._where: dict[str, tuple[ShardFile, TensorInfo]] = {}
         self._refs: list[TensorRef] = []
         self._mapped: tuple[str, mmap.mmap] | None = None
+        # One descriptor for the walk and every later open: the directory listed is the one read, whatever
+        # happens to the path meanwhile.
+        self._root_fd = open_model_root(self.root)
         try:
+            self.files = walk_model(
+                self.root, ignore_paths=MODEL_IGNORE_PATHS, limits=self.limits, root_fd=self._root_fd
+            )
+            names = [f.name for f in self.files if f.name.endswith(".safetensors")]
+            if not names:
+                pickles = [
+                    f.name for f in self.files if f.name.endswith((".bin", ".pt", ".pth", ".ckpt", ".pkl"))
+                ]
+                hint = (
+                    f" (found {', '.join(pickles[:3])}: pickle checkpoints are not supported)"
+                    if pickles
+                    else ""
+                )
+                raise MalformedArtifactError(
+                    f"{self.root}: no *.safetensors weights in the model directory{hint}"
+                )
             for name in names:
                 shard = self._parse(name)
                 self.shards.append(shard)
@@ -211,6 +217,11 @@ class DirectorySource:
             st = os.fstat(f.fileno())
             header, raw = read_header(f, st.st_size, path=f"{self.root}/{name}", limits=self.limits)
         return ShardFile(name=name, size=st.st_size, header=header, raw_header=raw, mtime_ns=st.st_mtime_ns)
+
+    @property
+    def root_fd(self) -> int:
+        """The descriptor of the walked model directory (owned by this source; read every file through it)."""
+        return self._root_fd
 
     def __enter__(self) -> DirectorySource:
         return self

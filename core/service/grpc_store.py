@@ -1,8 +1,10 @@
 """The gRPC store (`grpc://` / `grpcs://HOST:PORT`): the service's AttestationService as a store.
 
 Reads stream `GetAttestations`; `put` is `PutAttestation`, which the server verifies against its own policy
-before storing (a refusal raises). Needs the `grpc` extra; the client is imported only when such a store is
-opened, so `modelsec.verifier` still imports without grpc (DESIGN.md decision 9).
+before storing (a refusal raises). Delete and supersede are not offered over gRPC yet (no RPC): they raise
+`PolicyError`; an operator deletes in the service's SQLite store (`modelsec attest delete sqlite://...`).
+Needs the `grpc` extra; the client is imported only when such a store is opened, so `modelsec.verifier`
+still imports without grpc (DESIGN.md decision 9).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from modelsec.attestations.statement import is_sha256_hex
-from modelsec.errors import MalformedArtifactError, NotFoundError
+from modelsec.errors import MalformedArtifactError, NotFoundError, PolicyError
 from modelsec.verifier.stores import StoredBundle
 
 __all__ = ["GrpcAttestationStore"]
@@ -75,6 +77,22 @@ class GrpcAttestationStore:
         response = self.client.put_attestation(data)
         a = response.attestation
         return StoredBundle(a.id, a.root_digest, data, f"{self._uri}#{a.id}"), bool(response.created)
+
+    def delete(self, digest: str, bundle_id: str) -> None:
+        """Not offered yet: the service has no DeleteAttestation RPC (delete in its SQLite store directly).
+
+        Raises:
+            PolicyError: Always.
+        """
+        raise PolicyError(f"{self._uri}: the service does not offer deleting attestations (no RPC yet)")
+
+    def supersede(self, digest: str, bundle_id: str) -> None:
+        """Not offered yet (see `delete`).
+
+        Raises:
+            PolicyError: Always.
+        """
+        raise PolicyError(f"{self._uri}: the service does not offer superseding attestations (no RPC yet)")
 
     def check(self) -> None:
         """Nothing is probed: the server's own health endpoint answers for it."""

@@ -146,7 +146,7 @@ class WebhookConfig:
     cache_on_outage: CacheOnOutage = CacheOnOutage.DENY
     max_body_bytes: int = 4 * 2**20
     max_references: int = 32
-    max_bundles: int = 64
+    max_bundles: int = 1024
     require_models_in: tuple[str, ...] = ()
 
 

@@ -38,12 +38,15 @@ class StoredBundle:
         data: The bundle bytes (a directory store passes an oversize file on truncated to
             `max_bundle_bytes + 1` bytes, so that the verifier refuses it by size).
         source: Where it came from, for diagnostics (a path, or `<store uri>#<id>`).
+        note: Non-empty when the store listed the bundle without reading it (`data` is then empty): why,
+            for the verifier's list of ignored bundles.
     """
 
     id: str
     root_digest: str
     data: bytes = field(repr=False)
     source: str = field(compare=False)
+    note: str = field(default="", compare=False)
 
 
 class AttestationStore(Protocol):
@@ -90,6 +93,24 @@ class AttestationStore(Protocol):
         """
         ...
 
+    def delete(self, digest: str, bundle_id: str) -> None:
+        """Remove a bundle filed for `digest`: an authorised operation (the file system's permissions).
+
+        Raises:
+            NotFoundError: No such bundle.
+            PolicyError: A directory store cannot remove the file.
+            BackendUnavailableError: The store cannot be reached or written.
+        """
+        ...
+
+    def supersede(self, digest: str, bundle_id: str) -> None:
+        """Withdraw a bundle from what readers get, keeping it where the store keeps history.
+
+        SQLite marks the record; a directory, which keeps no history, removes the file. Same errors as
+        `delete`.
+        """
+        ...
+
     def check(self) -> None:
         """Raise `BackendUnavailableError` unless the store can be read now (readiness probes)."""
         ...
@@ -105,7 +126,8 @@ class StoreOptions:
 
     Attributes:
         limits: `max_bundle_bytes` bounds every bundle read or written.
-        max_bundles: Most bundles read for one digest (more is an error, not a silent cut).
+        max_bundles: Most bundles read for one digest (a directory store reads the newest and lists the
+            rest unread; SQLite stores no more than this).
         must_exist: A directory store whose root is missing is an outage (True: the webhook) or holds
             nothing (False: a policy's store next to the model).
         channel: For `grpc(s)://`: a `modelsec.service.client.ChannelOptions` (CA, client certificate,
@@ -113,7 +135,7 @@ class StoreOptions:
     """
 
     limits: Limits = field(default_factory=Limits)
-    max_bundles: int = 256
+    max_bundles: int = 1024
     must_exist: bool = True
     channel: Any = None
 

@@ -3,13 +3,16 @@
 The one implementation of this layout (written by `modelsec attest put` / `attest pull --out`, read by the
 verifier through a policy's store and by the webhook). Reading lists the digest's directory without
 following a symlinked one, reads only regular files (`read_bundle_bytes`: no symlink, no FIFO can hang the
-reader) and at most `max_bundles` of them; writing parses the bundle only to learn where it goes (its
-subject's sha256 digest) and names the file by the SHA-256 of its bytes, so storing twice is idempotent and
-concurrent writers never clobber each other. Nothing is trusted here: readers verify what they read.
+reader), newest first, and at most `max_bundles` of them (more is not an error: the rest are listed
+unread, so a flood of files cannot make the store unreadable); `delete` removes a file; writing parses
+the bundle only to learn where it goes (its subject's sha256 digest) and names the file by the SHA-256
+of its bytes, so storing twice is idempotent and concurrent writers never clobber each other. Nothing is
+trusted here: readers verify what they read.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import stat
@@ -31,6 +34,8 @@ from modelsec.verifier.bundles import read_bundle_bytes
 from modelsec.verifier.stores import StoredBundle
 
 __all__ = ["DirectoryStore", "subject_root_digest"]
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def subject_root_digest(data: bytes, max_bytes: int) -> str:
@@ -57,15 +62,17 @@ class DirectoryStore:
         root: The store directory.
         max_bundle_bytes: Bytes read per bundle at most; a larger file is passed on truncated so that the
             verifier refuses it by size, and a larger bundle is not written.
-        max_bundles: Most bundles read for one digest.
+        max_bundles: Most bundles read for one digest (the newest; the others are listed unread).
         must_exist: A missing or non-directory root is an outage (`BackendUnavailableError`) rather than
             an empty store.
+        max_total_bytes: Most bytes read for one digest, all bundles together.
     """
 
     root: Path
     max_bundle_bytes: int = 16 * 2**20
-    max_bundles: int = 64
+    max_bundles: int = 1024
     must_exist: bool = True
+    max_total_bytes: int = 64 * 2**20
 
     @property
     def uri(self) -> str:
@@ -98,29 +105,46 @@ class DirectoryStore:
             MalformedArtifactError: `digest` is not 64 lowercase hex digits, or more than `max_bundles`
                 bundles are filed for it.
         """
-        return [e.data for e in self.entries(digest)]
+        return [e.data for e in self.entries(digest) if not e.note]
 
     def entries(self, digest: str) -> list[StoredBundle]:
-        """`bundles` with each bundle's id (the file's stem) and path (same errors)."""
+        """`bundles` with each bundle's id (the file's stem) and path (same errors, and no overflow error).
+
+        The newest files (modification time) are read first, up to `max_bundles` of them and
+        `max_total_bytes` in all; each one left unread is returned without data and with a `note` saying
+        why, so that the verifier lists it as ignored. A directory store holds more than that only when
+        someone floods it: newest first keeps the evidence that decides (the newest gate) in reach.
+        """
         if not is_sha256_hex(digest):
             raise MalformedArtifactError(f"{digest!r} is not a hex SHA-256 digest")
         try:
-            names = self._names(digest)
-            out = []
-            for name in names:
+            out: list[StoredBundle] = []
+            budget, count = self.max_total_bytes, 0
+            for name, size in self._listing(digest):
                 path = self.root / "sha256" / digest / name
+                bundle_id = name.removesuffix(".sig")
+                if count >= self.max_bundles or size > budget:
+                    note = (
+                        f"not read: the store holds more bundles for {digest} than it reads "
+                        f"({self.max_bundles} bundles, {self.max_total_bytes} bytes; newest first)"
+                    )
+                    out.append(StoredBundle(bundle_id, digest, b"", str(path), note=note))
+                    continue
                 try:
                     data = read_bundle_bytes(path, self.max_bundle_bytes)
                 except (MalformedArtifactError, PolicyViolationError, SignatureError):
                     continue  # symlinks, FIFOs and other non-regular or vanished entries are not bundles
-                out.append(StoredBundle(name.removesuffix(".sig"), digest, data, str(path)))
+                budget -= len(data)
+                count += 1
+                out.append(StoredBundle(bundle_id, digest, data, str(path)))
             return out
         except OSError as e:
             raise BackendUnavailableError(
                 f"attestation store {self.root} is unreadable: {e.strerror or type(e).__name__}"
             ) from e
 
-    def _names(self, digest: str) -> list[str]:
+    def _listing(self, digest: str) -> list[tuple[str, int]]:
+        """The `*.sig` names filed for `digest` with their sizes, newest first (then by name)."""
         try:
             root_mode = os.stat(self.root).st_mode
         except FileNotFoundError:
@@ -130,17 +154,29 @@ class DirectoryStore:
                 raise BackendUnavailableError(f"attestation store {self.root} is not a directory")
             return []
         try:
-            mode = os.lstat(self.root / "sha256" / digest).st_mode
-        except FileNotFoundError:
+            fd = os.open(self.root / "sha256" / digest, _DIR_FLAGS)
+        except (FileNotFoundError, NotADirectoryError):
             return []
-        if not stat.S_ISDIR(mode):
-            return []
-        names = sorted(n for n in os.listdir(self.root / "sha256" / digest) if n.endswith(".sig"))
-        if len(names) > self.max_bundles:
-            raise MalformedArtifactError(
-                f"attestation store holds {len(names)} bundles for {digest}, more than {self.max_bundles}"
-            )
-        return names
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                return []  # a symlinked digest directory is not this store's
+            raise
+        found: list[tuple[int, str, int]] = []
+        try:
+            with os.scandir(fd) as it:
+                for entry in it:
+                    if not entry.name.endswith(".sig"):
+                        continue
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue  # removed while listed
+                    if stat.S_ISREG(st.st_mode):
+                        found.append((st.st_mtime_ns, entry.name, st.st_size))
+        finally:
+            os.close(fd)
+        found.sort(key=lambda f: (-f[0], f[1]))
+        return [(name, min(size, self.max_bundle_bytes + 1)) for _, name, size in found]
 
     def get(self, digest: str, bundle_id: str) -> StoredBundle:
         """The bundle `<root>/sha256/<digest>/<bundle_id>.sig`.
@@ -176,3 +212,39 @@ class DirectoryStore:
         created = not os.path.lexists(path)
         write_bundle_file(path, data)
         return StoredBundle(bundle_id, digest, data, str(path)), created
+
+    def delete(self, digest: str, bundle_id: str) -> None:
+        """Remove the bundle `<root>/sha256/<digest>/<bundle_id>.sig` (the file; no link is followed).
+
+        Whoever may write the directory may do this: the store's access control is the file system's.
+
+        Raises:
+            NotFoundError: No such bundle, or `digest` or `bundle_id` is not a hex SHA-256.
+            PolicyError: The file cannot be removed.
+        """
+        if not is_sha256_hex(digest) or not is_sha256_hex(bundle_id):
+            raise NotFoundError(f"attestation store {self.root}: no bundle {bundle_id!r} for {digest!r}")
+        directory = self.root / "sha256" / digest
+        try:
+            fd = os.open(directory, _DIR_FLAGS)
+        except OSError as e:
+            raise NotFoundError(f"attestation store {self.root}: no bundle {bundle_id} for {digest}") from e
+        try:
+            os.unlink(f"{bundle_id}.sig", dir_fd=fd)
+        except FileNotFoundError:
+            raise NotFoundError(
+                f"attestation store {self.root}: no bundle {bundle_id} for {digest}"
+            ) from None
+        except OSError as e:
+            raise PolicyError(f"{directory / bundle_id}.sig: cannot remove the bundle: {e.strerror}") from e
+        finally:
+            os.close(fd)
+
+    def supersede(self, digest: str, bundle_id: str) -> None:
+        """Withdraw a bundle readers should no longer see; a directory keeps no history, so it is `delete`.
+
+        Raises:
+            NotFoundError: No such bundle.
+            PolicyError: The file cannot be removed.
+        """
+        self.delete(digest, bundle_id)

@@ -8,7 +8,8 @@ crash or restart); concurrent writers (threads or several server processes on on
 serialised by SQLite's lock with a busy timeout; a record id (the service's: the signed statement and the
 verifying key; default: SHA-256 of the bytes) is stored once, so a put is idempotent. Implements
 `modelsec.verifier.stores.AttestationStore`; the service uses `put_record` to keep the admitting
-verification's metadata with each bundle.
+verification's metadata with each bundle. `supersede` marks a record so that readers no longer get it (kept
+for audit); `delete` removes it.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ CREATE TABLE IF NOT EXISTS attestations (
 CREATE INDEX IF NOT EXISTS attestations_by_digest ON attestations (root_digest, seq);
 """
 _COLUMNS = "id, root_digest, predicate_type, signer, algorithm, stored_at, stored_by"
+_CURRENT = "superseded_at IS NULL"
 
 
 class StoreFullError(Error):
@@ -84,6 +86,9 @@ class SqliteAttestationStore:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(_SCHEMA)
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(attestations)")}
+            if "superseded_at" not in columns:  # a database written before records could be superseded
+                self._db.execute("ALTER TABLE attestations ADD COLUMN superseded_at TEXT")
         except sqlite3.Error as e:
             raise BackendUnavailableError(f"{path}: cannot open the attestation store: {e}") from e
 
@@ -159,7 +164,8 @@ class SqliteAttestationStore:
                         self._db.execute("COMMIT")
                         return StoredRecord(*row), False
                     (count,) = self._db.execute(
-                        "SELECT COUNT(*) FROM attestations WHERE root_digest = ?", (root_digest,)
+                        f"SELECT COUNT(*) FROM attestations WHERE root_digest = ? AND {_CURRENT}",  # noqa: S608 - constant SQL
+                        (root_digest,),
                     ).fetchone()
                     if count >= self.max_bundles_per_digest:
                         raise StoreFullError(
@@ -183,7 +189,8 @@ class SqliteAttestationStore:
     def records(self, root_digest: str) -> list[tuple[StoredRecord, bytes]]:
         """Every stored bundle about `root_digest`, oldest first, with its record."""
         rows = self._query(
-            f"SELECT {_COLUMNS}, bundle FROM attestations WHERE root_digest = ? ORDER BY seq LIMIT ?",  # noqa: S608 - constant SQL; values bound
+            f"SELECT {_COLUMNS}, bundle FROM attestations WHERE root_digest = ? AND {_CURRENT} "  # noqa: S608 - constant SQL; values bound
+            "ORDER BY seq LIMIT ?",
             (root_digest, self.max_bundles_per_digest),
         )
         return [(StoredRecord(*r[:7]), bytes(r[7])) for r in rows]
@@ -211,7 +218,8 @@ class SqliteAttestationStore:
             BackendUnavailableError: The database cannot be read.
         """
         rows = self._query(
-            "SELECT bundle FROM attestations WHERE id = ? AND root_digest = ?", (bundle_id, digest)
+            f"SELECT bundle FROM attestations WHERE id = ? AND root_digest = ? AND {_CURRENT}",  # noqa: S608 - constant SQL
+            (bundle_id, digest),
         )
         if not rows:
             raise NotFoundError(f"{self.uri}: no bundle {bundle_id!r} about {digest!r}")
@@ -226,7 +234,7 @@ class SqliteAttestationStore:
             MalformedArtifactError: The page token is not one this store issued.
         """
         before = _decode_token(page_token)
-        where, args = "WHERE seq < ?", list[object]([before])
+        where, args = f"WHERE seq < ? AND {_CURRENT}", list[object]([before])
         if root_digest:
             where += " AND root_digest = ?"
             args.append(root_digest)
@@ -237,6 +245,41 @@ class SqliteAttestationStore:
         page = rows[:page_size]
         token = _encode_token(page[-1][0]) if len(rows) > page_size else ""
         return [StoredRecord(*r[1:]) for r in page], token
+
+    def delete(self, digest: str, bundle_id: str) -> None:
+        """Remove the record `bundle_id` about `digest` (superseded or not); the caller is authorised.
+
+        Raises:
+            NotFoundError: No such record.
+            BackendUnavailableError: The write failed.
+        """
+        self._change("DELETE FROM attestations WHERE id = ? AND root_digest = ?", (bundle_id, digest))
+
+    def supersede(self, digest: str, bundle_id: str) -> None:
+        """Mark the record `bundle_id` about `digest` superseded: kept, no longer read, listed or counted.
+
+        A superseded record does not count against the model's limit; a second put of the same record
+        stays superseded (`delete` forgets it).
+
+        Raises:
+            NotFoundError: No such current record.
+            BackendUnavailableError: The write failed.
+        """
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        self._change(
+            f"UPDATE attestations SET superseded_at = ? WHERE id = ? AND root_digest = ? AND {_CURRENT}",  # noqa: S608 - constant SQL
+            (now, bundle_id, digest),
+        )
+
+    def _change(self, sql: str, args: tuple[str, ...]) -> None:
+        bundle_id, digest = args[-2:]
+        try:
+            with self._lock:
+                changed = self._db.execute(sql, args).rowcount
+        except sqlite3.Error as e:
+            raise BackendUnavailableError(f"{self.path}: cannot write the attestation store: {e}") from e
+        if not changed:
+            raise NotFoundError(f"{self.uri}: no bundle {bundle_id!r} about {digest!r}")
 
     def _query(self, sql: str, args: tuple[object, ...]) -> list[Any]:
         try:

@@ -47,7 +47,9 @@ def test_verifier_and_watermark_package_require_the_same_fields(
     """Old code: the verifier accepted a mark without `scheme`; the watermark side one without confidence."""
     wm = setup["attest"]("watermark", _without(watermark_predicate(), missing))
     verdict = verify_attestations(setup["root"], _bundles(setup, wm=wm), setup["policy"], now=NOW)
-    assert not verdict.ok and any(missing.split(".")[0] in r for r in verdict.refused), verdict.reasons()
+    # An unparseable statement is no evidence (ignored, with the reason): the watermark is then missing.
+    assert verdict.missing == ("watermark: no watermark attestation",), verdict.reasons()
+    assert any(missing.split(".")[0] in r for r in verdict.ignored), verdict.reasons()
     path = tmp_path / "model.watermark.sig"
     path.write_bytes(wm)
     with pytest.raises(AttestationError, match=missing.split(".")[0]):

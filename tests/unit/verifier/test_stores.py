@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -75,11 +76,16 @@ def test_directory_store_missing_root_is_an_outage_unless_optional(tmp_path: Pat
 
 
 def test_one_limit_on_bundles_per_digest(setup: dict[str, Any], tmp_path: Path) -> None:  # noqa: F811
+    """Over the limit the newest are read and the rest listed unread (old code: an error, i.e. a veto)."""
     store = open_store(str(tmp_path / "dir"), StoreOptions(max_bundles=1, must_exist=False))
-    store.put(setup["attest"]("gate", gate_predicate()))
-    store.put(setup["attest"]("watermark", watermark_predicate()))
-    with pytest.raises(MalformedArtifactError, match="more than 1"):
-        store.bundles(setup["root"])
+    gate, _ = store.put(setup["attest"]("gate", gate_predicate()))
+    wm, _ = store.put(setup["attest"]("watermark", watermark_predicate()))
+    os.utime(gate.source, ns=(10**18, 10**18))  # the gate is the newest file
+    os.utime(wm.source, ns=(10**17, 10**17))
+    assert store.bundles(setup["root"]) == [gate.data]
+    read, unread = store.entries(setup["root"])
+    assert read.data == gate.data and not read.note
+    assert unread.id == wm.id and unread.data == b"" and "not read" in unread.note
 
 
 def _policy_doc(**fields: Any) -> dict[str, Any]:
