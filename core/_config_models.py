@@ -254,7 +254,8 @@ class PolicyFileModel(_Model):
     policies: list[PolicyModel] = Field(min_length=1)
     no_match: Literal["deny"] = "deny"
     namespace_rules: list[NamespaceRuleModel] = Field(
-        default_factory=list, description="admission: per-namespace noMatch and requireModel; first match wins"
+        default_factory=list,
+        description="admission: per-namespace noMatch and requireModel; the first match wins",
     )
 
 

@@ -69,8 +69,8 @@ if TYPE_CHECKING:  # pydantic is imported when a file is parsed, not by every `i
 __all__ = [
     "API_VERSION",
     "POLICY_ENV",
-    "NamespaceRule",
     "ROLES",
+    "NamespaceRule",
     "Policy",
     "PolicySet",
     "RobustnessRequirement",
@@ -294,7 +294,7 @@ class PolicySet:
         )
 
     def rule_for(self, namespace: str) -> NamespaceRule:
-        """The first namespace rule matching `namespace`, or the default (`noMatch: deny`, no model required)."""
+        """The first namespace rule matching `namespace`, else the default rule (`noMatch: deny`)."""
         for rule in self.namespace_rules:
             if any(fnmatch.fnmatchcase(namespace, p) for p in rule.namespaces):
                 return rule

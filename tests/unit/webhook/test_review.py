@@ -216,26 +216,31 @@ def test_workload_without_models_is_allowed(kind: str, policies: PolicySet, sign
     assert decision.reason == "no-references"
 
 
-def test_image_volumes_must_be_covered_by_a_verified_reference(
-    policies: PolicySet, signed: tuple[str, Path]
-) -> None:
+def test_image_volumes_are_bound_to_the_verified_digest(policies: PolicySet, signed: tuple[str, Path]) -> None:
     digest, store = signed
     r = reviewer(policies, store)
     ref = f"oci://registry.internal/models/x@sha256:{digest}"
-    for models, image, allowed in [
-        (ref, "registry.internal/models/x:v1", True),
-        (ref, "registry.internal/models/x@sha256:" + "ab" * 32, True),
-        (ref, "registry.internal/models/other:v1", False),
-        (None, "registry.internal/models/x:v1", False),
+    evil = f"oci://registry.internal/evil/x@sha256:{digest}"  # an attested digest under a foreign name
+    for models, image, reason in [
+        (ref, f"registry.internal/models/x@sha256:{digest}", "verified"),
+        (None, f"registry.internal/models/x@sha256:{digest}", "verified"),  # a model image is verified itself
+        (None, "registry.internal/runtime/assets:v1", "no-references"),  # not a model: not reviewed
+        (ref, "registry.internal/models/x:v1", "digest-required"),
+        (ref, "registry.internal/models/x@sha256:" + "ab" * 32, "image-digest-mismatch"),
+        (ref, "registry.internal/models/other:v1", "digest-required"),
+        (None, "registry.internal/models/x:v1", "digest-required"),
+        (evil, "registry.internal/evil/x:latest", "digest-required"),
+        (evil, "registry.internal/evil/x@sha256:" + "ab" * 32, "image-digest-mismatch"),
     ]:
         body = review_body("Pod", models)
         body["request"]["object"].setdefault("spec", {})["volumes"] = [
             {"name": "weights", "image": {"reference": image, "pullPolicy": "IfNotPresent"}}
         ]
         decision = r.review(json.dumps(body).encode())
+        allowed = reason in ("verified", "no-references")
         assert decision.response["response"]["allowed"] is allowed, (models, image)
+        assert decision.reason == reason, (models, image)
         if not allowed:
-            assert decision.reason == "unverified-image-volume"
             assert image in decision.response["response"]["status"]["message"]
 
 
@@ -426,9 +431,8 @@ def test_positive_results_cached_with_ttl_and_keyed_by_generation(
     assert r.review(good).response["response"]["allowed"] is False
     clock.now += 61
     # Another policy generation does not see the first one's entries.
-    r2 = reviewer(policies, signed[1], clock=clock)
+    r2 = Reviewer(policies, DirectoryStore(signed[1]), WebhookConfig(), generation="g2", clock=clock)
     r2.cache = r.cache
-    r2.generation = "g2"
     r.store = DirectoryStore(signed[1])
     r.review(good)
     assert r2.review(good).references[0].cached is False
