@@ -216,11 +216,13 @@ def test_workload_without_models_is_allowed(kind: str, policies: PolicySet, sign
     assert decision.reason == "no-references"
 
 
-def test_image_volumes_are_bound_to_the_verified_digest(policies: PolicySet, signed: tuple[str, Path]) -> None:
+def test_image_volumes_are_bound_to_the_verified_digest(
+    policies: PolicySet, signed: tuple[str, Path]
+) -> None:
     digest, store = signed
     r = reviewer(policies, store)
     ref = f"oci://registry.internal/models/x@sha256:{digest}"
-    evil = f"oci://registry.internal/evil/x@sha256:{digest}"  # an attested digest under a foreign name
+    evil = f"oci://registry.internal/models/evil@sha256:{digest}"  # an attested digest, another name
     for models, image, reason in [
         (ref, f"registry.internal/models/x@sha256:{digest}", "verified"),
         (None, f"registry.internal/models/x@sha256:{digest}", "verified"),  # a model image is verified itself
@@ -229,8 +231,8 @@ def test_image_volumes_are_bound_to_the_verified_digest(policies: PolicySet, sig
         (ref, "registry.internal/models/x@sha256:" + "ab" * 32, "image-digest-mismatch"),
         (ref, "registry.internal/models/other:v1", "digest-required"),
         (None, "registry.internal/models/x:v1", "digest-required"),
-        (evil, "registry.internal/evil/x:latest", "digest-required"),
-        (evil, "registry.internal/evil/x@sha256:" + "ab" * 32, "image-digest-mismatch"),
+        (evil, "registry.internal/models/evil:latest", "digest-required"),
+        (evil, "registry.internal/models/evil@sha256:" + "ab" * 32, "image-digest-mismatch"),
     ]:
         body = review_body("Pod", models)
         body["request"]["object"].setdefault("spec", {})["volumes"] = [
