@@ -121,7 +121,8 @@ def webhook() -> None:
     "require_models_in",
     multiple=True,
     metavar="NAMESPACE_GLOB",
-    help="Namespaces whose workloads must name a model (repeatable glob); others without one are allowed.",
+    help="Deprecated: use namespaceRules[].requireModel in the policy file (reloaded with it). Namespaces "
+    "whose workloads must name a model (repeatable glob).",
 )
 @_json_option
 def _serve(
@@ -154,6 +155,10 @@ def _serve(
     from modelsec.webhook.server import serve
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    if require_models_in:
+        logging.getLogger("modelsec.webhook").warning(
+            "--require-models-in is deprecated: use namespaceRules[].requireModel in the policy file"
+        )
     try:
         policies = PolicySet.from_file(policy)
         config = WebhookConfig(
@@ -168,7 +173,7 @@ def _serve(
             _store(store, config, store_ca, store_client_cert, store_client_key),
             config,
         )
-        serve(reviewer, cert, key, host=host, port=port)
+        serve(reviewer, cert, key, host=host, port=port, policy_file=policy)
     except Error as e:
         _fail(e, as_json)
     except OSError as e:  # the address cannot be bound, a TLS file cannot be read

@@ -39,6 +39,7 @@ __all__ = [
     "GateSpecModel",
     "IdentityModel",
     "KeyRefModel",
+    "NamespaceRuleModel",
     "PolicyFileModel",
     "PolicyModel",
     "Role",
@@ -302,6 +303,20 @@ class PolicyModel(_Model):
     attestations: AttestationsModel = Field(default_factory=AttestationsModel)
     attestation_dir: Store | None = None
     attestation_store: Store | None = None
+    mode: Literal["enforce", "warn"] = Field(
+        default="enforce", description="admission: deny (enforce) or allow with a warning (warn) on failure"
+    )
+    namespaces: list[Pattern] = Field(
+        default_factory=list, description="admission: namespace globs the policy applies in (empty: all)"
+    )
+
+
+class NamespaceRuleModel(_Model):
+    """Admission rules for the namespaces whose names match one of `namespaces` (globs)."""
+
+    namespaces: list[Pattern] = Field(min_length=1)
+    no_match: Literal["deny", "warn", "allow"] = "deny"
+    require_model: bool = False
 
 
 class PolicyFileModel(_Model):
@@ -313,6 +328,10 @@ class PolicyFileModel(_Model):
     kind: Literal["ModelPolicy"]
     policies: list[PolicyModel] = Field(min_length=1)
     no_match: Literal["deny"] = "deny"
+    namespace_rules: list[NamespaceRuleModel] = Field(
+        default_factory=list,
+        description="admission: per-namespace noMatch and requireModel; the first match wins",
+    )
 
 
 # --- ServerConfig ------------------------------------------------------------------------------------------

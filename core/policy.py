@@ -46,13 +46,22 @@ policies:
     attestationStore: /var/lib/modelsec/attestations  # besides model.watermark.sig / model.gate.sig; a
                                                       # path or file:// | sqlite:// | grpc(s):// URI
                                                       # (`attestationDir`: the older name, a path)
+    mode: enforce                          # admission: enforce | warn, per policy
+    namespaces: ["ml-*"]                   # admission: where the policy applies (default: everywhere)
 noMatch: deny
+namespaceRules:                            # admission: the first rule whose glob matches the namespace
+  - {namespaces: ["scratch-*"], noMatch: allow}          # a reference no policy matches: deny|warn|allow
+  - {namespaces: ["prod-*"], requireModel: true}          # a workload there must name a model
 ```
+
+At admission every matching policy that applies in the namespace must pass (policy-controller and Kyverno
+semantics, `PolicySet.matching`); `for_uri` (the verifier and loader) still takes the first match.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import hashlib
 import os
 import re
@@ -82,6 +91,7 @@ __all__ = [
     "ROLES",
     "Authority",
     "IdentityRule",
+    "NamespaceRule",
     "Policy",
     "PolicySet",
     "RobustnessRequirement",
@@ -228,6 +238,8 @@ class Policy:
             directory: a directory path or a store URI (`modelsec.verifier.stores.open_store`), relative
             paths already resolved against the policy file's directory.
         require_digest: References (admission) must pin the model root digest.
+        mode: Admission only: `enforce` (a failure denies) or `warn` (a failure is a warning).
+        namespaces: Admission only: namespace globs this policy applies in (empty: every namespace).
     """
 
     keys: tuple[TrustedKey, ...]
@@ -242,6 +254,14 @@ class Policy:
     attestation_store: str | None = None
     require_digest: bool = True
     authorities: tuple[Authority, ...] = ()
+    mode: str = "enforce"
+    namespaces: tuple[str, ...] = ()
+
+    def applies_in(self, namespace: str | None) -> bool:
+        """Whether this policy applies in `namespace` (admission); None (no namespace) means every policy."""
+        if namespace is None or not self.namespaces:
+            return True
+        return any(fnmatch.fnmatchcase(namespace, p) for p in self.namespaces)
 
     @property
     def requires_attestations(self) -> bool:
@@ -309,6 +329,21 @@ def _glob_regex(pattern: str) -> re.Pattern[str]:
 
 
 @dataclass(frozen=True, slots=True)
+class NamespaceRule:
+    """Admission rules for the namespaces matching `namespaces` (globs; the first matching rule applies).
+
+    Attributes:
+        namespaces: Namespace globs (`fnmatch`).
+        no_match: What a model reference that no applicable policy matches gets: `deny`, `warn` or `allow`.
+        require_model: A workload here must name at least one model.
+    """
+
+    namespaces: tuple[str, ...] = ()
+    no_match: str = "deny"
+    require_model: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class _Entry:
     regexes: tuple[re.Pattern[str], ...]
     policy: Policy
@@ -323,11 +358,13 @@ class PolicySet:
         source: Where the policy came from (path or `$MODELSEC_POLICY`), for diagnostics.
         digest: Hex SHA-256 of the file bytes that were parsed ("" when built from a mapping): identifies
             this policy version (e.g. in the webhook's cache keys).
+        namespace_rules: Admission only: per-namespace `noMatch` and `requireModel` (`rule_for`).
     """
 
     entries: tuple[_Entry, ...]
     source: str
     digest: str = ""
+    namespace_rules: tuple[NamespaceRule, ...] = ()
 
     @property
     def policies(self) -> tuple[Policy, ...]:
@@ -344,6 +381,25 @@ class PolicySet:
             if any(r.match(uri) for r in entry.regexes):
                 return entry.policy
         raise PolicyViolationError(f"{uri}: no policy in {self.source} matches this model (noMatch: deny)")
+
+    def matching(self, uri: str, namespace: str | None = None) -> tuple[Policy, ...]:
+        """Every policy whose `match` globs cover `uri` and that applies in `namespace` (admission).
+
+        Like policy-controller and Kyverno, the admission webhook requires every one of them to pass; an
+        empty result means the reference follows `rule_for(namespace).no_match`.
+        """
+        return tuple(
+            e.policy
+            for e in self.entries
+            if e.policy.applies_in(namespace) and any(r.match(uri) for r in e.regexes)
+        )
+
+    def rule_for(self, namespace: str) -> NamespaceRule:
+        """The first namespace rule matching `namespace`, else the default rule (`noMatch: deny`)."""
+        for rule in self.namespace_rules:
+            if any(fnmatch.fnmatchcase(namespace, p) for p in rule.namespaces):
+                return rule
+        return NamespaceRule()
 
     def for_model(self, path: Path) -> Policy:
         """The policy for a local model directory or file, matched as `file://<real path>`."""
@@ -397,7 +453,10 @@ class PolicySet:
                 raise PolicyError(f"{where}.name {item.name!r} is used twice")
             names.add(item.name)
             entries.append(_Entry(tuple(_glob_regex(p) for p in item.match), _policy(item, where, base_dir)))
-        return cls(tuple(entries), source)
+        rules = tuple(
+            NamespaceRule(tuple(r.namespaces), r.no_match, r.require_model) for r in model.namespace_rules
+        )
+        return cls(tuple(entries), source, namespace_rules=rules)
 
 
 def _policy(item: PolicyModel, where: str, base_dir: Path) -> Policy:
@@ -419,6 +478,8 @@ def _policy(item: PolicyModel, where: str, base_dir: Path) -> Policy:
         authorities=tuple(
             _authority(a, f"{where}.authorities[{j}]", base_dir) for j, a in enumerate(item.authorities)
         ),
+        mode=item.mode,
+        namespaces=tuple(item.namespaces),
     )
 
 

@@ -9,31 +9,40 @@ counts. Order, failing closed at every step (any error is a deny naming the refe
 2. the review must be `admission.k8s.io/v1` `AdmissionReview` for CREATE or UPDATE of a covered kind with
    an `object`; anything else is a deny in the same apiVersion with the uid echoed (a `v1beta1` review
    gets a `v1beta1`-shaped deny);
-3. model references are collected from the annotation `modelsec.dev/models` (comma-separated
-   `<uri>@sha256:<model root digest>`) on Pods (also for the `pods/ephemeralcontainers` subresource) and
-   on the workload and its pod template for Deployment, StatefulSet, DaemonSet, ReplicaSet, Job and
-   CronJob (`spec.jobTemplate.spec.template`), and for a KServe InferenceService from its annotations,
-   `spec.predictor.annotations`, `spec.predictor.storageUri`, `spec.predictor.model.storageUri` and
-   `spec.predictor.<framework>.storageUri`. A workload naming no model is allowed;
-4. per reference: a malformed reference (bad digest such as `sha256:zz`, no scheme, whitespace) is
-   refused; the URI (without the digest) must match a policy of the `PolicySet` (`noMatch: deny`); a
-   reference without a digest is refused when the matched policy has `requireDigest` (tags are mutable),
-   and also otherwise, since there is then no model root digest to look bundles up by;
-5. the bundles filed for the digest are read from the attestation store and checked with
-   `verify_attestations(digest, bundles, policy)` (weights signatures required); the reference is
-   allowed only when the verdict is `ok`. Only positive results are cached, keyed by (policy generation,
-   matched policy name, digest), for `cache_ttl_seconds`, together with a fingerprint of the bundles they
-   were computed from. The store is read on every decision, cached or not: a cached result is reused only
-   while the store returns exactly those bundles (a withdrawn or added bundle means a full verification);
-   a store that cannot be read denies (`cache_on_outage: deny`, the default) unless the operator chose
-   `serve`, which reuses an unexpired positive result during the outage (and says so in the decision);
-6. the whole decision must finish within `deadline_seconds` (checked between steps; the server also stops
+3. model sources are collected (`modelsec.webhook.sources`): references in the annotation
+   `modelsec.dev/models` and in every KServe storage field, and the OCI images of every container, init
+   container, ephemeral container and image volume;
+4. an image is a model when a policy applying in the namespace matches `oci://<repository>`, or when a model
+   reference names that repository; other images (the runtime, a non-model image volume) are not reviewed.
+   A model image must be pinned by digest (a tag is mutable: refused), and when a reference names its
+   repository, the image's digest must be one that reference names (a volume mounting `evil:latest`, or
+   another digest, next to an annotation `oci://…/evil@sha256:<attested>` is refused); it is then verified as
+   the reference `oci://<repository>@sha256:<digest>`;
+5. a workload naming no model is allowed, unless its namespace's rule (`namespaceRules[].requireModel`,
+   or the deprecated `WebhookConfig.require_models_in`) requires one;
+6. per reference: a malformed reference (bad digest such as `sha256:zz`, no scheme, whitespace) is
+   refused; every policy that matches the URI and applies in the namespace must pass (policy-controller and
+   Kyverno semantics); a failing policy in `mode: warn` adds a warning instead of denying. A reference no
+   policy matches follows its namespace's `noMatch` (`deny`, the default; `warn`; `allow`). A reference
+   without a digest is refused by the policies that match it (there is no model root digest to look
+   bundles up by);
+7. the bundles filed for the digest are read from the attestation store once and checked with
+   `verify_attestations(digest, bundles, policy)` for each matching policy (weights signatures required).
+   Only positive results are cached, keyed by (policy generation, policy name, digest), for
+   `cache_ttl_seconds`, together with a fingerprint of the bundles they were computed from. The store is
+   read on every decision, cached or not: a cached result is reused only while the store returns exactly
+   those bundles; a store that cannot be read denies (`cache_on_outage: deny`, the default) unless the
+   operator chose `serve`, which reuses unexpired positive results during the outage (and says so);
+8. the whole decision must finish within `deadline_seconds` (checked between steps; the server also stops
    waiting at the deadline): an overrun is a deny.
 
-Modes (`WebhookConfig.mode`, set with `modelsec webhook serve --mode`): `enforce` answers the verdict;
-`warn` allows and returns every refusal as an AdmissionReview `warnings` entry; `audit` allows silently and
-leaves the refusal to the audit log, metrics and `auditAnnotations`. Requests that are not a valid v1
-AdmissionReview (step 2) are denied in every mode.
+The policy file is reloaded when it changes (`modelsec.webhook.reload`): `Reviewer.replace_policies` swaps
+it and its cache generation at once, and a decision uses the policies it started with.
+
+Modes (`WebhookConfig.mode`, set with `modelsec webhook serve --mode`): `enforce` answers the verdict (each
+policy's own mode applies); `warn` allows and returns every refusal as an AdmissionReview `warnings` entry;
+`audit` allows silently and leaves the refusal to the audit log, metrics and `auditAnnotations`. Requests
+that are not a valid v1 AdmissionReview (step 2) are denied in every mode.
 
 Dry-run requests (`request.dryRun: true`) are evaluated exactly like others; they read the cache but never
 write it, so a dry run leaves no trace in the webhook's state besides logs and metrics.
@@ -41,27 +50,34 @@ write it, so a dry run leaves no trace in the webhook's state besides logs and m
 
 from __future__ import annotations
 
-import enum
 import fnmatch
 import hashlib
-import hmac
-import threading
+import itertools
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from modelsec._strict_json import strict_loads
-from modelsec.errors import (
-    BackendUnavailableError,
-    Error,
-    MalformedArtifactError,
-    PolicyViolationError,
-)
+from modelsec.errors import BackendUnavailableError, Error, MalformedArtifactError, PolicyViolationError
 from modelsec.policy import Policy, PolicySet
-from modelsec.verifier.pinning import MODELS_ANNOTATION, split_models_annotation, split_reference
+from modelsec.verifier.pinning import MODELS_ANNOTATION, split_reference
 from modelsec.verifier.stores import AttestationStore
 from modelsec.verifier.stores.directory import DirectoryStore
+from modelsec.webhook.cache import PositiveCache, bundles_fingerprint
+from modelsec.webhook.decision import (
+    AdmissionRequest,
+    BadRequestError,
+    CacheOnOutage,
+    DeadlineExceededError,
+    Decision,
+    InvalidReviewError,
+    Mode,
+    ModelReference,
+    ReferenceResult,
+    WebhookConfig,
+    parse_reference,
+)
+from modelsec.webhook.sources import ImageSource, PendingReference, collect
 
 __all__ = [
     "ANNOTATION",
@@ -86,262 +102,6 @@ ANNOTATION = MODELS_ANNOTATION
 API_V1 = "admission.k8s.io/v1"
 API_V1BETA1 = "admission.k8s.io/v1beta1"
 _UID_MAX = 256
-_WORKLOAD_KINDS = {
-    ("apps", "Deployment"): ("spec", "template"),
-    ("apps", "StatefulSet"): ("spec", "template"),
-    ("apps", "DaemonSet"): ("spec", "template"),
-    ("apps", "ReplicaSet"): ("spec", "template"),
-    ("batch", "Job"): ("spec", "template"),
-    ("batch", "CronJob"): ("spec", "jobTemplate", "spec", "template"),
-}
-_KSERVE = ("serving.kserve.io", "InferenceService")
-
-
-class Mode(enum.StrEnum):
-    """What a refusal does: block (`enforce`), allow with warnings (`warn`), or only record it (`audit`)."""
-
-    ENFORCE = "enforce"
-    WARN = "warn"
-    AUDIT = "audit"
-
-
-class BadRequestError(MalformedArtifactError):
-    """The body is not an AdmissionReview with a readable `request.uid`: answer HTTP 400, not a verdict."""
-
-
-class CacheOnOutage(enum.StrEnum):
-    """What a cached positive result is worth while the attestation store cannot be read."""
-
-    DENY = "deny"  # nothing: the store confirms every decision (the default; README: an outage denies)
-    SERVE = "serve"  # reused until its TTL ends, though a withdrawal during the outage goes unseen
-
-
-class DeadlineExceededError(BackendUnavailableError):
-    """The decision could not be finished within the internal deadline (the request is denied)."""
-
-
-@dataclass(frozen=True, slots=True)
-class WebhookConfig:
-    """Settings of one webhook process (one limits object, the python-tuf habit).
-
-    Attributes:
-        mode: `enforce`, `warn` or `audit` (see the module docstring).
-        deadline_seconds: Internal deadline for one decision; keep it below the webhook's `timeoutSeconds`
-            (at most 10 s in Kubernetes) so that an overrun is our deny, not the apiserver's timeout.
-        cache_ttl_seconds: How long a positive result is reused (0 disables the cache).
-        cache_max_entries: Bound on cached positive results.
-        cache_on_outage: `deny` (default): a store outage denies even a cached model; `serve`: an
-            unexpired cached positive result is reused while the store cannot be read.
-        max_body_bytes: Largest request body read (the apiserver's own request limit is 3 MiB).
-        max_references: Most model references one workload may name.
-        max_bundles: Most bundles read from the store for one digest.
-        require_models_in: Namespace globs (`fnmatch`) whose workloads must name at least one model: a
-            workload there without a model reference is denied instead of allowed.
-    """
-
-    mode: Mode = Mode.ENFORCE
-    deadline_seconds: float = 8.0
-    cache_ttl_seconds: float = 60.0
-    cache_max_entries: int = 4096
-    cache_on_outage: CacheOnOutage = CacheOnOutage.DENY
-    max_body_bytes: int = 4 * 2**20
-    max_references: int = 32
-    max_bundles: int = 1024
-    require_models_in: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class ModelReference:
-    """One model reference as named by a workload.
-
-    Attributes:
-        raw: The reference as written.
-        uri: The part matched against the policies (everything before `@sha256:`).
-        digest: The model root digest (64 hex), or None when the reference pins none.
-        source: Where it was found (e.g. `spec.template.metadata.annotations`).
-    """
-
-    raw: str
-    uri: str
-    digest: str | None
-    source: str
-
-
-def parse_reference(raw: str, source: str) -> ModelReference:
-    """Parse `<uri>[@sha256:<64 hex>]`.
-
-    Args:
-        raw: One reference (already split on commas and stripped).
-        source: Where it was found, for diagnostics.
-
-    Returns:
-        The reference; its digest is None when none was pinned (refused later if the policy requires one).
-
-    Raises:
-        MalformedArtifactError: The URI has no scheme, contains whitespace, `,` or `@`, or the part after
-            the last `@` is not `sha256:` and 64 lowercase hex digits.
-    """
-    uri, digest = split_reference(raw)
-    return ModelReference(raw, uri, digest, source)
-
-
-def bundles_fingerprint(bundles: Sequence[bytes]) -> str:
-    """A digest of a set of bundles (order-independent): what a cached result was computed from."""
-    h = hashlib.sha256()
-    for digest in sorted(hashlib.sha256(b).digest() for b in bundles):
-        h.update(digest)
-    return h.hexdigest()
-
-
-class PositiveCache:
-    """Positive results only, keyed by (policy generation, policy name, digest), with a TTL. Thread-safe.
-
-    Each entry keeps the fingerprint of the bundles it was computed from (`bundles_fingerprint`).
-    """
-
-    def __init__(self, ttl_seconds: float, max_entries: int, clock: Callable[[], float]) -> None:
-        self._ttl, self._max, self._clock = ttl_seconds, max_entries, clock
-        self._entries: dict[tuple[str, str, str], tuple[float, str]] = {}
-        self._lock = threading.Lock()
-
-    def get(self, key: tuple[str, str, str]) -> str | None:
-        """The bundles fingerprint of `key`'s positive result if it is younger than the TTL, else None."""
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                return None
-            if entry[0] <= self._clock():
-                del self._entries[key]
-                return None
-            return entry[1]
-
-    def hit(self, key: tuple[str, str, str], fingerprint: str) -> bool:
-        """Whether `key` was verified positively, from bundles with `fingerprint`, less than the TTL ago."""
-        cached = self.get(key)
-        return cached is not None and hmac.compare_digest(cached, fingerprint)
-
-    def put(self, key: tuple[str, str, str], fingerprint: str) -> None:
-        """Remember a positive result (expired entries, then the oldest, make room)."""
-        if self._ttl <= 0:
-            return
-        now = self._clock()
-        with self._lock:
-            if len(self._entries) >= self._max:
-                for k in [k for k, v in self._entries.items() if v[0] <= now]:
-                    del self._entries[k]
-                while len(self._entries) >= self._max:
-                    del self._entries[next(iter(self._entries))]
-            self._entries[key] = (now + self._ttl, fingerprint)
-
-    def discard(self, key: tuple[str, str, str]) -> None:
-        """Forget `key` (its bundles changed and no longer verify)."""
-        with self._lock:
-            self._entries.pop(key, None)
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._entries)
-
-
-@dataclass(frozen=True, slots=True)
-class AdmissionRequest:
-    """A body whose uid could be read; everything else about it is still unchecked.
-
-    Attributes:
-        uid: `request.uid`, echoed in the response.
-        api_version: The review's apiVersion (the response uses the same one).
-        review: The decoded AdmissionReview.
-    """
-
-    uid: str
-    api_version: str
-    review: Mapping[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class ReferenceResult:
-    """The decision about one model reference.
-
-    Attributes:
-        reference: The reference as written.
-        allowed: Whether the reference may run.
-        reason: A short category for metrics (`verified`, `no-policy`, `digest-required`,
-            `malformed-reference`, `attestation`, `store-unavailable`, `deadline`, `error`).
-        detail: Human-readable explanation.
-        policy: The matched policy's name, if any.
-        cached: Whether a cached positive result was used.
-    """
-
-    reference: str
-    allowed: bool
-    reason: str
-    detail: str
-    policy: str | None = None
-    cached: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """An answered review: the response body and what the audit log and metrics record.
-
-    Attributes:
-        response: The AdmissionReview to send back (HTTP 200).
-        uid: The echoed uid.
-        verdict: `allow` or `deny`, before the mode is applied.
-        allowed: What the response says (always True in warn and audit modes, except for invalid reviews).
-        reason: A short category (`verified`, `no-references`, `malformed-request`, or the first refused
-            reference's reason).
-        mode: The mode applied.
-        dry_run: Whether the request was a dry run.
-        messages: Every refusal, in words.
-        references: The per-reference results.
-        request_info: kind, namespace, name, operation and subresource, for the audit log.
-    """
-
-    response: dict[str, Any]
-    uid: str
-    verdict: str
-    allowed: bool
-    reason: str
-    mode: Mode
-    dry_run: bool
-    messages: tuple[str, ...]
-    references: tuple[ReferenceResult, ...] = ()
-    request_info: Mapping[str, str] = field(default_factory=dict)
-
-    def audit_record(self) -> dict[str, Any]:
-        """A JSON-ready audit log record of the decision."""
-        return {
-            "uid": self.uid,
-            **self.request_info,
-            "dryRun": self.dry_run,
-            "mode": self.mode.value,
-            "verdict": self.verdict,
-            "allowed": self.allowed,
-            "reason": self.reason,
-            "messages": list(self.messages),
-            "references": [
-                {
-                    "reference": r.reference,
-                    "allowed": r.allowed,
-                    "reason": r.reason,
-                    "detail": r.detail,
-                    "policy": r.policy,
-                    "cached": r.cached,
-                }
-                for r in self.references
-            ],
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class _PendingReference:
-    raw: str
-    where: str
-
-
-class _InvalidReviewError(MalformedArtifactError):
-    """The review is readable (uid known) but not a valid v1 AdmissionReview we can decide on."""
 
 
 def _reason_for(e: BaseException) -> str:
@@ -356,15 +116,22 @@ def _reason_for(e: BaseException) -> str:
     return "error"
 
 
-def _get(doc: object, path: Sequence[str], where: str) -> object:
-    value = doc
-    for part in path:
-        if value is None:
-            return None
-        if not isinstance(value, Mapping):
-            raise _InvalidReviewError(f"{where}: {'.'.join(path)} is not an object")
-        value = value.get(part)
-    return value
+def _oci_repository(uri: str) -> str:
+    """`oci://registry/path[:tag]` without its tag (other URIs unchanged)."""
+    if not uri.startswith("oci://"):
+        return uri
+    last = uri.rsplit("/", 1)[-1]
+    return uri[: len(uri) - len(last)] + last.split(":", 1)[0] if ":" in last else uri
+
+
+def _refusal(raw: str, reason: str, detail: str, matched: Sequence[Policy]) -> ReferenceResult:
+    """A failure of every policy in `matched`: a deny unless all of them are in `mode: warn`."""
+    names = ", ".join(p.name for p in matched) or None
+    if matched and all(p.mode == "warn" for p in matched):
+        return ReferenceResult(
+            raw, True, reason, detail, names, warnings=(f"model {raw}: {detail} (mode: warn)",)
+        )
+    return ReferenceResult(raw, False, reason, detail, names)
 
 
 class Reviewer:
@@ -395,18 +162,41 @@ class Reviewer:
                 defaults to a digest of `policies.source` and the policy names.
             clock: Monotonic clock in seconds (tests inject one).
         """
-        self.policies = policies
         self.store = store
         self.config = config or WebhookConfig()
-        self.generation = (
-            generation
-            or policies.digest
+        self._state = (policies, generation or self._generation_of(policies))
+        self._reloads = itertools.count(1)
+        self._clock = clock
+        self.cache = PositiveCache(self.config.cache_ttl_seconds, self.config.cache_max_entries, clock)
+
+    @staticmethod
+    def _generation_of(policies: PolicySet) -> str:
+        return (
+            policies.digest
             or hashlib.sha256(
                 repr((policies.source, [p.name for p in policies.policies])).encode()
             ).hexdigest()
         )
-        self._clock = clock
-        self.cache = PositiveCache(self.config.cache_ttl_seconds, self.config.cache_max_entries, clock)
+
+    @property
+    def policies(self) -> PolicySet:
+        """The policy set decisions start with now."""
+        return self._state[0]
+
+    @property
+    def generation(self) -> str:
+        """The cache generation of `policies`."""
+        return self._state[1]
+
+    def replace_policies(self, policies: PolicySet) -> None:
+        """Use `policies` for every decision that starts from now on (a reloaded policy file).
+
+        The cache generation changes with every replacement, even when the file's bytes did not (a key file
+        beside it may have changed), so no positive result of an earlier policy is reused.
+        """
+        generation = f"{self._generation_of(policies)}#{next(self._reloads)}"
+        self._state = (policies, generation)
+        self.cache.clear()
 
     def review(self, body: bytes) -> Decision:
         """Parse and decide in one call (see `parse` and `decide`).
@@ -453,42 +243,45 @@ class Reviewer:
             The decision, with the response in the request's apiVersion and the uid echoed.
         """
         deadline = (self._clock() if started is None else started) + self.config.deadline_seconds
+        policies, generation = self._state
         dry_run = False
         info = self._request_info(request.review["request"])
+        namespace = info.get("namespace", "")
         try:
             req = self._check_review(request)
             dry_run = req.get("dryRun") is True
-            references = self._references(req)
+            kind = req["kind"]
+            refs, images = collect(kind.get("group", ""), kind.get("kind"), req["object"])
+            refs, image_results = self._model_images(policies, namespace, refs, images)
+            if len(refs) + len(image_results) > self.config.max_references:
+                raise InvalidReviewError(
+                    f"{len(refs) + len(image_results)} model references, more than the limit of "
+                    f"{self.config.max_references}"
+                )
         except Error as e:
             return self._answer(request, "deny", "malformed-request", (e.diagnostics(),), (), dry_run, info)
         except Exception as e:  # noqa: BLE001 - fail closed: any bug in parsing is a deny, never an allow
             message = f"internal error while reading the request: {type(e).__name__}"
             return self._answer(request, "deny", "malformed-request", (message,), (), dry_run, info)
-        try:
-            uncovered = self._uncovered_image_volumes(req, references)
-        except Exception as e:  # noqa: BLE001 - fail closed
-            return self._answer(
-                request, "deny", "malformed-request", (f"image volumes: {e}",), (), dry_run, info
+        if not refs and not image_results:
+            required = policies.rule_for(namespace).require_model or any(
+                fnmatch.fnmatchcase(namespace, p) for p in self.config.require_models_in
             )
-        if uncovered:
-            messages = tuple(
-                f"image volume {ref!r} is not among the workload's verified model references ({ANNOTATION}: "
-                f"oci://<repository>@sha256:<model root digest>)"
-                for ref in uncovered
-            )
-            return self._answer(request, "deny", "unverified-image-volume", messages, (), dry_run, info)
-        if not references:
-            namespace = info.get("namespace", "")
-            if any(fnmatch.fnmatchcase(namespace, p) for p in self.config.require_models_in):
+            if required:
                 message = f"namespace {namespace!r} requires a model reference (annotation {ANNOTATION})"
                 return self._answer(request, "deny", "missing-references", (message,), (), dry_run, info)
             return self._answer(request, "allow", "no-references", (), (), dry_run, info)
-        results = tuple(self._decide_reference(ref, deadline, dry_run) for ref in references)
+        results = image_results + tuple(
+            self._decide_reference(ref, policies, generation, namespace, deadline, dry_run) for ref in refs
+        )
         refused = [r for r in results if not r.allowed]
         if refused:
             messages = tuple(f"model {r.reference}: {r.detail}" for r in refused)
             return self._answer(request, "deny", refused[0].reason, messages, results, dry_run, info)
-        return self._answer(request, "allow", "verified", (), results, dry_run, info)
+        reasons = [r.reason for r in results if r.reason != "verified"]
+        return self._answer(
+            request, "allow", reasons[0] if reasons else "verified", (), results, dry_run, info
+        )
 
     def deny(self, request: AdmissionRequest, reason: str, message: str) -> Decision:
         """A deny for a request the caller could not get decided (e.g. `reason="deadline"`, `"error"`).
@@ -508,18 +301,18 @@ class Reviewer:
     def _check_review(self, request: AdmissionRequest) -> Mapping[str, Any]:
         review = request.review
         if review.get("apiVersion") != API_V1 or review.get("kind") != "AdmissionReview":
-            raise _InvalidReviewError(
+            raise InvalidReviewError(
                 f"only {API_V1} AdmissionReview is supported, got {review.get('apiVersion')!r} "
                 f"{review.get('kind')!r}"
             )
         req: Mapping[str, Any] = review["request"]
         operation = req.get("operation")
         if operation not in ("CREATE", "UPDATE"):
-            raise _InvalidReviewError(f"operation {operation!r} is not reviewed (only CREATE and UPDATE)")
+            raise InvalidReviewError(f"operation {operation!r} is not reviewed (only CREATE and UPDATE)")
         if not isinstance(req.get("object"), dict):
-            raise _InvalidReviewError("request.object is missing or not an object")
+            raise InvalidReviewError("request.object is missing or not an object")
         if not isinstance(req.get("kind"), dict):
-            raise _InvalidReviewError("request.kind is missing")
+            raise InvalidReviewError("request.kind is missing")
         return req
 
     @staticmethod
@@ -540,157 +333,134 @@ class Reviewer:
             if isinstance(value, str) and value
         }
 
-    def _references(self, req: Mapping[str, Any]) -> list[_PendingReference]:
-        kind = req["kind"]
-        group, name = kind.get("group", ""), kind.get("kind")
-        obj = req["object"]
-        sources: list[tuple[object, str]] = []  # (annotation map or URI string, where)
-        if (group, name) == ("", "Pod"):
-            sources.append((_get(obj, ("metadata", "annotations"), "Pod"), "metadata.annotations"))
-        elif (group, name) in _WORKLOAD_KINDS:
-            template = _WORKLOAD_KINDS[(group, name)]
-            sources.append((_get(obj, ("metadata", "annotations"), name), "metadata.annotations"))
-            where = ".".join((*template, "metadata", "annotations"))
-            sources.append((_get(obj, (*template, "metadata", "annotations"), name), where))
-        elif (group, name) == _KSERVE:
-            sources.append((_get(obj, ("metadata", "annotations"), name), "metadata.annotations"))
-            predictor = _get(obj, ("spec", "predictor"), name)
-            if predictor is not None:
-                if not isinstance(predictor, Mapping):
-                    raise _InvalidReviewError(f"{name}: spec.predictor is not an object")
-                sources.append((predictor.get("annotations"), "spec.predictor.annotations"))
-                sources.append((predictor.get("storageUri"), "spec.predictor.storageUri"))
-                for key, value in sorted(predictor.items()):
-                    if isinstance(value, Mapping) and "storageUri" in value:
-                        sources.append((value["storageUri"], f"spec.predictor.{key}.storageUri"))
-        else:
-            raise _InvalidReviewError(f"kind {group or 'core'}/{name} is not covered by modelsec")
-        refs: list[_PendingReference] = []
-        seen: set[str] = set()
-        for value, where in sources:
-            raws: list[str]
-            if value is None:
-                continue
-            if where.endswith("annotations"):
-                if not isinstance(value, Mapping):
-                    raise _InvalidReviewError(f"{where} is not an object")
-                text = value.get(ANNOTATION)
-                if text is None:
-                    continue
-                if not isinstance(text, str):
-                    raise _InvalidReviewError(f"{where}[{ANNOTATION}] is not a string")
-                try:
-                    raws = split_models_annotation(text)
-                except MalformedArtifactError:
-                    raise _InvalidReviewError(f"{where}[{ANNOTATION}] has an empty entry") from None
-            elif isinstance(value, str) and value:
-                raws = [value.strip()]
-            else:
-                raise _InvalidReviewError(f"{where} is not a non-empty string")
-            for raw in raws:
-                if raw not in seen:
-                    seen.add(raw)
-                    refs.append(_PendingReference(raw, where))
-        if len(refs) > self.config.max_references:
-            raise _InvalidReviewError(
-                f"{len(refs)} model references, more than the limit of {self.config.max_references}"
-            )
-        return refs
-
     @staticmethod
-    def _uncovered_image_volumes(req: Mapping[str, Any], references: list[_PendingReference]) -> list[str]:
-        """Image volumes whose repository no model reference of the workload names as `oci://<repository>`.
-
-        Image volumes (`spec.volumes[].image.reference`, OCI artifacts mounted as files, Kubernetes 1.31+)
-        are how a model can reach a container without being named in the annotation: each one must be
-        covered by a reference that is then verified like any other.
-        """
-        kind = req["kind"]
-        group, name = kind.get("group", ""), kind.get("kind")
-        obj = req["object"]
-        if (group, name) == ("", "Pod"):
-            spec = obj.get("spec")
-        elif (group, name) in _WORKLOAD_KINDS:
-            spec = _get(obj, (*_WORKLOAD_KINDS[(group, name)], "spec"), name)
-        else:
-            return []
-        volumes = spec.get("volumes") if isinstance(spec, Mapping) else None
-        if not isinstance(volumes, list):
-            return []
-        named = set()
-        for pending in references:
-            uri = pending.raw.split("@", 1)[0]
-            if uri.startswith("oci://"):
-                named.add(uri[len("oci://") :])
-        uncovered = []
-        for volume in volumes:
-            image = volume.get("image") if isinstance(volume, Mapping) else None
-            if image is None:
-                continue
-            ref = image.get("reference") if isinstance(image, Mapping) else None
-            if not isinstance(ref, str) or not ref:
-                uncovered.append(repr(ref))
-                continue
-            repository = ref.split("@", 1)[0]
-            last = repository.rsplit("/", 1)[-1]
-            if ":" in last:  # a tag, not a registry port
-                repository = repository[: len(repository) - len(last)] + last.split(":", 1)[0]
-            if repository not in named:
-                uncovered.append(ref)
-        return uncovered
+    def _model_images(
+        policies: PolicySet, namespace: str, refs: list[PendingReference], images: list[ImageSource]
+    ) -> tuple[list[PendingReference], tuple[ReferenceResult, ...]]:
+        """The references to verify, model images included, and the images refused outright (step 4)."""
+        named: dict[str, set[str | None]] = {}
+        for pending in refs:
+            try:
+                uri, digest = split_reference(pending.raw)
+            except MalformedArtifactError:
+                continue  # refused when the reference itself is decided
+            named.setdefault(_oci_repository(uri), set()).add(digest)
+        out, seen, refused = list(refs), {p.raw for p in refs}, []
+        for image in images:
+            uri = image.uri
+            if uri not in named and not policies.matching(uri, namespace):
+                continue  # not a model: runtime images and other image volumes are not reviewed here
+            if image.malformed:
+                detail = f"{image.where}: malformed image reference (want <repository>@sha256:<64 hex>)"
+                refused.append(ReferenceResult(image.image, False, "malformed-reference", detail))
+            elif image.digest is None:
+                detail = (
+                    f"{image.where}: model image referenced by tag; pin it as "
+                    f"{image.repository}@sha256:<digest> (tags are mutable)"
+                )
+                refused.append(ReferenceResult(image.image, False, "digest-required", detail))
+            elif uri in named and image.digest not in named[uri]:
+                pinned = ", ".join(sorted(f"sha256:{d}" for d in named[uri] if d)) or "no digest"
+                detail = (
+                    f"{image.where}: digest differs from the one the workload's model reference names for "
+                    f"{uri} ({pinned}): only the verified digest may be mounted"
+                )
+                refused.append(ReferenceResult(image.image, False, "image-digest-mismatch", detail))
+            elif (raw := f"{uri}@sha256:{image.digest}") not in seen:
+                seen.add(raw)
+                out.append(PendingReference(raw, image.where))
+        return out, tuple(refused)
 
     def _decide_reference(
-        self, pending: _PendingReference, deadline: float, dry_run: bool
+        self,
+        pending: PendingReference,
+        policies: PolicySet,
+        generation: str,
+        namespace: str,
+        deadline: float,
+        dry_run: bool,
     ) -> ReferenceResult:
         raw = pending.raw
-        policy: Policy | None = None
+        matched: tuple[Policy, ...] = ()
         try:
             self._check_deadline(deadline)
             ref = parse_reference(raw, pending.where)
-            policy = self.policies.for_uri(ref.uri)
+            matched = policies.matching(ref.uri, namespace)
+            if not matched:
+                return self._no_match(raw, policies, namespace)
             if ref.digest is None:
-                if policy.require_digest:
-                    return ReferenceResult(
-                        raw,
-                        False,
-                        "digest-required",
-                        f"policy {policy.name!r} requires a pinned @sha256:<model root digest> "
-                        "(tags are mutable)",
-                        policy.name,
-                    )
-                return ReferenceResult(
-                    raw, False, "digest-required", "no model root digest to verify", policy.name
-                )
-            key = (self.generation, policy.name, ref.digest)
-            try:
-                bundles = self.store.bundles(ref.digest)
-            except BackendUnavailableError:
-                if self.config.cache_on_outage is CacheOnOutage.SERVE and self.cache.get(key) is not None:
-                    detail = "verified (cached; the attestation store is unavailable, cacheOnOutage: serve)"
-                    return ReferenceResult(raw, True, "verified", detail, policy.name, True)
-                raise
-            self._check_deadline(deadline)
-            fingerprint = bundles_fingerprint(bundles)
+                names = ", ".join(repr(p.name) for p in matched)
+                detail = f"policy {names} requires a pinned @sha256:<model root digest> (tags are mutable)"
+                if not all(p.require_digest for p in matched):
+                    detail = "no model root digest to verify"
+                return _refusal(raw, "digest-required", detail, matched)
+            return self._verify(raw, ref.digest, matched, generation, deadline, dry_run)
+        except Error as e:
+            return _refusal(raw, _reason_for(e), e.diagnostics(), matched)
+        except Exception as e:  # noqa: BLE001 - fail closed: a bug while verifying is a deny, never an allow
+            return ReferenceResult(raw, False, "error", f"internal error: {type(e).__name__}: {e}")
+
+    @staticmethod
+    def _no_match(raw: str, policies: PolicySet, namespace: str) -> ReferenceResult:
+        action = policies.rule_for(namespace).no_match
+        detail = (
+            f"no policy in {policies.source} matches this model in namespace {namespace!r} "
+            f"(noMatch: {action})"
+        )
+        if action == "allow":
+            return ReferenceResult(raw, True, "no-policy", detail)
+        if action == "warn":
+            return ReferenceResult(raw, True, "no-policy", detail, warnings=(f"model {raw}: {detail}",))
+        return ReferenceResult(raw, False, "no-policy", detail)
+
+    def _verify(
+        self,
+        raw: str,
+        digest: str,
+        matched: tuple[Policy, ...],
+        generation: str,
+        deadline: float,
+        dry_run: bool,
+    ) -> ReferenceResult:
+        """Every policy in `matched` checked against the bundles filed for `digest` (read once)."""
+        names = ", ".join(p.name for p in matched)
+        keys = [(generation, p.name, digest) for p in matched]
+        try:
+            bundles = self.store.bundles(digest)
+        except BackendUnavailableError:
+            if self.config.cache_on_outage is CacheOnOutage.SERVE and all(self.cache.get(k) for k in keys):
+                detail = "verified (cached; the attestation store is unavailable, cacheOnOutage: serve)"
+                return ReferenceResult(raw, True, "verified", detail, names, True)
+            raise
+        self._check_deadline(deadline)
+        fingerprint = bundles_fingerprint(bundles)
+        satisfied: list[str] = []
+        failures: list[tuple[Policy, str]] = []
+        for policy, key in zip(matched, keys, strict=True):
             if self.cache.hit(key, fingerprint):
-                return ReferenceResult(raw, True, "verified", "verified (cached)", policy.name, True)
+                satisfied.append(f"{policy.name}: verified (cached)")
+                continue
             from modelsec.verifier.attestations import verify_attestations
 
-            verdict = verify_attestations(ref.digest, bundles, policy, require_signatures=True)
+            verdict = verify_attestations(digest, bundles, policy, require_signatures=True)
             self._check_deadline(deadline)
             if not verdict.ok:
                 self.cache.discard(key)
-                detail = f"policy {policy.name!r}: " + "; ".join(verdict.reasons())
-                return ReferenceResult(raw, False, "attestation", detail, policy.name)
+                failures.append((policy, "; ".join(verdict.reasons())))
+                continue
             if not dry_run:
                 self.cache.put(key, fingerprint)
-            detail = "verified: " + "; ".join(verdict.satisfied)
-            return ReferenceResult(raw, True, "verified", detail, policy.name)
-        except Error as e:
-            name = policy.name if policy else None
-            return ReferenceResult(raw, False, _reason_for(e), e.diagnostics(), name)
-        except Exception as e:  # noqa: BLE001 - fail closed: a bug while verifying is a deny, never an allow
-            name = policy.name if policy else None
-            return ReferenceResult(raw, False, "error", f"internal error: {type(e).__name__}: {e}", name)
+            satisfied.append(f"{policy.name}: verified: " + "; ".join(verdict.satisfied))
+        warnings = tuple(
+            f"model {raw}: policy {p.name!r} (mode: warn): {why}" for p, why in failures if p.mode == "warn"
+        )
+        enforced = [(p, why) for p, why in failures if p.mode != "warn"]
+        if enforced:
+            detail = "; ".join(f"policy {p.name!r}: {why}" for p, why in enforced)
+            return ReferenceResult(raw, False, "attestation", detail, enforced[0][0].name, warnings=warnings)
+        cached = len(satisfied) == len(matched) and all(s.endswith("(cached)") for s in satisfied)
+        detail = "; ".join(satisfied) or "no enforcing policy failed"
+        return ReferenceResult(raw, True, "verified", detail, names, cached, warnings)
 
     def _check_deadline(self, deadline: float) -> None:
         if self._clock() > deadline:
@@ -712,17 +482,23 @@ class Reviewer:
         # An invalid review is denied in every mode: warn/audit soften model verdicts, not the protocol.
         allowed = verdict == "allow" or (mode is not Mode.ENFORCE and reason != "malformed-request")
         api_version = request.api_version if request.api_version in (API_V1, API_V1BETA1) else API_V1
+        warnings = tuple(w for r in results for w in r.warnings)
         response: dict[str, Any] = {
             "uid": request.uid,
             "allowed": allowed,
             "auditAnnotations": {"decision": verdict, "reason": reason, "mode": mode.value},
         }
+        shown: list[str] = []
         if verdict == "deny":
             text = "modelsec: " + "; ".join(messages)
             if not allowed:
                 response["status"] = {"code": 403, "reason": "Forbidden", "message": text}
             elif mode is Mode.WARN:
-                response["warnings"] = [f"modelsec ({mode.value} mode): {m}"[:512] for m in messages]
+                shown += [f"modelsec ({mode.value} mode): {m}" for m in messages]
+        if mode is not Mode.AUDIT:
+            shown += [f"modelsec: {w}" for w in warnings]
+        if shown:
+            response["warnings"] = [w[:512] for w in shown]
         return Decision(
             response={"apiVersion": api_version, "kind": "AdmissionReview", "response": response},
             uid=request.uid,
@@ -734,4 +510,5 @@ class Reviewer:
             messages=messages,
             references=results,
             request_info=dict(info),
+            warnings=warnings,
         )

@@ -11,7 +11,9 @@ This module takes no trust decision: it reads the body (at most `WebhookConfig.m
 waiting at `WebhookConfig.deadline_seconds` (a deny), logs one JSON audit line per decision on the logger
 `modelsec.webhook.audit`, and counts it. TLS only: the serving certificate and key are re-read when their
 files change on disk (checked every `reload_interval` seconds; a pair that does not load is logged and the
-previous one kept), so a rotated Kubernetes Secret takes effect without a restart.
+previous one kept), so a rotated Kubernetes Secret takes effect without a restart. The policy file is
+re-read the same way when it changes (`modelsec.webhook.reload`: an updated ConfigMap takes effect without a
+restart; a file that does not load is logged and the previous policy kept).
 
 Connection bounds (`build_server`): at most `limit_concurrency` connections at once (uvicorn answers 503
 beyond), idle keep-alive connections closed after `timeout_keep_alive` seconds, request line and headers at
@@ -42,7 +44,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from modelsec.errors import BackendUnavailableError, KeyMaterialError
+from modelsec.errors import BackendUnavailableError, Error, KeyMaterialError
+from modelsec.webhook.reload import PolicyReloader
 from modelsec.webhook.review import BadRequestError, Decision, Reviewer
 
 __all__ = ["AUDIT_LOGGER", "MAX_HEADER_BYTES", "CertificateReloader", "build_server", "create_app", "serve"]
@@ -155,6 +158,7 @@ def create_app(
     certificates: CertificateReloader | None = None,
     reload_interval: float = 10.0,
     workers: int = 4,
+    policy: PolicyReloader | None = None,
 ) -> Starlette:
     """The ASGI application (routes in the module docstring).
 
@@ -165,6 +169,7 @@ def create_app(
         reload_interval: Seconds between certificate checks.
         workers: Threads that run decisions (verification is CPU-bound); a request waiting for a free
             thread counts against its deadline.
+        policy: Reloads the policy file every `reload_interval` seconds while the app runs (None: never).
 
     Returns:
         The Starlette app; `app.state.metrics_registry` holds its Prometheus registry.
@@ -252,11 +257,15 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        task = asyncio.create_task(_reload_loop(certificates, reload_interval)) if certificates else None
+        tasks = []
+        if certificates is not None:
+            tasks.append(asyncio.create_task(_reload_loop(certificates, reload_interval)))
+        if policy is not None:
+            tasks.append(asyncio.create_task(_policy_loop(policy, reload_interval)))
         try:
             yield
         finally:
-            if task is not None:
+            for task in tasks:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
@@ -285,6 +294,16 @@ async def _reload_loop(certificates: CertificateReloader, interval: float) -> No
             _log.warning("keeping the previous serving certificate: %s", e.diagnostics())
 
 
+async def _policy_loop(policy: PolicyReloader, interval: float) -> None:
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            if policy.maybe_reload():
+                _log.info("reloaded the policy file %s", policy.path)
+        except Error as e:
+            _log.warning("keeping the previous policy: %s", e.diagnostics())
+
+
 def build_server(
     reviewer: Reviewer,
     cert: Path,
@@ -296,6 +315,7 @@ def build_server(
     workers: int = 4,
     limit_concurrency: int = 128,
     timeout_keep_alive: float = 5.0,
+    policy_file: Path | None = None,
 ) -> tuple[Any, CertificateReloader]:
     """A configured `uvicorn.Server` serving `create_app(reviewer)` over TLS, and its certificate reloader.
 
@@ -309,17 +329,25 @@ def build_server(
         workers: Threads that run decisions.
         limit_concurrency: Most connections (and requests) at once; uvicorn answers 503 beyond.
         timeout_keep_alive: Seconds an idle keep-alive connection stays open.
+        policy_file: The file `reviewer.policies` came from, reloaded when it changes (None: never).
 
     Returns:
         The server (`run()` / `serve()`) and the certificate reloader.
 
     Raises:
         KeyMaterialError: The certificate or key cannot be loaded.
+        PolicyError: `policy_file` cannot be stat'ed.
     """
     import uvicorn
 
     certificates = CertificateReloader(cert, key)
-    app = create_app(reviewer, certificates=certificates, reload_interval=reload_interval, workers=workers)
+    app = create_app(
+        reviewer,
+        certificates=certificates,
+        reload_interval=reload_interval,
+        workers=workers,
+        policy=PolicyReloader(policy_file, reviewer) if policy_file is not None else None,
+    )
     config = uvicorn.Config(
         app,
         host=host,
@@ -347,11 +375,13 @@ def serve(
     *,
     host: str = "0.0.0.0",  # noqa: S104 - a webhook Pod serves the cluster network
     port: int = 8443,
+    policy_file: Path | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT (graceful stop: in-flight reviews finish, at most 5 s).
 
     Raises:
         KeyMaterialError: The certificate or key cannot be loaded.
+        PolicyError: `policy_file` cannot be stat'ed.
     """
-    server, _ = build_server(reviewer, cert, key, host=host, port=port)
+    server, _ = build_server(reviewer, cert, key, host=host, port=port, policy_file=policy_file)
     server.run()

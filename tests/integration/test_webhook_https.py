@@ -361,3 +361,88 @@ def test_server_denies_at_the_deadline_and_reports_store_outage(webhook: Webhook
         )
         assert other.request("GET", "/readyz")[0] == 503
         assert other.request("GET", "/healthz")[0] == 200
+
+
+def _configmap_update(mount: Path, files: dict[str, bytes], generation: int) -> None:
+    """What the kubelet does on a ConfigMap update: a new `..<n>` directory, then one `..data` link swap."""
+    target = mount / f"..{generation}"
+    target.mkdir()
+    for name, data in files.items():
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
+        (target / name).write_bytes(data)
+    tmp_link = mount / "..data_tmp"
+    tmp_link.symlink_to(target.name)
+    tmp_link.replace(mount / "..data")
+    for name in files:
+        top = mount / name.split("/")[0]
+        if not top.is_symlink():
+            top.symlink_to(f"..data/{name.split('/')[0]}")
+
+
+def test_policy_configmap_update_is_picked_up_without_restart(webhook: Webhook, tmp_path: Path) -> None:
+    """A policy change is loaded by the running server; an invalid update keeps the previous policy."""
+    key = (ADM01 / "trust" / "trusted-p256.pub.pem").read_bytes()
+    policy = json.loads((ADM01 / "policy.json").read_text())
+    mount = tmp_path / "policy"
+    mount.mkdir()
+    _configmap_update(
+        mount, {"policy.json": json.dumps(policy).encode(), "trust/trusted-p256.pub.pem": key}, 1
+    )
+    policies = PolicySet.from_file(mount / "policy.json")
+    reviewer = Reviewer(policies, DirectoryStore(webhook.store), WebhookConfig(deadline_seconds=8))
+    server, _ = build_server(
+        reviewer, webhook.cert, webhook.key, reload_interval=0.05, policy_file=mount / "policy.json"
+    )
+    body = json.loads((ADM01 / "requests" / "unmatched_registry.json").read_text())
+    ref = f"oci://mirror.internal/models/x@sha256:{webhook.digest}"
+    body["request"]["object"]["metadata"]["annotations"]["modelsec.dev/models"] = ref
+    raw = json.dumps(body).encode()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.02)
+        client = Webhook(sock.getsockname()[1], webhook.client_context, *dataclass_rest(webhook))
+
+        def allowed_within(seconds: float) -> bool:
+            end = time.monotonic() + seconds
+            while True:
+                status, out = client.review(raw)
+                assert status == 200
+                if out["response"]["allowed"] or time.monotonic() > end:
+                    return bool(out["response"]["allowed"])
+                time.sleep(0.05)
+
+        assert allowed_within(0) is False  # the mirror is not covered yet
+        policy["policies"][0]["match"].append("oci://mirror.internal/models/**")
+        _configmap_update(
+            mount, {"policy.json": json.dumps(policy).encode(), "trust/trusted-p256.pub.pem": key}, 2
+        )
+        assert allowed_within(10) is True
+        # A broken update is refused and logged; the policy in use stays the last good one.
+        _configmap_update(mount, {"policy.json": b"{not json", "trust/trusted-p256.pub.pem": key}, 3)
+        time.sleep(0.3)
+        assert client.review(raw)[1]["response"]["allowed"] is True
+        # Withdrawing the key (same policy bytes) is a new generation: no cached allow survives it.
+        untrusted = (
+            ec.generate_private_key(ec.SECP256R1())
+            .public_key()
+            .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        )
+        _configmap_update(
+            mount, {"policy.json": json.dumps(policy).encode(), "trust/trusted-p256.pub.pem": untrusted}, 4
+        )
+        end = time.monotonic() + 10
+        while client.review(raw)[1]["response"]["allowed"] and time.monotonic() < end:
+            time.sleep(0.05)
+        assert client.review(raw)[1]["response"]["allowed"] is False
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+def dataclass_rest(webhook: Webhook) -> tuple[Any, ...]:
+    return (webhook.store, webhook.certificates, webhook.cert, webhook.key, webhook.ca, webhook.digest)

@@ -1,0 +1,267 @@
+"""Where a workload names its models: annotations, KServe storage fields, container images, image volumes.
+
+Pure reading of a Kubernetes object, no policy and no verification (`modelsec.webhook.review` decides).
+Two kinds of source are returned:
+
+* model references (`PendingReference`, `<uri>[@sha256:<digest>]`): the annotation `modelsec.dev/models` on a
+  Pod, on a workload and on its pod template, on a KServe InferenceService and on each of its components
+  (`predictor`, `explainer`, `transformer`), and every KServe storage field of those components:
+  `storageUri`, `<framework>.storageUri` (including `model.storageUri`), `storage` and `<framework>.storage`
+  (a `StorageSpec` names no URI, only a storage key and a path: it is the reference
+  `kserve-storage://<key or default>/<path>`, which pins no digest), and a container's `STORAGE_URI`
+  environment variable (a `valueFrom` there is refused: its value cannot be read here);
+* OCI images (`ImageSource`): every container, init container and ephemeral container image and every image
+  volume (`spec.volumes[].image.reference`, Kubernetes 1.31+) of the pod spec (for KServe: of each
+  component). Whether an image is a model is decided by the policies, not here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from modelsec.errors import MalformedArtifactError
+from modelsec.verifier.pinning import MODELS_ANNOTATION, split_models_annotation
+from modelsec.webhook.decision import InvalidReviewError
+
+__all__ = [
+    "KSERVE",
+    "WORKLOAD_KINDS",
+    "ImageSource",
+    "PendingReference",
+    "collect",
+    "parse_image",
+]
+
+WORKLOAD_KINDS = {
+    ("apps", "Deployment"): ("spec", "template"),
+    ("apps", "StatefulSet"): ("spec", "template"),
+    ("apps", "DaemonSet"): ("spec", "template"),
+    ("apps", "ReplicaSet"): ("spec", "template"),
+    ("batch", "Job"): ("spec", "template"),
+    ("batch", "CronJob"): ("spec", "jobTemplate", "spec", "template"),
+}
+KSERVE = ("serving.kserve.io", "InferenceService")
+_KSERVE_COMPONENTS = ("predictor", "explainer", "transformer")
+_CONTAINER_LISTS = ("initContainers", "containers", "ephemeralContainers")
+_STORAGE_ENV = "STORAGE_URI"
+_IMAGE_DIGEST = re.compile(r"sha256:[0-9a-f]{64}\Z")
+
+
+@dataclass(frozen=True, slots=True)
+class PendingReference:
+    """A model reference as written (`raw`) and where it was found (`where`); parsed later."""
+
+    raw: str
+    where: str
+
+
+@dataclass(frozen=True, slots=True)
+class ImageSource:
+    """An OCI image a workload pulls, normalised the way the kubelet resolves it.
+
+    Attributes:
+        image: The reference as written.
+        repository: Registry and path without tag or digest (`docker.io/library/` added to short names).
+        digest: The pinned manifest digest (64 hex), or None for a tag-only reference.
+        malformed: The part after `@` is not `sha256:` and 64 lowercase hex digits (or the name is empty).
+        where: The field it came from (e.g. `spec.volumes[weights].image.reference`).
+    """
+
+    image: str
+    repository: str
+    digest: str | None
+    malformed: bool
+    where: str
+
+    @property
+    def uri(self) -> str:
+        """The model URI policies match it as: `oci://<repository>`."""
+        return "oci://" + self.repository
+
+
+def parse_image(image: str, where: str) -> ImageSource:
+    """Split an image reference `[registry[:port]/]path[:tag][@sha256:<hex>]` (never raises).
+
+    A first component without `.` or `:` that is not `localhost` is a Docker Hub path, as the container
+    runtime reads it: `llama` is `docker.io/library/llama`, `org/llama` is `docker.io/org/llama`. Without
+    this, a policy naming `oci://docker.io/org/**` could be bypassed by the short form.
+    """
+    name, at, digest_text = image.partition("@")
+    last = name.rsplit("/", 1)[-1]
+    if ":" in last:  # a tag, not a registry port
+        name = name[: len(name) - len(last)] + last.split(":", 1)[0]
+    first, slash, _ = name.partition("/")
+    if not slash:
+        name = "docker.io/library/" + name
+    elif "." not in first and ":" not in first and first != "localhost":
+        name = "docker.io/" + name
+    malformed = (
+        bool(at and not _IMAGE_DIGEST.match(digest_text)) or not last or any(c.isspace() for c in image)
+    )
+    digest = digest_text.removeprefix("sha256:") if at and not malformed else None
+    return ImageSource(image, name, digest, malformed, where)
+
+
+def _get(doc: object, path: Sequence[str], where: str) -> object:
+    value = doc
+    for part in path:
+        if value is None:
+            return None
+        if not isinstance(value, Mapping):
+            raise InvalidReviewError(f"{where}: {'.'.join(path)} is not an object")
+        value = value.get(part)
+    return value
+
+
+def _mapping(value: object, where: str) -> Mapping[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise InvalidReviewError(f"{where} is not an object")
+    return value
+
+
+def _list(value: object, where: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise InvalidReviewError(f"{where} is not a list")
+    return value
+
+
+class _Collector:
+    def __init__(self) -> None:
+        self.refs: list[PendingReference] = []
+        self.images: list[ImageSource] = []
+        self._seen: set[str] = set()
+
+    def add(self, raw: str, where: str) -> None:
+        if raw not in self._seen:
+            self._seen.add(raw)
+            self.refs.append(PendingReference(raw, where))
+
+    def annotations(self, value: object, where: str) -> None:
+        annotations = _mapping(value, where)
+        text = annotations.get(MODELS_ANNOTATION) if annotations is not None else None
+        if text is None:
+            return
+        if not isinstance(text, str):
+            raise InvalidReviewError(f"{where}[{MODELS_ANNOTATION}] is not a string")
+        try:
+            raws = split_models_annotation(text)
+        except MalformedArtifactError:
+            raise InvalidReviewError(f"{where}[{MODELS_ANNOTATION}] has an empty entry") from None
+        for raw in raws:
+            self.add(raw, where)
+
+    def uri(self, value: object, where: str) -> None:
+        if value is None:
+            return
+        if not isinstance(value, str) or not value.strip():
+            raise InvalidReviewError(f"{where} is not a non-empty string")
+        self.add(value.strip(), where)
+
+    def storage_spec(self, value: object, where: str) -> None:
+        spec = _mapping(value, where)
+        if spec is None:
+            return
+        key, path = spec.get("key", "default"), spec.get("path", "")
+        if not isinstance(key, str) or not isinstance(path, str):
+            raise InvalidReviewError(f"{where}.key and .path must be strings")
+        self.add(f"kserve-storage://{key or 'default'}/{path.lstrip('/')}", where)
+
+    def container(self, value: object, where: str) -> None:
+        container = _mapping(value, where)
+        if container is None:
+            return
+        image = container.get("image")
+        if image is not None:
+            if not isinstance(image, str):
+                raise InvalidReviewError(f"{where}.image is not a string")
+            self.images.append(parse_image(image, f"{where}.image"))
+        for i, env in enumerate(_list(container.get("env"), f"{where}.env")):
+            if isinstance(env, Mapping) and env.get("name") == _STORAGE_ENV:
+                if env.get("valueFrom") is not None:
+                    raise InvalidReviewError(
+                        f"{where}.env[{_STORAGE_ENV}] comes from valueFrom: a model source must be "
+                        "written in the object to be verified"
+                    )
+                self.uri(env.get("value"), f"{where}.env[{i}]({_STORAGE_ENV})")
+
+    def pod_spec(self, value: object, where: str) -> None:
+        spec = _mapping(value, where)
+        if spec is None:
+            return
+        for field in _CONTAINER_LISTS:
+            for i, container in enumerate(_list(spec.get(field), f"{where}.{field}")):
+                self.container(container, f"{where}.{field}[{i}]")
+        for i, volume in enumerate(_list(spec.get("volumes"), f"{where}.volumes")):
+            image = _mapping(volume, f"{where}.volumes[{i}]") or {}
+            source = _mapping(image.get("image"), f"{where}.volumes[{i}].image")
+            if source is None:
+                continue
+            ref = source.get("reference")
+            vwhere = f"{where}.volumes[{i}].image.reference"
+            if not isinstance(ref, str) or not ref:
+                # An image volume without a reference is refused by the API server; fail closed anyway.
+                raise InvalidReviewError(f"{vwhere} is not a non-empty string")
+            self.images.append(parse_image(ref, vwhere))
+
+    def kserve_component(self, value: object, where: str) -> None:
+        component = _mapping(value, where)
+        if component is None:
+            return
+        self.annotations(component.get("annotations"), f"{where}.annotations")
+        self.uri(component.get("storageUri"), f"{where}.storageUri")
+        self.storage_spec(component.get("storage"), f"{where}.storage")
+        self.pod_spec(component, where)
+        for key, sub in sorted(component.items()):
+            # Framework and model specs (`sklearn`, `huggingface`, `model`, ...) embed a container.
+            if key not in _CONTAINER_LISTS and isinstance(sub, Mapping) and _is_container_like(sub):
+                self.uri(sub.get("storageUri"), f"{where}.{key}.storageUri")
+                self.storage_spec(sub.get("storage"), f"{where}.{key}.storage")
+                self.container(sub, f"{where}.{key}")
+
+
+def _is_container_like(value: Mapping[str, Any]) -> bool:
+    return any(k in value for k in ("storageUri", "storage", "image", "env", "modelFormat", "runtime"))
+
+
+def collect(
+    group: str, kind: str, obj: Mapping[str, Any]
+) -> tuple[list[PendingReference], list[ImageSource]]:
+    """The model references and OCI images an object names (see the module docstring).
+
+    Args:
+        group: The object's API group (`""` for core).
+        kind: Its kind.
+        obj: The object (`request.object`).
+
+    Returns:
+        The references (deduplicated, in order found) and the images.
+
+    Raises:
+        InvalidReviewError: The kind is not covered, or a field holding a source has the wrong type.
+    """
+    c = _Collector()
+    if (group, kind) == ("", "Pod"):
+        c.annotations(_get(obj, ("metadata", "annotations"), kind), "metadata.annotations")
+        c.pod_spec(obj.get("spec"), "spec")
+    elif (group, kind) in WORKLOAD_KINDS:
+        template = WORKLOAD_KINDS[(group, kind)]
+        c.annotations(_get(obj, ("metadata", "annotations"), kind), "metadata.annotations")
+        where = ".".join(template)
+        c.annotations(
+            _get(obj, (*template, "metadata", "annotations"), kind), f"{where}.metadata.annotations"
+        )
+        c.pod_spec(_get(obj, (*template, "spec"), kind), f"{where}.spec")
+    elif (group, kind) == KSERVE:
+        c.annotations(_get(obj, ("metadata", "annotations"), kind), "metadata.annotations")
+        for component in _KSERVE_COMPONENTS:
+            c.kserve_component(_get(obj, ("spec", component), kind), f"spec.{component}")
+    else:
+        raise InvalidReviewError(f"kind {group or 'core'}/{kind} is not covered by modelsec")
+    return c.refs, c.images

@@ -1,0 +1,203 @@
+"""The kustomize manifests in deploy/webhook: they render, validate, and are safe to install.
+
+Rendered with `kubectl kustomize` (kustomize ships with kubectl; the test is skipped, saying so, where
+kubectl is missing). The core kinds are validated strictly against the Kubernetes OpenAPI schemas of the
+PyPI package `kubernetes-validate`; it only warns on kinds it has no schema for (cert-manager's Certificate
+and Issuer, prometheus-operator's ServiceMonitor), so those are checked here field by field.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from modelsec.webhook.review import WebhookConfig
+from tests.unit.webhook.test_review import RESOURCE_KINDS
+
+DEPLOY = Path(__file__).resolve().parents[3] / "deploy" / "webhook"
+OVERLAYS = ["cert-manager", "self-signed"]
+CORE_API_VERSIONS = {"v1", "apps/v1", "policy/v1", "admissionregistration.k8s.io/v1"}
+CORE_API_VERSIONS |= {"scheduling.k8s.io/v1", "networking.k8s.io/v1"}
+OPT_IN = ("modelsec.dev/admission", "enabled")
+
+
+def render(path: Path) -> list[dict[str, Any]]:
+    import yaml
+
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl (which ships kustomize) is not installed: the manifests cannot be rendered")
+    out = subprocess.run([kubectl, "kustomize", str(path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def by_kind(docs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(d["kind"], d["metadata"]["name"]): d for d in docs}
+
+
+def one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    (doc,) = [d for d in docs if d["kind"] == kind]
+    return doc
+
+
+def selected(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Kubernetes label-selector semantics (matchLabels and the four matchExpressions operators)."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expr in selector.get("matchExpressions", []):
+        key, op, values = expr["key"], expr["operator"], expr.get("values", [])
+        ok = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": key not in labels or labels[key] not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[op]
+        if not ok:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlays_render_and_validate_against_kubernetes_schemas(overlay: str) -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    docs = render(DEPLOY / "overlays" / overlay)
+    kinds = {d["kind"] for d in docs}
+    assert kinds >= {
+        "Namespace",
+        "Deployment",
+        "PodDisruptionBudget",
+        "Service",
+        "NetworkPolicy",
+        "PriorityClass",
+        "ValidatingWebhookConfiguration",
+        "Certificate",
+    }
+    for doc in docs:
+        if doc["apiVersion"] in CORE_API_VERSIONS:
+            kubernetes_validate.validate(doc, "1.30.0", strict=True)
+    broken = copy.deepcopy(one(docs, "ValidatingWebhookConfiguration"))
+    broken["webhooks"][0]["timeoutSecond"] = 10
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, "1.30.0", strict=True)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_webhook_never_sees_kube_system_its_own_namespace_or_unlabelled_ones(overlay: str) -> None:
+    docs = render(DEPLOY / "overlays" / overlay)
+    own = one(docs, "Deployment")["metadata"]["namespace"]
+    (hook,) = one(docs, "ValidatingWebhookConfiguration")["webhooks"]
+    assert hook["failurePolicy"] == "Fail" and hook["sideEffects"] == "None"
+    selector = hook["namespaceSelector"]
+    for name, opted_in, reviewed in [
+        ("kube-system", True, False),
+        (own, True, False),
+        ("ml", False, False),
+        ("ml", True, True),
+    ]:
+        labels = {"kubernetes.io/metadata.name": name}
+        if opted_in:
+            labels[OPT_IN[0]] = OPT_IN[1]
+        assert selected(selector, labels) is reviewed, (name, opted_in)
+    assert OPT_IN[0] not in one(docs, "Namespace")["metadata"].get("labels", {})
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_serving_certificate_and_ca_injection_agree(overlay: str) -> None:
+    docs = render(DEPLOY / "overlays" / overlay)
+    kinds = by_kind(docs)
+    cert = kinds[("Certificate", "modelsec-webhook")]
+    service = one(docs, "Service")
+    namespace = service["metadata"]["namespace"]
+    webhook = one(docs, "ValidatingWebhookConfiguration")
+    inject = webhook["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+    assert inject == f"{cert['metadata']['namespace']}/{cert['metadata']['name']}"
+    assert f"{service['metadata']['name']}.{namespace}.svc" in cert["spec"]["dnsNames"]
+    volumes = {v["name"]: v for v in one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["tls"]["secret"]["secretName"] == cert["spec"]["secretName"]
+    assert "caBundle" not in webhook["webhooks"][0]["clientConfig"]  # injected, never a placeholder
+    issuer = cert["spec"]["issuerRef"]
+    if overlay == "self-signed":
+        assert ("Issuer", issuer["name"]) in kinds
+        ca = kinds[("Issuer", issuer["name"])]["spec"]["ca"]["secretName"]
+        ca_cert = next(d for d in docs if d["kind"] == "Certificate" and d["spec"]["secretName"] == ca)
+        assert ca_cert["spec"]["isCA"] is True
+        assert "selfSigned" in kinds[("Issuer", ca_cert["spec"]["issuerRef"]["name"])]["spec"]
+    else:
+        assert issuer["kind"] == "ClusterIssuer"
+
+
+def test_webhook_configuration_covers_every_kind_and_the_deployment_is_safe() -> None:
+    docs = render(DEPLOY / "overlays" / "self-signed")
+    deployment, pdb, service = one(docs, "Deployment"), one(docs, "PodDisruptionBudget"), one(docs, "Service")
+    (hook,) = one(docs, "ValidatingWebhookConfiguration")["webhooks"]
+    assert hook["admissionReviewVersions"] == ["v1"]
+    assert WebhookConfig().deadline_seconds < hook["timeoutSeconds"] <= 10
+    assert hook["clientConfig"]["service"] == {
+        "namespace": deployment["metadata"]["namespace"],
+        "name": service["metadata"]["name"],
+        "path": "/validate",
+        "port": service["spec"]["ports"][0]["port"],
+    }
+    covered = set()
+    for rule in hook["rules"]:
+        assert rule["operations"] == ["CREATE", "UPDATE"]
+        covered |= {(g, r) for g in rule["apiGroups"] for r in rule["resources"]}
+    assert ("", "pods/ephemeralcontainers") in covered
+    assert covered - {("", "pods/ephemeralcontainers")} == set(RESOURCE_KINDS)
+    pod = deployment["spec"]["template"]
+    labels = pod["metadata"]["labels"]
+    assert deployment["spec"]["replicas"] == 2
+    assert pdb["spec"]["minAvailable"] == 1 and selected(pdb["spec"]["selector"], labels)
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert pod["spec"]["priorityClassName"] == one(docs, "PriorityClass")["metadata"]["name"]
+    policy = one(docs, "NetworkPolicy")["spec"]
+    assert selected(policy["podSelector"], labels) and policy["ingress"] == [
+        {"ports": [{"port": 8443, "protocol": "TCP"}]}
+    ]
+    (container,) = pod["spec"]["containers"]
+    assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    # The policy ConfigMap is mounted whole (no subPath), so the kubelet's updates reach the running
+    # webhook, which reloads the file.
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert "subPath" not in mounts["policy"]
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert "items" not in volumes["policy"]["configMap"]
+
+
+def test_deployment_args_parse_with_the_cli() -> None:
+    from modelsec._cli_webhook import webhook
+
+    docs = render(DEPLOY / "overlays" / "cert-manager")
+    (container,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    args = container["args"]
+    assert args[:2] == ["webhook", "serve"]
+    ctx = webhook.commands["serve"].make_context("serve", list(args[2:]))
+    assert ctx.params["mode"] == "enforce" and ctx.params["port"] == 8443
+    assert ctx.params["deadline"] < 10 and ctx.params["require_models_in"] == ()
+    volumes = {m["mountPath"] for m in container["volumeMounts"]}
+    assert str(ctx.params["policy"].parent) in volumes
+
+
+def test_servicemonitor_component_scrapes_the_metrics_port(tmp_path: Path) -> None:
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    shutil.copytree(DEPLOY, tmp_path / "webhook")
+    (overlay / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        "resources: [../webhook/overlays/self-signed]\ncomponents: [../webhook/components/servicemonitor]\n"
+    )
+    docs = render(overlay)
+    monitor, service = one(docs, "ServiceMonitor"), one(docs, "Service")
+    assert monitor["metadata"]["namespace"] == service["metadata"]["namespace"]
+    assert selected(monitor["spec"]["selector"], service["metadata"]["labels"])
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert (
+        endpoint["port"] in {p["name"] for p in service["spec"]["ports"]} and endpoint["path"] == "/metrics"
+    )
