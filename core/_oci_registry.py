@@ -115,7 +115,7 @@ def parse_reference(uri: str) -> OciReference:
             registry host that has a dot, a port or is `localhost`).
     """
     target = uri[6:] if uri.startswith("oci://") else uri
-    m = _REFERENCE.match(target)
+    m = _REFERENCE.fullmatch(target)
     registry = m.group("registry") if m else ""
     if m is None or not ("." in registry or ":" in registry or registry == "localhost"):
         raise MalformedArtifactError(
@@ -421,7 +421,7 @@ class RegistryClient:
             )
 
     def _blob_response(self, repository: str, digest: str) -> Any:
-        if not _DIGEST.match(digest):
+        if not _DIGEST.fullmatch(digest):
             raise MalformedArtifactError(f"{digest!r} is not a sha256 digest")
         response = self.request("GET", f"{repository}/blobs/{digest}", stream=True)
         if response.status_code == 404:
@@ -526,7 +526,7 @@ def _parse_index(data: bytes, what: str) -> dict[str, Any]:
         raise MalformedArtifactError(f"{what}: not JSON") from None
     manifests = doc.get("manifests") if isinstance(doc, dict) else None
     if not isinstance(manifests, list) or not all(
-        isinstance(d, dict) and isinstance(d.get("digest"), str) and _DIGEST.match(d["digest"])
+        isinstance(d, dict) and isinstance(d.get("digest"), str) and _DIGEST.fullmatch(d["digest"])
         for d in manifests
     ):
         raise MalformedArtifactError(f"{what}: not an image index of sha256 descriptors")

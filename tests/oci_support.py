@@ -37,7 +37,11 @@ class Registry:
     process: subprocess.Popen[bytes]
 
     def env(self) -> dict[str, str]:
-        return {"MODELSEC_OCI_USERNAME": USER, "MODELSEC_OCI_PASSWORD": PASSWORD, "MODELSEC_OCI_CA": str(self.ca)}
+        return {
+            "MODELSEC_OCI_USERNAME": USER,
+            "MODELSEC_OCI_PASSWORD": PASSWORD,
+            "MODELSEC_OCI_CA": str(self.ca),
+        }
 
     def blob_path(self, digest: str) -> Path:
         hex_ = digest.removeprefix("sha256:")
@@ -90,12 +94,17 @@ auth:
         deadline = time.monotonic() + 20
         while True:
             try:
-                if requests.get(f"https://127.0.0.1:{port}/v2/", verify=str(ca.path), timeout=1).status_code == 401:
+                if (
+                    requests.get(f"https://127.0.0.1:{port}/v2/", verify=str(ca.path), timeout=1).status_code
+                    == 401
+                ):
                     break
             except requests.RequestException:
                 pass
             if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("registry did not start: " + (directory / "registry.log").read_text()[-2000:])
+                raise RuntimeError(
+                    "registry did not start: " + (directory / "registry.log").read_text()[-2000:]
+                )
             time.sleep(0.1)
         yield Registry(f"127.0.0.1:{port}", ca.path, storage, process)
     finally:

@@ -62,11 +62,15 @@ def _signed_model(root: Path, key_dir: Path, seed: int = 0) -> Path:
     return model
 
 
-def _push(tmp_path: Path, key_dir: Path, registry: Registry, options: RegistryOptions, repo: str, seed: int = 0):
+def _push(
+    tmp_path: Path, key_dir: Path, registry: Registry, options: RegistryOptions, repo: str, seed: int = 0
+):
     model = _signed_model(tmp_path / f"model-{repo}-{seed}", key_dir, seed)
     policy = Policy.from_key_files([key_dir / "ecdsa-p256.pub.pem"])
     binder = load_private_key_file(key_dir / "ecdsa-p256.key.pem")
-    return model, push_model(model, f"oci://{registry.address}/models/{repo}:v1", policy, binder, options=options)
+    return model, push_model(
+        model, f"oci://{registry.address}/models/{repo}:v1", policy, binder, options=options
+    )
 
 
 def _client(registry: Registry, options: RegistryOptions) -> RegistryClient:
@@ -93,7 +97,9 @@ def test_push_lists_referrers_through_the_fallback_tag_and_pull_lands_verified(
     assert "model-00001-of-00002.safetensors" in paths and "model.sig" not in paths
 
     dest = tmp_path / "pulled"
-    result = pull_model(f"oci://{registry.address}/models/tiny@{pushed.manifest_digest}", dest, policy, options=options)
+    result = pull_model(
+        f"oci://{registry.address}/models/tiny@{pushed.manifest_digest}", dest, policy, options=options
+    )
     assert result.root_digest == pushed.root_digest
     for name in paths:
         assert (dest / name).read_bytes() == (model / name).read_bytes()
@@ -111,7 +117,9 @@ def test_oci_store_reads_the_model_bundles_but_not_the_binding(
     store = open_store(f"oci://{registry.address}/models/store")
     store.check()
     bundles = store.entries(pushed.root_digest)
-    assert len(bundles) == 1 and bundles[0].source.startswith(f"oci://{registry.address}/models/store@sha256:")
+    assert len(bundles) == 1 and bundles[0].source.startswith(
+        f"oci://{registry.address}/models/store@sha256:"
+    )
     verdict = verify_attestations(pushed.root_digest, bundles, policy)
     assert verdict.ok, verdict.reasons()
     assert store.entries("0" * 64) == []
@@ -129,7 +137,9 @@ def test_tampered_layer_is_refused_and_nothing_lands(
 ) -> None:
     # blobs are shared by every repository of the registry: this model's shard is unique to this test
     _, pushed = _push(tmp_path, key_dir, registry, options, "tampered", seed=7)
-    manifest = json.loads(_client(registry, options).get_manifest("models/tampered", pushed.manifest_digest)[0])
+    manifest = json.loads(
+        _client(registry, options).get_manifest("models/tampered", pushed.manifest_digest)[0]
+    )
     shard = "model-00002-of-00002.safetensors"
     layer = next(x for x in manifest["layers"] if x["annotations"]["org.cncf.model.filepath"] == shard)
     blob = registry.blob_path(layer["digest"])
@@ -138,7 +148,12 @@ def test_tampered_layer_is_refused_and_nothing_lands(
     blob.write_bytes(bytes(data))
     dest = tmp_path / "pulled"
     with pytest.raises(DigestMismatchError, match=shard):
-        pull_model(f"oci://{registry.address}/models/tampered@{pushed.manifest_digest}", dest, policy, options=options)
+        pull_model(
+            f"oci://{registry.address}/models/tampered@{pushed.manifest_digest}",
+            dest,
+            policy,
+            options=options,
+        )
     _nothing_landed(dest)
 
 
@@ -164,7 +179,9 @@ def _put_manifest(client: RegistryClient, repo: str, layers: list[tuple[str, byt
     return desc
 
 
-@pytest.mark.parametrize("path", ["../escape.txt", "/etc/evil", "a/../../b", "a\\..\\b", "model.sig", ".git/config"])
+@pytest.mark.parametrize(
+    "path", ["../escape.txt", "/etc/evil", "a/../../b", "a\\..\\b", "model.sig", ".git/config"]
+)
 def test_layer_path_that_escapes_is_refused_before_anything_is_written(
     tmp_path: Path, registry: Registry, options: RegistryOptions, policy: Policy, path: str
 ) -> None:
@@ -173,7 +190,9 @@ def test_layer_path_that_escapes_is_refused_before_anything_is_written(
     dest = tmp_path / "out" / "pulled"
     dest.parent.mkdir()
     with pytest.raises(MalformedArtifactError, match="org.cncf.model.filepath"):
-        pull_model(f"oci://{registry.address}/models/traversal@{desc['digest']}", dest, policy, options=options)
+        pull_model(
+            f"oci://{registry.address}/models/traversal@{desc['digest']}", dest, policy, options=options
+        )
     _nothing_landed(dest)
     assert not (dest.parent / "escape.txt").exists() and not (tmp_path / "escape.txt").exists()
 
@@ -185,13 +204,20 @@ def test_unsigned_artifact_is_refused(
     desc = _put_manifest(client, "models/unsigned", [("config.json", b"{}")])
     dest = tmp_path / "pulled"
     with pytest.raises(SignatureError, match="no binding"):
-        pull_model(f"oci://{registry.address}/models/unsigned@{desc['digest']}", dest, policy, options=options)
+        pull_model(
+            f"oci://{registry.address}/models/unsigned@{desc['digest']}", dest, policy, options=options
+        )
     _nothing_landed(dest)
     # a model pushed (and bound) by a key the policy does not trust is refused the same way
     _, pushed = _push(tmp_path, key_dir, registry, options, "strangers")
     stranger = Policy.from_key_files([key_dir / "other.pub.pem"])
     with pytest.raises(SignatureError, match="no binding"):
-        pull_model(f"oci://{registry.address}/models/strangers@{pushed.manifest_digest}", dest, stranger, options=options)
+        pull_model(
+            f"oci://{registry.address}/models/strangers@{pushed.manifest_digest}",
+            dest,
+            stranger,
+            options=options,
+        )
     _nothing_landed(dest)
 
 
@@ -234,7 +260,9 @@ def test_manifest_whose_files_differ_from_the_signed_manifest_is_refused(
     attach_bundle(client, "models/differ", subject, (model / "model.sig").read_bytes(), BUNDLE_ARTIFACT_TYPE)
     dest = tmp_path / "pulled"
     with pytest.raises(DigestMismatchError, match="config.json"):
-        pull_model(f"oci://{registry.address}/models/differ@{subject['digest']}", dest, policy, options=options)
+        pull_model(
+            f"oci://{registry.address}/models/differ@{subject['digest']}", dest, policy, options=options
+        )
     _nothing_landed(dest)
 
 
