@@ -34,11 +34,12 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from modelsec._oci_referrers import attach_bundle, read_referrer_bundle
 from modelsec._oci_registry import (
     BINDING_ARTIFACT_TYPE,
     BINDING_PREDICATE_TYPE,
@@ -47,12 +48,9 @@ from modelsec._oci_registry import (
     OciReference,
     RegistryClient,
     RegistryOptions,
-    attach_bundle,
     canonical_json,
     descriptor,
-    iter_chunks,
     parse_reference,
-    read_referrer_bundle,
     root_tag,
 )
 from modelsec.attestations.bundle import parse_bundle, sign_statement
@@ -95,6 +93,13 @@ _DOC_NAMES = re.compile(r"^(readme|license|licence|notice)(\.[a-z]+)?$", re.IGNO
 _MAX_REFERRERS = 256
 
 
+def _chunks(path: Path) -> Iterator[bytes]:
+    """A file's bytes in 1 MiB chunks (for hashing before an upload)."""
+    with open(path, "rb") as f:
+        while chunk := f.read(2**20):
+            yield chunk
+
+
 def _layer_media_type(name: str) -> str:
     base = PurePosixPath(name).name
     if base.endswith(_WEIGHT_SUFFIXES):
@@ -117,7 +122,7 @@ def _file_layer(model_dir: Path, name: str) -> tuple[dict[str, Any], Path]:
     path = model_dir / name
     h, size = hashlib.sha256(), 0
     try:
-        for chunk in iter_chunks(path):
+        for chunk in _chunks(path):
             h.update(chunk)
             size += len(chunk)
     except OSError as e:

@@ -88,7 +88,7 @@ auth:
   htpasswd: {{realm: modelsec-test, path: {directory / "htpasswd"}}}
 """
     )
-    log = open(directory / "registry.log", "wb")  # noqa: SIM115 - closed below
+    log = open(directory / "registry.log", "wb")
     process = subprocess.Popen([binary, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 20

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from modelsec._oci_model import pull_model, push_model
+from modelsec._oci_referrers import attach_bundle
 from modelsec._oci_registry import (
     BINDING_ARTIFACT_TYPE,
     BUNDLE_ARTIFACT_TYPE,
     MANIFEST_MEDIA_TYPE,
     RegistryClient,
     RegistryOptions,
-    attach_bundle,
     canonical_json,
     descriptor,
 )
@@ -189,7 +189,7 @@ def test_layer_path_that_escapes_is_refused_before_anything_is_written(
     desc = _put_manifest(client, "models/traversal", [("config.json", b"{}"), (path, b"evil")])
     dest = tmp_path / "out" / "pulled"
     dest.parent.mkdir()
-    with pytest.raises(MalformedArtifactError, match="org.cncf.model.filepath"):
+    with pytest.raises(MalformedArtifactError, match=r"org\.cncf\.model\.filepath"):
         pull_model(
             f"oci://{registry.address}/models/traversal@{desc['digest']}", dest, policy, options=options
         )
@@ -259,7 +259,7 @@ def test_manifest_whose_files_differ_from_the_signed_manifest_is_refused(
     attach_bundle(client, "models/differ", subject, binding, BINDING_ARTIFACT_TYPE)
     attach_bundle(client, "models/differ", subject, (model / "model.sig").read_bytes(), BUNDLE_ARTIFACT_TYPE)
     dest = tmp_path / "pulled"
-    with pytest.raises(DigestMismatchError, match="config.json"):
+    with pytest.raises(DigestMismatchError, match=r"config\.json"):
         pull_model(
             f"oci://{registry.address}/models/differ@{subject['digest']}", dest, policy, options=options
         )
@@ -269,7 +269,7 @@ def test_manifest_whose_files_differ_from_the_signed_manifest_is_refused(
 def test_wrong_password_and_registry_down_fail_closed_quickly(
     tmp_path: Path, registry: Registry, options: RegistryOptions
 ) -> None:
-    bad = RegistryOptions(ca_file=registry.ca, username=USER, password="wrong", timeout=5)  # noqa: S106
+    bad = RegistryOptions(ca_file=registry.ca, username=USER, password="wrong", timeout=5)
     with pytest.raises(BackendUnavailableError, match="access denied"):
         RegistryClient(registry.address, bad).check()
     start = time.monotonic()

@@ -17,15 +17,14 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from modelsec._oci_referrers import attach_bundle, read_referrer_bundle
 from modelsec._oci_registry import (
     BINDING_PREDICATE_TYPE,
     BUNDLE_ARTIFACT_TYPE,
     OciReference,
     RegistryClient,
     RegistryOptions,
-    attach_bundle,
     parse_reference,
-    read_referrer_bundle,
     root_tag,
 )
 from modelsec.attestations.bundle import parse_bundle

@@ -29,7 +29,7 @@ from modelsec._oci_registry import (
 from modelsec.errors import BackendUnavailableError, DigestMismatchError, MalformedArtifactError
 
 SUBJECT = "sha256:" + "a" * 64
-TOKEN = "fake-token"  # noqa: S105
+TOKEN = "fake-token"
 
 
 class _Fake(ThreadingHTTPServer):
@@ -111,7 +111,7 @@ def fake() -> Iterator[_Fake]:
 
 
 def _client(fake: _Fake) -> RegistryClient:
-    options = RegistryOptions(plain_http=True, username="u", password="p", timeout=5)  # noqa: S106
+    options = RegistryOptions(plain_http=True, username="u", password="p", timeout=5)
     return RegistryClient(f"127.0.0.1:{fake.server_address[1]}", options)
 
 
@@ -150,7 +150,7 @@ def test_blob_is_refused_unless_it_has_its_digest_and_size(fake: _Fake) -> None:
 
 
 def test_wrong_credentials_are_an_outage_not_a_verdict(fake: _Fake) -> None:
-    options = RegistryOptions(plain_http=True, username="u", password="wrong", timeout=5)  # noqa: S106
+    options = RegistryOptions(plain_http=True, username="u", password="wrong", timeout=5)
     with pytest.raises(BackendUnavailableError, match="access denied"):
         RegistryClient(f"127.0.0.1:{fake.server_address[1]}", options).check()
 
