@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from modelsec._oci_model import pull_model, push_model
+from modelsec._oci_model import bound_root_digests, pull_model, push_model
 from modelsec._oci_referrers import attach_bundle
 from modelsec._oci_registry import (
     BINDING_ARTIFACT_TYPE,
@@ -104,6 +104,14 @@ def test_push_lists_referrers_through_the_fallback_tag_and_pull_lands_verified(
     for name in paths:
         assert (dest / name).read_bytes() == (model / name).read_bytes()
     assert verify_model(dest, policy).root_digest == pushed.root_digest  # lands self-contained (model.sig)
+    # admission by OCI digest: the trusted binding names the model root digest (by tag or by digest)
+    for ref in (
+        f"oci://{registry.address}/models/tiny:v1",
+        f"oci://{registry.address}/models/tiny@{pushed.manifest_digest}",
+    ):
+        assert bound_root_digests(ref, policy, options=options) == {pushed.root_digest}
+    stranger = Policy.from_key_files([key_dir / "other.pub.pem"])
+    assert bound_root_digests(f"oci://{registry.address}/models/tiny:v1", stranger, options=options) == set()
     _nothing_landed(tmp_path / "other")
 
 
