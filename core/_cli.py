@@ -983,6 +983,7 @@ def _register_command_groups() -> None:
         ("modelsec._cli_gate", "gate"),
         ("modelsec._cli_webhook", "webhook"),
         ("modelsec._cli_service", "serve"),
+        *(("modelsec._cli_oci", name) for name in ("push", "pull")),
     ):
         try:
             mod = importlib.import_module(module)

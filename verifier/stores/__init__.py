@@ -177,6 +177,7 @@ _OPENERS: dict[str, Callable[[str, StoreOptions], AttestationStore]] = {
     "sqlite": _open_sqlite,
     "grpc": lambda target, options: _open_grpc(target, options, plaintext=True),
     "grpcs": lambda target, options: _open_grpc(target, options, plaintext=False),
+    "oci": lambda t, options: importlib.import_module("modelsec.verifier.stores.oci").open_store(t, options),
 }
 
 

@@ -1,0 +1,181 @@
+"""The registry store: bundles attached as OCI referrers of a model's manifest (DESIGN.md decisions 14-15).
+
+`oci://REGISTRY/REPOSITORY` finds the manifest of a model root digest by the tag `oms-sha256-<digest>`
+that `modelsec push` sets; `oci://REGISTRY/REPOSITORY@sha256:HEX` reads the referrers of that one manifest.
+Bundles are the referrers whose `artifactType` is a sigstore bundle, each fetched by digest and kept only if
+its own `subject` is the manifest (a listing is untrusted); the signed manifest bindings that `push` also
+attaches are not evidence about the model and are left out. Nothing is trusted here: readers verify
+every bundle, and a moved tag can hide evidence (as deleting it would) but never forge it.
+
+Credentials and TLS: `RegistryOptions.from_env` (`$MODELSEC_OCI_USERNAME`, `_PASSWORD`, `_CA`, a Docker
+`config.json` under `$DOCKER_CONFIG`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from modelsec._oci_referrers import attach_bundle, read_referrer_bundle
+from modelsec._oci_registry import (
+    BINDING_PREDICATE_TYPE,
+    BUNDLE_ARTIFACT_TYPE,
+    OciReference,
+    RegistryClient,
+    RegistryOptions,
+    parse_reference,
+    root_tag,
+)
+from modelsec.attestations.bundle import parse_bundle
+from modelsec.attestations.statement import is_sha256_hex, parse_statement
+from modelsec.errors import (
+    AttestationError,
+    DigestMismatchError,
+    Error,
+    MalformedArtifactError,
+    NotFoundError,
+)
+from modelsec.verifier.stores import StoredBundle, StoreOptions
+from modelsec.verifier.stores.directory import subject_root_digest
+
+__all__ = ["OciAttestationStore", "open_store"]
+
+
+def _is_binding(data: bytes) -> bool:
+    try:
+        statement = parse_statement(parse_bundle(data, source="referrer").envelope.payload, what="referrer")
+    except Error:
+        return False
+    return statement.predicate_type == BINDING_PREDICATE_TYPE
+
+
+@dataclass(slots=True)
+class OciAttestationStore:
+    """Bundles as referrers in one registry repository (see the module docstring).
+
+    Attributes:
+        reference: The repository, optionally pinned to one manifest digest.
+        max_bundle_bytes: Bytes read per bundle at most.
+        max_bundles: Most referrers read for one manifest (more is an error).
+    """
+
+    reference: OciReference
+    max_bundle_bytes: int = 16 * 2**20
+    max_bundles: int = 256
+    options: RegistryOptions = field(default_factory=RegistryOptions)
+    _client: Any = field(default=None, repr=False)
+
+    @classmethod
+    def open(cls, target: str, *, max_bundle_bytes: int, max_bundles: int) -> OciAttestationStore:
+        """The store `oci://<target>` names (no request is made yet).
+
+        Raises:
+            MalformedArtifactError: Not `REGISTRY/REPOSITORY[@sha256:HEX]` (a tag is refused).
+            BackendUnavailableError: The oci extra (requests) is not installed.
+        """
+        reference = parse_reference(target)
+        if reference.tag:
+            raise MalformedArtifactError(
+                f"oci://{target}: an attestation store names a repository, not a tag"
+            )
+        options = RegistryOptions.from_env()
+        return cls(
+            reference, max_bundle_bytes, max_bundles, options, RegistryClient(reference.registry, options)
+        )
+
+    @property
+    def uri(self) -> str:
+        """`oci://REGISTRY/REPOSITORY[@sha256:HEX]`."""
+        return str(self.reference)
+
+    def check(self) -> None:
+        """Raise `BackendUnavailableError` unless the registry answers `/v2/` with these credentials."""
+        self._client.check()
+
+    def close(self) -> None:
+        """Close the HTTP session."""
+        self._client.close()
+
+    def _manifest(self, digest: str) -> dict[str, Any] | None:
+        """The descriptor of the manifest whose referrers hold `digest`'s bundles (None: no such model)."""
+        try:
+            data, media_type, manifest_digest = self._client.get_manifest(
+                self.reference.repository, self.reference.digest or root_tag(digest)
+            )
+        except NotFoundError:
+            return None
+        return {"mediaType": media_type, "digest": manifest_digest, "size": len(data)}
+
+    def bundles(self, digest: str) -> list[bytes]:
+        """The bundles attached to the model's manifest (untrusted; see `entries` for the errors)."""
+        return [e.data for e in self.entries(digest)]
+
+    def entries(self, digest: str) -> list[StoredBundle]:
+        """Every sigstore-bundle referrer of the model's manifest, with its referrer digest as source.
+
+        Raises:
+            MalformedArtifactError: `digest` is not hex SHA-256, the listing is malformed, or it holds more
+                than `max_bundles` bundles.
+            BackendUnavailableError: The registry cannot be reached or refuses the credentials.
+        """
+        if not is_sha256_hex(digest):
+            raise MalformedArtifactError(f"{digest!r} is not a hex SHA-256 digest")
+        manifest = self._manifest(digest)
+        if manifest is None:
+            return []
+        repository = self.reference.repository
+        listed = self._client.referrers(repository, manifest["digest"], BUNDLE_ARTIFACT_TYPE)
+        if len(listed) > self.max_bundles:
+            raise MalformedArtifactError(
+                f"{self.uri}: {len(listed)} referrers of {manifest['digest']}, more than {self.max_bundles}"
+            )
+        out = []
+        for desc in listed:
+            try:
+                data = read_referrer_bundle(
+                    self._client, repository, desc, manifest["digest"], self.max_bundle_bytes
+                )
+            except (MalformedArtifactError, DigestMismatchError, NotFoundError):
+                continue  # a listing entry that is not a bundle about this manifest is not evidence
+            if not _is_binding(data):
+                source = f"{self.reference.repository_uri}@{desc['digest']}"
+                out.append(StoredBundle(hashlib.sha256(data).hexdigest(), digest, data, source))
+        return out
+
+    def get(self, digest: str, bundle_id: str) -> StoredBundle:
+        """One bundle by its SHA-256 (hex).
+
+        Raises:
+            NotFoundError: No such bundle.
+            BackendUnavailableError: The registry cannot be read.
+        """
+        for entry in self.entries(digest) if is_sha256_hex(digest) else []:
+            if entry.id == bundle_id:
+                return entry
+        raise NotFoundError(f"{self.uri}: no bundle {bundle_id!r} for {digest!r}")
+
+    def put(self, data: bytes) -> tuple[StoredBundle, bool]:
+        """Attach a bundle to the manifest of its subject's model as a referrer.
+
+        Raises:
+            MalformedArtifactError: Too large, not a bundle, or no sha256 subject.
+            AttestationError: No manifest of that model in the repository (push the model first).
+            BackendUnavailableError: The registry cannot be reached or refuses the write.
+        """
+        digest = subject_root_digest(data, self.max_bundle_bytes)
+        manifest = self._manifest(digest)
+        if manifest is None:
+            raise AttestationError(f"{self.uri}: no model with root digest {digest} (push the model first)")
+        referrer, created = attach_bundle(
+            self._client, self.reference.repository, manifest, data, BUNDLE_ARTIFACT_TYPE
+        )
+        source = f"{self.reference.repository_uri}@{referrer}"
+        return StoredBundle(hashlib.sha256(data).hexdigest(), digest, data, source), created
+
+
+def open_store(target: str, options: StoreOptions) -> OciAttestationStore:
+    """`open_store`'s opener for `oci://` (see `OciAttestationStore.open` for the errors)."""
+    return OciAttestationStore.open(
+        target, max_bundle_bytes=options.limits.max_bundle_bytes, max_bundles=options.max_bundles
+    )
