@@ -236,7 +236,7 @@ class ExtractedBlocks:
 
 def eligible_tensors(source: TensorSource, params: WatermarkParams) -> list[TensorRef]:
     """The tensors that carry the mark (`scheme.is_eligible`), in source order."""
-    return [r for r in source.tensors() if is_eligible(r.dtype, r.shape, params)]
+    return [r for r in source.tensors() if is_eligible(r.dtype, r.shape, params, r.name)]
 
 
 def extract_blocks(
