@@ -116,7 +116,9 @@ def embed_within_budget(
 
     _check_out_dir(Path(model_dir), Path(out_dir))
     probe.prepare(Path(model_dir))
-    search = _Search(Path(model_dir), Path(out_dir), key, message, probe, max_fidelity_loss, thresholds, limits)
+    search = _Search(
+        Path(model_dir), Path(out_dir), key, message, probe, max_fidelity_loss, thresholds, limits
+    )
     sets = [params.carrier_set, *(c for c in CARRIER_SETS if c != params.carrier_set)]
     tried: list[_Try] = []
     try:
@@ -197,7 +199,9 @@ class _Search:
         refused: PolicyError | None = None
         for carrier_set in sets:
             try:
-                tops.append(self._try(dataclasses.replace(params, carrier_set=carrier_set), params.kappa, tried))
+                tops.append(
+                    self._try(dataclasses.replace(params, carrier_set=carrier_set), params.kappa, tried)
+                )
             except PolicyError as e:  # this carrier set lacks the capacity for the message
                 refused = refused or e
         if not tops and refused is not None:
@@ -210,7 +214,9 @@ class _Search:
         if min_kappa == params.kappa:
             return None
         for top in sorted(tops, key=lambda t: (not t.detected, t.loss)):
-            found = self._lower(dataclasses.replace(params, carrier_set=top.carrier_set), min_kappa, steps, tried)
+            found = self._lower(
+                dataclasses.replace(params, carrier_set=top.carrier_set), min_kappa, steps, tried
+            )
             if found is not None:
                 return found
         return None

@@ -157,7 +157,9 @@ def _tokenizer(model_dir: Path) -> Any:
     try:
         return tf.AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
     except (OSError, ValueError, KeyError) as e:
-        raise MalformedArtifactError(f"{model_dir}: cannot load the tokenizer to measure fidelity: {e}") from e
+        raise MalformedArtifactError(
+            f"{model_dir}: cannot load the tokenizer to measure fidelity: {e}"
+        ) from e
 
 
 class EncoderProbe:
@@ -264,7 +266,7 @@ class CausalLMProbe:
         self._reference = self._run(model_dir)
 
     def loss(self, marked_dir: Path) -> tuple[float, float | None]:
-        """Fraction of prompts with a different greedy continuation, and the largest first-step logit change."""
+        """Fraction of prompts whose greedy continuation changed, and the largest first-step logit change."""
         if not self._reference:
             raise PolicyError("fidelity probe used before prepare()")
         marked = self._run(marked_dir)
@@ -322,7 +324,9 @@ class ClassifierProbe:
         try:
             module.load_state_dict(state, strict=True)
         except RuntimeError as e:
-            raise PolicyError(f"architecture {self.name} does not match the weights of {model_dir}: {e}") from e
+            raise PolicyError(
+                f"architecture {self.name} does not match the weights of {model_dir}: {e}"
+            ) from e
         module.eval()
         with torch.no_grad():
             return module(self.inputs).argmax(-1)

@@ -34,7 +34,6 @@ _INFO_PREFIX = b"modelsec.watermark.v1/"
 _HEX_KEY = re.compile(r"[0-9a-fA-F]+")
 
 
-
 @dataclass(frozen=True, slots=True, repr=False)
 class WatermarkKey:
     """A watermark key, held as its HKDF pseudo-random key (the raw bytes are not kept).

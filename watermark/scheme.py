@@ -245,8 +245,10 @@ def decode_message_bits(key: WatermarkKey, code: Sequence[int], params: Watermar
 
 
 def is_eligible(dtype: str, shape: Sequence[int], params: WatermarkParams, name: str = "") -> bool:
-    """Whether a tensor may carry the mark: float dtype, at least 2-D, at least `min_tensor_elements`,
-    and in `params.carrier_set` (decided from `name`; norms and biases are 1-D and never carry bits)."""
+    """Whether a tensor may carry the mark: float, at least 2-D, `min_tensor_elements`, in the carrier set.
+
+    Norms and biases are 1-D and never carry bits; the carrier set is decided from `name` alone.
+    """
     if dtype not in FLOAT_DTYPES or len(shape) < 2 or math.prod(shape) < params.min_tensor_elements:
         return False
     if params.carrier_set == "all":
