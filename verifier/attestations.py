@@ -355,8 +355,8 @@ def _watermark_meets(pred: WatermarkPredicate, req: WatermarkRequirement, what: 
             raise AttestationError(f"{what}: the watermark attestation records no fidelity measurement")
         if pred.fidelity.value > req.max_fidelity_loss:
             raise AttestationError(
-                f"{what}: watermark fidelity loss {pred.fidelity.value:.3g} ({pred.fidelity.metric}) > policy "
-                f"maxFidelityLoss {req.max_fidelity_loss:.3g}"
+                f"{what}: watermark fidelity loss {pred.fidelity.value:.3g} ({pred.fidelity.metric}) > "
+                f"policy maxFidelityLoss {req.max_fidelity_loss:.3g}"
             )
     return f"watermark: detected at embed time, confidence {confidence:.3f}, false-positive p {fpp:.2g}"
 

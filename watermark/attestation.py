@@ -360,13 +360,11 @@ def detection_hints(predicate: Mapping[str, Any], *, what: str) -> DetectionHint
     """
     from modelsec.attestations.watermark_predicate import parse_recorded_parameters
     from modelsec.watermark.scheme import SCHEME, WatermarkParams
+    from modelsec.watermark.schemes import get_scheme
 
     recorded = parse_recorded_parameters(predicate, what=what)
-    if recorded.scheme != SCHEME:
-        raise UnsupportedAlgorithmError(
-            f"{what}: the watermark was embedded with scheme {recorded.scheme!r}; "
-            f"this detector runs {SCHEME!r}"
-        )
+    if get_scheme(recorded.scheme, what=what).name != SCHEME:  # hints are this scheme's parameters
+        raise UnsupportedAlgorithmError(f"{what}: no detection hints for scheme {recorded.scheme!r}")
     params = WatermarkParams(
         kappa=recorded.kappa,
         pilot_bits=recorded.pilot_bits,
