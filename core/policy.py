@@ -29,8 +29,10 @@ policies:
     limits: {maxFiles: 4096}
     attestations:
       robustness: {attack: pgd-linf, minEps: 0.03, minRobustAccuracy: 0.85, rule: strict, minSamples: 500,
-                   maxAge: 30d}
-      watermark: {required: true, minConfidence: 0.92, maxFalsePositive: 1.0e-9}
+                   maxAge: 30d, minSteps: 40, minRestarts: 1,
+                   datasetDigests: [<sha256 hex of the evaluation set>],
+                   requireServerRun: true}    # only gates a modelsec server ran (runBy recorded)
+      watermark: {required: true, minConfidence: 0.92, maxFalsePositive: 1.0e-9, requireServerRun: false}
     attestationStore: /var/lib/modelsec/attestations  # besides model.watermark.sig / model.gate.sig; a
                                                       # path or file:// | sqlite:// | grpc(s):// URI
                                                       # (`attestationDir`: the older name, a path)
@@ -84,6 +86,11 @@ class RobustnessRequirement:
         rule: `point` (the measured accuracy) or `strict` (the lower end of its 95% Wilson interval).
         min_samples: Fewest evaluated examples accepted.
         max_age_seconds: Oldest accepted `finishedAt`, or None for no freshness rule.
+        min_steps: Fewest PGD iterations per restart accepted (`parameters.steps`).
+        min_restarts: Fewest PGD random restarts accepted (`parameters.restarts`).
+        datasets: Accepted evaluation-set digests (hex SHA-256 of `dataset.digest.sha256`); empty: any.
+        require_server_run: Only gates a modelsec server ran for a requester (`runBy`) count; trust, for
+            the `gate` role, only keys that modelsec servers hold (see `modelsec.attestations.run_by`).
     """
 
     attack: str = "pgd-linf"
@@ -92,6 +99,10 @@ class RobustnessRequirement:
     rule: str = "point"
     min_samples: int = 1
     max_age_seconds: float | None = None
+    min_steps: int = 1
+    min_restarts: int = 1
+    datasets: frozenset[str] = frozenset()
+    require_server_run: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,11 +114,13 @@ class WatermarkRequirement:
         max_false_positive: Highest accepted false-positive probability at embed time (default 1e-9).
         key_file: The owner's watermark key, for nodes that hold it: the mark is then re-detected in the
             verified weights (None: the signed embed-time detection is trusted).
+        require_server_run: Only embeds a modelsec server performed for a requester (`runBy`) count.
     """
 
     min_confidence: float = 0.92
     max_false_positive: float = 1e-9
     key_file: Path | None = None
+    require_server_run: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,6 +339,10 @@ def _robustness(r: RobustnessModel | None) -> RobustnessRequirement | None:
         rule=r.rule,
         min_samples=r.min_samples,
         max_age_seconds=r.max_age,
+        min_steps=r.min_steps,
+        min_restarts=r.min_restarts,
+        datasets=frozenset(r.dataset_digests or ()),
+        require_server_run=r.require_server_run,
     )
 
 
@@ -336,6 +353,7 @@ def _watermark(w: WatermarkModel | None, base_dir: Path) -> WatermarkRequirement
         min_confidence=w.min_confidence,
         max_false_positive=w.max_false_positive,
         key_file=(base_dir / w.key_file) if w.key_file else None,
+        require_server_run=w.require_server_run,
     )
 
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from modelsec.attestations.bundle import Bundle, parse_bundle
-from modelsec.attestations.gate_predicate import GatePredicate, parse_gate_predicate
+from modelsec.attestations.gate_predicate import GatePredicate, check_gate_run, parse_gate_predicate
 from modelsec.attestations.oms_predicate import OMS_PREDICATE_TYPE, parse_manifest
 from modelsec.attestations.statement import (
     GATE_PREDICATE_TYPE,
@@ -44,7 +44,11 @@ from modelsec.attestations.statement import (
     is_sha256_hex,
     parse_statement,
 )
-from modelsec.attestations.watermark_predicate import WatermarkPredicate, parse_watermark_predicate
+from modelsec.attestations.watermark_predicate import (
+    WatermarkPredicate,
+    check_watermark_run,
+    parse_watermark_predicate,
+)
 from modelsec.errors import AttestationError, Error, MalformedArtifactError
 from modelsec.limits import Limits
 from modelsec.policy import Policy, RobustnessRequirement, WatermarkRequirement
@@ -330,9 +334,10 @@ def _gate_meets(pred: GatePredicate, req: RobustnessRequirement, what: str, now:
             )
         if age < -300:
             raise AttestationError(f"{what}: gate finishedAt lies in the future")
+    run = check_gate_run(pred, req, what=what)  # steps, restarts, dataset, who ran it
     return (
         f"robustness: {pred.attack} eps {pred.eps} >= {req.min_eps}, "
-        f"{label} {value:.4f} >= {req.min_robust_accuracy}"
+        f"{label} {value:.4f} >= {req.min_robust_accuracy}" + (f", {run}" if run else "")
     )
 
 
@@ -350,7 +355,10 @@ def _watermark_meets(pred: WatermarkPredicate, req: WatermarkRequirement, what: 
         raise AttestationError(
             f"{what}: watermark false-positive probability {fpp:.3g} > policy {req.max_false_positive:.3g}"
         )
-    return f"watermark: detected at embed time, confidence {confidence:.3f}, false-positive p {fpp:.2g}"
+    run = check_watermark_run(pred, require_server_run=req.require_server_run, what=what)
+    return f"watermark: detected at embed time, confidence {confidence:.3f}, false-positive p {fpp:.2g}" + (
+        f", {run}" if run else ""
+    )
 
 
 def verify_attestations(
