@@ -30,8 +30,8 @@ policies:
     attestations:
       robustness: {attack: pgd-linf, minEps: 0.03, minRobustAccuracy: 0.85, rule: strict, minSamples: 500,
                    maxAge: 30d, minSteps: 40, minRestarts: 1,
-                   datasetDigests: [<sha256 hex of the evaluation set>],
-                   requireServerRun: true}    # only gates a modelsec server ran (runBy recorded)
+                   requireServerRun: true,    # only gates a modelsec server ran (runBy recorded)
+                   datasetDigests: [9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08]}
       watermark: {required: true, minConfidence: 0.92, maxFalsePositive: 1.0e-9, requireServerRun: false}
     attestationStore: /var/lib/modelsec/attestations  # besides model.watermark.sig / model.gate.sig; a
                                                       # path or file:// | sqlite:// | grpc(s):// URI
