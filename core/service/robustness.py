@@ -36,7 +36,7 @@ from modelsec.service.work import CancelledWorkError, Check, run_blocking
 from modelsec.v1 import robustness_pb2, robustness_pb2_grpc
 
 if TYPE_CHECKING:
-    from modelsec.robustness.gate import GateConfig, default_step_size
+    from modelsec.robustness.gate import GateConfig
     from modelsec.robustness.pipeline import GateOutcome
 
 __all__ = ["PROGRESS_INTERVAL", "RobustnessServicer", "gate_config", "result_to_proto"]
@@ -185,7 +185,7 @@ def gate_config(request: robustness_pb2.RunGateRequest) -> GateConfig:
     Raises:
         PolicyError: Invalid values (`GateConfig` names each one).
     """
-    from modelsec.robustness.gate import GateConfig
+    from modelsec.robustness.gate import GateConfig, default_step_size
 
     defaults: dict[str, Any] = {}
     if request.min_samples:

@@ -20,11 +20,14 @@ import pytest
 torch = pytest.importorskip("torch")
 import numpy as np  # noqa: E402
 
-from modelsec.attestations.statement import GATE_PREDICATE_TYPE  # noqa: E402
+from modelsec.attestations.bundle import parse_bundle  # noqa: E402
+from modelsec.attestations.statement import GATE_PREDICATE_TYPE, parse_statement  # noqa: E402
 from modelsec.errors import PermissionDeniedError, VerificationError  # noqa: E402
+from modelsec.policy import Policy  # noqa: E402
 from modelsec.service.client import ChannelOptions, ModelsecClient  # noqa: E402
 from modelsec.v1 import robustness_pb2  # noqa: E402
-from tests.service_support import ChildServer, TestCA, spawn_cli_server, write_policy, write_server_config  # noqa: E402
+from modelsec.verifier import verify_model  # noqa: E402
+from tests.service_support import ChildServer, TestCA, spawn_cli_server, write_server_config  # noqa: E402
 from tests.unit.robustness import _helpers as h  # noqa: E402
 from tests.unit.verifier.test_joint_verification import gate_predicate  # noqa: E402
 
@@ -33,7 +36,7 @@ torch.set_num_threads(1)
 
 ARCH = "digits_models:digits_mlp"
 CI = "spiffe://example.org/ci/gate-runner"
-MIN_STEPS = 5
+MIN_STEPS, MIN_RESTARTS = 10, 2
 
 
 @dataclasses.dataclass
@@ -66,19 +69,28 @@ def setup(tmp_path_factory: pytest.TempPathFactory, key_dir: Path) -> Iterator[S
         "minRobustAccuracy": 0.5,
         "minSamples": 50,
         "minSteps": MIN_STEPS,
+        "minRestarts": MIN_RESTARTS,
         "datasetDigests": [hashlib.sha256(listed.read_bytes()).hexdigest()],
         "requireServerRun": True,
     }
     server_dir = root / "server"
     server_dir.mkdir()
-    policy = write_policy(
-        server_dir, key_dir, extra=f"    attestations:\n      robustness: {json.dumps(robustness)}\n"
+    # RunGate verifies the model under the policy matching its path (`gating`, no gate required yet);
+    # VerifyBundle and PutAttestation judge gates under the default policy (`release`).
+    trusted = json.dumps([str(key_dir / "ecdsa-p256.pub.pem")])
+    policy = server_dir / "policy.yaml"
+    policy.write_text(
+        "apiVersion: modelsec.dev/v1alpha1\nkind: ModelPolicy\npolicies:\n"
+        f"  - name: release\n    match: ['oci://registry.test/**']\n    keys: {trusted}\n"
+        f"    attestations:\n      robustness: {json.dumps(robustness)}\n"
+        f"  - name: gating\n    match: ['file:///**']\n    keys: {trusted}\n"
     )
     key = str(key_dir / "ecdsa-p256.key.pem")
     config = write_server_config(
         server_dir,
         key_dir,
         policy=policy,
+        defaultPolicy="release",
         serverIdentity="gate-server.test",
         tls={"cert": str(pki["server"]), "key": str(pki["server_key"]), "clientCA": str(pki["ca"])},
         keys=[
@@ -93,14 +105,13 @@ def setup(tmp_path_factory: pytest.TempPathFactory, key_dir: Path) -> Iterator[S
                 "allow": [CI],
             },
         ],
-        access={"robustness": [CI], "putAttestation": [CI], "verifyModel": [CI]},
+        access={"robustness": [CI], "putAttestation": [CI]},
         readRoots=[str(root / "models")],
         architectures=[ARCH],
     )
+    digest = verify_model(model, Policy.from_key_files([key_dir / "ecdsa-p256.pub.pem"])).root_digest
     server = spawn_cli_server(config, env={"PYTHONPATH": str(h.EXAMPLES), "OMP_NUM_THREADS": "1"})
     try:
-        with _client(server, pki) as c:
-            digest = c.verify_model(str(model)).root_digest
         yield Setup(server, pki, model, listed, unlisted, digest)
     finally:
         server.terminate()
@@ -113,10 +124,18 @@ def _client(server: ChildServer, pki: dict[str, Path]) -> ModelsecClient:
     )
 
 
-def _forged(root_digest: str, **extra: Any) -> bytes:
+def _forged(setup: Setup, **extra: Any) -> bytes:
     """A made-up PASSED gate that meets the strict policy on paper: no PGD ever ran."""
-    predicate = gate_predicate(**{"parameters.eps": 0.3, "parameters.steps": 1000, "parameters.restarts": 10})
+    predicate = gate_predicate(
+        **{
+            "parameters.eps": 0.3,
+            "parameters.steps": 1000,
+            "parameters.restarts": 10,
+            "dataset.digest.sha256": hashlib.sha256(setup.listed.read_bytes()).hexdigest(),
+        }
+    )
     predicate.update(extra)
+    root_digest = setup.root_digest
     return json.dumps(
         {
             "_type": "https://in-toto.io/Statement/v1",
@@ -130,28 +149,35 @@ def _forged(root_digest: str, **extra: Any) -> bytes:
 def test_sign_statement_refuses_a_made_up_gate(setup: Setup) -> None:
     runby = {"runBy": {"server": "gate-server.test", "requester": CI}}
     with _client(setup.server, setup.pki) as c:
-        for key in ("gate/1", "ci-p256/1"):  # keys that sign this server's own gate results
-            with pytest.raises(PermissionDeniedError, match="SignStatement does not sign gate statements"):
-                c.sign_statement(key, _forged(setup.root_digest))
+        # Keys that sign this server's own gate results: a gate key, and one holding every role.
+        with pytest.raises(PermissionDeniedError, match="'gate/1' may not be used for signStatement"):
+            c.sign_statement("gate/1", _forged(setup))
+        with pytest.raises(PermissionDeniedError, match="SignStatement does not sign gate statements"):
+            c.sign_statement("ci-p256/1", _forged(setup))
         # A key configured for client-made gate statements cannot claim that the server ran one ...
         with pytest.raises(PermissionDeniedError, match="claiming a server run"):
-            c.sign_statement("client-gates/1", _forged(setup.root_digest, **runby))
+            c.sign_statement("client-gates/1", _forged(setup, **runby))
         # ... and what it signs without that claim is no server-run evidence.
-        bundle = c.sign_statement("client-gates/1", _forged(setup.root_digest)).bundle
-        verdict = c.verify_bundle(setup.root_digest, [bundle])
-        assert not verdict.ok and "records no server run" in " ".join(verdict.reasons), verdict
+        bundle = c.sign_statement("client-gates/1", _forged(setup)).bundle
+        assert _denied(c.verify_bundle(setup.root_digest, [bundle]).verdict, "records no server run")
         with pytest.raises(VerificationError, match="records no server run"):
             c.put_attestation(bundle)
 
 
-def _run(c: ModelsecClient, setup: Setup, data: Path, steps: int) -> robustness_pb2.GateResult:
+def _denied(verdict: Any, mentions: str) -> bool:
+    reasons = " ".join([*verdict.missing, *verdict.refused, *verdict.ignored])
+    assert not verdict.ok and mentions in reasons, verdict
+    return True
+
+
+def _run(c: ModelsecClient, setup: Setup, data: Path, steps: int, restarts: int) -> robustness_pb2.GateResult:
     request = robustness_pb2.RunGateRequest(
         model_path=str(setup.model),
         architecture=ARCH,
         data_path=str(data),
         eps=0.03,
-        step_size=0.0075,
-        steps=steps,
+        steps=steps,  # step size: the default for eps and steps (Madry et al. 2018)
+        restarts=restarts,
         seed=7,
         min_robust_accuracy=0.5,
         min_samples=50,
@@ -165,30 +191,27 @@ def _run(c: ModelsecClient, setup: Setup, data: Path, steps: int) -> robustness_
 
 def test_weak_or_unlisted_runs_are_denied_and_a_strong_run_counts(setup: Setup) -> None:
     with _client(setup.server, setup.pki) as c:
-        weak = _run(c, setup, setup.listed, steps=1)
-        unlisted = _run(c, setup, setup.unlisted, steps=MIN_STEPS)
-        strong = _run(c, setup, setup.listed, steps=MIN_STEPS)
+        few_steps = _run(c, setup, setup.listed, steps=3, restarts=MIN_RESTARTS)
+        one_start = _run(c, setup, setup.listed, steps=MIN_STEPS, restarts=1)
+        unlisted = _run(c, setup, setup.unlisted, steps=MIN_STEPS, restarts=MIN_RESTARTS)
+        strong = _run(c, setup, setup.listed, steps=MIN_STEPS, restarts=MIN_RESTARTS)
         for result, mentions in [
-            (weak, f"ran 1 PGD steps, the policy needs at least {MIN_STEPS}"),
+            (few_steps, f"ran 3 PGD steps, the policy needs at least {MIN_STEPS}"),
+            (one_start, f"ran 1 PGD restarts, the policy needs at least {MIN_RESTARTS}"),
             (unlisted, "is not among the policy's datasetDigests"),
         ]:
             # An honest PASSED of a run the policy does not accept: not stored, and no evidence.
-            assert result.verdict == "PASSED" and result.attestation, result
+            assert result.verdict == "PASSED" and result.attestation, (result.reasons, result.robust_accuracy)
             assert not result.stored_attestation_id and mentions in result.not_stored_reason
-            verdict = c.verify_bundle(setup.root_digest, [result.attestation])
-            assert not verdict.ok and mentions in " ".join(verdict.reasons), verdict
+            assert _denied(c.verify_bundle(setup.root_digest, [result.attestation]).verdict, mentions)
         assert strong.verdict == "PASSED" and strong.stored_attestation_id, strong.not_stored_reason
-        assert c.verify_bundle(setup.root_digest, [strong.attestation]).ok
-
-
-def test_the_server_run_records_who_ran_it(setup: Setup) -> None:
-    from modelsec.attestations.bundle import parse_bundle
-    from modelsec.attestations.statement import parse_statement
-
-    with _client(setup.server, setup.pki) as c:
-        result = _run(c, setup, setup.listed, steps=MIN_STEPS)
-    bundle = parse_bundle(result.attestation, source="RunGate")
+        assert c.verify_bundle(setup.root_digest, [strong.attestation]).verdict.ok
+    # The server built the predicate from its own run, and says who ran it for whom.
+    bundle = parse_bundle(strong.attestation, source="RunGate")
     predicate = parse_statement(bundle.envelope.payload, what="RunGate").predicate
     assert predicate["runBy"] == {"server": "gate-server.test", "requester": CI}
-    assert predicate["parameters"]["steps"] == MIN_STEPS
+    assert (predicate["parameters"]["steps"], predicate["parameters"]["restarts"]) == (
+        MIN_STEPS,
+        MIN_RESTARTS,
+    )
     assert predicate["dataset"]["digest"]["sha256"] == hashlib.sha256(setup.listed.read_bytes()).hexdigest()
