@@ -12,8 +12,11 @@ module, so the fields each of them requires cannot drift apart again.
 * `parse_recorded_parameters`: what a detector reads back (scheme name, every parameter, carrier tensors,
   key commitment).
 
-What a policy accepts (detected at embed time, confidence, false-positive probability) is decided by
-`modelsec.verifier.attestations`; which schemes a detector can run is decided by `modelsec.watermark`.
+`runBy` (`modelsec.attestations.run_by`) records the server and the requester of an embed a modelsec server
+performed (EmbedWatermark); `check_watermark_run` checks it against a policy that requires server-run
+evidence. What a policy accepts otherwise (detected at embed time, confidence, false-positive probability)
+is decided by `modelsec.verifier.attestations`; which schemes a detector can run is decided by
+`modelsec.watermark`.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from modelsec.attestations._numbers import (
 )
 from modelsec.attestations._numbers import integer as _int
 from modelsec.attestations._numbers import real as _real
+from modelsec.attestations.run_by import RUN_BY_FIELD, RunBy, parse_run_by
 from modelsec.attestations.statement import WATERMARK_PREDICATE_TYPE, Statement, Subject
 from modelsec.errors import AttestationError, MalformedArtifactError
 
@@ -46,6 +50,7 @@ __all__ = [
     "RecordedParameters",
     "WatermarkPredicate",
     "check_watermark_predicate",
+    "check_watermark_run",
     "parse_recorded_parameters",
     "parse_watermark_predicate",
     "watermark_statement",
@@ -106,10 +111,11 @@ def check_watermark_predicate(predicate: Mapping[str, Any], *, what: str) -> Non
         what: Names the bundle or request in errors.
 
     Raises:
-        MalformedArtifactError: A number has the wrong type or is out of range, or `embeddedAt` is present
-            and not an RFC 3339 time in range.
+        MalformedArtifactError: A number has the wrong type or is out of range, `embeddedAt` is present
+            and not an RFC 3339 time in range, or `runBy` is present and malformed.
     """
     check_fields(predicate, _WATERMARK_FIELDS, what)
+    parse_run_by(predicate, what=what)
     tensors = lookup(predicate, "carriers.tensors")[1]
     if isinstance(tensors, list):
         for i, entry in enumerate(tensors):
@@ -153,6 +159,7 @@ class WatermarkPredicate:
         predicate: The whole predicate, read-only.
         fidelity: The measured fidelity (`fidelity`: metric, value, budget, probe set digest), or None when
             the predicate records none.
+        run_by: Who embedded the mark, when a modelsec server did (`runBy`), else None.
     """
 
     scheme: str
@@ -164,6 +171,7 @@ class WatermarkPredicate:
     embedded_at: datetime | None
     predicate: Mapping[str, Any]
     fidelity: Fidelity | None = None
+    run_by: RunBy | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,7 +259,28 @@ def parse_watermark_predicate(predicate: Mapping[str, Any], *, what: str) -> Wat
         embedded_at=None if embedded is None else parse_rfc3339(embedded, field="embeddedAt", what=what),
         predicate=predicate,
         fidelity=_fidelity(predicate, what),
+        run_by=parse_run_by(predicate, what=what),
     )
+
+
+def check_watermark_run(pred: WatermarkPredicate, *, require_server_run: bool, what: str) -> str:
+    """Check who embedded a parsed watermark against a policy's `requireServerRun`.
+
+    Whether `runBy` is true is a matter of which key signed it (see `modelsec.attestations.run_by`).
+
+    Returns:
+        A summary (empty when nothing is required).
+
+    Raises:
+        AttestationError: `require_server_run` is set and no modelsec server recorded the embed.
+    """
+    if not require_server_run:
+        return ""
+    if pred.run_by is None:
+        raise AttestationError(
+            f"{what}: the watermark records no server run (runBy); the policy requires server-run evidence"
+        )
+    return f"embedded by {pred.run_by.server} for {pred.run_by.requester}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,13 +362,16 @@ def parse_recorded_parameters(predicate: Mapping[str, Any], *, what: str) -> Rec
     )
 
 
-def watermark_statement(predicate: Mapping[str, Any], digests: Mapping[str, str], *, name: str) -> Statement:
+def watermark_statement(
+    predicate: Mapping[str, Any], digests: Mapping[str, str], *, name: str, run_by: RunBy | None = None
+) -> Statement:
     """Build the unsigned watermark statement, refusing a predicate no verifier would accept.
 
     Args:
         predicate: The predicate (built by `modelsec.watermark.attestation` from an embedding).
         digests: The watermarked model's root digests (`sha256`, optionally `sm3`).
         name: Informational subject name (the directory name).
+        run_by: Who embedded the mark, recorded as `runBy`, when a modelsec server did (EmbedWatermark).
 
     Returns:
         The unsigned statement.
@@ -348,6 +380,8 @@ def watermark_statement(predicate: Mapping[str, Any], digests: Mapping[str, str]
         MalformedArtifactError: A number is out of its field's range.
         AttestationError: A required field is missing (`parse_watermark_predicate`).
     """
+    if run_by is not None:
+        predicate = {**predicate, RUN_BY_FIELD: run_by.to_json()}
     parse_watermark_predicate(predicate, what="watermark statement")
     return Statement(
         subjects=(Subject(name=name, digest=MappingProxyType(dict(digests))),),

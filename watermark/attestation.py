@@ -34,6 +34,7 @@ from modelsec.limits import Limits
 
 if TYPE_CHECKING:
     from modelsec.attestations.bundle import StatementSigner
+    from modelsec.attestations.run_by import RunBy
     from modelsec.attestations.statement import Statement
     from modelsec.attestations.watermark_predicate import WatermarkPredicate
     from modelsec.signer.keys import TrustedKey
@@ -93,7 +94,12 @@ def model_root_digests(model_dir: Path, *, sm3: bool = False, limits: Limits | N
 
 
 def watermark_statement(
-    result: EmbedResult, digests: Mapping[str, str], *, name: str, embedded_at: datetime | None = None
+    result: EmbedResult,
+    digests: Mapping[str, str],
+    *,
+    name: str,
+    embedded_at: datetime | None = None,
+    run_by: RunBy | None = None,
 ) -> Statement:
     """Build the in-toto statement for an embedding (no key material, no message).
 
@@ -102,6 +108,7 @@ def watermark_statement(
         digests: The watermarked model's root digests (`model_root_digests`).
         name: Informational subject name (the directory name).
         embedded_at: Time of embedding (default: now, UTC).
+        run_by: Who embedded the mark, recorded as `runBy`, when a modelsec server did (EmbedWatermark).
 
     Returns:
         The unsigned statement.
@@ -154,7 +161,7 @@ def watermark_statement(
         "embeddedAt": when.isoformat().replace("+00:00", "Z"),
         "tool": {"name": "modelsec", "version": __version__},
     }
-    return build_statement(predicate, digests, name=name)
+    return build_statement(predicate, digests, name=name, run_by=run_by)
 
 
 def sign_watermark_attestation(
@@ -164,6 +171,7 @@ def sign_watermark_attestation(
     sm3: bool | None = None,
     digests: Mapping[str, str] | None = None,
     limits: Limits | None = None,
+    run_by: RunBy | None = None,
 ) -> tuple[dict[str, str], bytes]:
     """Sign the watermark statement about the watermarked model as a DSSE bundle.
 
@@ -174,6 +182,7 @@ def sign_watermark_attestation(
         digests: The model root digests the caller already computed for `result.out_dir` (`sha256`, and
             `sm3` when `sm3`), e.g. by signing it; None hashes the directory.
         limits: Walk and parser limits.
+        run_by: Who embedded the mark, when a modelsec server did (recorded as `runBy`).
 
     Returns:
         The root digests recorded in the subject, and the bundle bytes.
@@ -188,7 +197,7 @@ def sign_watermark_attestation(
     if digests is None or "sha256" not in digests or (sm3 and "sm3" not in digests):
         digests = model_root_digests(result.out_dir, sm3=sm3, limits=limits)
     recorded = dict(digests)
-    statement = watermark_statement(result, recorded, name=result.out_dir.resolve().name)
+    statement = watermark_statement(result, recorded, name=result.out_dir.resolve().name, run_by=run_by)
     return recorded, sign_statement(statement, signer)
 
 
