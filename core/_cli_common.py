@@ -41,6 +41,8 @@ __all__ = [
     "_signer_json",
     "_signer_text",
     "_signing_keys_option",
+    "_timestamp_option",
+    "_timestamper",
     "_trusted_keys_option",
     "_usage_error_reply",
     "_write_key_file",
@@ -189,6 +191,35 @@ def _ignore_paths_option(help_text: str) -> Callable[[F], F]:
         multiple=True,
         help=help_text,
     )
+
+
+def _timestamp_option(f: F) -> F:
+    """`--timestamp-url URL` into the parameter `timestamp_url` (see `_timestamper`)."""
+    return click.option(
+        "--timestamp-url",
+        "timestamp_url",
+        metavar="URL",
+        help="RFC 3161 timestamp authority (http:// or https://): each bundle's signature is timestamped "
+        "and the timestamp stored in the bundle (verificationMaterial.timestampVerificationData). If the "
+        "TSA fails, signing fails and no bundle is written.",
+    )(f)
+
+
+def _timestamper(url: str | None) -> Callable[[bytes], list[bytes]] | None:
+    """What `sign_model` calls to timestamp each signature at `url` (None: no timestamps).
+
+    Raises:
+        click.UsageError: `rfc3161-client` (the `timestamp` extra) is not installed.
+    """
+    if url is None:
+        return None
+    try:
+        from modelsec.verifier.timestamps import request_timestamp
+    except ModuleNotFoundError as e:
+        raise click.UsageError(
+            f"--timestamp-url needs {e.name} (pip install 'modelsec[timestamp]')"
+        ) from None
+    return lambda signature: [request_timestamp(signature, url)]
 
 
 def _quiet_option(f: F) -> F:

@@ -25,6 +25,8 @@ from modelsec._cli_common import (
     _server_options,
     _signatures_option,
     _signing_keys_option,
+    _timestamp_option,
+    _timestamper,
 )
 from modelsec.algorithms import HashAlgorithm
 from modelsec.errors import Error
@@ -79,6 +81,7 @@ _TENSOR_DIGESTS = [HashAlgorithm.BLAKE3.value, HashAlgorithm.SHA256.value, HashA
     "in the signed ignore list (repeatable; as model_signing's --ignore-paths, relative to the current "
     "directory; paths outside MODEL_DIR are dropped)."
 )
+@_timestamp_option
 @_json_option
 @_quiet_option
 def sign(
@@ -97,6 +100,7 @@ def sign(
     tensor_digest: str,
     allow_unverifiable: bool,
     ignore_paths: tuple[Path, ...],
+    timestamp_url: str | None,
     as_json: bool,
     quiet: bool,
 ) -> None:
@@ -147,6 +151,7 @@ def sign(
                 progress=progress,
                 refuse_unverifiable=not allow_unverifiable,
                 ignore_paths=relative_ignore_paths(model_dir, ignore_paths),
+                timestamper=_timestamper(timestamp_url),
             )
     except Error as e:
         _fail(e, as_json)

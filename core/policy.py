@@ -21,7 +21,8 @@ policies:
   - name: internal-models
     match: ["file:///models/**"]
     keys:
-      - {path: trust/ci-p256.pub.pem, name: ci-ecdsa, roles: [weights]}
+      - {path: trust/ci-p256.pub.pem, name: ci-ecdsa, roles: [weights],
+         validUntil: "2026-01-01T00:00:00Z"}  # rotated: signatures timestamped (else verified) by then count
       - trust/ci-sm2.pub.pem               # shorthand: all roles
     authorities:                           # identities, besides pinned keys (DESIGN.md decision 12)
       - name: corp-ca
@@ -35,6 +36,9 @@ policies:
           identities:
             - identity: https://github.com/org/repo/.github/workflows/release.yml@refs/heads/main
               issuer: https://token.actions.githubusercontent.com
+    timestampAuthorities:                  # RFC 3161 TSAs; self-issued certificates are the roots
+      - {name: corp-tsa, certChain: [trust/tsa-root.pem]}
+    requireTimestamp: true                 # every weights signature needs a trusted timestamp
     requireAlgorithms: [ecdsa-p256, sm2]
     checkHashes: [sha256]                  # file digests the loader recomputes (default: every signed one)
     allowRemoteCode: false
@@ -73,6 +77,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from modelsec import _policy_trust as trust
+from modelsec._policy_trust import KeyWindow, TimestampAuthority, check_validity_window
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
 from modelsec.errors import Error, PolicyError, PolicyViolationError
 from modelsec.limits import Limits
@@ -94,13 +100,16 @@ __all__ = [
     "ROLES",
     "Authority",
     "IdentityRule",
+    "KeyWindow",
     "NamespaceRule",
     "Policy",
     "PolicySet",
     "RobustnessRequirement",
     "SigstoreAuthority",
+    "TimestampAuthority",
     "WatermarkRequirement",
     "X509Authority",
+    "check_validity_window",
     "model_uri",
 ]
 
@@ -258,6 +267,11 @@ class Policy:
         require_digest: References (admission) must pin the model root digest.
         mode: Admission only: `enforce` (a failure denies) or `warn` (a failure is a warning).
         namespaces: Admission only: namespace globs this policy applies in (empty: every namespace).
+        timestamp_authorities: RFC 3161 TSAs whose timestamps in a weights bundle are verified and place its
+            signature in time (`modelsec.verifier.timestamps`); with none, timestamps are not read.
+        require_timestamp: Every weights signature must carry a timestamp of one of them.
+        key_windows: Validity windows of pinned keys: a signature counts only if every trusted timestamp,
+            or without one the verification time, lies inside its key's window.
     """
 
     keys: tuple[TrustedKey, ...]
@@ -274,6 +288,13 @@ class Policy:
     authorities: tuple[Authority, ...] = ()
     mode: str = "enforce"
     namespaces: tuple[str, ...] = ()
+    timestamp_authorities: tuple[TimestampAuthority, ...] = ()
+    require_timestamp: bool = False
+    key_windows: tuple[KeyWindow, ...] = ()
+
+    def window_for(self, key: TrustedKey) -> KeyWindow | None:
+        """The validity window of `key`, or None when it has none."""
+        return next((w for w in self.key_windows if w.key == key), None)
 
     def applies_in(self, namespace: str | None) -> bool:
         """Whether this policy applies in `namespace` (admission); None (no namespace) means every policy."""
@@ -291,6 +312,8 @@ class Policy:
             raise PolicyError(
                 f"policy {self.name!r} trusts no key: give at least one public key or authority"
             )
+        if self.require_timestamp and not self.timestamp_authorities:
+            raise PolicyError(f"policy {self.name!r}: requireTimestamp needs timestampAuthorities")
 
     @classmethod
     def from_key_files(
@@ -481,8 +504,9 @@ def _policy(item: PolicyModel, where: str, base_dir: Path) -> Policy:
     """A validated policy entry as a `Policy`: keys loaded, paths resolved against `base_dir`."""
     if not item.keys and not item.authorities:
         raise PolicyError(f"{where}: trusts nothing: give at least one of keys and authorities")
+    keys = tuple(_load_key(k, f"{where}.keys[{j}]", base_dir) for j, k in enumerate(item.keys))
     return Policy(
-        keys=tuple(_load_key(k, f"{where}.keys[{j}]", base_dir) for j, k in enumerate(item.keys)),
+        keys=keys,
         require_algorithms=frozenset(item.require_algorithms),
         allow_remote_code=item.allow_remote_code,
         refuse_pickle=item.refuse_pickle,
@@ -498,6 +522,9 @@ def _policy(item: PolicyModel, where: str, base_dir: Path) -> Policy:
         ),
         mode=item.mode,
         namespaces=tuple(item.namespaces),
+        timestamp_authorities=trust.timestamp_authorities(item.timestamp_authorities, where, base_dir),
+        require_timestamp=item.require_timestamp,
+        key_windows=trust.key_windows(keys, item.keys),
     )
 
 
@@ -572,7 +599,7 @@ def _authority(item: AuthorityModel, where: str, base_dir: Path) -> Authority:
     if item.x509 is not None:
         roots: list[bytes] = []
         for k, path in enumerate(item.x509.roots):
-            roots.extend(_read_roots(base_dir / path, f"{where}.x509.roots[{k}]"))
+            roots.extend(trust.read_root_ders(base_dir / path, f"{where}.x509.roots[{k}]"))
         rules = tuple(
             _identity_rule(r.san, r.san_regexp, r, f"{where}.x509.identities[{k}]")
             for k, r in enumerate(item.x509.identities)
@@ -608,26 +635,3 @@ def _compile(pattern: str | None, where: str) -> re.Pattern[str] | None:
         return re.compile(pattern)
     except re.error as e:
         raise PolicyError(f"{where}: {pattern!r} is not a regular expression: {e}") from e
-
-
-def _read_roots(path: Path, where: str) -> list[bytes]:
-    """The DER of every certificate in a PEM file (at most 1 MiB, symlinks refused)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives.serialization import Encoding
-
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as f:
-            data = f.read(_MAX_ROOTS_BYTES + 1)
-    except OSError as e:
-        raise PolicyError(f"{where}: cannot read {path}: {e.strerror}") from e
-    if len(data) > _MAX_ROOTS_BYTES:
-        raise PolicyError(f"{where}: {path} is larger than {_MAX_ROOTS_BYTES} bytes")
-    try:
-        certs = x509.load_pem_x509_certificates(data)
-    except ValueError as e:
-        raise PolicyError(f"{where}: {path} holds no valid PEM certificate: {e}") from e
-    return [c.public_bytes(Encoding.DER) for c in certs]
-
-
-_MAX_ROOTS_BYTES = 2**20

@@ -5,13 +5,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
-from modelsec.attestations.bundle import key_hint, sign_statement
+from modelsec.attestations.bundle import add_timestamps, parse_bundle, sign_statement
 from modelsec.attestations.oms_predicate import SINGLE_FILE_NAME, Manifest, build_manifest, manifest_statement
 from modelsec.attestations.statement import Statement
 from modelsec.errors import Error, KeyMaterialError, MalformedArtifactError, PolicyError, PolicyViolationError
@@ -78,11 +78,20 @@ class BundleSigner(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class SignedBundle:
-    """One bundle written by `sign_model`."""
+    """One bundle written by `sign_model`.
+
+    Attributes:
+        algorithm: The signature scheme.
+        path: Where the bundle was written.
+        keyid: The bundle's own `publicKey.hint` (hex(SHA-256(PEM)) for ECDSA and SM2, `ML_DSA_65:<hex>`
+            for ML-DSA as model_signing writes it): what a verifier matches against its keys.
+        timestamps: Number of RFC 3161 timestamps stored in the bundle.
+    """
 
     algorithm: SignatureAlgorithm
     path: Path
     keyid: str
+    timestamps: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,6 +313,7 @@ def sign_model(
     progress: ProgressCallback | None = None,
     refuse_unverifiable: bool = False,
     ignore_paths: Sequence[str] = (),
+    timestamper: Callable[[bytes], Sequence[bytes]] | None = None,
 ) -> SigningResult:
     """Sign a model directory with one or more keys, writing one sigstore bundle per key.
 
@@ -327,6 +337,9 @@ def sign_model(
             (pickle formats, `*.py`; see `unverifiable_files`). The `sign` command sets it by default.
         ignore_paths: More relative paths to leave out and record (OMS semantics: a directory with
             everything below it); see `relative_ignore_paths` for paths given on a command line.
+        timestamper: Called with each bundle's signature bytes; returns the DER RFC 3161 `TimeStampResp`s
+            stored in that bundle (`modelsec.verifier.timestamps.request_timestamp`). Every bundle is signed
+            and timestamped before the first is written: a failing TSA leaves no bundle behind.
 
     Returns:
         The model root digest, counts, and the bundles written.
@@ -372,7 +385,7 @@ def sign_model(
         progress=progress,
         refuse_unverifiable=refuse_unverifiable,
     )
-    written = []
+    signed = []
     for signer, path in zip(signers, paths, strict=True):
         manifest = manifests[scheme_for(signer.algorithm).manifest_hash]
         statement = manifest_statement(manifest)
@@ -380,8 +393,15 @@ def sign_model(
             bundle = signer.sign_bundle(statement)
         else:
             bundle = sign_statement(statement, signer)
-        write_bundle_file(path, bundle)
-        written.append(SignedBundle(signer.algorithm, path, key_hint(signer.public_key_pem())))
+        parsed = parse_bundle(bundle, source=str(path))
+        tokens = list(timestamper(parsed.signature.sig)) if timestamper is not None else []
+        if tokens:
+            bundle = add_timestamps(bundle, tokens, source=str(path))
+        hint = parsed.hint or parsed.signature.keyid
+        signed.append((bundle, SignedBundle(signer.algorithm, path, hint, len(tokens))))
+    for bundle, result in signed:
+        write_bundle_file(result.path, bundle)
+    written = [result for _, result in signed]
     sha = manifests.get(HashAlgorithm.SHA256) or next(iter(manifests.values()))
     return SigningResult(
         root_digest=sha.subject_digest["sha256"],

@@ -39,6 +39,7 @@ from modelsec.signer.schemes import scheme_for
 from modelsec.signer.signing import ATTESTATION_FILE_NAMES, SIGNATURE_FILE_NAMES
 from modelsec.verifier.attestations import AttestationVerdict, find_attestation_bundles, verify_attestations
 from modelsec.verifier.bundles import (
+    check_signature_time,
     family_has_key,
     find_default_bundles,
     read_bundle,
@@ -174,6 +175,7 @@ def verify_signatures(
                 skipped.append(path)
                 continue
             raise
+        check_signature_time(bundle, key, policy)
         statement = parse_statement(bundle.envelope.payload, what=str(path))
         if statement.predicate_type != OMS_PREDICATE_TYPE:
             raise MalformedArtifactError(
