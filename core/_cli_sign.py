@@ -71,6 +71,14 @@ _TENSOR_DIGESTS = [HashAlgorithm.BLAKE3.value, HashAlgorithm.SHA256.value, HashA
     help="Per-tensor digest algorithm recorded in the modelsec extension ('none': plain OMS).",
 )
 @click.option(
+    "--hash-type",
+    type=click.Choice([HashAlgorithm.SHA256.value, HashAlgorithm.BLAKE3.value]),
+    default="sha256",
+    show_default=True,
+    help="File digests of the manifest ECDSA/ML-DSA keys sign (OMS hash_type; 'blake3' as model_signing's "
+    "hashing_algorithm='blake3': faster, no SHA-256 pass; SM2 keys refuse it).",
+)
+@click.option(
     "--allow-unverifiable",
     is_flag=True,
     help="Sign even when MODEL_DIR holds pickle files (pytorch_model.bin, *.pt, ...) or *.py code, which "
@@ -98,6 +106,7 @@ def sign(
     plaintext: bool,
     signatures: tuple[Path, ...],
     tensor_digest: str,
+    hash_type: str,
     allow_unverifiable: bool,
     ignore_paths: tuple[Path, ...],
     timestamp_url: str | None,
@@ -152,6 +161,7 @@ def sign(
                 refuse_unverifiable=not allow_unverifiable,
                 ignore_paths=relative_ignore_paths(model_dir, ignore_paths),
                 timestamper=_timestamper(timestamp_url),
+                hash_type=HashAlgorithm(hash_type),
             )
     except Error as e:
         _fail(e, as_json)

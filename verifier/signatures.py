@@ -327,13 +327,16 @@ def bind_single_file(signed: SignedModel, name: str) -> SignedModel:
 
 
 def _file_hashes(checked: Sequence[VerifiedBundle], policy: Policy) -> tuple[HashAlgorithm, ...]:
-    """The file digests to compute: every checked manifest's hash type, plus SHA-256 for the model root.
+    """The file digests to compute: every checked manifest's hash type, plus SHA-256 for an SM3 model root.
 
-    A policy restricted to SM3 (`checkHashes: [sm3]`, e.g. SM-only deployments) skips SHA-256: the SM3
-    file digests bind the bytes, and the SHA-256 root in the SM2 statement is the trusted signer's claim
-    (still the identity attestations are matched against).
+    An SM3 manifest's subject carries the SHA-256 model root, which is checked against SHA-256 file digests
+    unless the policy is restricted to SM3 (`checkHashes: [sm3]`, e.g. SM-only deployments): the SM3 file
+    digests bind the bytes, and that root is the trusted signer's claim (still the identity attestations
+    are matched against). SHA-256 and BLAKE3 manifests bind their root themselves (it is SHA-256 over the
+    signed resource digests, checked when the manifest is parsed), so a BLAKE3 bundle hashes BLAKE3 only.
     """
     hashes = [b.manifest.hash_type for b in checked]
-    if not policy.check_hashes or HashAlgorithm.SHA256 in policy.check_hashes:
+    sm3_root = HashAlgorithm.SM3 in hashes
+    if sm3_root and (not policy.check_hashes or HashAlgorithm.SHA256 in policy.check_hashes):
         hashes.insert(0, HashAlgorithm.SHA256)
     return tuple(dict.fromkeys(hashes))
