@@ -175,3 +175,30 @@ def test_cli_verify_with_a_policy_file(setup: Setup, tmp_path: Path) -> None:
     (tmp_path / "root.pem").write_bytes(_ca("other root").cert.public_bytes(serialization.Encoding.PEM))
     r = run_cli("verify", model, "--policy", tmp_path / "policy.json", "--json")
     assert r.returncode == 1 and json.loads(r.stdout)["error"]["kind"] == "SignatureError"
+
+
+def test_cli_certificate_chain_without_a_policy_file(setup: Setup, tmp_path: Path, key_dir: Path) -> None:
+    """`--certificate-chain ROOT.pem [--identity SAN]`, as `model_signing verify certificate` is used."""
+    model, _ = setup()
+    root = tmp_path / "root.pem"  # written by `setup`
+    r = run_cli("verify", model, "--certificate-chain", root, "--identity", SAN, "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout)["bundles"][0]["key"] == f"certificate-chain: {SAN}"
+    # Without --identity any code-signing leaf under the root is accepted (model_signing's rule); the
+    # key name says which identity signed. model_signing's underscore spelling is accepted too.
+    r = run_cli("verify", model, "--certificate_chain", root, "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout)["bundles"][0]["key"] == f"certificate-chain: any identity ({SAN})"
+    # Beside a pinned key that did not sign it, the certificate still decides.
+    r = run_cli("verify", model, "--certificate-chain", root, "--trusted-key", key_dir / "ecdsa-p256.pub.pem")
+    assert r.returncode == 0, r.stdout + r.stderr
+    # Refusals: another identity; a root that is not the bundle's (its own root is never believed alone).
+    r = run_cli("verify", model, "--certificate-chain", root, "--identity", "intern@corp.example", "--json")
+    assert r.returncode == 1 and "not an identity the policy trusts" in json.loads(r.stdout)["error"]["message"]
+    other = _pem(tmp_path / "other-root.pem", _ca("other root").cert)
+    r = run_cli("verify", model, "--certificate-chain", other)
+    assert r.returncode == 1 and "does not verify to a configured root" in r.stderr
+    (tmp_path / "junk.pem").write_text("not a certificate")
+    r = run_cli("verify", model, "--certificate-chain", tmp_path / "junk.pem", "--json")
+    assert r.returncode == 1 and json.loads(r.stdout)["error"]["kind"] == "PolicyError"
+    assert "--certificate-chain[0]" in json.loads(r.stdout)["error"]["message"]
