@@ -7,7 +7,8 @@ module, so the fields each of them requires cannot drift apart again.
 * `check_watermark_predicate`: the type and range of every number that is present (before any arithmetic).
 * `parse_watermark_predicate`: also the fields every consumer requires, typed: `scheme.name`, the objects
   `parameters` and `carriers`, `keyCommitment.value` and `messageCommitment.value` (strings), and the
-  embed-time `detection` (`detected`, `confidence`, `falsePositiveProbability`).
+  embed-time `detection` (`detected`, `confidence`, `falsePositiveProbability`); `fidelity` is optional, but
+  when present its `metric`, `value`, `budget` and `probeSetDigest` are required.
 * `parse_recorded_parameters`: what a detector reads back (scheme name, every parameter, carrier tensors,
   key commitment).
 
@@ -41,6 +42,7 @@ from modelsec.errors import AttestationError, MalformedArtifactError
 
 __all__ = [
     "WATERMARK_PREDICATE_TYPE",
+    "Fidelity",
     "RecordedParameters",
     "WatermarkPredicate",
     "check_watermark_predicate",
@@ -88,6 +90,11 @@ _WATERMARK_FIELDS: dict[str, Range] = {
     "detection.carrierTensors": _int(0, COUNT),
     "detection.thresholds.minConfidence": UNIT,
     "detection.thresholds.maxFalsePositiveProbability": UNIT,
+    # Fidelity measured at embedding (issue 18); optional: older predicates carry none.
+    "fidelity.value": UNIT,
+    "fidelity.budget": UNIT,
+    "fidelity.probes": _int(0, COUNT),
+    "fidelity.logitDrift": _real(0.0, BIG_REAL),
 }
 
 
@@ -144,6 +151,8 @@ class WatermarkPredicate:
         false_positive_probability: Probability that an unmarked model scores as high, in [0, 1].
         embedded_at: When the mark was embedded (UTC), or None when not recorded.
         predicate: The whole predicate, read-only.
+        fidelity: The measured fidelity (`fidelity`: metric, value, budget, probe set digest), or None when
+            the predicate records none.
     """
 
     scheme: str
@@ -154,6 +163,36 @@ class WatermarkPredicate:
     false_positive_probability: float
     embedded_at: datetime | None
     predicate: Mapping[str, Any]
+    fidelity: Fidelity | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Fidelity:
+    """The fidelity measured at embedding (`fidelity` in the predicate).
+
+    Attributes:
+        metric: What `value` measures (e.g. `1-min-cosine(mean-pooled last hidden state)`).
+        value: The measured loss, in [0, 1].
+        budget: The budget the embedder held it to, in [0, 1].
+        probe_set_digest: `sha256:<hex>` of the probe set.
+    """
+
+    metric: str
+    value: float
+    budget: float
+    probe_set_digest: str
+
+
+def _fidelity(predicate: Mapping[str, Any], what: str) -> Fidelity | None:
+    if "fidelity" not in predicate:
+        return None
+    obj = _object(predicate, "fidelity", what)
+    return Fidelity(
+        metric=_string(obj, "metric", "fidelity.metric", what),
+        value=_finite(obj, "value", "fidelity.value", what),
+        budget=_finite(obj, "budget", "fidelity.budget", what),
+        probe_set_digest=_string(obj, "probeSetDigest", "fidelity.probeSetDigest", what),
+    )
 
 
 def _object(predicate: Mapping[str, Any], name: str, what: str) -> Mapping[str, Any]:
@@ -211,6 +250,7 @@ def parse_watermark_predicate(predicate: Mapping[str, Any], *, what: str) -> Wat
         ),
         embedded_at=None if embedded is None else parse_rfc3339(embedded, field="embeddedAt", what=what),
         predicate=predicate,
+        fidelity=_fidelity(predicate, what),
     )
 
 
@@ -227,6 +267,7 @@ class RecordedParameters:
         message_bits: The message length in bits.
         tensors: The attested carrier tensor names.
         key_commitment: The attested key commitment.
+        carrier_set: Which eligible tensors carry bits (`carrierSet`; `all` when not recorded).
     """
 
     scheme: str
@@ -242,6 +283,7 @@ class RecordedParameters:
     message_bits: int
     tensors: tuple[str, ...]
     key_commitment: str
+    carrier_set: str = "all"
 
 
 def _parameter(parameters: Mapping[str, Any], name: str, what: str) -> int | float:
@@ -279,7 +321,11 @@ def parse_recorded_parameters(predicate: Mapping[str, Any], *, what: str) -> Rec
         isinstance(t, Mapping) and isinstance(t.get("name"), str) for t in tensors
     ):
         raise MalformedArtifactError(f"{what}: watermark predicate carriers.tensors must list named tensors")
+    carrier_set = parameters.get("carrierSet", "all")  # absent before issue 18: all eligible tensors
+    if not isinstance(carrier_set, str):
+        raise MalformedArtifactError(f"{what}: watermark predicate parameters.carrierSet is not a string")
     return RecordedParameters(
+        carrier_set=carrier_set,
         scheme=scheme,
         tensors=tuple(t["name"] for t in tensors),
         key_commitment=commitment,

@@ -188,6 +188,7 @@ class WatermarkModel(_Model):
     min_confidence: Fraction = 0.92
     max_false_positive: Fraction = 1e-9
     key_file: Text | None = None
+    max_fidelity_loss: Fraction | None = None  # issue 18: the attested fidelity loss must be at most this
 
 
 class AttestationsModel(_Model):

@@ -42,7 +42,7 @@ policies:
     attestations:
       robustness: {attack: pgd-linf, minEps: 0.03, minRobustAccuracy: 0.85, rule: strict, minSamples: 500,
                    maxAge: 30d}
-      watermark: {required: true, minConfidence: 0.92, maxFalsePositive: 1.0e-9}
+      watermark: {required: true, minConfidence: 0.92, maxFalsePositive: 1.0e-9, maxFidelityLoss: 1.0e-4}
     attestationStore: /var/lib/modelsec/attestations  # besides model.watermark.sig / model.gate.sig; a
                                                       # path or file:// | sqlite:// | grpc(s):// URI
                                                       # (`attestationDir`: the older name, a path)
@@ -136,11 +136,15 @@ class WatermarkRequirement:
         max_false_positive: Highest accepted false-positive probability at embed time (default 1e-9).
         key_file: The owner's watermark key, for nodes that hold it: the mark is then re-detected in the
             verified weights (None: the signed embed-time detection is trusted).
+        max_fidelity_loss: Highest accepted fidelity loss measured at embedding (`fidelity.value`, in the
+            probe's own metric); an attestation without a fidelity measurement is refused (None: not
+            required).
     """
 
     min_confidence: float = 0.92
     max_false_positive: float = 1e-9
     key_file: Path | None = None
+    max_fidelity_loss: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -503,6 +507,7 @@ def _watermark(w: WatermarkModel | None, base_dir: Path) -> WatermarkRequirement
         min_confidence=w.min_confidence,
         max_false_positive=w.max_false_positive,
         key_file=(base_dir / w.key_file) if w.key_file else None,
+        max_fidelity_loss=w.max_fidelity_loss,
     )
 
 

@@ -332,6 +332,14 @@ def _watermark_outcome(pred: WatermarkPredicate, req: WatermarkRequirement, what
         raise AttestationError(
             f"{what}: watermark false-positive probability {fpp:.3g} > policy {req.max_false_positive:.3g}"
         )
+    if req.max_fidelity_loss is not None:
+        if pred.fidelity is None:
+            raise AttestationError(f"{what}: the watermark attestation records no fidelity measurement")
+        if pred.fidelity.value > req.max_fidelity_loss:
+            raise AttestationError(
+                f"{what}: watermark fidelity loss {pred.fidelity.value:.3g} ({pred.fidelity.metric}) > "
+                f"policy maxFidelityLoss {req.max_fidelity_loss:.3g}"
+            )
     return f"watermark: detected at embed time, confidence {confidence:.3f}, false-positive p {fpp:.2g}"
 
 

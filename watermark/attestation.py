@@ -10,7 +10,8 @@ Statement (in-toto Statement v1, DSSE payloadType `application/vnd.in-toto+json`
 * `predicate`: `scheme` (name, sources, key schedule), `parameters` (all of `WatermarkParams`, the
   density, code and message lengths, kappa), `keyCommitment` and `messageCommitment` (keyed HMAC-SHA256
   values: never the key, never the message), `carriers` (tensor names, dtypes, shapes, carrier counts),
-  `embedding` (relative changes, strengths) and `detection` (bit matches, bit error rate, false-positive
+  `embedding` (relative changes, strengths), `fidelity` (when measured: probe set digest, metric, value,
+  budget; `modelsec.watermark.fidelity`) and `detection` (bit matches, bit error rate, false-positive
   probability and its log10, confidence, minimum margin, thresholds) measured on the written weights,
   plus `embeddedAt` (RFC 3339, UTC) and the tool version.
 
@@ -149,6 +150,7 @@ def watermark_statement(
             },
         },
         "detection": detection,
+        **({"fidelity": result.fidelity.to_json()} if result.fidelity is not None else {}),
         "embeddedAt": when.isoformat().replace("+00:00", "Z"),
         "tool": {"name": "modelsec", "version": __version__},
     }
@@ -358,13 +360,11 @@ def detection_hints(predicate: Mapping[str, Any], *, what: str) -> DetectionHint
     """
     from modelsec.attestations.watermark_predicate import parse_recorded_parameters
     from modelsec.watermark.scheme import SCHEME, WatermarkParams
+    from modelsec.watermark.schemes import get_scheme
 
     recorded = parse_recorded_parameters(predicate, what=what)
-    if recorded.scheme != SCHEME:
-        raise UnsupportedAlgorithmError(
-            f"{what}: the watermark was embedded with scheme {recorded.scheme!r}; "
-            f"this detector runs {SCHEME!r}"
-        )
+    if get_scheme(recorded.scheme, what=what).name != SCHEME:  # hints are this scheme's parameters
+        raise UnsupportedAlgorithmError(f"{what}: no detection hints for scheme {recorded.scheme!r}")
     params = WatermarkParams(
         kappa=recorded.kappa,
         pilot_bits=recorded.pilot_bits,
@@ -375,6 +375,7 @@ def detection_hints(predicate: Mapping[str, Any], *, what: str) -> DetectionHint
         max_relative_change=recorded.max_relative_change,
         max_message_bits=recorded.max_message_bits,
         min_carriers_per_bit=recorded.min_carriers_per_bit,
+        carrier_set=recorded.carrier_set,
     )
     return DetectionHints(
         params=params,
