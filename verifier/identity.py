@@ -177,7 +177,7 @@ def _verify_x509(bundle: Bundle, certificates: tuple[bytes, ...], authority: X50
 
 
 def _named(rule: IdentityRule, leaf: x509.Certificate) -> str:
-    """The rule that matched, or, for an unconstrained one (`--certificate-chain` alone), what the leaf names."""
+    """The rule that matched; for an unconstrained one (`--certificate-chain` alone), what the leaf names."""
     if any(v is not None for v in (rule.identity, rule.identity_regexp, rule.issuer, rule.issuer_regexp)):
         return str(rule)
     return f"any identity ({', '.join(_sans(leaf)) or leaf.subject.rfc4514_string()})"

@@ -194,7 +194,8 @@ def test_cli_certificate_chain_without_a_policy_file(setup: Setup, tmp_path: Pat
     assert r.returncode == 0, r.stdout + r.stderr
     # Refusals: another identity; a root that is not the bundle's (its own root is never believed alone).
     r = run_cli("verify", model, "--certificate-chain", root, "--identity", "intern@corp.example", "--json")
-    assert r.returncode == 1 and "not an identity the policy trusts" in json.loads(r.stdout)["error"]["message"]
+    assert r.returncode == 1
+    assert "not an identity the policy trusts" in json.loads(r.stdout)["error"]["message"]
     other = _pem(tmp_path / "other-root.pem", _ca("other root").cert)
     r = run_cli("verify", model, "--certificate-chain", other)
     assert r.returncode == 1 and "does not verify to a configured root" in r.stderr
