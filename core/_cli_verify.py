@@ -27,6 +27,7 @@ from modelsec._cli_common import (
     _signer_text,
     _trusted_keys_option,
 )
+from modelsec._cli_identity import IdentityOptions, identity_options
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
 from modelsec.errors import Error, SignatureError
 
@@ -49,12 +50,17 @@ def _policy_from_options(
     policy_file: Path | None,
     required: list[SignatureAlgorithm],
     allow_remote_code: bool,
+    identity: IdentityOptions | None = None,
 ) -> Any:
     """A Policy from --trusted-key options, or from --policy / $MODELSEC_POLICY (options only tighten it)."""
     import dataclasses
 
     from modelsec.policy import Policy, PolicySet
 
+    if identity is not None and (
+        by_identity := identity.policy(keys, policy_file, required, allow_remote_code)
+    ):
+        return by_identity
     if keys and policy_file:
         raise click.UsageError("give --trusted-key or --policy, not both")
     if keys:
@@ -116,11 +122,13 @@ def _parse_require(value: str | None) -> list[SignatureAlgorithm]:
     "Also ignore this unsigned path (repeatable; as model_signing's --ignore-paths). Signed files are "
     "verified all the same."
 )
+@identity_options
 @_json_option
 @_quiet_option
 def verify(
     model_path: Path,
     keys: tuple[Path, ...],
+    identity: IdentityOptions,
     policy_file: Path | None,
     shards: tuple[str, ...],
     signatures: tuple[Path, ...],
@@ -142,7 +150,7 @@ def verify(
     try:
         model_dir = model_path if model_path.is_dir() else model_path.parent
         ignored = relative_ignore_paths(model_dir, ignore_paths)
-        policy = _policy_from_options(model_path, keys, policy_file, required, allow_remote_code)
+        policy = _policy_from_options(model_path, keys, policy_file, required, allow_remote_code, identity)
         with _progress(model_path, "verifying", not (quiet or as_json)) as progress:
             result = verify_model(
                 model_path,
