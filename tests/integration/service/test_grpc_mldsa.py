@@ -75,6 +75,12 @@ def test_server_held_ml_dsa_key_signs_and_verify_model_reports_the_hybrid(
             common_pb2.SIGNATURE_ALGORITHM_ECDSA_P256,
             common_pb2.SIGNATURE_ALGORITHM_ML_DSA_65,
         ]
+        # The store records the ML-DSA bundle with its algorithm (the record's enum value, not a crash).
+        stored = c.put_attestation((model / "model.ml-dsa-65.sig").read_bytes()).attestation
+        assert stored.algorithm == common_pb2.SIGNATURE_ALGORITHM_ML_DSA_65
+        assert [r.algorithm for r in c.list_attestations(root_digest=signed.root_digest)] == [
+            stored.algorithm
+        ]
         # Without the ML-DSA bundle the hybrid requirement refuses the model (a verdict, not a crash).
         (model / "model.ml-dsa-65.sig").unlink()
         refused = c.verify_model(str(model))
