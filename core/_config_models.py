@@ -456,6 +456,8 @@ class AccessModel(_Model):
     read_attestations: list[Text] | None = None
     list_keys: list[Text] | None = None
     put_attestation: list[Text] | None = None
+    delete_attestation: list[Text] | None = None
+    supersede_attestation: list[Text] | None = None
     verify_model: list[Text] | None = None
     watermark: list[Text] | None = None
     robustness: list[Text] | None = None
