@@ -76,7 +76,8 @@ class IdentityOptions:
         )
 
     def _authority(self) -> Any:
-        from modelsec.policy import IdentityRule, SigstoreAuthority, X509Authority, _read_roots
+        from modelsec._policy_trust import read_root_ders
+        from modelsec.policy import IdentityRule, SigstoreAuthority, X509Authority
 
         if self.certificate_chain:
             for option, value in (
@@ -91,7 +92,7 @@ class IdentityOptions:
             roots = [
                 der
                 for i, path in enumerate(self.certificate_chain)
-                for der in _read_roots(path, f"--certificate-chain[{i}]")
+                for der in read_root_ders(path, f"--certificate-chain[{i}]")
             ]
             rule = IdentityRule(identity=self.identity)
             return X509Authority("certificate-chain", tuple(roots), (rule,), frozenset())

@@ -75,6 +75,9 @@ __all__ = [
 def resolve_policy(model_path: Path, policy: Policy | PolicySet | None) -> Policy:
     """The `Policy` for `model_path`: as given, matched from a `PolicySet`, or from `$MODELSEC_POLICY`.
 
+    From a set, every policy matching `file://<real path>` must pass (`PolicySet.for_uri`: the others ride
+    in `Policy.also` and are checked with the signatures).
+
     Raises:
         PolicyError: No policy given and `$MODELSEC_POLICY` is unset or invalid.
         PolicyViolationError: No policy of the set matches `file://<real path>`.

@@ -216,6 +216,16 @@ def verify_signatures(
             found = [*_attestations_at(root_fd, model_dir, root, limits), *found]
         verdict = verify_attestations(root, found, policy, require_signatures=False)
         verdict.raise_for_policy()
+    for extra in policy.also:  # every matching policy must pass, over this same root digest
+        root = first.subject_digest["sha256"]
+        verify_signatures(
+            model_dir,
+            extra,
+            bundles=bundles,
+            expected_digests=[root],
+            ignore_paths=ignore_paths,
+            root_fd=root_fd,
+        )
     checked = [b for b in verified if not policy.check_hashes or b.manifest.hash_type in policy.check_hashes]
     if not checked:
         wanted = ", ".join(sorted(h.value for h in policy.check_hashes))
