@@ -7,9 +7,11 @@ A scheme is one module under `modelsec.signer.schemes` that pairs key generation
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
+from modelsec.errors import Error, KeyMaterialError, UnsupportedAlgorithmError
 
 __all__ = ["KeyBackend", "PublicKeyVerifier", "SignatureScheme"]
 
@@ -115,3 +117,44 @@ class SignatureScheme(Protocol):
             UnsupportedAlgorithmError: The key is not of this scheme.
         """
         ...
+
+
+def load_pem_private_key(
+    pem: bytes,
+    password: bytes | None,
+    *,
+    name: str,
+    invalid: Callable[[ValueError], Error | None] | None = None,
+) -> Any:
+    """A PEM private key through `cryptography`, its failures as modelsec errors naming `name`.
+
+    Args:
+        pem: The PEM file's bytes.
+        password: Its password, or None for an unencrypted key.
+        name: Names the key in messages.
+        invalid: Called when `cryptography` cannot read the key; a scheme returns a more specific error
+            (or None for the generic one).
+
+    Raises:
+        KeyMaterialError: Not a valid PEM private key, wrong, missing or superfluous password.
+        UnsupportedAlgorithmError: A key type `cryptography` does not support.
+    """
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+
+    try:
+        return serialization.load_pem_private_key(pem, password)
+    except TypeError as e:
+        if password is not None:
+            raise KeyMaterialError(f"{name}: a password was given but the key is not encrypted") from e
+        raise KeyMaterialError(
+            f"{name}: key is encrypted and no password was given (the CLI reads $MODELSEC_KEY_PASSWORD "
+            "or prompts; the server reads the key's passwordEnv)"
+        ) from e
+    except UnsupportedAlgorithm as e:
+        raise UnsupportedAlgorithmError(f"{name}: unsupported private key type: {e}") from e
+    except ValueError as e:
+        specific = invalid(e) if invalid is not None else None
+        if specific is not None:
+            raise specific from e
+        raise KeyMaterialError(f"{name}: not a valid PEM private key, or wrong password ({e})") from e

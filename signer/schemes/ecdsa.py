@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
 from modelsec.errors import KeyMaterialError, SignatureError, UnsupportedAlgorithmError
 from modelsec.signer.der import decode_signature, encode_signature
-from modelsec.signer.schemes.base import KeyBackend, PublicKeyVerifier
+from modelsec.signer.schemes.base import KeyBackend, PublicKeyVerifier, load_pem_private_key
 
 __all__ = ["ECDSA_P256", "ECDSA_P384", "EcdsaScheme"]
 
@@ -58,19 +58,7 @@ class EcdsaScheme:
             KeyMaterialError: Not a valid PEM private key, wrong, missing or superfluous password.
             UnsupportedAlgorithmError: Another key type or curve.
         """
-        try:
-            key = serialization.load_pem_private_key(pem, password)
-        except TypeError as e:
-            if password is not None:
-                raise KeyMaterialError(f"{name}: a password was given but the key is not encrypted") from e
-            raise KeyMaterialError(
-                f"{name}: key is encrypted and no password was given (the CLI reads $MODELSEC_KEY_PASSWORD "
-                "or prompts; the server reads the key's passwordEnv)"
-            ) from e
-        except UnsupportedAlgorithm as e:
-            raise UnsupportedAlgorithmError(f"{name}: unsupported private key type: {e}") from e
-        except ValueError as e:
-            raise KeyMaterialError(f"{name}: not a valid PEM private key, or wrong password ({e})") from e
+        key = load_pem_private_key(pem, password, name=name)
         self._check_curve(key, name)
         if not isinstance(key, ec.EllipticCurvePrivateKey):
             raise KeyMaterialError(f"{name}: not a private key")

@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives.asymmetric import mldsa
 
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
 from modelsec.errors import KeyMaterialError, SignatureError, UnsupportedAlgorithmError
-from modelsec.signer.schemes.base import KeyBackend, PublicKeyVerifier
+from modelsec.signer.schemes.base import KeyBackend, PublicKeyVerifier, load_pem_private_key
 
 __all__ = ["ML_DSA_44", "ML_DSA_65", "ML_DSA_87", "MlDsaScheme"]
 
@@ -86,21 +86,13 @@ class MlDsaScheme:
         """
         if b"-----BEGIN" not in pem:
             raise KeyMaterialError(self._no_seed(name, "a raw or MLDSA-ENC-V1 model_signing key file"))
-        try:
-            key = serialization.load_pem_private_key(pem, password)
-        except TypeError as e:
-            if password is not None:
-                raise KeyMaterialError(f"{name}: a password was given but the key is not encrypted") from e
-            raise KeyMaterialError(
-                f"{name}: key is encrypted and no password was given (the CLI reads $MODELSEC_KEY_PASSWORD "
-                "or prompts; the server reads the key's passwordEnv)"
-            ) from e
-        except UnsupportedAlgorithm as e:
-            raise UnsupportedAlgorithmError(f"{name}: unsupported private key type: {e}") from e
-        except ValueError as e:
+
+        def expanded(_: ValueError) -> KeyMaterialError | None:
             if self.oid_der in _pem_der(pem):
-                raise KeyMaterialError(self._no_seed(name, "a PKCS#8 key in expandedKey form")) from e
-            raise KeyMaterialError(f"{name}: not a valid PEM private key, or wrong password ({e})") from e
+                return KeyMaterialError(self._no_seed(name, "a PKCS#8 key in expandedKey form"))
+            return None
+
+        key = load_pem_private_key(pem, password, name=name, invalid=expanded)
         if not isinstance(key, self.private_type):
             raise self._other_type(key, name)
         return _MlDsaKeyBackend(self, key)
