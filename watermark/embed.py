@@ -218,7 +218,10 @@ def embed_model(
         strength = solve_strength(code, c0, e0, a0, q0, target, g2)
         worst = int(np.argmax(strength))
         top_grade = max((h.grade for h in host.values()), default=1.0)
-        if not math.isfinite(float(strength[worst])) or strength[worst] * top_grade > params.max_relative_change:
+        if (
+            not math.isfinite(float(strength[worst]))
+            or strength[worst] * top_grade > params.max_relative_change
+        ):
             need = (
                 "unreachable"
                 if not math.isfinite(float(strength[worst]))
@@ -287,8 +290,7 @@ def _measure(
     n_code: int,
     grades: Mapping[str, float],
 ) -> tuple[Any, Any, Any, Any, Any, dict[str, _Host]]:
-    """Pass 1: per-bit host sums `(c, E, A, Q, E2)` (float64, length `n_code`; A, Q, E2 graded) and per-tensor
-    host facts."""
+    """Pass 1: per-bit host sums `(c, E, A, Q, E2)` (float64, `n_code`; A, Q, E2 graded), per-tensor facts."""
     import numpy as np
 
     c0 = np.zeros(n_code)
@@ -336,7 +338,7 @@ def _check_out_dir(model_dir: Path, out_dir: Path) -> None:
 
 @dataclass(frozen=True, slots=True)
 class _Host:
-    """What pass 1 learnt about a tensor's carriers: per-block energy sum(w**2) (float64), all finite, grade."""
+    """What pass 1 learnt about a tensor's carriers: per-block sum(w**2) (float64), all finite, grade."""
 
     energy: npt.NDArray[np.float64]
     finite: bool

@@ -107,4 +107,6 @@ def grades_from_sensitivities(sens: dict[str, tuple[int, float]]) -> dict[str, f
     raw = {name: (math.sqrt(n / s) if s > 0 else float("inf")) for name, (n, s) in sens.items()}
     finite = [v for v in raw.values() if v != float("inf")]
     top = max(finite) if finite else 1.0
-    return {name: 1.0 if v == float("inf") else max(GRADE_FLOOR, min(1.0, v / top)) for name, v in raw.items()}
+    return {
+        name: 1.0 if v == float("inf") else max(GRADE_FLOOR, min(1.0, v / top)) for name, v in raw.items()
+    }

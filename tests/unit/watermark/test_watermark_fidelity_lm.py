@@ -1,8 +1,8 @@
 """Issue 18 on a causal LM trained on real English text: the fortunes Llama of `_fortunes_lm`.
 
-Data: the Debian `fortunes` package (fortune-mod cookie files, BSD licence, Copyright (c) 1991 The Regents of
-the University of California); the model is trained by the test set-up (about 160 s on 2 busy cores) and cached
-under the virtual environment.
+Data: the Debian `fortunes` package (fortune-mod cookie files, BSD licence, Copyright (c) 1991 The
+Regents of the University of California); the model is trained by the test set-up (about 160 s on 2 busy
+cores) and cached under the virtual environment.
 
 What holds today (measured, see the report of issue 18): per-tensor strength grades from measured sensitivity
 lower the functional cost of the mark at the same margin; the default budget (every probe continuation
