@@ -42,6 +42,7 @@ from modelsec.limits import Limits
 from modelsec.watermark.detection import DetectionThresholds
 from modelsec.watermark.embed import EmbedResult, embed_model
 from modelsec.watermark.fidelity import FidelityProbe, FidelityReport, check_budget
+from modelsec.watermark.grading import grades_from_sensitivities, probe_sensitivities
 from modelsec.watermark.keys import WatermarkKey
 from modelsec.watermark.scheme import CARRIER_SETS, WatermarkParams
 
@@ -60,7 +61,12 @@ class _Try:
     drift: float | None
     directory: Path | None
     detected: bool
+    graded: bool = False
     why: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"kappa {self.kappa:g}/{self.carrier_set}{' graded' if self.graded else ''}"
 
 
 def embed_within_budget(
@@ -76,6 +82,7 @@ def embed_within_budget(
     steps: int = 3,
     thresholds: DetectionThresholds | None = None,
     limits: Limits | None = None,
+    grade: bool = True,
 ) -> EmbedResult:
     """Write the strongest watermarked copy whose measured fidelity loss stays within the budget.
 
@@ -95,6 +102,8 @@ def embed_within_budget(
         steps: Bisection steps between the margins.
         thresholds: Embed-time detection thresholds (defaults 0.92 / 1e-9).
         limits: Parser limits.
+        grade: Also try per-tensor strength grades from measured sensitivity (`modelsec.watermark.grading`)
+            for every carrier set (for probes that support it).
 
     Returns:
         The embedding result, with `fidelity` set.
@@ -119,6 +128,9 @@ def embed_within_budget(
     search = _Search(
         Path(model_dir), Path(out_dir), key, message, probe, max_fidelity_loss, thresholds, limits
     )
+    if grade:
+        sens = probe_sensitivities(probe, Path(model_dir))
+        search.grades = grades_from_sensitivities(sens) if sens else None
     sets = [params.carrier_set, *(c for c in CARRIER_SETS if c != params.carrier_set)]
     tried: list[_Try] = []
     try:
@@ -156,23 +168,21 @@ class _Search:
     ) -> None:
         self.model_dir, self.out_dir, self.key, self.message = model_dir, out_dir, key, message
         self.probe, self.budget, self.thresholds, self.limits = probe, budget, thresholds, limits
+        self.grades: dict[str, float] | None = None
 
-    def _try(self, params: WatermarkParams, kappa: float, tried: list[_Try]) -> _Try:
+    def _try(self, params: WatermarkParams, kappa: float, tried: list[_Try], graded: bool = False) -> _Try:
         try:
             directory = Path(tempfile.mkdtemp(prefix=f".{self.out_dir.name}.fid-", dir=self.out_dir.parent))
         except OSError as e:
             raise PolicyError(f"{self.out_dir}: cannot create a candidate directory: {e.strerror}") from None
-        t = _Try(kappa, params.carrier_set, None, 1.0, None, directory, False)
+        t = _Try(kappa, params.carrier_set, None, 1.0, None, directory, False, graded)
         tried.append(t)
-        t.result = embed_model(
-            self.model_dir,
-            directory,
-            self.key,
-            self.message,
-            params=dataclasses.replace(params, kappa=kappa),
-            thresholds=self.thresholds,
-            limits=self.limits,
-        )
+        try:
+            t.result = self._embed(directory, params, kappa, graded)
+        except PolicyError:
+            self._drop(t)
+            tried.remove(t)
+            raise
         t.detected = t.result.detection.detected
         if t.detected:
             t.loss, t.drift = self.probe.loss(directory)
@@ -182,6 +192,18 @@ class _Search:
                 f"false-positive probability {t.result.detection.false_positive_probability:.3g})"
             )
         return t
+
+    def _embed(self, directory: Path, params: WatermarkParams, kappa: float, graded: bool) -> EmbedResult:
+        return embed_model(
+            self.model_dir,
+            directory,
+            self.key,
+            self.message,
+            params=dataclasses.replace(params, kappa=kappa),
+            thresholds=self.thresholds,
+            limits=self.limits,
+            grades=self.grades if graded else None,
+        )
 
     def _ok(self, t: _Try) -> bool:
         return t.detected and t.loss <= self.budget
@@ -196,14 +218,19 @@ class _Search:
     ) -> _Try | None:
         """Steps 2-3 of the module docstring: every carrier set at full margin, then lower margins."""
         tops: list[_Try] = []
+        over: list[tuple[str, bool]] = []  # variants beyond the relative-change cap at full margin
         refused: PolicyError | None = None
         for carrier_set in sets:
-            try:
-                tops.append(
-                    self._try(dataclasses.replace(params, carrier_set=carrier_set), params.kappa, tried)
-                )
-            except PolicyError as e:  # this carrier set lacks the capacity for the message
-                refused = refused or e
+            for graded in (False, True) if self.grades else (False,):
+                try:
+                    tops.append(
+                        self._try(
+                            dataclasses.replace(params, carrier_set=carrier_set), params.kappa, tried, graded
+                        )
+                    )
+                except PolicyError as e:  # this variant lacks the capacity for the message at this margin
+                    refused = refused or e
+                    over.append((carrier_set, graded))
         if not tops and refused is not None:
             raise refused
         passing = [t for t in tops if self._ok(t)]
@@ -213,24 +240,30 @@ class _Search:
             self._drop(t)
         if min_kappa == params.kappa:
             return None
-        for top in sorted(tops, key=lambda t: (not t.detected, t.loss)):
-            found = self._lower(
-                dataclasses.replace(params, carrier_set=top.carrier_set), min_kappa, steps, tried
-            )
+        order = [(t.carrier_set, t.graded) for t in sorted(tops, key=lambda t: (not t.detected, t.loss))]
+        for carrier_set, graded in order + over:
+            try:
+                found = self._lower(
+                    dataclasses.replace(params, carrier_set=carrier_set), min_kappa, steps, tried, graded
+                )
+            except PolicyError:
+                continue
             if found is not None:
                 return found
         return None
 
-    def _lower(self, params: WatermarkParams, min_kappa: float, steps: int, tried: list[_Try]) -> _Try | None:
-        """The passing margin closest to `params.kappa` (which failed) for one carrier set, or None."""
-        good = self._try(params, min_kappa, tried)
+    def _lower(
+        self, params: WatermarkParams, min_kappa: float, steps: int, tried: list[_Try], graded: bool
+    ) -> _Try | None:
+        """The passing margin closest to `params.kappa` (which failed) for one variant, or None."""
+        good = self._try(params, min_kappa, tried, graded)
         if not self._ok(good):
             self._drop(good)
             return None
         lo, hi = min_kappa, params.kappa
         for _ in range(steps):
             mid = round((lo + hi) / 2, 4)
-            t = self._try(params, mid, tried)
+            t = self._try(params, mid, tried, graded)
             if self._ok(t):
                 self._drop(good)
                 good, lo = t, mid
@@ -247,10 +280,10 @@ def _refusal(
     if not weakest.detected:
         return (
             f"{model_dir}: watermark refused: the false-positive bound cannot be kept: at the weakest margin "
-            f"tried (kappa {weakest.kappa:g}, carrier set {weakest.carrier_set}) the mark is {weakest.why}, "
+            f"tried ({weakest.label}) the mark is {weakest.why}, "
             f"bound {thresholds.max_false_positive:g}; shorten the message or raise the minimum margin"
         )
-    losses = ", ".join(f"kappa {t.kappa:g}/{t.carrier_set}: {t.loss:.3g}" for t in tried if t.detected)
+    losses = ", ".join(f"{t.label}: {t.loss:.3g}" for t in tried if t.detected)
     return (
         f"{model_dir}: watermark refused: the fidelity budget cannot be met: {probe.metric} must be at most "
         f"{budget:g} on {probe.size} probe inputs, but even the weakest mark that keeps the false-positive "

@@ -23,7 +23,7 @@ import math
 import os
 import secrets
 import shutil
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -141,6 +141,7 @@ def embed_model(
     params: WatermarkParams | None = None,
     thresholds: DetectionThresholds | None = None,
     limits: Limits | None = None,
+    grades: Mapping[str, float] | None = None,
 ) -> EmbedResult:
     """Write a watermarked copy of a safetensors model directory.
 
@@ -159,6 +160,10 @@ def embed_model(
         params: Scheme parameters (defaults: `WatermarkParams()`).
         thresholds: Thresholds for the embed-time detection (defaults 0.92 / 1e-9).
         limits: Parser limits.
+        grades: Per-tensor strength grades (tensor name -> factor in [0, 1], absent: 1): the carriers of a
+            tensor move by `grade * t_b` of their magnitude, and `t_b` is solved for the graded sums, so
+            every bit still reaches the margin (`modelsec.watermark.budget` grades by measured sensitivity).
+            Detection does not need them.
 
     Returns:
         What was embedded, the change statistics and the detection at embed time.
@@ -208,12 +213,20 @@ def embed_model(
             )
 
         # Pass 1: measure the host (in a function, so its working set is freed before pass 2).
-        c0, e0, a0, q0, host = _measure(source, eligible, key, k, params, n_code)
+        c0, e0, a0, q0, g2, host = _measure(source, eligible, key, k, params, n_code, grades or {})
         target = params.kappa * (1.0 + params.margin_slack)
-        strength = solve_strength(code, c0, e0, a0, q0, target)
+        strength = solve_strength(code, c0, e0, a0, q0, target, g2)
         worst = int(np.argmax(strength))
-        if not math.isfinite(float(strength[worst])) or strength[worst] > params.max_relative_change:
-            need = "unreachable" if not math.isfinite(float(strength[worst])) else f"{strength[worst]:.1%}"
+        top_grade = max((h.grade for h in host.values()), default=1.0)
+        if (
+            not math.isfinite(float(strength[worst]))
+            or strength[worst] * top_grade > params.max_relative_change
+        ):
+            need = (
+                "unreachable"
+                if not math.isfinite(float(strength[worst]))
+                else f"{strength[worst] * top_grade:.1%}"
+            )
             raise PolicyError(
                 f"message too long for capacity: code bit {worst} needs a relative change of {need} "
                 f"> max_relative_change {params.max_relative_change:.1%} ({len(bits)} message bits over "
@@ -275,14 +288,16 @@ def _measure(
     k: int,
     params: WatermarkParams,
     n_code: int,
-) -> tuple[Any, Any, Any, Any, dict[str, _Host]]:
-    """Pass 1: per-bit host sums `(c, E, A, Q)` (float64, length `n_code`) and per-tensor host facts."""
+    grades: Mapping[str, float],
+) -> tuple[Any, Any, Any, Any, Any, dict[str, _Host]]:
+    """Pass 1: per-bit host sums `(c, E, A, Q, E2)` (float64, `n_code`; A, Q, E2 graded), per-tensor facts."""
     import numpy as np
 
     c0 = np.zeros(n_code)
     e0 = np.zeros(n_code)
     a0 = np.zeros(n_code)
     q0 = np.zeros(n_code)
+    g2 = np.zeros(n_code)
     host: dict[str, _Host] = {}
     for ref in eligible:
         # Plans are rebuilt in pass 2 rather than kept: memory stays at one tensor's carriers.
@@ -292,13 +307,17 @@ def _measure(
         stats = block_statistics(source.read_blocks(ref, plan.blocks, params.block_size), plan, full=True)
         if stats is None or stats.a is None or stats.q is None:
             continue
-        host[ref.name] = _Host(energy=stats.e * (stats.rms * stats.rms), finite=stats.finite)
+        grade = float(grades.get(ref.name, 1.0))
+        if not (math.isfinite(grade) and 0.0 <= grade <= 1.0):
+            raise PolicyError(f"{ref.name}: strength grade must be in [0, 1], got {grade}")
+        host[ref.name] = _Host(energy=stats.e * (stats.rms * stats.rms), finite=stats.finite, grade=grade)
         bit = (stats.slots % np.uint32(n_code)).astype(np.intp)
         c0 += np.bincount(bit, weights=stats.c, minlength=n_code)
         e0 += np.bincount(bit, weights=stats.e, minlength=n_code)
-        a0 += np.bincount(bit, weights=stats.a, minlength=n_code)
-        q0 += np.bincount(bit, weights=stats.q, minlength=n_code)
-    return c0, e0, a0, q0, host
+        a0 += np.bincount(bit, weights=stats.a * grade, minlength=n_code)
+        q0 += np.bincount(bit, weights=stats.q * grade, minlength=n_code)
+        g2 += np.bincount(bit, weights=stats.e * (grade * grade), minlength=n_code)
+    return c0, e0, a0, q0, g2, host
 
 
 def _check_out_dir(model_dir: Path, out_dir: Path) -> None:
@@ -319,10 +338,11 @@ def _check_out_dir(model_dir: Path, out_dir: Path) -> None:
 
 @dataclass(frozen=True, slots=True)
 class _Host:
-    """What pass 1 learnt about a tensor's carriers: per-block energy sum(w**2) (float64), all finite."""
+    """What pass 1 learnt about a tensor's carriers: per-block sum(w**2) (float64), all finite, grade."""
 
     energy: npt.NDArray[np.float64]
     finite: bool
+    grade: float = 1.0
 
 
 class _Writer:
@@ -441,7 +461,7 @@ class _Writer:
             old_raw = np.take(grid, plan.blocks, axis=0)
             old = decode(old_raw, ref.dtype, copy=False)
             bit = (plan.slots % np.uint32(self.n_code)).astype(np.intp)
-            block_t = self.signed_strength[bit]
+            block_t = self.signed_strength[bit] * host.grade
             # new = old + m t s |old|, computed in place in one buffer.
             new = np.abs(old) if host.finite else np.abs(np.where(np.isfinite(old), old, 0))
             new *= plan.signs

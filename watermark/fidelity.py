@@ -313,8 +313,7 @@ class ClassifierProbe:
             }
         )
 
-    def _predict(self, model_dir: Path) -> Any:
-        import torch
+    def _module(self, model_dir: Path) -> Any:
         from safetensors.torch import load_file
 
         state: dict[str, Any] = {}
@@ -328,6 +327,12 @@ class ClassifierProbe:
                 f"architecture {self.name} does not match the weights of {model_dir}: {e}"
             ) from e
         module.eval()
+        return module
+
+    def _predict(self, model_dir: Path) -> Any:
+        import torch
+
+        module = self._module(model_dir)
         with torch.no_grad():
             return module(self.inputs).argmax(-1)
 

@@ -431,6 +431,7 @@ def solve_strength(
     a: npt.NDArray[np.float64],
     q: npt.NDArray[np.float64],
     target: float,
+    e2: npt.NDArray[np.float64] | None = None,
 ) -> npt.NDArray[np.float64]:
     """Smallest multiplicative strengths `t_b >= 0` that put every bit at `m_b z_b >= target`.
 
@@ -446,6 +447,8 @@ def solve_strength(
         a: Per-bit `sum(|x|)`.
         q: Per-bit `sum(s x |x|)`.
         target: Required `m z` (kappa with slack).
+        e2: Per-bit `sum(g**2 x**2)` when carriers move by `g t` with per-tensor grades `g` (`a` and `q`
+            then carry the grade too: `sum(g |x|)`, `sum(g s x |x|)`); None: all grades 1 (`e2 = e`).
 
     Returns:
         float64 array (B,) of strengths; `inf` where no strength reaches the target (too few carriers).
@@ -455,7 +458,7 @@ def solve_strength(
     m = np.asarray(code, dtype=np.float64)
     u0 = m * c0
     tt = target * target
-    a2 = a * a - tt * e
+    a2 = a * a - tt * (e if e2 is None else e2)
     b2 = u0 * a - tt * m * q
     c2 = u0 * u0 - tt * e
     disc = b2 * b2 - a2 * c2
