@@ -19,6 +19,8 @@ from modelsec._cli_common import (
     _option,
     _reply,
     _signing_keys_option,
+    _timestamp_option,
+    _timestamper,
 )
 from modelsec.errors import Error
 
@@ -63,6 +65,7 @@ __all__ = ["release"]
     required=True,
     help="PGD gate configuration (YAML/JSON: architecture, data, eps, stepSize, steps, ...).",
 )
+@_timestamp_option
 @_json_option
 def release(
     model_dir: Path,
@@ -73,6 +76,7 @@ def release(
     watermark_key: Path,
     message: str,
     gate_config: Path,
+    timestamp_url: str | None,
     as_json: bool,
 ) -> None:
     """Release MODEL_DIR: watermark -> sign -> PGD gate -> attest -> verify, into OUT.
@@ -95,6 +99,7 @@ def release(
             message=parse_message(message),
             gate=load_gate_spec(gate_config),
             attestation_signer=attester,
+            timestamper=_timestamper(timestamp_url),
         )
     except Error as e:
         _fail(e, as_json)

@@ -5,6 +5,8 @@
 1. `watermark`: embed the owner's mark into a copy of the model (`modelsec.watermark.embed_model`); the
    embed-time detection must succeed.
 2. `sign`: sign the marked copy with every given key (ECDSA and/or SM2; `modelsec.signer.sign_model`).
+   With a timestamper (`release --timestamp-url`), every weights bundle and, once the gate passed, both
+   attestations (stage `timestamp-attestations`) carry an RFC 3161 timestamp over their signature.
 3. `attest-watermark`: sign the watermark statement about the marked model's root digest, written as
    `model.watermark.sig` (a reserved name every manifest ignores).
 4. `gate`: verify the signed copy and run the PGD L∞ gate on it (`modelsec.robustness.run_pgd_gate`); the
@@ -34,7 +36,7 @@ seed: 0
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,6 +123,19 @@ def _trusted(signer: KeyBackend, name: str, roles: frozenset[str]) -> TrustedKey
     return load_trusted_key(signer.public_key_pem(), name=name, roles=roles)
 
 
+def _timestamp_attestation(path: Path, timestamper: Callable[[bytes], Sequence[bytes]]) -> None:
+    """Add RFC 3161 timestamps over the signature of the attestation at `path` (rewritten atomically)."""
+    from modelsec.attestations.bundle import add_timestamps, parse_bundle
+    from modelsec.signer.signing import write_bundle_file
+
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise PolicyError(f"{path}: cannot read the attestation to timestamp it: {e.strerror}") from e
+    tokens = timestamper(parse_bundle(data, source=str(path)).signature.sig)
+    write_bundle_file(path, add_timestamps(data, tokens, source=str(path)), what="attestation")
+
+
 def release_model(
     model_dir: Path,
     out_dir: Path,
@@ -130,6 +145,7 @@ def release_model(
     message: bytes,
     gate: GateSpec,
     attestation_signer: KeyBackend | None = None,
+    timestamper: Callable[[bytes], Sequence[bytes]] | None = None,
 ) -> ReleaseResult:
     """Watermark, sign, gate and attest a model, then verify the result as a deployment would.
 
@@ -141,6 +157,8 @@ def release_model(
         message: The watermark message (1-64 bytes).
         gate: The PGD gate configuration.
         attestation_signer: Signs the watermark and gate statements (default: the first signer).
+        timestamper: Timestamps the signature of each weights bundle (RFC 3161; see `sign_model`) and of
+            the watermark and gate attestations, or None.
 
     Returns:
         The release: root digest, bundle paths, gate figure, and the verifying policy.
@@ -165,7 +183,7 @@ def release_model(
         if not embedded.detection.detected:
             raise GateFailedError(f"{out_dir}: the watermark is not detected in the written weights")
         stage = "sign"
-        signed = sign_model(out_dir, signers)
+        signed = sign_model(out_dir, signers, timestamper=timestamper)
         stage = "attest-watermark"
         # The SHA-256 root was just computed by signing; an SM2 attester also records the SM3 root (hashed).
         write_watermark_attestation(
@@ -196,6 +214,10 @@ def release_model(
             out=gate_path,
         )
         outcome.result.raise_for_verdict()
+        if timestamper is not None:
+            stage = "timestamp-attestations"
+            for path in (watermark_path, gate_path):
+                _timestamp_attestation(path, timestamper)
         stage = "verify"
         attest_roles = frozenset({"watermark", "gate"})
         policy = Policy(

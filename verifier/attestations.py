@@ -11,7 +11,9 @@ model when the policy requires attestations. Order for each bundle, failing clos
 3. the signature must verify under a policy key holding that role (keys never come from the bundle), or
    the bundle's certificate through a policy authority holding that role (`modelsec.verifier.identity`);
 4. the statement's subject (parsed once, from the payload bytes the signature covers) must be this model's
-   root digest (an attestation replayed from another model does not count);
+   root digest (an attestation replayed from another model does not count); the signature's time must lie in
+   its key's validity window, by a trusted RFC 3161 timestamp where the policy names TSAs (and must, with
+   `requireTimestamp`), as for weights signatures (`modelsec.verifier.bundles.check_signature_time`);
 5. the predicate must parse with every number in its field's range (`modelsec.attestations.predicates`,
    before any arithmetic);
 6. a gate statement must apply to the policy: its attack, ε and sample count at least the policy's, and
@@ -61,7 +63,7 @@ from modelsec.limits import Limits
 from modelsec.policy import Authority, Policy, RobustnessRequirement, WatermarkRequirement
 from modelsec.signer.keys import TrustedKey
 from modelsec.signer.signing import ATTESTATION_FILE_NAMES
-from modelsec.verifier.bundles import read_bundle, verify_bundle_signature
+from modelsec.verifier.bundles import check_signature_time, read_bundle, verify_bundle_signature
 from modelsec.verifier.stores import StoredBundle, StoreOptions, open_store
 from modelsec.verifier.stores.directory import DirectoryStore
 
@@ -432,6 +434,7 @@ class _Selection:
                 what=what,
                 authorities=self.policy.authorities,
             )
+            check_signature_time(bundle, key, self.policy, now=self.now)
             self._classify(statement, key, what)
         except Error as e:
             self.ignored.append(_reason(e, what))

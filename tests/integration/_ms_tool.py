@@ -2,7 +2,8 @@
 
 Usage: python _ms_tool.py OPS.json   (prints one JSON result per operation, in order, as a list)
 
-Each op is {"op": "sign"|"verify"|"sign-cert", "model", "sig", "key", "ignore": [absolute paths]}, and for
+Each op is {"op": "sign"|"verify"|"sign-cert"|"sign-pkcs11", "model", "sig", "key" (for `sign-pkcs11`: a
+`pkcs11:` URI; 1.1+ with PyKCS11), "ignore": [absolute paths]}, and for
 `sign-cert` (the `certificate` method) also "cert" (leaf PEM) and "chain" (PEM files). The signers are
 built without `signing.Config()`'s constructor, which in 1.0.x configures a Sigstore signer and
 contacts the TUF repository; hashing ignores exactly `ignore` (absolute paths work in every release).
@@ -17,11 +18,13 @@ from model_signing import hashing, signing, verifying
 
 
 def run(op):
-    if op["op"] in ("sign", "sign-cert"):
+    if op["op"] in ("sign", "sign-cert", "sign-pkcs11"):
         cfg = signing.Config.__new__(signing.Config)
         cfg._hashing_config = hashing.Config().set_ignored_paths(paths=op.get("ignore", []))
         if op["op"] == "sign":
             cfg.use_elliptic_key_signer(private_key=op["key"])
+        elif op["op"] == "sign-pkcs11":
+            cfg.use_pkcs11_signer(pkcs11_uri=op["key"])
         else:
             cfg.use_certificate_signer(
                 private_key=op["key"], signing_certificate=op["cert"], certificate_chain=op["chain"]
