@@ -188,10 +188,10 @@ def _load_tensors_by_digest(
                 else:
                     futures = [pool.submit(_verified_tensor, *j) for j in jobs]
                     try:
-                        built = [f.result() for f in futures]
+                        built = [future.result() for future in futures]
                     finally:  # on the first refusal nothing more is read, and `fd` outlives every read
-                        for f in futures:
-                            f.cancel()
+                        for future in futures:
+                            future.cancel()
                         wait(futures)
                 out.update(zip(tnames, built, strict=True))
             finally:
