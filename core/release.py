@@ -13,6 +13,10 @@
 5. `verify`: the released directory is verified end to end under a policy that requires every signature
    algorithm used, the watermark and the gate (`modelsec.verifier.verify_model`), as a deployment would.
 
+A release is all or nothing: every stage works in a staging directory beside `--out`
+(`.<name>.release-<random>`), renamed to `--out` only after the final verification. A release that fails at
+any stage leaves `--out` as it was (absent or empty) and removes the staging directory, so a rerun works.
+
 The gate configuration is a small YAML/JSON file (validated strictly; `apiVersion` and `kind` may be left
 out, as in files written before they existed; JSON Schema: `schemas/gate-spec.schema.json`):
 
@@ -34,7 +38,11 @@ seed: 0
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import os
+import secrets
+import shutil
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,6 +129,39 @@ def _trusted(signer: KeyBackend, name: str, roles: frozenset[str]) -> TrustedKey
     return load_trusted_key(signer.public_key_pem(), name=name, roles=roles)
 
 
+def _check_out_dir(model_dir: Path, out_dir: Path) -> None:
+    """Refuse an `out_dir` the final rename could not take (before any work is done)."""
+    if out_dir.is_symlink():
+        raise PolicyError(f"{out_dir}: the output directory is a symlink")
+    src, dst = model_dir.resolve(), out_dir.resolve()
+    if dst == src or src in dst.parents:
+        raise PolicyError(f"{out_dir}: the output directory must not be the model directory or inside it")
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise PolicyError(f"{out_dir}: the output directory exists and is not empty")
+    if not dst.parent.is_dir():
+        raise PolicyError(f"{out_dir}: the parent directory does not exist")
+
+
+@contextlib.contextmanager
+def _staging(out_dir: Path) -> Iterator[Path]:
+    """A fresh, not yet created path beside `out_dir`; whatever is left there is removed on exit."""
+    staging = out_dir.parent / f".{out_dir.name}.release-{secrets.token_hex(6)}"
+    try:
+        yield staging
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _publish(staging: Path, out_dir: Path) -> None:
+    """Rename the finished release to `out_dir` (replacing an empty directory; never a non-empty one)."""
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.rmdir(out_dir)
+        os.rename(staging, out_dir)
+    except OSError as e:
+        raise PolicyError(f"{out_dir}: cannot move the release into place: {e.strerror}") from None
+
+
 def release_model(
     model_dir: Path,
     out_dir: Path,
@@ -135,7 +176,8 @@ def release_model(
 
     Args:
         model_dir: The unmarked model (safetensors shards and side files); it is not modified.
-        out_dir: Where the released model is written (must not exist or be empty).
+        out_dir: Where the released model is written (must not exist or be empty); nothing is written
+            there unless every stage succeeds.
         signers: Weights signing keys (ECDSA P-256/P-384, SM2); each algorithm becomes required.
         watermark_key: The owner's `modelsec.watermark.WatermarkKey` (never written anywhere).
         message: The watermark message (1-64 bytes).
@@ -146,18 +188,46 @@ def release_model(
         The release: root digest, bundle paths, gate figure, and the verifying policy.
 
     Raises:
+        PolicyError: `out_dir` exists and is not empty, is a symlink, is inside `model_dir`, or the finished
+            release cannot be renamed into place.
         GateFailedError: The watermark was not detected after embedding, or the gate FAILED (stage named).
         Error: Any modelsec error of a stage, with the stage named in its diagnostics.
     """
+    if not signers:
+        raise PolicyError("release needs at least one signing key")
+    attester = attestation_signer or signers[0]
+    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    _check_out_dir(model_dir, out_dir)
+    with _staging(out_dir) as staging:
+        result = _release_into(model_dir, staging, signers, attester, watermark_key, message, gate)
+        _publish(staging, out_dir)
+    return ReleaseResult(
+        out_dir=out_dir,
+        root_digest=result.root_digest,
+        bundles=tuple(out_dir / p.name for p in result.bundles),
+        watermark_attestation=out_dir / result.watermark_attestation.name,
+        gate_attestation=out_dir / result.gate_attestation.name,
+        robust_accuracy=result.robust_accuracy,
+        policy=result.policy,
+    )
+
+
+def _release_into(
+    model_dir: Path,
+    out_dir: Path,
+    signers: Sequence[KeyBackend],
+    attester: KeyBackend,
+    watermark_key: Any,
+    message: bytes,
+    gate: GateSpec,
+) -> ReleaseResult:
+    """Run every stage with `out_dir` as the (staging) output; see `release_model`."""
     from modelsec.robustness import GateConfig, run_pgd_gate
     from modelsec.signer import sign_model
     from modelsec.signer.signing import ATTESTATION_FILE_NAMES
     from modelsec.verifier import verify_model
     from modelsec.watermark import embed_model, write_watermark_attestation
 
-    if not signers:
-        raise PolicyError("release needs at least one signing key")
-    attester = attestation_signer or signers[0]
     watermark_path, gate_path = (out_dir / n for n in ATTESTATION_FILE_NAMES)
     stage = "watermark"
     try:
