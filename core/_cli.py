@@ -589,7 +589,7 @@ def _inspect(model_dir: Path, signatures: tuple[Path, ...], keys: tuple[Path, ..
     from modelsec.attestations.oms_predicate import parse_manifest
     from modelsec.signer.keys import load_trusted_key_file
     from modelsec.verifier import find_default_bundles
-    from modelsec.verifier.inspection import inspect_bundle
+    from modelsec.verifier.inspection import inspect_bundle, require_one_checked
 
     rows: list[dict[str, Any]] = []
     try:
@@ -597,8 +597,11 @@ def _inspect(model_dir: Path, signatures: tuple[Path, ...], keys: tuple[Path, ..
         paths = list(signatures) or find_default_bundles(model_dir)
         if not paths:
             raise click.UsageError(f"{model_dir}: no bundle found; give --signature")
-        for path in paths:
-            seen = inspect_bundle(path, trusted, limits=_limits())
+        checked = [
+            inspect_bundle(p, trusted, limits=_limits(), skip_unverifiable=not signatures) for p in paths
+        ]
+        require_one_checked(checked, trusted, str(model_dir))
+        for path, seen in zip(paths, checked, strict=True):
             manifest = parse_manifest(seen.statement, what=str(path))
             hash_type = manifest.hash_type.value
             root = manifest.subject_digest.get("sha256")
@@ -606,6 +609,7 @@ def _inspect(model_dir: Path, signatures: tuple[Path, ...], keys: tuple[Path, ..
                 {
                     "path": str(path),
                     "signer": _signer_json(seen.signer),
+                    "skipped": seen.skipped,
                     "hint": seen.bundle.hint,
                     "hashType": hash_type,
                     "rootDigest": None if root is None else _digest_str(root),
@@ -625,6 +629,7 @@ def _inspect(model_dir: Path, signatures: tuple[Path, ...], keys: tuple[Path, ..
         _reply({"bundles": rows})
         return
     for row in rows:
+        _skipped_note(row)
         click.echo(f"{row['path']}: signed by {_signer_text(row['signer'], keyid=True)}")
         click.echo(f"  model root digest {row['rootDigest']}  ({row['hashType']} manifest)")
         click.echo(
@@ -641,6 +646,13 @@ def _signer_json(key: Any) -> dict[str, str] | None:
     if key is None:
         return None
     return {"algorithm": key.algorithm.value, "key": key.name, "keyid": key.keyid}
+
+
+def _skipped_note(row: dict[str, Any]) -> None:
+    from modelsec.verifier.inspection import SKIPPED_NOTE
+
+    if row["skipped"]:
+        click.echo(f"  note: {row['path']} {SKIPPED_NOTE}", err=True)
 
 
 def _signer_text(signer: dict[str, str] | None, *, keyid: bool = False) -> str:
@@ -756,12 +768,13 @@ def _attestation_rows(model_dir: Path, store: str | None, keys: tuple[Path, ...]
     """The bundles about MODEL_DIR (its reserved names, and the store's for the digests they name)."""
     from modelsec.signer import MODEL_IGNORE_PATHS
     from modelsec.signer.keys import load_trusted_key_file
-    from modelsec.verifier.inspection import inspect_bundle
+    from modelsec.verifier.inspection import inspect_bundle, require_one_checked
     from modelsec.verifier.stores import StoreOptions, open_store
 
     trusted = [load_trusted_key_file(k) for k in keys]
     paths = [model_dir / n for n in MODEL_IGNORE_PATHS if n.endswith(".sig") and (model_dir / n).is_file()]
-    seen = [inspect_bundle(p, trusted, limits=_limits()) for p in paths]
+    seen = [inspect_bundle(p, trusted, limits=_limits(), skip_unverifiable=True) for p in paths]
+    require_one_checked(seen, trusted, str(model_dir))
     if store is not None:
         digests = sorted({s.digest.get("sha256", "") for b in seen for s in b.statement.subjects} - {""})
         opened = open_store(store, StoreOptions(limits=_limits()))
@@ -775,6 +788,7 @@ def _attestation_rows(model_dir: Path, store: str | None, keys: tuple[Path, ...]
             "path": str(b.source),
             "predicateType": b.statement.predicate_type,
             "signer": _signer_json(b.signer),
+            "skipped": b.skipped,
             "subjects": [
                 {"name": s.name, "digests": [_digest_str(v, a) for a, v in s.digest.items()]}
                 for s in b.statement.subjects
@@ -807,6 +821,7 @@ def _attest_list(model_dir: Path, store: str | None, keys: tuple[Path, ...], as_
         _reply({"bundles": [{k: v for k, v in r.items() if k != "predicate"} for r in rows]})
         return
     for r in rows:
+        _skipped_note(r)
         digests = [d for s in r["subjects"] for d in s["digests"] if d.startswith("sha256:")]
         digest = (digests[0] if digests else "sha256:?")[:23]
         click.echo(f"{r['predicateType']:<45} {digest}…  {_signer_text(r['signer']):<30} {r['path']}")
