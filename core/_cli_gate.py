@@ -134,6 +134,12 @@ class _RichProgress:
     required=True,
     help="Where to write the signed attestation bundle (outside MODEL_DIR, or a signed-ignored name).",
 )
+@click.option(
+    "--report",
+    type=click.Path(path_type=Path),
+    callback=lambda _ctx, _param, value: _report_path(value),
+    help="Also write a CI report of the run, whatever the verdict: .md (Markdown) or .xml (JUnit XML).",
+)
 @_json_option
 @_quiet_option
 def _pgd(
@@ -162,6 +168,7 @@ def _pgd(
     keys: tuple[Path, ...],
     signatures: tuple[Path, ...],
     out: Path,
+    report: Path | None,
     as_json: bool,
     quiet: bool,
 ) -> None:
@@ -236,6 +243,18 @@ def _pgd(
     if not outcome.is_main:
         sys.exit(0 if outcome.result.passed else 1)
     result = outcome.result
+    if report is not None:
+        from modelsec.robustness.report import write_gate_report
+
+        try:
+            write_gate_report(
+                report,
+                result.to_json(),
+                root_digest=_digest_str(outcome.root_digest),
+                attestation=str(outcome.out) if outcome.out else None,
+            )
+        except Error as e:
+            _fail(e, as_json)
     if as_json:
         fields = {
             "verdict": result.verdict,
@@ -259,6 +278,15 @@ def _pgd(
         click.echo(f"  attestation -> {outcome.out}")
     if not result.passed:
         sys.exit(1)
+
+
+def _report_path(value: Path | None) -> Path | None:
+    """Check --report's extension before the gate runs (a usage error, exit 2)."""
+    from modelsec.robustness.report import REPORT_FORMATS
+
+    if value is not None and value.suffix.lower() not in REPORT_FORMATS:
+        raise click.BadParameter(f"{value}: must end in .md (Markdown) or .xml (JUnit XML)")
+    return value
 
 
 def _failed(result: Any) -> str:
