@@ -4,8 +4,13 @@ The one home of the gate predicate's format (the producer is `modelsec.robustnes
 `modelsec.verifier.attestations`; both go through this module). `check_gate_predicate` checks the type and
 range of every number that is present (before any arithmetic; ranges far beyond any real run, far below
 anything that overflows); `parse_gate_predicate` also requires the fields a verifier reads and returns them
-typed. What a policy accepts (attack, minimum eps, accuracy rule, freshness) is not decided here:
-`modelsec.verifier.attestations` decides that on the parsed `GatePredicate`.
+typed. What a policy accepts (attack, minimum eps, accuracy rule, freshness) is decided by
+`modelsec.verifier.attestations` on the parsed `GatePredicate`; how the run was performed (by a modelsec
+server, on an allowed dataset, with enough PGD steps and restarts) is checked here, by `check_gate_run`, which
+the verifier calls with the policy's requirement.
+
+`runBy` (`modelsec.attestations.run_by`) records the server and the requester of a run a modelsec server
+performed (RunGate); it is absent from gates run elsewhere (`modelsec gate pgd`).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 from modelsec.attestations._numbers import (
     BIG_REAL,
@@ -29,14 +34,17 @@ from modelsec.attestations._numbers import (
 )
 from modelsec.attestations._numbers import integer as _int
 from modelsec.attestations._numbers import real as _real
+from modelsec.attestations.run_by import RUN_BY_FIELD, RunBy, parse_run_by
 from modelsec.attestations.statement import GATE_PREDICATE_TYPE, Statement, Subject, is_sha256_hex
 from modelsec.errors import AttestationError, MalformedArtifactError
 
 __all__ = [
     "GATE_PREDICATE_TYPE",
     "GatePredicate",
+    "GateRunRequirement",
     "SanityCheck",
     "check_gate_predicate",
+    "check_gate_run",
     "gate_statement",
     "parse_gate_predicate",
 ]
@@ -92,12 +100,26 @@ def check_gate_predicate(predicate: Mapping[str, Any], *, what: str) -> None:
 
     Raises:
         MalformedArtifactError: A number has the wrong type or is out of range, `correct` exceeds
-            `total`, or `finishedAt` is present and not an RFC 3339 time in range.
+            `total`, `finishedAt` is present and not an RFC 3339 time in range, `dataset.digest.sha256` is
+            present and not 64 lowercase hex digits, or `runBy` is present and malformed.
     """
     check_fields(predicate, _GATE_FIELDS, what)
     _check_counts(predicate, what)
     if "finishedAt" in predicate:
         parse_rfc3339(predicate["finishedAt"], field="finishedAt", what=what)
+    _dataset_digest(predicate, what)
+    parse_run_by(predicate, what=what)
+
+
+def _dataset_digest(predicate: Mapping[str, Any], what: str) -> str | None:
+    present, digest = lookup(predicate, "dataset.digest.sha256")
+    if not present:
+        return None
+    if not isinstance(digest, str) or not is_sha256_hex(digest):
+        raise MalformedArtifactError(
+            f"{what}: predicate dataset.digest.sha256 is not 64 lowercase hex digits"
+        )
+    return digest
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +147,10 @@ class GatePredicate:
         sanity_checks: The sanity checks run, at least one.
         finished_at: When the run finished (UTC), or None when not recorded.
         predicate: The whole predicate, read-only.
+        steps: PGD iterations per restart (`parameters.steps`), or None when not recorded.
+        restarts: PGD random restarts (`parameters.restarts`), or None when not recorded.
+        dataset_sha256: The evaluation set's digest (`dataset.digest.sha256`), or None when not recorded.
+        run_by: Who ran the gate, when a modelsec server ran it (`runBy`), else None.
     """
 
     attack: str
@@ -136,6 +162,10 @@ class GatePredicate:
     sanity_checks: tuple[SanityCheck, ...]
     finished_at: datetime | None
     predicate: Mapping[str, Any]
+    steps: int | None = None
+    restarts: int | None = None
+    dataset_sha256: str | None = None
+    run_by: RunBy | None = None
 
     @property
     def failed_checks(self) -> list[str]:
@@ -229,10 +259,94 @@ def parse_gate_predicate(predicate: Mapping[str, Any], *, what: str) -> GatePred
         sanity_checks=checks,
         finished_at=None if finished is None else parse_rfc3339(finished, field="finishedAt", what=what),
         predicate=predicate,
+        steps=_optional_int(predicate, "parameters.steps"),
+        restarts=_optional_int(predicate, "parameters.restarts"),
+        dataset_sha256=_dataset_digest(predicate, what),
+        run_by=parse_run_by(predicate, what=what),
     )
 
 
-def gate_statement(predicate: Mapping[str, Any], *, root_digest: str, model_name: str) -> Statement:
+def _optional_int(predicate: Mapping[str, Any], path: str) -> int | None:
+    # The type and range were checked by `check_gate_predicate` (an integer in the field's range).
+    value = lookup(predicate, path)[1]
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class GateRunRequirement(Protocol):
+    """How a gate must have been run (`modelsec.policy.RobustnessRequirement` is one)."""
+
+    @property
+    def min_steps(self) -> int:
+        """Fewest PGD iterations per restart accepted."""
+        ...
+
+    @property
+    def min_restarts(self) -> int:
+        """Fewest PGD random restarts accepted."""
+        ...
+
+    @property
+    def datasets(self) -> frozenset[str]:
+        """Accepted evaluation-set digests (hex SHA-256); empty: any dataset."""
+        ...
+
+    @property
+    def require_server_run(self) -> bool:
+        """Whether only gates a modelsec server ran (`runBy` recorded) count."""
+        ...
+
+
+def check_gate_run(pred: GatePredicate, req: GateRunRequirement, *, what: str) -> str:
+    """Check how a parsed gate was run against a requirement: steps, restarts, dataset, who ran it.
+
+    A field the requirement does not constrain (`min_steps` 1, `min_restarts` 1, no `datasets`,
+    `require_server_run` False) is not required in the predicate. Whether `runBy` is true is a matter of
+    which key signed it (see `modelsec.attestations.run_by`); the signature is the verifier's check.
+
+    Args:
+        pred: The parsed predicate (`parse_gate_predicate`).
+        req: The requirement (`modelsec.policy.RobustnessRequirement`).
+        what: Names the bundle in errors.
+
+    Returns:
+        A summary of what was checked, empty when nothing was constrained.
+
+    Raises:
+        AttestationError: The run used fewer steps or restarts than required (or does not record them),
+            an evaluation set whose digest is not among `datasets` (or none recorded), or no modelsec server
+            recorded running it while `require_server_run` is set.
+    """
+    done: list[str] = []
+    for label, value, least in (
+        ("steps", pred.steps, req.min_steps),
+        ("restarts", pred.restarts, req.min_restarts),
+    ):
+        if least > 1:
+            if value is None or value < least:
+                raise AttestationError(
+                    f"{what}: gate ran {value if value is not None else 'unrecorded'} PGD {label}, "
+                    f"the policy needs at least {least}"
+                )
+            done.append(f"{label} {value} >= {least}")
+    if req.datasets:
+        if pred.dataset_sha256 is None or pred.dataset_sha256 not in req.datasets:
+            raise AttestationError(
+                f"{what}: gate dataset sha256:{pred.dataset_sha256 or 'unrecorded'} is not among the "
+                "policy's datasetDigests"
+            )
+        done.append(f"dataset sha256:{pred.dataset_sha256[:12]}")
+    if req.require_server_run:
+        if pred.run_by is None:
+            raise AttestationError(
+                f"{what}: the gate records no server run (runBy); the policy requires server-run evidence"
+            )
+        done.append(f"run by {pred.run_by.server} for {pred.run_by.requester}")
+    return ", ".join(done)
+
+
+def gate_statement(
+    predicate: Mapping[str, Any], *, root_digest: str, model_name: str, run_by: RunBy | None = None
+) -> Statement:
     """Build the unsigned gate statement about the model whose root digest is `root_digest`.
 
     The numbers are checked (`check_gate_predicate`) before anything is signed: a statement no verifier
@@ -242,6 +356,7 @@ def gate_statement(predicate: Mapping[str, Any], *, root_digest: str, model_name
         predicate: The predicate (`GateResult.to_json()` plus the model fields).
         root_digest: Hex SHA-256 model root digest (64 lowercase hex digits).
         model_name: The subject name (informational).
+        run_by: Who ran the gate, recorded as `runBy`, when a modelsec server ran it (RunGate only).
 
     Returns:
         The unsigned statement.
@@ -252,6 +367,8 @@ def gate_statement(predicate: Mapping[str, Any], *, root_digest: str, model_name
     """
     if not is_sha256_hex(root_digest):
         raise MalformedArtifactError(f"model root digest {root_digest!r} is not a hex SHA-256 digest")
+    if run_by is not None:
+        predicate = {**predicate, RUN_BY_FIELD: run_by.to_json()}
     check_gate_predicate(predicate, what="gate statement")
     return Statement(
         subjects=(Subject(name=model_name, digest=MappingProxyType({"sha256": root_digest})),),

@@ -7,12 +7,16 @@ module, so the fields each of them requires cannot drift apart again.
 * `check_watermark_predicate`: the type and range of every number that is present (before any arithmetic).
 * `parse_watermark_predicate`: also the fields every consumer requires, typed: `scheme.name`, the objects
   `parameters` and `carriers`, `keyCommitment.value` and `messageCommitment.value` (strings), and the
-  embed-time `detection` (`detected`, `confidence`, `falsePositiveProbability`).
+  embed-time `detection` (`detected`, `confidence`, `falsePositiveProbability`); `fidelity` is optional, but
+  when present its `metric`, `value`, `budget` and `probeSetDigest` are required.
 * `parse_recorded_parameters`: what a detector reads back (scheme name, every parameter, carrier tensors,
   key commitment).
 
-What a policy accepts (detected at embed time, confidence, false-positive probability) is decided by
-`modelsec.verifier.attestations`; which schemes a detector can run is decided by `modelsec.watermark`.
+`runBy` (`modelsec.attestations.run_by`) records the server and the requester of an embed a modelsec server
+performed (EmbedWatermark); `check_watermark_run` checks it against a policy that requires server-run
+evidence. What a policy accepts otherwise (detected at embed time, confidence, false-positive probability)
+is decided by `modelsec.verifier.attestations`; which schemes a detector can run is decided by
+`modelsec.watermark`.
 """
 
 from __future__ import annotations
@@ -36,14 +40,17 @@ from modelsec.attestations._numbers import (
 )
 from modelsec.attestations._numbers import integer as _int
 from modelsec.attestations._numbers import real as _real
+from modelsec.attestations.run_by import RUN_BY_FIELD, RunBy, parse_run_by
 from modelsec.attestations.statement import WATERMARK_PREDICATE_TYPE, Statement, Subject
 from modelsec.errors import AttestationError, MalformedArtifactError
 
 __all__ = [
     "WATERMARK_PREDICATE_TYPE",
+    "Fidelity",
     "RecordedParameters",
     "WatermarkPredicate",
     "check_watermark_predicate",
+    "check_watermark_run",
     "parse_recorded_parameters",
     "parse_watermark_predicate",
     "watermark_statement",
@@ -88,6 +95,11 @@ _WATERMARK_FIELDS: dict[str, Range] = {
     "detection.carrierTensors": _int(0, COUNT),
     "detection.thresholds.minConfidence": UNIT,
     "detection.thresholds.maxFalsePositiveProbability": UNIT,
+    # Fidelity measured at embedding (issue 18); optional: older predicates carry none.
+    "fidelity.value": UNIT,
+    "fidelity.budget": UNIT,
+    "fidelity.probes": _int(0, COUNT),
+    "fidelity.logitDrift": _real(0.0, BIG_REAL),
 }
 
 
@@ -99,10 +111,11 @@ def check_watermark_predicate(predicate: Mapping[str, Any], *, what: str) -> Non
         what: Names the bundle or request in errors.
 
     Raises:
-        MalformedArtifactError: A number has the wrong type or is out of range, or `embeddedAt` is present
-            and not an RFC 3339 time in range.
+        MalformedArtifactError: A number has the wrong type or is out of range, `embeddedAt` is present
+            and not an RFC 3339 time in range, or `runBy` is present and malformed.
     """
     check_fields(predicate, _WATERMARK_FIELDS, what)
+    parse_run_by(predicate, what=what)
     tensors = lookup(predicate, "carriers.tensors")[1]
     if isinstance(tensors, list):
         for i, entry in enumerate(tensors):
@@ -144,6 +157,9 @@ class WatermarkPredicate:
         false_positive_probability: Probability that an unmarked model scores as high, in [0, 1].
         embedded_at: When the mark was embedded (UTC), or None when not recorded.
         predicate: The whole predicate, read-only.
+        fidelity: The measured fidelity (`fidelity`: metric, value, budget, probe set digest), or None when
+            the predicate records none.
+        run_by: Who embedded the mark, when a modelsec server did (`runBy`), else None.
     """
 
     scheme: str
@@ -154,6 +170,37 @@ class WatermarkPredicate:
     false_positive_probability: float
     embedded_at: datetime | None
     predicate: Mapping[str, Any]
+    fidelity: Fidelity | None = None
+    run_by: RunBy | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Fidelity:
+    """The fidelity measured at embedding (`fidelity` in the predicate).
+
+    Attributes:
+        metric: What `value` measures (e.g. `1-min-cosine(mean-pooled last hidden state)`).
+        value: The measured loss, in [0, 1].
+        budget: The budget the embedder held it to, in [0, 1].
+        probe_set_digest: `sha256:<hex>` of the probe set.
+    """
+
+    metric: str
+    value: float
+    budget: float
+    probe_set_digest: str
+
+
+def _fidelity(predicate: Mapping[str, Any], what: str) -> Fidelity | None:
+    if "fidelity" not in predicate:
+        return None
+    obj = _object(predicate, "fidelity", what)
+    return Fidelity(
+        metric=_string(obj, "metric", "fidelity.metric", what),
+        value=_finite(obj, "value", "fidelity.value", what),
+        budget=_finite(obj, "budget", "fidelity.budget", what),
+        probe_set_digest=_string(obj, "probeSetDigest", "fidelity.probeSetDigest", what),
+    )
 
 
 def _object(predicate: Mapping[str, Any], name: str, what: str) -> Mapping[str, Any]:
@@ -211,7 +258,29 @@ def parse_watermark_predicate(predicate: Mapping[str, Any], *, what: str) -> Wat
         ),
         embedded_at=None if embedded is None else parse_rfc3339(embedded, field="embeddedAt", what=what),
         predicate=predicate,
+        fidelity=_fidelity(predicate, what),
+        run_by=parse_run_by(predicate, what=what),
     )
+
+
+def check_watermark_run(pred: WatermarkPredicate, *, require_server_run: bool, what: str) -> str:
+    """Check who embedded a parsed watermark against a policy's `requireServerRun`.
+
+    Whether `runBy` is true is a matter of which key signed it (see `modelsec.attestations.run_by`).
+
+    Returns:
+        A summary (empty when nothing is required).
+
+    Raises:
+        AttestationError: `require_server_run` is set and no modelsec server recorded the embed.
+    """
+    if not require_server_run:
+        return ""
+    if pred.run_by is None:
+        raise AttestationError(
+            f"{what}: the watermark records no server run (runBy); the policy requires server-run evidence"
+        )
+    return f"embedded by {pred.run_by.server} for {pred.run_by.requester}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +296,7 @@ class RecordedParameters:
         message_bits: The message length in bits.
         tensors: The attested carrier tensor names.
         key_commitment: The attested key commitment.
+        carrier_set: Which eligible tensors carry bits (`carrierSet`; `all` when not recorded).
     """
 
     scheme: str
@@ -242,6 +312,7 @@ class RecordedParameters:
     message_bits: int
     tensors: tuple[str, ...]
     key_commitment: str
+    carrier_set: str = "all"
 
 
 def _parameter(parameters: Mapping[str, Any], name: str, what: str) -> int | float:
@@ -279,7 +350,11 @@ def parse_recorded_parameters(predicate: Mapping[str, Any], *, what: str) -> Rec
         isinstance(t, Mapping) and isinstance(t.get("name"), str) for t in tensors
     ):
         raise MalformedArtifactError(f"{what}: watermark predicate carriers.tensors must list named tensors")
+    carrier_set = parameters.get("carrierSet", "all")  # absent before issue 18: all eligible tensors
+    if not isinstance(carrier_set, str):
+        raise MalformedArtifactError(f"{what}: watermark predicate parameters.carrierSet is not a string")
     return RecordedParameters(
+        carrier_set=carrier_set,
         scheme=scheme,
         tensors=tuple(t["name"] for t in tensors),
         key_commitment=commitment,
@@ -287,13 +362,16 @@ def parse_recorded_parameters(predicate: Mapping[str, Any], *, what: str) -> Rec
     )
 
 
-def watermark_statement(predicate: Mapping[str, Any], digests: Mapping[str, str], *, name: str) -> Statement:
+def watermark_statement(
+    predicate: Mapping[str, Any], digests: Mapping[str, str], *, name: str, run_by: RunBy | None = None
+) -> Statement:
     """Build the unsigned watermark statement, refusing a predicate no verifier would accept.
 
     Args:
         predicate: The predicate (built by `modelsec.watermark.attestation` from an embedding).
         digests: The watermarked model's root digests (`sha256`, optionally `sm3`).
         name: Informational subject name (the directory name).
+        run_by: Who embedded the mark, recorded as `runBy`, when a modelsec server did (EmbedWatermark).
 
     Returns:
         The unsigned statement.
@@ -302,6 +380,8 @@ def watermark_statement(predicate: Mapping[str, Any], digests: Mapping[str, str]
         MalformedArtifactError: A number is out of its field's range.
         AttestationError: A required field is missing (`parse_watermark_predicate`).
     """
+    if run_by is not None:
+        predicate = {**predicate, RUN_BY_FIELD: run_by.to_json()}
     parse_watermark_predicate(predicate, what="watermark statement")
     return Statement(
         subjects=(Subject(name=name, digest=MappingProxyType(dict(digests))),),

@@ -109,7 +109,8 @@ _watermark_key_option = _option(
     type=float,
     default=3.0,
     show_default=True,
-    help="Margin of every bit, in standard deviations of the host correlation.",
+    help="Margin of every bit, in standard deviations of the host correlation (with a fidelity budget: "
+    "the largest margin tried).",
 )
 @click.option(
     "--max-relative-change",
@@ -118,6 +119,16 @@ _watermark_key_option = _option(
     show_default=True,
     help="Largest allowed |w' - w| / |w| of any weight.",
 )
+@click.option(
+    "--max-fidelity-loss",
+    type=float,
+    default=1e-4,
+    show_default=True,
+    help="Fidelity budget for transformers models (config.json with model_type): the largest loss on the "
+    "probe set (1 - worst cosine for encoders, changed greedy continuations for causal LMs); the strongest "
+    "mark within it is chosen, or the embedding is refused.",
+)
+@click.option("--no-fidelity-check", is_flag=True, help="Do not measure fidelity (nothing is attested).")
 @_json_option
 def _embed(
     model_dir: Path,
@@ -129,6 +140,8 @@ def _embed(
     attestation: Path | None,
     kappa: float,
     max_relative_change: float,
+    max_fidelity_loss: float,
+    no_fidelity_check: bool,
     as_json: bool,
 ) -> None:
     """Write a watermarked copy of MODEL_DIR to OUT_DIR (dtype, shapes and side files kept)."""
@@ -146,7 +159,23 @@ def _embed(
         signer = None
         if sign_key is not None:
             signer = _open_signing_key(sign_key, sources)
-        result = embed_model(model_dir, out_dir, key, payload, params=params)
+        from modelsec.watermark.fidelity import auto_probe
+
+        probe = None if no_fidelity_check else auto_probe(model_dir)
+        if probe is None:
+            result = embed_model(model_dir, out_dir, key, payload, params=params)
+        else:
+            from modelsec.watermark.budget import embed_within_budget
+
+            result = embed_within_budget(
+                model_dir,
+                out_dir,
+                key,
+                payload,
+                probe=probe,
+                max_fidelity_loss=max_fidelity_loss,
+                params=params,
+            )
         digest = None
         if signer is not None and attestation is not None:
             from modelsec.watermark.attestation import write_watermark_attestation
@@ -170,6 +199,9 @@ def _embed(
                 "meanRelativeChange": result.mean_relative_change,
                 "relativeL2Change": result.relative_l2_change,
                 "keyCommitment": result.key_commitment,
+                "kappa": result.params.kappa,
+                "carrierSet": result.params.carrier_set,
+                "fidelity": None if result.fidelity is None else result.fidelity.to_json(),
                 "detection": d.to_json(),
             }
         )
@@ -187,6 +219,12 @@ def _embed(
         f"false-positive probability {d.false_positive_probability:.3g} "
         f"(log10 {d.log10_false_positive_probability:.1f})"
     )
+    if result.fidelity is not None:
+        f = result.fidelity
+        click.echo(
+            f"  fidelity {f.metric} = {f.value:.3g} <= budget {f.budget:g} on {f.probes} probes "
+            f"(kappa {result.params.kappa:g}, carriers: {result.params.carrier_set})"
+        )
     if digest is not None:
         click.echo(f"  attestation {attestation} for model root digest sha256:{digest}")
 

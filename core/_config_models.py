@@ -125,12 +125,21 @@ def _header_bytes(value: int) -> int:
 
 Text = Annotated[str, Field(min_length=1)]
 Role = Literal["weights", "watermark", "gate"]
+Operation = Literal["signStatement", "gateResult", "watermarkRecord"]
 _PRINTABLE = {"type": "string", "minLength": 1, "pattern": r"^[^\x00-\x1f\x7f-\x9f]+$"}
 Pattern = Annotated[str, Field(min_length=1), AfterValidator(_no_control), WithJsonSchema(_PRINTABLE)]
 Listen = Annotated[str, AfterValidator(check_listen), WithJsonSchema({"type": "string", "pattern": _LISTEN})]
 Store = Annotated[str, AfterValidator(_store), WithJsonSchema(_PRINTABLE)]
 Name = Annotated[str, AfterValidator(_name), WithJsonSchema({"type": "string", "pattern": _NAME})]
 Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
+Sha256Hex = Annotated[str, Field(pattern=_SHA256_HEX)]
+# As `runBy.server` in the predicates (modelsec.attestations.run_by).
+Identity = Annotated[
+    str,
+    Field(min_length=1, max_length=1024),
+    AfterValidator(_no_control),
+    WithJsonSchema({**_PRINTABLE, "maxLength": 1024}),
+]
 # Enum values come from YAML as strings: these fields are validated in lax mode (value -> member only).
 Signature = Annotated[SignatureAlgorithm, Field(strict=False)]
 Hash = Annotated[HashAlgorithm, Field(strict=False)]
@@ -179,6 +188,11 @@ class RobustnessModel(_Model):
         BeforeValidator(_duration),
         WithJsonSchema({"type": "string", "pattern": _DURATION.pattern}),
     ] = None
+    # How the gate was run: the bounds are those of the gate predicate's own fields.
+    min_steps: int = Field(default=1, ge=1, le=10**7)
+    min_restarts: int = Field(default=1, ge=1, le=10**5)
+    dataset_digests: list[Sha256Hex] | None = Field(default=None, min_length=1, max_length=1024)
+    require_server_run: bool = False
 
 
 class WatermarkModel(_Model):
@@ -188,6 +202,8 @@ class WatermarkModel(_Model):
     min_confidence: Fraction = 0.92
     max_false_positive: Fraction = 1e-9
     key_file: Text | None = None
+    max_fidelity_loss: Fraction | None = None  # issue 18: the attested fidelity loss must be at most this
+    require_server_run: bool = False
 
 
 class AttestationsModel(_Model):
@@ -363,12 +379,19 @@ class ServerKeyModel(_Model):
     path: Text
     password_env: str | None = None
     roles: list[Role] = Field(default_factory=_all_roles)
+    # Left out: one operation per role (weights -> signStatement, gate -> gateResult, watermark ->
+    # watermarkRecord), so a key of an older configuration never signs a client-made gate or watermark
+    # statement through SignStatement.
+    operations: list[Operation] | None = Field(default=None, min_length=1)
     allow: list[Text] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _names(self) -> ServerKeyModel:
         if not (re.fullmatch(_NAME[1:-1], self.name) and re.fullmatch(_NAME[1:-1], self.version)):
             raise ValueError(f": name and version must match {_NAME}")
+        for operation, role in (("gateResult", "gate"), ("watermarkRecord", "watermark")):
+            if self.operations is not None and operation in self.operations and role not in self.roles:
+                raise ValueError(f": operation {operation} needs the role {role}")
         return self
 
 
@@ -401,6 +424,7 @@ class ServerConfigModel(_Model):
     kind: Literal["ServerConfig"]
     listen: Listen
     metrics_listen: Listen | None = None
+    server_identity: Identity | None = None
     data_dir: Text
     policy: Text
     default_policy: Text | None = None

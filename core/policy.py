@@ -41,8 +41,11 @@ policies:
     limits: {maxFiles: 4096}
     attestations:
       robustness: {attack: pgd-linf, minEps: 0.03, minRobustAccuracy: 0.85, rule: strict, minSamples: 500,
-                   maxAge: 30d}
-      watermark: {required: true, minConfidence: 0.92, maxFalsePositive: 1.0e-9}
+                   maxAge: 30d, minSteps: 40, minRestarts: 1,
+                   requireServerRun: true,    # only gates a modelsec server ran (runBy recorded)
+                   datasetDigests: [9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08]}
+      watermark: {required: true, minConfidence: 0.92, maxFalsePositive: 1.0e-9, requireServerRun: false,
+                 maxFidelityLoss: 1.0e-4}
     attestationStore: /var/lib/modelsec/attestations  # besides model.watermark.sig / model.gate.sig; a
                                                       # path or file:// | sqlite:// | grpc(s):// URI
                                                       # (`attestationDir`: the older name, a path)
@@ -117,6 +120,11 @@ class RobustnessRequirement:
         rule: `point` (the measured accuracy) or `strict` (the lower end of its 95% Wilson interval).
         min_samples: Fewest evaluated examples accepted.
         max_age_seconds: Oldest accepted `finishedAt`, or None for no freshness rule.
+        min_steps: Fewest PGD iterations per restart accepted (`parameters.steps`).
+        min_restarts: Fewest PGD random restarts accepted (`parameters.restarts`).
+        datasets: Accepted evaluation-set digests (hex SHA-256 of `dataset.digest.sha256`); empty: any.
+        require_server_run: Only gates a modelsec server ran for a requester (`runBy`) count; trust, for
+            the `gate` role, only keys that modelsec servers hold (see `modelsec.attestations.run_by`).
     """
 
     attack: str = "pgd-linf"
@@ -125,6 +133,10 @@ class RobustnessRequirement:
     rule: str = "point"
     min_samples: int = 1
     max_age_seconds: float | None = None
+    min_steps: int = 1
+    min_restarts: int = 1
+    datasets: frozenset[str] = frozenset()
+    require_server_run: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,11 +148,17 @@ class WatermarkRequirement:
         max_false_positive: Highest accepted false-positive probability at embed time (default 1e-9).
         key_file: The owner's watermark key, for nodes that hold it: the mark is then re-detected in the
             verified weights (None: the signed embed-time detection is trusted).
+        max_fidelity_loss: Highest accepted fidelity loss measured at embedding (`fidelity.value`, in the
+            probe's own metric); an attestation without a fidelity measurement is refused (None: not
+            required).
+        require_server_run: Only embeds a modelsec server performed for a requester (`runBy`) count.
     """
 
     min_confidence: float = 0.92
     max_false_positive: float = 1e-9
     key_file: Path | None = None
+    max_fidelity_loss: float | None = None
+    require_server_run: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -493,6 +511,10 @@ def _robustness(r: RobustnessModel | None) -> RobustnessRequirement | None:
         rule=r.rule,
         min_samples=r.min_samples,
         max_age_seconds=r.max_age,
+        min_steps=r.min_steps,
+        min_restarts=r.min_restarts,
+        datasets=frozenset(r.dataset_digests or ()),
+        require_server_run=r.require_server_run,
     )
 
 
@@ -503,6 +525,8 @@ def _watermark(w: WatermarkModel | None, base_dir: Path) -> WatermarkRequirement
         min_confidence=w.min_confidence,
         max_false_positive=w.max_false_positive,
         key_file=(base_dir / w.key_file) if w.key_file else None,
+        max_fidelity_loss=w.max_fidelity_loss,
+        require_server_run=w.require_server_run,
     )
 
 

@@ -24,8 +24,11 @@ is informational). Predicate type `https://modelsec.dev/robustness-gate/v1`; the
                  "torch": "2.13.0+cpu", "deterministic": true},
  "model": {"architecture": "lenet5:lenet5", "weights": ["model.safetensors"]},
  "elapsedSeconds": 12.345,
- "finishedAt": "2025-01-31T12:00:00Z"}
+ "finishedAt": "2025-01-31T12:00:00Z",
+ "runBy": {"server": "signer.example.org", "requester": "spiffe://example.org/ci/release"}}
 ```
+
+`runBy` is recorded only when a modelsec server ran the gate (RunGate; `modelsec.attestations.run_by`).
 
 A FAILED run is attested too (the verdict is part of the signed statement): a policy that requires the
 robustness attestation checks `gate.verdict`, `attack`, `parameters.eps` and the threshold itself.
@@ -38,6 +41,7 @@ from pathlib import Path
 
 from modelsec.attestations import Statement, StatementSigner, sign_statement
 from modelsec.attestations.gate_predicate import gate_statement as build_statement
+from modelsec.attestations.run_by import RunBy
 from modelsec.robustness import PREDICATE_TYPE
 from modelsec.robustness.gate import GateResult
 from modelsec.signer.signing import write_bundle_file
@@ -52,6 +56,7 @@ def gate_statement(
     model_name: str,
     architecture: str | None = None,
     weights: Sequence[str] = (),
+    run_by: RunBy | None = None,
 ) -> Statement:
     """Build the gate statement for the model whose root digest is `root_digest`.
 
@@ -61,6 +66,7 @@ def gate_statement(
         model_name: The subject name (the model directory name; informational).
         architecture: The factory import path, recorded for reproduction.
         weights: The safetensors files the classifier was built from.
+        run_by: Who ran the gate, when a modelsec server did (recorded as `runBy`).
 
     Returns:
         The unsigned statement.
@@ -71,7 +77,7 @@ def gate_statement(
     """
     predicate = result.to_json()
     predicate["model"] = {"architecture": architecture, "weights": list(weights)}
-    return build_statement(predicate, root_digest=root_digest, model_name=model_name)
+    return build_statement(predicate, root_digest=root_digest, model_name=model_name, run_by=run_by)
 
 
 def sign_gate_result(
@@ -82,6 +88,7 @@ def sign_gate_result(
     model_name: str,
     architecture: str | None = None,
     weights: Sequence[str] = (),
+    run_by: RunBy | None = None,
 ) -> bytes:
     """Build and DSSE-sign the gate statement; returns the sigstore bundle JSON (`sign_statement`).
 
@@ -93,6 +100,7 @@ def sign_gate_result(
         model_name: Subject name.
         architecture: Factory import path.
         weights: Safetensors files used.
+        run_by: Who ran the gate, when a modelsec server did (recorded as `runBy`).
 
     Returns:
         The bundle bytes.
@@ -101,7 +109,12 @@ def sign_gate_result(
         MalformedArtifactError: `root_digest` is malformed.
     """
     statement = gate_statement(
-        result, root_digest=root_digest, model_name=model_name, architecture=architecture, weights=weights
+        result,
+        root_digest=root_digest,
+        model_name=model_name,
+        architecture=architecture,
+        weights=weights,
+        run_by=run_by,
     )
     return sign_statement(statement, signer)
 

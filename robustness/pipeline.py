@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from modelsec.attestations import StatementSigner
+from modelsec.attestations.run_by import RunBy
 from modelsec.policy import Policy
 from modelsec.robustness.attestation import sign_gate_result, write_attestation
 from modelsec.robustness.data import load_dataset
@@ -53,6 +54,7 @@ def run_pgd_gate(
     data: str | Path,
     config: GateConfig,
     signer: StatementSigner | None = None,
+    run_by: RunBy | None = None,
     out: Path | None = None,
     bundles: Sequence[Path] | None = None,
     progress: GateProgress | None = None,
@@ -71,6 +73,7 @@ def run_pgd_gate(
         data: Dataset file (safetensors or `.npz`) or loader import path.
         config: Attack parameters and rule.
         signer: Key backend that signs the attestation; None skips signing.
+        run_by: Who runs the gate, recorded as `runBy`, when a modelsec server does (RunGate).
         out: Where to write the bundle (rank 0 only); None keeps it in memory.
         bundles: Explicit weights-signature bundles (default: found in `model_dir`).
         progress: Progress sink.
@@ -107,6 +110,7 @@ def run_pgd_gate(
             model_name=classifier.model_name,
             architecture=architecture,
             weights=classifier.weights,
+            run_by=run_by,
         )
         if out is not None:
             write_attestation(out, bundle)

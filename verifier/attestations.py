@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from modelsec.attestations.bundle import Bundle, parse_bundle
-from modelsec.attestations.gate_predicate import GatePredicate, parse_gate_predicate
+from modelsec.attestations.gate_predicate import GatePredicate, check_gate_run, parse_gate_predicate
 from modelsec.attestations.oms_predicate import OMS_PREDICATE_TYPE, parse_manifest
 from modelsec.attestations.statement import (
     GATE_PREDICATE_TYPE,
@@ -50,7 +50,11 @@ from modelsec.attestations.statement import (
     is_sha256_hex,
     parse_statement,
 )
-from modelsec.attestations.watermark_predicate import WatermarkPredicate, parse_watermark_predicate
+from modelsec.attestations.watermark_predicate import (
+    WatermarkPredicate,
+    check_watermark_run,
+    parse_watermark_predicate,
+)
 from modelsec.errors import AttestationError, Error, MalformedArtifactError
 from modelsec.limits import Limits
 from modelsec.policy import Policy, RobustnessRequirement, WatermarkRequirement
@@ -266,6 +270,7 @@ def _gate_applies(pred: GatePredicate, req: RobustnessRequirement, what: str, no
             f"{what}: gate evaluated {pred.robust_total} samples, policy needs {req.min_samples}"
         )
     _fresh(pred.finished_at, req.max_age_seconds, "gate result", "finishedAt", what, now)
+    check_gate_run(pred, req, what=what)  # steps, restarts, dataset, who ran it: a weaker run is not evidence
 
 
 def _fresh(
@@ -297,9 +302,10 @@ def _gate_outcome(pred: GatePredicate, req: RobustnessRequirement, what: str) ->
         raise AttestationError(f"{what}: {label} {value:.4f} is below the policy's {req.min_robust_accuracy}")
     if pred.failed_checks:
         raise AttestationError(f"{what}: gate sanity checks failed: {pred.failed_checks}")
+    run = check_gate_run(pred, req, what=what)  # already met in _gate_applies: here for the description
     return (
         f"robustness: {pred.attack} eps {pred.eps} >= {req.min_eps}, "
-        f"{label} {value:.4f} >= {req.min_robust_accuracy}"
+        f"{label} {value:.4f} >= {req.min_robust_accuracy}" + (f", {run}" if run else "")
     )
 
 
@@ -320,7 +326,18 @@ def _watermark_outcome(pred: WatermarkPredicate, req: WatermarkRequirement, what
         raise AttestationError(
             f"{what}: watermark false-positive probability {fpp:.3g} > policy {req.max_false_positive:.3g}"
         )
-    return f"watermark: detected at embed time, confidence {confidence:.3f}, false-positive p {fpp:.2g}"
+    if req.max_fidelity_loss is not None:
+        if pred.fidelity is None:
+            raise AttestationError(f"{what}: the watermark attestation records no fidelity measurement")
+        if pred.fidelity.value > req.max_fidelity_loss:
+            raise AttestationError(
+                f"{what}: watermark fidelity loss {pred.fidelity.value:.3g} ({pred.fidelity.metric}) > "
+                f"policy maxFidelityLoss {req.max_fidelity_loss:.3g}"
+            )
+    run = check_watermark_run(pred, require_server_run=req.require_server_run, what=what)
+    return f"watermark: detected at embed time, confidence {confidence:.3f}, false-positive p {fpp:.2g}" + (
+        f", {run}" if run else ""
+    )
 
 
 def _check_watermark(predicate: Mapping[str, Any], req: WatermarkRequirement, what: str) -> str:

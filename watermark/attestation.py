@@ -10,7 +10,8 @@ Statement (in-toto Statement v1, DSSE payloadType `application/vnd.in-toto+json`
 * `predicate`: `scheme` (name, sources, key schedule), `parameters` (all of `WatermarkParams`, the
   density, code and message lengths, kappa), `keyCommitment` and `messageCommitment` (keyed HMAC-SHA256
   values: never the key, never the message), `carriers` (tensor names, dtypes, shapes, carrier counts),
-  `embedding` (relative changes, strengths) and `detection` (bit matches, bit error rate, false-positive
+  `embedding` (relative changes, strengths), `fidelity` (when measured: probe set digest, metric, value,
+  budget; `modelsec.watermark.fidelity`) and `detection` (bit matches, bit error rate, false-positive
   probability and its log10, confidence, minimum margin, thresholds) measured on the written weights,
   plus `embeddedAt` (RFC 3339, UTC) and the tool version.
 
@@ -33,6 +34,7 @@ from modelsec.limits import Limits
 
 if TYPE_CHECKING:
     from modelsec.attestations.bundle import StatementSigner
+    from modelsec.attestations.run_by import RunBy
     from modelsec.attestations.statement import Statement
     from modelsec.attestations.watermark_predicate import WatermarkPredicate
     from modelsec.signer.keys import TrustedKey
@@ -92,7 +94,12 @@ def model_root_digests(model_dir: Path, *, sm3: bool = False, limits: Limits | N
 
 
 def watermark_statement(
-    result: EmbedResult, digests: Mapping[str, str], *, name: str, embedded_at: datetime | None = None
+    result: EmbedResult,
+    digests: Mapping[str, str],
+    *,
+    name: str,
+    embedded_at: datetime | None = None,
+    run_by: RunBy | None = None,
 ) -> Statement:
     """Build the in-toto statement for an embedding (no key material, no message).
 
@@ -101,6 +108,7 @@ def watermark_statement(
         digests: The watermarked model's root digests (`model_root_digests`).
         name: Informational subject name (the directory name).
         embedded_at: Time of embedding (default: now, UTC).
+        run_by: Who embedded the mark, recorded as `runBy`, when a modelsec server did (EmbedWatermark).
 
     Returns:
         The unsigned statement.
@@ -149,10 +157,11 @@ def watermark_statement(
             },
         },
         "detection": detection,
+        **({"fidelity": result.fidelity.to_json()} if result.fidelity is not None else {}),
         "embeddedAt": when.isoformat().replace("+00:00", "Z"),
         "tool": {"name": "modelsec", "version": __version__},
     }
-    return build_statement(predicate, digests, name=name)
+    return build_statement(predicate, digests, name=name, run_by=run_by)
 
 
 def sign_watermark_attestation(
@@ -162,6 +171,7 @@ def sign_watermark_attestation(
     sm3: bool | None = None,
     digests: Mapping[str, str] | None = None,
     limits: Limits | None = None,
+    run_by: RunBy | None = None,
 ) -> tuple[dict[str, str], bytes]:
     """Sign the watermark statement about the watermarked model as a DSSE bundle.
 
@@ -172,6 +182,7 @@ def sign_watermark_attestation(
         digests: The model root digests the caller already computed for `result.out_dir` (`sha256`, and
             `sm3` when `sm3`), e.g. by signing it; None hashes the directory.
         limits: Walk and parser limits.
+        run_by: Who embedded the mark, when a modelsec server did (recorded as `runBy`).
 
     Returns:
         The root digests recorded in the subject, and the bundle bytes.
@@ -186,7 +197,7 @@ def sign_watermark_attestation(
     if digests is None or "sha256" not in digests or (sm3 and "sm3" not in digests):
         digests = model_root_digests(result.out_dir, sm3=sm3, limits=limits)
     recorded = dict(digests)
-    statement = watermark_statement(result, recorded, name=result.out_dir.resolve().name)
+    statement = watermark_statement(result, recorded, name=result.out_dir.resolve().name, run_by=run_by)
     return recorded, sign_statement(statement, signer)
 
 
@@ -358,13 +369,11 @@ def detection_hints(predicate: Mapping[str, Any], *, what: str) -> DetectionHint
     """
     from modelsec.attestations.watermark_predicate import parse_recorded_parameters
     from modelsec.watermark.scheme import SCHEME, WatermarkParams
+    from modelsec.watermark.schemes import get_scheme
 
     recorded = parse_recorded_parameters(predicate, what=what)
-    if recorded.scheme != SCHEME:
-        raise UnsupportedAlgorithmError(
-            f"{what}: the watermark was embedded with scheme {recorded.scheme!r}; "
-            f"this detector runs {SCHEME!r}"
-        )
+    if get_scheme(recorded.scheme, what=what).name != SCHEME:  # hints are this scheme's parameters
+        raise UnsupportedAlgorithmError(f"{what}: no detection hints for scheme {recorded.scheme!r}")
     params = WatermarkParams(
         kappa=recorded.kappa,
         pilot_bits=recorded.pilot_bits,
@@ -375,6 +384,7 @@ def detection_hints(predicate: Mapping[str, Any], *, what: str) -> DetectionHint
         max_relative_change=recorded.max_relative_change,
         max_message_bits=recorded.max_message_bits,
         min_carriers_per_bit=recorded.min_carriers_per_bit,
+        carrier_set=recorded.carrier_set,
     )
     return DetectionHints(
         params=params,

@@ -51,6 +51,8 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
+    from modelsec.watermark.fidelity import FidelityReport
+
 __all__ = ["EmbedResult", "TensorReport", "embed_model"]
 
 _COPY_CHUNK = 8 * 2**20
@@ -99,6 +101,8 @@ class EmbedResult:
         message_commitment: `WatermarkKey.message_commitment(message)`.
         shards: Safetensors files processed.
         bytes_processed: Bytes of safetensors files read and written (each counted once).
+        fidelity: The measured fidelity loss and its budget (`embed_within_budget`), or None when not
+            measured.
     """
 
     out_dir: Path
@@ -119,6 +123,7 @@ class EmbedResult:
     message_commitment: str
     shards: int
     bytes_processed: int
+    fidelity: FidelityReport | None = None
 
 
 def capacity_bits(carriers: int, params: WatermarkParams) -> int:
@@ -186,7 +191,7 @@ def embed_model(
     n_code = len(code)
 
     with DirectorySource(Path(model_dir), limits=limits) as source:
-        eligible = [r for r in source.tensors() if is_eligible(r.dtype, r.shape, params)]
+        eligible = [r for r in source.tensors() if is_eligible(r.dtype, r.shape, params, r.name)]
         if not eligible:
             raise PolicyError(
                 f"{model_dir}: no tensor can carry a watermark (need float tensors of at least 2 dimensions "

@@ -46,24 +46,28 @@ Shapes and units: weights are handled as float32 (float64 for F64 tensors); per-
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import math
-import os
-import re
-import stat
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from modelsec.errors import KeyMaterialError, PolicyError
+from modelsec.errors import PolicyError
+from modelsec.watermark.keys import (
+    KEY_FILE_MAX_BYTES,
+    KEY_MAX_BYTES,
+    KEY_MIN_BYTES,
+    WatermarkKey,
+    generate_key_file_text,
+    load_key_file,
+    parse_key,
+)
 
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
 __all__ = [
+    "CARRIER_SETS",
     "FLOAT_DTYPES",
     "KEY_FILE_MAX_BYTES",
     "KEY_MAX_BYTES",
@@ -87,15 +91,15 @@ __all__ = [
 ]
 
 SCHEME = "modelsec-ss-mult/v1"
-KEY_MIN_BYTES = 32
-KEY_MAX_BYTES = 64
-KEY_FILE_MAX_BYTES = 4096
 #: dtypes that can carry the mark (safetensors names); everything else is left untouched.
 FLOAT_DTYPES: frozenset[str] = frozenset({"F16", "BF16", "F32", "F64"})
+#: Carrier sets: `all` eligible tensors; `embeddings`: only token/position embeddings and the output head (a
+#: name component containing `embed`, or equal to `lm_head`, `wte`, `wpe` or `shared`), of which each input
+#: reads a few rows; `no-embeddings`: all but those. Decided from tensor names alone, so blind detection can
+#: re-derive it.
+CARRIER_SETS: tuple[str, ...] = ("all", "embeddings", "no-embeddings")
+_EMBEDDING_NAMES = frozenset({"lm_head", "wte", "wpe", "shared"})
 
-_HKDF_SALT = b"modelsec.watermark.v1 hkdf salt"
-_INFO_PREFIX = b"modelsec.watermark.v1/"
-_HEX_KEY = re.compile(r"[0-9a-fA-F]+")
 _MAX_DENSITY_LOG2 = 32
 
 
@@ -118,6 +122,7 @@ class WatermarkParams:
         min_carriers_per_bit: Capacity rule: a message is refused if a code bit would get fewer carriers.
         margin_slack: Embedding aims at `kappa * (1 + margin_slack)` so that the per-tensor RMS change and
             the dtype cast cannot pull a bit below `kappa`.
+        carrier_set: Which eligible tensors carry bits (`CARRIER_SETS`).
     """
 
     kappa: float = 3.0
@@ -130,6 +135,7 @@ class WatermarkParams:
     max_message_bits: int = 512
     min_carriers_per_bit: int = 1024
     margin_slack: float = 0.02
+    carrier_set: str = "all"
 
     def __post_init__(self) -> None:
         problems = []
@@ -153,6 +159,8 @@ class WatermarkParams:
             problems.append("min_carriers_per_bit must be positive")
         if not (0 <= self.margin_slack < 1):
             problems.append("margin_slack must be in [0, 1)")
+        if self.carrier_set not in CARRIER_SETS:
+            problems.append(f"carrier_set must be one of {', '.join(CARRIER_SETS)}")
         if problems:
             raise PolicyError("invalid watermark parameters: " + "; ".join(problems))
 
@@ -167,159 +175,8 @@ class WatermarkParams:
             "maxRelativeChange": self.max_relative_change,
             "maxMessageBits": self.max_message_bits,
             "minCarriersPerBit": self.min_carriers_per_bit,
+            "carrierSet": self.carrier_set,
         }
-
-
-# --- keys --------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True, repr=False)
-class WatermarkKey:
-    """A watermark key, held as its HKDF pseudo-random key (the raw bytes are not kept).
-
-    The object never prints its material (`repr` shows only the public commitment prefix). Use
-    `load_key_file` or `parse_key` to build one.
-    """
-
-    _prk: bytes = field(repr=False)
-
-    @classmethod
-    def from_bytes(cls, key: bytes, *, source: str = "watermark key") -> WatermarkKey:
-        """Wrap raw key bytes (HKDF-Extract with a fixed scheme salt, RFC 5869 section 2.2).
-
-        Args:
-            key: 32 to 64 uniformly random bytes.
-            source: Names the key in errors.
-
-        Returns:
-            The key.
-
-        Raises:
-            KeyMaterialError: The key is shorter than 32 or longer than 64 bytes, or all one byte value.
-        """
-        if len(key) < KEY_MIN_BYTES:
-            raise KeyMaterialError(
-                f"{source}: watermark key too short: {len(key)} bytes, need at least {KEY_MIN_BYTES} random "
-                "bytes (run `modelsec watermark keygen`)"
-            )
-        if len(key) > KEY_MAX_BYTES:
-            raise KeyMaterialError(
-                f"{source}: watermark key too long: {len(key)} bytes, at most {KEY_MAX_BYTES}"
-            )
-        if len(set(key)) == 1:
-            raise KeyMaterialError(f"{source}: watermark key is one repeated byte; generate a random key")
-        return cls(hmac.new(_HKDF_SALT, key, hashlib.sha256).digest())
-
-    def __repr__(self) -> str:
-        return f"<WatermarkKey commitment={self.commitment()[:16]}...>"
-
-    def subkey(self, label: bytes, context: bytes = b"") -> bytes:
-        """HKDF-Expand (RFC 5869 section 2.3, SHA-256, one block) of `label` and `context`.
-
-        Args:
-            label: Purpose, e.g. `b"blocks"`; distinct labels give independent subkeys.
-            context: Length-prefixed binding data (tensor name and shape).
-
-        Returns:
-            A 32-byte subkey.
-        """
-        info = _INFO_PREFIX + label + b"\x00" + context
-        return hmac.new(self._prk, info + b"\x01", hashlib.sha256).digest()
-
-    def stream(self, label: bytes, context: bytes, nbytes: int) -> bytes:
-        """`nbytes` of AES-256-CTR keystream under `subkey(label, context)` from a zero counter.
-
-        Raises:
-            PolicyError: `nbytes` is negative or above 2**36 (a tensor far beyond any model).
-        """
-        if nbytes < 0 or nbytes > 2**36:
-            raise PolicyError(f"keystream of {nbytes} bytes requested; refusing")
-        from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-
-        encryptor = Cipher(algorithms.AES(self.subkey(label, context)), modes.CTR(bytes(16))).encryptor()
-        out = encryptor.update(bytes(nbytes))
-        encryptor.finalize()  # CTR has no tail; finalizing checks the context is complete
-        return out
-
-    def commitment(self) -> str:
-        """A public commitment to the key: hex HMAC-SHA256 output under a dedicated subkey.
-
-        Hiding (a PRF output of a 256-bit random key) and binding (finding another key with the same value is
-        a second-preimage search on HMAC-SHA256). Safe to publish in attestations and logs.
-        """
-        return self.subkey(b"key-commitment").hex()
-
-    def message_commitment(self, message: bytes) -> str:
-        """A keyed commitment to `message`: hex HMAC-SHA256(subkey, len || message).
-
-        Only holders of the key can test a candidate message, so low-entropy messages stay hidden.
-        """
-        body = len(message).to_bytes(8, "big") + message
-        return hmac.new(self.subkey(b"message-commitment"), body, hashlib.sha256).hexdigest()
-
-
-def generate_key_file_text() -> bytes:
-    """A new key file's contents: 32 bytes from `os.urandom` as 64 lowercase hex digits and a newline."""
-    return os.urandom(KEY_MIN_BYTES).hex().encode("ascii") + b"\n"
-
-
-def parse_key(data: bytes, *, source: str) -> WatermarkKey:
-    """Parse watermark key file contents.
-
-    Format (decided here): either text of 64 to 128 hex digits (32 to 64 bytes; surrounding ASCII
-    whitespace allowed, `modelsec watermark keygen` writes 64 digits and a newline), or the raw 32 to 64
-    bytes. Contents that are entirely hex digits are always read as hex.
-
-    Args:
-        data: The file contents.
-        source: Names the key in errors (usually the path).
-
-    Returns:
-        The key.
-
-    Raises:
-        KeyMaterialError: Empty, odd-length hex, wrong length, or a degenerate key.
-    """
-    text = data.strip(b" \t\r\n")
-    if not text:
-        raise KeyMaterialError(f"{source}: watermark key file is empty")
-    try:
-        decoded = text.decode("ascii")
-    except UnicodeDecodeError:
-        decoded = ""
-    if decoded and _HEX_KEY.fullmatch(decoded):
-        if len(decoded) % 2:
-            raise KeyMaterialError(f"{source}: watermark key has an odd number of hex digits")
-        return WatermarkKey.from_bytes(bytes.fromhex(decoded), source=source)
-    return WatermarkKey.from_bytes(data, source=source)
-
-
-def load_key_file(path: Path) -> WatermarkKey:
-    """Read and parse a watermark key file (symlinks refused; see `parse_key` for the format).
-
-    Args:
-        path: The key file.
-
-    Returns:
-        The key.
-
-    Raises:
-        KeyMaterialError: The file is missing, unreadable, a symlink, not a regular file, too large, or not
-            a valid key.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError as e:
-        why = "is a symlink (refused)" if os.path.islink(path) else e.strerror
-        raise KeyMaterialError(f"{path}: cannot read watermark key file: {why}") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise KeyMaterialError(f"{path}: watermark key file is not a regular file")
-    with os.fdopen(fd, "rb") as f:
-        data = f.read(KEY_FILE_MAX_BYTES + 1)
-    if len(data) > KEY_FILE_MAX_BYTES:
-        raise KeyMaterialError(f"{path}: watermark key file is larger than {KEY_FILE_MAX_BYTES} bytes")
-    return parse_key(data, source=str(path))
 
 
 # --- messages -----------------------------------------------------------------------------------------------
@@ -387,9 +244,22 @@ def decode_message_bits(key: WatermarkKey, code: Sequence[int], params: Watermar
 # --- carriers -----------------------------------------------------------------------------------------------
 
 
-def is_eligible(dtype: str, shape: Sequence[int], params: WatermarkParams) -> bool:
-    """Whether a tensor may carry the mark: float dtype, at least 2-D, at least `min_tensor_elements`."""
-    return dtype in FLOAT_DTYPES and len(shape) >= 2 and math.prod(shape) >= params.min_tensor_elements
+def is_eligible(dtype: str, shape: Sequence[int], params: WatermarkParams, name: str = "") -> bool:
+    """Whether a tensor may carry the mark: float, at least 2-D, `min_tensor_elements`, in the carrier set.
+
+    Norms and biases are 1-D and never carry bits; the carrier set is decided from `name` alone.
+    """
+    if dtype not in FLOAT_DTYPES or len(shape) < 2 or math.prod(shape) < params.min_tensor_elements:
+        return False
+    if params.carrier_set == "all":
+        return True
+    return is_embedding_name(name) == (params.carrier_set == "embeddings")
+
+
+def is_embedding_name(name: str) -> bool:
+    """Whether a tensor name looks like a token/position embedding or an output head (see `CARRIER_SETS`)."""
+    parts = name.split(".")
+    return any("embed" in p or p in _EMBEDDING_NAMES for p in parts)
 
 
 def density_log2_for(total_eligible: int, params: WatermarkParams) -> int:

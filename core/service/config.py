@@ -5,6 +5,7 @@ Example:
 apiVersion: modelsec.dev/v1alpha1
 kind: ServerConfig
 listen: 127.0.0.1:50051
+serverIdentity: signer.example.org   # runBy.server in the gates and watermarks it runs (default: hostname)
 metricsListen: 127.0.0.1:9464        # /metrics and /healthz over plain HTTP; omit to disable
 dataDir: /var/lib/modelsec           # the attestation store (attestations.sqlite3) lives here
 policy: policy.yaml                  # ModelPolicy file (keys, requirements; see modelsec.policy)
@@ -25,6 +26,7 @@ keys:                                # server-held signing keys, KMS style
     version: "1"
     path: "pkcs11:token=ci;object=release?module-path=/usr/lib/softhsm/libsofthsm2.so&pin-source=env:PIN"
     roles: [weights, watermark, gate]  # which predicate types the key may sign
+    operations: [signStatement, gateResult, watermarkRecord]  # which RPCs may sign with it (see below)
     allow: ["spiffe://example.org/ci/*", ci-team-a]   # identities (globs) that may use it
 watermarkKeys:
   - {name: owner, path: keys/owner.wmkey, allow: [ci-team-a]}
@@ -46,6 +48,16 @@ with neither is refused (UNAUTHENTICATED) unless `allowAnonymous: true` (plainte
 identity `anonymous`). Bearer tokens without `tls` are accepted only on a loopback `listen` address
 (`127.0.0.1`, `[::1]`, `localhost`): on any other address the configuration is refused, since every token
 would cross the network in the clear.
+Operations: `signStatement` lets SignStatement sign client-made statements of the key's roles;
+`gateResult` lets RunGate sign the results of gate runs this server performed, and `watermarkRecord` lets
+EmbedWatermark sign the records of embeds it performed (both recording `runBy`: this server's
+`serverIdentity` and the requester's identity). SignStatement never signs a gate (watermark) statement with
+a key that holds `gateResult` (`watermarkRecord`), nor any gate or watermark statement carrying `runBy`, so
+a verifier that trusts such a key knows that the server ran the gate or the embed. Left out, a key's
+operations follow its roles: `weights` -> `signStatement`, `gate` -> `gateResult`, `watermark` ->
+`watermarkRecord` (a client-made gate or watermark statement is signed only by a key configured with
+`operations: [signStatement]` and the role).
+
 Relative paths are relative to the configuration file's directory. The file is validated strictly
 (`modelsec._config_models.ServerConfigModel`, published as `schemas/server-config.schema.json`).
 """
@@ -54,6 +66,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +77,7 @@ from modelsec.errors import PolicyError
 
 __all__ = [
     "ACCESS_DEFAULTS",
+    "OPERATIONS",
     "KeyConfig",
     "ServerConfig",
     "TlsConfig",
@@ -86,6 +100,14 @@ ACCESS_DEFAULTS: Mapping[str, tuple[str, ...]] = {
     "robustness": (),
 }
 
+# What a server-held key may be used for (`keys[].operations`), and the default by role.
+OPERATIONS = frozenset({"signStatement", "gateResult", "watermarkRecord"})
+_OPERATION_FOR_ROLE: Mapping[str, str] = {
+    "weights": "signStatement",
+    "gate": "gateResult",
+    "watermark": "watermarkRecord",
+}
+
 
 @dataclass(frozen=True, slots=True)
 class TlsConfig:
@@ -106,7 +128,11 @@ class TokenConfig:
 
 @dataclass(frozen=True, slots=True)
 class KeyConfig:
-    """A server-held signing key version (`<name>/<version>`), its roles and who may use it."""
+    """A server-held signing key version (`<name>/<version>`), its roles, operations and who may use it.
+
+    Attributes:
+        operations: The RPCs that may sign with it (`OPERATIONS`; see the module docstring).
+    """
 
     name: str
     version: str
@@ -114,6 +140,7 @@ class KeyConfig:
     password_env: str | None
     roles: frozenset[str]
     allow: tuple[str, ...]
+    operations: frozenset[str] = frozenset()
 
     @property
     def key_version(self) -> str:
@@ -137,6 +164,7 @@ class ServerConfig:
     listen: str
     data_dir: Path
     policy: Path
+    server_identity: str = "modelsec"
     default_policy: str | None = None
     metrics_listen: str | None = None
     tls: TlsConfig | None = None
@@ -271,6 +299,9 @@ def server_config_from_mapping(doc: object, *, base_dir: Path, source: str) -> S
             k.password_env,
             frozenset(k.roles),
             tuple(k.allow),
+            frozenset(
+                k.operations if k.operations is not None else (_OPERATION_FOR_ROLE[r] for r in k.roles)
+            ),
         )
         for i, k in enumerate(top.keys)
     )
@@ -283,6 +314,7 @@ def server_config_from_mapping(doc: object, *, base_dir: Path, source: str) -> S
         raise PolicyError(f"{source}: watermarkKeys: a watermark key name is listed twice")
     return ServerConfig(
         listen=top.listen,
+        server_identity=top.server_identity or socket.gethostname() or "modelsec",
         metrics_listen=top.metrics_listen,
         data_dir=_path(top.data_dir, base_dir),
         policy=_path(top.policy, base_dir),

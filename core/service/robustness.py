@@ -3,7 +3,11 @@
 `RunGate` is `modelsec gate pgd` behind an RPC: the model is verified under the policy matching its path
 (`PolicySet.for_model`) before any weight is loaded, the architecture comes from the server's allow-list
 (`architectures`), never from the request alone, and the result is signed with a server-held key holding the
-`gate` role when the caller asks for an attestation. A FAILED verdict is a result, not an RPC error.
+`gate` role and the `gateResult` operation when the caller asks for an attestation. The statement is built
+here from this run's own result, and records who ran it (`runBy`: this server's `serverIdentity` and the
+caller's identity) next to the caller's choices (dataset digest, steps, restarts, eps), which a policy then
+judges (`minSteps`, `minRestarts`, `datasetDigests`, `requireServerRun`). A FAILED verdict is a result, not
+an RPC error.
 
 Threads and cancellation: the gate runs in a worker thread (`run_blocking`). Its progress sink hands events
 to the event loop (`call_soon_threadsafe`) and, at every pass and batch, stops the run with
@@ -32,7 +36,7 @@ from modelsec.service.work import CancelledWorkError, Check, run_blocking
 from modelsec.v1 import robustness_pb2, robustness_pb2_grpc
 
 if TYPE_CHECKING:
-    from modelsec.robustness.gate import GateConfig, default_step_size
+    from modelsec.robustness.gate import GateConfig
     from modelsec.robustness.pipeline import GateOutcome
 
 __all__ = ["PROGRESS_INTERVAL", "RobustnessServicer", "gate_config", "result_to_proto"]
@@ -91,11 +95,12 @@ class RobustnessServicer(robustness_pb2_grpc.RobustnessServiceServicer):
         """Verify the model, run the PGD gate, stream progress, then send the result.
 
         Checks, before any file is read: access, the architecture allow-list, both paths, the policy for
-        the model, the signing key (its `allow` list and `gate` role) and the gate configuration.
+        the model, the signing key (its `allow` list, `gate` role and `gateResult` operation) and the gate
+        configuration.
 
         Raises:
             PermissionDeniedError: No `robustness` access, an architecture not in the allow-list, a path
-                outside the read roots, or a signing key without the `gate` role.
+                outside the read roots, or a signing key without the `gate` role or `gateResult` operation.
             NotFoundError: No such signing key version.
             PolicyError: An invalid gate configuration, or an architecture that does not fit the weights
                 (INVALID_ARGUMENT).
@@ -112,10 +117,11 @@ class RobustnessServicer(robustness_pb2_grpc.RobustnessServiceServicer):
         data = self.state.readable_path(request.data_path, "data_path")
         policy = self.state.policies.for_model(model_dir.path)
         key = (
-            self.state.signing_key_for(request.attestation_key_version, PREDICATE_TYPE)
+            self.state.signing_key_for(request.attestation_key_version, PREDICATE_TYPE, "gateResult")
             if request.attestation_key_version
             else None
         )
+        run_by = self.state.run_by()
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[robustness_pb2.GateProgress] = asyncio.Queue()
 
@@ -136,6 +142,7 @@ class RobustnessServicer(robustness_pb2_grpc.RobustnessServiceServicer):
                     data=data_path,
                     config=config,
                     signer=key.backend if key is not None else None,
+                    run_by=run_by,
                     progress=_StreamProgress(loop, queue, stop),
                     dist=DistContext.single(),
                 )
@@ -178,7 +185,7 @@ def gate_config(request: robustness_pb2.RunGateRequest) -> GateConfig:
     Raises:
         PolicyError: Invalid values (`GateConfig` names each one).
     """
-    from modelsec.robustness.gate import GateConfig
+    from modelsec.robustness.gate import GateConfig, default_step_size
 
     defaults: dict[str, Any] = {}
     if request.min_samples:

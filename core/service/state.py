@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from modelsec.attestations.bundle import key_hint
+from modelsec.attestations.run_by import RunBy
 from modelsec.errors import (
     AuthenticationError,
     Error,
@@ -34,6 +35,8 @@ __all__ = ["LoadedKey", "ServerPath", "ServiceState", "current_identity"]
 
 _MAX_NAME_CHARS = 256  # key versions, policy and watermark key names in requests
 _MAX_PATH_BYTES = 4096  # PATH_MAX
+# The operation under which a server signs its own runs' results, by the role of their predicate type.
+_SERVER_RUN_OPERATION = {"gate": "gateResult", "watermark": "watermarkRecord"}
 
 # The authenticated identity of the RPC being served; set by the interceptor before a servicer runs.
 current_identity: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -215,13 +218,19 @@ class ServiceState:
             raise PermissionDeniedError(f"{identity!r} may not use key version {key_version!r}")
         return key
 
-    def signing_key_for(self, key_version: str, predicate_type: str) -> LoadedKey:
-        """The key version the caller may use, if it holds the role for statements of `predicate_type`.
+    def signing_key_for(self, key_version: str, predicate_type: str, operation: str) -> LoadedKey:
+        """The key version the caller may use for `operation`, if it holds the role for `predicate_type`.
+
+        `operation` is `signStatement` (a statement the client made), `gateResult` (the result of a gate
+        run this server performed) or `watermarkRecord` (the record of an embed it performed). A key that
+        signs server-run gate (watermark) results never signs a client-made gate (watermark) statement, so
+        its signature on one means the server ran it (`modelsec.service.config`).
 
         Raises:
             NotFoundError: No such key version.
-            PermissionDeniedError: The caller may not use it, or it may not sign this predicate type (an
-                unknown predicate type is never signed).
+            PermissionDeniedError: The caller may not use it, it may not sign this predicate type (an
+                unknown predicate type is never signed), it is not configured for `operation`, or
+                `operation` is `signStatement` and it signs this server's own results of this type.
         """
         from modelsec.verifier.attestations import role_for_predicate
 
@@ -232,7 +241,26 @@ class ServiceState:
                 f"key version {key_version!r} may not sign predicateType {predicate_type!r} "
                 f"(its roles: {', '.join(sorted(key.config.roles)) or 'none'})"
             )
+        if operation not in key.config.operations:
+            raise PermissionDeniedError(
+                f"key version {key_version!r} may not be used for {operation} "
+                f"(its operations: {', '.join(sorted(key.config.operations)) or 'none'})"
+            )
+        server_run = _SERVER_RUN_OPERATION.get(role)
+        if operation == "signStatement" and server_run in key.config.operations:
+            raise PermissionDeniedError(
+                f"key version {key_version!r} signs the {role} results this server produces itself "
+                f"({server_run}); SignStatement does not sign {role} statements with it"
+            )
         return key
+
+    def run_by(self) -> RunBy:
+        """Who runs the current RPC's gate or embed: this server's identity and the caller's.
+
+        Raises:
+            AuthenticationError: Called outside an authenticated RPC.
+        """
+        return RunBy(server=self.config.server_identity, requester=self.identity())
 
     def visible_keys(self) -> list[LoadedKey]:
         """The key versions the caller may use, by name."""

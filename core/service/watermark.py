@@ -73,12 +73,14 @@ class WatermarkServicer(watermark_pb2_grpc.WatermarkServiceServicer):
         """Write a watermarked copy of `model_path` to `out_path`, and sign its attestation when asked.
 
         Every check runs before any byte is read: access, the watermark key's `allow` list, both paths,
-        and the signing key's `allow` list and `watermark` role. The attestation is written as
+        and the signing key's `allow` list, `watermark` role and `watermarkRecord` operation. The attestation
+        records who embedded the mark (`runBy`: this server and the caller) and is written as
         `model.watermark.sig` inside the output directory (a name the manifest ignores) and returned.
 
         Raises:
             PermissionDeniedError: No `watermark` access, a key the caller may not use, a signing key
-                without the `watermark` role, or a path outside the server's roots.
+                without the `watermark` role or `watermarkRecord` operation, or a path outside the server's
+                roots.
             NotFoundError: No such watermark key or signing key version.
             PolicyError: Empty or too long a message, beyond the model's capacity, or an unusable output
                 directory (INVALID_ARGUMENT).
@@ -90,10 +92,11 @@ class WatermarkServicer(watermark_pb2_grpc.WatermarkServiceServicer):
         model_dir = self.state.readable_path(request.model_path, "model_path")
         out_dir = self.state.writable_path(request.out_path, "out_path")
         signer = (
-            self.state.signing_key_for(request.attestation_key_version, PREDICATE_TYPE)
+            self.state.signing_key_for(request.attestation_key_version, PREDICATE_TYPE, "watermarkRecord")
             if request.attestation_key_version
             else None
         )
+        run_by = self.state.run_by()
         message = request.message
 
         def work(check: Check) -> watermark_pb2.EmbedWatermarkResponse:
@@ -113,7 +116,9 @@ class WatermarkServicer(watermark_pb2_grpc.WatermarkServiceServicer):
                 if signer is None:
                     digest = model_root_digests(result.out_dir, limits=self.limits)["sha256"]
                 else:
-                    digests, bundle = sign_watermark_attestation(result, signer.backend, limits=self.limits)
+                    digests, bundle = sign_watermark_attestation(
+                        result, signer.backend, limits=self.limits, run_by=run_by
+                    )
                     write_file_at(result.out_dir, ATTESTATION_FILE_NAME, bundle, what="watermark attestation")
                     digest = digests["sha256"]
             return watermark_pb2.EmbedWatermarkResponse(

@@ -42,14 +42,16 @@ GATE_PATHS = [
     "parameters.eps", "parameters.stepSize", "parameters.steps", "parameters.restarts", "parameters.seed",
     "dataset.samples", "results.clean.correct", "results.clean.total", "results.robust.correct",
     "results.robust.total", "results.robust.accuracy", "results.robust.wilson95", "gate.threshold",
-    "gate.value", "finishedAt",
+    "gate.value", "finishedAt", "runBy.server", "runBy.requester", "dataset.digest.sha256",
 ]  # fmt: skip
 WM_PATHS = [
     "parameters.kappa", "parameters.pilotBits", "parameters.blockSize", "parameters.targetCarriersLog2",
     "parameters.densityLog2", "parameters.minTensorElements", "parameters.maxRelativeChange",
     "parameters.maxMessageBits", "parameters.minCarriersPerBit", "parameters.messageBits",
     "detection.confidence", "detection.falsePositiveProbability", "detection.bitMatches", "embeddedAt",
+    "runBy.server",
 ]  # fmt: skip
+RUN_BY = {"server": "signer.test", "requester": "ci"}
 
 
 def _wm() -> dict[str, Any]:
@@ -72,6 +74,7 @@ def _wm() -> dict[str, Any]:
         "messageCommitment": {"algorithm": "hmac-sha256", "value": "11" * 32},
         "detection": {"detected": True, "confidence": 1.0, "falsePositiveProbability": 1e-30},
         "embeddedAt": "2026-01-01T00:00:00Z",
+        "runBy": dict(RUN_BY),
     }
 
 
@@ -133,7 +136,7 @@ def _set_oms(doc: dict[str, Any], path: str, value: object) -> None:
 @SETTINGS
 @given(changes=st.dictionaries(st.sampled_from(GATE_PATHS), EXTREME, min_size=1, max_size=4))
 def test_gate_statements(changes: dict[str, object]) -> None:
-    predicate = gate_predicate()
+    predicate = {**gate_predicate(), "runBy": dict(RUN_BY)}
     for path, value in changes.items():
         _set(predicate, path, value)
     now = datetime(2026, 11, 29, tzinfo=UTC)
@@ -143,7 +146,15 @@ def test_gate_statements(changes: dict[str, object]) -> None:
         holder["s"] = parse_statement(_payload(GATE_PREDICATE_TYPE, predicate), what="gate")
 
     for rule in ("point", "strict"):
-        req = RobustnessRequirement(min_eps=0.03, rule=rule, max_age_seconds=86400.0)
+        req = RobustnessRequirement(
+            min_eps=0.03,
+            rule=rule,
+            max_age_seconds=86400.0,
+            min_steps=10,
+            min_restarts=1,
+            datasets=frozenset({"ab" * 32}),
+            require_server_run=True,
+        )
         _only_modelsec_errors(
             parse,
             lambda: check_predicate_numbers(holder["s"], what="gate"),
@@ -165,7 +176,7 @@ def test_watermark_statements(changes: dict[str, object]) -> None:
     _only_modelsec_errors(
         parse,
         lambda: check_predicate_numbers(holder["s"], what="wm"),
-        lambda: _check_watermark(holder["s"].predicate, WatermarkRequirement(), "wm"),
+        lambda: _check_watermark(holder["s"].predicate, WatermarkRequirement(require_server_run=True), "wm"),
     )
     _only_modelsec_errors(parse, lambda: detection_hints(holder["s"].predicate, what="wm"))
 

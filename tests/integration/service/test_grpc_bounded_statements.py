@@ -27,7 +27,15 @@ def client(tmp_path_factory: pytest.TempPathFactory, key_dir: Path) -> Iterator[
     config = write_server_config(
         d / "server",
         key_dir,
-        keys=[{"name": "any", "path": str(key_dir / "ecdsa-p256.key.pem"), "allow": ["*"]}],
+        # A key configured to sign client-made statements of every role (gate and watermark included).
+        keys=[
+            {
+                "name": "any",
+                "path": str(key_dir / "ecdsa-p256.key.pem"),
+                "allow": ["*"],
+                "operations": ["signStatement"],
+            }
+        ],
     )
     with (
         InThreadServer(config) as server,

@@ -112,11 +112,13 @@ def test_embed_then_detect_and_the_attestation_verifies(setup: Setup, key_dir: P
         assert not unmarked.detected and unmarked.false_positive_probability > 1e-9
 
     trusted = Policy.from_key_files([key_dir / "ecdsa-p256.pub.pem"])
-    requiring = dataclasses.replace(trusted, watermark=WatermarkRequirement())
+    # The server records that it embedded the mark, and for which caller (issue 14).
+    requiring = dataclasses.replace(trusted, watermark=WatermarkRequirement(require_server_run=True))
     verdict = verify_attestations(
         embedded.root_digest, [embedded.attestation], requiring, require_signatures=False
     )
     assert verdict.ok and not verdict.missing and not verdict.refused, verdict
+    assert "for team-a" in verdict.satisfied[0], verdict.satisfied
     assert any(e.kind == "watermark" for e in verdict.evidence)
     other = dataclasses.replace(
         Policy.from_key_files([key_dir / "other.pub.pem"]), watermark=WatermarkRequirement()

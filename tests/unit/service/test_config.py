@@ -78,6 +78,14 @@ gracePeriod: 5
         ),
         ({"keys": [{"name": "k", "path": "a"}, {"name": "k", "path": "b"}]}, "listed twice"),
         ({"keys": [{"name": "../k", "path": "a"}]}, "name and version must match"),
+        (
+            {"keys": [{"name": "k", "path": "a", "roles": ["weights"], "operations": ["gateResult"]}]},
+            "operation gateResult needs the role gate",
+        ),
+        ({"keys": [{"name": "k", "path": "a", "operations": []}]}, r"keys\[0\]\.operations"),
+        ({"keys": [{"name": "k", "path": "a", "operations": ["sign"]}]}, r"keys\[0\]\.operations\[0\]"),
+        ({"serverIdentity": "a\nb"}, "serverIdentity"),
+        ({"serverIdentity": "s" * 1025}, "serverIdentity"),
         ({"access": {"admin": ["*"]}}, r"unknown field\(s\) \['admin'\]"),
         ({"access": {"verify": "*"}}, "must be a list"),
         ({"gracePeriod": -1}, "gracePeriod"),
@@ -88,6 +96,26 @@ gracePeriod: 5
 def test_invalid_configs_name_the_field(tmp_path: Path, fields: dict[str, Any], mentions: str) -> None:
     with pytest.raises(PolicyError, match=mentions):
         _load(tmp_path, **fields)
+
+
+def test_key_operations_default_to_one_per_role(tmp_path: Path) -> None:
+    """A key left without `operations` never signs client-made gate or watermark statements (issue 14)."""
+    config = _load(
+        tmp_path,
+        serverIdentity="signer.example.org",
+        keys=[
+            {"name": "all", "path": "a"},
+            {"name": "gate", "path": "a", "roles": ["gate"]},
+            {"name": "client", "path": "a", "roles": ["gate"], "operations": ["signStatement"]},
+        ],
+    )
+    assert [k.operations for k in config.keys] == [
+        {"signStatement", "gateResult", "watermarkRecord"},
+        {"gateResult"},
+        {"signStatement"},
+    ]
+    assert config.server_identity == "signer.example.org"
+    assert _load(tmp_path).server_identity  # default: this host's name
 
 
 def test_duplicate_yaml_keys_are_refused(tmp_path: Path) -> None:

@@ -1,0 +1,154 @@
+"""Detection results and thresholds, and the exact binomial false-positive probability.
+
+See `modelsec.watermark.detection` for how a result is computed and why the binomial is exact under the null
+hypothesis.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from modelsec.errors import PolicyError
+
+if TYPE_CHECKING:
+    from modelsec.watermark.resync import ResyncReport
+
+__all__ = ["DetectionResult", "DetectionThresholds", "binomial_tail"]
+
+
+@dataclass(frozen=True, slots=True)
+class DetectionThresholds:
+    """When a mark counts as detected (the deployment gate of issue 4).
+
+    Attributes:
+        min_confidence: Minimum cosine between extracted and embedded ±1 bits (0.92 tolerates 4 % bit
+            errors).
+        max_false_positive: Maximum false-positive probability (after the Bonferroni factor).
+    """
+
+    min_confidence: float = 0.92
+    max_false_positive: float = 1e-9
+
+    def __post_init__(self) -> None:
+        if not (-1.0 <= self.min_confidence <= 1.0):
+            raise PolicyError(f"min_confidence must be in [-1, 1], got {self.min_confidence}")
+        if not (0.0 < self.max_false_positive <= 1.0):
+            raise PolicyError(f"max_false_positive must be in (0, 1], got {self.max_false_positive}")
+
+
+def binomial_tail(n: int, k: int) -> tuple[float, float]:
+    """Exact `P[X >= k]` for `X ~ Binomial(n, 1/2)`, and its log10.
+
+    Computed as `sum(comb(n, i) for i >= k) / 2**n` with Python integers (no rounding before the final
+    division), so it is exact up to the one final rounding to a double; the log10 is computed from the
+    integers and stays finite where the probability underflows to 0.0.
+
+    Args:
+        n: Number of compared bits (>= 0).
+        k: Number of matches.
+
+    Returns:
+        `(probability, log10 probability)`; `(1.0, 0.0)` for `k <= 0`, `(0.0, -inf)` for `k > n`.
+    """
+    if k <= 0:
+        return 1.0, 0.0
+    if k > n:
+        return 0.0, -math.inf
+    numerator = sum(math.comb(n, i) for i in range(k, n + 1))
+    return numerator / 2**n, math.log10(numerator) - n * math.log10(2)
+
+
+@dataclass(frozen=True, slots=True)
+class DetectionResult:
+    """What detection found.
+
+    Attributes:
+        detected: confidence >= thresholds.min_confidence and false_positive_probability <=
+            thresholds.max_false_positive.
+        mode: `message` (the message was given: pilot and message bits compared), `length` (only its length
+            was given) or `blind` (length searched); the last two compare the pilot bits.
+        bits: Number of compared code bits `n`.
+        bit_matches: Extracted bits equal to the embedded ones, `k`.
+        bit_error_rate: `(n - k) / n`.
+        false_positive_probability: `P[Bin(n, 1/2) >= k]` times `tests` (capped at 1).
+        log10_false_positive_probability: Its log10 (finite even when the probability underflows).
+        confidence: Cosine between the extracted (ties = 0) and embedded ±1 vectors, in [-1, 1].
+        tests: Bonferroni factor: number of hypotheses tried (densities x message lengths).
+        pilot_bits: Number of pilot bits.
+        pilot_matches: Pilot bits extracted correctly.
+        message_bits: Message length in bits (given or found), or None when nothing was found.
+        message_matches: Message bits extracted correctly (only when the message was given).
+        message_bit_error_rate: Bit error rate of the message alone (only when the message was given).
+        decoded_message: The extracted message bytes (None when the length is unknown and nothing was
+            detected).
+        min_margin: Smallest `m_b z_b` over the compared bits (negative: a bit error); units of standard
+            deviations of the host correlation.
+        median_margin: Median `m_b z_b`.
+        density_log2: Carrier density exponent used.
+        carriers: Number of carrier elements read.
+        carrier_tensors: Number of tensors that carried bits.
+        resynchronised: Whether a reference model re-synchronised the suspect first.
+        resync: The re-synchronisation report, if any.
+        thresholds: The thresholds applied.
+    """
+
+    detected: bool
+    mode: str
+    bits: int
+    bit_matches: int
+    bit_error_rate: float
+    false_positive_probability: float
+    log10_false_positive_probability: float
+    confidence: float
+    tests: int
+    pilot_bits: int
+    pilot_matches: int
+    message_bits: int | None
+    message_matches: int | None
+    message_bit_error_rate: float | None
+    decoded_message: bytes | None
+    min_margin: float
+    median_margin: float
+    density_log2: int
+    carriers: int
+    carrier_tensors: int
+    resynchronised: bool = False
+    resync: ResyncReport | None = field(default=None, compare=False)
+    thresholds: DetectionThresholds = DetectionThresholds()
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready summary (the decoded message as hex)."""
+        return {
+            "detected": self.detected,
+            "mode": self.mode,
+            "bits": self.bits,
+            "bitMatches": self.bit_matches,
+            "bitErrorRate": self.bit_error_rate,
+            "falsePositiveProbability": self.false_positive_probability,
+            "log10FalsePositiveProbability": _finite(self.log10_false_positive_probability),
+            "confidence": self.confidence,
+            "tests": self.tests,
+            "pilotBits": self.pilot_bits,
+            "pilotMatches": self.pilot_matches,
+            "messageBits": self.message_bits,
+            "messageMatches": self.message_matches,
+            "messageBitErrorRate": self.message_bit_error_rate,
+            "decodedMessageHex": None if self.decoded_message is None else self.decoded_message.hex(),
+            "minMargin": _finite(self.min_margin),
+            "medianMargin": _finite(self.median_margin),
+            "densityLog2": self.density_log2,
+            "carriers": self.carriers,
+            "carrierTensors": self.carrier_tensors,
+            "resynchronised": self.resynchronised,
+            "thresholds": {
+                "minConfidence": self.thresholds.min_confidence,
+                "maxFalsePositiveProbability": self.thresholds.max_false_positive,
+            },
+        }
+
+
+def _finite(x: float) -> float:
+    """JSON has no infinities: clamp to +-1e308."""
+    return max(-1e308, min(1e308, x)) if not math.isnan(x) else 0.0
