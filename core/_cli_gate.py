@@ -140,6 +140,13 @@ class _RichProgress:
     callback=lambda _ctx, _param, value: _report_path(value),
     help="Also write a CI report of the run, whatever the verdict: .md (Markdown) or .xml (JUnit XML).",
 )
+@click.option(
+    "--eps-sweep",
+    callback=lambda _ctx, _param, value: _eps_list(value),
+    metavar="EPS[,EPS...]",
+    help="Also measure robust accuracy at these eps (after the gate; not signed) and draw it with its Wilson "
+    "intervals as a PNG beside --report (needs modelsec[reports]).",
+)
 @_json_option
 @_quiet_option
 def _pgd(
@@ -169,6 +176,7 @@ def _pgd(
     signatures: tuple[Path, ...],
     out: Path,
     report: Path | None,
+    eps_sweep: tuple[float, ...],
     as_json: bool,
     quiet: bool,
 ) -> None:
@@ -181,6 +189,8 @@ def _pgd(
     from modelsec.errors import Error, GateFailedError
 
     sources = _key_password_sources(key_passwords, [key])
+    if eps_sweep and report is None:
+        raise click.UsageError("--eps-sweep needs --report (the sweep is a picture in the report)")
     try:
         from modelsec.policy import Policy
         from modelsec.robustness import FastPaths, GateConfig, SanityConfig, run_pgd_gate
@@ -237,6 +247,7 @@ def _pgd(
                 out=out,
                 bundles=list(signatures) or None,
                 progress=progress,
+                sweep=eps_sweep,
             )
     except Error as e:
         _fail(e, as_json)
@@ -252,6 +263,7 @@ def _pgd(
                 result.to_json(),
                 root_digest=_digest_str(outcome.root_digest),
                 attestation=str(outcome.out) if outcome.out else None,
+                sweep=[(e, a.correct, a.total, *a.wilson95) for e, a in outcome.sweep],
             )
         except Error as e:
             _fail(e, as_json)
@@ -262,6 +274,8 @@ def _pgd(
             "attestation": str(outcome.out) if outcome.out else None,
             "result": result.to_json(),
         }
+        if outcome.sweep:
+            fields["epsSweep"] = [{"eps": e, "robust": a.to_json()} for e, a in outcome.sweep]
         if not result.passed:
             _fail(GateFailedError(_failed(result)), as_json, fields=fields)
         _reply(fields)
@@ -287,6 +301,19 @@ def _report_path(value: Path | None) -> Path | None:
     if value is not None and value.suffix.lower() not in REPORT_FORMATS:
         raise click.BadParameter(f"{value}: must end in .md (Markdown) or .xml (JUnit XML)")
     return value
+
+
+def _eps_list(value: str | None) -> tuple[float, ...]:
+    """Parse --eps-sweep: comma-separated finite numbers > 0 (a usage error otherwise, before any run)."""
+    if not value:
+        return ()
+    try:
+        values = tuple(float(v) for v in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: give numbers separated by commas, e.g. 0.1,0.2,0.3") from None
+    if not all(0 < v < float("inf") for v in values):
+        raise click.BadParameter(f"{value!r}: every eps must be a finite number > 0")
+    return values
 
 
 def _failed(result: Any) -> str:

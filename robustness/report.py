@@ -9,15 +9,30 @@ evidence: the signed attestation is what a verifier checks. No torch import here
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import xml.etree.ElementTree as ET
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from modelsec.errors import PolicyError
+from modelsec.errors import BackendUnavailableError, PolicyError
 
-__all__ = ["REPORT_FORMATS", "check_report_path", "render_gate_report", "write_gate_report"]
+__all__ = [
+    "PLOT_SIZE_PX",
+    "REPORT_FORMATS",
+    "SweepPoint",
+    "check_report_path",
+    "plot_sweep",
+    "render_gate_report",
+    "write_gate_report",
+]
+
+SweepPoint = tuple[float, int, int, float, float]
+"""One point of an ε sweep: (eps, correct, total, Wilson 95% low, Wilson 95% high)."""
+
+PLOT_SIZE_PX = (800, 500)
+"""Width and height of the ε-sweep PNG in pixels."""
 
 REPORT_FORMATS = {".md": "markdown", ".markdown": "markdown", ".xml": "junit"}
 """Report file extensions and the format each selects."""
@@ -62,7 +77,32 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _markdown(run: Mapping[str, Any], root_digest: str, attestation: str | None) -> str:
+def _sweep_markdown(sweep: Sequence[SweepPoint], plot: str | None) -> list[str]:
+    if not sweep:
+        return []
+    lines = [
+        "## Robust accuracy against ε",
+        "",
+        "| eps | correct | total | robust accuracy | Wilson 95% low | Wilson 95% high |",
+        "|---:|---:|---:|---:|---:|---:|",
+        *(
+            f"| {eps:g} | {c} | {n} | {_fmt(c / n if n else 0.0)} | {_fmt(lo)} | {_fmt(hi)} |"
+            for eps, c, n, lo, hi in sweep
+        ),
+        "",
+    ]
+    if plot:
+        lines += [f"![robust accuracy against eps]({plot})", ""]
+    return lines
+
+
+def _markdown(
+    run: Mapping[str, Any],
+    root_digest: str,
+    attestation: str | None,
+    sweep: Sequence[SweepPoint] = (),
+    plot: str | None = None,
+) -> str:
     gate, params, results = run["gate"], run["parameters"], run["results"]
     rows = []
     for name in ("clean", "robust"):
@@ -89,6 +129,7 @@ def _markdown(run: Mapping[str, Any], root_digest: str, attestation: str | None)
         "|---|---|---|",
         *(f"| {name} | {'ok' if ok else 'FAIL'} | {_cell(detail)} |" for name, ok, detail in _cases(run)),
         "",
+        *_sweep_markdown(sweep, plot),
     ]
     return "\n".join(lines)
 
@@ -118,23 +159,97 @@ def _junit(run: Mapping[str, Any], root_digest: str) -> str:
 
 
 def render_gate_report(
-    fmt: str, run: Mapping[str, Any], *, root_digest: str, attestation: str | None = None
+    fmt: str,
+    run: Mapping[str, Any],
+    *,
+    root_digest: str,
+    attestation: str | None = None,
+    sweep: Sequence[SweepPoint] = (),
+    plot: str | None = None,
 ) -> str:
-    """The report text of a gate run (`GateResult.to_json()`) in `fmt` (`markdown` or `junit`)."""
+    """The report text of a gate run (`GateResult.to_json()`) in `fmt` (`markdown` or `junit`).
+
+    A Markdown report also tabulates the ε sweep and links the plot (`plot`, relative to the report).
+    """
     if fmt == "junit":
         return _junit(run, root_digest)
-    return _markdown(run, root_digest, attestation)
+    return _markdown(run, root_digest, attestation, sweep, plot)
+
+
+def plot_sweep(path: Path, sweep: Sequence[SweepPoint], *, eps: float, threshold: float) -> None:
+    """Draw robust accuracy against ε with its Wilson 95% intervals as a PNG (`PLOT_SIZE_PX`).
+
+    The points are also written into the PNG's `Description` text chunk as JSON
+    (`[[eps, correct, total, low, high], ...]`), so a reader can check the picture against the report.
+
+    Raises:
+        BackendUnavailableError: matplotlib is not installed (`pip install 'modelsec[reports]'`).
+        PolicyError: The file cannot be written.
+    """
+    try:
+        import matplotlib
+    except ImportError:
+        raise BackendUnavailableError(
+            "the ε-sweep plot needs matplotlib: pip install 'modelsec[reports]'"
+        ) from None
+    matplotlib.use("Agg")  # headless: CI runners have no display
+    from matplotlib.figure import Figure
+
+    xs = [p[0] for p in sweep]
+    ys = [p[1] / p[2] if p[2] else 0.0 for p in sweep]
+    lows = [y - p[3] for y, p in zip(ys, sweep, strict=True)]
+    highs = [p[4] - y for y, p in zip(ys, sweep, strict=True)]
+    dpi = 100
+    fig = Figure(figsize=(PLOT_SIZE_PX[0] / dpi, PLOT_SIZE_PX[1] / dpi), dpi=dpi)
+    ax = fig.add_subplot()
+    ax.errorbar(xs, ys, yerr=[lows, highs], marker="o", capsize=4, label="robust accuracy (Wilson 95%)")
+    ax.axhline(threshold, color="tab:red", linestyle="--", label=f"threshold {threshold:g}")
+    ax.axvline(eps, color="grey", linestyle=":", label=f"gate eps {eps:g}")
+    ax.set(
+        xlabel="eps (L∞)", ylabel="robust accuracy", ylim=(0.0, 1.02), title="PGD robust accuracy against eps"
+    )
+    ax.legend(loc="lower left")
+    fig.tight_layout()
+    description = json.dumps([list(p) for p in sweep])
+    try:
+        fig.savefig(path, format="png", dpi=dpi, metadata={"Description": description})
+    except OSError as e:
+        raise PolicyError(f"{path}: cannot write the plot: {e.strerror}") from None
 
 
 def write_gate_report(
-    path: Path, run: Mapping[str, Any], *, root_digest: str, attestation: str | None = None
-) -> None:
+    path: Path,
+    run: Mapping[str, Any],
+    *,
+    root_digest: str,
+    attestation: str | None = None,
+    sweep: Sequence[SweepPoint] = (),
+) -> Path | None:
     """Write the report of a gate run to `path` (format by extension), replacing it atomically.
 
+    With a `sweep`, the plot is written beside the report (`path` with the suffix `.png`) and linked from a
+    Markdown report.
+
+    Returns:
+        The plot's path, or None without a sweep.
+
     Raises:
-        PolicyError: An unknown extension, or the file cannot be written (the message names it).
+        PolicyError: An unknown extension, or a file cannot be written (the message names it).
+        BackendUnavailableError: A sweep is given and matplotlib is not installed.
     """
-    text = render_gate_report(check_report_path(path), run, root_digest=root_digest, attestation=attestation)
+    fmt = check_report_path(path)
+    plot = None
+    if sweep:
+        plot = path.with_suffix(".png")
+        plot_sweep(plot, sweep, eps=run["parameters"]["eps"], threshold=run["gate"]["threshold"])
+    text = render_gate_report(
+        fmt,
+        run,
+        root_digest=root_digest,
+        attestation=attestation,
+        sweep=sweep,
+        plot=plot.name if plot else None,
+    )
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         tmp.write_text(text, encoding="utf-8")
@@ -143,3 +258,4 @@ def write_gate_report(
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
         raise PolicyError(f"{path}: cannot write the report: {e.strerror}") from None
+    return plot

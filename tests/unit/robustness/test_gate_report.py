@@ -86,3 +86,60 @@ def test_unknown_report_extension_is_a_usage_error_before_the_run(
     )
     assert result.exit_code == 2 and ".md (Markdown) or .xml (JUnit XML)" in result.output
     assert not out.exists() and not (tmp_path / "r.txt").exists()
+
+
+def test_eps_sweep_plot_and_table_match_the_run(
+    setup: tuple[Path, Path], key_dir: Path, tmp_path: Path
+) -> None:
+    pytest.importorskip("matplotlib", reason="pip install 'modelsec[reports]'")
+    image = pytest.importorskip("PIL.Image")
+    model, data = setup
+    report = tmp_path / "gate.md"
+    args = [
+        *_args(model, data, key_dir, tmp_path / "s.sig"),
+        "--report",
+        str(report),
+        "--eps-sweep",
+        "0.1,0.01",
+    ]
+    code, doc = _gate(args)
+    assert code == 0, doc
+    sweep = doc["epsSweep"]
+    assert [p["eps"] for p in sweep] == [0.01, 0.03, 0.1]  # type: ignore[index]
+    # The gate's own eps is the gate's result, not a rerun.
+    assert sweep[1]["robust"] == doc["result"]["results"]["robust"]  # type: ignore[index]
+    text = report.read_text()
+    rows = re.findall(r"^\| ([\d.]+) \| (\d+) \| (\d+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$", text, re.M)
+    assert [float(r[0]) for r in rows] == [0.01, 0.03, 0.1]
+    for row, point in zip(rows, sweep, strict=True):  # type: ignore[call-overload]
+        robust = point["robust"]
+        assert (int(row[1]), int(row[2])) == (robust["correct"], robust["total"])
+        assert float(row[3]) == pytest.approx(robust["accuracy"], abs=5e-5)
+        assert [float(row[4]), float(row[5])] == pytest.approx(robust["wilson95"], abs=5e-5)
+    assert "![robust accuracy against eps](gate.png)" in text
+    # A stronger attack cannot find fewer adversarial examples here: accuracy falls with eps.
+    accuracies = [p["robust"]["accuracy"] for p in sweep]  # type: ignore[index]
+    assert accuracies[0] >= accuracies[-1]
+    with image.open(tmp_path / "gate.png") as png:
+        png.load()
+        assert png.format == "PNG" and png.size == (800, 500)
+        plotted = json.loads(png.text["Description"])
+    assert plotted == [
+        [p["eps"], p["robust"]["correct"], p["robust"]["total"], *p["robust"]["wilson95"]]  # type: ignore[index]
+        for p in sweep  # type: ignore[union-attr]
+    ]
+
+
+def test_eps_sweep_needs_a_report_and_positive_numbers(
+    setup: tuple[Path, Path], key_dir: Path, tmp_path: Path
+) -> None:
+    model, data = setup
+    base = _args(model, data, key_dir, tmp_path / "n.sig")
+    for extra, message in (
+        (["--eps-sweep", "0.1"], "--eps-sweep needs --report"),
+        (["--eps-sweep", "0.1,x", "--report", str(tmp_path / "r.md")], "numbers separated by commas"),
+        (["--eps-sweep", "0,0.1", "--report", str(tmp_path / "r.md")], "finite number > 0"),
+    ):
+        result = CliRunner().invoke(main, [*base, *extra])
+        assert result.exit_code == 2 and message in result.output, result.output
+    assert not (tmp_path / "n.sig").exists()
