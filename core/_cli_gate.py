@@ -268,7 +268,7 @@ def _pgd(
         except Error as e:
             _fail(e, as_json)
     if as_json:
-        fields = {
+        fields: dict[str, Any] = {
             "verdict": result.verdict,
             "rootDigest": _digest_str(outcome.root_digest),
             "attestation": str(outcome.out) if outcome.out else None,
