@@ -701,6 +701,9 @@ def _signer_text(signer: dict[str, str] | None, *, keyid: bool = False) -> str:
     required=True,
     help="PGD gate configuration (YAML/JSON: architecture, data, eps, stepSize, steps, ...).",
 )
+@click.option(
+    "--report", type=click.Path(path_type=Path), help="Gate report: .md (Markdown) or .xml (JUnit)."
+)
 @_json_option
 def _release(
     model_dir: Path,
@@ -711,6 +714,7 @@ def _release(
     watermark_key: Path,
     message: str,
     gate_config: Path,
+    report: Path | None,
     as_json: bool,
 ) -> None:
     """Release MODEL_DIR: watermark -> sign -> PGD gate -> attest -> verify, into OUT.
@@ -733,6 +737,7 @@ def _release(
             message=parse_message(message),
             gate=load_gate_spec(gate_config),
             attestation_signer=attester,
+            report=report,
         )
     except Error as e:
         _fail(e, as_json)

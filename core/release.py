@@ -142,6 +142,15 @@ def _check_out_dir(model_dir: Path, out_dir: Path) -> None:
         raise PolicyError(f"{out_dir}: the parent directory does not exist")
 
 
+def _check_report(report: Path, out_dir: Path) -> None:
+    from modelsec.robustness.report import check_report_path
+
+    check_report_path(report)
+    dst = out_dir.resolve()
+    if dst == report.resolve() or dst in report.resolve().parents:
+        raise PolicyError(f"{report}: the report must be written outside the release directory {out_dir}")
+
+
 @contextlib.contextmanager
 def _staging(out_dir: Path) -> Iterator[Path]:
     """A fresh, not yet created path beside `out_dir`; whatever is left there is removed on exit."""
@@ -171,6 +180,7 @@ def release_model(
     message: bytes,
     gate: GateSpec,
     attestation_signer: KeyBackend | None = None,
+    report: Path | None = None,
 ) -> ReleaseResult:
     """Watermark, sign, gate and attest a model, then verify the result as a deployment would.
 
@@ -183,13 +193,16 @@ def release_model(
         message: The watermark message (1-64 bytes).
         gate: The PGD gate configuration.
         attestation_signer: Signs the watermark and gate statements (default: the first signer).
+        report: Where to write the gate's CI report (`.md` Markdown or `.xml` JUnit XML,
+            `modelsec.robustness.report`) as soon as the gate has run, whatever its verdict; outside
+            `out_dir`.
 
     Returns:
         The release: root digest, bundle paths, gate figure, and the verifying policy.
 
     Raises:
         PolicyError: `out_dir` exists and is not empty, is a symlink, is inside `model_dir`, or the finished
-            release cannot be renamed into place.
+            release cannot be renamed into place; `report` has an unknown extension or is inside `out_dir`.
         GateFailedError: The watermark was not detected after embedding, or the gate FAILED (stage named).
         Error: Any modelsec error of a stage, with the stage named in its diagnostics.
     """
@@ -198,8 +211,12 @@ def release_model(
     attester = attestation_signer or signers[0]
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     _check_out_dir(model_dir, out_dir)
+    if report is not None:
+        _check_report(report, out_dir)
     with _staging(out_dir) as staging:
-        result = _release_into(model_dir, staging, signers, attester, watermark_key, message, gate)
+        result = _release_into(
+            model_dir, staging, signers, attester, watermark_key, message, gate, report, out_dir
+        )
         _publish(staging, out_dir)
     return ReleaseResult(
         out_dir=out_dir,
@@ -220,6 +237,8 @@ def _release_into(
     watermark_key: Any,
     message: bytes,
     gate: GateSpec,
+    report: Path | None,
+    final_dir: Path,
 ) -> ReleaseResult:
     """Run every stage with `out_dir` as the (staging) output; see `release_model`."""
     from modelsec.robustness import GateConfig, run_pgd_gate
@@ -265,6 +284,15 @@ def _release_into(
             signer=attester,
             out=gate_path,
         )
+        if report is not None:
+            from modelsec.robustness.report import write_gate_report
+
+            write_gate_report(
+                report,
+                outcome.result.to_json(),
+                root_digest=f"sha256:{outcome.root_digest}",
+                attestation=str(final_dir / gate_path.name) if outcome.result.passed else None,
+            )
         outcome.result.raise_for_verdict()
         stage = "verify"
         attest_roles = frozenset({"watermark", "gate"})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -69,7 +70,9 @@ def _gate(data: Path, min_robust_accuracy: float) -> GateSpec:
     )
 
 
-def _release(model: Path, out: Path, data: Path, key_dir: Path, bar: float) -> object:
+def _release(
+    model: Path, out: Path, data: Path, key_dir: Path, bar: float, report: Path | None = None
+) -> object:
     return release_model(
         model,
         out,
@@ -80,6 +83,7 @@ def _release(model: Path, out: Path, data: Path, key_dir: Path, bar: float) -> o
         watermark_key=parse_key(generate_key_file_text(), source="test key"),
         message=b"r1",
         gate=_gate(data, bar),
+        report=report,
     )
 
 
@@ -93,17 +97,24 @@ def test_failed_gate_leaves_nothing_and_rerun_works(
 ) -> None:
     model, data = inputs
     out = tmp_path / "released"
+    reports = tmp_path.parent / f"{tmp_path.name}-reports"
+    reports.mkdir()
     if precreated:
         out.mkdir()
     with pytest.raises(GateFailedError, match="gate FAILED"):
-        _release(model, out, data, key_dir, 1.0)
+        _release(model, out, data, key_dir, 1.0, report=reports / "failed.md")
     # Nothing signed or watermarked is left behind: --out is as it was, no staging directory remains.
     assert _listing(tmp_path) == (["released"] if precreated else [])
+    # The CI report of the failed gate is written, and names no attestation (none was published).
+    failed = (reports / "failed.md").read_text()
+    assert failed.startswith("# PGD robustness gate: FAILED") and "attestation: none written" in failed
     if precreated:
         assert _listing(out) == []
     # The rerun into the same --out succeeds and the release verifies where it was published.
-    result = _release(model, out, data, key_dir, 0.0)
+    result = _release(model, out, data, key_dir, 0.0, report=reports / "passed.xml")
     assert _listing(tmp_path) == ["released"]
+    suite = ET.parse(reports / "passed.xml").getroot()
+    assert suite.get("failures") == "0" and int(suite.get("tests", "0")) >= 2
     assert _listing(out) == [
         "model.gate.sig",
         "model.safetensors",
@@ -146,3 +157,9 @@ def test_non_empty_out_is_refused_before_any_work(
     with pytest.raises(PolicyError, match="exists and is not empty"):
         _release(model, out, data, key_dir, 0.0)
     assert _listing(tmp_path) == ["released"] and _listing(out) == ["keep.txt"]
+    (out / "keep.txt").unlink()
+    with pytest.raises(PolicyError, match="outside the release directory"):
+        _release(model, out, data, key_dir, 0.0, report=out / "gate.md")
+    with pytest.raises(PolicyError, match=r"must end in \.md"):
+        _release(model, out, data, key_dir, 0.0, report=tmp_path / "gate.txt")
+    assert _listing(tmp_path) == ["released"] and _listing(out) == []
