@@ -192,6 +192,10 @@ def _pgd(
     if eps_sweep and report is None:
         raise click.UsageError("--eps-sweep needs --report (the sweep is a picture in the report)")
     try:
+        if eps_sweep:
+            from modelsec.robustness.report import require_plotting
+
+            require_plotting()
         from modelsec.policy import Policy
         from modelsec.robustness import FastPaths, GateConfig, SanityConfig, run_pgd_gate
         from modelsec.robustness.gate import default_step_size

@@ -25,6 +25,7 @@ __all__ = [
     "check_report_path",
     "plot_sweep",
     "render_gate_report",
+    "require_plotting",
     "write_gate_report",
 ]
 
@@ -174,6 +175,20 @@ def render_gate_report(
     if fmt == "junit":
         return _junit(run, root_digest)
     return _markdown(run, root_digest, attestation, sweep, plot)
+
+
+def require_plotting() -> None:
+    """Check that the ε-sweep plot can be drawn, before a run whose results it would draw.
+
+    Raises:
+        BackendUnavailableError: matplotlib is not installed (`pip install 'modelsec[reports]'`).
+    """
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise BackendUnavailableError(
+            "the ε-sweep plot needs matplotlib: pip install 'modelsec[reports]'"
+        ) from None
 
 
 def plot_sweep(path: Path, sweep: Sequence[SweepPoint], *, eps: float, threshold: float) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -143,3 +144,16 @@ def test_eps_sweep_needs_a_report_and_positive_numbers(
         result = CliRunner().invoke(main, [*base, *extra])
         assert result.exit_code == 2 and message in result.output, result.output
     assert not (tmp_path / "n.sig").exists()
+
+
+def test_eps_sweep_without_matplotlib_is_one_line_before_the_run(
+    setup: tuple[Path, Path], key_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an install without the extra sees
+    model, data = setup
+    out = tmp_path / "m.sig"
+    args = [*_args(model, data, key_dir, out), "--report", str(tmp_path / "r.md"), "--eps-sweep", "0.1"]
+    code, doc = _gate(args)
+    assert code == 1 and doc["error"]["kind"] == "BackendUnavailableError"  # type: ignore[index]
+    assert "pip install 'modelsec[reports]'" in doc["error"]["message"]  # type: ignore[index]
+    assert not out.exists() and not (tmp_path / "r.md").exists()
