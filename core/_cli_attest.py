@@ -1,21 +1,264 @@
-"""`modelsec attest delete`: withdraw a record from an attestation store (an authorised operation).
+"""`modelsec attest ...`: list, show, put, push, pull and delete the attestations about a model.
 
-Registered under the `attest` group of `modelsec._cli`. The command converts its options, calls the store's
-`delete` or `supersede` (`modelsec.verifier.stores.AttestationStore`), prints, and maps errors: exit 0 when
-the record is gone from what readers get, exit 1 otherwise (diagnostic on stderr, or the JSON envelope).
-Who may delete is the store's access control: a directory's file permissions, the SQLite file's.
+Registered on the root group by `modelsec._cli`. The commands convert options, call the stores
+(`modelsec.verifier.stores`), the service client or `inspect_bundle`, and print: nothing is trusted by
+filing or fetching a bundle, and a signer is named only when a --trusted-key verifies it. `delete` is an
+authorised operation: exit 0 when the record is gone from what readers get, exit 1 otherwise (diagnostic on
+stderr, or the JSON envelope). Who may delete is the store's access control: a directory's file
+permissions, the SQLite file's.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import click
 
-from modelsec._cli_common import _fail, _json_option, _reply
+from modelsec._cli_common import (
+    _digest_str,
+    _fail,
+    _json_option,
+    _limits,
+    _reply,
+    _server_client,
+    _server_options,
+    _signer_json,
+    _signer_text,
+    _skipped_note,
+    _trusted_keys_option,
+)
+from modelsec.errors import Error
 
-__all__ = ["attest_delete"]
+__all__ = ["attest", "attest_delete"]
 
 
-@click.command(name="delete")
+@click.group(name="attest")
+def attest() -> None:
+    """List and show the attestations about a model (weights signatures, watermark, robustness gate)."""
+
+
+def _attestation_rows(model_dir: Path, store: str | None, keys: tuple[Path, ...]) -> list[dict[str, Any]]:
+    """The bundles about MODEL_DIR (its reserved names, and the store's for the digests they name)."""
+    from modelsec.signer import MODEL_IGNORE_PATHS
+    from modelsec.signer.keys import load_trusted_key_file
+    from modelsec.verifier.inspection import inspect_bundle, require_one_checked
+    from modelsec.verifier.stores import StoreOptions, open_store
+
+    trusted = [load_trusted_key_file(k) for k in keys]
+    paths = [model_dir / n for n in MODEL_IGNORE_PATHS if n.endswith(".sig") and (model_dir / n).is_file()]
+    seen = [inspect_bundle(p, trusted, limits=_limits(), skip_unverifiable=True) for p in paths]
+    require_one_checked(seen, trusted, str(model_dir))
+    if store is not None:
+        digests = sorted({s.digest.get("sha256", "") for b in seen for s in b.statement.subjects} - {""})
+        opened = open_store(store, StoreOptions(limits=_limits()))
+        try:
+            for digest in digests:
+                seen += [inspect_bundle(e, trusted, limits=_limits()) for e in opened.entries(digest)]
+        finally:
+            opened.close()
+    return [
+        {
+            "path": str(b.source),
+            "predicateType": b.statement.predicate_type,
+            "signer": _signer_json(b.signer),
+            "skipped": b.skipped,
+            "subjects": [
+                {"name": s.name, "digests": [_digest_str(v, a) for a, v in s.digest.items()]}
+                for s in b.statement.subjects
+            ],
+            "predicate": dict(b.statement.predicate),
+        }
+        for b in seen
+    ]
+
+
+@attest.command(name="list")
+@click.argument("model_dir", type=click.Path(path_type=Path))
+@click.option(
+    "--store",
+    help="Also list what an attestation store (a directory or file://, sqlite://, grpc(s):// URI) holds "
+    "about the model's digest.",
+)
+@_trusted_keys_option(
+    "Trusted public key PEM (repeatable; old spellings --key, -k): check each signature (role by predicate "
+    "type; unknown types are refused)."
+)
+@_json_option
+def _attest_list(model_dir: Path, store: str | None, keys: tuple[Path, ...], as_json: bool) -> None:
+    """One line per bundle about MODEL_DIR: predicate type, subject, signer (UNVERIFIED without a key)."""
+    try:
+        rows = _attestation_rows(model_dir, store, keys)
+    except Error as e:
+        _fail(e, as_json)
+    if as_json:
+        _reply({"bundles": [{k: v for k, v in r.items() if k != "predicate"} for r in rows]})
+        return
+    for r in rows:
+        _skipped_note(r)
+        digests = [d for s in r["subjects"] for d in s["digests"] if d.startswith("sha256:")]
+        digest = (digests[0] if digests else "sha256:?")[:23]
+        click.echo(f"{r['predicateType']:<45} {digest}…  {_signer_text(r['signer']):<30} {r['path']}")
+
+
+@attest.command(name="put")
+@click.argument("bundles", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option(
+    "--store",
+    required=True,
+    help="The attestation store: a directory (<store>/sha256/<digest>/<id>.sig) or a file://, sqlite:// URI.",
+)
+@_json_option
+def _attest_put(bundles: tuple[Path, ...], store: str, as_json: bool) -> None:
+    """File BUNDLES in a store by their subject's root digest (verified when read, not here)."""
+    from modelsec.verifier.stores import StoreOptions, open_store
+
+    try:
+        opened = open_store(store, StoreOptions(limits=_limits()))
+        try:
+            written = [opened.put(b.read_bytes())[0].source for b in bundles]
+        finally:
+            opened.close()
+    except OSError as e:
+        raise click.UsageError(f"cannot read or write: {e}") from e
+    except Error as e:
+        _fail(e, as_json)
+    if as_json:
+        _reply({"stored": [str(p) for p in written]})
+    else:
+        for p in written:
+            click.echo(f"stored {p}")
+
+
+@attest.command(name="push")
+@click.argument("bundles", nargs=-1, required=True, type=click.Path(path_type=Path, dir_okay=False))
+@_server_options(required=True)
+@_json_option
+def _attest_push(
+    bundles: tuple[Path, ...],
+    server: str,
+    server_ca: Path | None,
+    client_cert: Path | None,
+    client_key: Path | None,
+    token_env: str,
+    plaintext: bool,
+    as_json: bool,
+) -> None:
+    """Store BUNDLES in the service's attestation store (the server verifies each against its policy first).
+
+    Exit 1 at the first bundle the server refuses (untrusted signer, failed requirement, malformed).
+    """
+    results = []
+    with _server_client(server, server_ca, client_cert, client_key, token_env, plaintext) as client:
+        for path in bundles:
+            try:
+                response = client.put_attestation(path.read_bytes())
+            except OSError as e:
+                raise click.UsageError(f"cannot read {path}: {e.strerror}") from e
+            except Error as e:
+                _fail(e.add_context(str(path)), as_json)
+            a = response.attestation
+            results.append(
+                {
+                    "path": str(path),
+                    "id": a.id,
+                    "rootDigest": _digest_str(a.root_digest),
+                    "predicateType": a.predicate_type,
+                    "signer": a.signer,
+                    "created": response.created,
+                }
+            )
+            if not as_json:
+                state = "stored" if response.created else "already stored"
+                click.echo(f"{state} {path} as {a.id[:16]}… ({a.predicate_type}, signer {a.signer})")
+    if as_json:
+        _reply({"stored": results})
+
+
+@attest.command(name="pull")
+@click.argument("root_digest")
+@_server_options(required=True)
+@click.option(
+    "--out",
+    help="Write the bundles into this store (a directory: <out>/sha256/<digest>/<id>.sig, or a file://, "
+    "sqlite:// URI), e.g. a policy's attestationStore; without it, only list them.",
+)
+@_json_option
+def _attest_pull(
+    root_digest: str,
+    server: str,
+    server_ca: Path | None,
+    client_cert: Path | None,
+    client_key: Path | None,
+    token_env: str,
+    plaintext: bool,
+    out: str | None,
+    as_json: bool,
+) -> None:
+    """Fetch every bundle the service stores about ROOT_DIGEST (hex, optionally prefixed `sha256:`).
+
+    Nothing is trusted by fetching: a verifier checks the bundles against its own policy when it reads them.
+    """
+    from modelsec.verifier.stores import StoreOptions, open_store
+
+    digest = root_digest.removeprefix("sha256:").lower()
+    rows = []
+    with _server_client(server, server_ca, client_cert, client_key, token_env, plaintext) as client:
+        try:
+            target = (
+                None if out is None else open_store(out, StoreOptions(limits=_limits(), must_exist=False))
+            )
+            for item in client.get_attestations(digest):
+                a = item.attestation
+                row = {
+                    "id": a.id,
+                    "predicateType": a.predicate_type,
+                    "signer": a.signer,
+                    "storedAt": a.stored_at,
+                }
+                if target is not None:
+                    row["path"] = target.put(item.bundle)[0].source
+                rows.append(row)
+            if target is not None:
+                target.close()
+        except Error as e:
+            _fail(e, as_json)
+        except OSError as e:
+            raise click.UsageError(f"cannot write to {out}: {e.strerror}") from e
+    if as_json:
+        _reply({"rootDigest": _digest_str(digest), "bundles": rows})
+        return
+    for r in rows:
+        click.echo(f"{r['predicateType']:<45} {r['signer']:<30} {r.get('path', r['id'])}")
+    if not rows:
+        click.echo(f"no stored bundles about sha256:{digest}", err=True)
+
+
+@attest.command(name="show")
+@click.argument("model_dir", type=click.Path(path_type=Path))
+@click.option("--store", help="Also show what an attestation store holds about the model's digest.")
+@_trusted_keys_option(
+    "Trusted public key PEM (repeatable; old spellings --key, -k): check each signature (role by predicate "
+    "type; unknown types are refused)."
+)
+@_json_option
+def _attest_show(model_dir: Path, store: str | None, keys: tuple[Path, ...], as_json: bool) -> None:
+    """Print every bundle's statement about MODEL_DIR as indented JSON (signer null without --trusted-key).
+
+    With --json the same bundles come as the `bundles` field of one JSON reply.
+    """
+    try:
+        rows = _attestation_rows(model_dir, store, keys)
+    except Error as e:
+        _fail(e, as_json)
+    if as_json:
+        _reply({"bundles": rows})
+    else:
+        click.echo(json.dumps(rows, indent=2, default=str))
+
+
+@attest.command(name="delete")
 @click.argument("store")
 @click.option(
     "--digest",
@@ -35,7 +278,6 @@ __all__ = ["attest_delete"]
 @_json_option
 def attest_delete(store: str, digest: str, bundle_id: str, supersede: bool, as_json: bool) -> None:
     """Delete (or supersede) the record ID about DIGEST in STORE (a directory, file:// or sqlite:// URI)."""
-    from modelsec.errors import Error
     from modelsec.limits import Limits
     from modelsec.verifier.stores import StoreOptions, open_store
 

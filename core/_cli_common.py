@@ -5,10 +5,11 @@ Only click is imported here, so command modules can use these at import time wit
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -26,15 +27,23 @@ __all__ = [
     "_json_option",
     "_key_password_option",
     "_key_password_sources",
+    "_limits",
+    "_open_signing_key",
     "_option",
     "_password",
+    "_progress",
     "_quiet_option",
     "_read_password_source",
     "_reply",
     "_server_client",
     "_server_options",
     "_signatures_option",
+    "_signer_json",
+    "_signer_text",
     "_signing_keys_option",
+    "_skipped_note",
+    "_timestamp_option",
+    "_timestamper",
     "_trusted_keys_option",
     "_usage_error_reply",
     "_write_key_file",
@@ -183,6 +192,35 @@ def _ignore_paths_option(help_text: str) -> Callable[[F], F]:
         multiple=True,
         help=help_text,
     )
+
+
+def _timestamp_option(f: F) -> F:
+    """`--timestamp-url URL` into the parameter `timestamp_url` (see `_timestamper`)."""
+    return click.option(
+        "--timestamp-url",
+        "timestamp_url",
+        metavar="URL",
+        help="RFC 3161 timestamp authority (http:// or https://): each bundle's signature is timestamped "
+        "and the timestamp stored in the bundle (verificationMaterial.timestampVerificationData). If the "
+        "TSA fails, signing fails and no bundle is written.",
+    )(f)
+
+
+def _timestamper(url: str | None) -> Callable[[bytes], list[bytes]] | None:
+    """What `sign_model` calls to timestamp each signature at `url` (None: no timestamps).
+
+    Raises:
+        click.UsageError: `rfc3161-client` (the `timestamp` extra) is not installed.
+    """
+    if url is None:
+        return None
+    try:
+        from modelsec.verifier.timestamps import request_timestamp
+    except ModuleNotFoundError as e:
+        raise click.UsageError(
+            f"--timestamp-url needs {e.name} (pip install 'modelsec[timestamp]')"
+        ) from None
+    return lambda signature: [request_timestamp(signature, url)]
 
 
 def _quiet_option(f: F) -> F:
@@ -429,3 +467,69 @@ def _write_key_file(path: Path, data: bytes, mode: int, *, force: bool) -> None:
     with os.fdopen(fd, "wb") as f:
         os.fchmod(fd, mode)  # O_TRUNC keeps an existing file's mode: a private key must not stay 0644
         f.write(data)
+
+
+@contextlib.contextmanager
+def _progress(path: Path, description: str, enabled: bool) -> Iterator[Callable[[int], None] | None]:
+    """A rich progress bar over the bytes under `path`, on stderr when it is a terminal; None otherwise.
+
+    The tree is walked for its size only when a bar is shown (never with --json, --quiet or off a terminal).
+    """
+    total = _tree_size(path) if enabled and sys.stderr.isatty() else 0
+    if total <= 0:
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    ) as bar:
+        task = bar.add_task(description, total=total)
+        yield lambda n: bar.advance(task, n)
+
+
+def _tree_size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
+
+
+def _signer_json(key: Any) -> dict[str, str] | None:
+    """The key that verified a bundle (`algorithm`, `key` name, `keyid`), or None when nothing verified it."""
+    if key is None:
+        return None
+    return {"algorithm": key.algorithm.value, "key": key.name, "keyid": key.keyid}
+
+
+def _skipped_note(row: dict[str, Any]) -> None:
+    """`verify`'s note, on stderr, for a bundle `inspect` / `attest list` could not check with the keys."""
+    from modelsec.verifier.inspection import SKIPPED_NOTE
+
+    if row["skipped"]:
+        click.echo(f"  note: {row['path']} {SKIPPED_NOTE}", err=True)
+
+
+def _signer_text(signer: dict[str, str] | None, *, keyid: bool = False) -> str:
+    if signer is None:
+        return "UNVERIFIED"
+    if keyid:
+        return f"{signer['algorithm']} ({signer['key']}, keyid {signer['keyid'][:16]})"
+    return f"{signer['key']} ({signer['algorithm']})"
+
+
+def _limits() -> Any:
+    from modelsec.limits import Limits
+
+    return Limits()

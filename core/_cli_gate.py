@@ -198,7 +198,7 @@ def _pgd(
             require_plotting()
         from modelsec.policy import Policy
         from modelsec.robustness import FastPaths, GateConfig, SanityConfig, run_pgd_gate
-        from modelsec.robustness.gate import default_step_size
+        from modelsec.robustness.gate_config import default_step_size
 
         on_cuda = device.startswith("cuda")
         config = GateConfig(

@@ -21,6 +21,7 @@ import click
 from modelsec._cli_common import _json_option, _option
 
 if TYPE_CHECKING:
+    from modelsec.policy import Policy
     from modelsec.verifier.stores import AttestationStore
     from modelsec.webhook.review import WebhookConfig
 
@@ -172,12 +173,20 @@ def _serve(
             policies,
             _store(store, config, store_ca, store_client_cert, store_client_key),
             config,
+            bindings=_oci_bindings,
         )
         serve(reviewer, cert, key, host=host, port=port, policy_file=policy)
     except Error as e:
         _fail(e, as_json)
     except OSError as e:  # the address cannot be bound, a TLS file cannot be read
         _fail(BackendUnavailableError(f"{e.filename or f'{host}:{port}'}: {e.strerror or e}"), as_json)
+
+
+def _oci_bindings(reference: str, policy: Policy) -> set[str]:
+    """Root digests trusted bindings attach to an OCI manifest (registry credentials: the environment)."""
+    from modelsec._oci_model import bound_root_digests
+
+    return bound_root_digests(reference, policy)
 
 
 def _store(

@@ -13,6 +13,7 @@ into the frozen dataclasses the rest of modelsec uses.
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -123,7 +124,22 @@ def _header_bytes(value: int) -> int:
     return value
 
 
+def _instant(value: object) -> datetime:
+    """An RFC 3339 time with its offset (YAML may already have made it a datetime) -> aware UTC datetime."""
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            raise ValueError("must be an RFC 3339 time such as 2025-01-31T00:00:00Z") from None
+    if not isinstance(value, datetime) or value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError("must be an RFC 3339 time with its offset, such as 2025-01-31T00:00:00Z")
+    return value.astimezone(UTC)
+
+
 Text = Annotated[str, Field(min_length=1)]
+Instant = Annotated[
+    datetime, BeforeValidator(_instant), WithJsonSchema({"type": "string", "format": "date-time"})
+]
 Role = Literal["weights", "watermark", "gate"]
 Operation = Literal["signStatement", "gateResult", "watermarkRecord"]
 _PRINTABLE = {"type": "string", "minLength": 1, "pattern": r"^[^\x00-\x1f\x7f-\x9f]+$"}
@@ -163,6 +179,23 @@ class KeyRefModel(_Model):
     path: str
     name: str | None = None
     roles: list[Role] = Field(default_factory=_all_roles, description="empty: every role")
+    valid_from: Instant | None = Field(
+        default=None, description="signatures must be timestamped (or verified) at or after this time"
+    )
+    valid_until: Instant | None = Field(
+        default=None,
+        description="signatures must be timestamped (or, without a trusted timestamp, verified) by then",
+    )
+
+    @model_validator(mode="after")
+    def _window(self) -> KeyRefModel:
+        if (
+            self.valid_from is not None
+            and self.valid_until is not None
+            and self.valid_from >= self.valid_until
+        ):
+            raise ValueError(": validFrom must be before validUntil")
+        return self
 
 
 def _key_form(value: Any) -> str:
@@ -301,6 +334,13 @@ class AuthorityModel(_Model):
         return self
 
 
+class TimestampAuthorityModel(_Model):
+    """An RFC 3161 timestamp authority: PEM files of its chain (self-issued ones are the trusted roots)."""
+
+    name: Name
+    cert_chain: list[Text] = Field(min_length=1)
+
+
 class PolicyModel(_Model):
     """One named policy: the model references it covers and what it requires."""
 
@@ -310,6 +350,12 @@ class PolicyModel(_Model):
         default_factory=list, description="pinned keys; at least one key or authority"
     )
     authorities: list[AuthorityModel] = Field(default_factory=list)
+    timestamp_authorities: list[TimestampAuthorityModel] = Field(
+        default_factory=list, description="RFC 3161 TSAs whose timestamps place signatures in time"
+    )
+    require_timestamp: bool = Field(
+        default=False, description="every weights signature needs a timestamp of a timestampAuthorities TSA"
+    )
     require_algorithms: list[Signature] = Field(default_factory=list)
     require_digest: bool = True
     check_hashes: list[Hash] = Field(default_factory=list)
@@ -410,6 +456,8 @@ class AccessModel(_Model):
     read_attestations: list[Text] | None = None
     list_keys: list[Text] | None = None
     put_attestation: list[Text] | None = None
+    delete_attestation: list[Text] | None = None
+    supersede_attestation: list[Text] | None = None
     verify_model: list[Text] | None = None
     watermark: list[Text] | None = None
     robustness: list[Text] | None = None

@@ -21,7 +21,8 @@ policies:
   - name: internal-models
     match: ["file:///models/**"]
     keys:
-      - {path: trust/ci-p256.pub.pem, name: ci-ecdsa, roles: [weights]}
+      - {path: trust/ci-p256.pub.pem, name: ci-ecdsa, roles: [weights],
+         validUntil: "2026-01-01T00:00:00Z"}  # rotated: signatures timestamped (else verified) by then count
       - trust/ci-sm2.pub.pem               # shorthand: all roles
     authorities:                           # identities, besides pinned keys (DESIGN.md decision 12)
       - name: corp-ca
@@ -35,6 +36,9 @@ policies:
           identities:
             - identity: https://github.com/org/repo/.github/workflows/release.yml@refs/heads/main
               issuer: https://token.actions.githubusercontent.com
+    timestampAuthorities:                  # RFC 3161 TSAs; self-issued certificates are the roots
+      - {name: corp-tsa, certChain: [trust/tsa-root.pem]}
+    requireTimestamp: true                 # every weights signature needs a trusted timestamp
     requireAlgorithms: [ecdsa-p256, sm2]
     checkHashes: [sha256]                  # file digests the loader recomputes (default: every signed one)
     allowRemoteCode: false
@@ -57,8 +61,8 @@ namespaceRules:                            # admission: the first rule whose glo
   - {namespaces: ["prod-*"], requireModel: true}          # a workload there must name a model
 ```
 
-At admission every matching policy that applies in the namespace must pass (policy-controller and Kyverno
-semantics, `PolicySet.matching`); `for_uri` (the verifier and loader) still takes the first match.
+Every matching policy must pass (policy-controller and Kyverno semantics): at admission those that apply in
+the namespace (`PolicySet.matching`); for `verify` and the loader all of them (`PolicySet.for_uri`).
 """
 
 from __future__ import annotations
@@ -73,6 +77,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from modelsec import _policy_trust as trust
+from modelsec._policy_authorities import (
+    Authority,
+    IdentityRule,
+    SigstoreAuthority,
+    X509Authority,
+    authority_from_model,
+)
+from modelsec._policy_trust import KeyWindow, TimestampAuthority, check_validity_window
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
 from modelsec.errors import Error, PolicyError, PolicyViolationError
 from modelsec.limits import Limits
@@ -80,8 +93,6 @@ from modelsec.signer.keys import TrustedKey, load_trusted_key_file
 
 if TYPE_CHECKING:  # pydantic is imported when a file is parsed, not by every `import modelsec.policy`
     from modelsec._config_models import (
-        AuthorityModel,
-        IdentityModel,
         KeyRefModel,
         PolicyModel,
         RobustnessModel,
@@ -94,13 +105,16 @@ __all__ = [
     "ROLES",
     "Authority",
     "IdentityRule",
+    "KeyWindow",
     "NamespaceRule",
     "Policy",
     "PolicySet",
     "RobustnessRequirement",
     "SigstoreAuthority",
+    "TimestampAuthority",
     "WatermarkRequirement",
     "X509Authority",
+    "check_validity_window",
     "model_uri",
 ]
 
@@ -162,79 +176,6 @@ class WatermarkRequirement:
 
 
 @dataclass(frozen=True, slots=True)
-class IdentityRule:
-    """Who a certificate must name: a SAN (exact or a full regular-expression match) and an OIDC issuer.
-
-    The identity is matched against the leaf's SAN URIs, emails and Sigstore `otherName`s; the issuer
-    against Fulcio's OIDC-issuer extension (1.3.6.1.4.1.57264.1.8, or the older .1.1). Regular expressions
-    must match the whole value (`re.fullmatch`), unlike cosign's `--certificate-identity-regexp`, which
-    searches: `.*` must be written out where a prefix or suffix is meant.
-
-    Attributes:
-        identity: The exact SAN, or None when `identity_regexp` is given.
-        identity_regexp: A pattern the whole SAN must match, or None.
-        issuer: The exact OIDC issuer, or None.
-        issuer_regexp: A pattern the whole issuer must match, or None (neither: any or no issuer).
-    """
-
-    identity: str | None = None
-    identity_regexp: re.Pattern[str] | None = None
-    issuer: str | None = None
-    issuer_regexp: re.Pattern[str] | None = None
-
-    def __str__(self) -> str:
-        who = self.identity or f"~{self.identity_regexp.pattern if self.identity_regexp else ''}"
-        by = self.issuer or (f"~{self.issuer_regexp.pattern}" if self.issuer_regexp else "")
-        return f"{who} (issuer {by})" if by else who
-
-
-@dataclass(frozen=True, slots=True)
-class X509Authority:
-    """A certificate authority: bundles whose X.509 chain leads to one of `roots` and names an identity.
-
-    Attributes:
-        name: Names the authority in diagnostics.
-        roots: The trusted root certificates (DER), read from the policy's PEM files.
-        identities: The leaf must match at least one.
-        roles: What signers it vouches for may sign (`weights`, `watermark`, `gate`); empty means all.
-    """
-
-    name: str
-    roots: tuple[bytes, ...] = field(repr=False)
-    identities: tuple[IdentityRule, ...]
-    roles: frozenset[str] = frozenset()
-
-    def may(self, role: str) -> bool:
-        """Whether identities of this authority may sign statements of `role`."""
-        return not self.roles or role in self.roles
-
-
-@dataclass(frozen=True, slots=True)
-class SigstoreAuthority:
-    """A Sigstore instance: keyless bundles (Fulcio certificate, Rekor entry) verified offline.
-
-    Attributes:
-        name: Names the authority in diagnostics.
-        trusted_root: `production` or `staging` (the roots embedded in the `sigstore` package) or the path
-            of a `trusted_root.json`.
-        identities: The signing certificate must match at least one (each with an issuer).
-        roles: What signers it vouches for may sign; empty means all.
-    """
-
-    name: str
-    trusted_root: str
-    identities: tuple[IdentityRule, ...]
-    roles: frozenset[str] = frozenset()
-
-    def may(self, role: str) -> bool:
-        """Whether identities of this authority may sign statements of `role`."""
-        return not self.roles or role in self.roles
-
-
-Authority = X509Authority | SigstoreAuthority
-
-
-@dataclass(frozen=True, slots=True)
 class Policy:
     """What a verifier trusts and requires.
 
@@ -258,6 +199,13 @@ class Policy:
         require_digest: References (admission) must pin the model root digest.
         mode: Admission only: `enforce` (a failure denies) or `warn` (a failure is a warning).
         namespaces: Admission only: namespace globs this policy applies in (empty: every namespace).
+        timestamp_authorities: RFC 3161 TSAs whose timestamps in a weights bundle are verified and place its
+            signature in time (`modelsec.verifier.timestamps`); with none, timestamps are not read.
+        require_timestamp: Every weights signature must carry a timestamp of one of them.
+        key_windows: Validity windows of pinned keys: a signature counts only if every trusted timestamp,
+            or without one the verification time, lies inside its key's window.
+        also: Further policies that must each pass on their own (keys, required algorithms, attestations),
+            over the same model root digest (`PolicySet.for_uri`; `verify_signatures` applies them).
     """
 
     keys: tuple[TrustedKey, ...]
@@ -274,6 +222,15 @@ class Policy:
     authorities: tuple[Authority, ...] = ()
     mode: str = "enforce"
     namespaces: tuple[str, ...] = ()
+    timestamp_authorities: tuple[TimestampAuthority, ...] = ()
+    require_timestamp: bool = False
+    key_windows: tuple[KeyWindow, ...] = ()
+
+    also: tuple[Policy, ...] = ()
+
+    def window_for(self, key: TrustedKey) -> KeyWindow | None:
+        """The validity window of `key`, or None when it has none."""
+        return next((w for w in self.key_windows if w.key == key), None)
 
     def applies_in(self, namespace: str | None) -> bool:
         """Whether this policy applies in `namespace` (admission); None (no namespace) means every policy."""
@@ -291,6 +248,8 @@ class Policy:
             raise PolicyError(
                 f"policy {self.name!r} trusts no key: give at least one public key or authority"
             )
+        if self.require_timestamp and not self.timestamp_authorities:
+            raise PolicyError(f"policy {self.name!r}: requireTimestamp needs timestampAuthorities")
 
     @classmethod
     def from_key_files(
@@ -390,15 +349,33 @@ class PolicySet:
         return tuple(e.policy for e in self.entries)
 
     def for_uri(self, uri: str) -> Policy:
-        """The first policy whose `match` globs cover `uri`.
+        """Every policy whose `match` globs cover `uri`, as one policy that passes only if each passes.
+
+        The first match is returned with the others in `also` (each verifies its own signatures and
+        attestations over the same root digest) and the strictest local rules of all: remote code only if
+        every one allows it, pickle refused if any refuses it, each limit the smallest.
 
         Raises:
             PolicyViolationError: No policy matches (`noMatch: deny`).
         """
-        for entry in self.entries:
-            if any(r.match(uri) for r in entry.regexes):
-                return entry.policy
-        raise PolicyViolationError(f"{uri}: no policy in {self.source} matches this model (noMatch: deny)")
+        found = [e.policy for e in self.entries if any(r.match(uri) for r in e.regexes)]
+        if not found:
+            raise PolicyViolationError(
+                f"{uri}: no policy in {self.source} matches this model (noMatch: deny)"
+            )
+        first, rest = found[0], tuple(found[1:])
+        if not rest:
+            return first
+        limits = Limits(
+            **{f.name: min(getattr(p.limits, f.name) for p in found) for f in dataclasses.fields(Limits)}
+        )
+        return dataclasses.replace(
+            first,
+            allow_remote_code=all(p.allow_remote_code for p in found),
+            refuse_pickle=any(p.refuse_pickle for p in found),
+            limits=limits,
+            also=rest,
+        )
 
     def matching(self, uri: str, namespace: str | None = None) -> tuple[Policy, ...]:
         """Every policy whose `match` globs cover `uri` and that applies in `namespace` (admission).
@@ -481,8 +458,9 @@ def _policy(item: PolicyModel, where: str, base_dir: Path) -> Policy:
     """A validated policy entry as a `Policy`: keys loaded, paths resolved against `base_dir`."""
     if not item.keys and not item.authorities:
         raise PolicyError(f"{where}: trusts nothing: give at least one of keys and authorities")
+    keys = tuple(_load_key(k, f"{where}.keys[{j}]", base_dir) for j, k in enumerate(item.keys))
     return Policy(
-        keys=tuple(_load_key(k, f"{where}.keys[{j}]", base_dir) for j, k in enumerate(item.keys)),
+        keys=keys,
         require_algorithms=frozenset(item.require_algorithms),
         allow_remote_code=item.allow_remote_code,
         refuse_pickle=item.refuse_pickle,
@@ -494,10 +472,14 @@ def _policy(item: PolicyModel, where: str, base_dir: Path) -> Policy:
         attestation_store=_store(item, where, base_dir),
         require_digest=item.require_digest,
         authorities=tuple(
-            _authority(a, f"{where}.authorities[{j}]", base_dir) for j, a in enumerate(item.authorities)
+            authority_from_model(a, f"{where}.authorities[{j}]", base_dir)
+            for j, a in enumerate(item.authorities)
         ),
         mode=item.mode,
         namespaces=tuple(item.namespaces),
+        timestamp_authorities=trust.timestamp_authorities(item.timestamp_authorities, where, base_dir),
+        require_timestamp=item.require_timestamp,
+        key_windows=trust.key_windows(keys, item.keys),
     )
 
 
@@ -564,70 +546,3 @@ def _load_key(item: str | KeyRefModel, where: str, base_dir: Path) -> TrustedKey
         return load_trusted_key_file(full, name=name or Path(path).name, roles=roles)
     except Error as e:
         raise type(e)(f"{where}: {e.diagnostics()}") from e
-
-
-def _authority(item: AuthorityModel, where: str, base_dir: Path) -> Authority:
-    """A validated `authorities` entry: root files read, patterns compiled, a trusted-root file resolved."""
-    roles = frozenset[str](item.roles)
-    if item.x509 is not None:
-        roots: list[bytes] = []
-        for k, path in enumerate(item.x509.roots):
-            roots.extend(_read_roots(base_dir / path, f"{where}.x509.roots[{k}]"))
-        rules = tuple(
-            _identity_rule(r.san, r.san_regexp, r, f"{where}.x509.identities[{k}]")
-            for k, r in enumerate(item.x509.identities)
-        )
-        return X509Authority(item.name, tuple(roots), rules, roles)
-    if item.sigstore is None:  # refused by the model already; kept as a fail-closed guard
-        raise PolicyError(f"{where}: give x509 or sigstore")
-    root = item.sigstore.trusted_root
-    if root not in ("production", "staging"):
-        root = str(base_dir / root)
-        if not os.path.isfile(root):
-            raise PolicyError(f"{where}.sigstore.trustedRoot: {root} is not a file")
-    rules = tuple(
-        _identity_rule(r.identity, r.identity_regexp, r, f"{where}.sigstore.identities[{k}]")
-        for k, r in enumerate(item.sigstore.identities)
-    )
-    return SigstoreAuthority(item.name, root, rules, roles)
-
-
-def _identity_rule(exact: str | None, pattern: str | None, item: IdentityModel, where: str) -> IdentityRule:
-    return IdentityRule(
-        identity=exact,
-        identity_regexp=_compile(pattern, where),
-        issuer=item.issuer,
-        issuer_regexp=_compile(item.issuer_regexp, where),
-    )
-
-
-def _compile(pattern: str | None, where: str) -> re.Pattern[str] | None:
-    if pattern is None:
-        return None
-    try:
-        return re.compile(pattern)
-    except re.error as e:
-        raise PolicyError(f"{where}: {pattern!r} is not a regular expression: {e}") from e
-
-
-def _read_roots(path: Path, where: str) -> list[bytes]:
-    """The DER of every certificate in a PEM file (at most 1 MiB, symlinks refused)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives.serialization import Encoding
-
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as f:
-            data = f.read(_MAX_ROOTS_BYTES + 1)
-    except OSError as e:
-        raise PolicyError(f"{where}: cannot read {path}: {e.strerror}") from e
-    if len(data) > _MAX_ROOTS_BYTES:
-        raise PolicyError(f"{where}: {path} is larger than {_MAX_ROOTS_BYTES} bytes")
-    try:
-        certs = x509.load_pem_x509_certificates(data)
-    except ValueError as e:
-        raise PolicyError(f"{where}: {path} holds no valid PEM certificate: {e}") from e
-    return [c.public_bytes(Encoding.DER) for c in certs]
-
-
-_MAX_ROOTS_BYTES = 2**20

@@ -1,8 +1,9 @@
 """Strict DER and PEM for SM2 keys, and password-protected PKCS#8 (PBES2, RFC 8018).
 
 The DER reader accepts X.690 DER only (definite minimal lengths, minimal INTEGERs, no trailing data); every
-malformation is a `KeyMaterialError`. PKCS#8 encryption uses `cryptography` primitives (AES-CBC) and
-hashlib's PBKDF2 / scrypt, so it works with either SM2 backend.
+malformation is a `KeyMaterialError`. PKCS#8 decryption uses `cryptography`'s OpenSSL
+ciphers (AES-CBC, and SM4-CBC for GM/T keys from `openssl pkcs8 -v2 sm4-cbc`) and hashlib's PBKDF2 / scrypt,
+so it works with either SM2 backend; keys are written with AES-256-CBC.
 """
 
 from __future__ import annotations
@@ -175,10 +176,14 @@ _PRF_HASHES: Final = {  # RFC 8018 §B.1
     "1.2.840.113549.2.11": "sha512",
 }
 _OID_HMAC_SHA256: Final = "1.2.840.113549.2.9"
-_AES_CBC_KEY_BYTES: Final = {  # NIST CSOR: aes128-CBC, aes192-CBC, aes256-CBC
-    "2.16.840.1.101.3.4.1.2": 16,
-    "2.16.840.1.101.3.4.1.22": 24,
-    "2.16.840.1.101.3.4.1.42": 32,
+_CBC_CIPHERS: Final = {  # PBES2 encryption schemes: OID -> (cipher name, key bytes); all 16-byte blocks
+    "2.16.840.1.101.3.4.1.2": ("AES", 16),  # NIST CSOR aes128-CBC
+    "2.16.840.1.101.3.4.1.22": ("AES", 24),  # aes192-CBC
+    "2.16.840.1.101.3.4.1.42": ("AES", 32),  # aes256-CBC
+    "1.2.156.10197.1.104.2": (
+        "SM4",
+        16,
+    ),  # GM/T 0006-2012 sm4-cbc (GB/T 32907 SM4; `openssl pkcs8 -v2 sm4-cbc`)
 }
 _OID_AES256_CBC: Final = "2.16.840.1.101.3.4.1.42"
 
@@ -245,10 +250,11 @@ def _check_sm2_algorithm(oid: str, params: _DerReader, what: str) -> None:
 # --------------------------------------------------------------------------------------------------------
 
 
-def _aes_cbc(key: bytes, iv: bytes, data: bytes, *, encrypt: bool) -> bytes:
+def _cbc(key: bytes, iv: bytes, data: bytes, *, encrypt: bool, cipher_name: str = "AES") -> bytes:
     from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-    cipher = Cipher(algorithms.AES(key), modes.CBC(iv))
+    block_cipher = algorithms.SM4(key) if cipher_name == "SM4" else algorithms.AES(key)
+    cipher = Cipher(block_cipher, modes.CBC(iv))
     ctx = cipher.encryptor() if encrypt else cipher.decryptor()
     return ctx.update(data) + ctx.finalize()
 
@@ -259,7 +265,7 @@ def _pkcs8_encrypt(der: bytes, password: bytes) -> bytes:
     salt, iv = secrets.token_bytes(16), secrets.token_bytes(16)
     key = hashlib.pbkdf2_hmac("sha256", bytes(password), salt, PBKDF2_ITERATIONS, 32)
     pad = 16 - len(der) % 16
-    ciphertext = _aes_cbc(key, iv, der + bytes([pad]) * pad, encrypt=True)
+    ciphertext = _cbc(key, iv, der + bytes([pad]) * pad, encrypt=True)
     prf = _tlv(_SEQUENCE, _oid_der(_OID_HMAC_SHA256) + _tlv(_NULL, b""))
     kdf = _tlv(
         _SEQUENCE,
@@ -330,14 +336,15 @@ def _pkcs8_decrypt(der: bytes, password: bytes, what: str) -> bytes:
     kdf_oid, kdf_params = pbes2.algorithm("keyDerivationFunc")
     enc_oid, enc_params = pbes2.algorithm("encryptionScheme")
     pbes2.end()
-    if enc_oid not in _AES_CBC_KEY_BYTES:
+    if enc_oid not in _CBC_CIPHERS:
         raise UnsupportedAlgorithmError(f"{what}: unsupported key encryption cipher {enc_oid}")
+    cipher_name, key_bytes = _CBC_CIPHERS[enc_oid]
     iv = enc_params.octet_string("IV")
     enc_params.end()
     if len(iv) != 16 or not ciphertext or len(ciphertext) % 16:
-        raise KeyMaterialError(f"{what}: malformed AES-CBC parameters or ciphertext")
-    key = _derive_key(kdf_oid, kdf_params, bytes(password), _AES_CBC_KEY_BYTES[enc_oid], what)
-    plain = _aes_cbc(key, iv, ciphertext, encrypt=False)
+        raise KeyMaterialError(f"{what}: malformed {cipher_name}-CBC parameters or ciphertext")
+    key = _derive_key(kdf_oid, kdf_params, bytes(password), key_bytes, what)
+    plain = _cbc(key, iv, ciphertext, encrypt=False, cipher_name=cipher_name)
     pad = plain[-1]
     if not 1 <= pad <= 16 or not hmac.compare_digest(plain[-pad:], bytes([pad]) * pad):
         raise KeyMaterialError(f"{what}: cannot decrypt the key (wrong password or corrupted file)")

@@ -5,16 +5,23 @@ from __future__ import annotations
 import dataclasses
 import os
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
-from modelsec.attestations.bundle import key_hint, sign_statement
+from modelsec.attestations.bundle import add_timestamps, parse_bundle, sign_statement
 from modelsec.attestations.oms_predicate import SINGLE_FILE_NAME, Manifest, build_manifest, manifest_statement
 from modelsec.attestations.statement import Statement
-from modelsec.errors import Error, KeyMaterialError, MalformedArtifactError, PolicyError, PolicyViolationError
+from modelsec.errors import (
+    Error,
+    KeyMaterialError,
+    MalformedArtifactError,
+    PolicyError,
+    PolicyViolationError,
+    UnsupportedAlgorithmError,
+)
 from modelsec.limits import Limits
 from modelsec.modelformat.hashing import ProgressCallback, hash_files
 from modelsec.modelformat.model_files import (
@@ -78,11 +85,20 @@ class BundleSigner(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class SignedBundle:
-    """One bundle written by `sign_model`."""
+    """One bundle written by `sign_model`.
+
+    Attributes:
+        algorithm: The signature scheme.
+        path: Where the bundle was written.
+        keyid: The bundle's own `publicKey.hint` (hex(SHA-256(PEM)) for ECDSA and SM2, `ML_DSA_65:<hex>`
+            for ML-DSA as model_signing writes it): what a verifier matches against its keys.
+        timestamps: Number of RFC 3161 timestamps stored in the bundle.
+    """
 
     algorithm: SignatureAlgorithm
     path: Path
     keyid: str
+    timestamps: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +237,7 @@ def compute_manifests(
 
     Args:
         model_dir: The model directory, or a single model file.
-        hash_types: Manifest hash types to build (`sha256`, `sm3`).
+        hash_types: Manifest hash types to build (`sha256`, `sm3`, `blake3`).
         ignore_paths: Exact relative paths left out (and recorded in the manifests).
         tensor_hash: Per-tensor digest algorithm, or None.
         limits: Limits; defaults to `Limits()`.
@@ -260,7 +276,10 @@ def compute_manifests(
                 "anyway (--allow-unverifiable; a policy with refusePickle: false / allowRemoteCode: true "
                 "accepts them)"
             )
-    algorithms = list(dict.fromkeys([HashAlgorithm.SHA256, *hash_types]))
+    # SHA-256 is also the root of SM3 manifests (their subject carries the SHA-256 model root); a BLAKE3
+    # manifest's root is SHA-256 over its BLAKE3 digests, so BLAKE3 alone reads no SHA-256 at all.
+    roots = [HashAlgorithm.SHA256] if HashAlgorithm.SM3 in hash_types else []
+    algorithms = list(dict.fromkeys([*roots, *hash_types]))
     root_fd = open_model_root(root_dir)
     try:
         digests = hash_files(
@@ -304,16 +323,18 @@ def sign_model(
     progress: ProgressCallback | None = None,
     refuse_unverifiable: bool = False,
     ignore_paths: Sequence[str] = (),
+    timestamper: Callable[[bytes], Sequence[bytes]] | None = None,
+    hash_type: HashAlgorithm = HashAlgorithm.SHA256,
 ) -> SigningResult:
     """Sign a model directory with one or more keys, writing one sigstore bundle per key.
 
-    ECDSA keys sign the SHA-256 manifest (OMS interop profile); SM2 keys sign the SM3 manifest. All files are
-    hashed once, with every needed digest in the same pass. Bundles go to `model.sig` (P-256),
-    `model.p384.sig` (P-384) and `model.sm2.sig` (SM2) in the model directory unless `signature_paths` maps
-    the signer's index to another path. All default signature names are recorded as ignored, so signing
-    again with another key leaves earlier bundles valid; so are bundles found under other names
-    (`find_bundle_files`). A single file may be signed instead of a directory (OMS single-file model,
-    resource `.`); its default bundles go next to it.
+    ECDSA keys sign the SHA-256 (or, with `hash_type`, BLAKE3) manifest (OMS interop profile); SM2 keys sign
+    the SM3 manifest. All files are hashed once, with every needed digest in the same pass. Bundles go to
+    `model.sig` (P-256), `model.p384.sig` (P-384) and `model.sm2.sig` (SM2) in the model directory unless
+    `signature_paths` maps the signer's index to another path. All default signature names are recorded as
+    ignored, so signing again with another key leaves earlier bundles valid; so are bundles found under
+    other names (`find_bundle_files`). A single file may be signed instead of a directory (OMS single-file
+    model, resource `.`); its default bundles go next to it.
 
     Args:
         model_dir: The model directory (safetensors shards, index, config, tokenizer files), or one file.
@@ -327,12 +348,21 @@ def sign_model(
             (pickle formats, `*.py`; see `unverifiable_files`). The `sign` command sets it by default.
         ignore_paths: More relative paths to leave out and record (OMS semantics: a directory with
             everything below it); see `relative_ignore_paths` for paths given on a command line.
+        timestamper: Called with each bundle's signature bytes; returns the DER RFC 3161 `TimeStampResp`s
+            stored in that bundle (`modelsec.verifier.timestamps.request_timestamp`). Every bundle is signed
+            and timestamped before the first is written: a failing TSA leaves no bundle behind.
+        hash_type: File digest algorithm of the manifests ECDSA and ML-DSA keys sign: `sha256` (the OMS
+            default) or `blake3` (OMS/model_signing `hashing_algorithm="blake3"`: resources with BLAKE3
+            digests, subject digest SHA-256 over them; no SHA-256 pass over the files). SM2 keys always
+            sign the SM3 manifest, whose subject carries the SHA-256 model root, so they refuse `blake3`.
 
     Returns:
         The model root digest, counts, and the bundles written.
 
     Raises:
         KeyMaterialError: No signer, or two signers would write the same bundle.
+        UnsupportedAlgorithmError: `hash_type` is neither SHA-256 nor BLAKE3, or a signer's scheme cannot
+            sign a `hash_type` manifest (SM2 with BLAKE3).
         MalformedArtifactError: The directory is empty, or a file is malformed.
         PolicyError: A bundle path is a symlink or cannot be written.
         PolicyViolationError: A symlink or special file is present, or (with `refuse_unverifiable`) a
@@ -362,7 +392,8 @@ def sign_model(
             rel_posix = Path(rel).as_posix()
             if rel_posix not in ignore:
                 ignore.append(rel_posix)
-    hash_types = list(dict.fromkeys(scheme_for(s.algorithm).manifest_hash for s in signers))
+    signed_hashes = [_manifest_hash(s.algorithm, hash_type) for s in signers]
+    hash_types = list(dict.fromkeys(signed_hashes))
     manifests = compute_manifests(
         model_dir,
         hash_types,
@@ -372,16 +403,23 @@ def sign_model(
         progress=progress,
         refuse_unverifiable=refuse_unverifiable,
     )
-    written = []
-    for signer, path in zip(signers, paths, strict=True):
-        manifest = manifests[scheme_for(signer.algorithm).manifest_hash]
+    signed = []
+    for signer, path, h in zip(signers, paths, signed_hashes, strict=True):
+        manifest = manifests[h]
         statement = manifest_statement(manifest)
         if isinstance(signer, BundleSigner):
             bundle = signer.sign_bundle(statement)
         else:
             bundle = sign_statement(statement, signer)
-        write_bundle_file(path, bundle)
-        written.append(SignedBundle(signer.algorithm, path, key_hint(signer.public_key_pem())))
+        parsed = parse_bundle(bundle, source=str(path))
+        tokens = list(timestamper(parsed.signature.sig)) if timestamper is not None else []
+        if tokens:
+            bundle = add_timestamps(bundle, tokens, source=str(path))
+        hint = parsed.hint or parsed.signature.keyid
+        signed.append((bundle, SignedBundle(signer.algorithm, path, hint, len(tokens))))
+    for bundle, result in signed:
+        write_bundle_file(result.path, bundle)
+    written = [result for _, result in signed]
     sha = manifests.get(HashAlgorithm.SHA256) or next(iter(manifests.values()))
     return SigningResult(
         root_digest=sha.subject_digest["sha256"],
@@ -389,6 +427,21 @@ def sign_model(
         tensors=sum(len(t) for t in sha.tensors.values()),
         bundles=tuple(written),
     )
+
+
+def _manifest_hash(algorithm: SignatureAlgorithm, hash_type: HashAlgorithm) -> HashAlgorithm:
+    """The manifest hash type a key of `algorithm` signs when the caller asks for `hash_type` manifests."""
+    if hash_type not in (HashAlgorithm.SHA256, HashAlgorithm.BLAKE3):
+        raise UnsupportedAlgorithmError(f"manifest hash type {hash_type} cannot be chosen (sha256 or blake3)")
+    scheme = scheme_for(algorithm)
+    if hash_type is HashAlgorithm.SHA256:
+        return scheme.manifest_hash
+    if hash_type not in scheme.signable_hashes:
+        raise UnsupportedAlgorithmError(
+            f"{algorithm} keys sign {scheme.manifest_hash} manifests bound to the SHA-256 model root, not "
+            f"{hash_type} manifests; sign with hash type sha256, or without the {algorithm} key"
+        )
+    return hash_type
 
 
 def write_bundle_file(path: Path, data: bytes, *, what: str = "bundle") -> Path:

@@ -8,7 +8,8 @@ model when the policy requires attestations. Order for each bundle, failing clos
 2. the predicate type (read from the payload only to choose the signing role) must be known: the OMS
    weights manifest (role `weights`), `https://modelsec.dev/watermark/v1` (role `watermark`) or
    `https://modelsec.dev/robustness-gate/v1` (role `gate`); anything else is refused by name;
-3. the signature must verify under a policy key holding that role (keys never come from the bundle);
+3. the signature must verify under a policy key holding that role (keys never come from the bundle), or
+   the bundle's certificate through a policy authority holding that role (`modelsec.verifier.identity`);
 4. the statement's subject (parsed once, from the payload bytes the signature covers) must be this model's
    root digest (an attestation replayed from another model does not count);
 5. the predicate must parse with every number in its field's range (`modelsec.attestations.predicates`,
@@ -57,7 +58,7 @@ from modelsec.attestations.watermark_predicate import (
 )
 from modelsec.errors import AttestationError, Error, MalformedArtifactError
 from modelsec.limits import Limits
-from modelsec.policy import Policy, RobustnessRequirement, WatermarkRequirement
+from modelsec.policy import Authority, Policy, RobustnessRequirement, WatermarkRequirement
 from modelsec.signer.keys import TrustedKey
 from modelsec.signer.signing import ATTESTATION_FILE_NAMES
 from modelsec.verifier.bundles import read_bundle, verify_bundle_signature
@@ -85,7 +86,13 @@ _UNDATED = datetime.min.replace(tzinfo=UTC)
 
 
 def verify_statement_bundle(
-    bundle: Bundle, statement: Statement, keys: Sequence[TrustedKey], root_digest: str, *, what: str
+    bundle: Bundle,
+    statement: Statement,
+    keys: Sequence[TrustedKey],
+    root_digest: str,
+    *,
+    what: str,
+    authorities: Sequence[Authority] = (),
 ) -> TrustedKey:
     """Steps 3-4 for one bundle of a known predicate type: the signing key and the subject.
 
@@ -95,19 +102,24 @@ def verify_statement_bundle(
         keys: Trusted keys; only those holding the role for the statement's predicate type are tried.
         root_digest: The model root digest (hex SHA-256) the statement must be about.
         what: Names the bundle in errors.
+        authorities: Certificate and Sigstore authorities; only those holding the role are tried, and only
+            for a bundle that carries a certificate (`modelsec.verifier.identity`).
 
     Returns:
-        The trusted key that verified.
+        The trusted key that verified (for a certificate: the leaf's key, named after its authority).
 
     Raises:
-        SignatureError: No key allowed the role verifies the signature.
+        SignatureError: No key or authority allowed the role verifies the signature.
         AttestationError: The predicate type is unknown, or no subject is `root_digest` (constant-time
             comparison).
+        MalformedArtifactError: The bundle's certificates are malformed (only read with `authorities`).
+        BackendUnavailableError: A Sigstore authority is configured without the `sigstore` package.
+        PolicyError: A Sigstore authority's trusted root cannot be loaded.
     """
     role = _ROLE.get(statement.predicate_type)
     if role is None:
         raise AttestationError(f"{what}: unknown predicateType {statement.predicate_type!r}")
-    key = verify_bundle_signature(bundle, keys, role=role)
+    key = verify_bundle_signature(bundle, keys, role=role, authorities=authorities)
     subjects = [s.digest.get("sha256", "") for s in statement.subjects]
     if not any(hmac.compare_digest(s.encode(), root_digest.encode()) for s in subjects):
         raise AttestationError(f"{what}: is about model {subjects[0] or '?'}, not {root_digest}")
@@ -405,12 +417,21 @@ class _Selection:
             statement = parse_statement(bundle.envelope.payload, what=what)
             claimed = statement.predicate_type
             if claimed not in _ROLE:
-                signer = verify_bundle_signature(bundle, self.policy.keys, role=None)
+                signer = verify_bundle_signature(
+                    bundle, self.policy.keys, role=None, authorities=self.policy.authorities
+                )
                 raise AttestationError(
                     f"{what}: unknown predicateType {claimed!r} (signed by trusted key {signer.name!r}): "
                     "evidence for no requirement"
                 )
-            key = verify_statement_bundle(bundle, statement, self.policy.keys, self.root_digest, what=what)
+            key = verify_statement_bundle(
+                bundle,
+                statement,
+                self.policy.keys,
+                self.root_digest,
+                what=what,
+                authorities=self.policy.authorities,
+            )
             self._classify(statement, key, what)
         except Error as e:
             self.ignored.append(_reason(e, what))

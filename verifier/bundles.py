@@ -5,19 +5,26 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 
 from modelsec.attestations.bundle import Bundle, parse_bundle
-from modelsec.errors import MalformedArtifactError, PolicyViolationError, SignatureError
+from modelsec.errors import (
+    BackendUnavailableError,
+    MalformedArtifactError,
+    PolicyViolationError,
+    SignatureError,
+)
 from modelsec.limits import Limits
 from modelsec.modelformat.model_files import open_beneath
-from modelsec.policy import Authority
+from modelsec.policy import Authority, Policy
 from modelsec.signer.keys import TrustedKey
 from modelsec.signer.schemes import scheme_for, scheme_for_bundle_name
 from modelsec.signer.signing import SIGNATURE_FILE_NAMES
 from modelsec.verifier.identity import verify_with_authorities
 
 __all__ = [
+    "check_signature_time",
     "family_has_key",
     "find_default_bundles",
     "read_bundle",
@@ -138,6 +145,58 @@ def verify_bundle_signature(
     raise SignatureError(
         f"{bundle.source}: invalid signature: no trusted key allowed to sign {role!r} verifies it ({detail})"
     )
+
+
+def check_signature_time(
+    bundle: Bundle, key: TrustedKey, policy: Policy, *, now: datetime | None = None
+) -> tuple[datetime, ...]:
+    """Place a verified bundle's signature in time: its RFC 3161 timestamps, then its key's validity window.
+
+    With `policy.timestamp_authorities`, every timestamp in the bundle must be a TSA's timestamp over this
+    signature (`modelsec.verifier.timestamps.verify_timestamps`); without any, timestamps are not read (no
+    TSA to believe them through). A key window (`policy.window_for(key)`) then holds every trusted time; with
+    no trusted time it holds the verification time `now`: a signature made before its key's `validUntil`
+    stays valid later only if a trusted timestamp proves it.
+
+    Args:
+        bundle: A bundle whose signature `key` verified.
+        key: The policy key that verified it.
+        policy: The TSAs, `requireTimestamp` and key windows.
+        now: The verification time (default: the current time).
+
+    Returns:
+        The trusted times of its timestamps (empty when none was verified).
+
+    Raises:
+        SignatureError: A timestamp is untrusted or over other bytes, a required timestamp is missing, or a
+            time lies outside the key's window.
+        MalformedArtifactError: A timestamp is not a granted DER `TimeStampResp`.
+        BackendUnavailableError: Timestamps must be verified and `rfc3161-client` is not installed.
+    """
+    times: tuple[datetime, ...] = ()
+    if policy.timestamp_authorities and bundle.timestamps:
+        try:
+            from modelsec.verifier.timestamps import verify_timestamps
+        except ModuleNotFoundError as e:
+            raise BackendUnavailableError(
+                f"{bundle.source}: verifying RFC 3161 timestamps needs rfc3161-client "
+                "(pip install 'modelsec[timestamp]')"
+            ) from e
+        times = verify_timestamps(
+            bundle.timestamps, bundle.signature.sig, policy.timestamp_authorities, source=bundle.source
+        )
+    if policy.require_timestamp and not times:
+        raise SignatureError(
+            f"{bundle.source}: the policy requires an RFC 3161 timestamp; the bundle has none"
+        )
+    window = policy.window_for(key)
+    if window is not None:
+        for time in times or (now or datetime.now(UTC),):
+            try:
+                window.check(time)
+            except SignatureError as e:
+                raise SignatureError(f"{bundle.source}: {e}") from None
+    return times
 
 
 def find_default_bundles(model_dir: Path) -> list[Path]:

@@ -198,7 +198,7 @@ def _patch(owner: object, name: str, replacement: object) -> None:
 
 def _module_copies(replacements: dict[int, tuple[object, object]]) -> list[tuple[object, str, object]]:
     """(module, attribute, new value) for every module-level binding of a key of `replacements`."""
-    found = []
+    found: list[tuple[object, str, object]] = []
     for module in list(sys.modules.values()):
         if module is sys.modules[__name__]:  # defines the replacements: never rebound
             continue

@@ -173,7 +173,14 @@ def _verify_x509(bundle: Bundle, certificates: tuple[bytes, ...], authority: X50
         raise SignatureError(f"certificate chain does not verify to a configured root: {e}") from e
     _check_signing_usage(leaf)
     rule = _match_identity(leaf, authority.identities)
-    return _leaf_key(bundle, leaf, f"{authority.name}: {rule}", authority.roles)
+    return _leaf_key(bundle, leaf, f"{authority.name}: {_named(rule, leaf)}", authority.roles)
+
+
+def _named(rule: IdentityRule, leaf: x509.Certificate) -> str:
+    """The rule that matched; for an unconstrained one (`--certificate-chain` alone), what the leaf names."""
+    if any(v is not None for v in (rule.identity, rule.identity_regexp, rule.issuer, rule.issuer_regexp)):
+        return str(rule)
+    return f"any identity ({', '.join(_sans(leaf)) or leaf.subject.rfc4514_string()})"
 
 
 def _check_signing_usage(leaf: x509.Certificate) -> None:

@@ -28,11 +28,12 @@ import os
 import threading
 import time
 from collections.abc import Collection, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from modelsec.algorithms import HashAlgorithm
 from modelsec.attestations.oms_predicate import TensorEntry
 from modelsec.errors import (
     DigestMismatchError,
@@ -73,6 +74,9 @@ __all__ = [
 
 def resolve_policy(model_path: Path, policy: Policy | PolicySet | None) -> Policy:
     """The `Policy` for `model_path`: as given, matched from a `PolicySet`, or from `$MODELSEC_POLICY`.
+
+    From a set, every policy matching `file://<real path>` must pass (`PolicySet.for_uri`: the others ride
+    in `Policy.also` and are checked with the signatures).
 
     Raises:
         PolicyError: No policy given and `$MODELSEC_POLICY` is unset or invalid.
@@ -162,6 +166,11 @@ def _load_tensors_by_digest(
     if unchecked:
         check_file_set(signed, policy, only=unchecked)
     out: dict[str, Any] = {}
+    # Tensors are read and hashed on every core: preadv and the hashers release the GIL.
+    workers = min(os.cpu_count() or 1, len(wanted))
+    pool = (
+        ThreadPoolExecutor(max_workers=workers, thread_name_prefix="modelsec-tensor") if workers > 1 else None
+    )
     root_fd = open_model_root(signed.model_dir)
     try:
         for file, tnames in by_file.items():
@@ -173,35 +182,51 @@ def _load_tensors_by_digest(
                     with os.fdopen(os.dup(fd), "rb") as f:
                         header, _ = read_header(f, os.fstat(fd).st_size, path=what, limits=limits)
                     cache[file] = header
-                for tname in tnames:
-                    entry = wanted[tname][1]
+                jobs = [(fd, t, wanted[t][1], header, assert_hash, what) for t in tnames]
+                if pool is None or len(jobs) == 1:
+                    built = [_verified_tensor(*j) for j in jobs]
+                else:
+                    futures = [pool.submit(_verified_tensor, *j) for j in jobs]
                     try:
-                        info = header.tensor(tname)
-                    except KeyError:
-                        raise DigestMismatchError(
-                            f"{what}:`{tname}`", "present", "absent from the header"
-                        ) from None
-                    signed_facts = (entry.dtype, entry.shape, entry.begin, entry.end)
-                    if (info.dtype, info.shape, info.begin, info.end) != signed_facts:
-                        raise DigestMismatchError(
-                            f"{what}:`{tname}` (dtype/shape/offsets)",
-                            f"{entry.dtype}{list(entry.shape)}@{entry.begin}-{entry.end}",
-                            f"{info.dtype}{list(info.shape)}@{info.begin}-{info.end}",
-                        )
-                    raw = shard_io.read_range(fd, header.data_start + info.begin, info.end - info.begin, what)
-                    h = new_hasher(assert_hash)
-                    h.update(memoryview(raw.numpy()).cast("B") if raw.numel() else b"")
-                    digest = h.digest()
-                    if not hmac.compare_digest(digest, entry.digest):
-                        raise DigestMismatchError(
-                            f"{what}:`{tname}`", entry.digest.hex(), digest.hex(), algorithm=assert_hash.value
-                        )
-                    out[tname] = shard_io.tensor_from(raw, -info.begin, info, tname, what)
+                        built = [f.result() for f in futures]
+                    finally:  # on the first refusal nothing more is read, and `fd` outlives every read
+                        for f in futures:
+                            f.cancel()
+                        wait(futures)
+                out.update(zip(tnames, built, strict=True))
             finally:
                 os.close(fd)
     finally:
         os.close(root_fd)
+        if pool is not None:
+            pool.shutdown(wait=True)
     return out
+
+
+def _verified_tensor(
+    fd: int, tname: str, entry: TensorEntry, header: SafetensorsHeader, algorithm: HashAlgorithm, what: str
+) -> Any:
+    """One tensor read into private memory, its signed facts and digest checked, built from those bytes."""
+    try:
+        info = header.tensor(tname)
+    except KeyError:
+        raise DigestMismatchError(f"{what}:`{tname}`", "present", "absent from the header") from None
+    signed_facts = (entry.dtype, entry.shape, entry.begin, entry.end)
+    if (info.dtype, info.shape, info.begin, info.end) != signed_facts:
+        raise DigestMismatchError(
+            f"{what}:`{tname}` (dtype/shape/offsets)",
+            f"{entry.dtype}{list(entry.shape)}@{entry.begin}-{entry.end}",
+            f"{info.dtype}{list(info.shape)}@{info.begin}-{info.end}",
+        )
+    raw = shard_io.read_range(fd, header.data_start + info.begin, info.end - info.begin, what)
+    h = new_hasher(algorithm)
+    h.update(memoryview(raw.numpy()).cast("B") if raw.numel() else b"")
+    digest = h.digest()
+    if not hmac.compare_digest(digest, entry.digest):
+        raise DigestMismatchError(
+            f"{what}:`{tname}`", entry.digest.hex(), digest.hex(), algorithm=algorithm.value
+        )
+    return shard_io.tensor_from(raw, -info.begin, info, tname, what)
 
 
 def _shards_for_without_digests(signed: SignedModel, tensors: Sequence[str], policy: Policy) -> list[str]:

@@ -39,6 +39,7 @@ from modelsec.signer.schemes import scheme_for
 from modelsec.signer.signing import ATTESTATION_FILE_NAMES, SIGNATURE_FILE_NAMES
 from modelsec.verifier.attestations import AttestationVerdict, find_attestation_bundles, verify_attestations
 from modelsec.verifier.bundles import (
+    check_signature_time,
     family_has_key,
     find_default_bundles,
     read_bundle,
@@ -174,6 +175,7 @@ def verify_signatures(
                 skipped.append(path)
                 continue
             raise
+        check_signature_time(bundle, key, policy)
         statement = parse_statement(bundle.envelope.payload, what=str(path))
         if statement.predicate_type != OMS_PREDICATE_TYPE:
             raise MalformedArtifactError(
@@ -214,6 +216,16 @@ def verify_signatures(
             found = [*_attestations_at(root_fd, model_dir, root, limits), *found]
         verdict = verify_attestations(root, found, policy, require_signatures=False)
         verdict.raise_for_policy()
+    for extra in policy.also:  # every matching policy must pass, over this same root digest
+        root = first.subject_digest["sha256"]
+        verify_signatures(
+            model_dir,
+            extra,
+            bundles=bundles,
+            expected_digests=[root],
+            ignore_paths=ignore_paths,
+            root_fd=root_fd,
+        )
     checked = [b for b in verified if not policy.check_hashes or b.manifest.hash_type in policy.check_hashes]
     if not checked:
         wanted = ", ".join(sorted(h.value for h in policy.check_hashes))
@@ -325,13 +337,16 @@ def bind_single_file(signed: SignedModel, name: str) -> SignedModel:
 
 
 def _file_hashes(checked: Sequence[VerifiedBundle], policy: Policy) -> tuple[HashAlgorithm, ...]:
-    """The file digests to compute: every checked manifest's hash type, plus SHA-256 for the model root.
+    """The file digests to compute: every checked manifest's hash type, plus SHA-256 for an SM3 model root.
 
-    A policy restricted to SM3 (`checkHashes: [sm3]`, e.g. SM-only deployments) skips SHA-256: the SM3
-    file digests bind the bytes, and the SHA-256 root in the SM2 statement is the trusted signer's claim
-    (still the identity attestations are matched against).
+    An SM3 manifest's subject carries the SHA-256 model root, which is checked against SHA-256 file digests
+    unless the policy is restricted to SM3 (`checkHashes: [sm3]`, e.g. SM-only deployments): the SM3 file
+    digests bind the bytes, and that root is the trusted signer's claim (still the identity attestations
+    are matched against). SHA-256 and BLAKE3 manifests bind their root themselves (it is SHA-256 over the
+    signed resource digests, checked when the manifest is parsed), so a BLAKE3 bundle hashes BLAKE3 only.
     """
     hashes = [b.manifest.hash_type for b in checked]
-    if not policy.check_hashes or HashAlgorithm.SHA256 in policy.check_hashes:
+    sm3_root = HashAlgorithm.SM3 in hashes
+    if sm3_root and (not policy.check_hashes or HashAlgorithm.SHA256 in policy.check_hashes):
         hashes.insert(0, HashAlgorithm.SHA256)
     return tuple(dict.fromkeys(hashes))

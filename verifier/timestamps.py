@@ -15,7 +15,6 @@ from __future__ import annotations
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import rfc3161_client
 from cryptography import x509
 
 from modelsec.errors import BackendUnavailableError, KeyMaterialError, MalformedArtifactError, SignatureError
+from modelsec.policy import TimestampAuthority, check_validity_window
 
 __all__ = [
     "TimestampAuthority",
@@ -36,21 +36,6 @@ __all__ = [
 _MAX_RESPONSE_BYTES = 64 * 1024
 _MAX_CERT_FILE_BYTES = 256 * 1024
 _GRANTED = (0, 1)  # PKIStatus granted, grantedWithMods (RFC 3161 section 2.4.2)
-
-
-@dataclass(frozen=True, slots=True)
-class TimestampAuthority:
-    """A TSA the operator trusts: its root certificate(s) and any intermediates.
-
-    Attributes:
-        name: Names the TSA in diagnostics.
-        roots: Self-issued certificates that anchor the TSA's chain.
-        intermediates: Other certificates of the chain (the TSA's own certificate may be among them).
-    """
-
-    name: str
-    roots: tuple[x509.Certificate, ...]
-    intermediates: tuple[x509.Certificate, ...] = ()
 
 
 def load_timestamp_authority(path: Path, *, name: str | None = None) -> TimestampAuthority:
@@ -173,17 +158,3 @@ def verify_timestamps(
         SignatureError: A timestamp is not trusted or not over this signature.
     """
     return tuple(verify_timestamp(t, signature, authorities, source=source) for t in tokens)
-
-
-def check_validity_window(
-    time: datetime, *, valid_from: datetime | None, valid_until: datetime | None, key: str
-) -> None:
-    """Refuse a signature whose (trusted or verification) time lies outside its key's validity window.
-
-    Raises:
-        SignatureError: `time` is before `valid_from` or after `valid_until`.
-    """
-    if valid_from is not None and time < valid_from:
-        raise SignatureError(f"signature time {time.isoformat()} is before key {key!r} validFrom")
-    if valid_until is not None and time > valid_until:
-        raise SignatureError(f"signature time {time.isoformat()} is after key {key!r} validUntil")

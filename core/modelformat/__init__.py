@@ -7,4 +7,9 @@
 
 Nothing here holds keys or makes a trust decision; the OMS predicate built from these digests lives in
 `modelsec.attestations.oms_predicate`.
+
+The public names live in the submodules (each with its own `__all__`); the package re-exports nothing, so
+importing one submodule does not load the others.
 """
+
+__all__: list[str] = []

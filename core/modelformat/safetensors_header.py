@@ -13,7 +13,7 @@ and each later step relies on the earlier ones (an invariant, not an implementat
    most safetensors' own MAX_HEADER_SIZE of 100,000,000 bytes; see `Limits`); `8 + N <= file_size`. All of
    this is decided from the prefix and the file size alone, *before* the header is read, so an
    attacker-declared length never drives an allocation.
-2. The header is valid UTF-8, starts with `{`, and its bracket nesting is at most `_MAX_NESTING` levels
+2. The header is valid UTF-8, starts with `{`, and its bracket nesting is at most 8 levels
    (checked by a linear scan before decoding, so the JSON decoder never recurses deeply).
 3. The header is strict JSON: no duplicate keys at any level, no `NaN`/`Infinity`, one top-level object,
    and nothing but spaces (0x20, the padding safetensors writes) after its closing brace.
@@ -37,15 +37,14 @@ and long names truncated.
 
 from __future__ import annotations
 
-import json
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import BinaryIO
 
 from modelsec.errors import MalformedArtifactError
 from modelsec.limits import Limits
+from modelsec.modelformat._header_json import decode_header_json, is_unicode_text, json_type, show, show_int
 
 __all__ = [
     "DTYPE_BITS",
@@ -91,17 +90,9 @@ _PREFIX_BYTES = 8  # The u64 little-endian header length.
 _MIN_HEADER_BYTES = 2  # The smallest JSON object, `{}`.
 _METADATA_KEY = "__metadata__"
 _TENSOR_FIELDS = frozenset({"dtype", "shape", "data_offsets"})
-# A valid header nests three levels deep (object > tensor object > shape list). The pre-scan allows more,
-# so that it only names nesting for clearly abusive input; the schema checks refuse the rest.
-_MAX_NESTING = 8
 _MAX_RANK = 64
 # torch and numpy index shapes with int64, so a larger dimension cannot describe a loadable tensor.
 _MAX_DIM = 2**63 - 1
-_SHOW_CHARS = 80  # How much of an attacker-chosen string an error message repeats.
-
-_ESCAPED_PAIR = re.compile(rb"\\.", re.DOTALL)
-_SIMPLE_STRING = re.compile(rb'"[^"]*"')
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,7 +224,7 @@ def parse_header(header: bytes, file_size: int, *, path: str, limits: Limits) ->
     data_start = _PREFIX_BYTES + n
     data_size = file_size - data_start
 
-    top = _decode_json(header, path=path)
+    top = decode_header_json(header, path=path)
     tensor_count = len(top) - (_METADATA_KEY in top)
     if tensor_count > limits.max_tensors_per_file:
         raise MalformedArtifactError(
@@ -337,132 +328,10 @@ def _check_header_length(n: int, file_size: int, *, path: str, limits: Limits) -
         )
 
 
-def _show(text: str) -> str:
-    """Quote an attacker-chosen string for an error message: backquoted, escaped, truncated."""
-    if len(text) <= _SHOW_CHARS and text.isprintable():
-        return f"`{text}`"
-    cut = len(text) > _SHOW_CHARS
-    shown = "".join(
-        c if c.isprintable() else c.encode("unicode_escape", "backslashreplace").decode("ascii")
-        for c in text[:_SHOW_CHARS]
-    )
-    return f"`{shown}...`" if cut else f"`{shown}`"
-
-
-def _show_int(value: int) -> str:
-    """Render an attacker-chosen integer, abbreviating absurdly long ones (JSON allows 4300 digits)."""
-    if abs(value) < 10**40:
-        return str(value)
-    return f"{'-' if value < 0 else ''}<an integer of {value.bit_length()} bits>"
-
-
-def _json_type(value: object) -> str:
-    """Name the JSON type of a decoded value, for error messages."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    return "object"
-
-
-def _is_unicode_text(text: str) -> bool:
-    """Whether `text` encodes to UTF-8 (JSON can escape lone surrogates, which do not encode)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _check_nesting(header: bytes, *, path: str) -> None:
-    """Bound the bracket nesting of `header` before the recursive JSON decoder sees it.
-
-    The scan is linear and exact for valid JSON: escaped pairs are dropped first (so every remaining quote
-    delimits a string), strings next, then everything but brackets; innermost `[]`/`{}` pairs are then removed
-    round by round. Each round removes at least one level, so `_MAX_NESTING` rounds accept every valid JSON
-    text of that depth and nothing deeper than twice it.
-    """
-    brackets = _SIMPLE_STRING.sub(b"", _ESCAPED_PAIR.sub(b"", header)).translate(None, _NOT_BRACKETS)
-    for _ in range(_MAX_NESTING):
-        if not brackets:
-            return
-        reduced = brackets.replace(b"[]", b"").replace(b"{}", b"")
-        if reduced == brackets:
-            raise MalformedArtifactError(f"{path}: header is not valid JSON (unbalanced brackets)")
-        brackets = reduced
-    if brackets:
-        raise MalformedArtifactError(f"{path}: header JSON is nested more than {_MAX_NESTING} levels deep")
-
-
-def _decode_json(header: bytes, *, path: str) -> dict[str, object]:
-    """Decode the header as strict JSON with only trailing spaces after it; return the top-level object."""
-    try:
-        text = header.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise MalformedArtifactError(f"{path}: header is not valid UTF-8 (at byte {e.start})") from e
-    if not text.startswith("{"):
-        raise MalformedArtifactError(f"{path}: header does not start with `{{` (not a JSON object)")
-    _check_nesting(header, path=path)
-
-    def reject_constant(name: str) -> object:
-        raise MalformedArtifactError(f"{path}: header JSON contains `{name}`, which strict JSON forbids")
-
-    decoder = json.JSONDecoder(
-        object_pairs_hook=_unique_keys_hook(path),
-        parse_constant=reject_constant,
-        parse_int=_parse_int,
-        strict=True,
-    )
-    try:
-        top, end = decoder.raw_decode(text)
-    except ValueError as e:
-        # JSONDecodeError, and the integer-digits limit of int(); neither message repeats input text.
-        raise MalformedArtifactError(f"{path}: header is not valid JSON: {e}") from e
-    if text[end:].strip(" "):
-        raise MalformedArtifactError(
-            f"{path}: header has bytes other than spaces after its closing `}}` (at character {end}); "
-            "only space (0x20) padding is allowed"
-        )
-    if not isinstance(top, dict):  # Unreachable after the `{` check; kept for the type checker.
-        raise MalformedArtifactError(f"{path}: header is not a JSON object")
-    return top
-
-
-def _parse_int(literal: str) -> int | float:
-    """Decode a JSON integer, keeping `-0` a float as serde_json (and so safetensors) does.
-
-    `-0` is then refused by the integer checks like any other non-integer, with the tensor named, so that
-    this parser never accepts a header that safetensors itself refuses.
-    """
-    return -0.0 if literal == "-0" else int(literal)
-
-
-def _unique_keys_hook(path: str) -> Callable[[list[tuple[str, object]]], dict[str, object]]:
-    def hook(pairs: list[tuple[str, object]]) -> dict[str, object]:
-        result = dict(pairs)
-        if len(result) != len(pairs):
-            seen: set[str] = set()
-            for key, _ in pairs:
-                if key in seen:
-                    raise MalformedArtifactError(f"{path}: header JSON has a duplicate key {_show(key)}")
-                seen.add(key)
-        return result
-
-    return hook
-
-
 def _check_metadata(value: object, *, path: str) -> Mapping[str, str]:
     if not isinstance(value, dict):
         raise MalformedArtifactError(
-            f"{path}: `{_METADATA_KEY}` must map strings to strings, got a JSON {_json_type(value)}"
+            f"{path}: `{_METADATA_KEY}` must map strings to strings, got a JSON {json_type(value)}"
         )
     if _TENSOR_FIELDS <= value.keys():
         raise MalformedArtifactError(
@@ -472,12 +341,12 @@ def _check_metadata(value: object, *, path: str) -> Mapping[str, str]:
     for key, item in value.items():
         if not isinstance(item, str):
             raise MalformedArtifactError(
-                f"{path}: `{_METADATA_KEY}` must map strings to strings; key {_show(key)} has a JSON "
-                f"{_json_type(item)} value"
+                f"{path}: `{_METADATA_KEY}` must map strings to strings; key {show(key)} has a JSON "
+                f"{json_type(item)} value"
             )
-        if not (_is_unicode_text(key) and _is_unicode_text(item)):
+        if not (is_unicode_text(key) and is_unicode_text(item)):
             raise MalformedArtifactError(
-                f"{path}: `{_METADATA_KEY}` entry {_show(key)} is not valid Unicode (lone surrogate escape)"
+                f"{path}: `{_METADATA_KEY}` entry {show(key)} is not valid Unicode (lone surrogate escape)"
             )
     # `value` is the decoder's fresh dict, referenced nowhere else: a read-only view of it, not a copy (a
     # header of tiny entries would otherwise pay for its largest object twice).
@@ -492,25 +361,25 @@ def _int_pair(value: object) -> tuple[int, int] | None:
 
 def _tensor_error(path: str, name: str, problem: str) -> MalformedArtifactError:
     """Build the error for one tensor (only on failure: quoting names is not free)."""
-    return MalformedArtifactError(f"{path}: tensor {_show(name)}: {problem}")
+    return MalformedArtifactError(f"{path}: tensor {show(name)}: {problem}")
 
 
 def _check_tensor(name: str, value: object, data_size: int, *, path: str) -> TensorInfo:
     """Validate one tensor entry against the schema and the data section size."""
     if not name:
         raise MalformedArtifactError(f"{path}: header declares a tensor with an empty name ``")
-    if not _is_unicode_text(name):
+    if not is_unicode_text(name):
         raise _tensor_error(path, name, "name is not valid Unicode (lone surrogate escape)")
     if not isinstance(value, dict):
         raise _tensor_error(
             path,
             name,
-            f"entry must be an object with dtype, shape and data_offsets, got a JSON {_json_type(value)}",
+            f"entry must be an object with dtype, shape and data_offsets, got a JSON {json_type(value)}",
         )
     if value.keys() != _TENSOR_FIELDS:
         unknown = sorted(k for k in value if k not in _TENSOR_FIELDS)
         if unknown:
-            listed = ", ".join(_show(k) for k in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
+            listed = ", ".join(show(k) for k in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
             raise _tensor_error(
                 path, name, f"unknown field(s) {listed} (only dtype, shape and data_offsets are allowed)"
             )
@@ -519,13 +388,13 @@ def _check_tensor(name: str, value: object, data_size: int, *, path: str) -> Ten
 
     dtype = value["dtype"]
     if not isinstance(dtype, str):
-        raise _tensor_error(path, name, f"dtype must be a string, got a JSON {_json_type(dtype)}")
+        raise _tensor_error(path, name, f"dtype must be a string, got a JSON {json_type(dtype)}")
     bits = DTYPE_BITS.get(dtype)
     if bits is None:
         raise _tensor_error(
             path,
             name,
-            f"unknown dtype {_show(dtype)} (names are case-sensitive; known: {', '.join(DTYPE_BITS)})",
+            f"unknown dtype {show(dtype)} (names are case-sensitive; known: {', '.join(DTYPE_BITS)})",
         )
 
     shape = _check_shape(value["shape"], path=path, name=name)
@@ -535,7 +404,7 @@ def _check_tensor(name: str, value: object, data_size: int, *, path: str) -> Ten
         raise _tensor_error(path, name, "data_offsets must be an array of two integers [begin, end]")
     begin, end = offsets
     if begin < 0 or end < 0 or begin > end or end > data_size:
-        shown = f"[{_show_int(begin)}, {_show_int(end)}]"
+        shown = f"[{show_int(begin)}, {show_int(end)}]"
         if begin < 0 or end < 0:
             raise _tensor_error(path, name, f"data_offsets {shown} are negative")
         if begin > end:
@@ -569,18 +438,18 @@ def _check_tensor(name: str, value: object, data_size: int, *, path: str) -> Ten
 
 def _check_shape(value: object, *, path: str, name: str) -> tuple[int, ...]:
     if not isinstance(value, list):
-        raise _tensor_error(path, name, f"shape must be an array of integers, got a JSON {_json_type(value)}")
+        raise _tensor_error(path, name, f"shape must be an array of integers, got a JSON {json_type(value)}")
     if len(value) > _MAX_RANK:
         raise _tensor_error(path, name, f"shape has {len(value)} dimensions, more than {_MAX_RANK}")
     for i, dim in enumerate(value):
         # `type(...) is int` refuses booleans, which `isinstance(..., int)` would accept.
         if type(dim) is not int:
             raise _tensor_error(
-                path, name, f"shape[{i}] must be a non-negative integer, got a JSON {_json_type(dim)}"
+                path, name, f"shape[{i}] must be a non-negative integer, got a JSON {json_type(dim)}"
             )
         if not 0 <= dim <= _MAX_DIM:
             problem = "is negative" if dim < 0 else "exceeds 2**63 - 1"
-            raise _tensor_error(path, name, f"shape[{i}] {problem} ({_show_int(dim)})")
+            raise _tensor_error(path, name, f"shape[{i}] {problem} ({show_int(dim)})")
     return tuple(value)
 
 
@@ -604,12 +473,12 @@ def _check_layout(tensors: list[TensorInfo], data_size: int, *, path: str) -> No
     for t in tensors:
         if previous is not None and t.begin < cursor:
             raise MalformedArtifactError(
-                f"{path}: tensors {_show(previous.name)} [{previous.begin}, {previous.end}) and "
-                f"{_show(t.name)} [{t.begin}, {t.end}) overlap in the data section"
+                f"{path}: tensors {show(previous.name)} [{previous.begin}, {previous.end}) and "
+                f"{show(t.name)} [{t.begin}, {t.end}) overlap in the data section"
             )
         if t.begin > cursor:
             raise MalformedArtifactError(
-                f"{path}: bytes [{cursor}, {t.begin}) of the data section, before tensor {_show(t.name)}, "
+                f"{path}: bytes [{cursor}, {t.begin}) of the data section, before tensor {show(t.name)}, "
                 "are not covered by any tensor (unindexed bytes)"
             )
         cursor = t.end

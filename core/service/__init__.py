@@ -5,4 +5,9 @@ Server side (needs the `grpc` extra): `load_server_config` reads the `ServerConf
 the attestation store, watermark and robustness gate on server paths) with TLS/mTLS or bearer tokens,
 health checking, reflection and Prometheus metrics. Client side: `ModelsecClient` (`modelsec.service.client`).
 Nothing in modelsec imports this package except the CLI.
+
+The public names live in the submodules (`modelsec.service.client`, `.config`, `.server`); the package
+re-exports nothing, so importing the client does not load grpc's server side.
 """
+
+__all__: list[str] = []

@@ -7,6 +7,10 @@ the baseline ones where the policy has none (a FAILED gate, a malformed predicat
 watermark is refused, not stored: the store holds only acceptable evidence). Bundles are stored in
 canonical form and identified by the signed statement and the verifying key, so re-formatted copies of one
 bundle cannot fill a model's slots. Readers verify again whatever they read.
+
+`SupersedeAttestation` (permission `supersedeAttestation`) withdraws a record from readers and keeps it;
+`DeleteAttestation` (permission `deleteAttestation`) removes it. Both default to nobody: an operator grants
+them to whoever may retire stale or mistaken evidence.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from grpc import aio
 
 from modelsec.attestations.bundle import bundle_to_json
 from modelsec.attestations.dsse import Envelope, EnvelopeSignature
+from modelsec.attestations.statement import is_sha256_hex
 from modelsec.errors import AttestationError, Error, MalformedArtifactError
 from modelsec.service.convert import record_to_proto
 from modelsec.service.state import ServiceState
@@ -33,7 +38,7 @@ _MAX_PAGE = 1000
 
 
 class AttestationServicer(attestation_pb2_grpc.AttestationServiceServicer):
-    """PutAttestation, GetAttestations, ListAttestations over the SQLite store in the data directory."""
+    """Put, Get, List, Delete and SupersedeAttestation over the SQLite store in the data directory."""
 
     def __init__(self, state: ServiceState) -> None:
         self.state = state
@@ -70,6 +75,34 @@ class AttestationServicer(attestation_pb2_grpc.AttestationServiceServicer):
         return attestation_pb2.ListAttestationsResponse(
             attestations=[record_to_proto(r) for r in records], next_page_token=token
         )
+
+    async def DeleteAttestation(
+        self, request: attestation_pb2.DeleteAttestationRequest, context: aio.ServicerContext[Any, Any]
+    ) -> attestation_pb2.DeleteAttestationResponse:
+        """Remove a stored record (current or superseded) for good; needs `deleteAttestation`."""
+        self.state.require("deleteAttestation")
+        self.state.store.delete(*_record_key(request.root_digest, request.id))
+        return attestation_pb2.DeleteAttestationResponse()
+
+    async def SupersedeAttestation(
+        self, request: attestation_pb2.SupersedeAttestationRequest, context: aio.ServicerContext[Any, Any]
+    ) -> attestation_pb2.SupersedeAttestationResponse:
+        """Withdraw a current record from what readers get, keeping it; needs `supersedeAttestation`."""
+        self.state.require("supersedeAttestation")
+        self.state.store.supersede(*_record_key(request.root_digest, request.id))
+        return attestation_pb2.SupersedeAttestationResponse()
+
+
+def _record_key(root_digest: str, record_id: str) -> tuple[str, str]:
+    """(digest, id) of a Delete/Supersede request, both checked as 64 lowercase hex.
+
+    Raises:
+        MalformedArtifactError: Either is not 64 lowercase hex digits.
+    """
+    digest = check_root_digest(root_digest)
+    if not is_sha256_hex(record_id):
+        raise MalformedArtifactError(f"record id {record_id[:80]!r} is not 64 lowercase hex digits")
+    return digest, record_id
 
 
 def admit_attestation(state: ServiceState, data: bytes, identity: str) -> tuple[StoredRecord, bool]:

@@ -212,6 +212,22 @@ class ModelsecClient:
         """The stored bundles about a digest (the webhook's `AttestationStore` protocol)."""
         return [r.bundle for r in self.get_attestations(digest)]
 
+    def delete_attestation(self, root_digest: str, record_id: str) -> None:
+        """Remove a stored record for good (the server checks the `deleteAttestation` permission)."""
+        self._call(
+            "DeleteAttestation",
+            self.attestations.DeleteAttestation,
+            attestation_pb2.DeleteAttestationRequest(root_digest=root_digest, id=record_id),
+        )
+
+    def supersede_attestation(self, root_digest: str, record_id: str) -> None:
+        """Withdraw a stored record from readers, keeping it (permission `supersedeAttestation`)."""
+        self._call(
+            "SupersedeAttestation",
+            self.attestations.SupersedeAttestation,
+            attestation_pb2.SupersedeAttestationRequest(root_digest=root_digest, id=record_id),
+        )
+
     def list_attestations(
         self, *, root_digest: str = "", page_size: int = 100
     ) -> Iterator[attestation_pb2.StoredAttestation]:

@@ -32,6 +32,7 @@ watermarkKeys:
   - {name: owner, path: keys/owner.wmkey, allow: [ci-team-a]}
 access:                              # identities (globs) per operation; default: see ACCESS_DEFAULTS
   putAttestation: [ci-team-a]
+  supersedeAttestation: [ci-team-a]  # withdraw stale evidence (DeleteAttestation: deleteAttestation)
 readRoots: [/models]                 # paths VerifyModel, watermark and gate RPCs may read
 writeRoots: [/models/watermarked]    # where EmbedWatermark may write
 architectures: ["lenet5:lenet5"]     # classifier factories RunGate may import
@@ -95,6 +96,8 @@ ACCESS_DEFAULTS: Mapping[str, tuple[str, ...]] = {
     "readAttestations": ("*",),
     "listKeys": ("*",),
     "putAttestation": (),
+    "deleteAttestation": (),
+    "supersedeAttestation": (),
     "verifyModel": (),
     "watermark": (),
     "robustness": (),

@@ -20,6 +20,9 @@ _ALGORITHMS = {
     SignatureAlgorithm.ECDSA_P256: common_pb2.SIGNATURE_ALGORITHM_ECDSA_P256,
     SignatureAlgorithm.ECDSA_P384: common_pb2.SIGNATURE_ALGORITHM_ECDSA_P384,
     SignatureAlgorithm.SM2: common_pb2.SIGNATURE_ALGORITHM_SM2,
+    SignatureAlgorithm.ML_DSA_44: common_pb2.SIGNATURE_ALGORITHM_ML_DSA_44,
+    SignatureAlgorithm.ML_DSA_65: common_pb2.SIGNATURE_ALGORITHM_ML_DSA_65,
+    SignatureAlgorithm.ML_DSA_87: common_pb2.SIGNATURE_ALGORITHM_ML_DSA_87,
 }
 _FROM_PROTO = {v: k for k, v in _ALGORITHMS.items()}
 

@@ -1,8 +1,8 @@
 """The gRPC store (`grpc://` / `grpcs://HOST:PORT`): the service's AttestationService as a store.
 
 Reads stream `GetAttestations`; `put` is `PutAttestation`, which the server verifies against its own policy
-before storing (a refusal raises). Delete and supersede are not offered over gRPC yet (no RPC): they raise
-`PolicyError`; an operator deletes in the service's SQLite store (`modelsec attest delete sqlite://...`).
+before storing (a refusal raises); `delete` and `supersede` are `DeleteAttestation` and
+`SupersedeAttestation`, which the server grants per identity (`deleteAttestation`, `supersedeAttestation`).
 Needs the `grpc` extra; the client is imported only when such a store is opened, so `modelsec.verifier`
 still imports without grpc (DESIGN.md decision 9).
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from modelsec.attestations.statement import is_sha256_hex
-from modelsec.errors import MalformedArtifactError, NotFoundError, PolicyError
+from modelsec.errors import MalformedArtifactError, NotFoundError
 from modelsec.verifier.stores import StoredBundle
 
 __all__ = ["GrpcAttestationStore"]
@@ -79,20 +79,34 @@ class GrpcAttestationStore:
         return StoredBundle(a.id, a.root_digest, data, f"{self._uri}#{a.id}"), bool(response.created)
 
     def delete(self, digest: str, bundle_id: str) -> None:
-        """Not offered yet: the service has no DeleteAttestation RPC (delete in its SQLite store directly).
+        """Remove a stored record for good (`DeleteAttestation`).
 
         Raises:
-            PolicyError: Always.
+            MalformedArtifactError: `digest` or `bundle_id` is not 64 lowercase hex digits.
+            NotFoundError: The server holds no such record about `digest`.
+            PermissionDeniedError: This identity may not delete (`deleteAttestation`).
+            BackendUnavailableError: The server cannot be reached.
         """
-        raise PolicyError(f"{self._uri}: the service does not offer deleting attestations (no RPC yet)")
+        self._check(digest, bundle_id)
+        self.client.delete_attestation(digest, bundle_id)
 
     def supersede(self, digest: str, bundle_id: str) -> None:
-        """Not offered yet (see `delete`).
+        """Withdraw a current record from readers, kept on the server (`SupersedeAttestation`).
 
         Raises:
-            PolicyError: Always.
+            MalformedArtifactError: `digest` or `bundle_id` is not 64 lowercase hex digits.
+            NotFoundError: The server holds no such current record about `digest`.
+            PermissionDeniedError: This identity may not supersede (`supersedeAttestation`).
+            BackendUnavailableError: The server cannot be reached.
         """
-        raise PolicyError(f"{self._uri}: the service does not offer superseding attestations (no RPC yet)")
+        self._check(digest, bundle_id)
+        self.client.supersede_attestation(digest, bundle_id)
+
+    @staticmethod
+    def _check(digest: str, bundle_id: str) -> None:
+        for value, what in ((digest, "digest"), (bundle_id, "bundle id")):
+            if not is_sha256_hex(value):
+                raise MalformedArtifactError(f"{what} {value[:80]!r} is not a hex SHA-256 digest")
 
     def check(self) -> None:
         """Nothing is probed: the server's own health endpoint answers for it."""

@@ -185,7 +185,7 @@ def gate_config(request: robustness_pb2.RunGateRequest) -> GateConfig:
     Raises:
         PolicyError: Invalid values (`GateConfig` names each one).
     """
-    from modelsec.robustness.gate import GateConfig, default_step_size
+    from modelsec.robustness.gate_config import GateConfig, default_step_size
 
     defaults: dict[str, Any] = {}
     if request.min_samples:

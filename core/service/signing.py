@@ -61,10 +61,11 @@ class SigningServicer(signing_pb2_grpc.SigningServiceServicer):
             )
         if statement.predicate_type == OMS_PREDICATE_TYPE:
             manifest = parse_manifest(statement, what="SignStatement", limits=self.limits)
-            manifest_hash = scheme_for(key.backend.algorithm).manifest_hash
-            if manifest.hash_type is not manifest_hash:
+            scheme = scheme_for(key.backend.algorithm)
+            if manifest.hash_type not in scheme.signable_hashes:
                 raise MalformedArtifactError(
-                    f"a {key.backend.algorithm.value} key signs {manifest_hash.value} "
+                    f"a {key.backend.algorithm.value} key signs "
+                    f"{' or '.join(sorted(h.value for h in scheme.signable_hashes))} "
                     f"manifests; this one is {manifest.hash_type.value}"
                 )
         # The exact bytes received are signed (they parsed strictly above; a verifier parses them again):

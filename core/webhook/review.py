@@ -26,8 +26,14 @@ counts. Order, failing closed at every step (any error is a deny naming the refe
    policy matches follows its namespace's `noMatch` (`deny`, the default; `warn`; `allow`). A reference
    without a digest is refused by the policies that match it (there is no model root digest to look
    bundles up by);
-7. the bundles filed for the digest are read from the attestation store once and checked with
+7. the bundles filed for the digest are read from the attestation store once (`entries`: a bundle the
+   store listed but did not read is passed on with its reason, which a deny then names) and checked with
    `verify_attestations(digest, bundles, policy)` for each matching policy (weights signatures required).
+   An `oci://` reference that no evidence supports under its own digest may name an OCI manifest: with a
+   `bindings` resolver (the CLI passes `modelsec._oci_model.bound_root_digests`), the model root digests that
+   a binding signed by the policy's `weights` key attaches to that manifest are looked up, and the reference
+   passes that policy when the evidence filed for one of them does (a registry that cannot be read is an
+   outage, as the store is).
    Only positive results are cached, keyed by (policy generation, policy name, digest), for
    `cache_ttl_seconds`, together with a fingerprint of the bundles they were computed from. The store is
    read on every decision, cached or not: a cached result is reused only while the store returns exactly
@@ -61,7 +67,7 @@ from modelsec._strict_json import strict_loads
 from modelsec.errors import BackendUnavailableError, Error, MalformedArtifactError, PolicyViolationError
 from modelsec.policy import Policy, PolicySet
 from modelsec.verifier.pinning import MODELS_ANNOTATION, split_reference
-from modelsec.verifier.stores import AttestationStore
+from modelsec.verifier.stores import AttestationStore, StoredBundle
 from modelsec.verifier.stores.directory import DirectoryStore
 from modelsec.webhook.cache import PositiveCache, bundles_fingerprint
 from modelsec.webhook.decision import (
@@ -124,6 +130,32 @@ def _oci_repository(uri: str) -> str:
     return uri[: len(uri) - len(last)] + last.split(":", 1)[0] if ":" in last else uri
 
 
+def _fingerprint(root: str, entries: Sequence[StoredBundle]) -> str:
+    """What a cached result was computed from: the root digest and every bundle (or why it was not read)."""
+    parts = [b"\0unread:" + e.note.encode() if e.note else e.data for e in entries]
+    return f"{root}:{bundles_fingerprint(parts)}"
+
+
+def _bound(
+    bindings: Callable[[str, Policy], set[str]], raw: str, policy: Policy, reasons: list[str]
+) -> list[str]:
+    """The root digests trusted bindings attach to the manifest `raw` names (none: why, in `reasons`).
+
+    Raises:
+        BackendUnavailableError: The registry cannot be read (an outage denies).
+    """
+    try:
+        bound = sorted(bindings(raw, policy))
+    except BackendUnavailableError:
+        raise
+    except Error as e:
+        reasons.append(f"no signed binding read for this OCI manifest: {e.diagnostics()}")
+        return []
+    if not bound:
+        reasons.append("no binding signed by a trusted key names this OCI manifest")
+    return bound
+
+
 def _refusal(raw: str, reason: str, detail: str, matched: Sequence[Policy]) -> ReferenceResult:
     """A failure of every policy in `matched`: a deny unless all of them are in `mode: warn`."""
     names = ", ".join(p.name for p in matched) or None
@@ -151,6 +183,7 @@ class Reviewer:
         *,
         generation: str | None = None,
         clock: Callable[[], float] = time.monotonic,
+        bindings: Callable[[str, Policy], set[str]] | None = None,
     ) -> None:
         """Create a reviewer.
 
@@ -161,8 +194,13 @@ class Reviewer:
             generation: Identifies this policy version in cache keys (e.g. the SHA-256 of the policy file);
                 defaults to a digest of `policies.source` and the policy names.
             clock: Monotonic clock in seconds (tests inject one).
+            bindings: For `oci://…@sha256:<manifest digest>` and a policy, the model root digests that
+                trusted bindings attach to the manifest (`modelsec._oci_model.bound_root_digests`); it
+                raises `BackendUnavailableError` when the registry cannot be read. None: references are
+                verified by their own digest only.
         """
         self.store = store
+        self.bindings = bindings
         self.config = config or WebhookConfig()
         self._state = (policies, generation or self._generation_of(policies))
         self._reloads = itertools.count(1)
@@ -426,31 +464,40 @@ class Reviewer:
         names = ", ".join(p.name for p in matched)
         keys = [(generation, p.name, digest) for p in matched]
         try:
-            bundles = self.store.bundles(digest)
+            return self._verify_policies(raw, digest, matched, keys, deadline, dry_run)
         except BackendUnavailableError:
             if self.config.cache_on_outage is CacheOnOutage.SERVE and all(self.cache.get(k) for k in keys):
                 detail = "verified (cached; the attestation store is unavailable, cacheOnOutage: serve)"
                 return ReferenceResult(raw, True, "verified", detail, names, True)
             raise
-        self._check_deadline(deadline)
-        fingerprint = bundles_fingerprint(bundles)
+
+    def _verify_policies(
+        self,
+        raw: str,
+        digest: str,
+        matched: tuple[Policy, ...],
+        keys: list[tuple[str, str, str]],
+        deadline: float,
+        dry_run: bool,
+    ) -> ReferenceResult:
+        read: dict[str, tuple[list[StoredBundle], str]] = {}
+
+        def evidence(root: str) -> tuple[list[StoredBundle], str]:
+            if root not in read:
+                entries = self.store.entries(root)
+                self._check_deadline(deadline)
+                read[root] = (entries, _fingerprint(root, entries))
+            return read[root]
+
+        evidence(digest)
         satisfied: list[str] = []
         failures: list[tuple[Policy, str]] = []
         for policy, key in zip(matched, keys, strict=True):
-            if self.cache.hit(key, fingerprint):
-                satisfied.append(f"{policy.name}: verified (cached)")
-                continue
-            from modelsec.verifier.attestations import verify_attestations
-
-            verdict = verify_attestations(digest, bundles, policy, require_signatures=True)
-            self._check_deadline(deadline)
-            if not verdict.ok:
-                self.cache.discard(key)
-                failures.append((policy, "; ".join(verdict.reasons())))
-                continue
-            if not dry_run:
-                self.cache.put(key, fingerprint)
-            satisfied.append(f"{policy.name}: verified: " + "; ".join(verdict.satisfied))
+            ok, outcome = self._verify_policy(raw, digest, policy, key, evidence, deadline, dry_run)
+            if ok:
+                satisfied.append(f"{policy.name}: {outcome}")
+            else:
+                failures.append((policy, outcome))
         warnings = tuple(
             f"model {raw}: policy {p.name!r} (mode: warn): {why}" for p, why in failures if p.mode == "warn"
         )
@@ -460,7 +507,43 @@ class Reviewer:
             return ReferenceResult(raw, False, "attestation", detail, enforced[0][0].name, warnings=warnings)
         cached = len(satisfied) == len(matched) and all(s.endswith("(cached)") for s in satisfied)
         detail = "; ".join(satisfied) or "no enforcing policy failed"
+        names = ", ".join(p.name for p in matched)
         return ReferenceResult(raw, True, "verified", detail, names, cached, warnings)
+
+    def _verify_policy(
+        self,
+        raw: str,
+        digest: str,
+        policy: Policy,
+        key: tuple[str, str, str],
+        evidence: Callable[[str], tuple[list[StoredBundle], str]],
+        deadline: float,
+        dry_run: bool,
+    ) -> tuple[bool, str]:
+        """(True, what satisfied `policy`), or (False, why it refuses the reference, bindings included)."""
+        from modelsec.verifier.attestations import verify_attestations
+
+        roots = [digest]
+        reasons: list[str] = []
+        while roots:
+            root = roots.pop(0)
+            entries, fingerprint = evidence(root)
+            via = "" if root == digest else f" through a signed binding to model root digest {root}"
+            if self.cache.hit(key, fingerprint):
+                return True, f"verified{via} (cached)"
+            verdict = verify_attestations(root, entries, policy, require_signatures=True)
+            self._check_deadline(deadline)
+            if verdict.ok:
+                if not dry_run:
+                    self.cache.put(key, fingerprint)
+                return True, f"verified{via}: " + "; ".join(verdict.satisfied)
+            why = "; ".join(verdict.reasons())
+            reasons.append(why if root == digest else f"bound model root digest {root}: {why}")
+            if root == digest and raw.startswith("oci://") and self.bindings is not None:
+                roots = _bound(self.bindings, raw, policy, reasons)
+                self._check_deadline(deadline)
+        self.cache.discard(key)
+        return False, "; ".join(reasons)
 
     def _check_deadline(self, deadline: float) -> None:
         if self._clock() > deadline:

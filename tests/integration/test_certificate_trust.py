@@ -10,94 +10,25 @@ from __future__ import annotations
 import datetime
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.hazmat.primitives import serialization
+from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from modelsec.errors import PolicyError, SignatureError
 from modelsec.policy import Policy, PolicySet
 from modelsec.verifier import verify_model
 from tests.conftest import run_cli, write_tiny_model
+from tests.x509_support import NOW, SAN, Issued
+from tests.x509_support import make_ca as _ca
+from tests.x509_support import make_leaf as _leaf
+from tests.x509_support import write_pem as _pem
 
 signing = pytest.importorskip("model_signing.signing", reason="model_signing is the reference signer")
 
 pytestmark = pytest.mark.integration
-NOW = datetime.datetime.now(datetime.UTC)
-SAN = "release@corp.example"
-
-
-@dataclass
-class Issued:
-    key: ec.EllipticCurvePrivateKey
-    cert: x509.Certificate
-
-
-def _name(cn: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-
-def _ca(cn: str, issuer: Issued | None = None) -> Issued:
-    key = ec.generate_private_key(ec.SECP256R1())
-    ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(_name(cn))
-        .issuer_name(issuer.cert.subject if issuer else _name(cn))
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(NOW - datetime.timedelta(days=1))
-        .not_valid_after(NOW + datetime.timedelta(days=30))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True
-        )
-        .add_extension(ski, critical=False)
-    )
-    if issuer is not None:
-        builder = builder.add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer.key.public_key()), critical=False
-        )
-    return Issued(key, builder.sign(issuer.key if issuer else key, hashes.SHA256()))
-
-
-def _leaf(
-    issuer: Issued,
-    *,
-    san: str = SAN,
-    eku: tuple[x509.ObjectIdentifier, ...] = (ExtendedKeyUsageOID.CODE_SIGNING,),
-    not_after: datetime.datetime | None = None,
-) -> Issued:
-    key = ec.generate_private_key(ec.SECP256R1())
-    general: x509.GeneralName = x509.UniformResourceIdentifier(san) if "://" in san else x509.RFC822Name(san)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name("release signer"))
-        .issuer_name(issuer.cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(NOW - datetime.timedelta(days=1))
-        .not_valid_after(not_after or NOW + datetime.timedelta(days=7))
-        .add_extension(x509.SubjectAlternativeName([general]), critical=False)
-        .add_extension(x509.ExtendedKeyUsage(list(eku)), critical=False)
-        .add_extension(
-            x509.KeyUsage(True, False, False, False, False, False, False, False, False), critical=True
-        )
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer.key.public_key()), critical=False
-        )
-        .sign(issuer.key, hashes.SHA256())
-    )
-    return Issued(key, cert)
-
-
-def _pem(path: Path, *certs: x509.Certificate) -> Path:
-    path.write_bytes(b"".join(c.public_bytes(serialization.Encoding.PEM) for c in certs))
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -244,3 +175,31 @@ def test_cli_verify_with_a_policy_file(setup: Setup, tmp_path: Path) -> None:
     (tmp_path / "root.pem").write_bytes(_ca("other root").cert.public_bytes(serialization.Encoding.PEM))
     r = run_cli("verify", model, "--policy", tmp_path / "policy.json", "--json")
     assert r.returncode == 1 and json.loads(r.stdout)["error"]["kind"] == "SignatureError"
+
+
+def test_cli_certificate_chain_without_a_policy_file(setup: Setup, tmp_path: Path, key_dir: Path) -> None:
+    """`--certificate-chain ROOT.pem [--identity SAN]`, as `model_signing verify certificate` is used."""
+    model, _ = setup()
+    root = tmp_path / "root.pem"  # written by `setup`
+    r = run_cli("verify", model, "--certificate-chain", root, "--identity", SAN, "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout)["bundles"][0]["key"] == f"certificate-chain: {SAN}"
+    # Without --identity any code-signing leaf under the root is accepted (model_signing's rule); the
+    # key name says which identity signed. model_signing's underscore spelling is accepted too.
+    r = run_cli("verify", model, "--certificate_chain", root, "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout)["bundles"][0]["key"] == f"certificate-chain: any identity ({SAN})"
+    # Beside a pinned key that did not sign it, the certificate still decides.
+    r = run_cli("verify", model, "--certificate-chain", root, "--trusted-key", key_dir / "ecdsa-p256.pub.pem")
+    assert r.returncode == 0, r.stdout + r.stderr
+    # Refusals: another identity; a root that is not the bundle's (its own root is never believed alone).
+    r = run_cli("verify", model, "--certificate-chain", root, "--identity", "intern@corp.example", "--json")
+    assert r.returncode == 1
+    assert "not an identity the policy trusts" in json.loads(r.stdout)["error"]["message"]
+    other = _pem(tmp_path / "other-root.pem", _ca("other root").cert)
+    r = run_cli("verify", model, "--certificate-chain", other)
+    assert r.returncode == 1 and "does not verify to a configured root" in r.stderr
+    (tmp_path / "junk.pem").write_text("not a certificate")
+    r = run_cli("verify", model, "--certificate-chain", tmp_path / "junk.pem", "--json")
+    assert r.returncode == 1 and json.loads(r.stdout)["error"]["kind"] == "PolicyError"
+    assert "--certificate-chain[0]" in json.loads(r.stdout)["error"]["message"]

@@ -158,3 +158,13 @@ def test_tamper_then_refuse(tiny_model: Path, key_dir: Path) -> None:
     r = run_cli("verify", tiny_model, "-k", key_dir / "ecdsa-p256.pub.pem")
     assert r.returncode == 1
     assert "model-00001-of-00002.safetensors" in r.stderr and "expected" in r.stderr
+
+
+def test_sign_json_reports_the_bundles_own_hint_for_ml_dsa(tiny_model: Path, key_dir: Path) -> None:
+    r = run_cli("sign", tiny_model, "--signing-key", key_dir / "ml-dsa-65.key.pem", "--json")
+    assert r.returncode == 0, r.stderr
+    (reported,) = json.loads(r.stdout)["bundles"]
+    hint = json.loads((tiny_model / "model.ml-dsa-65.sig").read_bytes())["verificationMaterial"]["publicKey"][
+        "hint"
+    ]
+    assert hint.startswith("ML_DSA_65:") and reported["keyid"] == hint

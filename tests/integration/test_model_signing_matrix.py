@@ -1,4 +1,5 @@
-"""Interop matrix, `key` mode, both directions, with every released model_signing (1.0.0 … 1.1.1).
+"""Interop matrix with every released model_signing (1.0.0 … 1.1.1): `key` mode both directions, and
+`certificate` mode (model_signing signs, modelsec verifies through an X.509 authority).
 
 Each release runs in its own cached venv (`tests/integration/_ms_venvs.py`, created once per machine under
 `.venv/ms-venvs/`). The models hold what broke before: `tokenizer/` beside `tokenizer.json`, `checkpoint/`
@@ -15,13 +16,15 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives import serialization
 
-from modelsec.errors import VerificationError
-from modelsec.policy import Policy
+from modelsec.errors import SignatureError, VerificationError
+from modelsec.policy import IdentityRule, Policy, X509Authority
 from modelsec.signer import load_private_key_file, sign_model
 from modelsec.verifier import verify_model
 from tests.conftest import write_tiny_model
 from tests.integration._ms_venvs import VERSIONS, VenvUnavailable, python_for
+from tests.x509_support import SAN, make_ca, make_leaf, write_pem
 
 pytestmark = pytest.mark.integration  # ~16 s for all four once the venvs exist
 TOOL = Path(__file__).with_name("_ms_tool.py")
@@ -142,3 +145,66 @@ def test_matrix(version: str, tmp_path: Path, key_dir: Path) -> None:
         tmp_path,
     )
     assert [r["ok"] for r in results] == [True, True, False, False], results
+
+
+def _x509_policy(root_der: bytes, identity: str = SAN) -> Policy:
+    authority = X509Authority("corp-ca", (root_der,), (IdentityRule(identity=identity),), frozenset())
+    return Policy(keys=(), authorities=(authority,))
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_matrix_certificate_mode(version: str, tmp_path: Path) -> None:
+    """model_signing's `certificate` bundles verify under the root and identity a policy names, only then."""
+    python = _python(version)
+    root = make_ca("corp root")
+    intermediate = make_ca("corp intermediate", root)
+    leaf = make_leaf(intermediate)
+    model = _dir_model(tmp_path / "dir-model")
+    single = write_tiny_model(tmp_path / "single-src") / "model-00001-of-00002.safetensors"
+    sigs = tmp_path / "sigs"
+    sigs.mkdir()
+    signer = {
+        "op": "sign-cert",
+        "key": leaf.key_pem(tmp_path / "leaf.key.pem"),
+        "cert": write_pem(tmp_path / "leaf.pem", leaf.cert),
+        "chain": [write_pem(tmp_path / "chain.pem", intermediate.cert, root.cert)],
+    }
+    results = _ms(
+        python,
+        [
+            {
+                **signer,
+                "model": model,
+                "sig": sigs / "ms-dir.sig",
+                "ignore": [model / ".git", model / "notes"],
+            },
+            {**signer, "model": single, "sig": sigs / "ms-single.sig"},
+        ],
+        tmp_path,
+    )
+    assert all(r["ok"] for r in results), results
+    material = json.loads((sigs / "ms-dir.sig").read_text())["verificationMaterial"]
+    assert "x509CertificateChain" in material  # the certificate method, not a key hint
+
+    policy = _x509_policy(root.cert.public_bytes(serialization.Encoding.DER))
+    extra = [".git", "notes"] if version.startswith("1.0.") else []
+    got = verify_model(model, policy, bundles=[sigs / "ms-dir.sig"], ignore_paths=extra)
+    assert got.root_digest == _root(sigs / "ms-dir.sig") and got.files == 12
+    assert got.bundles[0].key.name == f"corp-ca: {SAN}"
+    assert verify_model(single, policy, bundles=[sigs / "ms-single.sig"]).root_digest == _root(
+        sigs / "ms-single.sig"
+    )
+    with pytest.raises(VerificationError):
+        verify_model(
+            _tampered(model, tmp_path / "t", "tokenizer/vocab.json"),
+            policy,
+            bundles=[sigs / "ms-dir.sig"],
+            ignore_paths=extra,
+        )
+    # The bundle carries its own root: believed only when the policy names it, and only for the identity.
+    other = _x509_policy(make_ca("other root").cert.public_bytes(serialization.Encoding.DER))
+    with pytest.raises(SignatureError, match="does not verify to a configured root"):
+        verify_model(single, other, bundles=[sigs / "ms-single.sig"])
+    wrong = _x509_policy(root.cert.public_bytes(serialization.Encoding.DER), "intern@corp.example")
+    with pytest.raises(SignatureError, match="not an identity the policy trusts"):
+        verify_model(single, wrong, bundles=[sigs / "ms-single.sig"])

@@ -10,8 +10,10 @@ import datetime as dt
 import http.server
 import json
 import shutil
+import socket
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,8 +24,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from modelsec.attestations.bundle import add_timestamps, parse_bundle
-from modelsec.errors import MalformedArtifactError, SignatureError
-from modelsec.policy import Policy
+from modelsec.errors import MalformedArtifactError, PolicyError, SignatureError
+from modelsec.policy import Policy, PolicySet
 from modelsec.signer import load_private_key_file, sign_model
 from modelsec.verifier import verify_model
 from modelsec.verifier.timestamps import (
@@ -32,6 +34,7 @@ from modelsec.verifier.timestamps import (
     request_timestamp,
     verify_timestamps,
 )
+from tests.conftest import run_cli
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI (openssl ts)")
 
@@ -180,3 +183,131 @@ def test_validity_window_uses_the_trusted_time(
         check_validity_window(when, valid_from=None, valid_until=when - dt.timedelta(seconds=1), key="ci")
     with pytest.raises(SignatureError, match="before key 'ci' validFrom"):
         check_validity_window(when, valid_from=when + dt.timedelta(seconds=1), valid_until=None, key="ci")
+
+
+# --- End to end through the CLI: `sign --timestamp-url`, then `verify --policy` with TSAs and key windows
+
+
+def _gen_time(bundle: Path) -> dt.datetime:
+    import rfc3161_client
+
+    (stored,) = json.loads(bundle.read_bytes())["verificationMaterial"]["timestampVerificationData"][
+        "rfc3161Timestamps"
+    ]
+    return rfc3161_client.decode_timestamp_response(
+        base64.b64decode(stored["signedTimestamp"])
+    ).tst_info.gen_time
+
+
+def _policy_file(d: Path, key: Path, **entry: object) -> Path:
+    """A policy trusting `key` with `entry`'s window keys; TSA and requireTimestamp fields via `entry`."""
+    window = {k: v for k, v in entry.items() if k in ("validFrom", "validUntil")}
+    rest = {k: v for k, v in entry.items() if k not in window}
+    doc = {
+        "apiVersion": "modelsec.dev/v1alpha1",
+        "kind": "ModelPolicy",
+        "policies": [{"name": "p", "match": ["file://**"], "keys": [{"path": str(key), **window}], **rest}],
+    }
+    path = d / f"policy-{len(list(d.glob('policy-*')))}.json"
+    path.write_text(json.dumps(doc, default=lambda t: t.isoformat()))
+    return path
+
+
+def test_cli_sign_with_timestamp_verifies_across_key_rotation(
+    tiny_model: Path, key_dir: Path, tsa: tuple[str, Path], tmp_path: Path
+) -> None:
+    url, root = tsa
+    r = run_cli(
+        "sign", tiny_model, "--signing-key", key_dir / "ecdsa-p256.key.pem", "--timestamp-url", url, "--json"
+    )
+    assert r.returncode == 0, r.stderr
+    bundle = tiny_model / "model.sig"
+    when = _gen_time(bundle)  # whole seconds: the signature existed at `when` at the latest
+    while dt.datetime.now(dt.UTC) <= when + dt.timedelta(milliseconds=50):
+        time.sleep(0.05)
+    pub, tsas = key_dir / "ecdsa-p256.pub.pem", [{"name": "tsa", "certChain": [str(root)]}]
+
+    def verify(policy: Path) -> subprocess.CompletedProcess[str]:
+        return run_cli("verify", tiny_model, "--policy", policy)
+
+    # The key was rotated at `when` (validUntil): verified after it, the timestamp keeps the signature valid.
+    ok = verify(
+        _policy_file(tmp_path, pub, validUntil=when, timestampAuthorities=tsas, requireTimestamp=True)
+    )
+    assert ok.returncode == 0, ok.stderr
+    # Timestamped after the key's validUntil: refused.
+    late = verify(
+        _policy_file(tmp_path, pub, validUntil=when - dt.timedelta(seconds=1), timestampAuthorities=tsas)
+    )
+    assert late.returncode == 1 and "after key 'ecdsa-p256.pub.pem' validUntil" in late.stderr
+    # Timestamped before validFrom: refused.
+    early = verify(
+        _policy_file(tmp_path, pub, validFrom=when + dt.timedelta(seconds=1), timestampAuthorities=tsas)
+    )
+    assert early.returncode == 1 and "before key 'ecdsa-p256.pub.pem' validFrom" in early.stderr
+    # Without a TSA to trust the timestamp, the verification time decides: after validUntil, refused ...
+    untimed = verify(_policy_file(tmp_path, pub, validUntil=when))
+    assert untimed.returncode == 1 and "validUntil" in untimed.stderr
+    # ... and inside the window, accepted.
+    inside = verify(_policy_file(tmp_path, pub, validUntil=when + dt.timedelta(days=1)))
+    assert inside.returncode == 0, inside.stderr
+    # A timestamp from a TSA the policy does not name is refused.
+    other = _make_tsa(tmp_path / "other", "other")
+    stranger = verify(
+        _policy_file(tmp_path, pub, timestampAuthorities=[{"name": "other", "certChain": [str(other)]}])
+    )
+    assert stranger.returncode == 1 and "not trusted for this signature" in stranger.stderr
+
+
+def test_cli_require_timestamp_refuses_an_untimestamped_bundle(
+    tiny_model: Path, key_dir: Path, tsa: tuple[str, Path], tmp_path: Path
+) -> None:
+    _, root = tsa
+    assert run_cli("sign", tiny_model, "--signing-key", key_dir / "ecdsa-p256.key.pem").returncode == 0
+    tsas = [{"name": "tsa", "certChain": [str(root)]}]
+    policy = _policy_file(
+        tmp_path, key_dir / "ecdsa-p256.pub.pem", timestampAuthorities=tsas, requireTimestamp=True
+    )
+    r = run_cli("verify", tiny_model, "--policy", policy)
+    assert r.returncode == 1 and "requires an RFC 3161 timestamp; the bundle has none" in r.stderr
+    # A timestamp over other bytes grafted onto the bundle is refused.
+    bundle = tiny_model / "model.sig"
+    bundle.write_bytes(add_timestamps(bundle.read_bytes(), [request_timestamp(b"other", tsa[0])], source="b"))
+    r = run_cli("verify", tiny_model, "--policy", policy)
+    assert r.returncode == 1 and "not trusted for this signature" in r.stderr
+
+
+def test_cli_sign_fails_and_writes_nothing_when_the_tsa_fails(tiny_model: Path, key_dir: Path) -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = run_cli(
+        "sign", tiny_model, "--signing-key", key_dir / "ecdsa-p256.key.pem",
+        "--timestamp-url", f"http://127.0.0.1:{port}/tsa",
+    )  # fmt: skip
+    assert r.returncode == 1 and "timestamp authority unavailable" in r.stderr
+    assert not (tiny_model / "model.sig").exists()
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        (
+            {"validFrom": "2025-02-01T00:00:00Z", "validUntil": "2025-01-01T00:00:00Z"},
+            "validFrom must be before",
+        ),
+        ({"validUntil": "2025-01-01T00:00:00"}, "with its offset"),
+        ({"validUntil": "next tuesday"}, "RFC 3339"),
+    ],
+)
+def test_policy_refuses_bad_key_windows(
+    key_dir: Path, tmp_path: Path, entry: dict[str, str], message: str
+) -> None:
+    policy = _policy_file(tmp_path, key_dir / "ecdsa-p256.pub.pem", **entry)
+    with pytest.raises(PolicyError, match=message):
+        PolicySet.from_file(policy)
+
+
+def test_policy_require_timestamp_needs_a_tsa(key_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(PolicyError, match="requireTimestamp needs timestampAuthorities"):
+        PolicySet.from_file(_policy_file(tmp_path, key_dir / "ecdsa-p256.pub.pem", requireTimestamp=True))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from modelsec.errors import SignatureError
+from modelsec.errors import KeyMaterialError, SignatureError
 from modelsec.signer import _sm2_asn1, sm2
 from modelsec.signer.sm2 import DEFAULT_DISTID, Sm2PrivateKey, Sm2PublicKey
 
@@ -140,14 +140,24 @@ def test_openssl_reads_our_encrypted_key(tmp_path: Path, key: Sm2PrivateKey) -> 
         ["pkey", "-aes256"],
         ["pkcs8", "-topk8", "-v2", "aes-128-cbc", "-v2prf", "hmacWithSHA512"],
         ["pkcs8", "-topk8", "-scrypt"],
+        ["pkcs8", "-topk8", "-v2", "sm4-cbc"],  # GM/T PKCS#8: PBES2 with SM4-CBC (issue 15)
     ],
-    ids=["pkey-aes256", "pkcs8-aes128-sha512", "pkcs8-scrypt"],
+    ids=["pkey-aes256", "pkcs8-aes128-sha512", "pkcs8-scrypt", "pkcs8-sm4-cbc"],
 )
 def test_we_read_openssl_encrypted_keys(tmp_path: Path, openssl_key_pem: bytes, args: list[str]) -> None:
     (tmp_path / "key.pem").write_bytes(openssl_key_pem)
     enc = _openssl(*args, "-in", tmp_path / "key.pem", "-passout", "pass:" + PASSWORD.decode()).stdout
     assert enc.startswith(b"-----BEGIN ENCRYPTED PRIVATE KEY-----")
     assert Sm2PrivateKey.from_pem(enc, PASSWORD) == Sm2PrivateKey.from_pem(openssl_key_pem)
+
+
+def test_sm4_cbc_encrypted_key_refuses_a_wrong_password(tmp_path: Path, openssl_key_pem: bytes) -> None:
+    (tmp_path / "key.pem").write_bytes(openssl_key_pem)
+    enc = _openssl(
+        "pkcs8", "-topk8", "-v2", "sm4-cbc", "-in", tmp_path / "key.pem", "-passout", "pass:right"
+    ).stdout
+    with pytest.raises(KeyMaterialError, match="wrong password"):
+        Sm2PrivateKey.from_pem(enc, b"wrong")
 
 
 def test_curve_parameters_match_openssl() -> None:

@@ -86,9 +86,17 @@ class SqliteAttestationStore:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(_SCHEMA)
-            columns = {row[1] for row in self._db.execute("PRAGMA table_info(attestations)")}
-            if "superseded_at" not in columns:  # a database written before records could be superseded
-                self._db.execute("ALTER TABLE attestations ADD COLUMN superseded_at TEXT")
+            # Check and migrate under the write lock: processes opening one database at once would otherwise
+            # both see the column missing and the second ALTER would fail.
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                columns = {row[1] for row in self._db.execute("PRAGMA table_info(attestations)")}
+                if "superseded_at" not in columns:  # a database written before records could be superseded
+                    self._db.execute("ALTER TABLE attestations ADD COLUMN superseded_at TEXT")
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
         except sqlite3.Error as e:
             raise BackendUnavailableError(f"{path}: cannot open the attestation store: {e}") from e
 

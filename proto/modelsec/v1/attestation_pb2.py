@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from modelsec.v1 import common_pb2 as modelsec_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dmodelsec/v1/attestation.proto\x12\x0bmodelsec.v1\x1a\x18modelsec/v1/common.proto\"\xb6\x01\n\x11StoredAttestation\x12\n\n\x02id\x18\x01 \x01(\t\x12\x13\n\x0broot_digest\x18\x02 \x01(\t\x12\x16\n\x0epredicate_type\x18\x03 \x01(\t\x12\x0e\n\x06signer\x18\x04 \x01(\t\x12\x32\n\talgorithm\x18\x05 \x01(\x0e\x32\x1f.modelsec.v1.SignatureAlgorithm\x12\x11\n\tstored_at\x18\x06 \x01(\t\x12\x11\n\tstored_by\x18\x07 \x01(\t\"\'\n\x15PutAttestationRequest\x12\x0e\n\x06\x62undle\x18\x01 \x01(\x0c\"^\n\x16PutAttestationResponse\x12\x33\n\x0b\x61ttestation\x18\x01 \x01(\x0b\x32\x1e.modelsec.v1.StoredAttestation\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"-\n\x16GetAttestationsRequest\x12\x13\n\x0broot_digest\x18\x01 \x01(\t\"^\n\x17GetAttestationsResponse\x12\x33\n\x0b\x61ttestation\x18\x01 \x01(\x0b\x32\x1e.modelsec.v1.StoredAttestation\x12\x0e\n\x06\x62undle\x18\x02 \x01(\x0c\"U\n\x17ListAttestationsRequest\x12\x13\n\x0broot_digest\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"i\n\x18ListAttestationsResponse\x12\x34\n\x0c\x61ttestations\x18\x01 \x03(\x0b\x32\x1e.modelsec.v1.StoredAttestation\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\xb0\x02\n\x12\x41ttestationService\x12Y\n\x0ePutAttestation\x12\".modelsec.v1.PutAttestationRequest\x1a#.modelsec.v1.PutAttestationResponse\x12^\n\x0fGetAttestations\x12#.modelsec.v1.GetAttestationsRequest\x1a$.modelsec.v1.GetAttestationsResponse0\x01\x12_\n\x10ListAttestations\x12$.modelsec.v1.ListAttestationsRequest\x1a%.modelsec.v1.ListAttestationsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dmodelsec/v1/attestation.proto\x12\x0bmodelsec.v1\x1a\x18modelsec/v1/common.proto\"\xb6\x01\n\x11StoredAttestation\x12\n\n\x02id\x18\x01 \x01(\t\x12\x13\n\x0broot_digest\x18\x02 \x01(\t\x12\x16\n\x0epredicate_type\x18\x03 \x01(\t\x12\x0e\n\x06signer\x18\x04 \x01(\t\x12\x32\n\talgorithm\x18\x05 \x01(\x0e\x32\x1f.modelsec.v1.SignatureAlgorithm\x12\x11\n\tstored_at\x18\x06 \x01(\t\x12\x11\n\tstored_by\x18\x07 \x01(\t\"\'\n\x15PutAttestationRequest\x12\x0e\n\x06\x62undle\x18\x01 \x01(\x0c\"^\n\x16PutAttestationResponse\x12\x33\n\x0b\x61ttestation\x18\x01 \x01(\x0b\x32\x1e.modelsec.v1.StoredAttestation\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"-\n\x16GetAttestationsRequest\x12\x13\n\x0broot_digest\x18\x01 \x01(\t\"^\n\x17GetAttestationsResponse\x12\x33\n\x0b\x61ttestation\x18\x01 \x01(\x0b\x32\x1e.modelsec.v1.StoredAttestation\x12\x0e\n\x06\x62undle\x18\x02 \x01(\x0c\"U\n\x17ListAttestationsRequest\x12\x13\n\x0broot_digest\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"i\n\x18ListAttestationsResponse\x12\x34\n\x0c\x61ttestations\x18\x01 \x03(\x0b\x32\x1e.modelsec.v1.StoredAttestation\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\";\n\x18\x44\x65leteAttestationRequest\x12\x13\n\x0broot_digest\x18\x01 \x01(\t\x12\n\n\x02id\x18\x02 \x01(\t\"\x1b\n\x19\x44\x65leteAttestationResponse\">\n\x1bSupersedeAttestationRequest\x12\x13\n\x0broot_digest\x18\x01 \x01(\t\x12\n\n\x02id\x18\x02 \x01(\t\"\x1e\n\x1cSupersedeAttestationResponse2\x81\x04\n\x12\x41ttestationService\x12Y\n\x0ePutAttestation\x12\".modelsec.v1.PutAttestationRequest\x1a#.modelsec.v1.PutAttestationResponse\x12^\n\x0fGetAttestations\x12#.modelsec.v1.GetAttestationsRequest\x1a$.modelsec.v1.GetAttestationsResponse0\x01\x12_\n\x10ListAttestations\x12$.modelsec.v1.ListAttestationsRequest\x1a%.modelsec.v1.ListAttestationsResponse\x12\x62\n\x11\x44\x65leteAttestation\x12%.modelsec.v1.DeleteAttestationRequest\x1a&.modelsec.v1.DeleteAttestationResponse\x12k\n\x14SupersedeAttestation\x12(.modelsec.v1.SupersedeAttestationRequest\x1a).modelsec.v1.SupersedeAttestationResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -46,6 +46,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTATTESTATIONSREQUEST']._serialized_end=622
   _globals['_LISTATTESTATIONSRESPONSE']._serialized_start=624
   _globals['_LISTATTESTATIONSRESPONSE']._serialized_end=729
-  _globals['_ATTESTATIONSERVICE']._serialized_start=732
-  _globals['_ATTESTATIONSERVICE']._serialized_end=1036
+  _globals['_DELETEATTESTATIONREQUEST']._serialized_start=731
+  _globals['_DELETEATTESTATIONREQUEST']._serialized_end=790
+  _globals['_DELETEATTESTATIONRESPONSE']._serialized_start=792
+  _globals['_DELETEATTESTATIONRESPONSE']._serialized_end=819
+  _globals['_SUPERSEDEATTESTATIONREQUEST']._serialized_start=821
+  _globals['_SUPERSEDEATTESTATIONREQUEST']._serialized_end=883
+  _globals['_SUPERSEDEATTESTATIONRESPONSE']._serialized_start=885
+  _globals['_SUPERSEDEATTESTATIONRESPONSE']._serialized_end=915
+  _globals['_ATTESTATIONSERVICE']._serialized_start=918
+  _globals['_ATTESTATIONSERVICE']._serialized_end=1431
 # @@protoc_insertion_point(module_scope)

@@ -202,3 +202,81 @@ class ListAttestationsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListAttestationsResponse: _TypeAlias = ListAttestationsResponse  # noqa: Y015
+
+@_typing.final
+class DeleteAttestationRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROOT_DIGEST_FIELD_NUMBER: _builtins.int
+    ID_FIELD_NUMBER: _builtins.int
+    root_digest: _builtins.str
+    """The model root digest the record is filed under (64 lowercase hex)."""
+    id: _builtins.str
+    """The record id (StoredAttestation.id, 64 lowercase hex)."""
+    def __init__(
+        self,
+        *,
+        root_digest: _builtins.str = ...,
+        id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "root_digest", b"root_digest"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteAttestationRequest: _TypeAlias = DeleteAttestationRequest  # noqa: Y015
+
+@_typing.final
+class DeleteAttestationResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteAttestationResponse: _TypeAlias = DeleteAttestationResponse  # noqa: Y015
+
+@_typing.final
+class SupersedeAttestationRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROOT_DIGEST_FIELD_NUMBER: _builtins.int
+    ID_FIELD_NUMBER: _builtins.int
+    root_digest: _builtins.str
+    """The model root digest the record is filed under (64 lowercase hex)."""
+    id: _builtins.str
+    """The record id (StoredAttestation.id, 64 lowercase hex)."""
+    def __init__(
+        self,
+        *,
+        root_digest: _builtins.str = ...,
+        id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "root_digest", b"root_digest"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SupersedeAttestationRequest: _TypeAlias = SupersedeAttestationRequest  # noqa: Y015
+
+@_typing.final
+class SupersedeAttestationResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SupersedeAttestationResponse: _TypeAlias = SupersedeAttestationResponse  # noqa: Y015

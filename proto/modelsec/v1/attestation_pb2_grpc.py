@@ -50,6 +50,16 @@ class AttestationServiceStub:
                 request_serializer=modelsec_dot_v1_dot_attestation__pb2.ListAttestationsRequest.SerializeToString,
                 response_deserializer=modelsec_dot_v1_dot_attestation__pb2.ListAttestationsResponse.FromString,
                 _registered_method=True)
+        self.DeleteAttestation = channel.unary_unary(
+                '/modelsec.v1.AttestationService/DeleteAttestation',
+                request_serializer=modelsec_dot_v1_dot_attestation__pb2.DeleteAttestationRequest.SerializeToString,
+                response_deserializer=modelsec_dot_v1_dot_attestation__pb2.DeleteAttestationResponse.FromString,
+                _registered_method=True)
+        self.SupersedeAttestation = channel.unary_unary(
+                '/modelsec.v1.AttestationService/SupersedeAttestation',
+                request_serializer=modelsec_dot_v1_dot_attestation__pb2.SupersedeAttestationRequest.SerializeToString,
+                response_deserializer=modelsec_dot_v1_dot_attestation__pb2.SupersedeAttestationResponse.FromString,
+                _registered_method=True)
 
 
 class AttestationServiceServicer:
@@ -79,6 +89,23 @@ class AttestationServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteAttestation(self, request, context):
+        """Removes a stored bundle (current or superseded) for good. Needs the deleteAttestation permission.
+        Errors: NOT_FOUND (no such record about the digest), INVALID_ARGUMENT (malformed digest or id).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SupersedeAttestation(self, request, context):
+        """Withdraws a stored bundle from what readers get (Get/List), keeping it in the store's history.
+        Needs the supersedeAttestation permission. Errors: as DeleteAttestation (NOT_FOUND also when the record
+        is already superseded).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AttestationServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -96,6 +123,16 @@ def add_AttestationServiceServicer_to_server(servicer, server):
                     servicer.ListAttestations,
                     request_deserializer=modelsec_dot_v1_dot_attestation__pb2.ListAttestationsRequest.FromString,
                     response_serializer=modelsec_dot_v1_dot_attestation__pb2.ListAttestationsResponse.SerializeToString,
+            ),
+            'DeleteAttestation': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteAttestation,
+                    request_deserializer=modelsec_dot_v1_dot_attestation__pb2.DeleteAttestationRequest.FromString,
+                    response_serializer=modelsec_dot_v1_dot_attestation__pb2.DeleteAttestationResponse.SerializeToString,
+            ),
+            'SupersedeAttestation': grpc.unary_unary_rpc_method_handler(
+                    servicer.SupersedeAttestation,
+                    request_deserializer=modelsec_dot_v1_dot_attestation__pb2.SupersedeAttestationRequest.FromString,
+                    response_serializer=modelsec_dot_v1_dot_attestation__pb2.SupersedeAttestationResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -180,6 +217,60 @@ class AttestationService:
             '/modelsec.v1.AttestationService/ListAttestations',
             modelsec_dot_v1_dot_attestation__pb2.ListAttestationsRequest.SerializeToString,
             modelsec_dot_v1_dot_attestation__pb2.ListAttestationsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteAttestation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/modelsec.v1.AttestationService/DeleteAttestation',
+            modelsec_dot_v1_dot_attestation__pb2.DeleteAttestationRequest.SerializeToString,
+            modelsec_dot_v1_dot_attestation__pb2.DeleteAttestationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SupersedeAttestation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/modelsec.v1.AttestationService/SupersedeAttestation',
+            modelsec_dot_v1_dot_attestation__pb2.SupersedeAttestationRequest.SerializeToString,
+            modelsec_dot_v1_dot_attestation__pb2.SupersedeAttestationResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -42,6 +42,15 @@ class AttestationServiceStub:
     """Streams every stored bundle about a model root digest, one per message."""
     ListAttestations: _grpc.UnaryUnaryMultiCallable[_attestation_pb2.ListAttestationsRequest, _attestation_pb2.ListAttestationsResponse]
     """Lists stored bundles (metadata only), newest first, a page at a time."""
+    DeleteAttestation: _grpc.UnaryUnaryMultiCallable[_attestation_pb2.DeleteAttestationRequest, _attestation_pb2.DeleteAttestationResponse]
+    """Removes a stored bundle (current or superseded) for good. Needs the deleteAttestation permission.
+    Errors: NOT_FOUND (no such record about the digest), INVALID_ARGUMENT (malformed digest or id).
+    """
+    SupersedeAttestation: _grpc.UnaryUnaryMultiCallable[_attestation_pb2.SupersedeAttestationRequest, _attestation_pb2.SupersedeAttestationResponse]
+    """Withdraws a stored bundle from what readers get (Get/List), keeping it in the store's history.
+    Needs the supersedeAttestation permission. Errors: as DeleteAttestation (NOT_FOUND also when the record
+    is already superseded).
+    """
 
 @_typing.type_check_only
 class AttestationServiceAsyncStub(AttestationServiceStub):
@@ -57,6 +66,15 @@ class AttestationServiceAsyncStub(AttestationServiceStub):
     """Streams every stored bundle about a model root digest, one per message."""
     ListAttestations: _aio.UnaryUnaryMultiCallable[_attestation_pb2.ListAttestationsRequest, _attestation_pb2.ListAttestationsResponse]  # type: ignore[assignment]
     """Lists stored bundles (metadata only), newest first, a page at a time."""
+    DeleteAttestation: _aio.UnaryUnaryMultiCallable[_attestation_pb2.DeleteAttestationRequest, _attestation_pb2.DeleteAttestationResponse]  # type: ignore[assignment]
+    """Removes a stored bundle (current or superseded) for good. Needs the deleteAttestation permission.
+    Errors: NOT_FOUND (no such record about the digest), INVALID_ARGUMENT (malformed digest or id).
+    """
+    SupersedeAttestation: _aio.UnaryUnaryMultiCallable[_attestation_pb2.SupersedeAttestationRequest, _attestation_pb2.SupersedeAttestationResponse]  # type: ignore[assignment]
+    """Withdraws a stored bundle from what readers get (Get/List), keeping it in the store's history.
+    Needs the supersedeAttestation permission. Errors: as DeleteAttestation (NOT_FOUND also when the record
+    is already superseded).
+    """
 
 class AttestationServiceServicer(metaclass=_abc_1.ABCMeta):
     """Stores DSSE-signed attestation bundles by model root digest; bundles are verified before they are stored."""
@@ -87,5 +105,26 @@ class AttestationServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_attestation_pb2.ListAttestationsResponse, _abc.Awaitable[_attestation_pb2.ListAttestationsResponse]]:
         """Lists stored bundles (metadata only), newest first, a page at a time."""
+
+    @_abc_1.abstractmethod
+    def DeleteAttestation(
+        self,
+        request: _attestation_pb2.DeleteAttestationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_attestation_pb2.DeleteAttestationResponse, _abc.Awaitable[_attestation_pb2.DeleteAttestationResponse]]:
+        """Removes a stored bundle (current or superseded) for good. Needs the deleteAttestation permission.
+        Errors: NOT_FOUND (no such record about the digest), INVALID_ARGUMENT (malformed digest or id).
+        """
+
+    @_abc_1.abstractmethod
+    def SupersedeAttestation(
+        self,
+        request: _attestation_pb2.SupersedeAttestationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_attestation_pb2.SupersedeAttestationResponse, _abc.Awaitable[_attestation_pb2.SupersedeAttestationResponse]]:
+        """Withdraws a stored bundle from what readers get (Get/List), keeping it in the store's history.
+        Needs the supersedeAttestation permission. Errors: as DeleteAttestation (NOT_FOUND also when the record
+        is already superseded).
+        """
 
 def add_AttestationServiceServicer_to_server(servicer: AttestationServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18modelsec/v1/common.proto\x12\x0bmodelsec.v1\"E\n\x08\x45vidence\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x0b\n\x03key\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"\xa4\x01\n\x12\x41ttestationVerdict\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x13\n\x0broot_digest\x18\x02 \x01(\t\x12\x11\n\tsatisfied\x18\x03 \x03(\t\x12\x0f\n\x07missing\x18\x04 \x03(\t\x12\x0f\n\x07refused\x18\x05 \x03(\t\x12\x0f\n\x07ignored\x18\x06 \x03(\t\x12\'\n\x08\x65vidence\x18\x07 \x03(\x0b\x32\x15.modelsec.v1.Evidence*\x9e\x01\n\x12SignatureAlgorithm\x12#\n\x1fSIGNATURE_ALGORITHM_UNSPECIFIED\x10\x00\x12\"\n\x1eSIGNATURE_ALGORITHM_ECDSA_P256\x10\x01\x12\"\n\x1eSIGNATURE_ALGORITHM_ECDSA_P384\x10\x02\x12\x1b\n\x17SIGNATURE_ALGORITHM_SM2\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18modelsec/v1/common.proto\x12\x0bmodelsec.v1\"E\n\x08\x45vidence\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x0b\n\x03key\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"\xa4\x01\n\x12\x41ttestationVerdict\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x13\n\x0broot_digest\x18\x02 \x01(\t\x12\x11\n\tsatisfied\x18\x03 \x03(\t\x12\x0f\n\x07missing\x18\x04 \x03(\t\x12\x0f\n\x07refused\x18\x05 \x03(\t\x12\x0f\n\x07ignored\x18\x06 \x03(\t\x12\'\n\x08\x65vidence\x18\x07 \x03(\x0b\x32\x15.modelsec.v1.Evidence*\x87\x02\n\x12SignatureAlgorithm\x12#\n\x1fSIGNATURE_ALGORITHM_UNSPECIFIED\x10\x00\x12\"\n\x1eSIGNATURE_ALGORITHM_ECDSA_P256\x10\x01\x12\"\n\x1eSIGNATURE_ALGORITHM_ECDSA_P384\x10\x02\x12\x1b\n\x17SIGNATURE_ALGORITHM_SM2\x10\x03\x12!\n\x1dSIGNATURE_ALGORITHM_ML_DSA_44\x10\x04\x12!\n\x1dSIGNATURE_ALGORITHM_ML_DSA_65\x10\x05\x12!\n\x1dSIGNATURE_ALGORITHM_ML_DSA_87\x10\x06\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,7 +32,7 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'modelsec.v1.common_pb2', _g
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SIGNATUREALGORITHM']._serialized_start=280
-  _globals['_SIGNATUREALGORITHM']._serialized_end=438
+  _globals['_SIGNATUREALGORITHM']._serialized_end=543
   _globals['_EVIDENCE']._serialized_start=41
   _globals['_EVIDENCE']._serialized_end=110
   _globals['_ATTESTATIONVERDICT']._serialized_start=113

@@ -32,9 +32,17 @@ class _SignatureAlgorithmEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Si
     """ECDSA over NIST P-384 with SHA-384 (FIPS 186-5)."""
     SIGNATURE_ALGORITHM_SM2: _SignatureAlgorithm.ValueType  # 3
     """SM2 with SM3 and the default distinguishing ID 1234567812345678 (GB/T 32918)."""
+    SIGNATURE_ALGORITHM_ML_DSA_44: _SignatureAlgorithm.ValueType  # 4
+    """Pure ML-DSA-44 (FIPS 204) with an empty context, over the DSSE PAE."""
+    SIGNATURE_ALGORITHM_ML_DSA_65: _SignatureAlgorithm.ValueType  # 5
+    """Pure ML-DSA-65 (FIPS 204) with an empty context, over the DSSE PAE."""
+    SIGNATURE_ALGORITHM_ML_DSA_87: _SignatureAlgorithm.ValueType  # 6
+    """Pure ML-DSA-87 (FIPS 204) with an empty context, over the DSSE PAE."""
 
 class SignatureAlgorithm(_SignatureAlgorithm, metaclass=_SignatureAlgorithmEnumTypeWrapper):
-    """A signature algorithm of a key or a bundle (DESIGN.md: ECDSA for the OMS interop profile, SM2 over SM3)."""
+    """A signature algorithm of a key or a bundle (DESIGN.md: ECDSA for the OMS interop profile, SM2 over SM3,
+    ML-DSA for post-quantum signatures). Values are appended, never renumbered.
+    """
 
 SIGNATURE_ALGORITHM_UNSPECIFIED: SignatureAlgorithm.ValueType  # 0
 SIGNATURE_ALGORITHM_ECDSA_P256: SignatureAlgorithm.ValueType  # 1
@@ -43,6 +51,12 @@ SIGNATURE_ALGORITHM_ECDSA_P384: SignatureAlgorithm.ValueType  # 2
 """ECDSA over NIST P-384 with SHA-384 (FIPS 186-5)."""
 SIGNATURE_ALGORITHM_SM2: SignatureAlgorithm.ValueType  # 3
 """SM2 with SM3 and the default distinguishing ID 1234567812345678 (GB/T 32918)."""
+SIGNATURE_ALGORITHM_ML_DSA_44: SignatureAlgorithm.ValueType  # 4
+"""Pure ML-DSA-44 (FIPS 204) with an empty context, over the DSSE PAE."""
+SIGNATURE_ALGORITHM_ML_DSA_65: SignatureAlgorithm.ValueType  # 5
+"""Pure ML-DSA-65 (FIPS 204) with an empty context, over the DSSE PAE."""
+SIGNATURE_ALGORITHM_ML_DSA_87: SignatureAlgorithm.ValueType  # 6
+"""Pure ML-DSA-87 (FIPS 204) with an empty context, over the DSSE PAE."""
 Global___SignatureAlgorithm: _TypeAlias = SignatureAlgorithm  # noqa: Y015
 
 @_typing.final

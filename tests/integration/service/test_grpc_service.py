@@ -104,6 +104,19 @@ def test_remote_sm2_signs_the_sm3_manifest(
     assert key.algorithm is SignatureAlgorithm.SM2
     with pytest.raises(MalformedArtifactError, match="signs sm3 manifests; this one is sha256"):
         client.sign_statement("ci-sm2/1", _statement(setup[1]))
+    with pytest.raises(MalformedArtifactError, match="signs sm3 manifests; this one is blake3"):
+        client.sign_statement("ci-sm2/1", _statement(setup[1], HashAlgorithm.BLAKE3))
+
+
+def test_remote_ecdsa_signs_a_blake3_manifest(
+    setup: tuple[InThreadServer, Path], client: ModelsecClient, key_dir: Path
+) -> None:
+    """`sign --hash-type blake3 --server ...`: the service signs the BLAKE3 manifest an ECDSA key may sign."""
+    model = setup[1]
+    response = client.sign_statement("ci-p256/1", _statement(model, HashAlgorithm.BLAKE3))
+    (model / "model.sig").write_bytes(response.bundle)
+    policy = Policy.from_key_files([key_dir / "ecdsa-p256.pub.pem"])
+    verify_model(model, policy)
 
 
 def test_public_keys_and_listing(client: ModelsecClient, key_dir: Path) -> None:

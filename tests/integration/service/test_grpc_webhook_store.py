@@ -8,6 +8,7 @@ import pytest
 
 from modelsec.policy import PolicySet
 from modelsec.service.client import ChannelOptions, ModelsecClient
+from modelsec.service.grpc_store import GrpcAttestationStore
 from modelsec.signer import load_private_key_file, sign_model
 from modelsec.webhook.review import Reviewer, WebhookConfig
 from tests.conftest import write_tiny_model
@@ -35,7 +36,8 @@ def test_webhook_admits_from_the_grpc_store_and_fails_closed_without_it(
     target = server.target
     client = ModelsecClient(target, ChannelOptions(plaintext=True, timeout=5))
     try:
-        reviewer = Reviewer(policies, client, WebhookConfig(cache_ttl_seconds=0), generation="g")
+        store = GrpcAttestationStore(client, f"grpc://{target}")  # what `--store grpc://` opens
+        reviewer = Reviewer(policies, store, WebhookConfig(cache_ttl_seconds=0), generation="g")
         body = review_body("Pod", f"{REGISTRY}/tiny@sha256:{digest}")
         assert answer(reviewer, body)["allowed"] is False  # nothing stored yet
         client.put_attestation((model / "model.sig").read_bytes())

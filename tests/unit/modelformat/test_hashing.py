@@ -99,3 +99,51 @@ def test_progress_counts_every_byte(tmp_path: Path) -> None:
         progress=seen.append,
     )
     assert sum(seen) == sum(10_000 * (i + 1) for i in range(5))
+
+
+def _split_hash(path: Path, size: int, chunk: int, **kw):  # type: ignore[no-untyped-def]
+    from concurrent.futures import ThreadPoolExecutor
+
+    from modelsec.modelformat.hashing import _PIPELINE_SLOTS, _Reader, hash_source
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with ThreadPoolExecutor(1) as helper:
+            reader = _Reader(fd, size, chunk, what=str(path), buffers=_PIPELINE_SLOTS)
+            return hash_source(reader, path.name, size, limits=Limits(), helper=helper, **kw)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("chunk", [1, 100, 4096, 2**20])
+def test_work_split_over_two_threads_gives_the_same_digests(tmp_path: Path, chunk: int) -> None:
+    """A single large file hashed by two threads (helper reads + per-tensor, own thread file digest)."""
+    rng = np.random.default_rng(2)
+    tensors = {f"t{i}": rng.standard_normal((i * 97 + 1,)).astype(np.float32) for i in range(40)}
+    tensors["empty"] = np.zeros((0,), dtype=np.float32)
+    path = tmp_path / "w.safetensors"
+    save_file(tensors, str(path))
+    raw = path.read_bytes()
+    algorithms = [HashAlgorithm.SHA256, HashAlgorithm.SM3]
+    got = _split_hash(path, len(raw), chunk, algorithms=algorithms, tensor_hash=HashAlgorithm.BLAKE3)
+    one = _hash(tmp_path, ["w.safetensors"], algorithms=algorithms, max_workers=1)["w.safetensors"]
+    assert got.digests[HashAlgorithm.SHA256] == hashlib.sha256(raw).digest()
+    assert got.digests[HashAlgorithm.SM3] == hashlib.new("sm3", raw).digest()
+    data = raw[8 + int.from_bytes(raw[:8], "little") :]
+    assert got.tensors is not None and set(got.tensors) == set(tensors)
+    for name, t in got.tensors.items():
+        assert t.digest == blake3.blake3(data[t.begin : t.end]).digest(), name
+        assert one.tensors is not None and one.tensors[name] == t
+
+
+def test_work_split_refuses_a_file_that_grew(tmp_path: Path) -> None:
+    path = tmp_path / "f.bin"
+    path.write_bytes(os.urandom(50_000))
+    with pytest.raises(MalformedArtifactError, match="grew"):
+        _split_hash(
+            path, 40_000, 1000, algorithms=[HashAlgorithm.SHA256, HashAlgorithm.BLAKE3], tensor_hash=None
+        )
+    with pytest.raises(MalformedArtifactError, match="shrank"):
+        _split_hash(
+            path, 60_000, 1000, algorithms=[HashAlgorithm.SHA256, HashAlgorithm.BLAKE3], tensor_hash=None
+        )

@@ -13,6 +13,7 @@ from modelsec.errors import BackendUnavailableError
 from modelsec.policy import PolicySet
 from modelsec.signer import load_private_key_file, sign_model
 from modelsec.verifier.attestations import store_bundle
+from modelsec.verifier.stores import StoredBundle
 from modelsec.webhook.review import (
     BadRequestError,
     DirectoryStore,
@@ -403,7 +404,7 @@ class ExplodingStore:
     def __init__(self, error: BaseException) -> None:
         self.error = error
 
-    def bundles(self, digest: str) -> list[bytes]:
+    def entries(self, digest: str) -> list[bytes]:
         raise self.error
 
 
@@ -444,9 +445,9 @@ def test_deadline_overrun_denies(policies: PolicySet, signed: tuple[str, Path]) 
     clock = FakeClock()
 
     class SlowStore:
-        def bundles(self, digest: str) -> list[bytes]:
+        def entries(self, digest: str) -> list[StoredBundle]:
             clock.now += 9
-            return DirectoryStore(signed[1]).bundles(digest)
+            return DirectoryStore(signed[1]).entries(digest)
 
     r = Reviewer(policies, SlowStore(), WebhookConfig(deadline_seconds=8), clock=clock)
     decision = r.review(json.dumps(review_body("Pod", f"{REGISTRY}/x@sha256:{signed[0]}")).encode())

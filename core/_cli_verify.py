@@ -1,0 +1,314 @@
+"""`modelsec verify`, `digest` and `inspect`: check a model, print its root digest, show its bundles.
+
+Registered on the root group by `modelsec._cli`. The trust decision is `modelsec.verifier.verify_model`'s;
+the commands convert options into a `Policy` (options only tighten a policy file) and print the result.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+
+from modelsec._cli_common import (
+    POLICY_ENV,
+    _digest_str,
+    _fail,
+    _ignore_paths_option,
+    _json_option,
+    _limits,
+    _progress,
+    _quiet_option,
+    _reply,
+    _signatures_option,
+    _signer_json,
+    _signer_text,
+    _skipped_note,
+    _trusted_keys_option,
+)
+from modelsec._cli_identity import IdentityOptions, identity_options
+from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
+from modelsec.errors import Error, SignatureError
+
+__all__ = ["digest", "inspect", "verify"]
+
+
+def _signature_hint(e: Error, model_path: Path, signatures: tuple[Path, ...]) -> str | None:
+    """The CLI's advice for a model without default bundles (the library's message names no option)."""
+    from modelsec.verifier import find_default_bundles
+
+    if signatures or not isinstance(e, SignatureError):
+        return None
+    model_dir = model_path if model_path.is_dir() else model_path.parent
+    return None if find_default_bundles(model_dir) else "give --signature"
+
+
+def _policy_from_options(
+    model_path: Path,
+    keys: tuple[Path, ...],
+    policy_file: Path | None,
+    required: list[SignatureAlgorithm],
+    allow_remote_code: bool,
+    identity: IdentityOptions | None = None,
+) -> Any:
+    """A Policy from --trusted-key options, or from --policy / $MODELSEC_POLICY (options only tighten it)."""
+    import dataclasses
+
+    from modelsec.policy import Policy, PolicySet
+
+    if identity is not None and (
+        by_identity := identity.policy(keys, policy_file, required, allow_remote_code)
+    ):
+        return by_identity
+    if keys and policy_file:
+        raise click.UsageError("give --trusted-key or --policy, not both")
+    if keys:
+        return Policy.from_key_files(keys, require=required, allow_remote_code=allow_remote_code)
+    if not policy_file and not os.environ.get(POLICY_ENV):
+        raise click.UsageError(f"give --trusted-key, --policy, or set ${POLICY_ENV}")
+    policy_set = PolicySet.from_file(policy_file) if policy_file else PolicySet.from_env()
+    policy = policy_set.for_model(model_path)
+    if allow_remote_code and not policy.allow_remote_code:
+        raise click.UsageError("--allow-remote-code cannot loosen a policy file; set allowRemoteCode there")
+    return dataclasses.replace(policy, require_algorithms=policy.require_algorithms | set(required))
+
+
+def _parse_require(value: str | None) -> list[SignatureAlgorithm]:
+    if not value:
+        return []
+    try:
+        return [SignatureAlgorithm(v.strip()) for v in value.split(",") if v.strip()]
+    except ValueError:
+        choices = ", ".join(a.value for a in SignatureAlgorithm)
+        raise click.BadParameter(f"{value!r}: choose from {choices}", param_hint="--require") from None
+
+
+@click.command(name="verify")
+@click.argument("model_path", type=click.Path(path_type=Path))
+@_trusted_keys_option(
+    "Trusted public key PEM (repeatable; old spellings --key, -k). Keys are never taken from the bundle. "
+    f"Without --trusted-key, the policy file of --policy or ${POLICY_ENV} decides."
+)
+@click.option(
+    "--policy",
+    "policy_file",
+    type=click.Path(path_type=Path),
+    help="Policy file (YAML/JSON, kind ModelPolicy); the model is matched as file://<real path>.",
+)
+@click.option(
+    "--shard",
+    "shards",
+    multiple=True,
+    metavar="NAME",
+    help="Verify only this signed file of MODEL_PATH (repeatable), e.g. the shard a node holds.",
+)
+@_signatures_option(
+    "Bundle to check (repeatable; default: model.sig, model.p384.sig, model.sm2.sig found in the "
+    "model directory)."
+)
+@click.option(
+    "--require",
+    "require",
+    metavar="ALG[,ALG]",
+    help="Algorithms that must all have signed, e.g. ecdsa-p256,sm2.",
+)
+@click.option(
+    "--allow-remote-code",
+    is_flag=True,
+    help="Accept *.py files and auto_map in config files (refused by default).",
+)
+@_ignore_paths_option(
+    "Also ignore this unsigned path (repeatable; as model_signing's --ignore-paths). Signed files are "
+    "verified all the same."
+)
+@identity_options
+@_json_option
+@_quiet_option
+def verify(
+    model_path: Path,
+    keys: tuple[Path, ...],
+    identity: IdentityOptions,
+    policy_file: Path | None,
+    shards: tuple[str, ...],
+    signatures: tuple[Path, ...],
+    require: str | None,
+    allow_remote_code: bool,
+    ignore_paths: tuple[Path, ...],
+    as_json: bool,
+    quiet: bool,
+) -> None:
+    """Verify MODEL_PATH (a model directory, or one file of it) against its signatures.
+
+    Exit 0 when every signed file and tensor matches and a trusted key signed; exit 1 otherwise. Pickle
+    checkpoints and remote code are refused even when signed.
+    """
+    from modelsec.signer.signing import relative_ignore_paths
+    from modelsec.verifier import verify_model
+
+    required = _parse_require(require)
+    try:
+        model_dir = model_path if model_path.is_dir() else model_path.parent
+        ignored = relative_ignore_paths(model_dir, ignore_paths)
+        policy = _policy_from_options(model_path, keys, policy_file, required, allow_remote_code, identity)
+        with _progress(model_path, "verifying", not (quiet or as_json)) as progress:
+            result = verify_model(
+                model_path,
+                policy,
+                bundles=list(signatures) or None,
+                files=list(shards) or None,
+                progress=progress,
+                ignore_paths=ignored,
+            )
+    except Error as e:
+        _fail(e, as_json, hint=_signature_hint(e, model_path, signatures))
+    if as_json:
+        _reply(
+            {
+                "rootDigest": _digest_str(result.root_digest),
+                "files": result.files,
+                "tensors": result.tensors,
+                "tensorDigests": result.tensor_digests,
+                "bytesHashed": result.bytes_hashed,
+                "bundles": [
+                    {
+                        "path": str(b.path),
+                        "algorithm": b.algorithm.value,
+                        "key": b.key.name,
+                        "keyid": b.key.keyid,
+                    }
+                    for b in result.bundles
+                ],
+                "skipped": [str(p) for p in result.skipped],
+                "attestations": result.attestations.to_json() if result.attestations else None,
+            }
+        )
+        return
+    algs = ", ".join(f"{b.algorithm.value} ({b.key.name})" for b in result.bundles)
+    click.echo(
+        f"OK sha256:{result.root_digest}: {result.files} signed files, {result.tensors} tensors "
+        f"({result.tensor_digests} with per-tensor digests); "
+        f"signed by {algs}"
+    )
+    for p in result.skipped:
+        click.echo(f"  note: {p} not checked (no configured key of its algorithm)", err=True)
+
+
+@click.command(name="digest")
+@click.argument("model_dir", type=click.Path(path_type=Path))
+@click.option(
+    "--hash-type",
+    type=click.Choice([HashAlgorithm.SHA256.value, HashAlgorithm.BLAKE3.value, HashAlgorithm.SM3.value]),
+    default=HashAlgorithm.SHA256.value,
+    show_default=True,
+    help="File digest of the manifest whose root to print: the OMS root is SHA-256 over these digests "
+    "(blake3: model_signing's blake3 bundles; sm3: equals sha256, as SM2 bundles carry the SHA-256 root).",
+)
+@_ignore_paths_option("Leave this path out, as `sign --ignore-paths` does (repeatable).")
+@_json_option
+@_quiet_option
+def digest(
+    model_dir: Path, hash_type: str, ignore_paths: tuple[Path, ...], as_json: bool, quiet: bool
+) -> None:
+    """Print the model root digest of MODEL_DIR (OMS SHA-256 subject digest; nothing is verified).
+
+    It equals the root digest `verify` reports for a bundle of that hash type signed over the same files
+    with the same ignore paths (OMS path order).
+    """
+    from modelsec.signer import MODEL_IGNORE_PATHS, compute_manifests
+    from modelsec.signer.signing import relative_ignore_paths
+
+    algorithm = HashAlgorithm(hash_type)
+    try:
+        extra = relative_ignore_paths(model_dir, ignore_paths)
+        with _progress(model_dir, "hashing", not (quiet or as_json)) as progress:
+            manifests = compute_manifests(
+                model_dir,
+                [algorithm],
+                ignore_paths=[*MODEL_IGNORE_PATHS, *(p for p in extra if p not in MODEL_IGNORE_PATHS)],
+                tensor_hash=None,
+                progress=progress,
+            )
+    except Error as e:
+        _fail(e, as_json)
+    m = manifests[algorithm]
+    if as_json:
+        _reply(
+            {
+                "rootDigest": _digest_str(m.subject_digest["sha256"]),
+                "hashType": hash_type,
+                "files": len(m.resources),
+            }
+        )
+    else:
+        click.echo(_digest_str(m.subject_digest["sha256"]))
+
+
+@click.command(name="inspect")
+@click.argument("model_dir", type=click.Path(path_type=Path))
+@_signatures_option("Bundle to show (repeatable; default: the default names in MODEL_DIR).")
+@_trusted_keys_option(
+    "Trusted public key PEM (repeatable; old spellings --key, -k): check each bundle's signature and name "
+    "the key that verifies."
+)
+@_json_option
+def inspect(model_dir: Path, signatures: tuple[Path, ...], keys: tuple[Path, ...], as_json: bool) -> None:
+    """Show what MODEL_DIR's bundles sign: files, tensors, hashes, root digest, and by which key.
+
+    Without --trusted-key nothing is verified and the output says UNVERIFIED: a bundle's contents are
+    claims until a trusted key checks them. File contents are never hashed here (use `modelsec verify`).
+    """
+    from modelsec.attestations.oms_predicate import parse_manifest
+    from modelsec.signer.keys import load_trusted_key_file
+    from modelsec.verifier import find_default_bundles
+    from modelsec.verifier.inspection import inspect_bundle, require_one_checked
+
+    rows: list[dict[str, Any]] = []
+    try:
+        trusted = [load_trusted_key_file(k) for k in keys]
+        paths = list(signatures) or find_default_bundles(model_dir)
+        if not paths:
+            raise click.UsageError(f"{model_dir}: no bundle found; give --signature")
+        checked = [
+            inspect_bundle(p, trusted, limits=_limits(), skip_unverifiable=not signatures) for p in paths
+        ]
+        require_one_checked(checked, trusted, str(model_dir))
+        for path, seen in zip(paths, checked, strict=True):
+            manifest = parse_manifest(seen.statement, what=str(path))
+            hash_type = manifest.hash_type.value
+            root = manifest.subject_digest.get("sha256")
+            rows.append(
+                {
+                    "path": str(path),
+                    "signer": _signer_json(seen.signer),
+                    "skipped": seen.skipped,
+                    "hint": seen.bundle.hint,
+                    "hashType": hash_type,
+                    "rootDigest": None if root is None else _digest_str(root),
+                    "subjectDigests": [_digest_str(v, a) for a, v in manifest.subject_digest.items()],
+                    "files": [
+                        {"name": r.name, "digest": _digest_str(r.digest.hex(), hash_type)}
+                        for r in manifest.resources
+                    ],
+                    "ignorePaths": list(manifest.ignore_paths),
+                    "tensorHash": manifest.tensor_hash.value if manifest.tensor_hash else None,
+                    "tensors": sum(len(t) for t in manifest.tensors.values()),
+                }
+            )
+    except Error as e:
+        _fail(e, as_json)
+    if as_json:
+        _reply({"bundles": rows})
+        return
+    for row in rows:
+        _skipped_note(row)
+        click.echo(f"{row['path']}: signed by {_signer_text(row['signer'], keyid=True)}")
+        click.echo(f"  model root digest {row['rootDigest']}  ({row['hashType']} manifest)")
+        click.echo(
+            f"  {len(row['files'])} files, {row['tensors']} tensors with {row['tensorHash'] or 'no'} "
+            "per-tensor digests"
+        )
+        for f in row["files"]:
+            click.echo(f"    {f['digest'].partition(':')[2][:16]}  {f['name']}")
+        click.echo(f"  ignored: {', '.join(row['ignorePaths'])}")

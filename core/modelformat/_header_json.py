@@ -1,0 +1,149 @@
+"""Strict JSON decoding of a safetensors header (steps 2 and 3 of `safetensors_header`'s order).
+
+The header bytes must be UTF-8, start with `{`, nest at most `_MAX_NESTING` levels (a linear pre-scan, so the
+recursive decoder never goes deep), hold no duplicate key at any level and no `NaN`/`Infinity`, and have only
+space padding after the closing brace. Nothing here checks the schema (`safetensors_header` does). Also the
+renderers that quote attacker-chosen names and integers in error messages. Every refusal is a
+`MalformedArtifactError` starting with the file's display name.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+
+from modelsec.errors import MalformedArtifactError
+
+__all__ = ["decode_header_json", "is_unicode_text", "json_type", "show", "show_int"]
+
+# A valid header nests three levels deep (object > tensor object > shape list). The pre-scan allows more,
+# so that it only names nesting for clearly abusive input; the schema checks refuse the rest.
+_MAX_NESTING = 8
+_SHOW_CHARS = 80  # How much of an attacker-chosen string an error message repeats.
+
+_ESCAPED_PAIR = re.compile(rb"\\.", re.DOTALL)
+_SIMPLE_STRING = re.compile(rb'"[^"]*"')
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def show(text: str) -> str:
+    """Quote an attacker-chosen string for an error message: backquoted, escaped, truncated."""
+    if len(text) <= _SHOW_CHARS and text.isprintable():
+        return f"`{text}`"
+    cut = len(text) > _SHOW_CHARS
+    shown = "".join(
+        c if c.isprintable() else c.encode("unicode_escape", "backslashreplace").decode("ascii")
+        for c in text[:_SHOW_CHARS]
+    )
+    return f"`{shown}...`" if cut else f"`{shown}`"
+
+
+def show_int(value: int) -> str:
+    """Render an attacker-chosen integer, abbreviating absurdly long ones (JSON allows 4300 digits)."""
+    if abs(value) < 10**40:
+        return str(value)
+    return f"{'-' if value < 0 else ''}<an integer of {value.bit_length()} bits>"
+
+
+def json_type(value: object) -> str:
+    """Name the JSON type of a decoded value, for error messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+def is_unicode_text(text: str) -> bool:
+    """Whether `text` encodes to UTF-8 (JSON can escape lone surrogates, which do not encode)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _check_nesting(header: bytes, *, path: str) -> None:
+    """Bound the bracket nesting of `header` before the recursive JSON decoder sees it.
+
+    The scan is linear and exact for valid JSON: escaped pairs are dropped first (so every remaining quote
+    delimits a string), strings next, then everything but brackets; innermost `[]`/`{}` pairs are then removed
+    round by round. Each round removes at least one level, so `_MAX_NESTING` rounds accept every valid JSON
+    text of that depth and nothing deeper than twice it.
+    """
+    brackets = _SIMPLE_STRING.sub(b"", _ESCAPED_PAIR.sub(b"", header)).translate(None, _NOT_BRACKETS)
+    for _ in range(_MAX_NESTING):
+        if not brackets:
+            return
+        reduced = brackets.replace(b"[]", b"").replace(b"{}", b"")
+        if reduced == brackets:
+            raise MalformedArtifactError(f"{path}: header is not valid JSON (unbalanced brackets)")
+        brackets = reduced
+    if brackets:
+        raise MalformedArtifactError(f"{path}: header JSON is nested more than {_MAX_NESTING} levels deep")
+
+
+def decode_header_json(header: bytes, *, path: str) -> dict[str, object]:
+    """Decode the header as strict JSON with only trailing spaces after it; return the top-level object."""
+    try:
+        text = header.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise MalformedArtifactError(f"{path}: header is not valid UTF-8 (at byte {e.start})") from e
+    if not text.startswith("{"):
+        raise MalformedArtifactError(f"{path}: header does not start with `{{` (not a JSON object)")
+    _check_nesting(header, path=path)
+
+    def reject_constant(name: str) -> object:
+        raise MalformedArtifactError(f"{path}: header JSON contains `{name}`, which strict JSON forbids")
+
+    decoder = json.JSONDecoder(
+        object_pairs_hook=_unique_keys_hook(path),
+        parse_constant=reject_constant,
+        parse_int=_parse_int,
+        strict=True,
+    )
+    try:
+        top, end = decoder.raw_decode(text)
+    except ValueError as e:
+        # JSONDecodeError, and the integer-digits limit of int(); neither message repeats input text.
+        raise MalformedArtifactError(f"{path}: header is not valid JSON: {e}") from e
+    if text[end:].strip(" "):
+        raise MalformedArtifactError(
+            f"{path}: header has bytes other than spaces after its closing `}}` (at character {end}); "
+            "only space (0x20) padding is allowed"
+        )
+    if not isinstance(top, dict):  # Unreachable after the `{` check; kept for the type checker.
+        raise MalformedArtifactError(f"{path}: header is not a JSON object")
+    return top
+
+
+def _parse_int(literal: str) -> int | float:
+    """Decode a JSON integer, keeping `-0` a float as serde_json (and so safetensors) does.
+
+    `-0` is then refused by the integer checks like any other non-integer, with the tensor named, so that
+    this parser never accepts a header that safetensors itself refuses.
+    """
+    return -0.0 if literal == "-0" else int(literal)
+
+
+def _unique_keys_hook(path: str) -> Callable[[list[tuple[str, object]]], dict[str, object]]:
+    def hook(pairs: list[tuple[str, object]]) -> dict[str, object]:
+        result = dict(pairs)
+        if len(result) != len(pairs):
+            seen: set[str] = set()
+            for key, _ in pairs:
+                if key in seen:
+                    raise MalformedArtifactError(f"{path}: header JSON has a duplicate key {show(key)}")
+                seen.add(key)
+        return result
+
+    return hook

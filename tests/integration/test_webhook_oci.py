@@ -1,0 +1,157 @@
+"""The webhook admits an OCI model image by its manifest digest through a signed binding (real registry).
+
+`modelsec push` attaches a binding, signed with a `weights` key, from the model root digest to the OCI
+manifest digest; a workload naming the image by that manifest digest is verified through it. What the
+binding does not vouch for, and a registry or store that cannot be read, is denied.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from modelsec._oci_model import bound_root_digests, push_model
+from modelsec._oci_registry import RegistryOptions
+from modelsec.policy import Policy, PolicySet
+from modelsec.signer import load_private_key_file, sign_model
+from modelsec.verifier.stores import open_store
+from modelsec.verifier.stores.directory import DirectoryStore
+from modelsec.webhook.review import Reviewer, WebhookConfig
+from tests.conftest import write_tiny_model
+from tests.oci_support import PASSWORD, USER, Registry, registry_missing_reason, run_registry
+from tests.unit.webhook.test_review import FakeClock, answer, review_body
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    reason = registry_missing_reason()
+    if reason:
+        pytest.skip(reason)
+    with run_registry(tmp_path_factory.mktemp("registry")) as running:
+        yield running
+
+
+def _options(registry: Registry) -> RegistryOptions:
+    return RegistryOptions(ca_file=registry.ca, username=USER, password=PASSWORD, timeout=5)
+
+
+def _policies(registry: Registry, key_dir: Path, key: str = "ecdsa-p256.pub.pem") -> PolicySet:
+    doc = {
+        "apiVersion": "modelsec.dev/v1alpha1",
+        "kind": "ModelPolicy",
+        "policies": [{"name": "models", "match": [f"oci://{registry.address}/models/**"], "keys": [key]}],
+    }
+    return PolicySet.from_mapping(doc, base_dir=key_dir, source="test-policy")
+
+
+def _push(tmp_path: Path, key_dir: Path, registry: Registry, repo: str) -> Any:
+    model = write_tiny_model(tmp_path / repo, shards=1)
+    signer = load_private_key_file(key_dir / "ecdsa-p256.key.pem")
+    sign_model(model, [signer])
+    policy = Policy.from_key_files([key_dir / "ecdsa-p256.pub.pem"])
+    reference = f"oci://{registry.address}/models/{repo}:v1"
+    return model, push_model(model, reference, policy, signer, options=_options(registry))
+
+
+def _image_pod(image: str) -> dict[str, Any]:
+    """A Pod whose container image is the model (a modelcar), with no annotation."""
+    body = review_body("Pod")
+    body = copy.deepcopy(body)
+    body["request"]["object"]["spec"]["containers"][0]["image"] = image
+    return body
+
+
+def _resolver(registry: Registry) -> Any:
+    options = _options(registry)
+    return lambda reference, policy: bound_root_digests(reference, policy, options=options)
+
+
+def test_oci_image_admitted_by_manifest_digest_through_a_signed_binding(
+    tmp_path: Path, key_dir: Path, registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, pushed = _push(tmp_path, key_dir, registry, "tiny")
+    for name, value in {"MODELSEC_OCI_USERNAME": USER, "MODELSEC_OCI_PASSWORD": PASSWORD}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("MODELSEC_OCI_CA", str(registry.ca))
+    store = open_store(f"oci://{registry.address}/models/tiny")  # the evidence lives in the registry
+    image = f"{registry.address}/models/tiny@{pushed.manifest_digest}"
+    policies = _policies(registry, key_dir)
+
+    # Without the binding lookup the manifest digest is not a model root digest: nothing is filed for it.
+    plain = Reviewer(policies, store, WebhookConfig(), clock=FakeClock())
+    denied = answer(plain, _image_pod(image))
+    assert denied["allowed"] is False and "no weights signature" in denied["status"]["message"]
+
+    reviewer = Reviewer(
+        policies, store, WebhookConfig(cache_ttl_seconds=60), clock=FakeClock(), bindings=_resolver(registry)
+    )
+    decision = reviewer.review(json.dumps(_image_pod(image)).encode())
+    assert decision.allowed, decision.messages
+    (result,) = decision.references
+    assert f"signed binding to model root digest {pushed.root_digest}" in result.detail
+    again = reviewer.review(json.dumps(_image_pod(image)).encode())
+    assert again.allowed and again.references[0].cached  # the registry still confirms the binding
+    # The same digest through the annotation, and the root digest itself, are admitted as well.
+    assert answer(reviewer, review_body("Pod", f"oci://{image}"))["allowed"] is True
+    by_root = f"oci://{registry.address}/models/tiny@sha256:{pushed.root_digest}"
+    assert answer(reviewer, review_body("Pod", by_root))["allowed"] is True
+
+    # A policy whose keys did not sign the binding: no trusted binding, denied (and so says the message).
+    stranger = Reviewer(
+        _policies(registry, key_dir, "other.pub.pem"), store, WebhookConfig(), bindings=_resolver(registry)
+    )
+    refused = answer(stranger, _image_pod(image))
+    assert refused["allowed"] is False
+    assert "no binding signed by a trusted key names this OCI manifest" in refused["status"]["message"]
+    # A digest the registry does not hold (another, unbound manifest): denied, naming why.
+    unknown = answer(reviewer, _image_pod(f"{registry.address}/models/tiny@sha256:{'ab' * 32}"))
+    assert unknown["allowed"] is False and "no signed binding read" in unknown["status"]["message"]
+
+
+def test_registry_or_store_outage_denies_even_a_cached_model(
+    tmp_path: Path, key_dir: Path, registry: Registry
+) -> None:
+    """Fail closed: the evidence in a directory store, the binding in a registry that goes away."""
+    model, pushed = _push(tmp_path, key_dir, registry, "outage")
+    store_dir = tmp_path / "store"
+    from modelsec.verifier.attestations import store_bundle
+
+    store_bundle(store_dir, (model / "model.sig").read_bytes())
+    policies = _policies(registry, key_dir)
+    image = f"{registry.address}/models/outage@{pushed.manifest_digest}"
+    clock = FakeClock()
+    up = {"registry": True}
+
+    def resolver(reference: str, policy: Policy) -> set[str]:
+        options = _options(registry)
+        if not up["registry"]:  # the same client, pointed where nothing listens (discard port)
+            reference = reference.replace(registry.address, "127.0.0.1:9")
+        return bound_root_digests(reference, policy, options=options)
+
+    reviewer = Reviewer(
+        policies,
+        DirectoryStore(store_dir),
+        WebhookConfig(cache_ttl_seconds=600),
+        clock=clock,
+        bindings=resolver,
+    )
+    assert answer(reviewer, _image_pod(image))["allowed"] is True
+    assert reviewer.review(json.dumps(_image_pod(image)).encode()).references[0].cached
+
+    up["registry"] = False
+    clock.now += 1  # well inside the TTL
+    decision = reviewer.review(json.dumps(_image_pod(image)).encode())
+    assert not decision.allowed and decision.reason == "store-unavailable", decision.messages
+
+    up["registry"] = True
+    assert answer(reviewer, _image_pod(image))["allowed"] is True
+    reviewer.store = DirectoryStore(tmp_path / "gone")  # the store volume is gone
+    decision = reviewer.review(json.dumps(_image_pod(image)).encode())
+    assert not decision.allowed and decision.reason == "store-unavailable", decision.messages
