@@ -20,14 +20,8 @@ from modelsec.policy import Policy
 from modelsec.robustness.attestation import sign_gate_result, write_attestation
 from modelsec.robustness.data import load_dataset
 from modelsec.robustness.distributed import DistContext, from_environment
-from modelsec.robustness.gate import (
-    GateConfig,
-    GateProgress,
-    GateResult,
-    SanityConfig,
-    default_step_size,
-    run_gate,
-)
+from modelsec.robustness.gate import GateConfig, GateProgress, GateResult, SanityConfig, run_gate
+from modelsec.robustness.gate_config import default_step_size
 from modelsec.robustness.model_loading import load_verified_model
 from modelsec.robustness.stats import Accuracy
 
