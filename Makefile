@@ -10,7 +10,7 @@ BUF_VERSION := 1.75.0
 BUF := $(VENV)/buf/node_modules/.bin/buf
 K8S_MODELS_VERSION := 6.0.0
 
-.PHONY: demo test test-fast test-slow lint bench clean proto proto-lint
+.PHONY: demo test test-fast test-slow lint bench clean proto proto-lint proto-breaking proto-baseline man
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -64,6 +64,7 @@ lint: $(VENV)/.test
 	bash scripts/typecheck.sh
 	bash scripts/lint_imports.sh --no-logo
 	cd proto && ../$(BUF) lint
+	cd proto && ../$(BUF) breaking --against baseline/modelsec-v1.binpb
 
 bench: $(VENV)/.test
 	$(BIN)/python bench/bench_sign_verify.py
@@ -81,6 +82,18 @@ proto: $(VENV)/.test
 ## proto-lint: buf lint (STANDARD) over the API
 proto-lint: $(VENV)/.test
 	cd proto && ../$(BUF) lint
+
+## proto-breaking: buf breaking (FILE) against the committed baseline of the released API (proto/baseline/)
+proto-breaking: $(VENV)/.test
+	cd proto && ../$(BUF) breaking --against baseline/modelsec-v1.binpb
+
+## proto-baseline: record the current API as the baseline (only when releasing; see proto/baseline/README.md)
+proto-baseline: $(VENV)/.test
+	cd proto && ../$(BUF) build --exclude-source-info -o baseline/modelsec-v1.binpb
+
+## man: regenerate the man pages (docs/man/*.1) from the click commands
+man: $(VENV)/.test
+	$(BIN)/python scripts/gen_man.py docs/man
 
 clean:
 	rm -rf $(VENV) demo .bench build *.egg-info

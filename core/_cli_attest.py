@@ -26,6 +26,7 @@ from modelsec._cli_common import (
     _server_options,
     _signer_json,
     _signer_text,
+    _skipped_note,
     _trusted_keys_option,
 )
 from modelsec.errors import Error
@@ -42,12 +43,13 @@ def _attestation_rows(model_dir: Path, store: str | None, keys: tuple[Path, ...]
     """The bundles about MODEL_DIR (its reserved names, and the store's for the digests they name)."""
     from modelsec.signer import MODEL_IGNORE_PATHS
     from modelsec.signer.keys import load_trusted_key_file
-    from modelsec.verifier.inspection import inspect_bundle
+    from modelsec.verifier.inspection import inspect_bundle, require_one_checked
     from modelsec.verifier.stores import StoreOptions, open_store
 
     trusted = [load_trusted_key_file(k) for k in keys]
     paths = [model_dir / n for n in MODEL_IGNORE_PATHS if n.endswith(".sig") and (model_dir / n).is_file()]
-    seen = [inspect_bundle(p, trusted, limits=_limits()) for p in paths]
+    seen = [inspect_bundle(p, trusted, limits=_limits(), skip_unverifiable=True) for p in paths]
+    require_one_checked(seen, trusted, str(model_dir))
     if store is not None:
         digests = sorted({s.digest.get("sha256", "") for b in seen for s in b.statement.subjects} - {""})
         opened = open_store(store, StoreOptions(limits=_limits()))
@@ -61,6 +63,7 @@ def _attestation_rows(model_dir: Path, store: str | None, keys: tuple[Path, ...]
             "path": str(b.source),
             "predicateType": b.statement.predicate_type,
             "signer": _signer_json(b.signer),
+            "skipped": b.skipped,
             "subjects": [
                 {"name": s.name, "digests": [_digest_str(v, a) for a, v in s.digest.items()]}
                 for s in b.statement.subjects
@@ -93,6 +96,7 @@ def _attest_list(model_dir: Path, store: str | None, keys: tuple[Path, ...], as_
         _reply({"bundles": [{k: v for k, v in r.items() if k != "predicate"} for r in rows]})
         return
     for r in rows:
+        _skipped_note(r)
         digests = [d for s in r["subjects"] for d in s["digests"] if d.startswith("sha256:")]
         digest = (digests[0] if digests else "sha256:?")[:23]
         click.echo(f"{r['predicateType']:<45} {digest}…  {_signer_text(r['signer']):<30} {r['path']}")

@@ -41,6 +41,7 @@ __all__ = [
     "_signer_json",
     "_signer_text",
     "_signing_keys_option",
+    "_skipped_note",
     "_timestamp_option",
     "_timestamper",
     "_trusted_keys_option",
@@ -510,6 +511,14 @@ def _signer_json(key: Any) -> dict[str, str] | None:
     if key is None:
         return None
     return {"algorithm": key.algorithm.value, "key": key.name, "keyid": key.keyid}
+
+
+def _skipped_note(row: dict[str, Any]) -> None:
+    """`verify`'s note, on stderr, for a bundle `inspect` / `attest list` could not check with the keys."""
+    from modelsec.verifier.inspection import SKIPPED_NOTE
+
+    if row["skipped"]:
+        click.echo(f"  note: {row['path']} {SKIPPED_NOTE}", err=True)
 
 
 def _signer_text(signer: dict[str, str] | None, *, keyid: bool = False) -> str:

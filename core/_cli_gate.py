@@ -134,6 +134,19 @@ class _RichProgress:
     required=True,
     help="Where to write the signed attestation bundle (outside MODEL_DIR, or a signed-ignored name).",
 )
+@click.option(
+    "--report",
+    type=click.Path(path_type=Path),
+    callback=lambda _ctx, _param, value: _report_path(value),
+    help="Also write a CI report of the run, whatever the verdict: .md (Markdown) or .xml (JUnit XML).",
+)
+@click.option(
+    "--eps-sweep",
+    callback=lambda _ctx, _param, value: _eps_list(value),
+    metavar="EPS[,EPS...]",
+    help="Also measure robust accuracy at these eps (after the gate; not signed) and draw it with its Wilson "
+    "intervals as a PNG beside --report (needs modelsec[reports]).",
+)
 @_json_option
 @_quiet_option
 def _pgd(
@@ -162,6 +175,8 @@ def _pgd(
     keys: tuple[Path, ...],
     signatures: tuple[Path, ...],
     out: Path,
+    report: Path | None,
+    eps_sweep: tuple[float, ...],
     as_json: bool,
     quiet: bool,
 ) -> None:
@@ -174,7 +189,13 @@ def _pgd(
     from modelsec.errors import Error, GateFailedError
 
     sources = _key_password_sources(key_passwords, [key])
+    if eps_sweep and report is None:
+        raise click.UsageError("--eps-sweep needs --report (the sweep is a picture in the report)")
     try:
+        if eps_sweep:
+            from modelsec.robustness.report import require_plotting
+
+            require_plotting()
         from modelsec.policy import Policy
         from modelsec.robustness import FastPaths, GateConfig, SanityConfig, run_pgd_gate
         from modelsec.robustness.gate_config import default_step_size
@@ -230,19 +251,35 @@ def _pgd(
                 out=out,
                 bundles=list(signatures) or None,
                 progress=progress,
+                sweep=eps_sweep,
             )
     except Error as e:
         _fail(e, as_json)
     if not outcome.is_main:
         sys.exit(0 if outcome.result.passed else 1)
     result = outcome.result
+    if report is not None:
+        from modelsec.robustness.report import write_gate_report
+
+        try:
+            write_gate_report(
+                report,
+                result.to_json(),
+                root_digest=_digest_str(outcome.root_digest),
+                attestation=str(outcome.out) if outcome.out else None,
+                sweep=[(e, a.correct, a.total, *a.wilson95) for e, a in outcome.sweep],
+            )
+        except Error as e:
+            _fail(e, as_json)
     if as_json:
-        fields = {
+        fields: dict[str, Any] = {
             "verdict": result.verdict,
             "rootDigest": _digest_str(outcome.root_digest),
             "attestation": str(outcome.out) if outcome.out else None,
             "result": result.to_json(),
         }
+        if outcome.sweep:
+            fields["epsSweep"] = [{"eps": e, "robust": a.to_json()} for e, a in outcome.sweep]
         if not result.passed:
             _fail(GateFailedError(_failed(result)), as_json, fields=fields)
         _reply(fields)
@@ -259,6 +296,28 @@ def _pgd(
         click.echo(f"  attestation -> {outcome.out}")
     if not result.passed:
         sys.exit(1)
+
+
+def _report_path(value: Path | None) -> Path | None:
+    """Check --report's extension before the gate runs (a usage error, exit 2)."""
+    from modelsec.robustness.report import REPORT_FORMATS
+
+    if value is not None and value.suffix.lower() not in REPORT_FORMATS:
+        raise click.BadParameter(f"{value}: must end in .md (Markdown) or .xml (JUnit XML)")
+    return value
+
+
+def _eps_list(value: str | None) -> tuple[float, ...]:
+    """Parse --eps-sweep: comma-separated finite numbers > 0 (a usage error otherwise, before any run)."""
+    if not value:
+        return ()
+    try:
+        values = tuple(float(v) for v in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: give numbers separated by commas, e.g. 0.1,0.2,0.3") from None
+    if not all(0 < v < float("inf") for v in values):
+        raise click.BadParameter(f"{value!r}: every eps must be a finite number > 0")
+    return values
 
 
 def _failed(result: Any) -> str:

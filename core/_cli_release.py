@@ -66,6 +66,9 @@ __all__ = ["release"]
     help="PGD gate configuration (YAML/JSON: architecture, data, eps, stepSize, steps, ...).",
 )
 @_timestamp_option
+@click.option(
+    "--report", type=click.Path(path_type=Path), help="Gate report: .md (Markdown) or .xml (JUnit)."
+)
 @_json_option
 def release(
     model_dir: Path,
@@ -77,6 +80,7 @@ def release(
     message: str,
     gate_config: Path,
     timestamp_url: str | None,
+    report: Path | None,
     as_json: bool,
 ) -> None:
     """Release MODEL_DIR: watermark -> sign -> PGD gate -> attest -> verify, into OUT.
@@ -100,6 +104,7 @@ def release(
             gate=load_gate_spec(gate_config),
             attestation_signer=attester,
             timestamper=_timestamper(timestamp_url),
+            report=report,
         )
     except Error as e:
         _fail(e, as_json)

@@ -25,6 +25,7 @@ from modelsec._cli_common import (
     _signatures_option,
     _signer_json,
     _signer_text,
+    _skipped_note,
     _trusted_keys_option,
 )
 from modelsec._cli_identity import IdentityOptions, identity_options
@@ -261,7 +262,7 @@ def inspect(model_dir: Path, signatures: tuple[Path, ...], keys: tuple[Path, ...
     from modelsec.attestations.oms_predicate import parse_manifest
     from modelsec.signer.keys import load_trusted_key_file
     from modelsec.verifier import find_default_bundles
-    from modelsec.verifier.inspection import inspect_bundle
+    from modelsec.verifier.inspection import inspect_bundle, require_one_checked
 
     rows: list[dict[str, Any]] = []
     try:
@@ -269,8 +270,11 @@ def inspect(model_dir: Path, signatures: tuple[Path, ...], keys: tuple[Path, ...
         paths = list(signatures) or find_default_bundles(model_dir)
         if not paths:
             raise click.UsageError(f"{model_dir}: no bundle found; give --signature")
-        for path in paths:
-            seen = inspect_bundle(path, trusted, limits=_limits())
+        checked = [
+            inspect_bundle(p, trusted, limits=_limits(), skip_unverifiable=not signatures) for p in paths
+        ]
+        require_one_checked(checked, trusted, str(model_dir))
+        for path, seen in zip(paths, checked, strict=True):
             manifest = parse_manifest(seen.statement, what=str(path))
             hash_type = manifest.hash_type.value
             root = manifest.subject_digest.get("sha256")
@@ -278,6 +282,7 @@ def inspect(model_dir: Path, signatures: tuple[Path, ...], keys: tuple[Path, ...
                 {
                     "path": str(path),
                     "signer": _signer_json(seen.signer),
+                    "skipped": seen.skipped,
                     "hint": seen.bundle.hint,
                     "hashType": hash_type,
                     "rootDigest": None if root is None else _digest_str(root),
@@ -297,6 +302,7 @@ def inspect(model_dir: Path, signatures: tuple[Path, ...], keys: tuple[Path, ...
         _reply({"bundles": rows})
         return
     for row in rows:
+        _skipped_note(row)
         click.echo(f"{row['path']}: signed by {_signer_text(row['signer'], keyid=True)}")
         click.echo(f"  model root digest {row['rootDigest']}  ({row['hashType']} manifest)")
         click.echo(

@@ -15,6 +15,10 @@
 5. `verify`: the released directory is verified end to end under a policy that requires every signature
    algorithm used, the watermark and the gate (`modelsec.verifier.verify_model`), as a deployment would.
 
+A release is all or nothing: every stage works in a staging directory beside `--out`
+(`.<name>.release-<random>`), renamed to `--out` only after the final verification. A release that fails at
+any stage leaves `--out` as it was (absent or empty) and removes the staging directory, so a rerun works.
+
 The gate configuration is a small YAML/JSON file (validated strictly; `apiVersion` and `kind` may be left
 out, as in files written before they existed; JSON Schema: `schemas/gate-spec.schema.json`):
 
@@ -36,7 +40,11 @@ seed: 0
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import os
+import secrets
+import shutil
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -136,6 +144,48 @@ def _timestamp_attestation(path: Path, timestamper: Callable[[bytes], Sequence[b
     write_bundle_file(path, add_timestamps(data, tokens, source=str(path)), what="attestation")
 
 
+def _check_out_dir(model_dir: Path, out_dir: Path) -> None:
+    """Refuse an `out_dir` the final rename could not take (before any work is done)."""
+    if out_dir.is_symlink():
+        raise PolicyError(f"{out_dir}: the output directory is a symlink")
+    src, dst = model_dir.resolve(), out_dir.resolve()
+    if dst == src or src in dst.parents:
+        raise PolicyError(f"{out_dir}: the output directory must not be the model directory or inside it")
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise PolicyError(f"{out_dir}: the output directory exists and is not empty")
+    if not dst.parent.is_dir():
+        raise PolicyError(f"{out_dir}: the parent directory does not exist")
+
+
+def _check_report(report: Path, out_dir: Path) -> None:
+    from modelsec.robustness.report import check_report_path
+
+    check_report_path(report)
+    dst = out_dir.resolve()
+    if dst == report.resolve() or dst in report.resolve().parents:
+        raise PolicyError(f"{report}: the report must be written outside the release directory {out_dir}")
+
+
+@contextlib.contextmanager
+def _staging(out_dir: Path) -> Iterator[Path]:
+    """A fresh, not yet created path beside `out_dir`; whatever is left there is removed on exit."""
+    staging = out_dir.parent / f".{out_dir.name}.release-{secrets.token_hex(6)}"
+    try:
+        yield staging
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _publish(staging: Path, out_dir: Path) -> None:
+    """Rename the finished release to `out_dir` (replacing an empty directory; never a non-empty one)."""
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.rmdir(out_dir)
+        os.rename(staging, out_dir)
+    except OSError as e:
+        raise PolicyError(f"{out_dir}: cannot move the release into place: {e.strerror}") from None
+
+
 def release_model(
     model_dir: Path,
     out_dir: Path,
@@ -146,12 +196,14 @@ def release_model(
     gate: GateSpec,
     attestation_signer: KeyBackend | None = None,
     timestamper: Callable[[bytes], Sequence[bytes]] | None = None,
+    report: Path | None = None,
 ) -> ReleaseResult:
     """Watermark, sign, gate and attest a model, then verify the result as a deployment would.
 
     Args:
         model_dir: The unmarked model (safetensors shards and side files); it is not modified.
-        out_dir: Where the released model is written (must not exist or be empty).
+        out_dir: Where the released model is written (must not exist or be empty); nothing is written
+            there unless every stage succeeds.
         signers: Weights signing keys (ECDSA P-256/P-384, SM2); each algorithm becomes required.
         watermark_key: The owner's `modelsec.watermark.WatermarkKey` (never written anywhere).
         message: The watermark message (1-64 bytes).
@@ -159,23 +211,61 @@ def release_model(
         attestation_signer: Signs the watermark and gate statements (default: the first signer).
         timestamper: Timestamps the signature of each weights bundle (RFC 3161; see `sign_model`) and of
             the watermark and gate attestations, or None.
+        report: Where to write the gate's CI report (`.md` Markdown or `.xml` JUnit XML,
+            `modelsec.robustness.report`) as soon as the gate has run, whatever its verdict; outside
+            `out_dir`.
 
     Returns:
         The release: root digest, bundle paths, gate figure, and the verifying policy.
 
     Raises:
+        PolicyError: `out_dir` exists and is not empty, is a symlink, is inside `model_dir`, or the finished
+            release cannot be renamed into place; `report` has an unknown extension or is inside `out_dir`.
         GateFailedError: The watermark was not detected after embedding, or the gate FAILED (stage named).
         Error: Any modelsec error of a stage, with the stage named in its diagnostics.
     """
+    if not signers:
+        raise PolicyError("release needs at least one signing key")
+    attester = attestation_signer or signers[0]
+    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    _check_out_dir(model_dir, out_dir)
+    if report is not None:
+        _check_report(report, out_dir)
+    with _staging(out_dir) as staging:
+        result = _release_into(
+            model_dir, staging, signers, attester, watermark_key, message, gate, report, out_dir, timestamper
+        )
+        _publish(staging, out_dir)
+    return ReleaseResult(
+        out_dir=out_dir,
+        root_digest=result.root_digest,
+        bundles=tuple(out_dir / p.name for p in result.bundles),
+        watermark_attestation=out_dir / result.watermark_attestation.name,
+        gate_attestation=out_dir / result.gate_attestation.name,
+        robust_accuracy=result.robust_accuracy,
+        policy=result.policy,
+    )
+
+
+def _release_into(
+    model_dir: Path,
+    out_dir: Path,
+    signers: Sequence[KeyBackend],
+    attester: KeyBackend,
+    watermark_key: Any,
+    message: bytes,
+    gate: GateSpec,
+    report: Path | None,
+    final_dir: Path,
+    timestamper: Callable[[bytes], Sequence[bytes]] | None,
+) -> ReleaseResult:
+    """Run every stage with `out_dir` as the (staging) output; see `release_model`."""
     from modelsec.robustness import GateConfig, run_pgd_gate
     from modelsec.signer import sign_model
     from modelsec.signer.signing import ATTESTATION_FILE_NAMES
     from modelsec.verifier import verify_model
     from modelsec.watermark import embed_model, write_watermark_attestation
 
-    if not signers:
-        raise PolicyError("release needs at least one signing key")
-    attester = attestation_signer or signers[0]
     watermark_path, gate_path = (out_dir / n for n in ATTESTATION_FILE_NAMES)
     stage = "watermark"
     try:
@@ -213,6 +303,15 @@ def release_model(
             signer=attester,
             out=gate_path,
         )
+        if report is not None:
+            from modelsec.robustness.report import write_gate_report
+
+            write_gate_report(
+                report,
+                outcome.result.to_json(),
+                root_digest=f"sha256:{outcome.root_digest}",
+                attestation=str(final_dir / gate_path.name) if outcome.result.passed else None,
+            )
         outcome.result.raise_for_verdict()
         if timestamper is not None:
             stage = "timestamp-attestations"

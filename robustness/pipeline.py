@@ -10,17 +10,20 @@ succeeds; (2) the dataset is loaded and validated; (3) the gate runs (data-paral
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from modelsec.attestations import StatementSigner
 from modelsec.attestations.run_by import RunBy
+from modelsec.errors import PolicyError
 from modelsec.policy import Policy
 from modelsec.robustness.attestation import sign_gate_result, write_attestation
 from modelsec.robustness.data import load_dataset
 from modelsec.robustness.distributed import DistContext, from_environment
-from modelsec.robustness.gate import GateConfig, GateProgress, GateResult, run_gate
+from modelsec.robustness.gate import GateConfig, GateProgress, GateResult, SanityConfig, run_gate
+from modelsec.robustness.gate_config import default_step_size
 from modelsec.robustness.model_loading import load_verified_model
+from modelsec.robustness.stats import Accuracy
 
 __all__ = ["GateOutcome", "run_pgd_gate"]
 
@@ -36,6 +39,8 @@ class GateOutcome:
         bundle: The signed attestation bundle (None without a signer, and on ranks other than 0).
         out: Where the bundle was written, or None.
         is_main: Whether this process is rank 0.
+        sweep: `(eps, robust accuracy)` at each ε of the sweep and at the gate's ε, ascending (empty
+            without a sweep). Displayed in reports, never signed: the attestation holds the gate's run.
     """
 
     result: GateResult
@@ -44,6 +49,7 @@ class GateOutcome:
     bundle: bytes | None
     out: Path | None
     is_main: bool = True
+    sweep: tuple[tuple[float, Accuracy], ...] = ()
 
 
 def run_pgd_gate(
@@ -59,6 +65,7 @@ def run_pgd_gate(
     bundles: Sequence[Path] | None = None,
     progress: GateProgress | None = None,
     dist: DistContext | None = None,
+    sweep: Sequence[float] = (),
 ) -> GateOutcome:
     """Verify `model_dir`, run the PGD gate on `data`, and sign the result.
 
@@ -78,6 +85,8 @@ def run_pgd_gate(
         bundles: Explicit weights-signature bundles (default: found in `model_dir`).
         progress: Progress sink.
         dist: Data-parallel context; default: joined from the torchrun environment, else one process.
+        sweep: Further ε values (> 0) to measure robust accuracy at, after the gate, with the same attack
+            (the step size scaled with ε, sanity checks not repeated); for reports only.
 
     Returns:
         The outcome.
@@ -86,7 +95,7 @@ def run_pgd_gate(
         SignatureError, DigestMismatchError, FileSetMismatchError, MalformedArtifactError,
         PolicyViolationError: The model must not be trusted (nothing was evaluated).
         MalformedArtifactError: The dataset is malformed or its labels exceed the model's classes.
-        PolicyError: Bad configuration or architecture.
+        PolicyError: Bad configuration or architecture, or an ε of `sweep` that is not > 0.
         BackendUnavailableError: CUDA or the process group is unavailable.
         PolicyError: The bundle cannot be written to `out`.
 
@@ -96,6 +105,8 @@ def run_pgd_gate(
         >>> outcome.result.verdict  # doctest: +SKIP
         'PASSED'
     """
+    if any(not eps > 0 for eps in sweep):
+        raise PolicyError(f"every eps of the sweep must be > 0, got {', '.join(map(str, sweep))}")
     ctx = dist or from_environment(config.device)
     classifier = load_verified_model(model_dir, policy, architecture, bundles=bundles)
     dataset = load_dataset(data, clip=config.clip)
@@ -115,4 +126,17 @@ def run_pgd_gate(
         if out is not None:
             write_attestation(out, bundle)
             written = out
-    return GateOutcome(result, classifier.root_digest, classifier.model_name, bundle, written, ctx.is_main)
+    points = {config.eps: result.robust}
+    for eps in sorted(set(sweep) - {config.eps}):
+        step = config.step_size * eps / config.eps if config.eps > 0 else default_step_size(eps, config.steps)
+        scaled = replace(config, eps=eps, step_size=step, sanity=SanityConfig(enabled=False))
+        points[eps] = run_gate(classifier.module, dataset, scaled, progress=progress, dist=ctx).robust
+    return GateOutcome(
+        result,
+        classifier.root_digest,
+        classifier.model_name,
+        bundle,
+        written,
+        ctx.is_main,
+        sweep=tuple(sorted(points.items())) if sweep else (),
+    )

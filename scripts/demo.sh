@@ -54,7 +54,10 @@ minRobustAccuracy: 0.85
 YAML
 PYTHONPATH=examples $BIN/modelsec release "$OUT/lenet5" --out "$OUT/lenet5-released" \
   --signing-key "$OUT/keys/ci-p256.key.pem" --signing-key "$OUT/keys/ci-sm2.key.pem" \
-  --watermark-key "$OUT/keys/owner.wmkey" -m "modelsec-demo-release" --gate-config "$OUT/gate.yaml"
+  --watermark-key "$OUT/keys/owner.wmkey" -m "modelsec-demo-release" --gate-config "$OUT/gate.yaml" \
+  --report "$OUT/release-gate.md"
+echo "== the release gate's CI report ($OUT/release-gate.md; .xml gives JUnit XML)"
+cat "$OUT/release-gate.md"
 
 echo "== 8. deployment policy: both signatures, the watermark and a passed PGD gate at eps >= 0.3"
 cat > "$OUT/policy.yaml" <<YAML
@@ -71,6 +74,8 @@ policies:
 noMatch: deny
 YAML
 $BIN/modelsec attest list "$OUT/lenet5-released" --trusted-key "$OUT/keys/ci-p256.pub.pem" --trusted-key "$OUT/keys/ci-sm2.pub.pem"
+echo "== with only the P-256 key: the SM2 bundle is listed as not checked (a note), as verify does"
+$BIN/modelsec attest list "$OUT/lenet5-released" --trusted-key "$OUT/keys/ci-p256.pub.pem"
 $BIN/modelsec verify "$OUT/lenet5-released" --policy "$OUT/policy.yaml"
 
 echo "== 9. load through the verified loader and classify real digits with the verified tensors"

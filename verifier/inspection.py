@@ -8,14 +8,17 @@ from pathlib import Path
 
 from modelsec.attestations.bundle import Bundle, parse_bundle
 from modelsec.attestations.statement import Statement, parse_statement
-from modelsec.errors import AttestationError, MalformedArtifactError
+from modelsec.errors import AttestationError, MalformedArtifactError, SignatureError
 from modelsec.limits import Limits
 from modelsec.signer.keys import TrustedKey
 from modelsec.verifier.attestations import role_for_predicate
-from modelsec.verifier.bundles import read_bundle, verify_bundle_signature
+from modelsec.verifier.bundles import family_has_key, read_bundle, verify_bundle_signature
 from modelsec.verifier.stores import StoredBundle
 
-__all__ = ["InspectedBundle", "inspect_bundle"]
+__all__ = ["SKIPPED_NOTE", "InspectedBundle", "inspect_bundle", "require_one_checked"]
+
+SKIPPED_NOTE = "not checked (no configured key of its algorithm)"
+"""What `inspect` and `attest list` say of a skipped bundle (the words of `verify`'s note)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,35 +30,47 @@ class InspectedBundle:
         bundle: The parsed bundle.
         statement: Its statement, parsed from the payload bytes.
         signer: The trusted key that verified it under the role for its predicate type; None when no keys
-            were given (the contents are then claims, not verified).
+            were given or it was skipped (the contents are then claims, not verified).
+        skipped: Keys were given but none of the default-named bundle's algorithm (`verify` skips it
+            too, with a note); its contents are claims.
     """
 
     source: str
     bundle: Bundle
     statement: Statement
     signer: TrustedKey | None
+    skipped: bool = False
 
 
 def inspect_bundle(
-    item: Path | StoredBundle, keys: Sequence[TrustedKey], *, limits: Limits | None = None
+    item: Path | StoredBundle,
+    keys: Sequence[TrustedKey],
+    *,
+    limits: Limits | None = None,
+    skip_unverifiable: bool = False,
 ) -> InspectedBundle:
     """Read a bundle for display; with `keys`, verify it exactly as the verifier would choose its key.
 
     With keys, the predicate type must be known (an unknown type is refused, as `verify_attestations`
     refuses it) and the signature must verify under a key holding the role for that type. The subject is
     not compared with any model and no predicate is checked against a policy (use `verify_attestations`).
+    With `skip_unverifiable`, a bundle file under a default name of a scheme no key belongs to (an SM2
+    bundle with only ECDSA keys) is returned `skipped` instead of refused, as `verify` skips it.
 
     Args:
         item: A bundle file, or a bundle read from a store.
         keys: Trusted keys; empty to read without verifying.
         limits: Size limits (default `Limits()`).
+        skip_unverifiable: Skip, rather than refuse, a default-named bundle no key's scheme can verify
+            (for bundles found by default name; an explicitly named bundle is always checked).
 
     Returns:
         The parsed bundle, statement and verifying key (None without keys).
 
     Raises:
         MalformedArtifactError: The bundle or statement cannot be parsed, or is too large.
-        SignatureError: No key holding the role verifies the signature (or the file is missing).
+        SignatureError: No key holding the role verifies the signature (or the file is missing), and the
+            bundle is not skipped.
         AttestationError: With keys: the predicate type is not one modelsec knows.
     """
     limits = limits or Limits()
@@ -71,5 +86,21 @@ def inspect_bundle(
         role = role_for_predicate(statement.predicate_type)
         if role is None:
             raise AttestationError(f"{what}: unknown predicateType {statement.predicate_type!r}")
-        signer = verify_bundle_signature(bundle, keys, role=role)
+        try:
+            signer = verify_bundle_signature(bundle, keys, role=role)
+        except SignatureError:
+            if skip_unverifiable and isinstance(item, Path) and not family_has_key(item, keys):
+                return InspectedBundle(what, bundle, statement, None, skipped=True)
+            raise
     return InspectedBundle(what, bundle, statement, signer)
+
+
+def require_one_checked(seen: Sequence[InspectedBundle], keys: Sequence[TrustedKey], what: str) -> None:
+    """With keys, refuse a listing where every bundle was skipped (nothing was verified at all).
+
+    Raises:
+        SignatureError: Keys were given, and no bundle of `what` could be checked with any of them.
+    """
+    if keys and seen and all(b.skipped for b in seen):
+        skipped = ", ".join(b.source for b in seen)
+        raise SignatureError(f"{what}: no bundle can be checked with the given keys (skipped: {skipped})")

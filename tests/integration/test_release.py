@@ -132,6 +132,8 @@ def test_release_fails_fast_naming_the_stage(workdir: Path, key_dir: Path) -> No
     )
     assert r.returncode == 1
     assert r.stderr.startswith("modelsec: error: release stage 'gate': PGD robustness gate FAILED")
+    # All or nothing: no signed, watermarked model is left in --out, nor a staging directory beside it.
+    assert not any(p.name == "refused" or ".refused." in p.name for p in workdir.iterdir())
     r = run_cli(
         "release",
         workdir / "advtrained",
