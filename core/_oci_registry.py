@@ -273,8 +273,10 @@ class RegistryClient:
         """
         url = path if path.startswith(("http://", "https://")) else self._base + path
         headers = dict(headers or {})
+        sent = self._auth
         response = self._send(method, url, headers, data, stream)
-        if response.status_code == 401 and self._answer(response):
+        # Another thread may have answered the challenge meanwhile: then retry with its credentials.
+        if response.status_code == 401 and (self._auth != sent or self._answer(response)):
             if hasattr(data, "seek"):
                 data.seek(0)
             response = self._send(method, url, headers, data, stream)

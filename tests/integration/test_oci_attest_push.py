@@ -114,3 +114,35 @@ def test_attest_push_to_a_directory_store(tmp_path: Path, key_dir: Path) -> None
     assert r.returncode == 0, r.stderr
     (row,) = json.loads(r.stdout)["stored"]
     assert Path(row["source"]).is_file() and Path(row["source"]).parent.parent.parent == store
+
+
+def test_concurrent_first_requests_all_authenticate(registry: Registry) -> None:
+    """Threads sharing one client (the webhook's store) each get past the first 401 challenge."""
+    import threading
+
+    from modelsec._oci_registry import RegistryClient
+
+    for _ in range(5):
+        client = RegistryClient(
+            registry.address, RegistryOptions(ca_file=registry.ca, username=USER, password=PASSWORD)
+        )
+        barrier, failures = threading.Barrier(8), []
+
+        def first(
+            client: RegistryClient = client,
+            barrier: threading.Barrier = barrier,
+            failures: list[str] = failures,
+        ) -> None:
+            barrier.wait()
+            try:
+                client.check()
+            except Exception as e:  # noqa: BLE001 - counted below
+                failures.append(repr(e))
+
+        threads = [threading.Thread(target=first) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        client.close()
+        assert failures == []

@@ -47,6 +47,9 @@ from modelsec.verifier.stores.directory import subject_root_digest
 
 __all__ = ["OciAttestationStore", "open_store"]
 
+_READ_CACHE_ENTRIES = 4096  # referrers whose bundle is kept in memory
+_READ_CACHE_BUNDLE_BYTES = 64 * 2**10  # larger bundles are read each time (the cache stays under 256 MiB)
+
 
 def _is_binding(data: bytes) -> bool:
     try:
@@ -71,6 +74,9 @@ class OciAttestationStore:
     max_bundles: int = 256
     options: RegistryOptions = field(default_factory=RegistryOptions)
     _client: Any = field(default=None, repr=False)
+    # Referrer manifests and their bundle blobs are content-addressed (fetched by digest and checked), so
+    # what one read yields never changes: only the tag and the listing, which can move, are read each time.
+    _read_cache: dict[tuple[str, str], tuple[bytes, bool]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def open(cls, target: str, *, max_bundle_bytes: int, max_bundles: int) -> OciAttestationStore:
@@ -142,13 +148,22 @@ class OciAttestationStore:
             )
         out = []
         for desc in listed:
-            try:
-                data = read_referrer_bundle(
-                    self._client, repository, desc, manifest["digest"], self.max_bundle_bytes
-                )
-            except (MalformedArtifactError, DigestMismatchError, NotFoundError):
-                continue  # a listing entry that is not a bundle about this manifest is not evidence
-            if not _is_binding(data):
+            key = (str(desc.get("digest")), str(manifest["digest"]))
+            read = self._read_cache.get(key)
+            if read is None:
+                try:
+                    data = read_referrer_bundle(
+                        self._client, repository, desc, manifest["digest"], self.max_bundle_bytes
+                    )
+                except (MalformedArtifactError, DigestMismatchError, NotFoundError):
+                    continue  # a listing entry that is not a bundle about this manifest is not evidence
+                read = (data, _is_binding(data))
+                if len(self._read_cache) >= _READ_CACHE_ENTRIES:
+                    self._read_cache.clear()
+                if len(data) <= _READ_CACHE_BUNDLE_BYTES:
+                    self._read_cache[key] = read
+            data, binding = read
+            if not binding:
                 source = f"{self.reference.repository_uri}@{desc['digest']}"
                 entry = StoredBundle(hashlib.sha256(data).hexdigest(), digest, data, source)
                 out.append((str(desc["digest"]), entry))
