@@ -132,12 +132,12 @@ def _attest_put(bundles: tuple[Path, ...], store: str, as_json: bool) -> None:
 
 
 @attest.command(name="push")
-@click.argument("bundles", nargs=-1, required=True, type=click.Path(path_type=Path, dir_okay=False))
-@_server_options(required=True)
+@click.argument("args", nargs=-1, required=True, metavar="[STORE] BUNDLE...")
+@_server_options(required=False)
 @_json_option
 def _attest_push(
-    bundles: tuple[Path, ...],
-    server: str,
+    args: tuple[str, ...],
+    server: str | None,
     server_ca: Path | None,
     client_cert: Path | None,
     client_key: Path | None,
@@ -145,13 +145,25 @@ def _attest_push(
     plaintext: bool,
     as_json: bool,
 ) -> None:
-    """Store BUNDLES in the service's attestation store (the server verifies each against its policy first).
+    """Store BUNDLE... in STORE, or with --server in the service's store (which verifies each first).
 
-    Exit 1 at the first bundle the server refuses (untrusted signer, failed requirement, malformed).
+    STORE is a directory or a file://, sqlite://, grpc(s)://, oci://REGISTRY/REPOSITORY URI; a store files
+    each bundle by its subject's root digest without trusting it (`oci://` attaches it as a referrer of the
+    manifest `modelsec push` tagged `oms-sha256-<digest>`), and readers verify it. With $MODELSEC_SERVER
+    set, name a directory store as file://. Exit 1 at the first bundle the store or server refuses.
     """
+    ctx = click.get_current_context()
+    from_command_line = ctx.get_parameter_source("server") == click.core.ParameterSource.COMMANDLINE
+    if "://" in args[0] or server is None:
+        if from_command_line:
+            raise click.UsageError("give STORE or --server, not both")
+        if len(args) < 2:
+            raise click.UsageError("give STORE and at least one BUNDLE (or --server HOST:PORT)")
+        _push_to_store(args[0], [Path(a) for a in args[1:]], as_json)
+        return
     results = []
     with _server_client(server, server_ca, client_cert, client_key, token_env, plaintext) as client:
-        for path in bundles:
+        for path in map(Path, args):
             try:
                 response = client.put_attestation(path.read_bytes())
             except OSError as e:
@@ -172,6 +184,50 @@ def _attest_push(
             if not as_json:
                 state = "stored" if response.created else "already stored"
                 click.echo(f"{state} {path} as {a.id[:16]}… ({a.predicate_type}, signer {a.signer})")
+    if as_json:
+        _reply({"stored": results})
+
+
+def _push_to_store(store: str, paths: list[Path], as_json: bool) -> None:
+    """`attest push STORE BUNDLE...`: file each bundle in the store by URI (nothing verified here)."""
+    from modelsec.attestations.bundle import parse_bundle
+    from modelsec.attestations.statement import parse_statement
+    from modelsec.verifier.stores import StoreOptions, open_store
+
+    results = []
+    try:
+        opened = open_store(store, StoreOptions(limits=_limits(), must_exist=False))
+    except Error as e:
+        _fail(e, as_json)
+    try:
+        for path in paths:
+            try:
+                data = path.read_bytes()
+            except OSError as e:
+                raise click.UsageError(f"cannot read {path}: {e.strerror}") from e
+            try:
+                entry, created = opened.put(data)
+                statement = parse_statement(
+                    parse_bundle(data, source=str(path)).envelope.payload, what=str(path)
+                )
+            except Error as e:
+                _fail(e.add_context(str(path)), as_json)
+            row = {
+                "path": str(path),
+                "id": entry.id,
+                "rootDigest": _digest_str(entry.root_digest),
+                "predicateType": statement.predicate_type,
+                "source": entry.source,
+                "created": created,
+            }
+            results.append(row)
+            if not as_json:
+                state = "stored" if created else "already stored"
+                click.echo(
+                    f"{state} {path} as {entry.id[:16]}… ({statement.predicate_type}) in {entry.source}"
+                )
+    finally:
+        opened.close()
     if as_json:
         _reply({"stored": results})
 

@@ -53,7 +53,7 @@ from modelsec._oci_registry import (
     parse_reference,
     root_tag,
 )
-from modelsec.attestations.bundle import parse_bundle, sign_statement
+from modelsec.attestations.bundle import Bundle, parse_bundle, sign_statement
 from modelsec.attestations.oms_predicate import OMS_PREDICATE_TYPE
 from modelsec.attestations.statement import Statement, Subject, is_sha256_hex, parse_statement
 from modelsec.errors import (
@@ -64,11 +64,11 @@ from modelsec.errors import (
     SignatureError,
 )
 from modelsec.policy import Policy
-from modelsec.signer.keys import KeyBackend
+from modelsec.signer.keys import KeyBackend, TrustedKey
 from modelsec.signer.schemes import scheme_for
 from modelsec.signer.signing import ATTESTATION_FILE_NAMES, MODEL_IGNORE_PATHS, SIGNATURE_FILE_NAMES
 from modelsec.verifier import verify_attestations, verify_bundle_signature, verify_model
-from modelsec.verifier.bundles import read_bundle_bytes
+from modelsec.verifier.bundles import check_signature_time, read_bundle_bytes
 from modelsec.verifier.stores import StoredBundle
 
 __all__ = [
@@ -328,6 +328,17 @@ class _Evidence:
     ignored: list[str] = field(default_factory=list)
 
 
+def _verify_weights_signature(bundle: Bundle, policy: Policy) -> TrustedKey:
+    """The policy key or authority (`weights` role) that signed `bundle`, at a time its window allows.
+
+    The same checks `verify_signatures` makes: pinned keys, then certificate and keyless authorities, then
+    the bundle's RFC 3161 timestamps and the key's validity window (`check_signature_time`).
+    """
+    key = verify_bundle_signature(bundle, policy.keys, role="weights", authorities=policy.authorities)
+    check_signature_time(bundle, key, policy)
+    return key
+
+
 def _collect(client: RegistryClient, ref: OciReference, manifest_digest: str, policy: Policy) -> _Evidence:
     """Read every referrer, keep the verified bindings of this manifest and the bundles about them."""
     found = _Evidence()
@@ -358,7 +369,7 @@ def _collect(client: RegistryClient, ref: OciReference, manifest_digest: str, po
             continue
         if statement.predicate_type == BINDING_PREDICATE_TYPE:
             try:
-                verify_bundle_signature(bundle, policy.keys, role="weights")
+                _verify_weights_signature(bundle, policy)
             except Error as e:
                 found.ignored.append(f"{source}: binding: {e.diagnostics()}")
                 continue
@@ -375,7 +386,7 @@ def _collect(client: RegistryClient, ref: OciReference, manifest_digest: str, po
             found.ignored.append(f"{source}: about model {root or '?'}, which no trusted binding names")
         elif statement.predicate_type == OMS_PREDICATE_TYPE:
             try:
-                key = verify_bundle_signature(bundle, policy.keys, role="weights")
+                key = _verify_weights_signature(bundle, policy)
             except Error as e:
                 found.ignored.append(f"{source}: {e.diagnostics()}")
                 continue

@@ -273,8 +273,10 @@ class RegistryClient:
         """
         url = path if path.startswith(("http://", "https://")) else self._base + path
         headers = dict(headers or {})
+        sent = self._auth
         response = self._send(method, url, headers, data, stream)
-        if response.status_code == 401 and self._answer(response):
+        # Another thread may have answered the challenge meanwhile: then retry with its credentials.
+        if response.status_code == 401 and (self._auth != sent or self._answer(response)):
             if hasattr(data, "seek"):
                 data.seek(0)
             response = self._send(method, url, headers, data, stream)
@@ -517,6 +519,22 @@ class RegistryClient:
             return
         index["manifests"].append(dict(desc))
         self.put_manifest(repository, subject.replace(":", "-"), canonical_json(index), INDEX_MEDIA_TYPE)
+
+    def delete_referrer(self, repository: str, referrer: str, subject: str) -> None:
+        """Withdraw a referrer of `subject`: drop it from the fallback tag, then DELETE its manifest.
+
+        A registry that refuses the DELETE (deletion disabled, 405) still keeps the manifest by digest, but
+        readers of the fallback listing no longer see it; the caller lists again to know.
+
+        Raises:
+            BackendUnavailableError: See `put_manifest`; a DELETE answered with a 5xx or refused credentials.
+        """
+        index = self._fallback_index(repository, subject)
+        kept = [d for d in index["manifests"] if d.get("digest") != referrer]
+        if len(kept) != len(index["manifests"]):
+            index["manifests"] = kept
+            self.put_manifest(repository, subject.replace(":", "-"), canonical_json(index), INDEX_MEDIA_TYPE)
+        self.request("DELETE", f"{repository}/manifests/{referrer}").close()
 
 
 def _parse_index(data: bytes, what: str) -> dict[str, Any]:

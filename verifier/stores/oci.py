@@ -7,6 +7,11 @@ its own `subject` is the manifest (a listing is untrusted); the signed manifest 
 attaches are not evidence about the model and are left out. Nothing is trusted here: readers verify
 every bundle, and a moved tag can hide evidence (as deleting it would) but never forge it.
 
+Writes (`put`, from `modelsec attest put|push oci://...`) attach a bundle to the manifest tagged for its
+subject's root digest (the model must be pushed first); `delete` (and `supersede`, the same here: a
+registry keeps no history this store reads) drops a bundle's referrers from the fallback listing and
+deletes their manifests, with the registry's credentials as the access control.
+
 Credentials and TLS: `RegistryOptions.from_env` (`$MODELSEC_OCI_USERNAME`, `_PASSWORD`, `_CA`, a Docker
 `config.json` under `$DOCKER_CONFIG`).
 """
@@ -31,6 +36,7 @@ from modelsec.attestations.bundle import parse_bundle
 from modelsec.attestations.statement import is_sha256_hex, parse_statement
 from modelsec.errors import (
     AttestationError,
+    BackendUnavailableError,
     DigestMismatchError,
     Error,
     MalformedArtifactError,
@@ -40,6 +46,9 @@ from modelsec.verifier.stores import StoredBundle, StoreOptions
 from modelsec.verifier.stores.directory import subject_root_digest
 
 __all__ = ["OciAttestationStore", "open_store"]
+
+_READ_CACHE_ENTRIES = 4096  # referrers whose bundle is kept in memory
+_READ_CACHE_BUNDLE_BYTES = 64 * 2**10  # larger bundles are read each time (the cache stays under 256 MiB)
 
 
 def _is_binding(data: bytes) -> bool:
@@ -65,6 +74,9 @@ class OciAttestationStore:
     max_bundles: int = 256
     options: RegistryOptions = field(default_factory=RegistryOptions)
     _client: Any = field(default=None, repr=False)
+    # Referrer manifests and their bundle blobs are content-addressed (fetched by digest and checked), so
+    # what one read yields never changes: only the tag and the listing, which can move, are read each time.
+    _read_cache: dict[tuple[str, str], tuple[bytes, bool]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def open(cls, target: str, *, max_bundle_bytes: int, max_bundles: int) -> OciAttestationStore:
@@ -119,11 +131,15 @@ class OciAttestationStore:
                 than `max_bundles` bundles.
             BackendUnavailableError: The registry cannot be reached or refuses the credentials.
         """
+        return [entry for _, entry in self._referrers(digest)[1]]
+
+    def _referrers(self, digest: str) -> tuple[str, list[tuple[str, StoredBundle]]]:
+        """The model's manifest digest ("" when none) and its bundles with their referrer digests."""
         if not is_sha256_hex(digest):
             raise MalformedArtifactError(f"{digest!r} is not a hex SHA-256 digest")
         manifest = self._manifest(digest)
         if manifest is None:
-            return []
+            return "", []
         repository = self.reference.repository
         listed = self._client.referrers(repository, manifest["digest"], BUNDLE_ARTIFACT_TYPE)
         if len(listed) > self.max_bundles:
@@ -132,16 +148,26 @@ class OciAttestationStore:
             )
         out = []
         for desc in listed:
-            try:
-                data = read_referrer_bundle(
-                    self._client, repository, desc, manifest["digest"], self.max_bundle_bytes
-                )
-            except (MalformedArtifactError, DigestMismatchError, NotFoundError):
-                continue  # a listing entry that is not a bundle about this manifest is not evidence
-            if not _is_binding(data):
+            key = (str(desc.get("digest")), str(manifest["digest"]))
+            read = self._read_cache.get(key)
+            if read is None:
+                try:
+                    data = read_referrer_bundle(
+                        self._client, repository, desc, manifest["digest"], self.max_bundle_bytes
+                    )
+                except (MalformedArtifactError, DigestMismatchError, NotFoundError):
+                    continue  # a listing entry that is not a bundle about this manifest is not evidence
+                read = (data, _is_binding(data))
+                if len(self._read_cache) >= _READ_CACHE_ENTRIES:
+                    self._read_cache.clear()
+                if len(data) <= _READ_CACHE_BUNDLE_BYTES:
+                    self._read_cache[key] = read
+            data, binding = read
+            if not binding:
                 source = f"{self.reference.repository_uri}@{desc['digest']}"
-                out.append(StoredBundle(hashlib.sha256(data).hexdigest(), digest, data, source))
-        return out
+                entry = StoredBundle(hashlib.sha256(data).hexdigest(), digest, data, source)
+                out.append((str(desc["digest"]), entry))
+        return str(manifest["digest"]), out
 
     def get(self, digest: str, bundle_id: str) -> StoredBundle:
         """One bundle by its SHA-256 (hex).
@@ -172,6 +198,33 @@ class OciAttestationStore:
         )
         source = f"{self.reference.repository_uri}@{referrer}"
         return StoredBundle(hashlib.sha256(data).hexdigest(), digest, data, source), created
+
+    def delete(self, digest: str, bundle_id: str) -> None:
+        """Withdraw every referrer of the model's manifest that carries bundle `bundle_id`.
+
+        Each is dropped from the fallback listing and its manifest deleted (an authorised operation: the
+        registry's credentials). The binding `push` attached is never a candidate (it is not listed as a
+        bundle). Done only when a fresh listing no longer holds the bundle.
+
+        Raises:
+            NotFoundError: No such bundle about `digest`.
+            BackendUnavailableError: The registry cannot be reached, refuses the write, or still lists the
+                bundle afterwards (deletion disabled on a registry with the referrers API).
+        """
+        manifest, listed = self._referrers(digest) if is_sha256_hex(digest) else ("", [])
+        matching = [referrer for referrer, entry in listed if entry.id == bundle_id]
+        if not matching:
+            raise NotFoundError(f"{self.uri}: no bundle {bundle_id!r} for {digest!r}")
+        for referrer in matching:
+            self._client.delete_referrer(self.reference.repository, referrer, manifest)
+        if any(entry.id == bundle_id for entry in self.entries(digest)):
+            raise BackendUnavailableError(
+                f"{self.uri}: the registry still lists bundle {bundle_id} after its deletion"
+            )
+
+    def supersede(self, digest: str, bundle_id: str) -> None:
+        """`delete`: a registry keeps no history this store reads (same errors)."""
+        self.delete(digest, bundle_id)
 
 
 def open_store(target: str, options: StoreOptions) -> OciAttestationStore:

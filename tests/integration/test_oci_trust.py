@@ -1,0 +1,139 @@
+"""`pull` and admission by OCI digest trust bindings as `verify` trusts signatures (authorities, windows).
+
+A binding signed by a certificate the policy's X.509 authority vouches for binds the manifest (no pinned
+key needed); a binding signed by a pinned key outside its `validUntil` window does not. Against a real
+registry (distribution 2.8, TLS + htpasswd; see tests/oci_support.py).
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from modelsec._oci_model import _binding_bundle, bound_root_digests, pull_model, push_model
+from modelsec._oci_referrers import attach_bundle
+from modelsec._oci_registry import (
+    BINDING_ARTIFACT_TYPE,
+    MANIFEST_MEDIA_TYPE,
+    RegistryClient,
+    RegistryOptions,
+    descriptor,
+)
+from modelsec.errors import SignatureError
+from modelsec.policy import Policy, PolicySet
+from modelsec.signer.keys import load_private_key_file
+from modelsec.signer.signing import sign_model
+from modelsec.verifier import verify_model
+from tests.conftest import write_tiny_model
+from tests.oci_support import PASSWORD, USER, Registry, registry_missing_reason, run_registry
+from tests.x509_support import SAN, make_ca, make_leaf, with_certificate_chain, write_pem
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    reason = registry_missing_reason()
+    if reason:
+        pytest.skip(reason)
+    with run_registry(tmp_path_factory.mktemp("registry")) as running:
+        yield running
+
+
+@pytest.fixture
+def options(registry: Registry) -> RegistryOptions:
+    return RegistryOptions(ca_file=registry.ca, username=USER, password=PASSWORD, timeout=5)
+
+
+def _policy(tmp_path: Path, policy: dict[str, object]) -> Policy:
+    doc = {
+        "apiVersion": "modelsec.dev/v1alpha1",
+        "kind": "ModelPolicy",
+        "policies": [{"name": "p", "match": ["oci://**"], **policy}],
+    }
+    return PolicySet.from_mapping(doc, base_dir=tmp_path, source="policy.yaml").policies[0]
+
+
+def _nothing_landed(dest: Path) -> None:
+    assert not dest.exists()
+    assert not [p for p in dest.parent.iterdir() if p.name.startswith(".modelsec-pull-")]
+
+
+def _manifest_descriptor(client: RegistryClient, repo: str, digest: str) -> dict[str, object]:
+    return descriptor(MANIFEST_MEDIA_TYPE, client.get_manifest(repo, digest)[0])
+
+
+def test_certificate_signed_binding_and_model_pull_through_the_policy_authority(
+    tmp_path: Path, registry: Registry, options: RegistryOptions
+) -> None:
+    root = make_ca("corp root")
+    intermediate = make_ca("corp signing intermediate", root)
+    leaf = make_leaf(intermediate)
+    signer = load_private_key_file(leaf.key_pem(tmp_path / "leaf.key.pem"))
+    chain = (leaf.cert, intermediate.cert, root.cert)
+    model = write_tiny_model(tmp_path / "m", seed=11)
+    sign_model(model, [signer])
+    (model / "model.sig").write_bytes(with_certificate_chain((model / "model.sig").read_bytes(), *chain))
+    write_pem(tmp_path / "root.pem", root.cert)
+    authority = {
+        "name": "corp",
+        "roles": ["weights"],
+        "x509": {"roots": ["root.pem"], "identities": [{"san": SAN}]},
+    }
+    policy = _policy(tmp_path, {"authorities": [authority]})
+    assert not policy.keys and verify_model(model, policy)  # the model verifies through the authority alone
+
+    pushed = push_model(model, f"oci://{registry.address}/models/cert:v1", policy, signer, options=options)
+    # the binding push signs carries a key hint, not the certificate: no authority can vouch for it
+    ref = f"oci://{registry.address}/models/cert@{pushed.manifest_digest}"
+    assert bound_root_digests(ref, policy, options=options) == set()
+    client = RegistryClient(registry.address, options)
+    subject = _manifest_descriptor(client, "models/cert", pushed.manifest_digest)
+    binding = _binding_bundle("m", pushed.root_digest, pushed.manifest_digest, signer)
+    attach_bundle(
+        client, "models/cert", subject, with_certificate_chain(binding, *chain), BINDING_ARTIFACT_TYPE
+    )
+    client.close()
+
+    assert bound_root_digests(ref, policy, options=options) == {pushed.root_digest}
+    dest = tmp_path / "pulled"
+    result = pull_model(ref, dest, policy, options=options)
+    assert result.root_digest == pushed.root_digest
+    assert verify_model(dest, policy).root_digest == pushed.root_digest
+
+    # the same authority naming another identity does not vouch for the binding (nor the model)
+    stranger = {**authority, "x509": {"roots": ["root.pem"], "identities": [{"san": "intern@corp.example"}]}}
+    other = _policy(tmp_path, {"authorities": [stranger]})
+    assert bound_root_digests(ref, other, options=options) == set()
+    with pytest.raises(SignatureError, match="no binding"):
+        pull_model(ref, tmp_path / "refused", other, options=options)
+    _nothing_landed(tmp_path / "refused")
+
+
+def test_binding_signed_after_its_key_window_is_refused(
+    tmp_path: Path, key_dir: Path, registry: Registry, options: RegistryOptions
+) -> None:
+    model = write_tiny_model(tmp_path / "m", seed=12)
+    sign_model(model, [load_private_key_file(key_dir / "ecdsa-p256.key.pem")])
+    binder = load_private_key_file(key_dir / "other.key.pem")
+    model_key = {"path": str(key_dir / "ecdsa-p256.pub.pem"), "roles": ["weights"]}
+    now = datetime.datetime.now(datetime.UTC)
+
+    def with_binder_window(**window: str) -> Policy:
+        return _policy(tmp_path, {"keys": [model_key, {"path": str(key_dir / "other.pub.pem"), **window}]})
+
+    rotated = with_binder_window(validUntil=(now - datetime.timedelta(days=1)).isoformat())
+    current = with_binder_window(validUntil=(now + datetime.timedelta(days=1)).isoformat())
+    pushed = push_model(model, f"oci://{registry.address}/models/window:v1", current, binder, options=options)
+    ref = f"oci://{registry.address}/models/window@{pushed.manifest_digest}"
+    assert bound_root_digests(ref, current, options=options) == {pushed.root_digest}
+    # the binder key was rotated out before now and the binding has no trusted timestamp: not evidence
+    assert bound_root_digests(ref, rotated, options=options) == set()
+    dest = tmp_path / "pulled"
+    with pytest.raises(SignatureError, match="validUntil"):
+        pull_model(ref, dest, rotated, options=options)
+    _nothing_landed(dest)
+    assert pull_model(ref, dest, current, options=options).root_digest == pushed.root_digest
