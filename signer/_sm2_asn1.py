@@ -75,7 +75,7 @@ def _tlv(tag: int, value: bytes) -> bytes:
 
 
 def _oid_der(dotted: str) -> bytes:
-    return core.ObjectIdentifier(dotted).dump()
+    return bytes(core.ObjectIdentifier(dotted).dump())
 
 
 _SM2_ALGORITHM_DER: Final = _tlv(_SEQUENCE, _oid_der(_OID_EC_PUBLIC_KEY) + _oid_der(_OID_SM2_CURVE))
@@ -218,7 +218,7 @@ class _ScryptParams(core.Sequence):  # type: ignore[misc]
 def _load(spec: type[_A], der: bytes, what: str, name: str) -> _A:
     """Parse `der` as `spec`, refusing anything that is not exactly its DER encoding."""
     try:
-        value = spec.load(der, strict=True)
+        value: _A = spec.load(der, strict=True)
         _ = value.native  # parse every field now, so that a malformation surfaces here
         canonical = value.dump(force=True)
     except _ASN1_ERRORS as e:

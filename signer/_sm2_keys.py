@@ -309,12 +309,11 @@ class Sm2PrivateKey:
                 f"{_WHAT}: PBKDF2 PRF {prf} is not supported by {_sm2_libcrypto.version()} (OpenSSL >= 3.2 "
                 "knows it); re-encrypt the key with `openssl pkcs8 -topk8 -v2 sm4-cbc -v2prf hmacWithSHA256`"
             )
-        d, point = _sm2_libcrypto.decode_private_key(der, "EncryptedPrivateKeyInfo", bytes(password), _WHAT)
-        if not 1 <= d <= SM2_ORDER - 2:
-            raise KeyMaterialError(f"{_WHAT}: scalar is outside [1, n-2]")
-        key = cls.__new__(cls)
-        key._init(d, Sm2PublicKey(*point))
-        return key
+        plain = _sm2_libcrypto.decrypt_pkcs8(der, bytes(password), _WHAT)
+        # The decrypted key gets the same checks as an unencrypted one (and the scheme dispatch an
+        # UnsupportedAlgorithmError for another key type).
+        d, embedded = private_key_info(plain, _WHAT)
+        return cls._from_parts(d, embedded, plain, "PrivateKeyInfo")
 
     @classmethod
     def from_pem(cls, data: bytes, password: bytes | None = None) -> Sm2PrivateKey:

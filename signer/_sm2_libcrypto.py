@@ -19,7 +19,15 @@ from modelsec.errors import BackendUnavailableError, KeyMaterialError, Unsupport
 from modelsec.signer._sm2_asn1 import pkcs8_der
 from modelsec.signer._sm2_core import _KAT_D, _KAT_X, _KAT_Y, SM2_ORDER
 
-__all__ = ["available", "decode_private_key", "knows_oid", "load_libcrypto", "public_point", "version"]
+__all__ = [
+    "available",
+    "decode_private_key",
+    "decrypt_pkcs8",
+    "knows_oid",
+    "load_libcrypto",
+    "public_point",
+    "version",
+]
 
 _MIN_VERSION: Final = 0x30000000
 _CANDIDATES: Final = ("libcrypto.so.3", "libcrypto.3.dylib", "libcrypto-3-x64.dll")
@@ -86,6 +94,11 @@ def load_libcrypto() -> ctypes.CDLL:
             _bind(lib, "BN_bn2binpad", c_int, [c_void_p, c_void_p, c_int])
             _bind(lib, "BN_clear_free", None, [c_void_p])
             _bind(lib, "OBJ_txt2nid", c_int, [c_char_p])
+            _bind(lib, "d2i_X509_SIG", c_void_p, [c_void_p, POINTER(c_void_p), c_long])
+            _bind(lib, "X509_SIG_free", None, [c_void_p])
+            _bind(lib, "PKCS8_decrypt", c_void_p, [c_void_p, c_void_p, c_int])
+            _bind(lib, "i2d_PKCS8_PRIV_KEY_INFO", c_int, [c_void_p, POINTER(c_void_p)])
+            _bind(lib, "PKCS8_PRIV_KEY_INFO_free", None, [c_void_p])
         except AttributeError as e:
             problems.append(f"{name}: missing symbol ({e})")
             continue
@@ -194,6 +207,49 @@ def version() -> str:
     lib = _key_libcrypto()
     raw = lib.OpenSSL_version(0) if lib is not None else None
     return raw.decode("ascii", "replace") if isinstance(raw, bytes) else "no libcrypto 3"
+
+
+def decrypt_pkcs8(der: bytes, password: bytes, what: str) -> bytes:
+    """Decrypt an `EncryptedPrivateKeyInfo` with OpenSSL (`PKCS8_decrypt`) into DER `PrivateKeyInfo`.
+
+    The caller has bounded the KDF cost first (`_sm2_asn1.check_encrypted`); OpenSSL does not.
+
+    Raises:
+        BackendUnavailableError: libcrypto 3 with SM2 is not available (check `available()` first).
+        KeyMaterialError: Wrong password or corrupted file.
+    """
+    lib = _key_libcrypto()
+    if lib is None:
+        raise BackendUnavailableError("OpenSSL >= 3.0 libcrypto with SM2 is not available")
+    buf = ctypes.create_string_buffer(der, len(der))
+    secret = ctypes.create_string_buffer(password, len(password))
+    sig = p8inf = None
+    try:
+        cursor = c_void_p(ctypes.addressof(buf))
+        sig = lib.d2i_X509_SIG(None, ctypes.byref(cursor), len(der))
+        if not sig or cursor.value != ctypes.addressof(buf) + len(der):
+            raise KeyMaterialError(f"{what}: OpenSSL cannot read the EncryptedPrivateKeyInfo: {_errors(lib)}")
+        p8inf = lib.PKCS8_decrypt(sig, secret, len(password))
+        size = int(lib.i2d_PKCS8_PRIV_KEY_INFO(p8inf, None)) if p8inf else 0
+        if size <= 0:
+            raise KeyMaterialError(
+                f"{what}: cannot decrypt the key (wrong password or corrupted file): {_errors(lib)}"
+            )
+        out = ctypes.create_string_buffer(size)
+        out_cursor = c_void_p(ctypes.addressof(out))
+        if lib.i2d_PKCS8_PRIV_KEY_INFO(p8inf, ctypes.byref(out_cursor)) != size:
+            raise KeyMaterialError(f"{what}: OpenSSL could not re-encode the decrypted key")
+        plain = out.raw
+        ctypes.memset(out, 0, size)
+        return plain
+    finally:
+        if p8inf:
+            lib.PKCS8_PRIV_KEY_INFO_free(p8inf)
+        if sig:
+            lib.X509_SIG_free(sig)
+        ctypes.memset(buf, 0, len(der))
+        ctypes.memset(secret, 0, len(password))
+        lib.ERR_clear_error()
 
 
 def decode_private_key(

@@ -69,7 +69,7 @@ def no_openssl_decrypt(monkeypatch: pytest.MonkeyPatch) -> None:
     def forbidden(*args: object) -> None:
         raise AssertionError("OpenSSL was asked to decrypt a key whose header is out of bounds")
 
-    monkeypatch.setattr(_sm2_libcrypto, "decode_private_key", forbidden)
+    monkeypatch.setattr(_sm2_libcrypto, "decrypt_pkcs8", forbidden)
 
 
 # ---------------------------------------------------------------------------------------------------------
