@@ -4,8 +4,8 @@ The parts live in private modules, imported in one direction (backends never imp
 
 * `_sm2_core`: curve parameters (GB/T 32918.5-2017 §6), SM3, `Z_A` and `e = SM3(Z_A || M)` (GB/T 32918.2-2016
   §5.5, §6.1), the signature checks, and the pure-Python point multiplication kept for the gmssl fallback;
-* `_sm2_asn1`: PEM, strict DER checks of key files (`asn1crypto`), the KDF-cost bounds of encrypted PKCS#8, and
-  the writers (SPKI, PKCS#8, PBES2 on write);
+* `_sm2_asn1`: PEM, strict DER checks of key files (`asn1crypto`), the KDF-cost bounds of encrypted PKCS#8,
+  and the writers (SPKI, PKCS#8, PBES2 on write);
 * `_sm2_keys`: `Sm2PublicKey`, `Sm2PrivateKey`, byte-exact SubjectPublicKeyInfo and PKCS#8 as `openssl pkey`
   writes them; a private key's public key comes from OpenSSL where libcrypto 3 is present (`_sm2_libcrypto`);
 * `_sm2_backend`: the `Sm2Backend` protocol and the self-test;
