@@ -1,60 +1,50 @@
 """SM2 key values: `Sm2PublicKey`, `Sm2PrivateKey` and their byte-exact SPKI / PKCS#8 / SEC 1 encodings.
 
-A private key's public key [d]G is computed by OpenSSL when libcrypto 3 with SM2 is present
-(`modelsec.signer._sm2_libcrypto.public_point`), else by the pure-Python `_scalar_mult` (gmssl fallback).
+Key files are read through OpenSSL where libcrypto 3 with SM2 is present (`_sm2_libcrypto`): modelsec checks
+the PEM, the DER structure (`asn1crypto`, strict) and, for an encrypted key, bounds the KDF cost; OpenSSL then
+decrypts the key, computes or checks its public key, and returns d and [d]G. Without libcrypto 3 (the gmssl
+fallback) unencrypted keys are read with `asn1crypto` and [d]G comes from the pure-Python `_scalar_mult`;
+encrypted keys then need OpenSSL and are refused.
 """
 
 from __future__ import annotations
 
 import hmac
-import os
 import secrets
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar, cast
 
-from modelsec.errors import KeyMaterialError
+from modelsec.errors import KeyMaterialError, UnsupportedAlgorithmError
+from modelsec.signer import _sm2_libcrypto
 from modelsec.signer._sm2_asn1 import (
-    _BIT_STRING,
     _MAX_KEY_FILE_BYTES,
-    _OCTET_STRING,
-    _OID_EC_PUBLIC_KEY,
-    _SEQUENCE,
-    _SM2_ALGORITHM_DER,
-    _check_sm2_algorithm,
-    _DerReader,
+    OID_HMAC_WITH_SM3,
     _pem_decode,
     _pem_encode,
-    _pkcs8_decrypt,
-    _pkcs8_encrypt,
-    _tlv,
+    check_encrypted,
+    ec_private_key,
+    is_encrypted_pkcs8,
+    pkcs8_der,
+    pkcs8_encrypt,
+    private_key_info,
+    spki_der,
+    spki_point,
 )
-from modelsec.signer._sm2_core import (
-    _SM2_CURVE,
-    BACKEND_ENV,
-    SM2_GX,
-    SM2_GY,
-    SM2_ORDER,
-    SM2_P,
-    _on_curve,
-    _scalar_mult,
-)
-from modelsec.signer.der import encode_integer
+from modelsec.signer._sm2_core import _SM2_CURVE, SM2_GX, SM2_GY, SM2_ORDER, SM2_P, _on_curve, _scalar_mult
 
 __all__ = ["Sm2PrivateKey", "Sm2PublicKey", "generate_private_key"]
 
 _T = TypeVar("_T")
+_WHAT = "SM2 private key"
 
 
 def _public_point(private_value: int) -> tuple[int, int] | None:
-    """[d]G: through OpenSSL unless it is missing or `MODELSEC_SM2_BACKEND=gmssl`, else pure Python."""
-    if os.environ.get(BACKEND_ENV, "").strip().lower() != "gmssl":
-        from modelsec.signer._sm2_libcrypto import public_point
-
-        point = public_point(private_value)
-        if point is not None:
-            return point
+    """[d]G: through OpenSSL where libcrypto 3 is present, else pure Python (the gmssl fallback only)."""
+    point = _sm2_libcrypto.public_point(private_value)
+    if point is not None:
+        return point
     return _scalar_mult(private_value, SM2_GX, SM2_GY, _SM2_CURVE)
 
 
@@ -124,14 +114,9 @@ class Sm2PublicKey:
         what = "SM2 public key"
         if not isinstance(data, bytes | bytearray):
             raise KeyMaterialError(f"{what}: DER data must be bytes")
-        outer = _DerReader(bytes(data), what)
-        spki = outer.sequence("SubjectPublicKeyInfo")
-        outer.end()
-        oid, params = spki.algorithm("algorithm")
-        _check_sm2_algorithm(oid, params, what)
-        point = spki.bit_string("subjectPublicKey")
-        spki.end()
-        return cls.from_encoded_point(point)
+        if len(data) > _MAX_KEY_FILE_BYTES:
+            raise KeyMaterialError(f"{what}: larger than {_MAX_KEY_FILE_BYTES} bytes")
+        return cls.from_encoded_point(spki_point(bytes(data), what))
 
     @classmethod
     def from_pem(cls, data: bytes) -> Sm2PublicKey:
@@ -156,7 +141,7 @@ class Sm2PublicKey:
 
     def to_der(self) -> bytes:
         """Return the DER SubjectPublicKeyInfo, byte-identical to `openssl pkey -pubin -outform DER`."""
-        return _tlv(_SEQUENCE, _SM2_ALGORITHM_DER + _tlv(_BIT_STRING, b"\x00" + self.encoded_point()))
+        return spki_der(self.encoded_point())
 
     def to_pem(self) -> bytes:
         """Return the PEM `PUBLIC KEY`, byte-identical to `openssl pkey -pubin -pubout` (64-column base64)."""
@@ -192,10 +177,34 @@ class Sm2PrivateKey:
         point = _public_point(private_value)
         if point is None:  # Unreachable for d in [1, n-1]; kept so a broken formula fails closed.
             raise KeyMaterialError("SM2 private key: [d]G is the point at infinity")
+        self._init(private_value, Sm2PublicKey(*point))
+
+    def _init(self, private_value: int, public_key: Sm2PublicKey) -> None:
         self._d = private_value
-        self._public_key = Sm2PublicKey(*point)
+        self._public_key = public_key
         self._native = {}
         self._native_lock = threading.Lock()
+
+    @classmethod
+    def _from_parts(
+        cls, private_value: int, embedded: bytes | None, der: bytes, structure: str
+    ) -> Sm2PrivateKey:
+        """A key from its checked DER: decoded by OpenSSL where present, else [d]G in Python (gmssl path)."""
+        if not 1 <= private_value <= SM2_ORDER - 2:
+            raise KeyMaterialError(f"{_WHAT}: scalar is outside [1, n-2]")
+        if not _sm2_libcrypto.available():
+            key = cls(private_value)
+            if embedded is not None and embedded != key.public_key.encoded_point():
+                raise KeyMaterialError(f"{_WHAT}: embedded public key does not match the private key")
+            return key
+        if embedded is not None:
+            Sm2PublicKey.from_encoded_point(embedded)  # a compressed or off-curve point is refused here
+        d, point = _sm2_libcrypto.decode_private_key(der, structure, None, _WHAT)
+        if d != private_value:  # OpenSSL read another scalar than the strict parser: never use either
+            raise KeyMaterialError(f"{_WHAT}: OpenSSL and the DER parser disagree on the key")
+        key = cls.__new__(cls)
+        key._init(d, Sm2PublicKey(*point))
+        return key
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -253,7 +262,9 @@ class Sm2PrivateKey:
     def from_der(cls, data: bytes, password: bytes | None = None) -> Sm2PrivateKey:
         """Load a DER PKCS#8 key: `PrivateKeyInfo` (RFC 5208/5958) or `EncryptedPrivateKeyInfo` (PBES2).
 
-        The inner key is an RFC 5915 `ECPrivateKey`; an embedded public key must equal [d]G.
+        The inner key is an RFC 5915 `ECPrivateKey`; an embedded public key must equal [d]G. An encrypted
+        key's header is checked (PBES2; PBKDF2 with at most 10 000 000 iterations or scrypt with at most
+        256 MiB; AES-CBC or SM4-CBC) before OpenSSL decrypts it; without libcrypto 3 it is refused.
 
         Args:
             data: DER bytes.
@@ -263,28 +274,52 @@ class Sm2PrivateKey:
             The private key.
 
         Raises:
-            UnsupportedAlgorithmError: Not an SM2 key, or an unsupported encryption scheme.
-            KeyMaterialError: Malformed input, wrong or missing password, d outside [1, n-2], or a public key
-                that does not match d.
+            UnsupportedAlgorithmError: Not an SM2 key, or an encryption scheme, KDF, PRF or cipher that
+                modelsec or this OpenSSL build does not support.
+            KeyMaterialError: Malformed input, wrong or missing password, KDF cost out of bounds, d outside
+                [1, n-2], a public key that does not match d, or an encrypted key without libcrypto 3.
         """
-        what = "SM2 private key"
         if not isinstance(data, bytes | bytearray):
-            raise KeyMaterialError(f"{what}: DER data must be bytes")
+            raise KeyMaterialError(f"{_WHAT}: DER data must be bytes")
         data = bytes(data)
         if len(data) > _MAX_KEY_FILE_BYTES:
-            raise KeyMaterialError(f"{what}: larger than {_MAX_KEY_FILE_BYTES} bytes")
-        probe = _DerReader(data, what).sequence("PKCS#8")
-        if probe.peek_tag() == _SEQUENCE:
+            raise KeyMaterialError(f"{_WHAT}: larger than {_MAX_KEY_FILE_BYTES} bytes")
+        if is_encrypted_pkcs8(data):
             if password is None:
-                raise KeyMaterialError(f"{what}: the key is encrypted; a password is required")
-            data = _pkcs8_decrypt(data, password, what)
-        elif password is not None:
-            raise KeyMaterialError(f"{what}: a password was given but the key is not encrypted")
-        return cls._from_private_key_info(data, what)
+                raise KeyMaterialError(f"{_WHAT}: the key is encrypted; a password is required")
+            return cls._from_encrypted(data, password)
+        if password is not None:
+            raise KeyMaterialError(f"{_WHAT}: a password was given but the key is not encrypted")
+        d, embedded = private_key_info(data, _WHAT)
+        return cls._from_parts(d, embedded, data, "PrivateKeyInfo")
+
+    @classmethod
+    def _from_encrypted(cls, der: bytes, password: bytes) -> Sm2PrivateKey:
+        if not isinstance(password, bytes | bytearray):
+            raise KeyMaterialError(f"{_WHAT}: the password must be bytes")
+        # OpenSSL bounds neither PBKDF2 iterations nor scrypt memory: check the header before it runs.
+        prf = check_encrypted(der, _WHAT)
+        if not _sm2_libcrypto.available():
+            raise KeyMaterialError(
+                f"{_WHAT}: encrypted keys are decrypted by OpenSSL, and libcrypto >= 3.0 with SM2 is not "
+                "available (gmssl fallback); install OpenSSL 3 or decrypt the key with `openssl pkcs8`"
+            )
+        if prf and not _sm2_libcrypto.knows_oid(OID_HMAC_WITH_SM3):
+            raise UnsupportedAlgorithmError(
+                f"{_WHAT}: PBKDF2 PRF {prf} is not supported by {_sm2_libcrypto.version()} (OpenSSL >= 3.2 "
+                "knows it); re-encrypt the key with `openssl pkcs8 -topk8 -v2 sm4-cbc -v2prf hmacWithSHA256`"
+            )
+        plain = _sm2_libcrypto.decrypt_pkcs8(der, bytes(password), _WHAT)
+        # The decrypted key gets the same checks as an unencrypted one (and the scheme dispatch an
+        # UnsupportedAlgorithmError for another key type).
+        d, embedded = private_key_info(plain, _WHAT)
+        return cls._from_parts(d, embedded, plain, "PrivateKeyInfo")
 
     @classmethod
     def from_pem(cls, data: bytes, password: bytes | None = None) -> Sm2PrivateKey:
         """Load a PEM key: `PRIVATE KEY`, `ENCRYPTED PRIVATE KEY` (PKCS#8), `EC`/`SM2 PRIVATE KEY` (SEC 1).
+
+        See `from_der` for what is checked and which component reads the key.
 
         Args:
             data: PEM bytes with exactly one key block.
@@ -295,71 +330,19 @@ class Sm2PrivateKey:
 
         Raises:
             UnsupportedAlgorithmError: Not an SM2 key, or an unsupported encryption scheme.
-            KeyMaterialError: Not PEM, legacy PEM encryption, wrong or missing password, malformed key.
+            KeyMaterialError: Not PEM, legacy PEM encryption, wrong or missing password, malformed key, or
+                an encrypted key without libcrypto 3.
         """
-        what = "SM2 private key"
         labels = ("PRIVATE KEY", "ENCRYPTED PRIVATE KEY", "EC PRIVATE KEY", "SM2 PRIVATE KEY")
-        label, der = _pem_decode(data, labels, what)
+        label, der = _pem_decode(data, labels, _WHAT)
         if label in ("EC PRIVATE KEY", "SM2 PRIVATE KEY"):  # SEC 1; `openssl ec` 3.0 writes "SM2 PRIVATE KEY"
             if password is not None:
-                raise KeyMaterialError(f"{what}: a password was given but the key is not encrypted")
-            outer = _DerReader(der, what)
-            key = cls._from_ec_private_key(outer.read(_SEQUENCE, "ECPrivateKey"), what, require_curve=True)
-            outer.end()
-            return key
-        encrypted = label == "ENCRYPTED PRIVATE KEY"
-        probe = _DerReader(der, what).sequence("PKCS#8")
-        if encrypted != (probe.peek_tag() == _SEQUENCE):
-            raise KeyMaterialError(f"{what}: PEM label {label!r} does not match its content")
+                raise KeyMaterialError(f"{_WHAT}: a password was given but the key is not encrypted")
+            d, embedded = ec_private_key(der, _WHAT, require_curve=True)
+            return cls._from_parts(d, embedded, der, "type-specific")
+        if (label == "ENCRYPTED PRIVATE KEY") != is_encrypted_pkcs8(der):
+            raise KeyMaterialError(f"{_WHAT}: PEM label {label!r} does not match its content")
         return cls.from_der(der, password)
-
-    @classmethod
-    def _from_private_key_info(cls, der: bytes, what: str) -> Sm2PrivateKey:
-        outer = _DerReader(der, what)
-        info = outer.sequence("PrivateKeyInfo")
-        outer.end()
-        version = info.integer("version")
-        if version not in (0, 1):
-            raise KeyMaterialError(f"{what}: unsupported PKCS#8 version {version}")
-        oid, params = info.algorithm("privateKeyAlgorithm")
-        _check_sm2_algorithm(oid, params, what)
-        inner = _DerReader(info.octet_string("privateKey"), what)
-        key = cls._from_ec_private_key(inner.read(_SEQUENCE, "ECPrivateKey"), what, require_curve=False)
-        inner.end()
-        if info.peek_tag() == 0xA0:  # attributes [0]: carry nothing modelsec uses
-            info.read_any()
-        if info.peek_tag() == 0x81:  # OneAsymmetricKey publicKey [1] (RFC 5958)
-            embedded = info.read_any()[1]
-            if embedded[:1] != b"\x00" or embedded[1:] != key.public_key.encoded_point():
-                raise KeyMaterialError(f"{what}: PKCS#8 public key does not match the private key")
-        info.end()
-        return key
-
-    @classmethod
-    def _from_ec_private_key(cls, body: bytes, what: str, *, require_curve: bool) -> Sm2PrivateKey:
-        # RFC 5915 §3: ECPrivateKey ::= SEQUENCE { version 1, privateKey OCTET STRING,
-        #   parameters [0] ECParameters OPTIONAL, publicKey [1] BIT STRING OPTIONAL }
-        seq = _DerReader(body, what)
-        if seq.integer("ECPrivateKey.version") != 1:
-            raise KeyMaterialError(f"{what}: ECPrivateKey version must be 1")
-        raw = seq.octet_string("ECPrivateKey.privateKey")
-        if not 1 <= len(raw) <= 32:
-            raise KeyMaterialError(f"{what}: private scalar must be 1 to 32 bytes")
-        if seq.peek_tag() == 0xA0:
-            params = _DerReader(seq.read_any()[1], what)
-            _check_sm2_algorithm(_OID_EC_PUBLIC_KEY, params, what)
-        elif require_curve:
-            raise KeyMaterialError(f"{what}: SEC 1 key without curve parameters")
-        embedded: bytes | None = None
-        if seq.peek_tag() == 0xA1:
-            wrapper = _DerReader(seq.read_any()[1], what)
-            embedded = wrapper.bit_string("ECPrivateKey.publicKey")
-            wrapper.end()
-        seq.end()
-        key = cls(int.from_bytes(raw, "big"))
-        if embedded is not None and embedded != key.public_key.encoded_point():
-            raise KeyMaterialError(f"{what}: embedded public key does not match the private key")
-        return key
 
     # -- writing -------------------------------------------------------------------------------------------
 
@@ -371,13 +354,7 @@ class Sm2PrivateKey:
         Returns:
             `PrivateKeyInfo { 0, {id-ecPublicKey, sm2p256v1}, ECPrivateKey { 1, d (32 bytes), [1] point } }`.
         """
-        ec_private_key = _tlv(
-            _SEQUENCE,
-            encode_integer(1)
-            + _tlv(_OCTET_STRING, self._d.to_bytes(32, "big"))
-            + _tlv(0xA1, _tlv(_BIT_STRING, b"\x00" + self._public_key.encoded_point())),
-        )
-        return _tlv(_SEQUENCE, encode_integer(0) + _SM2_ALGORITHM_DER + _tlv(_OCTET_STRING, ec_private_key))
+        return pkcs8_der(self._d, self._public_key.encoded_point())
 
     def to_pem(self, password: bytes | None = None) -> bytes:
         """Return the key as PEM PKCS#8, encrypted when a password is given.
@@ -398,7 +375,7 @@ class Sm2PrivateKey:
         """
         if password is None:
             return _pem_encode("PRIVATE KEY", self.to_der())
-        return _pem_encode("ENCRYPTED PRIVATE KEY", _pkcs8_encrypt(self.to_der(), password))
+        return _pem_encode("ENCRYPTED PRIVATE KEY", pkcs8_encrypt(self.to_der(), password))
 
 
 def generate_private_key() -> Sm2PrivateKey:

@@ -4,7 +4,8 @@ The parts live in private modules, imported in one direction (backends never imp
 
 * `_sm2_core`: curve parameters (GB/T 32918.5-2017 §6), SM3, `Z_A` and `e = SM3(Z_A || M)` (GB/T 32918.2-2016
   §5.5, §6.1), the signature checks, and the pure-Python point multiplication kept for the gmssl fallback;
-* `_sm2_asn1`: strict DER / PEM for keys and password-protected PKCS#8 (PBES2, RFC 8018);
+* `_sm2_asn1`: PEM, strict DER checks of key files (`asn1crypto`), the KDF-cost bounds of encrypted PKCS#8,
+  and the writers (SPKI, PKCS#8, PBES2 on write);
 * `_sm2_keys`: `Sm2PublicKey`, `Sm2PrivateKey`, byte-exact SubjectPublicKeyInfo and PKCS#8 as `openssl pkey`
   writes them; a private key's public key comes from OpenSSL where libcrypto 3 is present (`_sm2_libcrypto`);
 * `_sm2_backend`: the `Sm2Backend` protocol and the self-test;
@@ -17,8 +18,10 @@ checked to lie in [1, n-1] (GB/T 32918.2-2016 §7.1 B1, B2) and `t = (r + s) mod
 curve arithmetic; only then is `e` computed and the curve equation checked. Every failure is a
 `SignatureError`; verification never returns a boolean.
 
-Key files are parsed by modelsec's strict DER reader with either backend; encrypted PKCS#8 (PBES2 with
-PBKDF2 or scrypt and AES-CBC) is decrypted with `cryptography` primitives, so it needs no OpenSSL binding.
+Key files are read by OpenSSL where libcrypto 3 with SM2 is present, whichever backend signs: modelsec checks
+the PEM and the DER structure and bounds an encrypted key's KDF cost first, then OpenSSL decrypts (PBES2 with
+PBKDF2 or scrypt, AES-CBC or SM4-CBC, hmacWithSM3 where the build knows it) and returns d and [d]G. Without
+libcrypto 3 (gmssl fallback) unencrypted keys are read with `asn1crypto` and encrypted keys are refused.
 """
 
 from __future__ import annotations

@@ -8,9 +8,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from asn1crypto import keys
 
 from modelsec.errors import KeyMaterialError, SignatureError
-from modelsec.signer import _sm2_asn1, sm2
+from modelsec.signer import sm2
 from modelsec.signer.sm2 import DEFAULT_DISTID, Sm2PrivateKey, Sm2PublicKey
 
 pytestmark = pytest.mark.integration
@@ -163,16 +164,15 @@ def test_sm4_cbc_encrypted_key_refuses_a_wrong_password(tmp_path: Path, openssl_
 def test_curve_parameters_match_openssl() -> None:
     der = _openssl("ecparam", "-name", "SM2", "-param_enc", "explicit", "-outform", "DER").stdout
     # X9.62 ECParameters { version, fieldID { prime-field, p }, curve { a, b, seed? }, base, order, cofactor }
-    outer = _sm2_asn1._DerReader(der, "ECParameters")
-    params = outer.sequence("ECParameters")
-    assert params.integer("version") == 1
-    field = params.sequence("fieldID")
-    assert field.oid("fieldType") == "1.2.840.10045.1.1"
-    assert field.integer("p") == sm2.SM2_P
-    curve = params.sequence("curve")
-    assert int.from_bytes(curve.octet_string("a"), "big") == sm2.SM2_A
-    assert int.from_bytes(curve.octet_string("b"), "big") == sm2.SM2_B
-    base = params.octet_string("base")
+    params = keys.ECDomainParameters.load(der)
+    assert params.name == "specified"
+    domain = params.chosen
+    assert domain["version"].native == "ecdpVer1"
+    assert domain["field_id"]["field_type"].dotted == "1.2.840.10045.1.1"
+    assert domain["field_id"]["parameters"].native == sm2.SM2_P
+    assert int.from_bytes(domain["curve"]["a"].contents, "big") == sm2.SM2_A
+    assert int.from_bytes(domain["curve"]["b"].contents, "big") == sm2.SM2_B
+    base = domain["base"].contents
     assert base == b"\x04" + sm2.SM2_GX.to_bytes(32, "big") + sm2.SM2_GY.to_bytes(32, "big")
-    assert params.integer("order") == sm2.SM2_ORDER
-    assert params.integer("cofactor") == 1
+    assert domain["order"].native == sm2.SM2_ORDER
+    assert domain["cofactor"].native == 1
