@@ -130,6 +130,8 @@ def _transformers() -> Any:
     try:
         import transformers
     except ImportError as e:
+        if isinstance(e, ModuleNotFoundError) and (e.name or "").partition(".")[0] != "transformers":
+            raise  # an extra's module (torch, numpy): the CLI names the extra to install
         raise PolicyError(
             "measuring the fidelity of a transformers model needs the `transformers` package; install it, or "
             "embed without a fidelity budget"
