@@ -70,7 +70,7 @@ class AggregateMetrics:
         from prometheus_client import multiprocess
 
         self.registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(self.registry, path=str(directory))
+        multiprocess.MultiProcessCollector(self.registry, path=str(directory))  # type: ignore[no-untyped-call]
         self.serving = True
 
 
