@@ -1,7 +1,7 @@
 """Peak memory of watermark embedding against the shard size, before and after streaming, in the same run.
 
 Usage:
-    python bench/bench_watermark_memory.py [--shard-mib 1024] [--shards 1] [--baseline-rev main]
+    python bench/bench_watermark_memory.py [--shard-mib 1024] [--shards 1] [--baseline-rev f539eb7]
 
 Model: `--shards` safetensors files of `--shard-mib` MiB each, random F32 matrices of 2048 x 2048 (16 MiB
 tensors, a transformer-like layout), written into a temporary directory (page cache). Each embed runs in a
@@ -111,7 +111,11 @@ def main() -> None:
     ap.add_argument("--shard-mib", type=int, default=1024)
     ap.add_argument("--shards", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=2)
-    ap.add_argument("--baseline-rev", default="main", help="git revision of the 'before' row ('' for none)")
+    ap.add_argument(
+        "--baseline-rev",
+        default="f539eb7",
+        help="git revision of the 'before' row, default the last whole-shard writer ('' for none)",
+    )
     args = ap.parse_args()
     print(f"load average: {os.getloadavg()}")
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as tmp:
