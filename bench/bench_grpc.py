@@ -246,7 +246,9 @@ class Server:
 
 
 @contextlib.contextmanager
-def running_server(setup: Setup, log: Path, args: argparse.Namespace, outcome: list[str]) -> Iterator[Server]:
+def running_server(
+    setup: Setup, log: Path, args: argparse.Namespace, outcome: list[str], workers: int = 1
+) -> Iterator[Server]:
     """`modelsec serve` on a free loopback port, up once it prints its `serving ...` line; SIGTERM at exit.
 
     `outcome` receives a problem description if the server does not exit 0 after SIGTERM.
@@ -259,7 +261,7 @@ def running_server(setup: Setup, log: Path, args: argparse.Namespace, outcome: l
         "--log-level",
         args.log_level,
     ]
-    env = {**os.environ, "MODELSEC_SM2_BACKEND": args.sm2_backend}
+    env = {**os.environ, "MODELSEC_SM2_BACKEND": args.sm2_backend, "MODELSEC_SERVE_WORKERS": str(workers)}
     with open(log, "wb") as err:
         proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, env=env, cwd=setup.root
@@ -291,10 +293,13 @@ def running_server(setup: Setup, log: Path, args: argparse.Namespace, outcome: l
 
 
 def process_cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process (all its threads) from /proc/PID/stat."""
+    """User + system CPU seconds of a process (all its threads) and its live children (`--workers`)."""
     stat = Path(f"/proc/{pid}/stat").read_text()
     fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "; fields[0] is the state (field 3)
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    kids = children.read_text().split() if children.exists() else []
+    return own + sum(process_cpu_seconds(int(k)) for k in kids if Path(f"/proc/{k}").exists())
 
 
 def server_codes(metrics_port: int) -> dict[tuple[str, str], float]:
@@ -657,17 +662,22 @@ class Case:
 
 
 def run_cases(
-    setup: Setup, args: argparse.Namespace, refs: dict[str, Reference], seconds: float, levels: list[int]
+    setup: Setup,
+    args: argparse.Namespace,
+    refs: dict[str, Reference],
+    seconds: float,
+    levels: list[int],
+    workers: int = 1,
 ) -> tuple[list[Row], list[str]]:
     """Start the server, run every case at every level from a spawn child; returns rows and failures."""
     from modelsec.v1 import signing_pb2, verification_pb2
 
     rows: list[Row] = []
     failures: list[str] = []
-    log = setup.root / "server.log"
+    log = setup.root / f"server-{workers}.log"
     spawn = multiprocessing.get_context("spawn")
     with (
-        running_server(setup, log, args, failures) as server,
+        running_server(setup, log, args, failures, workers) as server,
         concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool,
     ):
         print(f"server pid {server.pid} on {server.target} (metrics on {HOST}:{server.metrics_port})")
@@ -702,7 +712,8 @@ def run_cases(
                 result = pool.submit(
                     drive, job(case.method, case.request, case.key_version, n, seconds), args.client
                 )
-                row = Row(case.name, n, result.result(), case.local)
+                label = case.name if workers == 1 else f"{case.name} x{workers} workers"
+                row = Row(label, n, result.result(), case.local)
                 rows.append(row)
                 print("  " + "  ".join(row.cells()) + f"  (load {load_average()})", flush=True)
                 for sample in row.result.error_samples:
@@ -761,6 +772,11 @@ def main(argv: list[str] | None = None) -> int:
         "--layers", type=int, default=2, help="model blocks: 6 tensors each (default 2: a 14-tensor manifest)"
     )
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (server log)")
+    parser.add_argument(
+        "--workers",
+        default="1",
+        help="comma-separated `modelsec serve --workers` counts, e.g. 1,2 (same run)",
+    )
     args = parser.parse_args(argv)
     seconds = 3.0 if args.quick else args.duration
     levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
@@ -802,7 +818,11 @@ def main(argv: list[str] | None = None) -> int:
         refs = reference_rates(setup, args.reference_seconds)
         table = [[r.name, f"{r.rate:,.0f}", f"{1e6 / r.rate:,.0f}"] for r in refs.values()]
         print(render_table(["work", "calls/s", "us/call"], table, right=(1, 2)) + "\n")
-        rows, failures = run_cases(setup, args, refs, seconds, levels)
+        rows, failures = [], []
+        for workers in [int(x) for x in args.workers.split(",") if x.strip()]:
+            more_rows, more_failures = run_cases(setup, args, refs, seconds, levels, workers)
+            rows += more_rows
+            failures += more_failures
     finally:
         if args.keep:
             print(f"kept {tmp}")

@@ -37,12 +37,22 @@ __all__ = ["serve"]
     show_default=True,
     help="Structured log level (one JSON line per RPC at info).",
 )
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 256),
+    default=1,
+    show_default=True,
+    envvar="MODELSEC_SERVE_WORKERS",
+    help="Server processes sharing the port (SO_REUSEPORT; one event loop, about one core, each); "
+    "the metrics port sums them. Also $MODELSEC_SERVE_WORKERS.",
+)
 @_json_option
-def serve(config_path: Path, listen: str | None, log_level: str, as_json: bool) -> None:
+def serve(config_path: Path, listen: str | None, log_level: str, workers: int, as_json: bool) -> None:
     """Serve the modelsec.v1 gRPC API (signing, verification, attestation store, watermark, gate).
 
-    Once listening it prints one line on stdout, `serving modelsec.v1 on HOST:PORT`, or with --json the
-    reply `{"ok": true, "command": "serve", "listen": "HOST:PORT", "metricsListen": ...}`.
+    Once listening (every worker, with --workers) it prints one line on stdout,
+    `serving modelsec.v1 on HOST:PORT`, or with --json the reply
+    `{"ok": true, "command": "serve", "listen": "HOST:PORT", "metricsListen": ...}`.
     """
     import asyncio
     import dataclasses
@@ -56,18 +66,21 @@ def serve(config_path: Path, listen: str | None, log_level: str, as_json: bool) 
 
     logging.basicConfig(level=log_level.upper(), format="%(message)s", stream=sys.stderr)
 
-    def ready(running: RunningServer) -> None:
-        host = running.state.config.listen.rpartition(":")[0]
+    def announce(port: int, metrics_port: int | None) -> None:
+        host = config.listen.rpartition(":")[0]
         metrics = None
-        if running.metrics_port is not None:
-            mhost = (running.state.config.metrics_listen or "").rpartition(":")[0]
-            metrics = f"{mhost}:{running.metrics_port}"
+        if metrics_port is not None:
+            mhost = (config.metrics_listen or "").rpartition(":")[0]
+            metrics = f"{mhost}:{metrics_port}"
         if as_json:
-            _reply({"listen": f"{host}:{running.port}", "metricsListen": metrics}, command="serve")
+            _reply({"listen": f"{host}:{port}", "metricsListen": metrics}, command="serve")
         else:
             extra = f" (metrics on {metrics})" if metrics else ""
-            click.echo(f"serving modelsec.v1 on {host}:{running.port}{extra}")
+            click.echo(f"serving modelsec.v1 on {host}:{port}{extra}")
         sys.stdout.flush()
+
+    def ready(running: RunningServer) -> None:
+        announce(running.port, running.metrics_port)
 
     try:
         config = load_server_config(config_path)
@@ -75,7 +88,12 @@ def serve(config_path: Path, listen: str | None, log_level: str, as_json: bool) 
             from modelsec.service.config import _listen
 
             config = dataclasses.replace(config, listen=_listen(listen, "--listen"))
-        asyncio.run(run_server(config, on_ready=ready))
+        if workers > 1:
+            from modelsec.service.workers import serve_workers
+
+            serve_workers(config, workers, on_ready=announce)
+        else:
+            asyncio.run(run_server(config, on_ready=ready))
     except Error as e:
         _fail(e, as_json)
     except OSError as e:  # a TLS file or the data directory cannot be read or created

@@ -9,8 +9,9 @@ Two passes over the shards (an invariant; see `embed_model`):
    (`scheme.solve_strength`); then each shard in turn is read into private memory, its carriers are changed
    in float32 (float64 for F64) and cast back to the shard's own dtype (round-to-nearest-even, other bytes
    untouched, dtype and shape kept), the per-bit sums are measured again *on the cast values*, and the
-   shard is written. Memory: one shard. Other files (config, tokenizer, index) are copied byte for byte;
-   signature bundles (`model.sig` ...) are not, since they no longer match.
+   shard is written. Each shard is streamed tensor by tensor in file order (read, mark, write): memory is
+   one tensor plus the carriers' statistics, never a whole shard. Other files (config, tokenizer, index)
+   are copied byte for byte; signature bundles (`model.sig` ...) are not, since they no longer match.
 
 The output appears atomically: files are written to a fresh sibling directory that is renamed to
 `out_dir` at the end. A shard that changes between the two passes is refused.
@@ -410,118 +411,165 @@ class _Writer:
             with os.fdopen(fd, "rb") as f:
                 if file.name in shards:
                     shard, refs = shards[file.name]
-                    data = self._read_shard(f, shard)
-                    self._mark_shard(data, shard, refs)
-                    _write_new(staging_fd, file.name, [data], self.out_dir)
-                    self.bytes_processed += len(data)
-                    del data  # release this shard before the next one is read
+                    outcomes: dict[str, _Outcome] = {}
+                    _write_new(staging_fd, file.name, self._stream_shard(f, shard, outcomes), self.out_dir)
+                    # Applied in name order, as by the whole-shard writer: the sums are equal to the last bit.
+                    for ref in refs:
+                        if ref.name in outcomes:
+                            self._apply(outcomes[ref.name])
+                    self.bytes_processed += shard.size
                 else:
                     _write_new(staging_fd, file.name, _chunks(f), self.out_dir)
 
-    def _read_shard(self, f: Any, shard: ShardFile) -> npt.NDArray[np.uint8]:
+    def _stream_shard(self, f: Any, shard: ShardFile, outcomes: dict[str, _Outcome]) -> Iterator[Any]:
+        """The shard's marked bytes, tensor by tensor in file order: memory is one tensor, not one shard.
+
+        Raises:
+            MalformedArtifactError: The file differs from the one pass 1 parsed (size, time, header, length).
+        """
+        st = os.fstat(f.fileno())
+        header = f.read(len(shard.raw_header))
+        if st.st_size != shard.size or st.st_mtime_ns != shard.mtime_ns or header != shard.raw_header:
+            raise self._changed(shard)
+        yield header
+        pos = len(header)
+        for info in sorted(shard.header.tensors, key=lambda t: t.begin):
+            if shard.header.data_start + info.begin != pos:
+                raise self._changed(shard)  # the strict parser admits no gap: the header was replaced
+            host = self.host.get(info.name)
+            if host is None:
+                for left in range(info.nbytes, 0, -_COPY_CHUNK):
+                    chunk = f.read(min(left, _COPY_CHUNK))
+                    if len(chunk) != min(left, _COPY_CHUNK):
+                        raise self._changed(shard)
+                    yield chunk
+            else:
+                data = self._read_exact(f, info.nbytes, shard)
+                outcomes[info.name] = self._mark_tensor(
+                    data, TensorRef(info.name, info.dtype, info.shape), host
+                )
+                yield data
+                del data  # release this tensor before the next one is read
+            pos += info.nbytes
+        if pos != shard.size or f.read(1):
+            raise self._changed(shard)
+
+    def _changed(self, shard: ShardFile) -> MalformedArtifactError:
+        return MalformedArtifactError(
+            f"{self.source.root}/{shard.name}: the file changed while it was being watermarked"
+        )
+
+    def _read_exact(self, f: Any, n: int, shard: ShardFile) -> npt.NDArray[np.uint8]:
         import numpy as np
 
-        st = os.fstat(f.fileno())
         # np.empty, not bytearray(n): readinto fills the buffer, so zero-filling it first is wasted work.
-        data = np.empty(shard.size, dtype=np.uint8)
+        data = np.empty(n, dtype=np.uint8)
         view = data.data
         got = 0
-        while got < shard.size:
-            n = f.readinto(view[got:])
-            if not n:
-                break
-            got += n
+        while got < n:
+            k = f.readinto(view[got:])
+            if not k:
+                raise self._changed(shard)
+            got += k
         del view
-        changed = (
-            st.st_size != shard.size
-            or st.st_mtime_ns != shard.mtime_ns
-            or got != shard.size
-            or f.read(1)
-            or data[: len(shard.raw_header)].tobytes() != shard.raw_header
-        )
-        if changed:
-            raise MalformedArtifactError(
-                f"{self.source.root}/{shard.name}: the file changed while it was being watermarked"
-            )
         return data
 
-    def _mark_shard(self, data: npt.NDArray[np.uint8], shard: ShardFile, refs: Sequence[TensorRef]) -> None:
+    def _mark_tensor(self, data: npt.NDArray[np.uint8], ref: TensorRef, host: _Host) -> _Outcome:
+        """Change the carriers of one tensor in `data` (its raw bytes) in place; what changed."""
         import numpy as np
 
         g = self.params.block_size
-        for ref in refs:
-            host = self.host.get(ref.name)
-            if host is None:
-                continue
-            plan = self.plan_for(ref)
-            info = shard.header.tensor(ref.name)
-            start = shard.header.data_start + info.begin
-            raw = data[start : start + info.nbytes].view(RAW_DTYPES[ref.dtype])
-            grid = raw[: (ref.numel // g) * g].reshape(-1, g)
-            old_raw = np.take(grid, plan.blocks, axis=0)
-            old = decode(old_raw, ref.dtype, copy=False)
-            bit = (plan.slots % np.uint32(self.n_code)).astype(np.intp)
-            block_t = self.signed_strength[bit] * host.grade
-            # new = old + m t s |old|, computed in place in one buffer.
-            new = np.abs(old) if host.finite else np.abs(np.where(np.isfinite(old), old, 0))
-            new *= plan.signs
-            new *= block_t.astype(old.dtype)[:, None]
-            new += old
-            if ref.dtype in ("F32", "F64") and host.finite:
-                # The stored dtype is the compute dtype and |new| <= 1.25 |old| stays finite (pass 1 squared
-                # every carrier in float32 without overflow): the written values are `new`, bit for bit.
-                grid[plan.blocks] = new
-                written = new
-                self._account_exact(ref, plan, host, np.abs(block_t))
-            else:
-                finite = np.isfinite(old)
-                new_raw = encode(new, ref.dtype)
-                changed = finite & (new_raw != old_raw)
-                out_raw = np.where(changed, new_raw, old_raw)
-                grid[plan.blocks] = out_raw
-                written = decode(out_raw, ref.dtype)
-                self._account_measured(ref, plan, old, written, finite)
-            stats = block_statistics(written, plan, full=False)
-            if stats is not None:
-                self.slots.append(stats.slots)
-                self.c.append(stats.c)
-                self.e.append(stats.e)
-            del raw, grid
+        plan = self.plan_for(ref)
+        raw = data.view(RAW_DTYPES[ref.dtype])
+        grid = raw[: (ref.numel // g) * g].reshape(-1, g)
+        old_raw = np.take(grid, plan.blocks, axis=0)
+        old = decode(old_raw, ref.dtype, copy=False)
+        bit = (plan.slots % np.uint32(self.n_code)).astype(np.intp)
+        block_t = self.signed_strength[bit] * host.grade
+        # new = old + m t s |old|, computed in place in one buffer.
+        new = np.abs(old) if host.finite else np.abs(np.where(np.isfinite(old), old, 0))
+        new *= plan.signs
+        new *= block_t.astype(old.dtype)[:, None]
+        new += old
+        if ref.dtype in ("F32", "F64") and host.finite:
+            # The stored dtype is the compute dtype and |new| <= 1.25 |old| stays finite (pass 1 squared
+            # every carrier in float32 without overflow): the written values are `new`, bit for bit.
+            grid[plan.blocks] = new
+            written = new
+            outcome = self._exact(ref, plan, host, np.abs(block_t))
+        else:
+            finite = np.isfinite(old)
+            new_raw = encode(new, ref.dtype)
+            changed = finite & (new_raw != old_raw)
+            out_raw = np.where(changed, new_raw, old_raw)
+            grid[plan.blocks] = out_raw
+            written = decode(out_raw, ref.dtype)
+            outcome = self._measured(ref, plan, old, written, finite)
+        stats = block_statistics(written, plan, full=False)
+        if stats is not None:
+            outcome.blocks = (stats.slots, stats.c, stats.e)
+        return outcome
 
-    def _account_exact(
+    def _apply(self, o: _Outcome) -> None:
+        self.weight_sq += o.weight_sq
+        self.delta_sq += o.delta_sq
+        self.sum_rel += o.sum_rel
+        self.count_rel += o.count_rel
+        self.max_rel = max(self.max_rel, o.report.max_relative_change)
+        self.reports.append(o.report)
+        if o.blocks is not None:
+            self.slots.append(o.blocks[0])
+            self.c.append(o.blocks[1])
+            self.e.append(o.blocks[2])
+
+    def _exact(
         self, ref: TensorRef, plan: CarrierPlan, host: _Host, block_strength: npt.NDArray[np.float64]
-    ) -> None:
+    ) -> _Outcome:
         """Change statistics of an F32/F64 tensor: each carrier moved by exactly its block's `t_b` of |w|."""
-        self.weight_sq += float(host.energy.sum())
-        self.delta_sq += float((block_strength * block_strength) @ host.energy)
-        tensor_max = float(block_strength.max())
-        self.sum_rel += float(block_strength.sum()) * self.params.block_size
-        self.count_rel += int(block_strength.size) * self.params.block_size
-        self.max_rel = max(self.max_rel, tensor_max)
-        self.reports.append(TensorReport(ref.name, ref.dtype, ref.shape, plan.carriers, tensor_max))
+        return _Outcome(
+            report=TensorReport(ref.name, ref.dtype, ref.shape, plan.carriers, float(block_strength.max())),
+            weight_sq=float(host.energy.sum()),
+            delta_sq=float((block_strength * block_strength) @ host.energy),
+            sum_rel=float(block_strength.sum()) * self.params.block_size,
+            count_rel=int(block_strength.size) * self.params.block_size,
+        )
 
-    def _account_measured(
+    def _measured(
         self,
         ref: TensorRef,
         plan: CarrierPlan,
         old: npt.NDArray[np.floating],
         new: npt.NDArray[np.floating],
         finite: npt.NDArray[np.bool_],
-    ) -> None:
+    ) -> _Outcome:
         """Change statistics measured on the cast values (F16, BF16, or non-finite carriers)."""
         import numpy as np
 
         old64 = np.where(finite, old, 0).astype(np.float64)
         delta = np.where(finite, new, 0).astype(np.float64) - old64
-        self.delta_sq += float(np.einsum("ij,ij->", delta, delta))
-        self.weight_sq += float(np.einsum("ij,ij->", old64, old64))
         ok = old64 != 0
         rel = np.abs(delta[ok]) / np.abs(old64[ok])
-        tensor_max = float(rel.max()) if rel.size else 0.0
-        self.sum_rel += float(rel.sum())
-        self.count_rel += int(rel.size)
-        self.max_rel = max(self.max_rel, tensor_max)
-        self.reports.append(TensorReport(ref.name, ref.dtype, ref.shape, plan.carriers, tensor_max))
+        return _Outcome(
+            report=TensorReport(
+                ref.name, ref.dtype, ref.shape, plan.carriers, float(rel.max()) if rel.size else 0.0
+            ),
+            weight_sq=float(np.einsum("ij,ij->", old64, old64)),
+            delta_sq=float(np.einsum("ij,ij->", delta, delta)),
+            sum_rel=float(rel.sum()),
+            count_rel=int(rel.size),
+        )
+
+
+@dataclass(slots=True)
+class _Outcome:
+    """One marked tensor's contribution to the result (applied in name order, after its shard)."""
+
+    report: TensorReport
+    weight_sq: float
+    delta_sq: float
+    sum_rel: float
+    count_rel: int
+    blocks: tuple[Any, Any, Any] | None = None
 
 
 def _chunks(f: Any) -> Iterator[bytes]:

@@ -3,7 +3,8 @@
 Reading a model directory walks it with the signer's rules (`modelsec.modelformat.model_files.walk_model`: no
 symlinks, no special files, clean names), and parses every `*.safetensors` header with the strict parser of
 DESIGN.md decision 6 before any tensor byte is used. Data are read through a read-only memory map, one shard
-at a time, and only the carrier blocks are gathered, so memory stays bounded by one tensor's carriers;
+at a time, and only the carrier blocks are gathered; the pages read are unmapped again tensor by tensor, so
+memory stays bounded by about one tensor;
 `read` materialises one whole tensor (used by re-synchronisation only).
 
 dtypes: F32 is read as float32, F16 and BF16 are widened to float32 exactly (BF16 by shifting its 16 bits
@@ -281,6 +282,7 @@ class DirectorySource:
         n_blocks = raw.size // block_size
         gathered = np.take(raw[: n_blocks * block_size].reshape(n_blocks, block_size), blocks, axis=0)
         del raw
+        self._drop_pages(ref)
         return decode(gathered, ref.dtype, copy=False)
 
     def read(self, ref: TensorRef) -> npt.NDArray[np.floating]:
@@ -288,7 +290,23 @@ class DirectorySource:
         raw = self._raw(ref)
         out = decode(raw, ref.dtype).reshape(ref.shape)
         del raw
+        self._drop_pages(ref)
         return out
+
+    def _drop_pages(self, ref: TensorRef) -> None:
+        """Unmap the pages of `ref` just read from this process (they stay in the page cache).
+
+        Pages touched through the map count in the process's resident set until the map is closed; dropped
+        tensor by tensor, the map adds about one tensor to peak memory instead of one shard.
+        """
+        if self._mapped is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        shard, info = self._where[ref.name]
+        start = shard.header.data_start + info.begin
+        aligned = start - start % mmap.PAGESIZE
+        end = min(shard.size, start + info.nbytes)
+        if end > aligned:
+            self._mapped[1].madvise(mmap.MADV_DONTNEED, aligned, end - aligned)
 
     def iter_shards(self) -> Iterator[tuple[ShardFile, list[TensorRef]]]:
         """Each shard with its tensors, in order (the unit of bounded-memory processing)."""

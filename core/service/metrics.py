@@ -7,17 +7,22 @@ Metrics (one registry per server, so several servers can live in one process):
 
 `/healthz` answers 200 while the server is serving and 503 once it is shutting down (the readiness the
 `grpc.health.v1` service reports too).
+
+With `modelsec serve --workers N` every worker records into prometheus-client's multiprocess files
+(`PROMETHEUS_MULTIPROC_DIR`, set by `modelsec.service.workers`) and the supervisor serves `AggregateMetrics`:
+the same metric names, summed over the workers.
 """
 
 from __future__ import annotations
 
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 
-__all__ = ["MetricsServer", "ServiceMetrics"]
+__all__ = ["AggregateMetrics", "MetricsServer", "ServiceMetrics"]
 
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0, 600.0)
 
@@ -53,10 +58,26 @@ class ServiceMetrics:
         children[1].observe(seconds)
 
 
+class _MetricsView(Protocol):
+    registry: CollectorRegistry
+    serving: bool
+
+
+class AggregateMetrics:
+    """The metrics of all worker processes that write into `directory` (prometheus multiprocess mode)."""
+
+    def __init__(self, directory: Path) -> None:
+        from prometheus_client import multiprocess
+
+        self.registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(self.registry, path=str(directory))  # type: ignore[no-untyped-call]
+        self.serving = True
+
+
 class MetricsServer:
     """Plain-HTTP side port: GET /metrics (Prometheus text format) and GET /healthz; a daemon thread."""
 
-    def __init__(self, metrics: ServiceMetrics, host: str, port: int) -> None:
+    def __init__(self, metrics: _MetricsView, host: str, port: int) -> None:
         owner = metrics
 
         class _Handler(BaseHTTPRequestHandler):

@@ -110,8 +110,13 @@ def _credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
     )
 
 
-async def start_server(config: ServerConfig, state: ServiceState | None = None) -> RunningServer:
+async def start_server(
+    config: ServerConfig, state: ServiceState | None = None, *, reuse_port: bool = False
+) -> RunningServer:
     """Build and start the server for `config` (port 0 in `listen` picks a free port).
+
+    With `reuse_port`, the port is bound with `SO_REUSEPORT`, shared with the other worker processes of
+    `modelsec serve --workers` (`modelsec.service.workers`); otherwise a port in use is an error.
 
     Raises:
         PolicyError, KeyMaterialError: From loading the state (policy file, keys).
@@ -128,7 +133,7 @@ async def start_server(config: ServerConfig, state: ServiceState | None = None) 
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", 1 if reuse_port else 0),
         ],
     )
     for add in SERVICES.values():
@@ -161,10 +166,13 @@ async def start_server(config: ServerConfig, state: ServiceState | None = None) 
 
 
 async def run_server(
-    config: ServerConfig, *, on_ready: Callable[[RunningServer], None] | None = None
+    config: ServerConfig,
+    *,
+    on_ready: Callable[[RunningServer], None] | None = None,
+    reuse_port: bool = False,
 ) -> None:
     """Serve until SIGTERM or SIGINT, then shut down gracefully (see the module docstring)."""
-    running = await start_server(config)
+    running = await start_server(config, reuse_port=reuse_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
