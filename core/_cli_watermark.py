@@ -282,9 +282,7 @@ def _detect(
 
     With --json, `ok` is true only when the mark is detected; otherwise `error.kind` is GateFailedError.
     """
-    import hmac
-
-    from modelsec.errors import Error, GateFailedError, KeyMaterialError
+    from modelsec.errors import Error, GateFailedError
     from modelsec.watermark.detection import DetectionThresholds, detect
     from modelsec.watermark.scheme import load_key_file, parse_message
 
@@ -296,13 +294,10 @@ def _detect(
         thresholds = DetectionThresholds(min_confidence=min_confidence, max_false_positive=max_false_positive)
         params = tensors = None
         if attestation is not None:
-            from modelsec.watermark.attestation import read_detection_hints
+            from modelsec.watermark.attestation import check_key_commitment, read_detection_hints
 
             hints = read_detection_hints(attestation)
-            if not hmac.compare_digest(hints.key_commitment, key.commitment()):
-                raise KeyMaterialError(
-                    f"{key_file}: this key does not match the key commitment of {attestation}"
-                )
+            check_key_commitment(hints, key, key_name=str(key_file), attestation=attestation)
             params, tensors = hints.params, hints.tensors
             if payload is None and message_bits is None:
                 message_bits = hints.message_bits

@@ -144,19 +144,6 @@ def _timestamp_attestation(path: Path, timestamper: Callable[[bytes], Sequence[b
     write_bundle_file(path, add_timestamps(data, tokens, source=str(path)), what="attestation")
 
 
-def _check_out_dir(model_dir: Path, out_dir: Path) -> None:
-    """Refuse an `out_dir` the final rename could not take (before any work is done)."""
-    if out_dir.is_symlink():
-        raise PolicyError(f"{out_dir}: the output directory is a symlink")
-    src, dst = model_dir.resolve(), out_dir.resolve()
-    if dst == src or src in dst.parents:
-        raise PolicyError(f"{out_dir}: the output directory must not be the model directory or inside it")
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise PolicyError(f"{out_dir}: the output directory exists and is not empty")
-    if not dst.parent.is_dir():
-        raise PolicyError(f"{out_dir}: the parent directory does not exist")
-
-
 def _check_report(report: Path, out_dir: Path) -> None:
     from modelsec.robustness.report import check_report_path
 
@@ -228,7 +215,9 @@ def release_model(
         raise PolicyError("release needs at least one signing key")
     attester = attestation_signer or signers[0]
     model_dir, out_dir = Path(model_dir), Path(out_dir)
-    _check_out_dir(model_dir, out_dir)
+    from modelsec.watermark._output import check_out_dir
+
+    check_out_dir(model_dir, out_dir)
     if report is not None:
         _check_report(report, out_dir)
     with _staging(out_dir) as staging:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from modelsec.attestations.statement import WATERMARK_PREDICATE_TYPE
-from modelsec.errors import PolicyError, UnsupportedAlgorithmError
+from modelsec.errors import KeyMaterialError, PolicyError, UnsupportedAlgorithmError
 from modelsec.limits import Limits
 
 if TYPE_CHECKING:
@@ -39,12 +39,13 @@ if TYPE_CHECKING:
     from modelsec.attestations.watermark_predicate import WatermarkPredicate
     from modelsec.signer.keys import TrustedKey
     from modelsec.watermark.embed import EmbedResult
-    from modelsec.watermark.scheme import WatermarkParams
+    from modelsec.watermark.scheme import WatermarkKey, WatermarkParams
 
 __all__ = [
     "PREDICATE_TYPE",
     "DetectionHints",
     "WatermarkAttestation",
+    "check_key_commitment",
     "detection_hints",
     "model_root_digests",
     "read_detection_hints",
@@ -408,3 +409,17 @@ def read_detection_hints(bundle_path: Path, *, limits: Limits | None = None) -> 
     bundle = read_bundle(bundle_path, limits or Limits())
     statement = parse_statement(bundle.envelope.payload, what=str(bundle_path), predicate_type=PREDICATE_TYPE)
     return detection_hints(statement.predicate, what=str(bundle_path))
+
+
+def check_key_commitment(
+    hints: DetectionHints, key: WatermarkKey, *, key_name: str, attestation: Path
+) -> None:
+    """Refuse a detection key other than the one the attestation commits to (constant-time comparison).
+
+    Raises:
+        KeyMaterialError: `key`'s commitment differs from the attestation's `keyCommitment`.
+    """
+    import hmac
+
+    if not hmac.compare_digest(hints.key_commitment, key.commitment()):
+        raise KeyMaterialError(f"{key_name}: this key does not match the key commitment of {attestation}")

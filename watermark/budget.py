@@ -121,9 +121,9 @@ def embed_within_budget(
         raise PolicyError(f"min_kappa must be in (0, kappa={params.kappa}], got {min_kappa}")
     if not 0 <= steps <= 10:
         raise PolicyError(f"steps must be in [0, 10], got {steps}")
-    from modelsec.watermark.embed import _check_out_dir
+    from modelsec.watermark._output import check_out_dir
 
-    _check_out_dir(Path(model_dir), Path(out_dir))
+    check_out_dir(Path(model_dir), Path(out_dir))
     probe.prepare(Path(model_dir))
     search = _Search(
         Path(model_dir), Path(out_dir), key, message, probe, max_fidelity_loss, thresholds, limits

@@ -19,12 +19,10 @@ The output appears atomically: files are written to a fresh sibling directory th
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import secrets
 import shutil
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +30,14 @@ from typing import TYPE_CHECKING, Any
 from modelsec.errors import MalformedArtifactError, PolicyError
 from modelsec.limits import Limits
 from modelsec.modelformat._openat2 import open_beneath_fd
+from modelsec.watermark._output import (
+    COPY_CHUNK,
+    check_out_dir,
+    chunks,
+    make_staging,
+    move_into_place,
+    write_new,
+)
 from modelsec.watermark.detection import DetectionResult, DetectionThresholds, ExtractedBlocks, evaluate
 from modelsec.watermark.io import RAW_DTYPES, DirectorySource, ShardFile, TensorRef, decode, encode
 from modelsec.watermark.scheme import (
@@ -55,8 +61,6 @@ if TYPE_CHECKING:
     from modelsec.watermark.fidelity import FidelityReport
 
 __all__ = ["EmbedResult", "TensorReport", "embed_model"]
-
-_COPY_CHUNK = 8 * 2**20
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +195,7 @@ def embed_model(
             f"message too long: {8 * len(message)} bits, at most {params.max_message_bits} "
             f"({params.max_message_bits // 8} bytes)"
         )
-    _check_out_dir(Path(model_dir), Path(out_dir))
+    check_out_dir(Path(model_dir), Path(out_dir))
     bits = message_bits(message)
     code = code_word(key, bits, params)
     n_code = len(code)
@@ -321,22 +325,6 @@ def _measure(
     return c0, e0, a0, q0, g2, host
 
 
-def _check_out_dir(model_dir: Path, out_dir: Path) -> None:
-    src = model_dir.resolve()
-    dst = out_dir.resolve()
-    if dst == src or src in dst.parents:
-        raise PolicyError(f"{out_dir}: the output directory must not be the model directory or inside it")
-    if out_dir.is_symlink():
-        raise PolicyError(f"{out_dir}: the output directory is a symlink")
-    if out_dir.exists():
-        if not out_dir.is_dir():
-            raise PolicyError(f"{out_dir}: exists and is not a directory")
-        if any(out_dir.iterdir()):
-            raise PolicyError(f"{out_dir}: the output directory exists and is not empty")
-    if not dst.parent.is_dir():
-        raise PolicyError(f"{out_dir}: the parent directory does not exist")
-
-
 @dataclass(frozen=True, slots=True)
 class _Host:
     """What pass 1 learnt about a tensor's carriers: per-block sum(w**2) (float64), all finite, grade."""
@@ -383,14 +371,14 @@ class _Writer:
         # is read through the descriptor the source walked.
         parent_fd = _open_out_parent(self.out_dir)
         try:
-            staging = _make_staging(parent_fd, self.out_dir)
+            staging = make_staging(parent_fd, self.out_dir)
             try:
                 staging_fd = open_beneath_fd(parent_fd, staging, os.O_RDONLY | os.O_DIRECTORY)
                 try:
                     self._write_all(staging_fd)
                 finally:
                     os.close(staging_fd)
-                _move_into_place(parent_fd, staging, self.out_dir)
+                move_into_place(parent_fd, staging, self.out_dir)
             except BaseException:
                 shutil.rmtree(staging, ignore_errors=True, dir_fd=parent_fd)
                 raise
@@ -412,14 +400,14 @@ class _Writer:
                 if file.name in shards:
                     shard, refs = shards[file.name]
                     outcomes: dict[str, _Outcome] = {}
-                    _write_new(staging_fd, file.name, self._stream_shard(f, shard, outcomes), self.out_dir)
+                    write_new(staging_fd, file.name, self._stream_shard(f, shard, outcomes), self.out_dir)
                     # Applied in name order, as by the whole-shard writer: the sums are equal to the last bit.
                     for ref in refs:
                         if ref.name in outcomes:
                             self._apply(outcomes[ref.name])
                     self.bytes_processed += shard.size
                 else:
-                    _write_new(staging_fd, file.name, _chunks(f), self.out_dir)
+                    write_new(staging_fd, file.name, chunks(f), self.out_dir)
 
     def _stream_shard(self, f: Any, shard: ShardFile, outcomes: dict[str, _Outcome]) -> Iterator[Any]:
         """The shard's marked bytes, tensor by tensor in file order: memory is one tensor, not one shard.
@@ -438,9 +426,9 @@ class _Writer:
                 raise self._changed(shard)  # the strict parser admits no gap: the header was replaced
             host = self.host.get(info.name)
             if host is None:
-                for left in range(info.nbytes, 0, -_COPY_CHUNK):
-                    chunk = f.read(min(left, _COPY_CHUNK))
-                    if len(chunk) != min(left, _COPY_CHUNK):
+                for left in range(info.nbytes, 0, -COPY_CHUNK):
+                    chunk = f.read(min(left, COPY_CHUNK))
+                    if len(chunk) != min(left, COPY_CHUNK):
                         raise self._changed(shard)
                     yield chunk
             else:
@@ -572,56 +560,8 @@ class _Outcome:
     blocks: tuple[Any, Any, Any] | None = None
 
 
-def _chunks(f: Any) -> Iterator[bytes]:
-    while chunk := f.read(_COPY_CHUNK):
-        yield chunk
-
-
 def _open_out_parent(out_dir: Path) -> int:
     try:
         return os.open(out_dir.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as e:
         raise PolicyError(f"{out_dir}: cannot open the parent directory: {e.strerror}") from None
-
-
-def _make_staging(parent_fd: int, out_dir: Path) -> str:
-    """Create a fresh staging directory beneath `parent_fd` (0755, never an existing name); its name."""
-    for _ in range(16):
-        name = f".{out_dir.name}.tmp-{secrets.token_hex(6)}"
-        try:
-            os.mkdir(name, 0o755, dir_fd=parent_fd)
-        except FileExistsError:
-            continue
-        except OSError as e:
-            raise PolicyError(f"{out_dir}: cannot create the output directory: {e.strerror}") from None
-        return name
-    raise PolicyError(f"{out_dir}: cannot create a staging directory beside it")
-
-
-def _move_into_place(parent_fd: int, staging: str, out_dir: Path) -> None:
-    try:
-        with contextlib.suppress(FileNotFoundError):
-            os.rmdir(out_dir.name, dir_fd=parent_fd)  # an empty output directory given by the caller
-        os.rename(staging, out_dir.name, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
-    except OSError as e:
-        raise PolicyError(f"{out_dir}: cannot move the watermarked model into place: {e.strerror}") from None
-
-
-def _write_new(staging_fd: int, name: str, chunks: Iterable[Any], out_dir: Path) -> None:
-    """Create `name` beneath `staging_fd` (no link followed, never over an existing file); write it.
-
-    Raises:
-        PolicyError: The output cannot be written (permissions, disk full): a setup problem.
-    """
-    try:
-        parts = name.split("/")[:-1]
-        for depth in range(1, len(parts) + 1):
-            with contextlib.suppress(FileExistsError):
-                os.mkdir("/".join(parts[:depth]), 0o755, dir_fd=staging_fd)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
-        fd = open_beneath_fd(staging_fd, name, flags, 0o644)
-        with os.fdopen(fd, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
-    except OSError as e:
-        raise PolicyError(f"{out_dir}: cannot write the watermarked model: {e.strerror}") from None
