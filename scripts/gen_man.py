@@ -92,7 +92,7 @@ def _page(words: list[str], cmd: click.Command, ctx: click.Context) -> str:
 
 def generate() -> dict[str, str]:
     """Every page of the CLI: file name -> groff text."""
-    root = click.Context(main, info_name="modelsec")
+    root = click.Context(main, info_name="modelsec", **main.context_settings)  # -h as the CLI has it
     pages = {"modelsec.1": _page([], main, root)}
     for words, cmd, ctx in _commands(main, root):
         pages["-".join(["modelsec", *words]) + ".1"] = _page(words, cmd, ctx)
