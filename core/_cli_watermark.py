@@ -266,6 +266,12 @@ def _embed(
     show_default=True,
     help="Detected only if the false-positive probability is at most this.",
 )
+@click.option(
+    "--report",
+    type=click.Path(path_type=Path),
+    callback=lambda _ctx, _param, value: _report_path(value),
+    help="Also write a CI report of the detection, whatever the verdict: .md (Markdown) or .xml (JUnit XML).",
+)
 @_json_option
 def _detect(
     model_dir: Path,
@@ -276,6 +282,7 @@ def _detect(
     attestation: Path | None,
     min_confidence: float,
     max_false_positive: float,
+    report: Path | None,
     as_json: bool,
 ) -> None:
     """Detect the watermark of --watermark-key in MODEL_DIR (exit 0 when detected, 1 when not).
@@ -311,6 +318,13 @@ def _detect(
             params=params,
             thresholds=thresholds,
         )
+        if report is not None:
+            from modelsec.watermark.report import write_detection_report
+
+            attested_digest = None if attestation is None else _attested_digest(attestation)
+            write_detection_report(
+                report, result.to_json(), model=str(model_dir), attested_digest=attested_digest
+            )
     except Error as e:
         _fail(e, as_json)
     if as_json:
@@ -338,6 +352,31 @@ def _detect(
                 f"of {result.resync.groups} neuron groups against {reference}"
             )
     sys.exit(0 if result.detected else 1)
+
+
+def _report_path(value: Path | None) -> Path | None:
+    """Check --report's extension before any work (a usage error, exit 2)."""
+    from modelsec._reports import check_report_path
+    from modelsec.errors import PolicyError
+
+    if value is not None:
+        try:
+            check_report_path(value)
+        except PolicyError as e:
+            raise click.BadParameter(str(e)) from None
+    return value
+
+
+def _attested_digest(attestation: Path) -> str | None:
+    """The sha256 root digest of the attestation's subject (read, not verified: the report only shows it)."""
+    from modelsec.attestations.statement import parse_statement
+    from modelsec.limits import Limits
+    from modelsec.verifier.bundles import read_bundle
+
+    bundle = read_bundle(attestation, Limits())
+    statement = parse_statement(bundle.envelope.payload, what=str(attestation))
+    digest = statement.subjects[0].digest.get("sha256")
+    return None if digest is None else _digest_str(digest)
 
 
 def _not_detected(result: Any) -> str:

@@ -8,14 +8,12 @@ evidence: the signed attestation is what a verifier checks. No torch import here
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from modelsec._reports import REPORT_FORMATS, check_report_path, junit_testsuite, md_cell, write_report_file
 from modelsec.errors import BackendUnavailableError, PolicyError
 
 __all__ = [
@@ -34,21 +32,6 @@ SweepPoint = tuple[float, int, int, float, float]
 
 PLOT_SIZE_PX = (800, 500)
 """Width and height of the ε-sweep PNG in pixels."""
-
-REPORT_FORMATS = {".md": "markdown", ".markdown": "markdown", ".xml": "junit"}
-"""Report file extensions and the format each selects."""
-
-
-def check_report_path(path: Path) -> str:
-    """The report format `path`'s extension selects (checked before the run, so a typo costs no gate run).
-
-    Raises:
-        PolicyError: The extension is neither `.md`/`.markdown` (Markdown) nor `.xml` (JUnit XML).
-    """
-    fmt = REPORT_FORMATS.get(path.suffix.lower())
-    if fmt is None:
-        raise PolicyError(f"{path}: a report must end in .md (Markdown) or .xml (JUnit XML)")
-    return fmt
 
 
 def _fmt(x: float) -> str:
@@ -71,11 +54,6 @@ def _cases(run: Mapping[str, Any]) -> list[tuple[str, bool, str]]:
     cases = [(threshold, gate["verdict"] == "PASSED", detail)]
     cases += [(f"sanity: {c['name']}", bool(c["passed"]), str(c["detail"])) for c in run["sanity"]["checks"]]
     return cases
-
-
-def _cell(text: str) -> str:
-    """Text for a Markdown table cell (a `|` would end the cell, a newline the row)."""
-    return text.replace("|", "\\|").replace("\n", " ")
 
 
 def _sweep_markdown(sweep: Sequence[SweepPoint], plot: str | None) -> list[str]:
@@ -128,7 +106,7 @@ def _markdown(
         "",
         "| check | result | detail |",
         "|---|---|---|",
-        *(f"| {name} | {'ok' if ok else 'FAIL'} | {_cell(detail)} |" for name, ok, detail in _cases(run)),
+        *(f"| {name} | {'ok' if ok else 'FAIL'} | {md_cell(detail)} |" for name, ok, detail in _cases(run)),
         "",
         *_sweep_markdown(sweep, plot),
     ]
@@ -136,27 +114,14 @@ def _markdown(
 
 
 def _junit(run: Mapping[str, Any], root_digest: str) -> str:
-    cases = _cases(run)
-    suite = ET.Element(
-        "testsuite",
-        name="modelsec gate pgd",
-        tests=str(len(cases)),
-        failures=str(sum(not ok for _, ok, _ in cases)),
-        errors="0",
-        time=f"{run['elapsedSeconds']:.3f}",
+    return junit_testsuite(
+        "modelsec gate pgd",
+        "modelsec.gate.pgd",
+        _cases(run),
+        properties=[("rootDigest", root_digest), ("verdict", run["gate"]["verdict"])],
+        time=run["elapsedSeconds"],
         timestamp=str(run["finishedAt"]),
     )
-    props = ET.SubElement(suite, "properties")
-    for name, value in (("rootDigest", root_digest), ("verdict", run["gate"]["verdict"])):
-        ET.SubElement(props, "property", name=name, value=value)
-    for name, ok, detail in cases:
-        case = ET.SubElement(suite, "testcase", classname="modelsec.gate.pgd", name=name)
-        if ok:
-            ET.SubElement(case, "system-out").text = detail
-        else:
-            ET.SubElement(case, "failure", message=detail, type="GateFailed").text = detail
-    ET.indent(suite)
-    return ET.tostring(suite, encoding="unicode", xml_declaration=True) + "\n"
 
 
 def render_gate_report(
@@ -265,12 +230,5 @@ def write_gate_report(
         sweep=sweep,
         plot=plot.name if plot else None,
     )
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        raise PolicyError(f"{path}: cannot write the report: {e.strerror}") from None
+    write_report_file(path, text)
     return plot
