@@ -68,13 +68,17 @@ class DigestMismatchError(VerificationError):
 class FileSetMismatchError(VerificationError):
     """The model directory holds other files than the signed manifest lists."""
 
-    def __init__(self, model: str, extra: list[str], missing: list[str]) -> None:
+    def __init__(self, model: str, extra: list[str], missing: list[str], *, requested: bool = False) -> None:
         parts = []
         if extra:
             parts.append("extra (unsigned) files: " + ", ".join(extra))
         if missing:
             parts.append("missing signed files: " + ", ".join(missing))
-        super().__init__(f"{model}: directory differs from the signed manifest; " + "; ".join(parts))
+        if requested:  # the caller named files to verify (`--shard`, `files=`) the manifest does not list
+            message = f"{model}: not signed files of this model: {', '.join(extra)} (not in the manifest)"
+        else:
+            message = f"{model}: directory differs from the signed manifest; " + "; ".join(parts)
+        super().__init__(message)
         self.model, self.extra, self.missing = model, extra, missing
 
 

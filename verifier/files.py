@@ -72,7 +72,7 @@ def check_file_set(
     if only is not None:
         unsigned = [n for n in only if n not in signed_names]
         if unsigned:
-            raise FileSetMismatchError(model, unsigned, [])
+            raise FileSetMismatchError(model, unsigned, [], requested=True)
         names = list(only)
     else:
         # A file is part of the set unless every verified bundle's signed list ignores it (OMS semantics),

@@ -58,6 +58,11 @@ class WatermarkKey:
         Raises:
             KeyMaterialError: The key is shorter than 32 or longer than 64 bytes, or all one byte value.
         """
+        if key.lstrip().startswith(b"-----BEGIN"):
+            raise KeyMaterialError(
+                f"{source}: is a PEM file (a signing, public or TLS key?), not a watermark key; a watermark "
+                "key is 32-64 raw random bytes (run `modelsec watermark keygen`)"
+            )
         if len(key) < KEY_MIN_BYTES:
             raise KeyMaterialError(
                 f"{source}: watermark key too short: {len(key)} bytes, need at least {KEY_MIN_BYTES} random "

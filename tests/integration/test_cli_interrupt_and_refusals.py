@@ -131,3 +131,17 @@ def test_sign_refuses_what_verify_refuses_unless_allowed(
 def test_sign_accepts_a_plain_safetensors_model(tiny_model: Path, keys: Path) -> None:
     assert run("sign", tiny_model, "-q", "-k", keys / "ci.key.pem").returncode == 0
     assert run("verify", tiny_model, "-q", "-k", keys / "ci.pub.pem").returncode == 0
+
+
+def test_verify_of_a_shard_the_manifest_does_not_list_says_so(tiny_model: Path, keys: Path) -> None:
+    assert run("sign", tiny_model, "-q", "-k", keys / "ci.key.pem").returncode == 0
+    r = run("verify", tiny_model, "-k", keys / "ci.pub.pem", "--shard", "nonexist.safetensors")
+    assert r.returncode == 1
+    assert "not signed files of this model: nonexist.safetensors" in r.stderr
+    assert "extra (unsigned)" not in r.stderr  # the directory does not hold it: not an "extra" file
+
+
+def test_a_pem_file_as_watermark_key_is_named_as_such(tiny_model: Path, keys: Path) -> None:
+    r = run("watermark", "detect", tiny_model, "-k", keys / "ci.key.pem", "-m", "hi")
+    assert r.returncode == 1
+    assert "is a PEM file" in r.stderr and "not a watermark key" in r.stderr and "too long" not in r.stderr
