@@ -300,10 +300,14 @@ def _pgd(
 
 def _report_path(value: Path | None) -> Path | None:
     """Check --report's extension before the gate runs (a usage error, exit 2)."""
-    from modelsec.robustness.report import REPORT_FORMATS
+    from modelsec._reports import check_report_path
+    from modelsec.errors import PolicyError
 
-    if value is not None and value.suffix.lower() not in REPORT_FORMATS:
-        raise click.BadParameter(f"{value}: must end in .md (Markdown) or .xml (JUnit XML)")
+    if value is not None:
+        try:
+            check_report_path(value)
+        except PolicyError as e:
+            raise click.BadParameter(str(e)) from None
     return value
 
 
