@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     def api_verify(d: Path, sig: Path) -> Measure:
         return in_process(lambda: verify_model(d, ec_policy, bundles=[sig]))
 
-    def cli_sign(d: Path, tag: str, tensor: str, sm2: bool = False) -> Measure:
+    def cli_sign(d: Path, tag: str, tensor: str, sm2: bool = False, extra: tuple[str, ...] = ()) -> Measure:
         argv = [
             modelsec,
             "sign",
@@ -305,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
             ec_key,
             "--signature",
             str(sigs / f"{tag}.sig"),
+            *extra,
         ]
         if sm2:
             argv += ["--key", sm2_key, "--signature", str(sigs / f"{tag}.sm2.sig")]
@@ -555,6 +556,22 @@ def main(argv: list[str] | None = None) -> int:
             nbytes,
             cli_verify(model, "ms-none"),
             ref="ref_sha",
+        ),
+        Case(
+            "cli_sign_b3",
+            "CLI sign ECDSA, --hash-type blake3, tensor none",
+            M,
+            nbytes,
+            cli_sign(model, "ms-b3", "none", extra=("--hash-type", "blake3")),
+            ref="ref_b3",
+        ),
+        Case(
+            "cli_verify_b3",
+            "CLI verify ECDSA, blake3 bundle",
+            M,
+            nbytes,
+            cli_verify(model, "ms-b3"),
+            ref="ref_b3",
         ),
         Case(
             "cli_sign_sm2",
@@ -821,9 +838,10 @@ def main(argv: list[str] | None = None) -> int:
     ratio_row(
         "verify: model_signing CLI / modelsec CLI none", "oms_verify", "cli_verify_none", ">= 1.10", ge11
     )
-    rows.append(
-        ["vs model_signing blake3 mode", "-", "-", ">= 1.50", "n/a: modelsec offers no OMS blake3 hash type"]
-    )
+    ge15 = lambda v: v >= 1.50  # noqa: E731
+    for verb in ("sign", "verify"):
+        label = f"{verb} blake3: model_signing API / modelsec CLI"
+        ratio_row(label, f"oms_{verb}_b3", f"cli_{verb}_b3", ">= 1.50", ge15)
     ratio_row("single file: modelsec none / 1-thread hashlib", "one_api_none", "one_ref", "<= 1.05", le105)
     ratio_row(f"  what-if {wi}", "one_api_none_wi", "one_ref", "<= 1.05", le105)
     print(c.render_table(["ratio", "wall", "cpu", "target", "verdict"], rows, right=(1, 2)))
