@@ -7,12 +7,13 @@ Two kinds of authority (DESIGN.md decision 12; `modelsec.policy.X509Authority`, 
   (pyca/cryptography's `PolicyBuilder`, RFC 5280 / CA/B Forum profile), using the bundle's other
   certificates only as untrusted intermediates. *When* the chain is checked (path building, every
   certificate's validity window, the leaf): at the time of each RFC 3161 timestamp over the bundle's
-  signature that a TSA of the *policy* vouches for (`trusted_times`; the timestamp's CMS signature, its
-  imprint of this signature and its TSA chain are verified before its time is used), and the chain must
-  verify at every such time; without one, at the verification time (*now*), so an expired leaf is refused
-  unless a trusted timestamp shows it signed in time. A timestamp no configured TSA vouches for is not
-  believed (now decides, never a time the bundle claims); `modelsec.verifier.bundles.check_signature_time`
-  then refuses the bundle for it. (model_signing itself checks at the leaf's notBefore.) The leaf must have
+  signature that a TSA of the *policy* vouches for (`modelsec.verifier._x509_chain`: the timestamp's CMS
+  signature, its imprint of this signature and its TSA chain are verified before its time is used), and the
+  chain must verify at every such time; without one, at the verification time (*now*), so an expired leaf
+  is refused unless a trusted timestamp shows it signed in time. A timestamp no configured TSA vouches for
+  is not believed (now decides, never a time the bundle claims; where the policy has TSAs,
+  `modelsec.verifier.bundles.check_signature_time` then refuses the bundle for it). (model_signing itself
+  checks at the leaf's notBefore.) The leaf must have
   the code-signing EKU and, when it has a key usage, `digitalSignature`; it must name one of the
   authority's identities. Then the DSSE signature is checked with the leaf's public key.
 * **Sigstore keyless** (`model_signing sign sigstore`): verified offline by the `sigstore` package against a
