@@ -182,3 +182,15 @@ def test_timestamp_after_the_leaf_expired_is_refused_naming_its_time(
         verify_model(signed.use(signed.stamped), _load(policy))
     r = run_cli("verify", signed.model, "--policy", policy, "--json")
     assert r.returncode == 1 and f"timestamp's time {signed.gen_time.isoformat()}" in r.stdout
+
+
+def test_every_trusted_timestamp_must_fall_inside_the_chain_validity(
+    timed: tuple[Signed, Signed], roots: tuple[Path, Path], tsa: tuple[str, Path], tmp_path: Path
+) -> None:
+    signed, _ = timed
+    bundle = signed.use(signed.stamped) / "model.sig"
+    late = request_timestamp(parse_bundle(signed.plain, source="b").signature.sig, tsa[0])
+    bundle.write_bytes(add_timestamps(signed.stamped, [late], source=str(bundle)))
+    late_time = re.escape(decode_timestamp_response(late).tst_info.gen_time.isoformat())
+    with pytest.raises(SignatureError, match=rf"at the RFC 3161 timestamp's time {late_time}: "):
+        verify_model(signed.model, _load(_policy(tmp_path, *roots)))
