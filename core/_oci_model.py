@@ -334,7 +334,13 @@ def _verify_weights_signature(bundle: Bundle, policy: Policy) -> TrustedKey:
     The same checks `verify_signatures` makes: pinned keys, then certificate and keyless authorities, then
     the bundle's RFC 3161 timestamps and the key's validity window (`check_signature_time`).
     """
-    key = verify_bundle_signature(bundle, policy.keys, role="weights", authorities=policy.authorities)
+    key = verify_bundle_signature(
+        bundle,
+        policy.keys,
+        role="weights",
+        authorities=policy.authorities,
+        timestamp_authorities=policy.timestamp_authorities,
+    )
     check_signature_time(bundle, key, policy)
     return key
 

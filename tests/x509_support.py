@@ -72,9 +72,12 @@ def make_leaf(
     san: str = SAN,
     eku: tuple[x509.ObjectIdentifier, ...] = (ExtendedKeyUsageOID.CODE_SIGNING,),
     not_after: datetime.datetime | None = None,
+    not_before: datetime.datetime | None = None,
+    key: ec.EllipticCurvePrivateKey | None = None,
 ) -> Issued:
-    """A code-signing leaf (P-256) naming `san` (a URI when it holds `://`, else an email)."""
-    key = ec.generate_private_key(ec.SECP256R1())
+    """A code-signing leaf (P-256, a new key unless `key`) naming `san` (a URI when it holds `://`, else an
+    email)."""
+    key = key or ec.generate_private_key(ec.SECP256R1())
     general: x509.GeneralName = x509.UniformResourceIdentifier(san) if "://" in san else x509.RFC822Name(san)
     cert = (
         x509.CertificateBuilder()
@@ -82,7 +85,7 @@ def make_leaf(
         .issuer_name(issuer.cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(NOW - datetime.timedelta(days=1))
+        .not_valid_before(not_before or NOW - datetime.timedelta(days=1))
         .not_valid_after(not_after or NOW + datetime.timedelta(days=7))
         .add_extension(x509.SubjectAlternativeName([general]), critical=False)
         .add_extension(x509.ExtendedKeyUsage(list(eku)), critical=False)

@@ -60,7 +60,7 @@ from modelsec.attestations.watermark_predicate import (
 )
 from modelsec.errors import AttestationError, Error, MalformedArtifactError
 from modelsec.limits import Limits
-from modelsec.policy import Authority, Policy, RobustnessRequirement, WatermarkRequirement
+from modelsec.policy import Authority, Policy, RobustnessRequirement, TimestampAuthority, WatermarkRequirement
 from modelsec.signer.keys import TrustedKey
 from modelsec.signer.signing import ATTESTATION_FILE_NAMES
 from modelsec.verifier.bundles import check_signature_time, read_bundle, verify_bundle_signature
@@ -95,6 +95,7 @@ def verify_statement_bundle(
     *,
     what: str,
     authorities: Sequence[Authority] = (),
+    timestamp_authorities: Sequence[TimestampAuthority] = (),
 ) -> TrustedKey:
     """Steps 3-4 for one bundle of a known predicate type: the signing key and the subject.
 
@@ -106,6 +107,7 @@ def verify_statement_bundle(
         what: Names the bundle in errors.
         authorities: Certificate and Sigstore authorities; only those holding the role are tried, and only
             for a bundle that carries a certificate (`modelsec.verifier.identity`).
+        timestamp_authorities: TSAs whose timestamps in the bundle set the time an X.509 chain is checked at.
 
     Returns:
         The trusted key that verified (for a certificate: the leaf's key, named after its authority).
@@ -121,7 +123,9 @@ def verify_statement_bundle(
     role = _ROLE.get(statement.predicate_type)
     if role is None:
         raise AttestationError(f"{what}: unknown predicateType {statement.predicate_type!r}")
-    key = verify_bundle_signature(bundle, keys, role=role, authorities=authorities)
+    key = verify_bundle_signature(
+        bundle, keys, role=role, authorities=authorities, timestamp_authorities=timestamp_authorities
+    )
     subjects = [s.digest.get("sha256", "") for s in statement.subjects]
     if not any(hmac.compare_digest(s.encode(), root_digest.encode()) for s in subjects):
         raise AttestationError(f"{what}: is about model {subjects[0] or '?'}, not {root_digest}")
@@ -420,7 +424,11 @@ class _Selection:
             claimed = statement.predicate_type
             if claimed not in _ROLE:
                 signer = verify_bundle_signature(
-                    bundle, self.policy.keys, role=None, authorities=self.policy.authorities
+                    bundle,
+                    self.policy.keys,
+                    role=None,
+                    authorities=self.policy.authorities,
+                    timestamp_authorities=self.policy.timestamp_authorities,
                 )
                 raise AttestationError(
                     f"{what}: unknown predicateType {claimed!r} (signed by trusted key {signer.name!r}): "
@@ -433,6 +441,7 @@ class _Selection:
                 self.root_digest,
                 what=what,
                 authorities=self.policy.authorities,
+                timestamp_authorities=self.policy.timestamp_authorities,
             )
             check_signature_time(bundle, key, self.policy, now=self.now)
             self._classify(statement, key, what)

@@ -17,7 +17,7 @@ from modelsec.errors import (
 )
 from modelsec.limits import Limits
 from modelsec.modelformat.model_files import open_beneath
-from modelsec.policy import Authority, Policy
+from modelsec.policy import Authority, Policy, TimestampAuthority
 from modelsec.signer.keys import TrustedKey
 from modelsec.signer.schemes import scheme_for, scheme_for_bundle_name
 from modelsec.signer.signing import SIGNATURE_FILE_NAMES
@@ -97,6 +97,7 @@ def verify_bundle_signature(
     *,
     role: str | None = "weights",
     authorities: Sequence[Authority] = (),
+    timestamp_authorities: Sequence[TimestampAuthority] = (),
 ) -> TrustedKey:
     """Check the bundle's single DSSE signature with the trusted keys, then through the authorities.
 
@@ -111,6 +112,8 @@ def verify_bundle_signature(
         role: The role the signing key must hold (`weights`, `watermark`, `gate`); None: any configured key.
         authorities: The policy's certificate and Sigstore authorities (tried when no key verifies and the
             bundle carries a certificate).
+        timestamp_authorities: The policy's TSAs: an X.509 chain is checked at the time of each bundle
+            timestamp one of them vouches for, else now (`modelsec.verifier.identity`).
 
     Returns:
         The trusted key that verified: a pinned key, or the key of a certificate an authority vouched for.
@@ -120,7 +123,8 @@ def verify_bundle_signature(
             the bundle's certificate and signature.
         MalformedArtifactError: The bundle's certificates are malformed (only read when authorities are
             configured).
-        BackendUnavailableError: A Sigstore authority is configured without the `sigstore` package.
+        BackendUnavailableError: A Sigstore authority is configured without the `sigstore` package, or an
+            X.509 bundle's timestamps must be verified without `rfc3161-client`.
         PolicyError: A Sigstore authority's trusted root cannot be loaded.
     """
     selectors = {bundle.hint, bundle.signature.keyid} - {""}
@@ -137,7 +141,9 @@ def verify_bundle_signature(
             continue
         return key
     if authorities:
-        vouched, refusals = verify_with_authorities(bundle, authorities, role=role)
+        vouched, refusals = verify_with_authorities(
+            bundle, authorities, role=role, timestamp_authorities=timestamp_authorities
+        )
         if vouched is not None:
             return vouched
         reasons.extend(refusals)

@@ -5,9 +5,16 @@ Two kinds of authority (DESIGN.md decision 12; `modelsec.policy.X509Authority`, 
 * **X.509** (model_signing's `certificate` method: `verificationMaterial.x509CertificateChain` = leaf, then
   intermediates; or a v0.3 `certificate`). A path is built from the leaf to one of the authority's roots
   (pyca/cryptography's `PolicyBuilder`, RFC 5280 / CA/B Forum profile), using the bundle's other
-  certificates only as untrusted intermediates. The chain must be valid *now*: such bundles carry no trusted
-  timestamp, so an expired leaf is refused (model_signing itself checks at the leaf's notBefore). The leaf
-  must have the code-signing EKU and, when it has a key usage, `digitalSignature`; it must name one of the
+  certificates only as untrusted intermediates. *When* the chain is checked (path building, every
+  certificate's validity window, the leaf): at the time of each RFC 3161 timestamp over the bundle's
+  signature that a TSA of the *policy* vouches for (`modelsec.verifier._x509_chain`: the timestamp's CMS
+  signature, its imprint of this signature and its TSA chain are verified before its time is used), and the
+  chain must verify at every such time; without one, at the verification time (*now*), so an expired leaf
+  is refused unless a trusted timestamp shows it signed in time. A timestamp no configured TSA vouches for
+  is not believed (now decides, never a time the bundle claims; where the policy has TSAs,
+  `modelsec.verifier.bundles.check_signature_time` then refuses the bundle for it). (model_signing itself
+  checks at the leaf's notBefore.) The leaf must have
+  the code-signing EKU and, when it has a key usage, `digitalSignature`; it must name one of the
   authority's identities. Then the DSSE signature is checked with the leaf's public key.
 * **Sigstore keyless** (`model_signing sign sigstore`): verified offline by the `sigstore` package against a
   trusted root (the package's embedded production or staging root, or a `trusted_root.json`): Fulcio chain,
@@ -15,7 +22,8 @@ Two kinds of authority (DESIGN.md decision 12; `modelsec.policy.X509Authority`, 
   certificate's validity, the DSSE signature, and the identity + issuer rules. No network, no cache writes.
 
 Either way the result is a `TrustedKey` built from the verified leaf (named after the authority and the
-identity), so what follows is the same as for a pinned key. Nothing here trusts a certificate by itself.
+identity; for X.509 checked at timestamp times, the name says at which), so what follows is the same as for
+a pinned key. Nothing here trusts a certificate by itself.
 """
 
 from __future__ import annotations
@@ -40,8 +48,9 @@ from modelsec.errors import (
     PolicyError,
     SignatureError,
 )
-from modelsec.policy import Authority, IdentityRule, SigstoreAuthority, X509Authority
+from modelsec.policy import Authority, IdentityRule, SigstoreAuthority, TimestampAuthority, X509Authority
 from modelsec.signer.keys import TrustedKey, load_trusted_key
+from modelsec.verifier._x509_chain import trusted_times, verify_chain
 
 if TYPE_CHECKING:
     from sigstore.models import TrustedRoot
@@ -106,7 +115,11 @@ def bundle_certificates(bundle: Bundle) -> tuple[bytes, ...]:
 
 
 def verify_with_authorities(
-    bundle: Bundle, authorities: Sequence[Authority], *, role: str | None
+    bundle: Bundle,
+    authorities: Sequence[Authority],
+    *,
+    role: str | None,
+    timestamp_authorities: Sequence[TimestampAuthority] = (),
 ) -> tuple[TrustedKey | None, list[str]]:
     """Verify a bundle's certificate and signature through the first authority that vouches for it.
 
@@ -115,6 +128,9 @@ def verify_with_authorities(
             verification material).
         authorities: The policy's authorities; those not allowed to sign `role` are not tried.
         role: The role the signer must hold (None: any).
+        timestamp_authorities: The policy's TSAs: an X.509 chain is checked at the time of each bundle
+            timestamp one of them vouches for (`trusted_times`), else now. Sigstore keyless bundles use
+            their own verified times.
 
     Returns:
         The key of the verified leaf certificate (its name says which authority and identity), or None with
@@ -122,58 +138,47 @@ def verify_with_authorities(
 
     Raises:
         MalformedArtifactError: The bundle's certificates are malformed (`bundle_certificates`).
-        BackendUnavailableError: A Sigstore authority is configured but the `sigstore` package is missing.
+        BackendUnavailableError: A Sigstore authority is configured but the `sigstore` package is missing,
+            or the bundle's timestamps must be verified and `rfc3161-client` is missing.
         PolicyError: A Sigstore authority's trusted root cannot be loaded.
     """
     certificates = bundle_certificates(bundle)
     if not certificates:
         return None, []
     reasons: list[str] = []
+    times: tuple[datetime.datetime, ...] | None = None
     for authority in authorities:
         if role is not None and not authority.may(role):
             continue
         try:
             if isinstance(authority, X509Authority):
-                return _verify_x509(bundle, certificates, authority), reasons
+                if times is None:
+                    times = trusted_times(bundle, timestamp_authorities)
+                return _verify_x509(bundle, certificates, authority, times), reasons
             return _verify_sigstore(bundle, authority), reasons
         except SignatureError as e:
             reasons.append(f"{authority.name}: {e}")
     return None, reasons
 
 
-def _verify_x509(bundle: Bundle, certificates: tuple[bytes, ...], authority: X509Authority) -> TrustedKey:
-    from cryptography.x509.verification import (
-        Criticality,
-        ExtensionPolicy,
-        PolicyBuilder,
-        Store,
-        VerificationError,
-    )
-
+def _verify_x509(
+    bundle: Bundle,
+    certificates: tuple[bytes, ...],
+    authority: X509Authority,
+    times: tuple[datetime.datetime, ...],
+) -> TrustedKey:
     try:
         leaf, *intermediates = (x509.load_der_x509_certificate(c) for c in certificates)
         roots = [x509.load_der_x509_certificate(r) for r in authority.roots]
     except ValueError as e:
         raise SignatureError(f"a certificate cannot be parsed: {e}") from e
-    # Client verifiers require the client-auth EKU; a signing certificate has code signing, checked below.
-    eku_any = (x509.ExtendedKeyUsage, Criticality.AGNOSTIC, None)
-    verifier = (
-        PolicyBuilder()
-        .store(Store(roots))
-        .time(datetime.datetime.now(datetime.UTC))
-        .extension_policies(
-            ca_policy=ExtensionPolicy.webpki_defaults_ca().may_be_present(*eku_any),
-            ee_policy=ExtensionPolicy.webpki_defaults_ee().may_be_present(*eku_any),
-        )
-        .build_client_verifier()
-    )
-    try:
-        verifier.verify(leaf, intermediates)
-    except (VerificationError, x509.UnsupportedGeneralNameType, ValueError) as e:
-        raise SignatureError(f"certificate chain does not verify to a configured root: {e}") from e
+    verify_chain(leaf, intermediates, roots, times)
     _check_signing_usage(leaf)
     rule = _match_identity(leaf, authority.identities)
-    return _leaf_key(bundle, leaf, f"{authority.name}: {_named(rule, leaf)}", authority.roles)
+    name = f"{authority.name}: {_named(rule, leaf)}"
+    if times:
+        name += f" (chain checked at RFC 3161 timestamp time {', '.join(t.isoformat() for t in times)})"
+    return _leaf_key(bundle, leaf, name, authority.roles)
 
 
 def _named(rule: IdentityRule, leaf: x509.Certificate) -> str:

@@ -169,7 +169,12 @@ def verify_signatures(
             else _read_bundle_at(root_fd, path, limits)
         )
         try:
-            key = verify_bundle_signature(bundle, policy.keys, authorities=policy.authorities)
+            key = verify_bundle_signature(
+                bundle,
+                policy.keys,
+                authorities=policy.authorities,
+                timestamp_authorities=policy.timestamp_authorities,
+            )
         except SignatureError:
             if not explicit and not family_has_key(path, policy.keys, policy.authorities):
                 skipped.append(path)
