@@ -27,11 +27,13 @@ from tests.unit.robustness import _helpers as h  # noqa: E402
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ARCH = "lenet5:lenet5"
-#: Three keys (random bytes, fixed so that a failure reproduces).
+#: Fixed keys (random bytes), so that a failure reproduces. Not every key gets here: the probe set bounds
+#: changes on its 200 digits only, and of three other random keys' kappa-3 marks, two (ungraded) and one
+#: (graded) changed one unseen digit of the 5,000 while changing no probe prediction.
 KEYS = (
-    "5f0b7c3e9a61d2884c1e0f37ab95d6207e4c31a8f2b6905dc3e17a4b8f60c92d",
     "c41a9e07d3b58f2216e7a0bc94d35f8e62a1c07b9de43f5a8061b2c7e94d3a15",
     "07e3d9b1a54c2f68e0b97d14c3a6f25b8d0e71c4a9f36b2e5d8c07a1f4b93e6c",
+    "5f0b7c3e9a61d2884c1e0f37ab95d6207e4c31a8f2b6905dc3e17a4b8f60c92d",
 )
 
 
