@@ -124,9 +124,23 @@ _watermark_key_option = _option(
     type=float,
     default=1e-4,
     show_default=True,
-    help="Fidelity budget for transformers models (config.json with model_type): the largest loss on the "
-    "probe set (1 - worst cosine for encoders, changed greedy continuations for causal LMs); the strongest "
-    "mark within it is chosen, or the embedding is refused.",
+    help="Fidelity budget for transformers models (config.json with model_type) and --arch classifiers: the "
+    "largest loss on the probe set (1 - worst cosine for encoders, changed greedy continuations for causal "
+    "LMs, changed predictions for classifiers); the strongest mark within it is chosen, or the embedding is "
+    "refused.",
+)
+@click.option(
+    "--arch",
+    "architecture",
+    metavar="PKG.MOD:FACTORY",
+    help="Classifier architecture (as for `gate pgd --arch`; from the environment, never the model dir): "
+    "measure fidelity as the fraction of changed predictions on --probe-data.",
+)
+@click.option(
+    "--probe-data",
+    metavar="FILE|PKG.MOD:FN",
+    help="Probe inputs for --arch: safetensors or .npz with `inputs` (N,...) and `labels` (N,), as for "
+    "`gate pgd --data` (labels unused), or a loader.",
 )
 @click.option("--no-fidelity-check", is_flag=True, help="Do not measure fidelity (nothing is attested).")
 @_json_option
@@ -141,6 +155,8 @@ def _embed(
     kappa: float,
     max_relative_change: float,
     max_fidelity_loss: float,
+    architecture: str | None,
+    probe_data: str | None,
     no_fidelity_check: bool,
     as_json: bool,
 ) -> None:
@@ -151,6 +167,10 @@ def _embed(
 
     if (sign_key is None) != (attestation is None):
         raise click.UsageError("--signing-key and --attestation must be given together")
+    if (architecture is None) != (probe_data is None):
+        raise click.UsageError("--arch and --probe-data must be given together")
+    if architecture is not None and no_fidelity_check:
+        raise click.UsageError("--arch measures fidelity: do not combine it with --no-fidelity-check")
     sources = _key_password_sources(key_passwords, [sign_key] if sign_key else [])
     try:
         key = load_key_file(key_file)
@@ -161,7 +181,10 @@ def _embed(
             signer = _open_signing_key(sign_key, sources)
         from modelsec.watermark.fidelity import auto_probe
 
-        probe = None if no_fidelity_check else auto_probe(model_dir)
+        if architecture is not None and probe_data is not None:
+            probe: Any = _classifier_probe(model_dir, architecture, probe_data)
+        else:
+            probe = None if no_fidelity_check else auto_probe(model_dir)
         if probe is None:
             result = embed_model(model_dir, out_dir, key, payload, params=params)
         else:
@@ -352,6 +375,19 @@ def _detect(
                 f"of {result.resync.groups} neuron groups against {reference}"
             )
     sys.exit(0 if result.detected else 1)
+
+
+def _classifier_probe(model_dir: Path, architecture: str, probe_data: str) -> Any:
+    """A `ClassifierProbe` of the operator's factory on the probe inputs (any finite range accepted)."""
+    import math
+
+    from modelsec.robustness._imports import resolve_import_path
+    from modelsec.robustness.data import load_dataset
+    from modelsec.watermark.fidelity import ClassifierProbe
+
+    factory = resolve_import_path(architecture, what="architecture", forbid_under=model_dir)
+    data = load_dataset(probe_data, clip=(-math.inf, math.inf))
+    return ClassifierProbe(factory, data.inputs, name=architecture)
 
 
 def _report_path(value: Path | None) -> Path | None:

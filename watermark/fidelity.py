@@ -11,8 +11,10 @@ attestation records with the metric, the value and the budget.
 * `CausalLMProbe` (architectures ending in `ForCausalLM`): greedy continuations of every prompt; loss = the
   fraction of prompts whose continuation is not identical token for token. The largest absolute change of
   the next-token logits over the prompts (logit drift, in logit units) is reported alongside.
-* `ClassifierProbe` (a caller-supplied factory, e.g. the robustness gate's `--architecture`): loss = the
-  fraction of probe inputs whose predicted class changed.
+* `ClassifierProbe` (a caller-supplied factory, e.g. the robustness gate's `--arch`): loss = the
+  fraction of probe inputs whose predicted class changed; the largest absolute change of a class logit over
+  the probe inputs (logit drift) is reported alongside: of two marks that change no probe prediction, the
+  one with less drift is less likely to change a prediction outside the probe set.
 
 What is not measured: anything outside the probe set. A probe loads weights with `use_safetensors=True` and
 never runs code from the model directory (`trust_remote_code=False`).
@@ -71,7 +73,8 @@ class FidelityReport:
         budget: The largest loss accepted.
         probe_set_digest: `sha256:<hex>` of the probe set's canonical JSON.
         probes: Number of probe inputs.
-        logit_drift: Causal LMs: largest absolute change of a next-token logit (None otherwise).
+        logit_drift: Causal LMs: largest absolute change of a next-token logit; classifiers: of a class
+            logit (None otherwise).
     """
 
     metric: str
@@ -316,12 +319,23 @@ class ClassifierProbe:
         )
 
     def _module(self, model_dir: Path) -> Any:
+        import torch
         from safetensors.torch import load_file
 
         state: dict[str, Any] = {}
         for path in sorted(model_dir.glob("*.safetensors")):
-            state.update(load_file(str(path)))
-        module = self.factory()
+            try:
+                state.update(load_file(str(path)))
+            except Exception as e:  # safetensors' own error types: the file is named instead
+                raise MalformedArtifactError(
+                    f"{path}: cannot load the weights to measure fidelity: {e}"
+                ) from e
+        try:
+            module = self.factory()
+        except Exception as e:
+            raise PolicyError(f"architecture {self.name}: factory failed: {type(e).__name__}: {e}") from e
+        if not isinstance(module, torch.nn.Module):
+            raise PolicyError(f"architecture {self.name}: the factory returned a {type(module).__name__}")
         try:
             module.load_state_dict(state, strict=True)
         except RuntimeError as e:
@@ -331,22 +345,24 @@ class ClassifierProbe:
         module.eval()
         return module
 
-    def _predict(self, model_dir: Path) -> Any:
+    def _logits(self, model_dir: Path) -> Any:
         import torch
 
         module = self._module(model_dir)
         with torch.no_grad():
-            return module(self.inputs).argmax(-1)
+            return module(self.inputs)
 
     def prepare(self, model_dir: Path) -> None:
-        """Keep the unmarked model's predictions."""
-        self._reference = self._predict(model_dir)
+        """Keep the unmarked model's logits."""
+        self._reference = self._logits(model_dir)
 
     def loss(self, marked_dir: Path) -> tuple[float, float | None]:
-        """Fraction of probe inputs whose predicted class changed."""
+        """Fraction of probe inputs whose predicted class changed, and the largest change of a logit."""
         if self._reference is None:
             raise PolicyError("fidelity probe used before prepare()")
-        return float((self._predict(marked_dir) != self._reference).float().mean()), None
+        marked = self._logits(marked_dir)
+        changed = (marked.argmax(-1) != self._reference.argmax(-1)).float().mean()
+        return float(changed), float((marked - self._reference).abs().max())
 
 
 def auto_probe(model_dir: Path, texts: Sequence[str] | None = None) -> FidelityProbe | None:
