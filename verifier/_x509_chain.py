@@ -18,8 +18,9 @@ from collections.abc import Sequence
 from cryptography import x509
 
 from modelsec.attestations.bundle import Bundle
-from modelsec.errors import BackendUnavailableError, MalformedArtifactError, SignatureError
+from modelsec.errors import MalformedArtifactError, SignatureError
 from modelsec.policy import TimestampAuthority
+from modelsec.verifier._timestamp_backend import timestamps_module
 
 __all__ = ["trusted_times", "verify_chain"]
 
@@ -42,13 +43,7 @@ def trusted_times(bundle: Bundle, authorities: Sequence[TimestampAuthority]) -> 
     """
     if not authorities or not bundle.timestamps:
         return ()
-    try:
-        from modelsec.verifier.timestamps import verify_timestamp
-    except ModuleNotFoundError as e:
-        raise BackendUnavailableError(
-            f"{bundle.source}: verifying RFC 3161 timestamps needs rfc3161-client "
-            "(pip install 'modelsec[timestamp]')"
-        ) from e
+    verify_timestamp = timestamps_module(bundle.source).verify_timestamp
     times = []
     for token in bundle.timestamps:
         try:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 from modelsec.attestations.bundle import Bundle, parse_bundle
 from modelsec.errors import (
-    BackendUnavailableError,
     MalformedArtifactError,
     PolicyViolationError,
     SignatureError,
@@ -21,6 +20,7 @@ from modelsec.policy import Authority, Policy, TimestampAuthority
 from modelsec.signer.keys import TrustedKey
 from modelsec.signer.schemes import scheme_for, scheme_for_bundle_name
 from modelsec.signer.signing import SIGNATURE_FILE_NAMES
+from modelsec.verifier._timestamp_backend import timestamps_module
 from modelsec.verifier.identity import verify_with_authorities
 
 __all__ = [
@@ -181,14 +181,7 @@ def check_signature_time(
     """
     times: tuple[datetime, ...] = ()
     if policy.timestamp_authorities and bundle.timestamps:
-        try:
-            from modelsec.verifier.timestamps import verify_timestamps
-        except ModuleNotFoundError as e:
-            raise BackendUnavailableError(
-                f"{bundle.source}: verifying RFC 3161 timestamps needs rfc3161-client "
-                "(pip install 'modelsec[timestamp]')"
-            ) from e
-        times = verify_timestamps(
+        times = timestamps_module(bundle.source).verify_timestamps(
             bundle.timestamps, bundle.signature.sig, policy.timestamp_authorities, source=bundle.source
         )
     if policy.require_timestamp and not times:
