@@ -1,19 +1,27 @@
 """Issue 18 on a causal LM trained on real English text: the fortunes Llama of `_fortunes_lm`.
 
 Data: the Debian `fortunes` package (fortune-mod cookie files, BSD licence, Copyright (c) 1991 The
-Regents of the University of California); the model is trained by the test set-up (about 160 s on 2 busy
+Regents of the University of California); the model is trained by the test set-up (about 125-160 s on 2 busy
 cores) and cached under the virtual environment.
 
-What holds today (measured, see the report of issue 18): per-tensor strength grades from measured sensitivity
-lower the functional cost of the mark at the same margin; the default budget (every probe continuation
-identical) cannot yet be met on this 0.53M-parameter model and the embedding is refused saying so.
+What holds today (measured on this shared 2-core machine; `WMFID|...` lines print the figures):
+
+* per-tensor strength grades from measured sensitivity lower the functional cost of the mark at the same
+  margin; the default budget (every probe continuation identical, margin >= 1) cannot be met on this
+  0.53M-parameter model and the embedding is refused saying so;
+* the weakest mark `embed` tries on its own (margin 1.0, graded), over 20 keys x the 50 held-out prompts
+  (16 greedy tokens each): 796 / 1000 prompt x key pairs identical (issue 18 asks >= 980: not met, the test
+  of that target is a strict xfail), held-out perplexity 75.347 -> 75.344..75.402 (largest change 0.072 %,
+  within the 0.5 % asked), every key detected blind with its message, false-positive probability 3.5e-18
+  (bound 1e-9; the issue asks <= 1e-6). The changed pairs are listed by the slow test's `WMFID` line; prompt
+  0 and 15 change for most keys (prompt 15 changes under relative weight noise of 1e-4 already).
 """
 
 from __future__ import annotations
 
 import hashlib
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -21,7 +29,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from modelsec.errors import GateFailedError  # noqa: E402
+from modelsec.errors import GateFailedError, PolicyError  # noqa: E402
 from modelsec.watermark import WatermarkKey, detect, embed_model  # noqa: E402
 from modelsec.watermark.budget import DEFAULT_MIN_KAPPA, embed_within_budget  # noqa: E402
 from modelsec.watermark.fidelity import CausalLMProbe, auto_probe  # noqa: E402
@@ -34,9 +42,15 @@ pytestmark = pytest.mark.skipif(
     not F.available(), reason="apt-get install -y fortunes (the Makefile's .test target installs it)"
 )
 KEY = WatermarkKey.from_bytes(bytes(range(32)))
-MEASURED_IDENTICAL_FLOOR = 0.0
-MEASURED_PPL_CEILING = 1.0
-NOT_MET = "not yet measured"
+#: Regression floor under the measured 79.6 % (20 keys) / 84 % (2 keys) identical pairs at the weakest mark.
+MEASURED_IDENTICAL_FLOOR = 0.75
+#: Issue 18's perplexity bound (measured: 0.072 % at most over 20 keys).
+PPL_BOUND = 0.005
+NOT_MET = (
+    "issue 18 asks >= 980 / 1000 identical prompt x key pairs; measured 796 / 1000 at margin 1.0 graded (and "
+    "about 85 % at margin 0.25): greedy decoding of this 0.53M-parameter model has near-ties that any mark "
+    "keeping the false-positive bound crosses"
+)
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +115,8 @@ class _Matrix:
     max_fpr: float
     detected: int
     decoded: int
+    # keys whose graded mark exceeded the relative-change cap (embedded ungraded, as the search would)
+    ungraded: list[int] = field(default_factory=list)
 
     @property
     def identical(self) -> int:
@@ -114,9 +130,9 @@ class _Matrix:
         return (
             f"WMFID|fortunes-llama|kappa={WEAKEST.kappa:g} graded|pairs identical={self.identical}/"
             f"{self.keys * len(EVAL_PROMPTS)}|changed (prompt,key)={self.changed}|ppl before="
-            f"{self.ppl_before:.4f} after={min(self.ppl_after):.4f}..{max(self.ppl_after):.4f} max rel change="
-            f"{self.max_ppl_change:.4%}|detected={self.detected}/{self.keys} message={self.decoded}/"
-            f"{self.keys}|max FPR={self.max_fpr:.3g}"
+            f"{self.ppl_before:.4f} after={min(self.ppl_after):.4f}..{max(self.ppl_after):.4f} max rel "
+            f"change={self.max_ppl_change:.4%}|detected={self.detected}/{self.keys} message={self.decoded}/"
+            f"{self.keys}|max FPR={self.max_fpr:.3g}|ungraded keys={self.ungraded}"
         )
 
 
@@ -131,7 +147,11 @@ def _matrix(lm: Path, work: Path, keys: int) -> _Matrix:
     m = _Matrix(keys, [], F.perplexity(lm), [], 0.0, 0, 0)
     for i in range(keys):
         out = work / f"key{i}"
-        embed_model(lm, out, _key(i), b"F", params=WEAKEST, grades=grades)
+        try:
+            embed_model(lm, out, _key(i), b"F", params=WEAKEST, grades=grades)
+        except PolicyError:  # a bit would move its top-graded carriers > 25 %: the search tries ungraded
+            m.ungraded.append(i)
+            embed_model(lm, out, _key(i), b"F", params=WEAKEST)
         changed, _ = held_out.compare(out)
         m.changed.extend((p, i) for p in changed)
         m.ppl_after.append(F.perplexity(out))
@@ -145,11 +165,11 @@ def _matrix(lm: Path, work: Path, keys: int) -> _Matrix:
 
 
 def test_held_out_fidelity_two_keys(lm: Path, tmp_path: Path) -> None:
-    """Default-suite slice of the matrix (2 keys): detection holds; fidelity stays at its measured level."""
+    """Default-suite slice of the matrix (2 keys): detected blind, perplexity within 0.5 %, no regression."""
     m = _matrix(lm, tmp_path, 2)
     assert m.detected == m.decoded == 2 and m.max_fpr <= 1e-6
     assert m.identical >= MEASURED_IDENTICAL_FLOOR * 2 * len(EVAL_PROMPTS)
-    assert m.max_ppl_change <= MEASURED_PPL_CEILING
+    assert m.max_ppl_change <= PPL_BOUND
 
 
 @pytest.fixture(scope="module")
@@ -161,12 +181,11 @@ def matrix(lm: Path, tmp_path_factory: pytest.TempPathFactory) -> _Matrix:
 def test_twenty_keys_detected_with_false_positives_below_1e6(matrix: _Matrix) -> None:
     assert matrix.detected == matrix.decoded == 20 and matrix.max_fpr <= 1e-6
     assert matrix.identical >= MEASURED_IDENTICAL_FLOOR * 20 * len(EVAL_PROMPTS)
-    assert matrix.max_ppl_change <= MEASURED_PPL_CEILING
+    assert matrix.max_ppl_change <= PPL_BOUND
 
 
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason=NOT_MET)
 def test_twenty_keys_issue_target(matrix: _Matrix) -> None:
-    """Issue 18's target: >= 98 % of prompt x key pairs identical and perplexity within 0.5 %."""
+    """Issue 18's target: >= 98 % of prompt x key pairs identical (perplexity is checked above)."""
     assert matrix.identical >= 0.98 * 20 * len(EVAL_PROMPTS)
-    assert matrix.max_ppl_change <= 0.005
