@@ -270,14 +270,24 @@ class CausalLMProbe:
             raise PolicyError("a fidelity probe prompt tokenizes to nothing")
         self._reference = self._run(model_dir)
 
-    def loss(self, marked_dir: Path) -> tuple[float, float | None]:
-        """Fraction of prompts whose greedy continuation changed, and the largest first-step logit change."""
+    def compare(self, marked_dir: Path) -> tuple[list[int], float]:
+        """Indices of the prompts whose greedy continuation changed, and the largest first-step logit change.
+
+        Raises:
+            PolicyError: The probe was not prepared.
+            MalformedArtifactError: The marked model cannot be loaded.
+        """
         if not self._reference:
             raise PolicyError("fidelity probe used before prepare()")
         marked = self._run(marked_dir)
-        changed = sum(a[0] != b[0] for a, b in zip(self._reference, marked, strict=True))
+        changed = [i for i, (a, b) in enumerate(zip(self._reference, marked, strict=True)) if a[0] != b[0]]
         drift = max(float((a[1] - b[1]).abs().max()) for a, b in zip(self._reference, marked, strict=True))
-        return changed / len(marked), drift
+        return changed, drift
+
+    def loss(self, marked_dir: Path) -> tuple[float, float | None]:
+        """Fraction of prompts whose greedy continuation changed, and the largest first-step logit change."""
+        changed, drift = self.compare(marked_dir)
+        return len(changed) / len(self.prompts), drift
 
 
 class ClassifierProbe:
