@@ -1,9 +1,9 @@
 """Private shard buffers for the verified loader: read once from a descriptor, hashed while filled.
 
 Used by `modelsec.verifier.loader` only. A shard is refused by its length before any allocation
-(`checked_shard_size`); the buffer is filled by a reader thread while the caller's thread hashes it
-(`BufferFill`); tensors are views of the verified buffer (`tensor_from`). torch is imported only when a
-buffer or tensor is built.
+(`checked_shard_size`); the buffer is mapped and filled slice by slice by a reader thread while the
+caller's thread hashes it (`BufferFill`); tensors are views of the verified buffer (`tensor_from`).
+torch is imported only when a buffer or tensor is built.
 """
 
 from __future__ import annotations
@@ -266,7 +266,7 @@ def _private_buffer(torch: Any, size: int) -> tuple[Any, Callable[[int, int], No
     return torch.frombuffer(mapping, dtype=torch.uint8), None
 
 
-_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux's value; Python >= 3.14 names it
+_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux's value where Python lacks the name
 
 
 @cache

@@ -8,8 +8,9 @@ after (or during) verification changes nothing that was returned: the load eithe
 bytes or is refused.
 
 * Whole shards: the buffer is the whole file (pinned host memory when the target is CUDA). A reader thread
-  fills it in `Limits.hash_chunk_bytes` steps while the caller's thread hashes what has arrived, so
-  hashing overlaps reading. Shards are processed two at a time (one per core).
+  maps fresh memory and fills it in `Limits.hash_chunk_bytes` steps while the caller's thread hashes what
+  has arrived, so allocating, reading and hashing overlap. Shards are processed two at a time (one per
+  core); side files are compared and interpreted meanwhile.
 * Partial loads (`tensors=[...]`) with per-tensor digests in the signed manifest read only the needed byte
   ranges; the header's dtype, shape and offsets must equal the signed entry, and the range's digest must
   equal the signed tensor digest. Without per-tensor digests (a plain OMS bundle, e.g. from
