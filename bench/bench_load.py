@@ -11,7 +11,20 @@ only the load inside the child. Cases:
   partial_1of4     load_model(tensors=<the tensors of shard 1>) with per-tensor BLAKE3 digests
 
 Targets (issue 3): verified >= 0.90 x min(2-core hash throughput of the policy's algorithms, private_copy);
-peak RSS <= 2 x largest shard + tensors returned (whole model); partial_1of4 <= 0.30 x full.
+peak RSS <= 2 x largest shard + tensors returned (whole model); partial_1of4 <= 0.30 x full. Issue 20:
+verified >= 0.90 x the 2-core hash limit itself (printed beside the issue-3 ratio).
+
+Why issue 20's 0.90 is out of reach on a Firecracker VM (2 vCPUs, kernel 6.18, free-page reporting):
+every verified byte is copied into fresh private memory (DESIGN.md 5), and the kernel must allocate and
+zero that memory first. Measured per 512 MiB shard, one core: allocate+zero 0.30-0.35 s (4 KiB pages,
+`MADV_POPULATE_WRITE` or `MAP_POPULATE`; `MADV_HUGEPAGE` measured 0.1-1.0 s, usually worse, in fresh
+processes), `readv` from the page cache 0.10 s, SHA-256 0.38 s; the hash limit's own work is read+hash
+(~0.50 s). So the floor is (alloc + copy + hash) CPU per byte spread over both cores: a verified load
+reaches at most limit_cpu / (limit_cpu + alloc) of the hash limit, with limit_cpu and alloc the CPU
+seconds per GB of the limit's work and of allocate+zero: ~0.62 there for SHA-256 (~0.87 for SM3, whose
+hashing dominates). The bench measures both and prints that floor beside the ratio. CPU seconds of
+each load (the child's own user+sys during the load) are printed too: on a shared machine they are the
+steadier figure.
 
 Usage: python bench/bench_load.py [--size-gib 4] [--shards 4] [--repeat 3] [--quick]
 """
@@ -20,9 +33,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import mmap
+import resource
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -42,7 +58,7 @@ from _common import (
 )
 
 CHILD = r"""
-import json, sys, time
+import json, resource, sys, time
 from pathlib import Path
 import torch
 torch.set_num_threads(1)
@@ -52,7 +68,10 @@ from modelsec.verifier import load_model
 import safetensors.torch
 shards = sorted(model.glob("*.safetensors"))
 policy = PolicySet.from_file(Path(policy_file)).for_model(model) if policy_file != "-" else None
-t0 = time.perf_counter()
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+t0, c0 = time.perf_counter(), cpu()
 n = 0
 if mode == "noop":
     pass
@@ -67,9 +86,9 @@ elif mode == "full":
 elif mode == "partial":
     with safetensors.safe_open(str(shards[0]), "pt") as f:
         names = list(f.keys())
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), cpu()
     n = len(load_model(model, policy, tensors=names))
-print(json.dumps({"seconds": time.perf_counter() - t0, "tensors": n}))
+print(json.dumps({"seconds": time.perf_counter() - t0, "cpu": cpu() - c0, "tensors": n}))
 """
 
 
@@ -81,6 +100,22 @@ def _policy(tmp: Path, keys: Path, model: Path, alg: str, hashes: str) -> Path:
         f"    checkHashes: [{hashes}]\n"
     )
     return p
+
+
+def _cpu_seconds() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def alloc_seconds_per_gb(nbytes: int, repeat: int) -> float:
+    """CPU seconds to allocate and zero fresh private memory (populated 4 KiB pages), per GB: best of runs."""
+    best = float("inf")
+    for _ in range(repeat):
+        c0 = time.thread_time()
+        mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE)
+        best = min(best, time.thread_time() - c0)
+        mapping.close()
+    return best / (nbytes / 1e9)
 
 
 def main() -> None:
@@ -137,6 +172,7 @@ def main() -> None:
         ("partial", str(pol_sha), "verified partial: shard 1 of N tensors"),
     ]
     results: list[Result] = []
+    cpu_best: dict[str, float] = {}
     for mode, pol, label in cases:
         res = Result(label, mode, total)
         for _ in range(args.repeat):
@@ -145,13 +181,20 @@ def main() -> None:
             if run.rc != 0:
                 res.skipped = run.stderr.strip().splitlines()[-1] if run.stderr.strip() else f"rc={run.rc}"
                 break
-            res.add(json.loads(run.stdout)["seconds"], run.max_rss)
+            out = json.loads(run.stdout)
+            res.add(out["seconds"], run.max_rss)
+            cpu_best[label] = min(cpu_best.get(label, float("inf")), out["cpu"])
         results.append(res)
 
-    ref = {}
+    ref, ref_cpu = {}, {}  # GB/s of the 2-thread hash limit; its CPU seconds per GB (steadier when shared)
     for name, algs in (("sha256", ["sha256"]), ("sm3", ["sm3"])):
-        best = min(reference_hash(shards, algs, 2, 8 * MIB) for _ in range(args.repeat))
-        ref[name] = total / 1e9 / best
+        best, best_cpu = float("inf"), float("inf")
+        for _ in range(args.repeat):
+            c0 = _cpu_seconds()
+            best = min(best, reference_hash(shards, algs, 2, 8 * MIB))
+            best_cpu = min(best_cpu, _cpu_seconds() - c0)
+        ref[name], ref_cpu[name] = total / 1e9 / best, best_cpu / (total / 1e9)
+    alloc = alloc_seconds_per_gb(largest, args.repeat) if hasattr(mmap, "MAP_POPULATE") else 0.0
 
     by_label = {r.name: r for r in results}
     base_rss = by_label["import baseline"].max_rss
@@ -163,17 +206,23 @@ def main() -> None:
             [
                 r.name,
                 f"{r.best:.3f}" if r.ok else "skipped",
+                f"{cpu_best[r.name]:.3f}" if r.ok else "",
                 f"{r.gbps:.2f}" if r.ok else r.skipped[:60],
                 f"{(r.max_rss - base_rss) / MIB:.0f}" if r.ok else "",
             ]
         )
     print()
-    print(render_table(["case", "best s", "GB/s", "peak RSS - baseline (MiB)"], rows, right=(1, 2, 3)))
+    print(
+        render_table(
+            ["case", "best s", "best CPU s", "GB/s", "peak RSS - baseline (MiB)"], rows, right=(1, 2, 3, 4)
+        )
+    )
     print(
         f"\nmodel: {total / GIB:.2f} GiB in {len(shards)} shards, largest {largest / MIB:.0f} MiB; "
         f"import baseline RSS {base_rss / MIB:.0f} MiB"
     )
     print(f"2-thread hash limit: SHA-256 {ref['sha256']:.2f} GB/s, SM3 {ref['sm3']:.2f} GB/s")
+    print(f"allocate+zero private memory: {alloc:.3f} CPU s/GB (one core, populated 4 KiB pages)")
     private = by_label["safetensors.torch.load(read_bytes())"]
     for label, limit_key in (
         ("verified load_model, SHA-256", "sha256"),
@@ -182,9 +231,12 @@ def main() -> None:
         r = by_label[label]
         if r.ok and private.ok:
             bound = min(ref[limit_key], private.gbps)
+            floor = ref_cpu[limit_key] / (ref_cpu[limit_key] + alloc)  # alloc+copy+hash CPU, any cores
             print(
                 f"{label}: {r.gbps:.2f} GB/s = {r.gbps / bound:.2f} x min(hash limit {ref[limit_key]:.2f}, "
-                f"private copy {private.gbps:.2f}) (target >= 0.90); peak RSS - baseline "
+                f"private copy {private.gbps:.2f}) (issue 3 target >= 0.90); "
+                f"= {r.gbps / ref[limit_key]:.2f} x the 2-core hash limit (issue 20 target >= 0.90; "
+                f"private-memory floor here ~{floor:.2f}); peak RSS - baseline "
                 f"{(r.max_rss - base_rss) / MIB:.0f} MiB vs 2 x largest shard + tensors "
                 f"{(2 * largest + total) / MIB:.0f} MiB"
             )

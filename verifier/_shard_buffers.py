@@ -1,18 +1,20 @@
 """Private shard buffers for the verified loader: read once from a descriptor, hashed while filled.
 
 Used by `modelsec.verifier.loader` only. A shard is refused by its length before any allocation
-(`checked_shard_size`); the buffer is filled by a reader thread while the caller's thread hashes it
-(`BufferFill`); tensors are views of the verified buffer (`tensor_from`). torch is imported only when a
-buffer or tensor is built.
+(`checked_shard_size`); the buffer is mapped and filled slice by slice by a reader thread while the
+caller's thread hashes it (`BufferFill`); tensors are views of the verified buffer (`tensor_from`).
+torch is imported only when a buffer or tensor is built.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import sys
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from functools import cache, partial
 from typing import Any
 
 from modelsec.attestations.oms_predicate import TensorEntry
@@ -85,11 +87,25 @@ class VerifiedShard:
 
 
 class BufferFill:
-    """A private buffer filled from a descriptor by a reader thread, consumed as a `ChunkSource`."""
+    """A private buffer filled from a descriptor by a reader thread, consumed as a `ChunkSource`.
 
-    def __init__(self, fd: int, view: memoryview, size: int, chunk: int, what: str) -> None:
+    With `populate` (see `_private_buffer`) the reader maps each slice of fresh memory just before it reads
+    into it, so mapping, reading and hashing overlap instead of mapping the whole shard first.
+    """
+
+    def __init__(
+        self,
+        fd: int,
+        view: memoryview,
+        size: int,
+        chunk: int,
+        what: str,
+        populate: Callable[[int, int], None] | None = None,
+    ) -> None:
         self._fd, self._view, self._size, self._chunk, self._what = fd, view, size, chunk, what
+        self._populate = populate
         self._filled = 0
+        self._populated = 0
         self._pos = 0
         self._error: BaseException | None = None
         self._stop = False
@@ -97,10 +113,25 @@ class BufferFill:
         self._thread = threading.Thread(target=self._run, name="modelsec-read", daemon=True)
         self._thread.start()
 
+    def _map_upto(self, end: int) -> None:
+        if self._populate is None:
+            return
+        step = -(-self._chunk // mmap.PAGESIZE) * mmap.PAGESIZE  # page-aligned slice starts
+        while self._populated < end:
+            n = min(step, self._size - self._populated)
+            try:
+                self._populate(self._populated, n)
+            except OSError as e:
+                raise BackendUnavailableError(
+                    f"{self._what}: cannot allocate {self._size} bytes to load it: {e}"
+                ) from None
+            self._populated += n
+
     def _run(self) -> None:
         try:
             while self._filled < self._size and not self._stop:
                 end = min(self._size, self._filled + self._chunk)
+                self._map_upto(end)
                 got = os.readv(self._fd, [self._view[self._filled : end]])
                 if got == 0:
                     raise MalformedArtifactError(f"{self._what}: file shrank while it was read")
@@ -186,16 +217,16 @@ def read_and_hash_shard(
     fd = open_beneath(root_fd, name, what=model)
     try:
         size = checked_shard_size(fd, name, signed, limits, what)
+        populate = None
         try:
-            buffer = (
-                torch.empty(size, dtype=torch.uint8, pin_memory=True)
-                if pinned
-                else _populated_buffer(torch, size)
-            )
+            if pinned:
+                buffer = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+            else:
+                buffer, populate = _private_buffer(torch, size)
         except (RuntimeError, OSError) as e:  # the signed size itself does not fit this host's memory
             raise BackendUnavailableError(f"{what}: cannot allocate {size} bytes to load it: {e}") from None
         view = memoryview(buffer.numpy()).cast("B") if size else memoryview(b"")
-        source = BufferFill(fd, view, size, limits.hash_chunk_bytes, what)
+        source = BufferFill(fd, view, size, limits.hash_chunk_bytes, what, populate)
         try:
             digests = hash_source(
                 source,
@@ -213,19 +244,43 @@ def read_and_hash_shard(
         os.close(fd)
 
 
-def _populated_buffer(torch: Any, size: int) -> Any:
-    """A private CPU buffer of `size` bytes whose pages are all mapped before the reader fills it.
+def _private_buffer(torch: Any, size: int) -> tuple[Any, Callable[[int, int], None] | None]:
+    """A private CPU buffer of `size` bytes, and how to map a slice of it before it is written (or None).
 
     Filling fresh anonymous memory takes one page fault per 4 KiB page, which on virtual machines costs
-    more CPU than SHA-256 over the same page; `MAP_POPULATE` maps them in one system call (measured: about
-    a quarter less CPU to fill a 512 MiB buffer). The tensor keeps the mapping alive; torch.empty where the
-    flag does not exist.
+    more CPU than SHA-256 over the same page; mapping pages ahead of the write in one system call is about
+    a quarter cheaper. Where the kernel has `MADV_POPULATE_WRITE` (Linux 5.14) that is done slice by slice
+    by the reader (`BufferFill`), so that the cost overlaps hashing, and the zeroed slice is still in the
+    cache when it is read into; otherwise `MAP_POPULATE` maps the whole buffer first. The tensor keeps the
+    mapping alive; torch.empty where neither exists.
     """
+    if not size:
+        return torch.empty(size, dtype=torch.uint8), None
+    if _can_populate_slices():
+        mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        return torch.frombuffer(mapping, dtype=torch.uint8), partial(mapping.madvise, _MADV_POPULATE_WRITE)
     flag = getattr(mmap, "MAP_POPULATE", 0)
-    if not flag or not size:
-        return torch.empty(size, dtype=torch.uint8)
+    if not flag:
+        return torch.empty(size, dtype=torch.uint8), None
     mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | flag)
-    return torch.frombuffer(mapping, dtype=torch.uint8)
+    return torch.frombuffer(mapping, dtype=torch.uint8), None
+
+
+_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux's value where Python lacks the name
+
+
+@cache
+def _can_populate_slices() -> bool:
+    if sys.platform != "linux" or not hasattr(mmap.mmap, "madvise"):
+        return False
+    probe = mmap.mmap(-1, mmap.PAGESIZE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        probe.madvise(_MADV_POPULATE_WRITE)
+    except (OSError, ValueError):  # EINVAL before Linux 5.14
+        return False
+    finally:
+        probe.close()
+    return True
 
 
 def tensor_from(buffer: Any, data_start: int, info: TensorInfo | TensorEntry, name: str, what: str) -> Any:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hmac
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 from modelsec.algorithms import HashAlgorithm
@@ -163,6 +163,7 @@ def check_digests(
     root_fd: int,
     *,
     whole_model: bool,
+    json_checked: Collection[str] = (),
 ) -> int:
     """Steps 4-5: compare computed digests with every manifest, then interpret the side files.
 
@@ -172,6 +173,8 @@ def check_digests(
         policy: Remote-code rule and limits.
         root_fd: Descriptor of the model root (side files are re-read and re-hashed).
         whole_model: Also check the model root digest (all files were hashed).
+        json_checked: JSON files an earlier call already compared and interpreted with these same
+            `computed` digests (the loader checks side files while shards are still hashed); not re-read.
 
     Returns:
         The number of tensors whose per-tensor digests were compared.
@@ -193,7 +196,8 @@ def check_digests(
             expected = b.manifest.subject_digest["sha256"]
             if b.manifest.hash_type is not HashAlgorithm.BLAKE3 and not hmac.compare_digest(expected, root):
                 raise DigestMismatchError(f"{model} (model root)", expected, root)
-    check_json_code(root_fd, computed, set(signed.manifest.names), policy, model)
+    unchecked = {n: d for n, d in computed.items() if n not in json_checked}
+    check_json_code(root_fd, unchecked, set(signed.manifest.names), policy, model)
     if INDEX_NAME in computed:
         check_index(root_fd, computed, set(signed.manifest.names), limits, model)
     return checked

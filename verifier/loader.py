@@ -8,8 +8,9 @@ after (or during) verification changes nothing that was returned: the load eithe
 bytes or is refused.
 
 * Whole shards: the buffer is the whole file (pinned host memory when the target is CUDA). A reader thread
-  fills it in `Limits.hash_chunk_bytes` steps while the caller's thread hashes what has arrived, so
-  hashing overlaps reading. Shards are processed two at a time (one per core).
+  maps fresh memory and fills it in `Limits.hash_chunk_bytes` steps while the caller's thread hashes what
+  has arrived, so allocating, reading and hashing overlap. Shards are processed two at a time (one per
+  core); side files are compared and interpreted meanwhile.
 * Partial loads (`tensors=[...]`) with per-tensor digests in the signed manifest read only the needed byte
   ranges; the header's dtype, shape and offsets must equal the signed entry, and the range's digest must
   equal the signed tensor digest. Without per-tensor digests (a plain OMS bundle, e.g. from
@@ -103,19 +104,20 @@ def _verify_whole_shards(
     signed = dataclasses.replace(signed, tensor_hash=None)
     model, limits = str(signed.model_dir), policy.limits
     shards = [n for n in names if is_safetensors_name(n)]
-    side = [n for n in names if not is_safetensors_name(n)]
+    side_names = [n for n in names if not is_safetensors_name(n)]
     root_fd = open_model_root(signed.model_dir)
     try:
-        computed: dict[str, FileDigests] = dict(
+        side: dict[str, FileDigests] = dict(
             hash_files(
                 root_fd,
-                side,
+                side_names,
                 algorithms=signed.file_hashes,
                 tensor_hash=signed.tensor_hash,
                 limits=limits,
                 model=model,
             )
         )
+        computed = dict(side)
         buffers: dict[str, Any] = {}
         workers = max(1, min(len(shards), os.cpu_count() or 1, 2))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="modelsec-load") as pool:
@@ -124,12 +126,15 @@ def _verify_whole_shards(
                 for n in shards
             }
             try:
+                # The side files' digests are known: compare and interpret them (JSON parsing can take a
+                # noticeable share of a load) while the shards are read and hashed, not after.
+                check_digests(signed, side, policy, root_fd, whole_model=False)
                 for n, f in futures.items():
                     computed[n], buffers[n] = f.result()
             finally:
                 for f in futures.values():
                     f.cancel()
-        check_digests(signed, computed, policy, root_fd, whole_model=whole_model)
+        check_digests(signed, computed, policy, root_fd, whole_model=whole_model, json_checked=side)
     finally:
         os.close(root_fd)
     result = {}

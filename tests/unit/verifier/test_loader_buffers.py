@@ -1,0 +1,72 @@
+"""The verified loader's private buffers: mapped slice by slice while read, refused when they cannot be."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from modelsec.errors import BackendUnavailableError
+from modelsec.limits import Limits
+from modelsec.policy import Policy
+from modelsec.signer import load_private_key_file, sign_model
+from modelsec.verifier import _shard_buffers, load_model
+
+torch = pytest.importorskip("torch")
+torch.set_num_threads(1)
+
+
+def _signed_model(root: Path, key_dir: Path, *, chunk: int) -> tuple[Path, Policy]:
+    """Two shards of ~60 KB whose sizes are not page multiples, read in `chunk`-byte steps."""
+    root.mkdir()
+    rng = np.random.default_rng(7)
+    for i in range(2):
+        tensors = {f"w{i}": rng.standard_normal((3001 + i,)).astype(np.float32), f"b{i}": np.arange(13 + i)}
+        save_file(tensors, str(root / f"model-{i + 1:05d}-of-00002.safetensors"))
+    sign_model(root, [load_private_key_file(key_dir / "ecdsa-p256.key.pem")])
+    policy = Policy.from_key_files([key_dir / "ecdsa-p256.pub.pem"], limits=Limits(hash_chunk_bytes=chunk))
+    return root, policy
+
+
+@pytest.mark.parametrize("chunk", [5000, 4096, 1 << 20])
+def test_a_load_in_slices_of_any_size_equals_plain_safetensors(
+    tmp_path: Path, key_dir: Path, chunk: int
+) -> None:
+    from safetensors.torch import load_file
+
+    model, policy = _signed_model(tmp_path / "m", key_dir, chunk=chunk)
+    loaded = load_model(model, policy)
+    expected = {k: v for f in sorted(model.glob("*.safetensors")) for k, v in load_file(f).items()}
+    assert loaded.keys() == expected.keys()
+    assert all(torch.equal(loaded[k], expected[k]) for k in expected)
+
+
+def test_memory_the_kernel_cannot_map_is_refused_naming_the_shard(
+    tmp_path: Path, key_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not _shard_buffers._can_populate_slices():
+        pytest.skip("this kernel maps the whole buffer up front (no MADV_POPULATE_WRITE)")
+    model, policy = _signed_model(tmp_path / "m", key_dir, chunk=4096)
+    real = _shard_buffers._private_buffer
+
+    def failing_after_one_slice(torch_mod: Any, size: int) -> tuple[Any, Any]:
+        buffer, populate = real(torch_mod, size)
+        calls = []
+
+        def populate_then_fail(start: int, length: int) -> None:
+            calls.append(start)
+            if len(calls) > 1:  # as MADV_POPULATE_WRITE reports a memory cgroup at its limit
+                raise OSError(errno.ENOMEM, "Cannot allocate memory")
+            populate(start, length)
+
+        return buffer, populate_then_fail
+
+    monkeypatch.setattr(_shard_buffers, "_private_buffer", failing_after_one_slice)
+    with pytest.raises(
+        BackendUnavailableError, match=r"model-0000[12]-of-00002\.safetensors: cannot allocate"
+    ):
+        load_model(model, policy)
