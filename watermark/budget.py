@@ -8,7 +8,9 @@ capacity. The search (`embed_within_budget`):
    with every carrier set (`scheme.CARRIER_SETS`: all eligible tensors, only the embeddings and output head,
    or all but those). A candidate passes when it is *detected* at embed time (confidence and
    false-positive probability within `thresholds`, measured on the written weights) and its probe loss is
-   within the budget; the passing one with the smallest loss wins (the margin, i.e. robustness, is kept).
+   within the budget; the passing one with the smallest loss wins, ties broken by the smaller logit drift
+   (on the real LeNet5 a graded and an ungraded mark both change no probe digit, and the graded one, with
+   less drift, changes fewer held-out digits; the margin, i.e. robustness, is kept).
 3. Only when none passes is the margin lowered: for each carrier set, best loss first, `min_kappa` is tried
    and the bracket bisected `steps` times; the largest passing margin wins. Nothing else is kept.
 4. When nothing fits, the embedding is refused (`GateFailedError`) with a message saying whether the
@@ -56,6 +58,7 @@ logits being larger).
 from __future__ import annotations
 
 import dataclasses
+import math
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -259,7 +262,7 @@ class _Search:
             raise refused
         passing = [t for t in tops if self._ok(t)]
         if passing:
-            return min(passing, key=lambda t: t.loss)
+            return min(passing, key=lambda t: (t.loss, math.inf if t.drift is None else t.drift))
         for t in tops:
             self._drop(t)
         if min_kappa == params.kappa:

