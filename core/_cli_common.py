@@ -194,6 +194,19 @@ def _ignore_paths_option(help_text: str) -> Callable[[F], F]:
     )
 
 
+def _report_path(_ctx: click.Context, _param: click.Parameter, value: Path | None) -> Path | None:
+    """Click callback for `--report`: check the extension before any work (a usage error, exit 2)."""
+    from modelsec._reports import check_report_path
+    from modelsec.errors import PolicyError
+
+    if value is not None:
+        try:
+            check_report_path(value)
+        except PolicyError as e:
+            raise click.BadParameter(str(e)) from None
+    return value
+
+
 def _timestamp_option(f: F) -> F:
     """`--timestamp-url URL` into the parameter `timestamp_url` (see `_timestamper`)."""
     return click.option(

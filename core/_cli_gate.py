@@ -27,6 +27,7 @@ from modelsec._cli_common import (
     _option,
     _quiet_option,
     _reply,
+    _report_path,
     _signatures_option,
     _trusted_keys_option,
 )
@@ -137,7 +138,7 @@ class _RichProgress:
 @click.option(
     "--report",
     type=click.Path(path_type=Path),
-    callback=lambda _ctx, _param, value: _report_path(value),
+    callback=_report_path,
     help="Also write a CI report of the run, whatever the verdict: .md (Markdown) or .xml (JUnit XML).",
 )
 @click.option(
@@ -296,19 +297,6 @@ def _pgd(
         click.echo(f"  attestation -> {outcome.out}")
     if not result.passed:
         sys.exit(1)
-
-
-def _report_path(value: Path | None) -> Path | None:
-    """Check --report's extension before the gate runs (a usage error, exit 2)."""
-    from modelsec._reports import check_report_path
-    from modelsec.errors import PolicyError
-
-    if value is not None:
-        try:
-            check_report_path(value)
-        except PolicyError as e:
-            raise click.BadParameter(str(e)) from None
-    return value
 
 
 def _eps_list(value: str | None) -> tuple[float, ...]:

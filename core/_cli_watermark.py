@@ -23,6 +23,7 @@ from modelsec._cli_common import (
     _open_signing_key,
     _option,
     _reply,
+    _report_path,
     _write_key_file,
 )
 
@@ -292,7 +293,7 @@ def _embed(
 @click.option(
     "--report",
     type=click.Path(path_type=Path),
-    callback=lambda _ctx, _param, value: _report_path(value),
+    callback=_report_path,
     help="Also write a CI report of the detection, whatever the verdict: .md (Markdown) or .xml (JUnit XML).",
 )
 @_json_option
@@ -388,19 +389,6 @@ def _classifier_probe(model_dir: Path, architecture: str, probe_data: str) -> An
     factory = resolve_import_path(architecture, what="architecture", forbid_under=model_dir)
     data = load_dataset(probe_data, clip=(-math.inf, math.inf))
     return ClassifierProbe(factory, data.inputs, name=architecture)
-
-
-def _report_path(value: Path | None) -> Path | None:
-    """Check --report's extension before any work (a usage error, exit 2)."""
-    from modelsec._reports import check_report_path
-    from modelsec.errors import PolicyError
-
-    if value is not None:
-        try:
-            check_report_path(value)
-        except PolicyError as e:
-            raise click.BadParameter(str(e)) from None
-    return value
 
 
 def _attested_digest(attestation: Path) -> str | None:
