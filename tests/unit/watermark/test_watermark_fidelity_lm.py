@@ -14,7 +14,12 @@ What holds today (measured on this shared 2-core machine; `WMFID|...` lines prin
   of that target is a strict xfail), held-out perplexity 75.347 -> 75.344..75.402 (largest change 0.072 %,
   within the 0.5 % asked), every key detected blind with its message, false-positive probability 3.5e-18
   (bound 1e-9; the issue asks <= 1e-6). The changed pairs are listed by the slow test's `WMFID` line; prompt
-  0 and 15 change for most keys (prompt 15 changes under relative weight noise of 1e-4 already).
+  0 and 15 change for most keys (prompt 15 changes under relative weight noise of 1e-4 already);
+* why no mark that keeps the false-positive bound can reach 98 % on this model (the last test): 6 of the 50
+  held-out prompts have a top-1/top-2 logit gap under 1e-3 nats somewhere in their 16 greedy tokens (the
+  smallest 4.5e-5), and relative Gaussian noise of 1e-3 per weight (relative L2 change 0.001) already changes
+  13 / 250 prompt x seed pairs (5.2 %), while the weakest mark's relative L2 change is 0.021 (about 0.010 even
+  at margin 0: 72 code bits over 0.53M weights, each moved by about one host standard deviation).
 """
 
 from __future__ import annotations
@@ -49,7 +54,8 @@ PPL_BOUND = 0.005
 NOT_MET = (
     "issue 18 asks >= 980 / 1000 identical prompt x key pairs; measured 796 / 1000 at margin 1.0 graded (and "
     "about 85 % at margin 0.25): greedy decoding of this 0.53M-parameter model has near-ties that any mark "
-    "keeping the false-positive bound crosses"
+    "keeping the false-positive bound crosses (relative weight noise 20x smaller than the weakest mark "
+    "already changes 5 % of the pairs; see test_the_target_is_below_what_tiny_weight_noise_keeps)"
 )
 
 
@@ -189,3 +195,72 @@ def test_twenty_keys_detected_with_false_positives_below_1e6(matrix: _Matrix) ->
 def test_twenty_keys_issue_target(matrix: _Matrix) -> None:
     """Issue 18's target: >= 98 % of prompt x key pairs identical (perplexity is checked above)."""
     assert matrix.identical >= 0.98 * 20 * len(EVAL_PROMPTS)
+
+
+# --- why the 98 % target is out of reach on this model for any mark that keeps the false-positive bound ---
+
+NOISE_SEEDS = 5
+NOISE_RELATIVE = 1e-3
+
+
+def _top2_margins(lm: Path) -> list[float]:
+    """Per held-out prompt, the smallest top-1 minus top-2 logit gap (nats) along its greedy continuation."""
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(str(lm))
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(lm), dtype=torch.float32).eval()
+    out = []
+    with torch.no_grad():
+        for prompt in EVAL_PROMPTS:
+            ids = tok(prompt, return_tensors="pt")["input_ids"]
+            gaps = []
+            for _ in range(EVAL_NEW_TOKENS):
+                top = model(input_ids=ids).logits[0, -1].topk(2)
+                gaps.append(float(top.values[0] - top.values[1]))
+                ids = torch.cat([ids, top.indices[:1].view(1, 1)], dim=1)
+            out.append(min(gaps))
+    return out
+
+
+def _noisy_copy(lm: Path, out: Path, seed: int) -> None:
+    """`lm` with every eligible weight times (1 + N(0, NOISE_RELATIVE**2)), written as float32."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(lm, out)
+    gen = torch.Generator().manual_seed(seed)
+    weights = load_file(str(lm / "model.safetensors"))
+    for name, w in weights.items():
+        if w.dim() >= 2:
+            weights[name] = w * (1 + NOISE_RELATIVE * torch.randn(w.shape, generator=gen))
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+
+
+@pytest.mark.slow
+def test_the_target_is_below_what_tiny_weight_noise_keeps(lm: Path, tmp_path: Path) -> None:
+    """Issue 18's >= 98 % cannot be met on this model by a mark that moves the weights at all (evidence).
+
+    The held-out continuations contain near-ties: several prompts have a top-2 logit gap under 1e-3 nats
+    somewhere in their 16 greedy tokens (one is an exact tie in float32). Relative Gaussian noise of 1e-3
+    per weight (relative L2 change 1e-3) already changes more than 2 % of the prompt x seed pairs, while the
+    weakest mark that keeps the false-positive bound needs a relative L2 change several times larger (the
+    informed embedding must move each of the 72 code bits' correlations by about one host standard
+    deviation). Measured: 6 prompts under 1e-3 nats; see the `WMFID|...|noise` line for the rest.
+    """
+    margins = _top2_margins(lm)
+    near_ties = sorted(i for i, m in enumerate(margins) if m < 1e-3)
+    held_out = CausalLMProbe(EVAL_PROMPTS, new_tokens=EVAL_NEW_TOKENS)
+    held_out.prepare(lm)
+    changed = 0
+    for seed in range(NOISE_SEEDS):
+        _noisy_copy(lm, tmp_path / f"noise{seed}", seed)
+        changed += len(held_out.compare(tmp_path / f"noise{seed}")[0])
+    mark = embed_model(lm, tmp_path / "mark", KEY, b"F", params=WEAKEST)
+    print(
+        f"WMFID|fortunes-llama|noise relative {NOISE_RELATIVE:g}: {changed}/"
+        f"{NOISE_SEEDS * len(EVAL_PROMPTS)} pairs changed|prompts with a top-2 gap < 1e-3 nats: "
+        f"{near_ties} (smallest {min(margins):.2g})|"
+        f"weakest mark relative L2 change {mark.relative_l2_change:.4f}"
+    )
+    assert len(near_ties) >= 2
+    assert changed > 0.02 * NOISE_SEEDS * len(EVAL_PROMPTS)
+    assert mark.relative_l2_change > 2 * NOISE_RELATIVE and mark.detection.detected
