@@ -66,9 +66,9 @@ the top / occurs (capped at 10x) 9 / 150, plus the per-tensor grades 9 / 150. A 
 that keep changing (0, 3, 5, 15, 20, 23) have top-2 logit gaps under 2e-3 nats in their continuations (the
 smallest 4.5e-5), which relative weight noise of 1e-3 already crosses (13 / 250 pairs changed), and any mark
 keeping the false-positive bound moves the weights 10-20x more than that in L2. Adopting it would change the
-embedder's guarantees (changes are no longer multiplicative, so signs of small weights may flip and non-
-carrier weights move) and needs calibration text beyond the 16 probe prompts; it is recorded here as the next
-step for models whose probe budget is nearly met.
+embedder's guarantees (changes are no longer multiplicative, so signs of small weights may flip and
+non-carrier weights move) and needs calibration text beyond the 16 probe prompts; it is recorded here as the
+next step for models whose probe budget is nearly met.
 """
 
 from __future__ import annotations
