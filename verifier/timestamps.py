@@ -57,7 +57,7 @@ __all__ = [
 _MAX_RESPONSE_BYTES = 64 * 1024
 _MAX_CERT_FILE_BYTES = 256 * 1024
 _GRANTED = (0, 1)  # PKIStatus granted, grantedWithMods (RFC 3161 section 2.4.2)
-_MEMO_ENTRIES = 1024  # outcomes of (token digest, signature, TSAs, bundle name): a few hundred bytes each
+_MEMO_ENTRIES = 1024  # each: a token digest, the signature (not the token) and the outcome; a few KiB at most
 
 CLOCK_SKEW = timedelta(minutes=5)
 """How far a trusted timestamp may lie after the verifier's clock (the TSA's and the verifier's clocks
