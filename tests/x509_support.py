@@ -8,8 +8,10 @@ from __future__ import annotations
 import base64
 import datetime
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -120,3 +122,27 @@ def with_certificate_chain(bundle_json: bytes, *certs: x509.Certificate) -> byte
         "tlogEntries": [],
     }
     return json.dumps(doc).encode()
+
+
+def corp_policy_doc(
+    root: str | Path,
+    identity: dict[str, str] | None = None,
+    *,
+    roles: Sequence[str] = (),
+    tsa_roots: Sequence[Path] = (),
+) -> dict[str, Any]:
+    """A ModelPolicy document: policy `corp` over every `file://` model, whose authority `corp-ca` trusts the
+    root certificate file `root` for `identity` (default: the SAN `SAN`), for `roles` (default: any), and
+    the TSAs `tsa0`, `tsa1`, ... whose root certificate files are `tsa_roots`."""
+    authority: dict[str, Any] = {
+        "name": "corp-ca",
+        "x509": {"roots": [str(root)], "identities": [identity or {"san": SAN}]},
+    }
+    if roles:
+        authority["roles"] = list(roles)
+    policy: dict[str, Any] = {"name": "corp", "match": ["file:///**"], "authorities": [authority]}
+    if tsa_roots:
+        policy["timestampAuthorities"] = [
+            {"name": f"tsa{i}", "certChain": [str(r)]} for i, r in enumerate(tsa_roots)
+        ]
+    return {"apiVersion": "modelsec.dev/v1alpha1", "kind": "ModelPolicy", "policies": [policy]}

@@ -3,11 +3,12 @@
 A bundle signed under a certificate may carry RFC 3161 timestamps over its signature. Their times are
 believed only through a TSA the *policy* configures (DESIGN.md decision 12): `trusted_times` verifies each
 timestamp (the TSA's CMS signature, its chain to a configured TSA root, the timeStamping EKU, and the
-imprint of exactly this signature, `modelsec.verifier.timestamps.verify_timestamp`) before its time is
-used, and drops the ones no configured TSA vouches for. `verify_chain` then builds the path from the leaf
-to a configured root (pyca/cryptography's `PolicyBuilder`) at *each* believed time (stricter than any one
-of them: every timestamp must fall inside every chain certificate's validity), or, with none believed, at
-the verification time. A time the bundle merely claims is never used.
+imprint of exactly this signature, `modelsec.verifier.timestamps.check_timestamps`, shared with the
+bundle's time check so each is verified once) before its time is used, drops the ones no configured TSA
+vouches for, and refuses the bundle for a trusted one dated in the future. `verify_chain` then builds the
+path from the leaf to a configured root (pyca/cryptography's `PolicyBuilder`) at *each* believed time
+(stricter than any one of them: every timestamp must fall inside every chain certificate's validity), or,
+with none believed, at the verification time. A time the bundle merely claims is never used.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from collections.abc import Sequence
 from cryptography import x509
 
 from modelsec.attestations.bundle import Bundle
-from modelsec.errors import MalformedArtifactError, SignatureError
+from modelsec.errors import SignatureError
 from modelsec.policy import TimestampAuthority
-from modelsec.verifier._timestamp_backend import timestamps_module
+from modelsec.verifier._timestamp_backend import check_bundle_timestamps
 
 __all__ = ["trusted_times", "verify_chain"]
 
@@ -29,7 +30,9 @@ def trusted_times(bundle: Bundle, authorities: Sequence[TimestampAuthority]) -> 
     """The times of the bundle's RFC 3161 timestamps that a configured TSA vouches for, in bundle order.
 
     A timestamp that is malformed, over other bytes, or from a TSA not in `authorities` is not believed and
-    left out (here only: `modelsec.verifier.bundles.check_signature_time` refuses the bundle for it).
+    left out (here only: `modelsec.verifier.bundles.check_signature_time` refuses the bundle for it). One a
+    configured TSA vouches for that is dated after now plus `modelsec.verifier.timestamps.CLOCK_SKEW`
+    refuses the bundle: the chain is never checked at a time still to come.
 
     Args:
         bundle: The bundle; its timestamps must cover `bundle.signature.sig`.
@@ -39,18 +42,13 @@ def trusted_times(bundle: Bundle, authorities: Sequence[TimestampAuthority]) -> 
         The verified `genTime`s (timezone-aware UTC); empty when none is believed.
 
     Raises:
+        SignatureError: A trusted timestamp is dated in the future (the message names its time and the
+            bundle).
         BackendUnavailableError: There are timestamps and TSAs, but `rfc3161-client` is not installed.
     """
     if not authorities or not bundle.timestamps:
         return ()
-    verify_timestamp = timestamps_module(bundle.source).verify_timestamp
-    times = []
-    for token in bundle.timestamps:
-        try:
-            times.append(verify_timestamp(token, bundle.signature.sig, authorities, source=bundle.source))
-        except (SignatureError, MalformedArtifactError):
-            continue
-    return tuple(times)
+    return check_bundle_timestamps(bundle, authorities).times
 
 
 def verify_chain(

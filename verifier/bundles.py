@@ -20,7 +20,7 @@ from modelsec.policy import Authority, Policy, TimestampAuthority
 from modelsec.signer.keys import TrustedKey
 from modelsec.signer.schemes import scheme_for, scheme_for_bundle_name
 from modelsec.signer.signing import SIGNATURE_FILE_NAMES
-from modelsec.verifier._timestamp_backend import timestamps_module
+from modelsec.verifier._timestamp_backend import check_bundle_timestamps
 from modelsec.verifier.identity import verify_with_authorities
 
 __all__ = [
@@ -121,6 +121,7 @@ def verify_bundle_signature(
     Raises:
         SignatureError: No configured key verifies the signature over the PAE, and no authority vouches for
             the bundle's certificate and signature.
+            Or an X.509 bundle carries a timestamp a TSA vouches for that is dated in the future.
         MalformedArtifactError: The bundle's certificates are malformed (only read when authorities are
             configured).
         BackendUnavailableError: A Sigstore authority is configured without the `sigstore` package, or an
@@ -159,10 +160,12 @@ def check_signature_time(
     """Place a verified bundle's signature in time: its RFC 3161 timestamps, then its key's validity window.
 
     With `policy.timestamp_authorities`, every timestamp in the bundle must be a TSA's timestamp over this
-    signature (`modelsec.verifier.timestamps.verify_timestamps`); without any, timestamps are not read (no
-    TSA to believe them through). A key window (`policy.window_for(key)`) then holds every trusted time; with
-    no trusted time it holds the verification time `now`: a signature made before its key's `validUntil`
-    stays valid later only if a trusted timestamp proves it.
+    signature, dated no later than `now` plus the clock-skew allowance
+    (`modelsec.verifier.timestamps.check_timestamps`, each timestamp verified once for both this check and
+    the X.509 chain's); without any TSA, timestamps are not read (no TSA to believe them through). A key
+    window (`policy.window_for(key)`) then holds every trusted time; with no trusted time it holds the
+    verification time `now`: a signature made before its key's `validUntil` stays valid later only if a
+    trusted timestamp proves it.
 
     Args:
         bundle: A bundle whose signature `key` verified.
@@ -174,16 +177,15 @@ def check_signature_time(
         The trusted times of its timestamps (empty when none was verified).
 
     Raises:
-        SignatureError: A timestamp is untrusted or over other bytes, a required timestamp is missing, or a
-            time lies outside the key's window.
+        SignatureError: A timestamp is untrusted, over other bytes or dated after `now` plus
+            `modelsec.verifier.timestamps.CLOCK_SKEW`, a required timestamp is missing, or a time lies outside
+            the key's window.
         MalformedArtifactError: A timestamp is not a granted DER `TimeStampResp`.
         BackendUnavailableError: Timestamps must be verified and `rfc3161-client` is not installed.
     """
     times: tuple[datetime, ...] = ()
     if policy.timestamp_authorities and bundle.timestamps:
-        times = timestamps_module(bundle.source).verify_timestamps(
-            bundle.timestamps, bundle.signature.sig, policy.timestamp_authorities, source=bundle.source
-        )
+        times = check_bundle_timestamps(bundle, policy.timestamp_authorities, now=now).all_trusted()
     if policy.require_timestamp and not times:
         raise SignatureError(
             f"{bundle.source}: the policy requires an RFC 3161 timestamp; the bundle has none"

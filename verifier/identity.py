@@ -138,6 +138,7 @@ def verify_with_authorities(
 
     Raises:
         MalformedArtifactError: The bundle's certificates are malformed (`bundle_certificates`).
+        SignatureError: A timestamp a policy TSA vouches for is dated in the future (`trusted_times`).
         BackendUnavailableError: A Sigstore authority is configured but the `sigstore` package is missing,
             or the bundle's timestamps must be verified and `rfc3161-client` is missing.
         PolicyError: A Sigstore authority's trusted root cannot be loaded.
@@ -150,11 +151,12 @@ def verify_with_authorities(
     for authority in authorities:
         if role is not None and not authority.may(role):
             continue
+        if isinstance(authority, X509Authority) and times is None:
+            # Outside the try: a trusted timestamp from the future refuses the bundle, not one authority.
+            times = trusted_times(bundle, timestamp_authorities)
         try:
             if isinstance(authority, X509Authority):
-                if times is None:
-                    times = trusted_times(bundle, timestamp_authorities)
-                return _verify_x509(bundle, certificates, authority, times), reasons
+                return _verify_x509(bundle, certificates, authority, times or ()), reasons
             return _verify_sigstore(bundle, authority), reasons
         except SignatureError as e:
             reasons.append(f"{authority.name}: {e}")

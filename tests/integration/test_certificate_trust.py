@@ -21,7 +21,7 @@ from modelsec.errors import PolicyError, SignatureError
 from modelsec.policy import Policy, PolicySet
 from modelsec.verifier import verify_model
 from tests.conftest import run_cli, write_tiny_model
-from tests.x509_support import NOW, SAN, Issued
+from tests.x509_support import NOW, SAN, Issued, corp_policy_doc
 from tests.x509_support import make_ca as _ca
 from tests.x509_support import make_leaf as _leaf
 from tests.x509_support import write_pem as _pem
@@ -55,23 +55,7 @@ def _sign(tmp_path: Path, leaf: Issued, chain: list[x509.Certificate]) -> Path:
 
 def _policy(tmp_path: Path, root: x509.Certificate, identity: dict[str, str]) -> Policy:
     _pem(tmp_path / "root.pem", root)
-    doc = {
-        "apiVersion": "modelsec.dev/v1alpha1",
-        "kind": "ModelPolicy",
-        "policies": [
-            {
-                "name": "corp",
-                "match": ["file:///**"],
-                "authorities": [
-                    {
-                        "name": "corp-ca",
-                        "roles": ["weights"],
-                        "x509": {"roots": ["root.pem"], "identities": [identity]},
-                    }
-                ],
-            }
-        ],
-    }
+    doc = corp_policy_doc("root.pem", identity, roles=["weights"])
     return PolicySet.from_mapping(doc, base_dir=tmp_path, source="policy.yaml").policies[0]
 
 
@@ -136,39 +120,13 @@ def test_pinned_keys_alone_refuse_a_certificate_bundle(setup: Setup, key_dir: Pa
 
 def test_authority_must_name_a_readable_root(tmp_path: Path) -> None:
     (tmp_path / "root.pem").write_text("not a certificate")
-    doc = {
-        "apiVersion": "modelsec.dev/v1alpha1",
-        "kind": "ModelPolicy",
-        "policies": [
-            {
-                "name": "corp",
-                "match": ["file:///**"],
-                "authorities": [
-                    {"name": "corp-ca", "x509": {"roots": ["root.pem"], "identities": [{"san": SAN}]}}
-                ],
-            }
-        ],
-    }
     with pytest.raises(PolicyError, match=r"authorities\[0\]\.x509\.roots\[0\]"):
-        PolicySet.from_mapping(doc, base_dir=tmp_path, source="policy.yaml")
+        PolicySet.from_mapping(corp_policy_doc("root.pem"), base_dir=tmp_path, source="policy.yaml")
 
 
 def test_cli_verify_with_a_policy_file(setup: Setup, tmp_path: Path) -> None:
     model, _ = setup()
-    policy = {
-        "apiVersion": "modelsec.dev/v1alpha1",
-        "kind": "ModelPolicy",
-        "policies": [
-            {
-                "name": "corp",
-                "match": ["file:///**"],
-                "authorities": [
-                    {"name": "corp-ca", "x509": {"roots": ["root.pem"], "identities": [{"san": SAN}]}}
-                ],
-            }
-        ],
-    }
-    (tmp_path / "policy.json").write_text(json.dumps(policy))
+    (tmp_path / "policy.json").write_text(json.dumps(corp_policy_doc("root.pem")))
     r = run_cli("verify", model, "--policy", tmp_path / "policy.json", "--json")
     assert r.returncode == 0, r.stdout + r.stderr
     assert json.loads(r.stdout)["bundles"][0]["key"] == f"corp-ca: {SAN}"

@@ -6,6 +6,7 @@ The TSA configuration has no `certs=` (rfc3161-client refuses responses that car
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as dt
 import http.server
 import json
@@ -14,7 +15,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -94,19 +95,18 @@ def _make_tsa(d: Path, label: str) -> Path:
     return d / "root.pem"
 
 
-@pytest.fixture(scope="module")
-def tsa(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    """(URL of a running TSA, its root certificate file)."""
-    d = tmp_path_factory.mktemp("tsa") / "tsa"
-    root = _make_tsa(d, "trusted")
+@contextlib.contextmanager
+def serve_tsa(d: Path, *, clock: Sequence[str] = ()) -> Iterator[str]:
+    """Serve the TSA `_make_tsa` made in `d` on loopback HTTP; yields its URL. `clock` prefixes each
+    `openssl ts -reply` (e.g. `faketime -f +1h`: a TSA whose clock runs ahead)."""
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             query = self.rfile.read(int(self.headers["Content-Length"]))
             (d / "q.tsq").write_bytes(query)
             subprocess.run(
-                ["openssl", "ts", "-reply", "-config", str(d / "ts.cnf"), "-queryfile", str(d / "q.tsq"),
-                 "-out", str(d / "r.tsr")],
+                [*clock, "openssl", "ts", "-reply", "-config", str(d / "ts.cnf"),
+                 "-queryfile", str(d / "q.tsq"), "-out", str(d / "r.tsr")],
                 check=True, capture_output=True, timeout=30,
             )  # fmt: skip
             body = (d / "r.tsr").read_bytes()
@@ -122,9 +122,20 @@ def tsa(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/tsa", root
-    server.shutdown()
-    server.server_close()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/tsa"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture(scope="module")
+def tsa(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """(URL of a running TSA, its root certificate file)."""
+    d = tmp_path_factory.mktemp("tsa") / "tsa"
+    root = _make_tsa(d, "trusted")
+    with serve_tsa(d) as url:
+        yield url, root
 
 
 def _signed(model: Path, key_dir: Path) -> tuple[Path, bytes]:

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from rfc3161_client import decode_timestamp_response
+import rfc3161_client.verify
+from rfc3161_client import TimeStampResponse, decode_timestamp_response
 
 from modelsec.attestations.bundle import add_timestamps, parse_bundle
 from modelsec.errors import SignatureError
@@ -27,7 +28,7 @@ from modelsec.verifier.timestamps import request_timestamp
 from tests.conftest import run_cli
 from tests.integration.test_certificate_trust import _sign, pki
 from tests.integration.test_rfc3161 import _make_tsa, pytestmark, tsa
-from tests.x509_support import SAN, Issued, with_certificate_chain
+from tests.x509_support import SAN, Issued, corp_policy_doc, with_certificate_chain
 from tests.x509_support import make_leaf as _leaf
 from tests.x509_support import write_pem as _pem
 
@@ -69,25 +70,9 @@ def _sign_and_stamp(d: Path, pki: tuple[Issued, Issued], url: str, **window: dt.
 
 
 def _policy(d: Path, root: Path, *tsa_roots: Path) -> Path:
-    """A policy trusting the corp root for SAN, and the TSAs whose root certificates are `tsa_roots`."""
-    doc = {
-        "apiVersion": "modelsec.dev/v1alpha1",
-        "kind": "ModelPolicy",
-        "policies": [
-            {
-                "name": "corp",
-                "match": ["file:///**"],
-                "authorities": [
-                    {"name": "corp-ca", "x509": {"roots": [str(root)], "identities": [{"san": SAN}]}}
-                ],
-                "timestampAuthorities": [
-                    {"name": f"tsa{i}", "certChain": [str(r)]} for i, r in enumerate(tsa_roots)
-                ],
-            }
-        ],
-    }
+    """A policy file trusting the corp root for SAN, and the TSAs whose root certificates are `tsa_roots`."""
     path = d / f"policy-{len(list(d.glob('policy-*')))}.json"
-    path.write_text(json.dumps(doc))
+    path.write_text(json.dumps(corp_policy_doc(root, tsa_roots=tsa_roots)))
     return path
 
 
@@ -194,3 +179,26 @@ def test_every_trusted_timestamp_must_fall_inside_the_chain_validity(
     late_time = re.escape(decode_timestamp_response(late).tst_info.gen_time.isoformat())
     with pytest.raises(SignatureError, match=rf"at the RFC 3161 timestamp's time {late_time}: "):
         verify_model(signed.model, _load(_policy(tmp_path, *roots)))
+
+
+def test_each_timestamp_is_verified_once_per_bundle(
+    pki: tuple[Issued, Issued],
+    tsa: tuple[str, Path],
+    roots: tuple[Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The chain check and the signature-time check share one verification of the token (rfc3161-client's,
+    observed, not replaced)."""
+    signed = _sign_and_stamp(tmp_path, pki, tsa[0])
+    verified: list[int] = []
+    real = rfc3161_client.verify._Verifier.verify_message
+
+    def observed(self: rfc3161_client.verify._Verifier, response: TimeStampResponse, message: bytes) -> bool:
+        verified.append(response.tst_info.serial_number)
+        return real(self, response, message)
+
+    monkeypatch.setattr(rfc3161_client.verify._Verifier, "verify_message", observed)
+    key = verify_model(signed.use(signed.stamped), _load(_policy(tmp_path, *roots))).bundles[0].key
+    assert key.name.endswith(f"({_CHECKED_AT} {signed.gen_time.isoformat()})")
+    assert len(verified) == 1, verified

@@ -1,0 +1,110 @@
+"""A timestamp a trusted TSA dates in the future is refused (beyond the `CLOCK_SKEW` allowance).
+
+The TSA is real: `openssl ts -reply` behind a loopback server (`serve_tsa` of test_rfc3161.py) run under
+faketime (libfaketime; `make test` installs it), so its clock, and so the `genTime` it signs, runs ahead of
+the verifier's. The policy trusts that TSA: only the time is wrong.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from modelsec.errors import SignatureError
+from modelsec.policy import PolicySet
+from modelsec.verifier import verify_model
+from modelsec.verifier.timestamps import CLOCK_SKEW
+from tests.conftest import run_cli
+from tests.integration.test_certificate_trust import pki
+from tests.integration.test_rfc3161 import _gen_time, _make_tsa, _policy_file, serve_tsa
+from tests.integration.test_rfc3161 import pytestmark as needs_openssl
+from tests.integration.test_x509_timestamps import _load, _policy, _sign_and_stamp
+from tests.x509_support import Issued
+from tests.x509_support import write_pem as _pem
+
+__all__ = ["pki"]  # the corp PKI fixture of test_certificate_trust.py
+
+pytestmark = [
+    needs_openssl,
+    pytest.mark.skipif(
+        shutil.which("faketime") is None,
+        reason="needs faketime (libfaketime; `make test` installs it) to run a TSA whose clock is ahead",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def ahead(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, Path]]:
+    """(URL of a TSA whose clock runs an hour ahead, URL of the same TSA one minute ahead, its root file)."""
+    d = tmp_path_factory.mktemp("ahead") / "tsa"
+    root = _make_tsa(d, "ahead")
+    with (
+        serve_tsa(d, clock=["faketime", "-f", "+1h"]) as hour,
+        serve_tsa(d, clock=["faketime", "-f", "+60"]) as minute,
+    ):
+        yield hour, minute, root
+
+
+def _tsas(root: Path) -> list[dict[str, object]]:
+    return [{"name": "ahead", "certChain": [str(root)]}]
+
+
+def test_pinned_key_bundle_timestamped_in_the_future_is_refused(
+    tiny_model: Path, key_dir: Path, ahead: tuple[str, str, Path], tmp_path: Path
+) -> None:
+    hour, _, root = ahead
+    r = run_cli(
+        "sign", tiny_model, "--signing-key", key_dir / "ecdsa-p256.key.pem", "--timestamp-url", hour, "--json"
+    )
+    assert r.returncode == 0, r.stderr
+    when = _gen_time(tiny_model / "model.sig")
+    assert when > dt.datetime.now(dt.UTC) + dt.timedelta(minutes=50)  # the TSA's clock really runs ahead
+    policy = _policy_file(tmp_path, key_dir / "ecdsa-p256.pub.pem", timestampAuthorities=_tsas(root))
+    message = (
+        rf"model\.sig: rfc3161 timestamp \[0\] of TSA 'ahead' is dated {re.escape(when.isoformat())}, after"
+    )
+    with pytest.raises(SignatureError, match=message + ".*from the future is refused"):
+        verify_model(tiny_model, PolicySet.from_file(policy).policies[0])
+    r = run_cli("verify", tiny_model, "--policy", policy, "--json")
+    error = json.loads(r.stdout)["error"]
+    assert r.returncode == 1 and error["kind"] == "SignatureError", r.stdout + r.stderr
+    assert re.search(message, error["message"]), error
+
+
+def test_future_timestamp_does_not_make_a_not_yet_valid_leaf_valid(
+    pki: tuple[Issued, Issued], ahead: tuple[str, str, Path], tmp_path: Path
+) -> None:
+    """The chain was checked at the timestamp's time: a leaf valid only from half an hour from now passed."""
+    hour, _, root = ahead
+    signed = _sign_and_stamp(tmp_path, pki, hour, not_before=-dt.timedelta(minutes=30))
+    policy = _load(_policy(tmp_path, _pem(tmp_path / "root.pem", pki[0].cert), root))
+    with pytest.raises(SignatureError, match=r"at the verification time .*not valid then: the signing"):
+        verify_model(signed.use(signed.plain), policy)  # without the timestamp: not valid yet
+    when = re.escape(signed.gen_time.isoformat())
+    with pytest.raises(
+        SignatureError, match=rf"model\.sig: rfc3161 timestamp \[0\] .* is dated {when}, after"
+    ):
+        verify_model(signed.use(signed.stamped), policy)
+
+
+def test_timestamp_ahead_within_the_clock_skew_allowance_is_accepted(
+    tiny_model: Path, key_dir: Path, ahead: tuple[str, str, Path], tmp_path: Path
+) -> None:
+    _, minute, root = ahead
+    r = run_cli(
+        "sign", tiny_model, "--signing-key", key_dir / "ecdsa-p256.key.pem", "--timestamp-url", minute
+    )
+    assert r.returncode == 0, r.stderr
+    when = _gen_time(tiny_model / "model.sig")
+    assert dt.datetime.now(dt.UTC) + dt.timedelta(seconds=30) < when < dt.datetime.now(dt.UTC) + CLOCK_SKEW
+    policy = _policy_file(
+        tmp_path, key_dir / "ecdsa-p256.pub.pem", timestampAuthorities=_tsas(root), requireTimestamp=True
+    )
+    r = run_cli("verify", tiny_model, "--policy", policy)
+    assert r.returncode == 0, r.stderr
