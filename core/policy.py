@@ -255,7 +255,7 @@ class Policy:
         return algorithm is not SignatureAlgorithm.SM2 and any(a.may("weights") for a in self.authorities)
 
     def requiring(self, algorithms: Iterable[SignatureAlgorithm]) -> Policy:
-        """This policy, and each policy in `also`, tightened to require `algorithms` (e.g. `verify --require`).
+        """This policy and each policy in `also`, tightened to require `algorithms` (`verify --require`).
 
         The result does not depend on the order of the matching policies: each algorithm is required of every
         one of them (this one and those in `also`) that `can_sign` it, so each must verify a signature of that
