@@ -54,7 +54,8 @@ class IdentityOptions:
 
         Raises:
             click.UsageError: With `--policy`, or a combination that means nothing.
-            PolicyError: A `--certificate-chain` file holds no readable certificate.
+            PolicyError: A `--certificate-chain` file holds no readable certificate, or no key or the
+                authority can make a `required` signature (`Policy.requiring`).
             KeyMaterialError: A `--trusted-key` cannot be read or parsed.
         """
         if not self.given:
@@ -71,9 +72,8 @@ class IdentityOptions:
         return Policy(
             keys=tuple(load_trusted_key_file(p) for p in keys),
             authorities=(authority,),
-            require_algorithms=frozenset(required),
             allow_remote_code=allow_remote_code,
-        )
+        ).requiring(required)
 
     def _authority(self) -> Any:
         from modelsec._policy_trust import read_root_ders

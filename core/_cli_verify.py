@@ -53,9 +53,17 @@ def _policy_from_options(
     allow_remote_code: bool,
     identity: IdentityOptions | None = None,
 ) -> Any:
-    """A Policy from --trusted-key options, or from --policy / $MODELSEC_POLICY (options only tighten it)."""
-    import dataclasses
+    """A Policy from --trusted-key options, or from --policy / $MODELSEC_POLICY (options only tighten it).
 
+    `required` (--require) is applied by `Policy.requiring`: to every matching policy able to make each
+    algorithm's signatures, in any file order.
+
+    Raises:
+        click.UsageError: Contradicting options, or no policy source.
+        PolicyError: The policy file is invalid, or no matching policy can meet `required`.
+        PolicyViolationError: No policy matches the model (`noMatch: deny`).
+        KeyMaterialError: A key cannot be read or parsed.
+    """
     from modelsec.policy import Policy, PolicySet
 
     if identity is not None and (
@@ -65,14 +73,14 @@ def _policy_from_options(
     if keys and policy_file:
         raise click.UsageError("give --trusted-key or --policy, not both")
     if keys:
-        return Policy.from_key_files(keys, require=required, allow_remote_code=allow_remote_code)
+        return Policy.from_key_files(keys, allow_remote_code=allow_remote_code).requiring(required)
     if not policy_file and not os.environ.get(POLICY_ENV):
         raise click.UsageError(f"give --trusted-key, --policy, or set ${POLICY_ENV}")
     policy_set = PolicySet.from_file(policy_file) if policy_file else PolicySet.from_env()
     policy = policy_set.for_model(model_path)
     if allow_remote_code and not policy.allow_remote_code:
         raise click.UsageError("--allow-remote-code cannot loosen a policy file; set allowRemoteCode there")
-    return dataclasses.replace(policy, require_algorithms=policy.require_algorithms | set(required))
+    return policy.requiring(required)
 
 
 def _parse_require(value: str | None) -> list[SignatureAlgorithm]:
@@ -112,7 +120,9 @@ def _parse_require(value: str | None) -> list[SignatureAlgorithm]:
     "--require",
     "require",
     metavar="ALG[,ALG]",
-    help="Algorithms that must all have signed, e.g. ecdsa-p256,sm2.",
+    help="Algorithms that must all have signed, e.g. ecdsa-p256,sm2. Each is required of every matching "
+    "policy that trusts a key (or authority) able to make its signatures, whatever their order; an "
+    "algorithm no matching policy can verify is refused (exit 1).",
 )
 @click.option(
     "--allow-remote-code",
@@ -142,7 +152,8 @@ def verify(
     """Verify MODEL_PATH (a model directory, or one file of it) against its signatures.
 
     Exit 0 when every signed file and tensor matches and a trusted key signed; exit 1 otherwise. Pickle
-    checkpoints and remote code are refused even when signed.
+    checkpoints and remote code are refused even when signed. Every policy of the file that matches
+    MODEL_PATH must pass; --require tightens each of them that trusts a key able to meet it.
     """
     from modelsec.signer.signing import relative_ignore_paths
     from modelsec.verifier import verify_model

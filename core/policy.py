@@ -243,6 +243,44 @@ class Policy:
         """Whether any attestation beyond the weights signatures is required."""
         return self.robustness is not None or self.watermark is not None
 
+    def can_sign(self, algorithm: SignatureAlgorithm) -> bool:
+        """Whether a weights signature of `algorithm` can verify under this policy's own keys or authorities.
+
+        A pinned key makes signatures of its own algorithm only; an authority can vouch for any algorithm but
+        SM2 (certificates of the ecosystem carry no SM2 keys, as `family_has_key` assumes). `also` is not
+        consulted.
+        """
+        if any(k.algorithm is algorithm and k.may("weights") for k in self.keys):
+            return True
+        return algorithm is not SignatureAlgorithm.SM2 and any(a.may("weights") for a in self.authorities)
+
+    def requiring(self, algorithms: Iterable[SignatureAlgorithm]) -> Policy:
+        """This policy and each policy in `also`, tightened to require `algorithms` (`verify --require`).
+
+        The result does not depend on the order of the matching policies: each algorithm is required of every
+        one of them (this one and those in `also`) that `can_sign` it, so each must verify a signature of that
+        algorithm with its own keys or authorities. A policy that cannot is left as it is, rather than
+        required to do the impossible.
+
+        Raises:
+            PolicyError: No policy here can sign one of `algorithms`: the requirement could never be met.
+        """
+        wanted = frozenset(algorithms)
+        members = (self, *self.also)
+        for algorithm in sorted(wanted):
+            if not any(p.can_sign(algorithm) for p in members):
+                names = ", ".join(repr(p.name) for p in members)
+                raise PolicyError(
+                    f"required algorithm {algorithm} can never be met: no matching policy ({names}) trusts a "
+                    f"key or authority that makes {algorithm} weights signatures"
+                )
+
+        def tightened(p: Policy) -> Policy:
+            extra = {a for a in wanted if p.can_sign(a)}
+            return dataclasses.replace(p, require_algorithms=p.require_algorithms | extra)
+
+        return dataclasses.replace(tightened(self), also=tuple(tightened(p) for p in self.also))
+
     def __post_init__(self) -> None:
         if not self.keys and not self.authorities:
             raise PolicyError(

@@ -6,6 +6,8 @@ required algorithm, stricter refusals) was silently ignored.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import subprocess
 from collections.abc import Callable
@@ -13,9 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from modelsec.errors import PolicyViolationError, SignatureError
-from modelsec.policy import PolicySet
+from modelsec.algorithms import SignatureAlgorithm
+from modelsec.errors import PolicyError, PolicyViolationError, SignatureError
+from modelsec.policy import IdentityRule, Policy, PolicySet, X509Authority
 from modelsec.signer import load_private_key_file, sign_model
+from modelsec.signer.keys import load_trusted_key_file
 from modelsec.verifier import verify_model
 
 TWO_POLICIES = """
@@ -97,3 +101,109 @@ def test_loader_and_cli_apply_every_matching_policy(
     assert load_model(tiny_model, ps)
     out = cli("verify", tiny_model, "--policy", tmp_path / "policy.yaml")
     assert out.returncode == 0, out.stderr
+
+
+# `verify --require ALG` with several matching policies (issue: the requirement tightened only the first
+# match, so the outcome depended on the file order). Neither policy below names requireAlgorithms itself.
+CI = ("ci", "ecdsa-p256")
+BOARD = ("release-board", "sm2")
+ORDERS = pytest.mark.parametrize("order", [(CI, BOARD), (BOARD, CI)], ids=["ci-first", "board-first"])
+
+
+def _ordered(tmp_path: Path, key_dir: Path, model: Path, order: tuple[tuple[str, ...], ...]) -> Path:
+    root = os.path.realpath(model.parent)
+    items = "".join(
+        f'  - name: {name}\n    match: ["file://{root}/**"]\n'
+        f"    keys: [{', '.join(f'{key_dir}/{k}.pub.pem' for k in keys)}]\n"
+        for name, *keys in order
+    )
+    path = tmp_path / "ordered.yaml"
+    path.write_text(
+        f"apiVersion: modelsec.dev/v1alpha1\nkind: ModelPolicy\npolicies:\n{items}noMatch: deny\n"
+    )
+    return path
+
+
+def _required_by_name(policy: Policy) -> dict[str, set[str]]:
+    return {p.name: {a.value for a in p.require_algorithms} for p in (policy, *policy.also)}
+
+
+@ORDERS
+@pytest.mark.parametrize("require", ["ecdsa-p256", "sm2", "ecdsa-p256,sm2"])
+def test_require_tightens_each_policy_able_to_meet_it_in_any_order(
+    tiny_model: Path,
+    key_dir: Path,
+    tmp_path: Path,
+    cli: Callable[..., subprocess.CompletedProcess[str]],
+    order: tuple[tuple[str, ...], ...],
+    require: str,
+) -> None:
+    path = _ordered(tmp_path, key_dir, tiny_model, order)
+    _sign(tiny_model, key_dir, "ecdsa-p256", "sm2")
+    out = cli("verify", tiny_model, "--policy", path, "--require", require, "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert json.loads(out.stdout)["ok"] is True
+    wanted = [SignatureAlgorithm(a) for a in require.split(",")]
+    policy = PolicySet.from_file(path).for_model(tiny_model).requiring(wanted)
+    # Each algorithm lands on the policy whose key makes it, wherever that policy sits in the file.
+    assert _required_by_name(policy) == {
+        "ci": {"ecdsa-p256"} & set(require.split(",")),
+        "release-board": {"sm2"} & set(require.split(",")),
+    }
+    assert verify_model(tiny_model, policy).root_digest
+
+
+@ORDERS
+def test_require_is_still_enforced_on_the_policy_that_can_meet_it(
+    tiny_model: Path,
+    key_dir: Path,
+    tmp_path: Path,
+    cli: Callable[..., subprocess.CompletedProcess[str]],
+    order: tuple[tuple[str, ...], ...],
+) -> None:
+    # The board also trusts an ML-DSA key; the model carries no ML-DSA signature.
+    order = tuple((*o, "ml-dsa-65") if o[0] == "release-board" else o for o in order)
+    path = _ordered(tmp_path, key_dir, tiny_model, order)
+    _sign(tiny_model, key_dir, "ecdsa-p256", "sm2")
+    assert cli("verify", tiny_model, "--policy", path).returncode == 0
+    policy = PolicySet.from_file(path).for_model(tiny_model).requiring([SignatureAlgorithm.ML_DSA_65])
+    assert _required_by_name(policy) == {"ci": set(), "release-board": {"ml-dsa-65"}}
+    with pytest.raises(SignatureError, match="ml-dsa-65"):
+        verify_model(tiny_model, policy)
+    out = cli("verify", tiny_model, "--policy", path, "--require", "ml-dsa-65")
+    assert out.returncode == 1 and "ml-dsa-65" in out.stderr, out.stderr
+
+
+@ORDERS
+def test_require_no_matching_policy_can_meet_is_refused(
+    tiny_model: Path,
+    key_dir: Path,
+    tmp_path: Path,
+    cli: Callable[..., subprocess.CompletedProcess[str]],
+    order: tuple[tuple[str, ...], ...],
+) -> None:
+    path = _ordered(tmp_path, key_dir, tiny_model, order)
+    _sign(tiny_model, key_dir, "ecdsa-p256", "sm2")
+    out = cli("verify", tiny_model, "--policy", path, "--require", "sm2,ecdsa-p384", "--json")
+    assert out.returncode == 1, out.stdout + out.stderr
+    error = json.loads(out.stdout)["error"]
+    assert error["kind"] == "PolicyError", error
+    assert all(word in error["message"] for word in ("ecdsa-p384", "'ci'", "'release-board'"))
+    both = PolicySet.from_file(path).for_model(tiny_model)
+    with pytest.raises(PolicyError, match=r"ecdsa-p384.*'(ci|release-board)'.*'(ci|release-board)'"):
+        both.requiring([SignatureAlgorithm.SM2, SignatureAlgorithm.ECDSA_P384])
+
+
+def test_require_counts_only_weights_keys_and_no_sm2_authority(key_dir: Path) -> None:
+    p256, sm2 = SignatureAlgorithm.ECDSA_P256, SignatureAlgorithm.SM2
+    gate_only = dataclasses.replace(load_trusted_key_file(key_dir / "sm2.pub.pem"), roles=frozenset({"gate"}))
+    with pytest.raises(PolicyError, match="sm2"):
+        Policy(keys=(gate_only,)).requiring([sm2])
+    with pytest.raises(PolicyError, match="sm2"):  # the command line's own policy (--trusted-key)
+        Policy.from_key_files([key_dir / "ecdsa-p256.pub.pem"]).requiring([sm2])
+    authority = X509Authority("corp-ca", (b"root",), (IdentityRule(identity="ci@example.com"),))
+    by_ca = Policy(keys=(), authorities=(authority,))
+    assert by_ca.requiring([p256]).require_algorithms == {p256}
+    with pytest.raises(PolicyError, match="sm2"):
+        by_ca.requiring([sm2])
+    assert by_ca.requiring([]) == by_ca
