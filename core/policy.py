@@ -90,6 +90,7 @@ from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
 from modelsec.errors import Error, PolicyError, PolicyViolationError
 from modelsec.limits import Limits
 from modelsec.signer.keys import TrustedKey, load_trusted_key_file
+from modelsec.signer.schemes import scheme_for
 
 if TYPE_CHECKING:  # pydantic is imported when a file is parsed, not by every `import modelsec.policy`
     from modelsec._config_models import (
@@ -246,13 +247,13 @@ class Policy:
     def can_sign(self, algorithm: SignatureAlgorithm) -> bool:
         """Whether a weights signature of `algorithm` can verify under this policy's own keys or authorities.
 
-        A pinned key makes signatures of its own algorithm only; an authority can vouch for any algorithm but
-        SM2 (certificates of the ecosystem carry no SM2 keys, as `family_has_key` assumes). `also` is not
-        consulted.
+        A pinned key makes signatures of its own algorithm only; an authority can vouch for the algorithms
+        whose scheme is `certified` (all but SM2: the ecosystem's certificates carry no SM2 keys). `also` is
+        not consulted.
         """
         if any(k.algorithm is algorithm and k.may("weights") for k in self.keys):
             return True
-        return algorithm is not SignatureAlgorithm.SM2 and any(a.may("weights") for a in self.authorities)
+        return scheme_for(algorithm).certified and any(a.may("weights") for a in self.authorities)
 
     def requiring(self, algorithms: Iterable[SignatureAlgorithm]) -> Policy:
         """This policy and each policy in `also`, tightened to require `algorithms` (`verify --require`).

@@ -210,12 +210,12 @@ def family_has_key(path: Path, keys: Sequence[TrustedKey], authorities: Sequence
 
     A key of the same scheme family as the scheme that writes that name could (`SignatureScheme.family`:
     any ECDSA key for `model.sig` or `model.p384.sig`, an SM2 key for `model.sm2.sig`); an authority could
-    vouch for any name but `model.sm2.sig` (certificates of the ecosystem carry ECDSA keys). A name no
+    vouch for the names of certified schemes (`SignatureScheme.certified`: all but SM2). A name no
     scheme writes counts as verifiable, so the caller reports its signature failure instead of skipping it.
     """
     scheme = scheme_for_bundle_name(path.name)
     if scheme is None:
         return True
-    if authorities and scheme.family != "sm2":
+    if authorities and scheme.certified:
         return True
     return any(scheme_for(k.algorithm).family == scheme.family for k in keys)

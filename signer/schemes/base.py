@@ -61,6 +61,9 @@ class SignatureScheme(Protocol):
         family: Schemes of one family may stand in for each other when `verify` decides whether a
             default-named bundle could have been signed by a configured key (ECDSA P-256 and P-384 share
             `ecdsa`).
+        certified: Whether an authority's X.509 certificates can carry this scheme's keys (the ecosystem's
+            CAs and Fulcio issue no SM2 certificates); decides whether a configured authority could verify a
+            bundle of this scheme (`verify`'s skipping of default-named bundles, `--require`).
     """
 
     @property
@@ -86,6 +89,11 @@ class SignatureScheme(Protocol):
     @property
     def family(self) -> str:
         """The family of interchangeable schemes (see the class docstring)."""
+        ...
+
+    @property
+    def certified(self) -> bool:
+        """Whether X.509 authorities can vouch for keys of this scheme (see the class docstring)."""
         ...
 
     def key_matches(self, der: bytes) -> bool:

@@ -37,6 +37,7 @@ class EcdsaScheme:
     manifest_hash: HashAlgorithm = HashAlgorithm.SHA256
     signable_hashes: frozenset[HashAlgorithm] = frozenset({HashAlgorithm.SHA256, HashAlgorithm.BLAKE3})
     family: str = "ecdsa"
+    certified: bool = True
 
     def key_matches(self, der: bytes) -> bool:
         """Whether `der` carries this scheme's namedCurve OID."""

@@ -57,6 +57,7 @@ class MlDsaScheme:
     manifest_hash: HashAlgorithm = HashAlgorithm.SHA256
     signable_hashes: frozenset[HashAlgorithm] = frozenset({HashAlgorithm.SHA256, HashAlgorithm.BLAKE3})
     family: str = "ml-dsa"
+    certified: bool = True
 
     def key_matches(self, der: bytes) -> bool:
         """Whether `der` names this parameter set: its OID, or a raw key file of its exact size."""

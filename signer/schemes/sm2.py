@@ -27,6 +27,7 @@ class Sm2Scheme:
     signable_hashes: frozenset[HashAlgorithm] = frozenset({HashAlgorithm.SM3})
     default_bundle_name: str = "model.sm2.sig"
     family: str = "sm2"
+    certified: bool = False
     curve_oid_der: bytes = bytes.fromhex("06082a811ccf5501822d")  # 1.2.156.10197.1.301 sm2p256v1
 
     def key_matches(self, der: bytes) -> bool:
