@@ -498,7 +498,7 @@ def _policy(item: PolicyModel, where: str, base_dir: Path) -> Policy:
     if not item.keys and not item.authorities:
         raise PolicyError(f"{where}: trusts nothing: give at least one of keys and authorities")
     keys = tuple(_load_key(k, f"{where}.keys[{j}]", base_dir) for j, k in enumerate(item.keys))
-    return Policy(
+    policy = Policy(
         keys=keys,
         require_algorithms=frozenset(item.require_algorithms),
         allow_remote_code=item.allow_remote_code,
@@ -520,6 +520,14 @@ def _policy(item: PolicyModel, where: str, base_dir: Path) -> Policy:
         require_timestamp=item.require_timestamp,
         key_windows=trust.key_windows(keys, item.keys),
     )
+    # Each policy verifies with its own keys and authorities only: a requirement they cannot meet would refuse
+    # every model at verification time; say so when the file is loaded instead.
+    if unmet := sorted(a.value for a in policy.require_algorithms if not policy.can_sign(a)):
+        raise PolicyError(
+            f"{where}.requireAlgorithms: {', '.join(unmet)} can never be met: no key or authority of policy "
+            f"{item.name!r} makes such weights signatures"
+        )
+    return policy
 
 
 def _robustness(r: RobustnessModel | None) -> RobustnessRequirement | None:

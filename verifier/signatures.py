@@ -198,7 +198,7 @@ def verify_signatures(
     missing_algs = policy.require_algorithms - {b.algorithm for b in verified}
     if missing_algs:
         missing = ", ".join(sorted(a.value for a in missing_algs))
-        raise SignatureError(f"{model}: required signature(s) missing: {missing}")
+        raise SignatureError(f"{model}: required signature(s) missing: {missing} (policy {policy.name!r})")
     first = verified[0].manifest
     for b in verified[1:]:
         if set(b.manifest.names) != set(first.names):

@@ -207,3 +207,38 @@ def test_require_counts_only_weights_keys_and_no_sm2_authority(key_dir: Path) ->
     with pytest.raises(PolicyError, match="sm2"):
         by_ca.requiring([sm2])
     assert by_ca.requiring([]) == by_ca
+
+
+def test_a_policy_file_requiring_what_its_own_keys_cannot_sign_is_refused_at_load(
+    key_dir: Path, tmp_path: Path
+) -> None:
+    # Each policy verifies with its own keys: requireAlgorithms [ecdsa-p384] next to an SM2 key alone could
+    # only refuse every model at verification time.
+    path = tmp_path / "unmeetable.yaml"
+    path.write_text(
+        "apiVersion: modelsec.dev/v1alpha1\nkind: ModelPolicy\npolicies:\n"
+        f"  - name: board\n    match: ['file:///**']\n    keys: [{key_dir}/sm2.pub.pem]\n"
+        "    requireAlgorithms: [sm2, ecdsa-p384]\n"
+    )
+    with pytest.raises(
+        PolicyError, match=r"policies\[0\]\.requireAlgorithms: ecdsa-p384 can never be met.*'board'"
+    ):
+        PolicySet.from_file(path)
+    path.write_text(path.read_text().replace(", ecdsa-p384", ""))
+    assert PolicySet.from_file(path).policies[0].require_algorithms == {SignatureAlgorithm.SM2}
+
+
+def test_a_missing_required_signature_names_the_policy_that_wanted_it(
+    tiny_model: Path, key_dir: Path, tmp_path: Path
+) -> None:
+    # The board policy (second in the file) trusts the ECDSA key too but requires SM2.
+    extra_key = "keys: [KEYS/sm2.pub.pem, KEYS/ecdsa-p256.pub.pem]"
+    path = tmp_path / "policy.yaml"
+    body = TWO_POLICIES.replace("keys: [KEYS/sm2.pub.pem]", extra_key)
+    path.write_text(body.replace("KEYS", str(key_dir)).replace("ROOT", os.path.realpath(tiny_model.parent)))
+    ps = PolicySet.from_file(path)
+    _sign(tiny_model, key_dir, "ecdsa-p256")
+    with pytest.raises(
+        SignatureError, match=r"required signature\(s\) missing: sm2 \(policy 'release-board'\)"
+    ):
+        verify_model(tiny_model, ps.for_model(tiny_model))
