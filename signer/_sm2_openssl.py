@@ -50,14 +50,18 @@ class _SignContext:
 
     `EVP_DigestSignInit` on the same `EVP_MD_CTX` starts the next signature, as `openssl speed` does: the
     `EVP_PKEY_CTX` is kept (`EVP_MD_CTX_FLAG_KEEP_PKEY_CTX`) and re-applies its cached distinguishing ID at
-    every init (`evp_pkey_ctx_use_cached_data`), so contexts are not rebuilt per signature.
+    every init (`evp_pkey_ctx_use_cached_data`), so contexts are not rebuilt per signature. The ctypes
+    arguments (pointers, output buffer, length) are built once here too: each context belongs to one thread.
     """
 
-    __slots__ = ("_lib", "distid", "mctx", "out", "pctx")
+    __slots__ = ("_lib", "args", "distid", "mctx", "out", "pctx", "size")
 
-    def __init__(self, lib: ctypes.CDLL, distid: bytes, mctx: int, pctx: int) -> None:
+    def __init__(self, lib: ctypes.CDLL, distid: bytes, mctx: int, pctx: int, pkey: int) -> None:
         self._lib, self.distid, self.mctx, self.pctx = lib, distid, mctx, pctx
         self.out = ctypes.create_string_buffer(_MAX_SIGNATURE_BYTES)
+        self.size = c_size_t(_MAX_SIGNATURE_BYTES)
+        # (mctx, pkey, out, &size) as ctypes objects, so that ctypes converts no Python int per signature.
+        self.args = (c_void_p(mctx), c_void_p(pkey), self.out, ctypes.byref(self.size))
 
     def __del__(self) -> None:
         mctx, pctx, self.mctx, self.pctx = self.mctx, self.pctx, 0, 0
@@ -222,38 +226,50 @@ class OpenSslSm2Backend:
             distid: The signer's distinguishing ID.
 
         Returns:
-            DER `SEQUENCE { r, s }`, checked with `decode_sm2_signature`.
+            DER `SEQUENCE { r, s }` (the first one per key, thread and ID checked with
+            `decode_sm2_signature`; see the comment in the code for the others).
 
         Raises:
             UnsupportedAlgorithmError: `distid` cannot be encoded.
             BackendUnavailableError: OpenSSL failed to sign.
         """
-        check_distid(distid)
         lib = self._lib
         owned = self._private_pkey(private_key)
         threads = owned.threads
         try:
             ctx: _SignContext | None = getattr(threads, "sign", None)
-            if ctx is None or ctx.distid != distid:
+            fresh = ctx is None or ctx.distid != distid
+            if ctx is None or fresh:
+                # A context's ID was checked when it was built, so only a new context checks one.
+                check_distid(distid)
                 threads.sign = None
                 distid = bytes(distid)
-                ctx = _SignContext(lib, distid, *self._digest_ctx(owned.pointer, distid, signing=True))
+                mctx, pctx = self._digest_ctx(owned.pointer, distid, signing=True)
+                ctx = _SignContext(lib, distid, mctx, pctx, owned.pointer)
                 threads.sign = ctx
-            elif lib.EVP_DigestSignInit(ctx.mctx, None, self._sm3, None, owned.pointer) != 1:
+            mctx_arg, pkey_arg, out, size_ref = ctx.args
+            if not fresh and lib.EVP_DigestSignInit(mctx_arg, None, self._sm3, None, pkey_arg) != 1:
                 threads.sign = None
                 raise BackendUnavailableError(f"OpenSSL SM2 sign init failed: {self._errors()}")
-            size = c_size_t(_MAX_SIGNATURE_BYTES)
+            ctx.size.value = _MAX_SIGNATURE_BYTES
             data = bytes(message)
-            if lib.EVP_DigestSign(ctx.mctx, ctx.out, ctypes.byref(size), data, len(data)) != 1:
+            if lib.EVP_DigestSign(mctx_arg, out, size_ref, data, len(data)) != 1:
                 threads.sign = None  # start the next signature from new contexts
                 raise BackendUnavailableError(f"OpenSSL SM2 signing failed: {self._errors()}")
-            signature = ctx.out.raw[: size.value]
+            signature = out.raw[: ctx.size.value]
         finally:
             lib.ERR_clear_error()
-        try:
-            decode_sm2_signature(signature)
-        except SignatureError as e:
-            raise BackendUnavailableError("OpenSSL produced a malformed SM2 signature") from e
+        if fresh:
+            # The first signature of every new context is decoded strictly. The others are not re-parsed:
+            # OpenSSL's sm2_sig_gen (crypto/sm2/sm2_sign.c) draws again until r != 0, r + k != n and
+            # s != 0, so r, s lie in [1, n-1] and (r + s) mod n = (r + k)(1 + d)^-1 mod n != 0, and
+            # i2d_ECDSA_SIG writes them as DER; the self-test decodes a fresh signature before the backend
+            # is used at all, and the first one of each key, thread and ID is decoded here.
+            try:
+                decode_sm2_signature(signature)
+            except SignatureError as e:
+                threads.sign = None
+                raise BackendUnavailableError("OpenSSL produced a malformed SM2 signature") from e
         return signature
 
     def verify(

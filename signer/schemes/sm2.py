@@ -1,19 +1,20 @@
 """SM2 with SM3 (GB/T 32918.2-2016, distinguishing ID `1234567812345678`) through `modelsec.signer.sm2`.
 
 Signing and verification run on the SM2 backend chosen by `MODELSEC_SM2_BACKEND` (OpenSSL EVP by default,
-hardened gmssl fallback); SM2 keys sign the SM3 manifest. The SM2 modules load on first use.
+hardened gmssl fallback); a loaded signing key keeps the backend of its first signature. SM2 keys sign the
+SM3 manifest. The SM2 modules load on first use.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
 from modelsec.signer.schemes.base import KeyBackend, PublicKeyVerifier
 
 if TYPE_CHECKING:
-    from modelsec.signer.sm2 import Sm2PrivateKey, Sm2PublicKey
+    from modelsec.signer.sm2 import Sm2Backend, Sm2PrivateKey, Sm2PublicKey
 
 __all__ = ["SM2", "Sm2Scheme"]
 
@@ -68,6 +69,8 @@ class Sm2Scheme:
 @dataclass(frozen=True, slots=True, repr=False)
 class _Sm2KeyBackend:
     _key: Sm2PrivateKey
+    # The backend `MODELSEC_SM2_BACKEND` chose at this key's first signature, kept for the key's others.
+    _backend: Sm2Backend | None = field(default=None, compare=False)
 
     def __repr__(self) -> str:
         return "<SM2 key backend>"
@@ -80,9 +83,13 @@ class _Sm2KeyBackend:
         return self._key.public_key.to_pem()
 
     def sign(self, message: bytes) -> bytes:
-        from modelsec.signer import sm2
+        backend = self._backend
+        if backend is None:
+            from modelsec.signer import sm2
 
-        return sm2.default_backend().sign(self._key, message)
+            backend = sm2.default_backend()  # threads racing here get the same cached backend
+            object.__setattr__(self, "_backend", backend)
+        return backend.sign(self._key, message)
 
 
 @dataclass(frozen=True, slots=True, repr=False)

@@ -7,11 +7,13 @@ import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from modelsec.errors import SignatureError
+from modelsec.errors import BackendUnavailableError, SignatureError, UnsupportedAlgorithmError
 from modelsec.signer import _sm2_openssl, sm2
+from modelsec.signer.keys import load_private_key
 from modelsec.signer.sm2 import Sm2PrivateKey
 
 D1 = 0x6B2A4E5D1F0C3B8A79E6D5C4B3A29180F7E6D5C4B3A291807F6E5D4C3B2A1908
@@ -148,3 +150,53 @@ def test_changing_the_id_on_one_thread() -> None:
         backend.verify(key.public_key, b"m", signature, distid)
         with pytest.raises(SignatureError):
             backend.verify(key.public_key, b"m", signature, distid + b"x")
+
+
+def test_an_invalid_id_is_refused_on_a_thread_that_has_contexts() -> None:
+    """The ID is checked when a context is built; a thread's existing context never lets a bad one through."""
+    backend = sm2.backend_by_name("openssl")
+    key = Sm2PrivateKey(D1)
+    backend.sign(key, b"m")
+    for bad in (b"x" * 8191, "1234567812345678"):
+        with pytest.raises(UnsupportedAlgorithmError):
+            backend.sign(key, b"m", bad)  # type: ignore[arg-type]
+    signature = backend.sign(key, b"m", bytearray(sm2.DEFAULT_DISTID))  # type: ignore[arg-type]
+    backend.verify(key.public_key, b"m", signature)
+
+
+class _CorruptingLib(_CountingLib):
+    """Delegates to libcrypto; `EVP_DigestSign` writes a SET tag where DER `SEQUENCE { r, s }` begins."""
+
+    def __getattr__(self, name: str) -> object:
+        real = getattr(self._real, name)
+        if name != "EVP_DigestSign":
+            return real
+
+        def corrupt(mctx: object, out: Any, *args: object) -> int:
+            rc = int(real(mctx, out, *args))
+            out[0] = 0x31
+            return rc
+
+        return corrupt
+
+
+def test_a_new_context_first_signature_is_decoded_strictly() -> None:
+    backend = _sm2_openssl.OpenSslSm2Backend()
+    key = Sm2PrivateKey(D1)
+    real = backend._lib
+    backend._lib = _CorruptingLib(real)
+    with pytest.raises(BackendUnavailableError, match="malformed SM2 signature"):
+        backend.sign(key, b"m")
+    backend._lib = real
+    backend.verify(key.public_key, b"m", backend.sign(key, b"m"))  # the refused context was not kept
+
+
+def test_a_loaded_key_keeps_the_backend_of_its_first_signature(monkeypatch: pytest.MonkeyPatch) -> None:
+    pem = Sm2PrivateKey(D1).to_pem()
+    monkeypatch.setenv(sm2.BACKEND_ENV, "gmssl")
+    signer = load_private_key(pem, name="k")
+    first = signer.sign(b"m")  # gmssl's nonce is deterministic (RFC 6979 with HMAC-SM3), OpenSSL's is not
+    monkeypatch.setenv(sm2.BACKEND_ENV, "openssl")
+    assert signer.sign(b"m") == first
+    again = load_private_key(pem, name="k")
+    assert again.sign(b"m") != again.sign(b"m")
