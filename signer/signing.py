@@ -229,15 +229,31 @@ def find_bundle_files(model_dir: Path, names: Sequence[str], limits: Limits | No
     return found
 
 
-def relative_ignore_paths(model_path: Path, paths: Sequence[Path | str]) -> list[str]:
-    """Ignore paths as OMS records them: relative to the model, paths outside it dropped.
+def relative_ignore_paths(
+    model_path: Path, paths: Sequence[Path | str], *, strict: bool = False
+) -> list[str]:
+    """Ignore paths as OMS records them: relative to the model root.
 
-    Like model_signing's CLI (`_resolve_ignore_paths`): a relative path is taken relative to the current
-    directory, resolved, and kept as a POSIX path relative to the model root when it lies inside it (a
-    path outside the model ignores nothing and is not recorded). `foo/` and `./foo` become `foo`.
+    Resolved as model_signing's CLI resolves `--ignore-paths` (`_resolve_ignore_paths`), so that one command
+    line ignores the same files with either tool: a relative path is taken relative to the current
+    directory (not the model directory), an absolute one as given; both are resolved (links followed) and
+    kept as a POSIX path relative to the model root. `foo/` and `./foo` become `foo`. model_signing drops
+    a path that lands outside the model without a word; with `strict` (what `modelsec sign` uses) such a
+    path, or one that does not exist, is refused instead, since it ignores nothing the user meant.
+
+    Args:
+        model_path: The model directory.
+        paths: The paths as given on the command line.
+        strict: Refuse paths outside the model or that do not exist (default: drop outside paths silently,
+            keep missing ones, as model_signing does).
+
+    Returns:
+        The relative names, each once, in the order given.
 
     Raises:
         MalformedArtifactError: A path names the model root itself.
+        PolicyError: With `strict`: a path lands outside the model directory or does not exist (the message
+            names the path as given and where it resolved).
     """
     root = model_path.resolve()
     result: list[str] = []
@@ -247,9 +263,20 @@ def relative_ignore_paths(model_path: Path, paths: Sequence[Path | str]) -> list
         try:
             rel = full.relative_to(root)
         except ValueError:
+            if strict:
+                hint = (
+                    ""
+                    if candidate.is_absolute()
+                    else " (a relative ignore path is taken from the current directory, as model_signing's "
+                    f"--ignore-paths takes it: write {str(model_path / candidate)!r} for a file of the model)"
+                )
+                where = f"resolves to {full}, outside the model directory {model_path}"
+                raise PolicyError(f"ignore path {str(p)!r} {where}{hint}") from None
             continue
         if not rel.parts:
             raise MalformedArtifactError(f"{model_path}: an ignore path names the model itself: {p}")
+        if strict and not full.exists():
+            raise PolicyError(f"ignore path {str(p)!r} does not exist ({full}): it would ignore nothing")
         name = rel.as_posix()
         if name not in result:
             result.append(name)
