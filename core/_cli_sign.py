@@ -81,13 +81,16 @@ _TENSOR_DIGESTS = [HashAlgorithm.BLAKE3.value, HashAlgorithm.SHA256.value, HashA
 @click.option(
     "--allow-unverifiable",
     is_flag=True,
-    help="Sign even when MODEL_DIR holds pickle files (pytorch_model.bin, *.pt, ...) or *.py code, which "
-    "verification under the default policy always refuses (refused here by default).",
+    help="Sign even when MODEL_DIR holds what verification under the default policy always refuses "
+    "(refused here by default): pickle files (pytorch_model.bin, *.pt, ...); *.py code; and *.json files "
+    "(config, tokenizer, at any depth) that name code (auto_map, custom_pipelines), are not strict JSON "
+    "(syntax errors, duplicate keys, NaN/Infinity) or exceed the JSON side-file size limit.",
 )
 @_ignore_paths_option(
     "Leave this path (a file, or a directory with everything below it) out of the signature and record it "
-    "in the signed ignore list (repeatable; as model_signing's --ignore-paths, relative to the current "
-    "directory; paths outside MODEL_DIR are dropped)."
+    "in the signed ignore list (repeatable). As model_signing's --ignore-paths: a relative path is taken "
+    "from the current directory, not from MODEL_DIR (e.g. MODEL_DIR/README.md). A path outside MODEL_DIR, "
+    "or one that does not exist, is refused (usage error)."
 )
 @_timestamp_option
 @_json_option
@@ -135,6 +138,10 @@ def sign(
         raise click.UsageError("give one --pin-key per --key-version, or none")
     if signatures and len(signatures) != len(keys) + len(key_versions):
         raise click.UsageError("give one --signature per key, or none")
+    try:
+        ignored = relative_ignore_paths(model_dir, ignore_paths, strict=True)
+    except Error as e:
+        raise click.UsageError(f"--ignore-paths: {e.diagnostics()}") from e
     sources = _key_password_sources(key_passwords, list(keys))
     client = None
     try:
@@ -159,7 +166,7 @@ def sign(
                 tensor_hash=None if tensor_digest == "none" else HashAlgorithm(tensor_digest),
                 progress=progress,
                 refuse_unverifiable=not allow_unverifiable,
-                ignore_paths=relative_ignore_paths(model_dir, ignore_paths),
+                ignore_paths=ignored,
                 timestamper=_timestamper(timestamp_url),
                 hash_type=HashAlgorithm(hash_type),
             )

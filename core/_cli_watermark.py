@@ -239,7 +239,8 @@ def _embed(
         f"relative L2 {result.relative_l2_change:.2%}"
     )
     click.echo(
-        f"  check on written weights: {d.bit_matches}/{d.bits} bits, confidence {d.confidence:.3f}, "
+        f"  check on written weights: {d.bit_matches}/{d.bits} pilot bits, message "
+        f"{'matched' if d.message_matched else 'NOT matched'}, confidence {d.confidence:.3f}, "
         f"false-positive probability {d.false_positive_probability:.3g} "
         f"(log10 {d.log10_false_positive_probability:.1f})"
     )
@@ -260,7 +261,8 @@ def _embed(
     "--message",
     "-m",
     default=None,
-    help="The embedded message, if known (compares its bits too). " + _MESSAGE_HELP,
+    help="The expected message: exit 0 only if the mark is present (decided as without -m) and carries "
+    "exactly this message (every bit; messageMatched in --json). " + _MESSAGE_HELP,
 )
 @click.option("--message-bits", type=int, default=None, help="The message length in bits, if known.")
 @click.option(
@@ -311,7 +313,9 @@ def _detect(
 ) -> None:
     """Detect the watermark of --watermark-key in MODEL_DIR (exit 0 when detected, 1 when not).
 
-    With --json, `ok` is true only when the mark is detected; otherwise `error.kind` is GateFailedError.
+    With --message, exit 0 only when the mark is present and carries exactly that message; a present mark
+    with another message exits 1 saying so. With --json, `ok` is true only for exit 0; otherwise
+    `error.kind` is GateFailedError, and `detected` (the mark is present) and `messageMatched` tell which.
     """
     from modelsec.errors import Error, GateFailedError
     from modelsec.watermark.detection import DetectionThresholds, detect
@@ -351,31 +355,38 @@ def _detect(
             )
     except Error as e:
         _fail(e, as_json)
+    refusal = _detect_refusal(result)
     if as_json:
-        if not result.detected:
-            _fail(GateFailedError(_not_detected(result)), as_json, fields=result.to_json())
+        if refusal is not None:
+            _fail(GateFailedError(refusal), as_json, fields=result.to_json())
         _reply(result.to_json())
-    else:
-        verdict = "DETECTED" if result.detected else "NOT DETECTED"
-        what = "pilot and message bits" if result.mode == "message" else "pilot bits"
+        sys.exit(0)
+    verdict = "DETECTED" if result.detected else "NOT DETECTED"
+    click.echo(
+        f"{verdict}: {result.bit_matches}/{result.bits} pilot bits match (BER {result.bit_error_rate:.2%}), "
+        f"confidence {result.confidence:.3f}, false-positive probability "
+        f"{result.false_positive_probability:.3g} (log10 {result.log10_false_positive_probability:.1f}, "
+        f"{result.tests} hypotheses)"
+    )
+    if result.detected and result.decoded_message is not None:
+        text = _printable(result.decoded_message)
         click.echo(
-            f"{verdict}: {result.bit_matches}/{result.bits} {what} match (BER {result.bit_error_rate:.2%}), "
-            f"confidence {result.confidence:.3f}, false-positive probability "
-            f"{result.false_positive_probability:.3g} (log10 {result.log10_false_positive_probability:.1f}, "
-            f"{result.tests} hypotheses)"
+            f"  message ({8 * len(result.decoded_message)} bits): hex:{result.decoded_message.hex()}"
+            + (f" ({text!r})" if text else "")
         )
-        if result.detected and result.decoded_message is not None:
-            text = _printable(result.decoded_message)
-            click.echo(
-                f"  message ({result.message_bits} bits): hex:{result.decoded_message.hex()}"
-                + (f" ({text!r})" if text else "")
-            )
-        if result.resync is not None:
-            click.echo(
-                f"  re-synchronised {result.resync.permuted} permuted / {result.resync.rescaled} rescaled "
-                f"of {result.resync.groups} neuron groups against {reference}"
-            )
-    sys.exit(0 if result.detected else 1)
+    if result.message_matched is not None:
+        click.echo(
+            f"  given message {'MATCHED' if result.message_matched else 'NOT MATCHED'}: "
+            f"{result.message_matches}/{result.message_bits} of its bits extracted as embedded"
+        )
+    if result.resync is not None:
+        click.echo(
+            f"  re-synchronised {result.resync.permuted} permuted / {result.resync.rescaled} rescaled "
+            f"of {result.resync.groups} neuron groups against {reference}"
+        )
+    if refusal is not None:
+        _fail(GateFailedError(refusal), as_json)
+    sys.exit(0)
 
 
 def _classifier_probe(model_dir: Path, architecture: str, probe_data: str) -> Any:
@@ -403,11 +414,24 @@ def _attested_digest(attestation: Path) -> str | None:
     return None if digest is None else _digest_str(digest)
 
 
-def _not_detected(result: Any) -> str:
-    return (
-        f"watermark not detected: {result.bit_matches}/{result.bits} bits match, confidence "
-        f"{result.confidence:.3f}, false-positive probability {result.false_positive_probability:.3g}"
+def _detect_refusal(result: Any) -> str | None:
+    """Why `watermark detect` exits 1 (the mark absent, or present with another message), or None."""
+    if not result.detected:
+        return (
+            f"watermark not detected: {result.bit_matches}/{result.bits} pilot bits match, confidence "
+            f"{result.confidence:.3f}, false-positive probability {result.false_positive_probability:.3g}"
+        )
+    if result.message_matched is None or result.message_matched:
+        return None
+    present = (
+        f"watermark present ({result.bit_matches}/{result.bits} pilot bits, false-positive probability "
+        f"{result.false_positive_probability:.3g}) but it carries another message"
     )
+    found = result.decoded_message
+    if found is not None and 8 * len(found) != result.message_bits:
+        return f"{present}: {8 * len(found)} message bits found, {result.message_bits} given"
+    differ = result.message_bits - result.message_matches
+    return f"{present}: {differ}/{result.message_bits} message bits differ"
 
 
 def _printable(data: bytes) -> str:

@@ -259,8 +259,10 @@ def _release_into(
     stage = "watermark"
     try:
         embedded = embed_model(model_dir, out_dir, watermark_key, message)
-        if not embedded.detection.detected:
-            raise GateFailedError(f"{out_dir}: the watermark is not detected in the written weights")
+        if not (embedded.detection.detected and embedded.detection.message_matched):
+            raise GateFailedError(
+                f"{out_dir}: the watermark or its message is not detected in the written weights"
+            )
         stage = "sign"
         signed = sign_model(out_dir, signers, timestamper=timestamper)
         stage = "attest-watermark"

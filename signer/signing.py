@@ -33,6 +33,7 @@ from modelsec.modelformat.model_files import (
     validate_resource_name,
     walk_model,
 )
+from modelsec.modelformat.side_json import check_json_side_file, is_json_side_file, read_json_side_file
 from modelsec.signer.keys import KeyBackend
 from modelsec.signer.schemes import all_schemes, scheme_for
 
@@ -122,8 +123,8 @@ def unverifiable_files(names: Sequence[str]) -> list[str]:
     """The files that `verify` refuses under the default policy, whatever signs them, each with the reason.
 
     Pickle formats (`model_files.PICKLE_SUFFIXES`: unpickling runs code) and `*.py` files (remote code)
-    are refused by name by the default policy, at any depth. `auto_map` entries in config files are not
-    looked at here.
+    are refused by name by the default policy, at any depth. The contents of JSON side files (`auto_map`,
+    strict JSON) are checked by `refuse_unverifiable_json`, not here.
 
     Args:
         names: Relative POSIX paths of the files to sign.
@@ -138,6 +139,43 @@ def unverifiable_files(names: Sequence[str]) -> list[str]:
         elif name.endswith(".py"):
             found.append(f"{name} (remote code)")
     return found
+
+
+def refuse_unverifiable_json(model_dir: Path, names: Sequence[str], limits: Limits) -> None:
+    """Refuse the JSON side files that `verify` refuses under the default policy, with the verifier's reason.
+
+    Each `*.json` file among `names` (at any depth) is read (bounded) and held to the verifier's own rules
+    (`modelsec.modelformat.side_json.check_json_side_file` without remote code): at most
+    `limits.max_json_side_file_bytes`, strict JSON (no duplicate keys, no NaN), and no code reference
+    (`auto_map`, `custom_pipelines`). `model.safetensors.index.json`'s weight map is checked by the
+    verifier only.
+
+    Args:
+        model_dir: The model directory.
+        names: Relative POSIX paths of the files to sign.
+        limits: The limits verification applies.
+
+    Raises:
+        MalformedArtifactError: A JSON file is too large or not strict JSON.
+        PolicyViolationError: A JSON file names code, or a JSON file is a link or special file.
+    """
+    json_names = [n for n in names if is_json_side_file(n)]
+    if not json_names:
+        return
+    model = str(model_dir)
+    root_fd = open_model_root(model_dir)
+    try:
+        for name in json_names:
+            try:
+                raw = read_json_side_file(root_fd, name, limits, model)
+                check_json_side_file(name, raw, names, allow_remote_code=False, model=model)
+            except (MalformedArtifactError, PolicyViolationError) as e:
+                raise type(e)(
+                    f"{e.diagnostics()} (verification under the default policy will always refuse this; fix "
+                    "the file, or sign anyway with --allow-unverifiable)"
+                ) from e
+    finally:
+        os.close(root_fd)
 
 
 _BUNDLE_SUFFIXES = (".sig", ".sigstore", ".sigstore.json", ".bundle")
@@ -191,15 +229,31 @@ def find_bundle_files(model_dir: Path, names: Sequence[str], limits: Limits | No
     return found
 
 
-def relative_ignore_paths(model_path: Path, paths: Sequence[Path | str]) -> list[str]:
-    """Ignore paths as OMS records them: relative to the model, paths outside it dropped.
+def relative_ignore_paths(
+    model_path: Path, paths: Sequence[Path | str], *, strict: bool = False
+) -> list[str]:
+    """Ignore paths as OMS records them: relative to the model root.
 
-    Like model_signing's CLI (`_resolve_ignore_paths`): a relative path is taken relative to the current
-    directory, resolved, and kept as a POSIX path relative to the model root when it lies inside it (a
-    path outside the model ignores nothing and is not recorded). `foo/` and `./foo` become `foo`.
+    Resolved as model_signing's CLI resolves `--ignore-paths` (`_resolve_ignore_paths`), so that one command
+    line ignores the same files with either tool: a relative path is taken relative to the current
+    directory (not the model directory), an absolute one as given; both are resolved (links followed) and
+    kept as a POSIX path relative to the model root. `foo/` and `./foo` become `foo`. model_signing drops
+    a path that lands outside the model without a word; with `strict` (what `modelsec sign` uses) such a
+    path, or one that does not exist, is refused instead, since it ignores nothing the user meant.
+
+    Args:
+        model_path: The model directory.
+        paths: The paths as given on the command line.
+        strict: Refuse paths outside the model or that do not exist (default: drop outside paths silently,
+            keep missing ones, as model_signing does).
+
+    Returns:
+        The relative names, each once, in the order given.
 
     Raises:
         MalformedArtifactError: A path names the model root itself.
+        PolicyError: With `strict`: a path lands outside the model directory or does not exist (the message
+            names the path as given and where it resolved).
     """
     root = model_path.resolve()
     result: list[str] = []
@@ -209,9 +263,20 @@ def relative_ignore_paths(model_path: Path, paths: Sequence[Path | str]) -> list
         try:
             rel = full.relative_to(root)
         except ValueError:
+            if strict:
+                hint = (
+                    ""
+                    if candidate.is_absolute()
+                    else " (a relative ignore path is taken from the current directory, as model_signing's "
+                    f"--ignore-paths takes it: write {str(model_path / candidate)!r} for a file of the model)"
+                )
+                where = f"resolves to {full}, outside the model directory {model_path}"
+                raise PolicyError(f"ignore path {str(p)!r} {where}{hint}") from None
             continue
         if not rel.parts:
             raise MalformedArtifactError(f"{model_path}: an ignore path names the model itself: {p}")
+        if strict and not full.exists():
+            raise PolicyError(f"ignore path {str(p)!r} does not exist ({full}): it would ignore nothing")
         name = rel.as_posix()
         if name not in result:
             result.append(name)
@@ -243,7 +308,7 @@ def compute_manifests(
         limits: Limits; defaults to `Limits()`.
         progress: Byte-count callback for a progress bar.
         refuse_unverifiable: Refuse, before hashing, a directory holding files that `verify` refuses under
-            the default policy (see `unverifiable_files`).
+            the default policy (see `unverifiable_files` and `refuse_unverifiable_json`).
 
     Returns:
         Manifest by hash type.
@@ -251,7 +316,8 @@ def compute_manifests(
     Raises:
         MalformedArtifactError: The directory is empty or not a directory, or a file is malformed.
         PolicyViolationError: A symlink or special file is present, or (with `refuse_unverifiable`) a
-            pickle or `*.py` file.
+            pickle or `*.py` file, or a JSON file naming code.
+        MalformedArtifactError: Also (with `refuse_unverifiable`): a JSON file too large or not strict JSON.
     """
     limits = limits or Limits()
     single = _single_file(model_dir)
@@ -276,6 +342,8 @@ def compute_manifests(
                 "anyway (--allow-unverifiable; a policy with refusePickle: false / allowRemoteCode: true "
                 "accepts them)"
             )
+        if single is None:
+            refuse_unverifiable_json(model_dir, [f.name for f in files], limits)
     # SHA-256 is also the root of SM3 manifests (their subject carries the SHA-256 model root); a BLAKE3
     # manifest's root is SHA-256 over its BLAKE3 digests, so BLAKE3 alone reads no SHA-256 at all.
     roots = [HashAlgorithm.SHA256] if HashAlgorithm.SM3 in hash_types else []
@@ -345,7 +413,8 @@ def sign_model(
         limits: Limits; defaults to `Limits()`.
         progress: Byte-count callback for a progress bar.
         refuse_unverifiable: Refuse, before hashing, files that `verify` refuses under the default policy
-            (pickle formats, `*.py`; see `unverifiable_files`). The `sign` command sets it by default.
+            (pickle formats, `*.py`, JSON side files that are not strict JSON or name code; see
+            `unverifiable_files` and `refuse_unverifiable_json`). The `sign` command sets it by default.
         ignore_paths: More relative paths to leave out and record (OMS semantics: a directory with
             everything below it); see `relative_ignore_paths` for paths given on a command line.
         timestamper: Called with each bundle's signature bytes; returns the DER RFC 3161 `TimeStampResp`s
@@ -366,7 +435,8 @@ def sign_model(
         MalformedArtifactError: The directory is empty, or a file is malformed.
         PolicyError: A bundle path is a symlink or cannot be written.
         PolicyViolationError: A symlink or special file is present, or (with `refuse_unverifiable`) a
-            pickle or `*.py` file.
+            pickle or `*.py` file, or a JSON file naming code.
+        MalformedArtifactError: Also (with `refuse_unverifiable`): a JSON file too large or not strict JSON.
 
     Example:
         >>> from modelsec.signer import load_private_key_file, sign_model

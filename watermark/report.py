@@ -30,6 +30,7 @@ _ROWS = (
     ("message bits", "messageBits"),
     ("message matches", "messageMatches"),
     ("message bit error rate", "messageBitErrorRate"),
+    ("message matched", "messageMatched"),
     ("min margin", "minMargin"),
     ("median margin", "medianMargin"),
     ("density log2", "densityLog2"),
@@ -48,6 +49,8 @@ def _agreement(run: Mapping[str, Any]) -> float:
 
 
 def _verdict(run: Mapping[str, Any]) -> str:
+    if run["detected"] and run.get("messageMatched") is False:
+        return "DETECTED, ANOTHER MESSAGE"
     return "DETECTED" if run["detected"] else "NOT DETECTED"
 
 
@@ -57,6 +60,14 @@ def _rule(run: Mapping[str, Any]) -> str:
         f"confidence >= {t['minConfidence']!r} and false-positive probability <= "
         f"{t['maxFalsePositiveProbability']!r}"
     )
+
+
+def _message_check(run: Mapping[str, Any]) -> tuple[str, bool, str] | None:
+    """The second check of a run given a message: it is exactly the one found (None: no message given)."""
+    if run.get("messageMatched") is None:
+        return None
+    detail = f"{run['messageMatches']}/{run['messageBits']} bits of the given message extracted as embedded"
+    return "the mark carries exactly the given message", bool(run["messageMatched"]), detail
 
 
 def _detail(run: Mapping[str, Any]) -> str:
@@ -89,8 +100,11 @@ def _markdown(run: Mapping[str, Any], model: str, attested_digest: str | None) -
         "| check | result | detail |",
         "|---|---|---|",
         f"| {_rule(run)} | {'ok' if run['detected'] else 'FAIL'} | {md_cell(_detail(run))} |",
-        "",
     ]
+    check = _message_check(run)
+    if check is not None:
+        lines.append(f"| {check[0]} | {'ok' if check[1] else 'FAIL'} | {md_cell(check[2])} |")
+    lines.append("")
     return "\n".join(lines)
 
 
@@ -100,10 +114,14 @@ def _junit(run: Mapping[str, Any], model: str, attested_digest: str | None) -> s
         properties.append(("attestedRootDigest", attested_digest))
     properties += [(key, _num(run[key])) for _, key in _ROWS if key is not None]
     properties.append(("bitAgreement", _num(_agreement(run))))
+    cases = [(f"watermark detected: {_rule(run)}", bool(run["detected"]), _detail(run))]
+    check = _message_check(run)
+    if check is not None:
+        cases.append(check)
     return junit_testsuite(
         "modelsec watermark detect",
         "modelsec.watermark.detect",
-        [(f"watermark detected: {_rule(run)}", bool(run["detected"]), _detail(run))],
+        cases,
         properties=properties,
         failure_type="NotDetected",
     )

@@ -65,11 +65,12 @@ class DetectionResult:
     """What detection found.
 
     Attributes:
-        detected: confidence >= thresholds.min_confidence and false_positive_probability <=
-            thresholds.max_false_positive.
-        mode: `message` (the message was given: pilot and message bits compared), `length` (only its length
-            was given) or `blind` (length searched); the last two compare the pilot bits.
-        bits: Number of compared code bits `n`.
+        detected: The mark is present: confidence >= thresholds.min_confidence and
+            false_positive_probability <= thresholds.max_false_positive, over the pilot bits (in every mode;
+            in `message` mode exactly the `blind` verdict). Says nothing about the message.
+        mode: `message` (the message was given: blind presence plus the message verdict), `length` (only
+            its length was given) or `blind` (length searched).
+        bits: Number of compared code bits `n` (the pilot bits).
         bit_matches: Extracted bits equal to the embedded ones, `k`.
         bit_error_rate: `(n - k) / n`.
         false_positive_probability: `P[Bin(n, 1/2) >= k]` times `tests` (capped at 1).
@@ -79,10 +80,12 @@ class DetectionResult:
         pilot_bits: Number of pilot bits.
         pilot_matches: Pilot bits extracted correctly.
         message_bits: Message length in bits (given or found), or None when nothing was found.
-        message_matches: Message bits extracted correctly (only when the message was given).
-        message_bit_error_rate: Bit error rate of the message alone (only when the message was given).
-        decoded_message: The extracted message bytes (None when the length is unknown and nothing was
-            detected).
+        message_matches: Bits of the given message extracted correctly at its length (only when the
+            message was given).
+        message_bit_error_rate: Bit error rate of the given message alone (only when it was given).
+        decoded_message: The extracted message bytes, at the length found (None when the length is unknown
+            and nothing was detected; in `message` mode, the blind search's message, so it may differ from
+            the given one in length).
         min_margin: Smallest `m_b z_b` over the compared bits (negative: a bit error); units of standard
             deviations of the host correlation.
         median_margin: Median `m_b z_b`.
@@ -92,6 +95,8 @@ class DetectionResult:
         resynchronised: Whether a reference model re-synchronised the suspect first.
         resync: The re-synchronisation report, if any.
         thresholds: The thresholds applied.
+        message_matched: Only in `message` mode (else None): the mark is present and carries exactly the
+            given message (same length, every bit extracted as embedded; no bit error tolerated).
     """
 
     detected: bool
@@ -117,6 +122,7 @@ class DetectionResult:
     resynchronised: bool = False
     resync: ResyncReport | None = field(default=None, compare=False)
     thresholds: DetectionThresholds = DetectionThresholds()
+    message_matched: bool | None = None
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready summary (the decoded message as hex)."""
@@ -135,6 +141,7 @@ class DetectionResult:
             "messageBits": self.message_bits,
             "messageMatches": self.message_matches,
             "messageBitErrorRate": self.message_bit_error_rate,
+            "messageMatched": self.message_matched,
             "decodedMessageHex": None if self.decoded_message is None else self.decoded_message.hex(),
             "minMargin": _finite(self.min_margin),
             "medianMargin": _finite(self.median_margin),

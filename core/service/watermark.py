@@ -57,6 +57,9 @@ def detection_to_proto(result: DetectionResult) -> watermark_pb2.WatermarkDetect
         false_positive_probability=result.false_positive_probability,
         log10_false_positive_probability=result.log10_false_positive_probability,
         confidence=result.confidence,
+        message_matched=result.message_matched,
+        message_bits=(result.message_bits or 0) if result.message_matches is not None else 0,
+        message_matches=result.message_matches or 0,
     )
 
 

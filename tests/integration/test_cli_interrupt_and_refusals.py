@@ -128,6 +128,45 @@ def test_sign_refuses_what_verify_refuses_unless_allowed(
         )
 
 
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("config.json", '{"auto_map": {"AutoModel": "m.M"}}'),
+        ("config.json", "garbage {"),
+        ("config.json", '{"x": NaN}'),
+        ("config.json", '{"a":1,"a":2}'),
+        ("sub/tokenizer_config.json", '{"custom_pipelines": {"x": {"impl": "p.P"}}}'),
+    ],
+    ids=["auto_map", "syntax", "nan", "duplicate-key", "nested-custom-pipelines"],
+)
+def test_sign_refuses_json_side_files_verify_refuses(
+    tiny_model: Path, keys: Path, name: str, content: str
+) -> None:
+    """User trial 5: sign refuses with verify's reason; --allow-unverifiable signs, verify still refuses."""
+    (tiny_model / name).parent.mkdir(exist_ok=True)
+    (tiny_model / name).write_text(content)
+    r = run("sign", tiny_model, "-q", "-k", keys / "ci.key.pem")
+    assert r.returncode == 1, r.stderr
+    refusal = r.stderr.strip()
+    assert len(refusal.splitlines()) == 1 and "--allow-unverifiable" in refusal
+    assert not (tiny_model / "model.sig").exists()
+
+    r = run("sign", tiny_model, "-q", "-k", keys / "ci.key.pem", "--allow-unverifiable")
+    assert r.returncode == 0, r.stderr
+    r = run("verify", tiny_model, "-q", "-k", keys / "ci.pub.pem")
+    assert r.returncode == 1
+    reason = r.stderr.strip()
+    assert reason.startswith("modelsec: error: ") and f"/{name}: " in reason
+    # The same words: sign's refusal is verify's, followed by the advice.
+    assert refusal.startswith(reason + " (")
+
+
+def test_allow_unverifiable_help_lists_what_it_covers() -> None:
+    text = " ".join(run("sign", "--help").stdout.split())
+    for covered in ("pickle", "*.py", "auto_map", "custom_pipelines", "duplicate keys", "NaN", "size limit"):
+        assert covered in text, covered
+
+
 def test_sign_accepts_a_plain_safetensors_model(tiny_model: Path, keys: Path) -> None:
     assert run("sign", tiny_model, "-q", "-k", keys / "ci.key.pem").returncode == 0
     assert run("verify", tiny_model, "-q", "-k", keys / "ci.pub.pem").returncode == 0

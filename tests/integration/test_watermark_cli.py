@@ -72,7 +72,8 @@ def test_keygen_embed_detect_round_trip(model: Path, tmp_path: Path, key_dir: Pa
     )
     assert r.returncode == 0, r.stderr
     found = json.loads(r.stdout)
-    assert found["ok"] and found["detected"] and found["bits"] == 128 and found["bitMatches"] == 128
+    assert found["ok"] and found["detected"] and found["bits"] == 64 and found["bitMatches"] == 64
+    assert found["messageMatched"] is True and found["messageMatches"] == found["messageBits"] == 64
     assert found["falsePositiveProbability"] < 1e-9 and found["confidence"] == 1.0
     r = run_cli("watermark", "detect", tmp_path / "marked", "--key-file", key, "--attestation", att, "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["tests"] == 1
@@ -91,6 +92,40 @@ def test_keygen_embed_detect_round_trip(model: Path, tmp_path: Path, key_dir: Pa
         run_cli("watermark", "detect", tmp_path / "marked", "--key-file", other, "--attestation", att)
     )
     assert "does not match the key commitment" in line
+
+
+def test_detect_with_a_message_gives_two_verdicts(model: Path, tmp_path: Path) -> None:
+    """User trial 2: a wrong message never exits 0, and a present mark is never reported as not detected."""
+    key = tmp_path / "wm.key"
+    assert run_cli("watermark", "keygen", "-o", key).returncode == 0
+    marked = tmp_path / "marked"
+    assert run_cli("watermark", "embed", model, "-k", key, "-m", "v1", "-o", marked).returncode == 0
+
+    r = run_cli("watermark", "detect", marked, "-k", key, "-m", "v1", "--json")
+    assert r.returncode == 0, r.stderr
+    good = json.loads(r.stdout)
+    assert good["ok"] and good["detected"] and good["messageMatched"] is True
+
+    # "v2" differs from "v1" in two of its 16 bits; hex:0000 in eight.
+    for message, differ in (("v2", 2), ("hex:0000", 8)):
+        r = run_cli("watermark", "detect", marked, "-k", key, "-m", message, "--json")
+        assert r.returncode == 1, (message, r.stdout)
+        out = json.loads(r.stdout)
+        assert out["ok"] is False and out["error"]["kind"] == "GateFailedError"
+        assert out["detected"] is True and out["messageMatched"] is False
+        assert out["bitMatches"] == out["bits"] == good["bits"] and out["messageMatches"] == 16 - differ
+        assert out["falsePositiveProbability"] == good["falsePositiveProbability"]
+        assert out["error"]["message"] == (
+            f"watermark present ({good['bits']}/{good['bits']} pilot bits, false-positive probability "
+            f"{good['falsePositiveProbability']:.3g}) but it carries another message: {differ}/16 message "
+            "bits differ"
+        )
+        line = _one_line_error(run_cli("watermark", "detect", marked, "-k", key, "-m", message))
+        assert "watermark present" in line and "carries another message" in line
+    line = _one_line_error(run_cli("watermark", "detect", marked, "-k", key, "-m", "v1v2"))
+    assert line.endswith("carries another message: 16 message bits found, 32 given")
+    line = _one_line_error(run_cli("watermark", "detect", model, "-k", key, "-m", "v1"))
+    assert "watermark not detected" in line
 
 
 def test_detect_with_reference_after_permutation(model: Path, tmp_path: Path) -> None:

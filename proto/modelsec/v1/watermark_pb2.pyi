@@ -110,9 +110,15 @@ class WatermarkDetection(_message.Message):
     FALSE_POSITIVE_PROBABILITY_FIELD_NUMBER: _builtins.int
     LOG10_FALSE_POSITIVE_PROBABILITY_FIELD_NUMBER: _builtins.int
     CONFIDENCE_FIELD_NUMBER: _builtins.int
+    MESSAGE_MATCHED_FIELD_NUMBER: _builtins.int
+    MESSAGE_BITS_FIELD_NUMBER: _builtins.int
+    MESSAGE_MATCHES_FIELD_NUMBER: _builtins.int
     detected: _builtins.bool
+    """The mark is present: decided on the pilot bits exactly as blind detection decides it, whether or not a
+    message was given. Says nothing about the message: see message_matched.
+    """
     bits: _builtins.int
-    """Bits compared and bits that matched."""
+    """Pilot bits compared and pilot bits that matched."""
     matches: _builtins.int
     bit_error_rate: _builtins.float
     """Bit error rate in [0, 1]."""
@@ -121,6 +127,13 @@ class WatermarkDetection(_message.Message):
     log10_false_positive_probability: _builtins.float
     confidence: _builtins.float
     """Cosine of the ±1 bit vectors, in [-1, 1]."""
+    message_matched: _builtins.bool
+    """Set only when a message was given: the mark is present and carries exactly that message (same length,
+    every bit extracted as embedded). A client that gave a message must require detected and this.
+    """
+    message_bits: _builtins.int
+    """When a message was given: its length in bits, and how many of its bits were extracted as embedded."""
+    message_matches: _builtins.int
     def __init__(
         self,
         *,
@@ -131,12 +144,17 @@ class WatermarkDetection(_message.Message):
         false_positive_probability: _builtins.float = ...,
         log10_false_positive_probability: _builtins.float = ...,
         confidence: _builtins.float = ...,
+        message_matched: _builtins.bool | None = ...,
+        message_bits: _builtins.int = ...,
+        message_matches: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_message_matched", b"_message_matched", "message_matched", b"message_matched"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bit_error_rate", b"bit_error_rate", "bits", b"bits", "confidence", b"confidence", "detected", b"detected", "false_positive_probability", b"false_positive_probability", "log10_false_positive_probability", b"log10_false_positive_probability", "matches", b"matches"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_message_matched", b"_message_matched", "bit_error_rate", b"bit_error_rate", "bits", b"bits", "confidence", b"confidence", "detected", b"detected", "false_positive_probability", b"false_positive_probability", "log10_false_positive_probability", b"log10_false_positive_probability", "matches", b"matches", "message_bits", b"message_bits", "message_matched", b"message_matched", "message_matches", b"message_matches"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__message_matched: _TypeAlias = _typing.Literal["message_matched"]  # noqa: Y015
+    _WhichOneofArgType__message_matched: _TypeAlias = _typing.Literal["_message_matched", b"_message_matched"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__message_matched) -> _WhichOneofReturnType__message_matched | None: ...
 
 Global___WatermarkDetection: _TypeAlias = WatermarkDetection  # noqa: Y015
 

@@ -104,9 +104,16 @@ def test_embed_then_detect_and_the_attestation_verifies(setup: Setup, key_dir: P
 
         found = c.detect_watermark(str(out), "owner", MESSAGE).detection
         assert found.detected and found.bit_error_rate == 0.0 and found.matches == found.bits
-        assert found.bits == 64 + 8 * len(MESSAGE)  # pilot bits and message bits compared
+        assert found.bits == 64  # presence: the pilot bits, as blind detection decides it
+        assert found.HasField("message_matched") and found.message_matched
+        assert found.message_bits == found.message_matches == 8 * len(MESSAGE)
         assert found.false_positive_probability < 1e-9 and found.confidence == 1.0
-        assert c.detect_watermark(str(out), "owner").detection.detected  # blind: key and weights only
+        blind = c.detect_watermark(str(out), "owner").detection
+        assert blind.detected and not blind.HasField("message_matched")  # blind: key and weights only
+        # Another message: the mark is present, the message verdict says it is not this one.
+        other = c.detect_watermark(str(out), "owner", b"ACME-clg").detection
+        assert other.detected and other.HasField("message_matched") and not other.message_matched
+        assert other.message_matches == 8 * len(MESSAGE) - 1
 
         unmarked = c.detect_watermark(str(setup.model), "owner").detection
         assert not unmarked.detected and unmarked.false_positive_probability > 1e-9

@@ -68,7 +68,10 @@ def test_attestation_verifies_and_binds_the_watermarked_root_digest(
         "net.2.weight",
         "net.4.weight",
     ]
-    assert predicate["detection"]["detected"] is True and predicate["detection"]["bitMatches"] == 128
+    # Embed-time detection: presence on the 64 pilot bits, and the message verdict beside it.
+    detection = predicate["detection"]
+    assert detection["detected"] is True and detection["bitMatches"] == detection["bits"] == 64
+    assert detection["messageMatched"] is True and detection["messageMatches"] == 64
     assert predicate["embeddedAt"].endswith("Z")
     # The verifier's own bundle check accepts it with a key allowed the `watermark` role.
     from modelsec.limits import Limits

@@ -47,16 +47,36 @@ def test_three_modes_agree_and_report_exact_statistics(marked: Path, wm_key: Wat
     # blind: 64 pilot bits, the message length searched over 64 candidates (Bonferroni factor 64).
     assert (blind.bits, blind.bit_matches, blind.tests, blind.message_bits) == (64, 64, 64, 64)
     assert blind.log10_false_positive_probability == pytest.approx(math.log10(64 * 2.0**-64))
-    assert (length.tests, full.tests) == (1, 1)
-    assert (full.bits, full.bit_matches, full.message_matches) == (128, 128, 64)
-    p, log10 = binomial_tail(128, 128)
-    assert full.false_positive_probability == p and full.log10_false_positive_probability == pytest.approx(
-        log10
-    )
+    assert length.tests == 1
+    # With the message given, presence is the blind verdict itself (same bits, statistics and Bonferroni
+    # factor); the message is a second verdict at its own length.
+    presence = ("detected", "bits", "bit_matches", "tests", "false_positive_probability", "confidence")
+    assert [getattr(full, f) for f in presence] == [getattr(blind, f) for f in presence]
+    assert full.false_positive_probability == 64 * binomial_tail(64, 64)[0]
+    assert (full.message_bits, full.message_matches, full.message_matched) == (64, 64, True)
+    assert blind.message_matched is None and length.message_matched is None
     assert full.confidence == 1.0 and full.bit_error_rate == 0.0 and full.message_bit_error_rate == 0.0
     assert full.min_margin >= 2.9
     json_view = full.to_json()
-    assert json_view["decodedMessageHex"] == MSG.hex() and json_view["bitMatches"] == 128
+    assert json_view["decodedMessageHex"] == MSG.hex() and json_view["bitMatches"] == 64
+    assert json_view["messageMatched"] is True and blind.to_json()["messageMatched"] is None
+
+
+def test_a_wrong_message_is_present_but_not_matched(marked: Path, wm_key: WatermarkKey) -> None:
+    """User trial 2: a message two bits off, or all zeros, is neither 'detected' nor 'not detected'."""
+    blind = detect(marked, wm_key)
+    near = bytes([MSG[0] ^ 0b11]) + MSG[1:]  # two message bits differ
+    for wrong, differ in ((near, 2), (bytes(len(MSG)), None)):
+        r = detect(marked, wm_key, message=wrong)
+        assert r.detected and r.false_positive_probability == blind.false_positive_probability
+        assert r.message_matched is False and r.decoded_message == MSG
+        assert r.message_bits == 64 and r.message_matches is not None
+        if differ is not None:
+            assert r.message_matches == 64 - differ and r.message_bit_error_rate == differ / 64
+    # Another length: the mark is present, its message is not this one (whatever its bits).
+    for other_length in (MSG[:4], MSG + b"!"):
+        r = detect(marked, wm_key, message=other_length)
+        assert r.detected and r.message_matched is False and r.decoded_message == MSG
 
 
 def test_wrong_key_and_unmarked_model_are_not_detected(
@@ -66,7 +86,7 @@ def test_wrong_key_and_unmarked_model_are_not_detected(
     for model, key in ((marked, other), (toy_model, wm_key)):
         for kwargs in ({}, {"message": MSG}):
             result = detect(model, key, **kwargs)  # type: ignore[arg-type]
-            assert not result.detected
+            assert not result.detected and not result.message_matched
             assert result.log10_false_positive_probability > -6
             assert result.confidence < 0.92
     blind = detect(toy_model, wm_key)
@@ -75,8 +95,10 @@ def test_wrong_key_and_unmarked_model_are_not_detected(
 
 
 def test_thresholds_are_configurable(marked: Path, wm_key: WatermarkKey) -> None:
-    strict = DetectionThresholds(min_confidence=0.92, max_false_positive=1e-40)
-    assert not detect(marked, wm_key, message=MSG, thresholds=strict).detected  # 2**-128 > 1e-40
+    # 64 pilot bits x 64 lengths: 2**-58 > 1e-20; the message verdict needs presence.
+    strict = DetectionThresholds(min_confidence=0.92, max_false_positive=1e-20)
+    too_strict = detect(marked, wm_key, message=MSG, thresholds=strict)
+    assert not too_strict.detected and too_strict.message_matched is False
     loose = DetectionThresholds(min_confidence=0.5, max_false_positive=1e-3)
     assert detect(marked, wm_key, thresholds=loose).detected
 

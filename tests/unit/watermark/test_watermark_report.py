@@ -107,7 +107,9 @@ def test_junit_has_a_failure_iff_not_detected(
     suite = ET.parse(report).getroot()
     assert suite.tag == "testsuite"
     failures = suite.findall("testcase/failure")
-    assert (len(failures) == 1) is (not out["detected"]) and int(suite.get("failures", "")) == len(failures)
+    # Two checks with a message given: the mark is present, and it carries exactly that message.
+    assert len(suite.findall("testcase")) == 2 and out["messageMatched"] is out["detected"]
+    assert len(failures) == (0 if out["detected"] else 2) and int(suite.get("failures", "")) == len(failures)
     assert code == (1 if failures else 0)
     props = {p.get("name"): p.get("value") for p in suite.findall("properties/property")}
     assert props["verdict"] == ("DETECTED" if out["detected"] else "NOT DETECTED")
@@ -143,3 +145,20 @@ def test_wrong_extension_is_a_usage_error_before_any_work(tmp_path: Path) -> Non
     )
     assert r.exit_code == 2 and ".md (Markdown) or .xml (JUnit XML)" in r.output
     assert not report.exists()
+
+
+def test_a_present_mark_with_another_message_fails_only_the_message_check(
+    marked: Path, key_file: Path, tmp_path: Path
+) -> None:
+    report = tmp_path / "detect.xml"
+    other = bytes([MSG[0] ^ 1]) + MSG[1:]  # one message bit differs
+    code, out = _detect(marked, key_file, report, "--message", "hex:" + other.hex())
+    assert code == 1 and out["detected"] is True and out["messageMatched"] is False
+    suite = ET.parse(report).getroot()
+    failures = suite.findall("testcase/failure")
+    assert len(failures) == 1 and "63/64 bits of the given message" in report.read_text(encoding="utf-8")
+    props = {p.get("name"): p.get("value") for p in suite.findall("properties/property")}
+    assert props["verdict"] == "DETECTED, ANOTHER MESSAGE" and props["messageMatched"] == "False"
+    md = tmp_path / "detect.md"
+    _detect(marked, key_file, md, "--message", "hex:" + other.hex())
+    assert md.read_text(encoding="utf-8").startswith("# Watermark detection: DETECTED, ANOTHER MESSAGE\n")
