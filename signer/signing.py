@@ -25,6 +25,7 @@ from modelsec.errors import (
 from modelsec.limits import Limits
 from modelsec.modelformat.hashing import ProgressCallback, hash_files
 from modelsec.modelformat.model_files import (
+    CODE_SUFFIXES,
     DEFAULT_IGNORE_PATHS,
     PICKLE_SUFFIXES,
     ModelFile,
@@ -121,7 +122,8 @@ class SigningResult:
 def unverifiable_files(names: Sequence[str]) -> list[str]:
     """The files that `verify` refuses under the default policy, whatever signs them, each with the reason.
 
-    Pickle formats (`model_files.PICKLE_SUFFIXES`: unpickling runs code) and `*.py` files (remote code)
+    Pickle formats (`model_files.PICKLE_SUFFIXES`: unpickling runs code) and Python modules
+    (`model_files.CODE_SUFFIXES`: `*.py`, `*.pyc`, `*.pyo` in any case; remote code)
     are refused by name by the default policy, at any depth. `auto_map` entries in config files are not
     looked at here.
 
@@ -135,7 +137,7 @@ def unverifiable_files(names: Sequence[str]) -> list[str]:
     for name in names:
         if name.lower().endswith(PICKLE_SUFFIXES):
             found.append(f"{name} (pickle format)")
-        elif name.endswith(".py"):
+        elif name.lower().endswith(CODE_SUFFIXES):
             found.append(f"{name} (remote code)")
     return found
 
