@@ -109,6 +109,24 @@ def _expected_digests(model_dir: Path, options: tuple[str, ...]) -> frozenset[st
     return pinned
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _verify_warnings(result: Any, model_path: Path) -> list[str]:
+    """What a passed verification does not cover that a user would assume it does."""
+    from modelsec.modelformat.model_files import WEIGHT_SUFFIXES
+
+    manifest = result.manifest
+    names = [model_path.name] if manifest.single_file else list(manifest.names)
+    if any(n.lower().endswith(WEIGHT_SUFFIXES) for n in names):
+        return []
+    return [
+        f"the verified bundle signs no weights file ({', '.join('*' + s for s in WEIGHT_SUFFIXES)}), only "
+        f"{_count(len(names), 'file')}: any weights in {model_path} are unsigned"
+    ]
+
+
 def _parse_require(value: str | None) -> list[SignatureAlgorithm]:
     if not value:
         return []
@@ -213,6 +231,7 @@ def verify(
             )
     except Error as e:
         _fail(e, as_json, hint=_signature_hint(e, model_path, signatures))
+    warnings = _verify_warnings(result, model_path)
     if as_json:
         _reply(
             {
@@ -232,15 +251,26 @@ def verify(
                 ],
                 "skipped": [str(p) for p in result.skipped],
                 "attestations": result.attestations.to_json() if result.attestations else None,
+                "wholeModel": result.whole_model,
+                "warnings": warnings,
             }
         )
         return
     algs = ", ".join(f"{b.algorithm.value} ({b.key.name})" for b in result.bundles)
-    click.echo(
-        f"OK sha256:{result.root_digest}: {result.files} signed files, {result.tensors} tensors "
-        f"({result.tensor_digests} with per-tensor digests); "
-        f"signed by {algs}"
-    )
+    tensors = _count(result.tensors, "tensor")
+    counts = f"{tensors} ({result.tensor_digests} with per-tensor digests); signed by {algs}"
+    if result.whole_model:
+        click.echo(f"OK sha256:{result.root_digest}: {_count(result.files, 'signed file')}, {counts}")
+    else:
+        # The other files are not read, so the root digest over all of them is not checked: not printed.
+        checked = ", ".join(shards) if shards else model_path.name
+        total = len(result.manifest.names)
+        click.echo(
+            f"OK {checked} ({result.files} of {_count(total, 'signed file')}; the others and the model root "
+            f"digest not checked): {counts}"
+        )
+    for w in warnings:
+        click.echo(f"  warning: {w}", err=True)
     for p in result.skipped:
         click.echo(f"  note: {p} not checked (no configured key of its algorithm)", err=True)
 

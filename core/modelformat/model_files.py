@@ -42,6 +42,7 @@ __all__ = [
     "CODE_SUFFIXES",
     "DEFAULT_IGNORE_PATHS",
     "PICKLE_SUFFIXES",
+    "WEIGHT_SUFFIXES",
     "ModelFile",
     "ambiguity_key",
     "beneath_error",
@@ -57,6 +58,9 @@ __all__ = [
 DEFAULT_IGNORE_PATHS: tuple[str, ...] = (".git", ".gitattributes", ".github", ".gitignore")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".joblib", ".dill")
 """File name endings of pickle formats: unpickling runs code, so the loader refuses them even when signed."""
+WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".onnx")
+"""File name endings of weights files that are not pickles (OCI weight layers; `verify` warns when none is
+signed)."""
 CODE_SUFFIXES = (".py", ".pyc", ".pyo")
 """File name endings of Python modules (source, and sourceless bytecode that imports as well): remote code,
 refused unless a policy allows it. Like `PICKLE_SUFFIXES`, compared with the lower-cased name (`modeling.PY`
