@@ -30,7 +30,7 @@ from modelsec._cli_common import (
 )
 from modelsec._cli_identity import IdentityOptions, identity_options
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
-from modelsec.errors import Error, SignatureError
+from modelsec.errors import Error, PolicyError, SignatureError
 
 __all__ = ["digest", "inspect", "verify"]
 
@@ -83,6 +83,50 @@ def _policy_from_options(
     return policy.requiring(required)
 
 
+def _expected_digests(model_dir: Path, options: tuple[str, ...]) -> frozenset[str] | None:
+    """The root digests the model may have: --expected-digest, $MODELSEC_MODEL_DIGEST (as the guard reads it).
+
+    Both pin when both are given (options only tighten): the digest must be one of each. None: no pin.
+
+    Raises:
+        PolicyError: A digest is malformed, or the two pins have no digest in common.
+    """
+    from modelsec.policy import model_uri
+    from modelsec.verifier.pinning import (
+        MODEL_DIGEST_ENV,
+        digest_pins_from_env,
+        digests_for_model,
+        expected_digest_set,
+    )
+
+    pinned = expected_digest_set(options) if options else None
+    env_pins = digest_pins_from_env()
+    if env_pins is not None:
+        from_env = digests_for_model(env_pins, model_uri(model_dir))
+        if pinned is not None and not pinned & from_env:
+            raise PolicyError(f"--expected-digest and ${MODEL_DIGEST_ENV} pin no digest in common")
+        pinned = from_env if pinned is None else pinned & from_env
+    return pinned
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _verify_warnings(result: Any, model_path: Path) -> list[str]:
+    """What a passed verification does not cover that a user would assume it does."""
+    from modelsec.modelformat.model_files import WEIGHT_SUFFIXES
+
+    manifest = result.manifest
+    names = [model_path.name] if manifest.single_file else list(manifest.names)
+    if any(n.lower().endswith(WEIGHT_SUFFIXES) for n in names):
+        return []
+    return [
+        f"the verified bundle signs no weights file ({', '.join('*' + s for s in WEIGHT_SUFFIXES)}), only "
+        f"{_count(len(names), 'file')}: any weights in {model_path} are unsigned"
+    ]
+
+
 def _parse_require(value: str | None) -> list[SignatureAlgorithm]:
     if not value:
         return []
@@ -127,11 +171,20 @@ def _parse_require(value: str | None) -> list[SignatureAlgorithm]:
 @click.option(
     "--allow-remote-code",
     is_flag=True,
-    help="Accept *.py files and auto_map in config files (refused by default).",
+    help="Accept Python modules (*.py, *.pyc, *.pyo) and auto_map in config files (refused by default).",
 )
 @_ignore_paths_option(
     "Also ignore this unsigned path (repeatable; as model_signing's --ignore-paths). Signed files are "
     "verified all the same."
+)
+@click.option(
+    "--expected-digest",
+    "expected_digests",
+    multiple=True,
+    metavar="sha256:HEX",
+    help="Model root digest the signed model must have (repeatable: any one). Without a pin (this option "
+    "or $MODELSEC_MODEL_DIGEST, which is read as the runtime guard reads it), an older signed release "
+    "verifies too.",
 )
 @identity_options
 @_json_option
@@ -146,6 +199,7 @@ def verify(
     require: str | None,
     allow_remote_code: bool,
     ignore_paths: tuple[Path, ...],
+    expected_digests: tuple[str, ...],
     as_json: bool,
     quiet: bool,
 ) -> None:
@@ -153,7 +207,8 @@ def verify(
 
     Exit 0 when every signed file and tensor matches and a trusted key signed; exit 1 otherwise. Pickle
     checkpoints and remote code are refused even when signed. Every policy of the file that matches
-    MODEL_PATH must pass; --require tightens each of them that trusts a key able to meet it.
+    MODEL_PATH must pass; --require tightens each of them that trusts a key able to meet it. An older
+    release signed by the same key verifies too, unless the root digest is pinned (--expected-digest).
     """
     from modelsec.signer.signing import relative_ignore_paths
     from modelsec.verifier import verify_model
@@ -162,6 +217,7 @@ def verify(
     try:
         model_dir = model_path if model_path.is_dir() else model_path.parent
         ignored = relative_ignore_paths(model_dir, ignore_paths)
+        pinned = _expected_digests(model_dir, expected_digests)
         policy = _policy_from_options(model_path, keys, policy_file, required, allow_remote_code, identity)
         with _progress(model_path, "verifying", not (quiet or as_json)) as progress:
             result = verify_model(
@@ -171,9 +227,11 @@ def verify(
                 files=list(shards) or None,
                 progress=progress,
                 ignore_paths=ignored,
+                expected_digests=pinned,
             )
     except Error as e:
         _fail(e, as_json, hint=_signature_hint(e, model_path, signatures))
+    warnings = _verify_warnings(result, model_path)
     if as_json:
         _reply(
             {
@@ -193,15 +251,26 @@ def verify(
                 ],
                 "skipped": [str(p) for p in result.skipped],
                 "attestations": result.attestations.to_json() if result.attestations else None,
+                "wholeModel": result.whole_model,
+                "warnings": warnings,
             }
         )
         return
     algs = ", ".join(f"{b.algorithm.value} ({b.key.name})" for b in result.bundles)
-    click.echo(
-        f"OK sha256:{result.root_digest}: {result.files} signed files, {result.tensors} tensors "
-        f"({result.tensor_digests} with per-tensor digests); "
-        f"signed by {algs}"
-    )
+    tensors = _count(result.tensors, "tensor")
+    counts = f"{tensors} ({result.tensor_digests} with per-tensor digests); signed by {algs}"
+    if result.whole_model:
+        click.echo(f"OK sha256:{result.root_digest}: {_count(result.files, 'signed file')}, {counts}")
+    else:
+        # The other files are not read, so the root digest over all of them is not checked: not printed.
+        checked = ", ".join(shards) if shards else model_path.name
+        total = len(result.manifest.names)
+        click.echo(
+            f"OK {checked} ({result.files} of {_count(total, 'signed file')}; the others and the model root "
+            f"digest not checked): {counts}"
+        )
+    for w in warnings:
+        click.echo(f"  warning: {w}", err=True)
     for p in result.skipped:
         click.echo(f"  note: {p} not checked (no configured key of its algorithm)", err=True)
 

@@ -63,6 +63,7 @@ from modelsec.errors import (
     PolicyError,
     SignatureError,
 )
+from modelsec.modelformat.model_files import WEIGHT_SUFFIXES
 from modelsec.policy import Policy
 from modelsec.signer.keys import KeyBackend, TrustedKey
 from modelsec.signer.schemes import scheme_for
@@ -88,7 +89,6 @@ DOC_RAW = "application/vnd.cncf.model.doc.v1.raw"
 FILEPATH_ANNOTATION = "org.cncf.model.filepath"
 TITLE_ANNOTATION = "org.opencontainers.image.title"
 ROOT_DIGEST_ANNOTATION = "dev.modelsec.model.root-digest"  # informational: the binding is the evidence
-_WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".onnx")
 _DOC_NAMES = re.compile(r"^(readme|license|licence|notice)(\.[a-z]+)?$", re.IGNORECASE)
 _MAX_REFERRERS = 256
 
@@ -102,7 +102,7 @@ def _chunks(path: Path) -> Iterator[bytes]:
 
 def _layer_media_type(name: str) -> str:
     base = PurePosixPath(name).name
-    if base.endswith(_WEIGHT_SUFFIXES):
+    if base.endswith(WEIGHT_SUFFIXES):
         return WEIGHT_RAW
     return DOC_RAW if _DOC_NAMES.match(base) else WEIGHT_CONFIG_RAW
 

@@ -25,6 +25,7 @@ from modelsec.errors import (
 from modelsec.limits import Limits
 from modelsec.modelformat.hashing import ProgressCallback, hash_files
 from modelsec.modelformat.model_files import (
+    CODE_SUFFIXES,
     DEFAULT_IGNORE_PATHS,
     PICKLE_SUFFIXES,
     ModelFile,
@@ -122,9 +123,10 @@ class SigningResult:
 def unverifiable_files(names: Sequence[str]) -> list[str]:
     """The files that `verify` refuses under the default policy, whatever signs them, each with the reason.
 
-    Pickle formats (`model_files.PICKLE_SUFFIXES`: unpickling runs code) and `*.py` files (remote code)
-    are refused by name by the default policy, at any depth. The contents of JSON side files (`auto_map`,
-    strict JSON) are checked by `refuse_unverifiable_json`, not here.
+    Pickle formats (`model_files.PICKLE_SUFFIXES`: unpickling runs code) and Python modules
+    (`model_files.CODE_SUFFIXES`: `*.py`, `*.pyc`, `*.pyo` in any case; remote code) are refused by name by
+    the default policy, at any depth. The contents of JSON side files (`auto_map`, strict JSON) are checked
+    by `refuse_unverifiable_json`, not here.
 
     Args:
         names: Relative POSIX paths of the files to sign.
@@ -136,7 +138,7 @@ def unverifiable_files(names: Sequence[str]) -> list[str]:
     for name in names:
         if name.lower().endswith(PICKLE_SUFFIXES):
             found.append(f"{name} (pickle format)")
-        elif name.endswith(".py"):
+        elif name.lower().endswith(CODE_SUFFIXES):
             found.append(f"{name} (remote code)")
     return found
 

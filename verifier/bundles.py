@@ -24,6 +24,7 @@ from modelsec.verifier._timestamp_backend import check_bundle_timestamps
 from modelsec.verifier.identity import verify_with_authorities
 
 __all__ = [
+    "check_bundle_name",
     "check_signature_time",
     "family_has_key",
     "find_default_bundles",
@@ -198,6 +199,41 @@ def check_signature_time(
             except SignatureError as e:
                 raise SignatureError(f"{bundle.source}: {e}") from None
     return times
+
+
+_OMS_BUNDLE_NAME = "model.sig"
+
+
+def check_bundle_name(path: Path, key: TrustedKey) -> None:
+    """Refuse a default-named bundle signed by a key of another algorithm than its name says.
+
+    The default names (`SIGNATURE_FILE_NAMES`) say which scheme signed: `model.p384.sig` is ECDSA P-384,
+    `model.sm2.sig` SM2, `model.ml-dsa-65.sig` ML-DSA-65, and only that scheme's key may have signed it, so
+    a copy of one bundle under another default name is not a second signature (nor counted for
+    `--require`). `model.sig` is the exception: model_signing writes every bundle there, whatever its key
+    (ECDSA on any curve, certificates and keyless Sigstore, ML-DSA where it supports it), so it accepts
+    every scheme that ecosystem signs with (`SignatureScheme.certified`: all but SM2, which only modelsec
+    writes, to `model.sm2.sig`). Other names (explicit `--signature` paths) say nothing and are not checked.
+
+    Args:
+        path: The bundle's path; only its final name is looked at.
+        key: The trusted key that verified its signature.
+
+    Raises:
+        SignatureError: The name is a default name of another scheme; the message names the file, the
+            name's algorithm and the key's.
+    """
+    named = scheme_for_bundle_name(path.name)
+    if named is None:
+        return
+    signer = scheme_for(key.algorithm)
+    if signer is named or (path.name == _OMS_BUNDLE_NAME and signer.certified):
+        return
+    wanted = "a model_signing scheme (not sm2)" if path.name == _OMS_BUNDLE_NAME else named.algorithm.value
+    raise SignatureError(
+        f"{path}: the name {path.name!r} is for {wanted} bundles, but the {key.algorithm.value} key "
+        f"{key.name} signed it; refused (a default-named bundle must be of its name's algorithm)"
+    )
 
 
 def find_default_bundles(model_dir: Path) -> list[Path]:

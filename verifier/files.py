@@ -22,7 +22,13 @@ from modelsec.errors import (
 )
 from modelsec.limits import Limits
 from modelsec.modelformat.hashing import FileDigests, ProgressCallback, hash_files, is_safetensors_name
-from modelsec.modelformat.model_files import PICKLE_SUFFIXES, open_beneath, open_model_root, walk_model
+from modelsec.modelformat.model_files import (
+    CODE_SUFFIXES,
+    PICKLE_SUFFIXES,
+    open_beneath,
+    open_model_root,
+    walk_model,
+)
 from modelsec.modelformat.safetensors_header import read_header
 from modelsec.policy import Policy
 from modelsec.verifier.side_files import (
@@ -60,7 +66,8 @@ def check_file_set(
 
     Raises:
         FileSetMismatchError: Extra or missing files (or a name in `only` that is not signed).
-        PolicyViolationError: Pickle formats; `*.py` files unless remote code is allowed; symlinks.
+        PolicyViolationError: Pickle formats; Python modules (`CODE_SUFFIXES`, any case: `*.py`, `*.pyc`,
+            `*.pyo`) unless remote code is allowed; symlinks.
     """
     model = str(signed.model_dir)
     signed_names = set(signed.manifest.names)
@@ -94,7 +101,7 @@ def check_file_set(
     if policy.refuse_pickle:
         refuse_pickle(names, model)
     if not policy.allow_remote_code:
-        code = [n for n in names if n.endswith(".py")]
+        code = [n for n in names if n.lower().endswith(CODE_SUFFIXES)]
         if code:
             raise PolicyViolationError(
                 f"{model}: remote code is refused by policy: {', '.join(code)} (modelsec never imports it)"

@@ -39,6 +39,7 @@ from modelsec.signer.schemes import scheme_for
 from modelsec.signer.signing import ATTESTATION_FILE_NAMES, SIGNATURE_FILE_NAMES
 from modelsec.verifier.attestations import AttestationVerdict, find_attestation_bundles, verify_attestations
 from modelsec.verifier.bundles import (
+    check_bundle_name,
     check_signature_time,
     family_has_key,
     find_default_bundles,
@@ -162,6 +163,7 @@ def verify_signatures(
         raise SignatureError(f"{model}: no signature bundle found (looked for {looked_for})")
     verified: list[VerifiedBundle] = []
     skipped: list[Path] = []
+    seen: set[tuple[bytes, bytes]] = set()
     for path in bundle_paths:
         bundle = (
             read_bundle(path, limits)
@@ -180,7 +182,11 @@ def verify_signatures(
                 skipped.append(path)
                 continue
             raise
+        check_bundle_name(path, key)
         check_signature_time(bundle, key, policy)
+        if (bundle.signature.sig, bundle.envelope.payload) in seen:
+            continue  # the same signature read twice (one bundle given twice): one signer, listed once
+        seen.add((bundle.signature.sig, bundle.envelope.payload))
         statement = parse_statement(bundle.envelope.payload, what=str(path))
         if statement.predicate_type != OMS_PREDICATE_TYPE:
             raise MalformedArtifactError(

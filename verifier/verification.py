@@ -92,6 +92,9 @@ class VerifiedModel:
         manifest: The verified manifest of the first bundle.
         attestations: The attestation verdict (evidence selected, bundles ignored and why) when the policy
             requires attestations; None otherwise.
+        whole_model: Every signed file was checked (the directory, or an OMS single-file model). False when
+            only some signed files were (a shard path, `files`): then the others, and hence the root digest,
+            were not checked against the files; the signature over the root digest was.
     """
 
     root_digest: str
@@ -103,6 +106,7 @@ class VerifiedModel:
     skipped: tuple[Path, ...]
     manifest: Manifest
     attestations: AttestationVerdict | None = None
+    whole_model: bool = True
 
     @property
     def algorithms(self) -> tuple[SignatureAlgorithm, ...]:
@@ -227,12 +231,13 @@ def _verify_open_model(
     else:
         single_names = [single] if single is not None else None
     names = check_file_set(signed, policy, only=single_names, root_fd=root_fd)
+    whole = whole and files is None
     computed, checked = verify_files(
         signed,
         names,
         policy,
         tensor_hash=signed.tensor_hash,
-        whole_model=whole and files is None,
+        whole_model=whole,
         progress=progress,
         root_fd=root_fd,
     )
@@ -246,6 +251,7 @@ def _verify_open_model(
         skipped=signed.skipped,
         manifest=signed.manifest,
         attestations=signed.attestations,
+        whole_model=whole,
     )
 
 

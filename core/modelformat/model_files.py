@@ -39,8 +39,10 @@ from modelsec.limits import Limits
 from modelsec.modelformat._openat2 import open_beneath_fd
 
 __all__ = [
+    "CODE_SUFFIXES",
     "DEFAULT_IGNORE_PATHS",
     "PICKLE_SUFFIXES",
+    "WEIGHT_SUFFIXES",
     "ModelFile",
     "ambiguity_key",
     "beneath_error",
@@ -56,6 +58,13 @@ __all__ = [
 DEFAULT_IGNORE_PATHS: tuple[str, ...] = (".git", ".gitattributes", ".github", ".gitignore")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".joblib", ".dill")
 """File name endings of pickle formats: unpickling runs code, so the loader refuses them even when signed."""
+WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".onnx")
+"""File name endings of weights files that are not pickles (OCI weight layers; `verify` warns when none is
+signed)."""
+CODE_SUFFIXES = (".py", ".pyc", ".pyo")
+"""File name endings of Python modules (source, and sourceless bytecode that imports as well): remote code,
+refused unless a policy allows it. Like `PICKLE_SUFFIXES`, compared with the lower-cased name (`modeling.PY`
+imports on a case-insensitive file system)."""
 _PERCENT_ESCAPE = re.compile(r"%[0-9A-Fa-f]{2}")
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
