@@ -163,11 +163,14 @@ def _signing_keys_option(help_text: str, *, required: bool = False) -> Callable[
 def _trusted_keys_option(
     help_text: str, *, aliases: tuple[str, ...] = ("--key", "-k"), required: bool = False
 ) -> Callable[[F], F]:
-    """`--trusted-key PATH` (public key a verdict relies on), repeatable, into `keys`."""
+    """`--trusted-key PATH` (public key a verdict relies on), repeatable, into `keys`.
+
+    Every command taking it also accepts the hidden old spelling `--trust`, beside `aliases`.
+    """
     return _option(
         "--trusted-key",
         "keys",
-        aliases=aliases,
+        aliases=tuple(dict.fromkeys((*aliases, "--trust"))),
         type=click.Path(path_type=Path),
         multiple=True,
         required=required,
