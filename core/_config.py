@@ -107,9 +107,28 @@ def load_yaml(raw: bytes, source: str) -> object:
     try:
         return yaml.load(raw, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
-        raise PolicyError(f"{source}: not valid YAML/JSON: {e}") from e
+        raise PolicyError(f"{source}: {_yaml_problem(e)}") from e
     except RecursionError:  # PyYAML composes and constructs recursively: `[[[[...` exhausts the stack
         raise PolicyError(f"{source}: not valid YAML/JSON: nested too deeply") from None
+
+
+def _yaml_problem(error: Exception) -> str:
+    """One line: `line L, column C: not valid YAML/JSON: <problem> (<context> at line L, column C)`."""
+    import yaml
+
+    def at(mark: Any) -> str:
+        return f"line {mark.line + 1}, column {mark.column + 1}"
+
+    def one_line(text: object) -> str:
+        return " ".join(str(text).split())
+
+    if not isinstance(error, yaml.MarkedYAMLError) or error.problem_mark is None:
+        return f"not valid YAML/JSON: {one_line(error)}"
+    text = f"{at(error.problem_mark)}: not valid YAML/JSON: {one_line(error.problem)}"
+    if error.context:
+        started = f" started at {at(error.context_mark)}" if error.context_mark is not None else ""
+        text += f" ({one_line(error.context)}{started})"
+    return text
 
 
 def validate(model: type[M], doc: object, source: str) -> M:
