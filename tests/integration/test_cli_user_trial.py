@@ -46,3 +46,18 @@ def test_attest_on_a_missing_path_or_a_file_fails_like_digest(
     weights = next(tiny_model.glob("*.safetensors"))
     result = _invoke(*command, weights)
     assert result.exit_code == 1 and result.stderr == f"modelsec: error: {weights}: not a directory\n"
+
+
+@pytest.mark.parametrize("command", ["verify", "inspect", "sign"])
+@pytest.mark.parametrize("stream", ["-", "/dev/stdin", "/dev/fd/0"])
+def test_a_bundle_on_standard_input_is_refused_with_its_reason(
+    command: str, stream: str, tiny_model: Path, key_dir: Path
+) -> None:
+    """Finding 13: `-s /dev/stdin` was refused as "a symlink", `-s -` as "not found"; bundles are files."""
+    key = key_dir / ("ecdsa-p256.key.pem" if command == "sign" else "ecdsa-p256.pub.pem")
+    option = "--signing-key" if command == "sign" else "--trusted-key"
+    doc = _reply(_invoke(command, tiny_model, "-s", stream, option, key, "--json"))
+    assert doc["error"]["kind"] == "UsageError"
+    assert (
+        f"{stream}: a signature bundle must be a regular file, not standard input" in doc["error"]["message"]
+    )
