@@ -59,6 +59,7 @@ __all__ = [
 OMS_PREDICATE_TYPE = "https://model_signing/signature/v1.0"
 EXTENSION_VERSION = 1
 _MANIFEST_HASHES = {HashAlgorithm.SHA256, HashAlgorithm.SM3, HashAlgorithm.BLAKE3}
+_MAX_IGNORE_PATHS = 1024  # entries of predicate.serialization.ignore_paths a verifier reads
 # The resource name OMS gives the one file of a single-file model (`PurePosixPath(".")`).
 SINGLE_FILE_NAME = "."
 
@@ -255,8 +256,13 @@ def _parse_serialization(
     if not isinstance(allow_symlinks, bool):
         raise MalformedArtifactError(f"{what}: predicate.serialization.allow_symlinks must be a boolean")
     raw_ignore = ser.get("ignore_paths", [])
-    if not isinstance(raw_ignore, list) or len(raw_ignore) > 1024:
+    if not isinstance(raw_ignore, list):
         raise MalformedArtifactError(f"{what}: predicate.serialization.ignore_paths must be a list")
+    if len(raw_ignore) > _MAX_IGNORE_PATHS:
+        raise MalformedArtifactError(
+            f"{what}: predicate.serialization.ignore_paths has {len(raw_ignore)} entries, more than the "
+            f"limit of {_MAX_IGNORE_PATHS}"
+        )
     ignore = tuple(validate_resource_name(p, what=f"{what}: ignore_paths", limits=limits) for p in raw_ignore)
 
     return hash_type, allow_symlinks, ignore

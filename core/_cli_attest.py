@@ -11,6 +11,7 @@ permissions, the SQLite file's.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +41,19 @@ def attest() -> None:
 
 
 def _attestation_rows(model_dir: Path, store: str | None, keys: tuple[Path, ...]) -> list[dict[str, Any]]:
-    """The bundles about MODEL_DIR (its reserved names, and the store's for the digests they name)."""
+    """The bundles about MODEL_DIR (its reserved names, and the store's for the digests they name).
+
+    Raises:
+        MalformedArtifactError: MODEL_DIR is missing or not a directory (as `digest` and `verify` say).
+        PolicyViolationError: MODEL_DIR is a symlink.
+    """
+    from modelsec.modelformat.model_files import open_model_root
     from modelsec.signer import MODEL_IGNORE_PATHS
     from modelsec.signer.keys import load_trusted_key_file
     from modelsec.verifier.inspection import inspect_bundle, require_one_checked
     from modelsec.verifier.stores import StoreOptions, open_store
 
+    os.close(open_model_root(model_dir))  # a missing path is an error, not an empty list
     trusted = [load_trusted_key_file(k) for k in keys]
     paths = [model_dir / n for n in MODEL_IGNORE_PATHS if n.endswith(".sig") and (model_dir / n).is_file()]
     seen = [inspect_bundle(p, trusted, limits=_limits(), skip_unverifiable=True) for p in paths]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -163,11 +164,14 @@ def _signing_keys_option(help_text: str, *, required: bool = False) -> Callable[
 def _trusted_keys_option(
     help_text: str, *, aliases: tuple[str, ...] = ("--key", "-k"), required: bool = False
 ) -> Callable[[F], F]:
-    """`--trusted-key PATH` (public key a verdict relies on), repeatable, into `keys`."""
+    """`--trusted-key PATH` (public key a verdict relies on), repeatable, into `keys`.
+
+    Every command taking it also accepts the hidden old spelling `--trust`, beside `aliases`.
+    """
     return _option(
         "--trusted-key",
         "keys",
-        aliases=aliases,
+        aliases=tuple(dict.fromkeys((*aliases, "--trust"))),
         type=click.Path(path_type=Path),
         multiple=True,
         required=required,
@@ -177,10 +181,40 @@ def _trusted_keys_option(
 
 
 def _signatures_option(help_text: str) -> Callable[[F], F]:
-    """`--signature/-s PATH`, repeatable, into the parameter `signatures`."""
+    """`--signature/-s PATH`, repeatable, into the parameter `signatures` (`-` and streams refused)."""
     return click.option(
-        "--signature", "-s", "signatures", type=click.Path(path_type=Path), multiple=True, help=help_text
+        "--signature",
+        "-s",
+        "signatures",
+        type=click.Path(path_type=Path),
+        multiple=True,
+        callback=_no_stream_bundles,
+        help=help_text,
     )
+
+
+def _no_stream_bundles(
+    _ctx: click.Context, param: click.Parameter, values: tuple[Path, ...]
+) -> tuple[Path, ...]:
+    """Refuse `-`, `/dev/stdin` and other descriptor paths as a bundle, with a usage error (exit 2).
+
+    Bundles are regular files only: the reader refuses a symlink (`/dev/stdin` and `/dev/fd/N` are links
+    into `/proc`) and anything but a regular file, so that nothing in a model tree or beside it can redirect
+    or block it. Streams are not special-cased, since a path that reads differently each time is exactly
+    what that rule keeps out; this only says so before any work, instead of "is a symlink".
+    """
+    for value in values:
+        text = os.path.normpath(value) if str(value) != "-" else "-"
+        if text in ("-", "/dev/stdin", "/dev/stdout") or _FD_PATH.match(text):
+            raise click.BadParameter(
+                f"{value}: a signature bundle must be a regular file, not standard input/output or a file "
+                "descriptor; save it to a file and give that path",
+                param=param,
+            )
+    return values
+
+
+_FD_PATH = re.compile(r"/dev/fd/|/proc/[^/]+/fd/")
 
 
 def _ignore_paths_option(help_text: str) -> Callable[[F], F]:

@@ -4,7 +4,7 @@ Every configuration file (`kind: ModelPolicy`, `kind: ServerConfig`, the release
 the same three steps, each failing closed with a `PolicyError` that names the file and the field path
 (`policies[0].keys[1].path`):
 
-1. `read_config` reads at most `MAX_CONFIG_BYTES` (+1 to detect a larger file);
+1. `read_config` reads at most `MAX_CONFIG_BYTES` of a regular file (`modelsec._files.read_regular_file`);
 2. `load_yaml` parses YAML (a superset of JSON) with a SafeLoader that refuses duplicate and non-string keys;
 3. `validate` checks the parsed document against a `ConfigModel`: unknown fields are refused, values are
    checked strictly (no string-to-number or number-to-bool coercion, no inf/NaN), and pydantic's
@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel
 
+from modelsec._files import read_regular_file
 from modelsec.errors import PolicyError
 
 __all__ = ["MAX_CONFIG_BYTES", "ConfigModel", "load_yaml", "read_config", "validate"]
@@ -66,15 +67,10 @@ def read_config(path: Path, what: str, *, max_bytes: int = MAX_CONFIG_BYTES) -> 
         The bytes read and the parsed document (not yet validated).
 
     Raises:
-        PolicyError: Unreadable, too large, or not YAML/JSON (see `load_yaml`).
+        PolicyError: Unreadable, not a regular file (a FIFO or device is refused without blocking), too
+            large, or not YAML/JSON (see `load_yaml`).
     """
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(max_bytes + 1)
-    except OSError as e:
-        raise PolicyError(f"{path}: cannot read the {what}: {e.strerror}") from e
-    if len(raw) > max_bytes:
-        raise PolicyError(f"{path}: {what} larger than {max_bytes} bytes")
+    raw = read_regular_file(path, what, max_bytes=max_bytes, error=PolicyError)
     return raw, load_yaml(raw, str(path))
 
 
@@ -111,9 +107,28 @@ def load_yaml(raw: bytes, source: str) -> object:
     try:
         return yaml.load(raw, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
-        raise PolicyError(f"{source}: not valid YAML/JSON: {e}") from e
+        raise PolicyError(f"{source}: {_yaml_problem(e)}") from e
     except RecursionError:  # PyYAML composes and constructs recursively: `[[[[...` exhausts the stack
         raise PolicyError(f"{source}: not valid YAML/JSON: nested too deeply") from None
+
+
+def _yaml_problem(error: Exception) -> str:
+    """One line: `line L, column C: not valid YAML/JSON: <problem> (<context> at line L, column C)`."""
+    import yaml
+
+    def at(mark: Any) -> str:
+        return f"line {mark.line + 1}, column {mark.column + 1}"
+
+    def one_line(text: object) -> str:
+        return " ".join(str(text).split())
+
+    if not isinstance(error, yaml.MarkedYAMLError) or error.problem_mark is None:
+        return f"not valid YAML/JSON: {one_line(error)}"
+    text = f"{at(error.problem_mark)}: not valid YAML/JSON: {one_line(error.problem)}"
+    if error.context:
+        started = f" started at {at(error.context_mark)}" if error.context_mark is not None else ""
+        text += f" ({one_line(error.context)}{started})"
+    return text
 
 
 def validate(model: type[M], doc: object, source: str) -> M:

@@ -6,7 +6,6 @@ bundle verifier. Only cryptography is imported (the `rfc3161-client` extra is ne
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
+from modelsec._files import read_regular_file
 from modelsec.errors import PolicyError, SignatureError
 from modelsec.signer.keys import TrustedKey
 
@@ -97,13 +97,12 @@ def read_pem_certificates(path: Path, where: str) -> list[x509.Certificate]:
         PolicyError: The file cannot be read, is too large or holds no valid PEM certificate.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as f:
-            data = f.read(MAX_CERT_FILE_BYTES + 1)
-    except OSError as e:
-        raise PolicyError(f"{where}: cannot read {path}: {e.strerror}") from e
-    if len(data) > MAX_CERT_FILE_BYTES:
-        raise PolicyError(f"{where}: {path} is larger than {MAX_CERT_FILE_BYTES} bytes")
+        data = read_regular_file(
+            path, "certificate file", max_bytes=MAX_CERT_FILE_BYTES, error=PolicyError, follow_symlinks=False
+        )
+    except PolicyError as e:
+        e.add_context(where)
+        raise
     try:
         return x509.load_pem_x509_certificates(data)
     except ValueError as e:

@@ -58,10 +58,16 @@ class VerificationError(Error):
 
 
 class DigestMismatchError(VerificationError):
-    """A file or tensor differs from the signed manifest."""
+    """A file or tensor differs from the signed manifest.
 
-    def __init__(self, path: str, expected: str, actual: str, *, algorithm: str = "sha256") -> None:
-        super().__init__(f"{path}: expected {algorithm} digest {expected}, got {actual}")
+    `compared` names what differs when it is not an `algorithm` digest (`tensor names`,
+    `dtype/shape/offsets`).
+    """
+
+    def __init__(
+        self, path: str, expected: str, actual: str, *, algorithm: str = "sha256", compared: str | None = None
+    ) -> None:
+        super().__init__(f"{path}: expected {compared or f'{algorithm} digest'} {expected}, got {actual}")
         self.path, self.expected, self.actual, self.algorithm = path, expected, actual, algorithm
 
 

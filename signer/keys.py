@@ -16,12 +16,12 @@ import binascii
 import hashlib
 import os
 import re
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from modelsec._files import read_regular_file
 from modelsec.algorithms import SignatureAlgorithm
 from modelsec.errors import KeyMaterialError, SignatureError, UnsupportedAlgorithmError
 from modelsec.signer.pkcs11 import Pkcs11KeySource
@@ -137,18 +137,9 @@ def load_trusted_key(pem: bytes, *, name: str, roles: frozenset[str] = frozenset
 
 
 def _read_key_file(path: Path) -> bytes:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError as e:
-        raise KeyMaterialError(f"{path}: cannot open key file: {e.strerror}") from e
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise KeyMaterialError(f"{path}: key file is not a regular file")
-    with os.fdopen(fd, "rb") as f:
-        data = f.read(_MAX_PEM_BYTES + 1)
-    if len(data) > _MAX_PEM_BYTES:
-        raise KeyMaterialError(f"{path}: key file is larger than {_MAX_PEM_BYTES} bytes")
-    return data
+    return read_regular_file(
+        path, "key file", max_bytes=_MAX_PEM_BYTES, error=KeyMaterialError, follow_symlinks=False
+    )
 
 
 def load_trusted_key_file(

@@ -311,15 +311,19 @@ def _compare(
             )
         if set(signed) != set(got.tensors):
             raise DigestMismatchError(
-                f"{model}/{name} (tensor names)", ",".join(sorted(signed)), ",".join(sorted(got.tensors))
+                f"{model}/{name}",
+                ", ".join(sorted(signed)),
+                ", ".join(sorted(got.tensors)),
+                compared="tensor names",
             )
         for tname, entry in signed.items():
             t = got.tensors[tname]
             if (t.dtype, t.shape, t.begin, t.end) != (entry.dtype, entry.shape, entry.begin, entry.end):
                 raise DigestMismatchError(
-                    f"{model}/{name}:`{tname}` (dtype/shape/offsets)",
+                    f"{model}/{name}:`{tname}`",
                     f"{entry.dtype}{list(entry.shape)}@{entry.begin}-{entry.end}",
                     f"{t.dtype}{list(t.shape)}@{t.begin}-{t.end}",
+                    compared="dtype/shape/offsets",
                 )
             if not hmac.compare_digest(t.digest, entry.digest):
                 raise DigestMismatchError(

@@ -215,13 +215,16 @@ def _verified_tensor(
     try:
         info = header.tensor(tname)
     except KeyError:
-        raise DigestMismatchError(f"{what}:`{tname}`", "present", "absent from the header") from None
+        raise DigestMismatchError(
+            f"{what}:`{tname}`", "present", "absent from the header", compared="tensor"
+        ) from None
     signed_facts = (entry.dtype, entry.shape, entry.begin, entry.end)
     if (info.dtype, info.shape, info.begin, info.end) != signed_facts:
         raise DigestMismatchError(
-            f"{what}:`{tname}` (dtype/shape/offsets)",
+            f"{what}:`{tname}`",
             f"{entry.dtype}{list(entry.shape)}@{entry.begin}-{entry.end}",
             f"{info.dtype}{list(info.shape)}@{info.begin}-{info.end}",
+            compared="dtype/shape/offsets",
         )
     raw = shard_io.read_range(fd, header.data_start + info.begin, info.end - info.begin, what)
     h = new_hasher(algorithm)

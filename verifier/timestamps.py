@@ -33,6 +33,7 @@ from pathlib import Path
 import rfc3161_client
 from cryptography import x509
 
+from modelsec._files import read_regular_file
 from modelsec.errors import (
     BackendUnavailableError,
     KeyMaterialError,
@@ -69,14 +70,12 @@ def load_timestamp_authority(path: Path, *, name: str | None = None) -> Timestam
     """Load a PEM file of TSA certificates: self-issued ones are roots, the others intermediates.
 
     Raises:
-        KeyMaterialError: The file cannot be read, holds no certificate, or no self-issued root.
+        KeyMaterialError: The file cannot be read, is not a regular file or too large, holds no
+            certificate, or no self-issued root.
     """
-    try:
-        data = path.read_bytes()[: _MAX_CERT_FILE_BYTES + 1]
-    except OSError as e:
-        raise KeyMaterialError(f"{path}: cannot read TSA certificates: {e.strerror}") from e
-    if len(data) > _MAX_CERT_FILE_BYTES:
-        raise KeyMaterialError(f"{path}: TSA certificate file is larger than {_MAX_CERT_FILE_BYTES} bytes")
+    data = read_regular_file(
+        path, "TSA certificate file", max_bytes=_MAX_CERT_FILE_BYTES, error=KeyMaterialError
+    )
     try:
         certs = x509.load_pem_x509_certificates(data)
     except ValueError as e:

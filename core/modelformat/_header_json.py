@@ -12,19 +12,36 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from modelsec.errors import MalformedArtifactError
 
-__all__ = ["decode_header_json", "is_unicode_text", "json_type", "show", "show_int"]
+__all__ = ["LongInteger", "decode_header_json", "is_unicode_text", "json_type", "show", "show_int"]
 
 # A valid header nests three levels deep (object > tensor object > shape list). The pre-scan allows more,
 # so that it only names nesting for clearly abusive input; the schema checks refuse the rest.
 _MAX_NESTING = 8
 _SHOW_CHARS = 80  # How much of an attacker-chosen string an error message repeats.
+# A longer integer literal is kept as its digit count (`LongInteger`), never converted: the schema check then
+# names the field, and int()'s digit limit (4300 by default, its error advising to raise it) is never
+# reached. 640 is the lowest limit a process can set (`sys.int_info.str_digits_check_threshold`); every
+# size, offset and dimension of a valid header has at most 20 digits.
+MAX_INT_DIGITS = 640
 
 _ESCAPED_PAIR = re.compile(rb"\\.", re.DOTALL)
 _SIMPLE_STRING = re.compile(rb'"[^"]*"')
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+@dataclass(frozen=True, slots=True)
+class LongInteger:
+    """A JSON integer literal of more than `MAX_INT_DIGITS` digits, never converted to an `int`."""
+
+    digits: int
+
+    def describe(self) -> str:
+        """`an integer of N digits (too long)`, for messages."""
+        return f"an integer of {self.digits} digits (too long)"
 
 
 def show(text: str) -> str:
@@ -40,7 +57,7 @@ def show(text: str) -> str:
 
 
 def show_int(value: int) -> str:
-    """Render an attacker-chosen integer, abbreviating absurdly long ones (JSON allows 4300 digits)."""
+    """Render an attacker-chosen integer, abbreviating absurdly long ones (up to `MAX_INT_DIGITS` digits)."""
     if abs(value) < 10**40:
         return str(value)
     return f"{'-' if value < 0 else ''}<an integer of {value.bit_length()} bits>"
@@ -52,7 +69,7 @@ def json_type(value: object) -> str:
         return "null"
     if isinstance(value, bool):
         return "boolean"
-    if isinstance(value, int):
+    if isinstance(value, int | LongInteger):
         return "integer"
     if isinstance(value, float):
         return "number"
@@ -126,12 +143,16 @@ def decode_header_json(header: bytes, *, path: str) -> dict[str, object]:
     return top
 
 
-def _parse_int(literal: str) -> int | float:
+def _parse_int(literal: str) -> int | float | LongInteger:
     """Decode a JSON integer, keeping `-0` a float as serde_json (and so safetensors) does.
 
     `-0` is then refused by the integer checks like any other non-integer, with the tensor named, so that
-    this parser never accepts a header that safetensors itself refuses.
+    this parser never accepts a header that safetensors itself refuses. A literal of more than
+    `MAX_INT_DIGITS` digits becomes a `LongInteger`, refused by the same checks.
     """
+    digits = len(literal) - literal.startswith("-")
+    if digits > MAX_INT_DIGITS:
+        return LongInteger(digits)
     return -0.0 if literal == "-0" else int(literal)
 
 

@@ -100,26 +100,40 @@ def validate_resource_name(name: object, *, what: str, limits: Limits | None = N
     limits = limits or Limits()
     if not isinstance(name, str) or not name:
         raise MalformedArtifactError(f"{what}: empty or non-string file name {name!r}")
-    problem = None
-    if len(name.encode("utf-8", "surrogatepass")) > limits.max_path_bytes:
-        problem = "is too long"
+    problem, escapes = None, True  # escapes: the name could leave the root (the message says so)
+    size = len(name.encode("utf-8", "surrogatepass"))
+    if size > limits.max_path_bytes:
+        problem, escapes = f"is too long ({size} bytes, limit {limits.max_path_bytes})", False
     elif name.startswith("/"):
         problem = "is absolute"
     elif "\\" in name:
         problem = "contains a backslash"
     elif any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
-        problem = "contains a NUL or control character"
+        problem, escapes = "contains a NUL or control character (names must be printable text)", False
     elif any(0xD800 <= ord(c) <= 0xDFFF for c in name):
-        problem = "is not valid UTF-8"
+        problem, escapes = "is not valid UTF-8 (manifest names are UTF-8 text)", False
     elif _PERCENT_ESCAPE.search(name):
         problem = "contains a percent-escape"
     elif any(seg in ("", ".", "..") for seg in name.split("/")):
         problem = "has an empty, '.' or '..' segment"
     if problem:
-        raise MalformedArtifactError(
-            f"{what}: file name {name!r} {problem} (must stay inside the model root)"
-        )
+        inside = " (must stay inside the model root)" if escapes else ""
+        raise MalformedArtifactError(f"{what}: file name {_shown_name(name)} {problem}{inside}")
     return name
+
+
+def _shown_name(name: str) -> str:
+    r"""`name` quoted for a message; a name that is not UTF-8 shows its bytes (`b'model\xff.json'`).
+
+    `os.listdir` decodes a byte that is not UTF-8 as a lone surrogate (`\udcff`, PEP 383), which is
+    neither the byte on disk nor anything a user can type; its bytes are what `ls -b` shows.
+    """
+    if not any(0xD800 <= ord(c) <= 0xDFFF for c in name):
+        return repr(name)
+    try:
+        return repr(name.encode("utf-8", "surrogateescape"))
+    except UnicodeEncodeError:  # a surrogate that no byte decodes to (from a JSON `\ud800` escape)
+        return repr(name.encode("utf-8", "surrogatepass"))
 
 
 def oms_order(name: str) -> tuple[str, ...]:

@@ -44,7 +44,14 @@ from typing import BinaryIO
 
 from modelsec.errors import MalformedArtifactError
 from modelsec.limits import Limits
-from modelsec.modelformat._header_json import decode_header_json, is_unicode_text, json_type, show, show_int
+from modelsec.modelformat._header_json import (
+    LongInteger,
+    decode_header_json,
+    is_unicode_text,
+    json_type,
+    show,
+    show_int,
+)
 
 __all__ = [
     "DTYPE_BITS",
@@ -401,6 +408,7 @@ def _check_tensor(name: str, value: object, data_size: int, *, path: str) -> Ten
 
     offsets = _int_pair(value["data_offsets"])
     if offsets is None:
+        _refuse_long_integers(value["data_offsets"], "data_offsets", path=path, name=name)
         raise _tensor_error(path, name, "data_offsets must be an array of two integers [begin, end]")
     begin, end = offsets
     if begin < 0 or end < 0 or begin > end or end > data_size:
@@ -441,6 +449,7 @@ def _check_shape(value: object, *, path: str, name: str) -> tuple[int, ...]:
         raise _tensor_error(path, name, f"shape must be an array of integers, got a JSON {json_type(value)}")
     if len(value) > _MAX_RANK:
         raise _tensor_error(path, name, f"shape has {len(value)} dimensions, more than {_MAX_RANK}")
+    _refuse_long_integers(value, "shape", path=path, name=name)
     for i, dim in enumerate(value):
         # `type(...) is int` refuses booleans, which `isinstance(..., int)` would accept.
         if type(dim) is not int:
@@ -451,6 +460,13 @@ def _check_shape(value: object, *, path: str, name: str) -> tuple[int, ...]:
             problem = "is negative" if dim < 0 else "exceeds 2**63 - 1"
             raise _tensor_error(path, name, f"shape[{i}] {problem} ({show_int(dim)})")
     return tuple(value)
+
+
+def _refuse_long_integers(value: object, field: str, *, path: str, name: str) -> None:
+    """Refuse a `LongInteger` in the array `value` (the tensor's `field`), naming the entry."""
+    for i, item in enumerate(value if isinstance(value, list) else ()):
+        if isinstance(item, LongInteger):
+            raise _tensor_error(path, name, f"{field}[{i}] is {item.describe()}")
 
 
 def _bits_up_to(shape: tuple[int, ...], bits: int, cap: int) -> int | None:

@@ -26,6 +26,7 @@ from modelsec.limits import Limits
 from modelsec.modelformat.model_files import open_beneath
 
 __all__ = [
+    "CodeReference",
     "check_json_side_file",
     "check_json_side_file_size",
     "check_remote_code",
@@ -90,7 +91,23 @@ def check_json_side_file(
     check_remote_code(name, references, signed_names, allow_remote_code=allow_remote_code, model=model)
 
 
-_CODE_KEYS = ("auto_map", "custom_pipelines")
+class CodeReference(str):
+    """A code reference (`module.Class`) as written, with `field`: where the document names it.
+
+    A `str`, so callers comparing references with strings keep working; `field` is the JSON path of the key
+    that names the code (`auto_map`, `vision_config.auto_map`, `custom_pipelines.<task>.impl`).
+    """
+
+    field: str
+
+    def __new__(cls, value: str, field: str) -> CodeReference:  # noqa: D102 - see the class docstring
+        ref = super().__new__(cls, value)
+        ref.field = field
+        return ref
+
+
+def _field(ref: str) -> str:
+    return ref.field if isinstance(ref, CodeReference) else "auto_map/custom_pipelines"
 
 
 _CLASS_REFERENCE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+\Z")
@@ -109,7 +126,8 @@ def remote_code_references(doc: object, *, what: str = "JSON document") -> list[
         what: Names the document in errors.
 
     Returns:
-        The references, in document order (empty when the document names no code).
+        The references (`CodeReference`: the string as written, and the field naming it), in document
+        order (empty when the document names no code).
 
     Raises:
         MalformedArtifactError: An `auto_map` is not an object, or one of its values is not a string or a
@@ -128,14 +146,16 @@ def remote_code_references(doc: object, *, what: str = "JSON document") -> list[
         for key, item in reversed(list(value.items())):
             where = f"{path}.{key}" if path else key
             if key == "auto_map":
-                references.extend(_auto_map_targets(item, f"{what}: {where}"))
+                references.extend(
+                    CodeReference(t, where) for t in _auto_map_targets(item, f"{what}: {where}")
+                )
             elif key == "custom_pipelines" and isinstance(item, dict):
                 for task, spec in item.items():
                     impl = spec.get("impl") if isinstance(spec, dict) else None
                     if impl is not None and not isinstance(impl, str):
                         raise MalformedArtifactError(f"{what}: {where}.{task}.impl must be a string")
                     if impl is not None:
-                        references.append(impl)
+                        references.append(CodeReference(impl, f"{where}.{task}.impl"))
             stack.append((where, item))
     return references
 
@@ -188,21 +208,25 @@ def check_remote_code(
         return
     what = f"{model}/{json_name}"
     if not allow_remote_code:
+        fields = list(dict.fromkeys(_field(r) for r in references))
+        verb = "requires" if len(fields) == 1 else "require"
         raise PolicyViolationError(
-            f"{what}: auto_map requires remote code ({', '.join(references)}); refused by policy"
+            f"{what}: {', '.join(fields)} {verb} remote code ({', '.join(references)}); refused by policy"
         )
     base = posixpath.dirname(json_name)
     for ref in references:
         if "--" in ref or "/" in ref:
             raise PolicyViolationError(
-                f"{what}: auto_map reference {ref!r} names code in another repository; refused (only signed "
-                "code of this model may run, and nothing is fetched)"
+                f"{what}: {_field(ref)} reference {str(ref)!r} names code in another repository; refused "
+                "(only signed code of this model may run, and nothing is fetched)"
             )
         if not _CLASS_REFERENCE.match(ref):
-            raise MalformedArtifactError(f"{what}: auto_map reference {ref!r} is not a module.Class name")
+            raise MalformedArtifactError(
+                f"{what}: {_field(ref)} reference {str(ref)!r} is not a module.Class name"
+            )
         module = posixpath.join(base, *ref.split(".")[:-1]) + ".py"
         if module not in signed_names:
             raise PolicyViolationError(
-                f"{what}: auto_map reference {ref!r} needs {module!r}, which is not a signed file of the "
-                "model"
+                f"{what}: {_field(ref)} reference {str(ref)!r} needs {module!r}, which is not a signed file "
+                "of the model"
             )

@@ -26,12 +26,14 @@ from typing import Any
 
 import grpc
 
+from modelsec._files import read_regular_file
 from modelsec.algorithms import SignatureAlgorithm
 from modelsec.attestations.statement import Statement
 from modelsec.errors import (
     AuthenticationError,
     BackendUnavailableError,
     Error,
+    KeyMaterialError,
     MalformedArtifactError,
     NotFoundError,
     PermissionDeniedError,
@@ -54,6 +56,7 @@ from modelsec.v1 import (
 __all__ = ["ChannelOptions", "ModelsecClient", "RemoteSigner", "error_for_status"]
 
 TOKEN_ENV = "MODELSEC_TOKEN"  # noqa: S105 - the name of the variable, not a secret
+MAX_TLS_FILE_BYTES = 1 << 20
 _ERRORS: dict[grpc.StatusCode, type[Error]] = {
     grpc.StatusCode.UNAUTHENTICATED: AuthenticationError,
     grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
@@ -97,8 +100,23 @@ class ChannelOptions:
     timeout: float = 30.0
 
 
+def _tls_file(path: Path | None, what: str) -> bytes | None:
+    """A PEM file of the TLS configuration (None: not given).
+
+    Raises:
+        KeyMaterialError: Missing, unreadable, not a regular file, or larger than 1 MiB.
+    """
+    if path is None:
+        return None
+    return read_regular_file(path, what, max_bytes=MAX_TLS_FILE_BYTES, error=KeyMaterialError)
+
+
 class ModelsecClient:
-    """Blocking client of the modelsec.v1 services; use as a context manager or call `close()`."""
+    """Blocking client of the modelsec.v1 services; use as a context manager or call `close()`.
+
+    Raises (constructor):
+        KeyMaterialError: A TLS file of `options` cannot be read (`_tls_file`).
+    """
 
     def __init__(self, target: str, options: ChannelOptions | None = None) -> None:
         self.options = options or ChannelOptions()
@@ -109,9 +127,9 @@ class ModelsecClient:
             self.channel = grpc.insecure_channel(target, options=opts)
         else:
             creds = grpc.ssl_channel_credentials(
-                root_certificates=self.options.ca.read_bytes() if self.options.ca else None,
-                private_key=self.options.key.read_bytes() if self.options.key else None,
-                certificate_chain=self.options.cert.read_bytes() if self.options.cert else None,
+                root_certificates=_tls_file(self.options.ca, "TLS CA file"),
+                private_key=_tls_file(self.options.key, "TLS key file"),
+                certificate_chain=_tls_file(self.options.cert, "TLS certificate file"),
             )
             self.channel = grpc.secure_channel(target, creds, options=opts)
         self._metadata = (("authorization", f"Bearer {self.options.token}"),) if self.options.token else ()

@@ -17,6 +17,7 @@ import logging
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 from grpc import aio
@@ -24,6 +25,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
+from modelsec._files import read_regular_file
+from modelsec.errors import KeyMaterialError
 from modelsec.service.attestation import AttestationServicer
 from modelsec.service.config import ServerConfig
 from modelsec.service.interceptor import ServiceInterceptor
@@ -50,6 +53,7 @@ __all__ = ["MAX_MESSAGE_BYTES", "SERVICES", "RunningServer", "run_server", "star
 
 _log = logging.getLogger("modelsec.service")
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+_MAX_TLS_FILE_BYTES = 1 << 20
 
 
 # Full service name -> how to add its servicer.
@@ -102,12 +106,16 @@ class RunningServer:
 def _credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
     if config.tls is None:
         return None
-    ca = config.tls.client_ca.read_bytes() if config.tls.client_ca else None
+    ca = _tls_file(config.tls.client_ca, "TLS client CA file") if config.tls.client_ca else None
     return grpc.ssl_server_credentials(
-        [(config.tls.key.read_bytes(), config.tls.cert.read_bytes())],
+        [(_tls_file(config.tls.key, "TLS key file"), _tls_file(config.tls.cert, "TLS certificate file"))],
         root_certificates=ca,
         require_client_auth=ca is not None,
     )
+
+
+def _tls_file(path: Path, what: str) -> bytes:
+    return read_regular_file(path, what, max_bytes=_MAX_TLS_FILE_BYTES, error=KeyMaterialError)
 
 
 async def start_server(
@@ -120,8 +128,8 @@ async def start_server(
 
     Raises:
         PolicyError, KeyMaterialError: From loading the state (policy file, keys).
+        KeyMaterialError: A TLS file cannot be read, is not a regular file or is larger than 1 MiB.
         BackendUnavailableError: The address cannot be bound or the store cannot be opened.
-        OSError: TLS files cannot be read.
     """
     from modelsec.errors import BackendUnavailableError
 

@@ -317,7 +317,7 @@ def test_nan_and_infinity(constant: str) -> None:
 
 def test_huge_integer_literal() -> None:
     text = '{"w":{"dtype":"U8","shape":[SHAPE],"data_offsets":[0,4]}}'.replace("SHAPE", "9" * 5000)
-    refused(build(text, DATA4), r"header is not valid JSON")
+    refused(build(text, DATA4), r"`w`: shape\[0\] is an integer of 5000 digits \(too long\)$")
 
 
 @pytest.mark.parametrize("depth", [9, 100, 100_000])
@@ -485,6 +485,18 @@ def test_shape_negative_dimension() -> None:
 def test_shape_dimension_too_large() -> None:
     refused(build({"w": entry("U8", [0, 2**63], 0, 0)}), r"`w`: shape\[1\] exceeds 2\*\*63 - 1")
     refused(build({"w": entry("U8", [0, 10**200], 0, 0)}), r"shape\[1\] exceeds .*<an integer of \d+ bits>")
+
+
+@pytest.mark.parametrize(("field", "digits"), [("data_offsets", 5000), ("shape", 641)])
+def test_an_integer_too_long_for_python_is_named_not_python_advice(field: str, digits: int) -> None:
+    """User trial finding 8 (bad/bigint): the message leaked `use sys.set_int_max_str_digits()`."""
+    value = {"shape": b"[16]", "data_offsets": b"[0, 64]"}
+    value[field] = b"[" + b"9" * digits + b"]" if field == "shape" else b"[0, " + b"9" * digits + b"]"
+    header = b'{"a": {"dtype": "F32", "shape": ' + value["shape"] + b', "data_offsets": '
+    message = refused(build(header + value["data_offsets"] + b"}}", bytes(64)))
+    index = 0 if field == "shape" else 1
+    assert message.endswith(f": tensor `a`: {field}[{index}] is an integer of {digits} digits (too long)")
+    assert "set_int_max_str_digits" not in message
 
 
 def test_shape_rank_bounded() -> None:

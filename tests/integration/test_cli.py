@@ -131,6 +131,19 @@ def test_clear_refusals(setup: str, match: str, tiny_model: Path, key_dir: Path,
     assert doc["ok"] is False and doc["error"]["kind"].endswith("Error")
 
 
+def test_a_fifo_policy_is_refused_at_once(tiny_model: Path, tmp_path: Path) -> None:
+    """User trial finding 4: `verify --policy FIFO` blocked in open() until killed."""
+    import os
+
+    fifo = tmp_path / "fifo.sig"
+    os.mkfifo(fifo)
+    r = run_cli("verify", tiny_model, "--policy", fifo)
+    assert r.returncode == 1, r.stdout
+    assert r.stderr.splitlines() == [
+        f"modelsec: error: {fifo}: the policy file is not a regular file (a FIFO or pipe)"
+    ]
+
+
 def test_usage_errors_exit_2(tiny_model: Path, key_dir: Path) -> None:
     assert run_cli("verify", tiny_model).returncode == 2  # --key missing
     assert (

@@ -221,6 +221,15 @@ def test_help_lists_the_new_words_and_hides_the_old_spellings(name: str) -> None
         assert record is None or not _OLD_ONLY.search(record[0]), (name, record)
 
 
+@pytest.mark.parametrize(
+    "name", sorted(" ".join(p) for p, c in LEAVES.items() if any("--trusted-key" in o.opts for o in c.params))
+)
+def test_every_command_taking_trusted_key_accepts_the_old_spelling_trust(name: str) -> None:
+    """The README promises `--trust` as a hidden alias of `--trusted-key`, on every command that takes it."""
+    (option,) = (o for o in LEAVES[tuple(name.split())].params if "--trusted-key" in o.opts)
+    assert "--trust" in option.opts
+
+
 @pytest.fixture
 def setup(tmp_path: Path, key_dir: Path, tiny_model: Path) -> dict[str, Path]:
     from tests.unit.watermark._helpers import save_state
@@ -265,7 +274,7 @@ OLD_SPELLINGS = [
     *(
         ((*command, "{model}", "{OPT}", "{pub}"), old, "--trusted-key")
         for command in (("verify",), ("inspect",), ("attest", "list"), ("attest", "show"))
-        for old in ("--key", "-k")
+        for old in ("--key", "-k", "--trust")
     ),
     (("sign", "{model}", "{OPT}", "{priv}"), "--key", "--signing-key"),
     (("sign", "{model}", "{OPT}", "{priv}"), "-k", "--signing-key"),

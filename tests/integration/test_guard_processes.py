@@ -105,6 +105,18 @@ def test_unusable_policy_exits_before_user_code(models: tuple[Path, Path, Path],
         assert not marker.exists()
 
 
+def test_a_fifo_policy_fails_closed_at_startup_without_hanging(tmp_path: Path) -> None:
+    """User trial finding 4: `open()` on a FIFO blocked, so every `python -c` with the variable hung."""
+    fifo = tmp_path / "policy.fifo"
+    os.mkfifo(fifo)
+    out = run([sys.executable, "-c", "print(1)"], environ(MODELSEC_POLICY=str(fifo)), tmp_path, timeout=60)
+    assert (out.returncode, out.stdout) == (1, ""), out.stderr
+    assert out.stderr.splitlines() == [
+        f"modelsec: error: runtime guard not installed: {fifo}: the policy file is not a regular file "
+        "(a FIFO or pipe)"
+    ]
+
+
 def test_startup_with_the_variable_imports_no_framework(
     models: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:

@@ -74,7 +74,7 @@ def _run(
         ("wrong-shape", "PolicyError", "cannot run on dataset inputs of shape"),
         ("untrusted", "SignatureError", "no trusted key"),
         ("bad-arch", "PolicyError", "does not match the verified weights"),
-        ("missing-key", "KeyMaterialError", "cannot open key file"),
+        ("missing-key", "KeyMaterialError", "cannot read the key file"),
         ("bad-eps", "PolicyError", "eps must be"),
     ],
 )

@@ -119,5 +119,5 @@ def test_key_source_is_chosen_by_the_reference(tmp_path: Path) -> None:
     assert key_source("pkcs11:token=ci;object=k?module-path=/m.so").reference == "pkcs11:token=ci;object=k"
     with pytest.raises(KeyMaterialError, match=r"module-path=/path/to/pkcs11-module\.so is required"):
         key_source("pkcs11:token=ci;object=release-key")  # a token key (modelsec.signer.pkcs11), not a path
-    with pytest.raises(KeyMaterialError, match="cannot open key file"):
+    with pytest.raises(KeyMaterialError, match="cannot read the key file"):
         key_source(tmp_path / "missing.pem").open()
