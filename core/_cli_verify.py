@@ -244,8 +244,9 @@ def verify(
                     {
                         "path": str(b.path),
                         "algorithm": b.algorithm.value,
-                        "key": b.key.name,
+                        "key": b.key.name,  # deprecated: signer.key (kept for scripts reading it)
                         "keyid": b.key.keyid,
+                        "signer": _signer_json(b.key),
                     }
                     for b in result.bundles
                 ],
@@ -341,6 +342,7 @@ def inspect(model_dir: Path, signatures: tuple[Path, ...], keys: tuple[Path, ...
     """
     from modelsec.attestations.oms_predicate import parse_manifest
     from modelsec.signer.keys import load_trusted_key_file
+    from modelsec.signer.signing import SIGNATURE_FILE_NAMES
     from modelsec.verifier import find_default_bundles
     from modelsec.verifier.inspection import inspect_bundle, require_one_checked
 
@@ -349,7 +351,8 @@ def inspect(model_dir: Path, signatures: tuple[Path, ...], keys: tuple[Path, ...
         trusted = [load_trusted_key_file(k) for k in keys]
         paths = list(signatures) or find_default_bundles(model_dir)
         if not paths:
-            raise click.UsageError(f"{model_dir}: no bundle found; give --signature")
+            looked_for = ", ".join(SIGNATURE_FILE_NAMES)
+            raise SignatureError(f"{model_dir}: no signature bundle found (looked for {looked_for})")
         checked = [
             inspect_bundle(p, trusted, limits=_limits(), skip_unverifiable=not signatures) for p in paths
         ]
@@ -377,7 +380,7 @@ def inspect(model_dir: Path, signatures: tuple[Path, ...], keys: tuple[Path, ...
                 }
             )
     except Error as e:
-        _fail(e, as_json)
+        _fail(e, as_json, hint=_signature_hint(e, model_dir, signatures))
     if as_json:
         _reply({"bundles": rows})
         return

@@ -61,3 +61,23 @@ def test_a_bundle_on_standard_input_is_refused_with_its_reason(
     assert (
         f"{stream}: a signature bundle must be a regular file, not standard input" in doc["error"]["message"]
     )
+
+
+def test_inspect_without_a_bundle_fails_like_verify(tmp_path: Path, tiny_model: Path, key_dir: Path) -> None:
+    """Finding 9: `inspect` answered a usage error (exit 2) where `verify` says SignatureError (exit 1)."""
+    pub = key_dir / "ecdsa-p256.pub.pem"
+    verify = _invoke("verify", tiny_model, "--trusted-key", pub, "--json")
+    inspect = _invoke("inspect", tiny_model, "--json")
+    assert (verify.exit_code, inspect.exit_code) == (1, 1)
+    assert _reply(inspect)["error"] == _reply(verify)["error"]
+    assert _reply(inspect)["error"]["kind"] == "SignatureError"
+
+
+def test_verify_json_bundles_carry_the_signer_object(tiny_model: Path, key_dir: Path) -> None:
+    """Finding 9: `verify --json` bundles had no `signer` object, unlike inspect and attest list."""
+    pub = key_dir / "ecdsa-p256.pub.pem"
+    assert _invoke("sign", tiny_model, "--signing-key", key_dir / "ecdsa-p256.key.pem").exit_code == 0
+    (bundle,) = _reply(_invoke("verify", tiny_model, "--trusted-key", pub, "--json"))["bundles"]
+    (shown,) = _reply(_invoke("inspect", tiny_model, "--trusted-key", pub, "--json"))["bundles"]
+    assert bundle["signer"] == shown["signer"]
+    assert bundle["signer"] == {"algorithm": "ecdsa-p256", "key": pub.name, "keyid": bundle["keyid"]}
