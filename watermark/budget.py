@@ -226,13 +226,20 @@ class _Search:
             self._drop(t)
             tried.remove(t)
             raise
-        t.detected = t.result.detection.detected
+        d = t.result.detection
+        # Capacity counts here: a mark whose message does not read back exactly is no candidate.
+        t.detected = d.detected and d.message_matched is not False
         if t.detected:
             t.loss, t.drift = self.probe.loss(directory)
+        elif d.detected:
+            t.why = (
+                f"present but its message does not read back exactly ({d.message_matches}/{d.message_bits} "
+                "message bits)"
+            )
         else:
             t.why = (
-                f"not detected at embed time (confidence {t.result.detection.confidence:.3f}, "
-                f"false-positive probability {t.result.detection.false_positive_probability:.3g})"
+                f"not detected at embed time (confidence {d.confidence:.3f}, "
+                f"false-positive probability {d.false_positive_probability:.3g})"
             )
         return t
 
