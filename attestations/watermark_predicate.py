@@ -152,7 +152,8 @@ class WatermarkPredicate:
         scheme: The scheme name (`scheme.name`, e.g. `modelsec-ss-mult/v1`).
         key_commitment: HMAC-SHA256 commitment to the watermark key (hex), never the key.
         message_commitment: Commitment to the message, never the message.
-        detected: Whether the embed-time detection found the mark.
+        detected: Whether the embed-time detection found the mark and (where recorded) read its message
+            back exactly (`detection.messageMatched`).
         confidence: The embed-time detection confidence, in [-1, 1].
         false_positive_probability: Probability that an unmarked model scores as high, in [0, 1].
         embedded_at: When the mark was embedded (UTC), or None when not recorded.
@@ -246,12 +247,17 @@ def parse_watermark_predicate(predicate: Mapping[str, Any], *, what: str) -> Wat
     detection = objects["detection"]
     if not isinstance(detection.get("detected"), bool):
         raise AttestationError(f"{what}: predicate lacks detection.detected (true or false)")
+    matched = detection.get("messageMatched")
+    if matched is not None and not isinstance(matched, bool):
+        raise AttestationError(f"{what}: detection.messageMatched must be true, false or null")
     embedded = predicate.get("embeddedAt")
     return WatermarkPredicate(
         scheme=_string(objects["scheme"], "name", "scheme.name", what),
         key_commitment=_string(objects["keyCommitment"], "value", "keyCommitment.value", what),
         message_commitment=_string(objects["messageCommitment"], "value", "messageCommitment.value", what),
-        detected=detection["detected"],
+        # Since presence is decided on the pilot bits alone, a mark whose message did not read back exactly
+        # at embed time records messageMatched false: it does not vouch for the committed message.
+        detected=detection["detected"] and matched is not False,
         confidence=_finite(detection, "confidence", "detection.confidence", what),
         false_positive_probability=_finite(
             detection, "falsePositiveProbability", "detection.falsePositiveProbability", what

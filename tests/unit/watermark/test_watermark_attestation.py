@@ -163,3 +163,21 @@ def test_key_errors_are_key_material_errors(tmp_path: Path) -> None:
     (tmp_path / "k").write_text("00" * 16)
     with pytest.raises(KeyMaterialError, match="too short"):
         load_key_file(tmp_path / "k")
+
+
+def test_a_mark_whose_message_did_not_read_back_does_not_count_as_detected(
+    toy_model: Path, tmp_path: Path, ecdsa: tuple[bytes, bytes]
+) -> None:
+    # Presence is decided on the pilot bits alone: an attestation recording `detected: true` beside
+    # `messageMatched: false` does not vouch for the message it commits to, and a policy must not accept it.
+    from modelsec.attestations.watermark_predicate import parse_watermark_predicate
+
+    _, path, digest = _embed(toy_model, tmp_path, ecdsa)
+    trusted = load_trusted_key(ecdsa[1], name="ci")
+    predicate = dict(verify_watermark_attestation(path, [trusted], root_digest=digest).predicate)
+    assert parse_watermark_predicate(predicate, what="wm").detected
+    predicate["detection"] = {**predicate["detection"], "messageMatched": False}
+    assert not parse_watermark_predicate(predicate, what="wm").detected
+    predicate["detection"] = {**predicate["detection"], "messageMatched": "yes"}
+    with pytest.raises(AttestationError, match=r"detection\.messageMatched"):
+        parse_watermark_predicate(predicate, what="wm")
