@@ -54,21 +54,21 @@ twice as long (600 steps, perplexity 53.5 instead of 75.3, 487 CPU-s: beyond the
 does not help either: 31 / 150 held-out continuations changed at kappa 1.0 (logit drift 0.11-0.12, the
 logits being larger).
 
-Shaping the mark by the layers' input statistics (measured, not adopted): detection reads only the keyed
-correlations, so the embedder may spread each bit's correlation gain along any direction. With `H` the second
-moment of a Linear layer's inputs on 400 training fortunes (18k tokens), the direction of least output change
-for a given gain is `S H^-1` per row (`S` the keyed chip signs; `H` normalised to mean eigenvalue 1 plus 0.01
-I), the per-bit gains solved jointly (the rows couple bits). The inputs are far from isotropic (largest/median
-eigenvalue 8-35, `mean(l) mean(1/l)` 2-21 per layer), and on the 50 held-out prompts x 3 keys at kappa 1.0
-(additive, every mark detected blind with its message, perplexity within 0.02 %): unshaped 47 / 150 changed,
-input-shaped 14 / 150, plus rows of the output head and embedding weighted by how rarely a token competes for
-the top / occurs (capped at 10x) 9 / 150, plus the per-tensor grades 9 / 150. A 5x lower rate, but the prompts
-that keep changing (0, 3, 5, 15, 20, 23) have top-2 logit gaps under 2e-3 nats in their continuations (the
-smallest 4.5e-5), which relative weight noise of 1e-3 already crosses (13 / 250 pairs changed), and any mark
-keeping the false-positive bound moves the weights 10-20x more than that in L2. Adopting it would change the
-embedder's guarantees (changes are no longer multiplicative, so signs of small weights may flip and
-non-carrier weights move) and needs calibration text beyond the 16 probe prompts; it is recorded here as the
-next step for models whose probe budget is nearly met.
+Shaping the mark by the layers' input statistics (measured by `bench/bench_watermark_shaping.py`, not
+adopted): detection reads only the keyed correlations, so the embedder may spread each bit's correlation gain
+along any direction. With `H` the second moment of a Linear layer's inputs on 400 training fortunes (18k
+tokens), the direction of least output change for a given gain is `S H^-1` per row (`S` the keyed chip signs;
+`H` normalised to mean eigenvalue 1 plus 0.01 I), the per-bit gains solved jointly (the rows couple bits). The
+inputs are far from isotropic (largest/median eigenvalue 8-35, `mean(l) mean(1/l)` 2-21 per layer), and on the
+50 held-out prompts x 3 keys at kappa 1.0 (additive, every mark detected blind with its message, perplexity
+within 0.02 %): unshaped 47 / 150 changed, input-shaped 14 / 150, plus rows of the output head and embedding
+weighted by how rarely a token competes for the top / occurs (capped at 10x) 9 / 150, plus the per-tensor
+grades 9 / 150. A 5x lower rate, but the prompts that keep changing (0, 3, 5, 15, 20, 23) have top-2 logit
+gaps under 2e-3 nats in their continuations (the smallest 4.5e-5), which relative weight noise of 1e-3 already
+crosses (13 / 250 pairs changed), and any mark keeping the false-positive bound moves the weights 10-20x more
+than that in L2. Adopting it would change the embedder's guarantees (changes are no longer multiplicative, so
+signs of small weights may flip and non-carrier weights move) and needs calibration text beyond the 16 probe
+prompts; it is recorded here as the next step for models whose probe budget is nearly met.
 """
 
 from __future__ import annotations
