@@ -26,9 +26,12 @@ What `run_gate` measures, in this order:
 5. Verdict: PASSED iff N >= `min_samples`, the rule holds (`point`: robust accuracy >= threshold;
    `strict`: the lower 95% Wilson bound >= threshold, Wilson 1927) and every check passed.
 
-Determinism: on CPU the result is a function of (model, data, configuration, seed) alone, also across
-numbers of data-parallel processes (`modelsec.robustness.distributed`). On CUDA, cuDNN's backward kernels
-are not bit-reproducible; the counts may differ by a few examples between runs.
+Determinism: on CPU the result is a function of (model, data, configuration, seed) alone on one host and
+torch build, also across numbers of data-parallel processes (`modelsec.robustness.distributed`). Across
+hosts the float kernels differ in their last bits and examples on the decision boundary can flip (the
+PGD-trained LeNet5 at eps 0.3 on 100 digits: FGSM accuracy 0.95 on one x86-64 VM, 0.93 on another), so a
+configuration whose sanity checks pass by under a few examples may fail elsewhere. On CUDA, cuDNN's
+backward kernels are not bit-reproducible; the counts may differ by a few examples between runs.
 """
 
 from __future__ import annotations

@@ -64,8 +64,11 @@ def test_attestation_bundles_are_held_to_windows_and_timestamps(
     assert verdict(plain, timestampAuthorities=tsas) == (True, "")
 
 
+# 100 samples, 20 steps of 2.5 eps / steps: the gate is not under test here, so PGD must be clearly stronger
+# than FGSM (this VM: 0.91 vs 0.95). At 0.03 x 10 the two tie here (0.95 / 0.95), and on CI's host the
+# fgsm_weaker sanity check failed the release (FGSM 0.93 vs PGD 0.96): float results differ across CPUs.
 GATE = (
-    "architecture: lenet5:lenet5\ndata: mnist.npz\neps: 0.3\nstepSize: 0.03\nsteps: 10\n"
+    "architecture: lenet5:lenet5\ndata: mnist.npz\neps: 0.3\nstepSize: 0.0375\nsteps: 20\n"
     "minRobustAccuracy: 0.5\n"
 )
 
@@ -86,7 +89,7 @@ def test_release_timestamps_every_bundle(key_dir: Path, tsa: tuple[str, Path], t
          str(tmp_path / "mnist.npz"), "--which", "advtrained", "--stride", "50"],
         check=True, capture_output=True,
     )  # fmt: skip
-    (tmp_path / "gate.yaml").write_text(GATE)  # 100 samples, 10 steps: the gate is not under test here
+    (tmp_path / "gate.yaml").write_text(GATE)
     assert run_cli("watermark", "keygen", "-o", tmp_path / "wm.key").returncode == 0
     out = tmp_path / "released"
     r = run_cli(
