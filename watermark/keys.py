@@ -10,10 +10,10 @@ import hashlib
 import hmac
 import os
 import re
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from modelsec._files import read_regular_file
 from modelsec.errors import KeyMaterialError, PolicyError
 
 __all__ = [
@@ -173,16 +173,11 @@ def load_key_file(path: Path) -> WatermarkKey:
         KeyMaterialError: The file is missing, unreadable, a symlink, not a regular file, too large, or not
             a valid key.
     """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError as e:
-        why = "is a symlink (refused)" if os.path.islink(path) else e.strerror
-        raise KeyMaterialError(f"{path}: cannot read watermark key file: {why}") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise KeyMaterialError(f"{path}: watermark key file is not a regular file")
-    with os.fdopen(fd, "rb") as f:
-        data = f.read(KEY_FILE_MAX_BYTES + 1)
-    if len(data) > KEY_FILE_MAX_BYTES:
-        raise KeyMaterialError(f"{path}: watermark key file is larger than {KEY_FILE_MAX_BYTES} bytes")
+    data = read_regular_file(
+        path,
+        "watermark key file",
+        max_bytes=KEY_FILE_MAX_BYTES,
+        error=KeyMaterialError,
+        follow_symlinks=False,
+    )
     return parse_key(data, source=str(path))

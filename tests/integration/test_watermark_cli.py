@@ -154,7 +154,7 @@ def test_bad_inputs_give_one_line_diagnostics(model: Path, tmp_path: Path) -> No
         (
             ("watermark", "detect", model, "-k", tmp_path / "missing.key"),
             "KeyMaterialError",
-            "cannot read watermark key",
+            "cannot read the watermark key file",
         ),
         (("watermark", "detect", model, "-k", short), "KeyMaterialError", "too short"),
         (("watermark", "detect", not_st, "-k", key), "MalformedArtifactError", "no *.safetensors"),
