@@ -29,7 +29,7 @@ from modelsec._cli_common import (
     _timestamper,
 )
 from modelsec.algorithms import HashAlgorithm
-from modelsec.errors import Error
+from modelsec.errors import Error, KeyMaterialError
 
 __all__ = ["sign"]
 
@@ -145,13 +145,14 @@ def sign(
     sources = _key_password_sources(key_passwords, list(keys))
     client = None
     try:
+        pinned = [_read_pinned_key(p) for p in pins]
         signers: list[Any] = [_open_signing_key(k, sources) for k in keys]
         if key_versions:
             from modelsec.service.client import RemoteSigner
 
             client = _server_client(str(server), server_ca, client_cert, client_key, token_env, plaintext)
             signers += [
-                RemoteSigner(client, v, expected_public_key_pem=pins[i].read_bytes() if pins else None)
+                RemoteSigner(client, v, expected_public_key_pem=pinned[i] if pinned else None)
                 for i, v in enumerate(key_versions)
             ]
         if not signatures and len({s.algorithm for s in signers}) < len(signers):
@@ -196,3 +197,18 @@ def sign(
     )
     for b in result.bundles:
         click.echo(f"  {b.algorithm.value:<10} -> {b.path}")
+
+
+def _read_pinned_key(path: Path) -> bytes:
+    """A `--pin-key` file's PEM, checked to be a public key before any hashing or server call.
+
+    Raises:
+        KeyMaterialError: Missing, unreadable, not a regular file (a FIFO never blocks), larger than 64 KiB,
+            or not a public key.
+    """
+    from modelsec._files import read_regular_file
+    from modelsec.signer.keys import load_trusted_key
+
+    pem = read_regular_file(path, "pinned public key file", max_bytes=2**16, error=KeyMaterialError)
+    load_trusted_key(pem, name=str(path))
+    return pem

@@ -80,6 +80,29 @@ def test_pinning_a_different_key_refuses_to_sign(
     assert not (model / "model.sig").exists()
 
 
+def test_a_bad_pin_key_is_refused_before_any_server_call(tmp_path: Path, key_dir: Path) -> None:
+    """The pin is read like every key file (a FIFO never blocks) and must be a public key; the server
+    address is unreachable, so reaching it would fail with BackendUnavailableError instead."""
+    import os
+
+    model = write_tiny_model(tmp_path / "m")
+    os.mkfifo(tmp_path / "pin.fifo")  # no writer: the old read_bytes() hung here
+    cases = [
+        (tmp_path / "pin.fifo", "not a regular file (a FIFO or pipe)"),
+        (key_dir / "ecdsa-p256.key.pem", "is a private key"),
+        (tmp_path / "missing.pem", "cannot read the pinned public key file"),
+    ]
+    for pin, message in cases:
+        r = run_cli(
+            "sign", model, "--server", "127.0.0.1:1", "--plaintext", "--key-version", "ci-p256/1",
+            "--pin-key", pin, "--json",
+        )  # fmt: skip
+        assert r.returncode == 1, r.stderr
+        error = json.loads(r.stdout)["error"]
+        assert error["kind"] == "KeyMaterialError" and message in error["message"], error
+        assert not (model / "model.sig").exists()
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
