@@ -125,11 +125,11 @@ def _attest_put(bundles: tuple[Path, ...], store: str, as_json: bool) -> None:
     try:
         opened = open_store(store, StoreOptions(limits=_limits()))
         try:
-            written = [opened.put(b.read_bytes())[0].source for b in bundles]
+            written = [opened.put(_read_bundle_file(b))[0].source for b in bundles]
         finally:
             opened.close()
     except OSError as e:
-        raise click.UsageError(f"cannot read or write: {e}") from e
+        raise click.UsageError(f"cannot write to the store: {e}") from e
     except Error as e:
         _fail(e, as_json)
     if as_json:
@@ -173,9 +173,7 @@ def _attest_push(
     with _server_client(server, server_ca, client_cert, client_key, token_env, plaintext) as client:
         for path in map(Path, args):
             try:
-                response = client.put_attestation(path.read_bytes())
-            except OSError as e:
-                raise click.UsageError(f"cannot read {path}: {e.strerror}") from e
+                response = client.put_attestation(_read_bundle_file(path))
             except Error as e:
                 _fail(e.add_context(str(path)), as_json)
             a = response.attestation
@@ -196,6 +194,20 @@ def _attest_push(
         _reply({"stored": results})
 
 
+def _read_bundle_file(path: Path) -> bytes:
+    """An attestation bundle given on the command line, at most `Limits.max_bundle_bytes`.
+
+    Raises:
+        MalformedArtifactError: Missing, unreadable, not a regular file (a FIFO is refused, never waited on),
+            or larger than the bundle limit; the message names `path`.
+    """
+    from modelsec._files import read_regular_file
+    from modelsec.errors import MalformedArtifactError
+
+    limit = _limits().max_bundle_bytes
+    return read_regular_file(path, "attestation bundle", max_bytes=limit, error=MalformedArtifactError)
+
+
 def _push_to_store(store: str, paths: list[Path], as_json: bool) -> None:
     """`attest push STORE BUNDLE...`: file each bundle in the store by URI (nothing verified here)."""
     from modelsec.attestations.bundle import parse_bundle
@@ -210,10 +222,7 @@ def _push_to_store(store: str, paths: list[Path], as_json: bool) -> None:
     try:
         for path in paths:
             try:
-                data = path.read_bytes()
-            except OSError as e:
-                raise click.UsageError(f"cannot read {path}: {e.strerror}") from e
-            try:
+                data = _read_bundle_file(path)
                 entry, created = opened.put(data)
                 statement = parse_statement(
                     parse_bundle(data, source=str(path)).envelope.payload, what=str(path)

@@ -44,8 +44,15 @@ class Error(Exception):
     context: str = ""
 
     def diagnostics(self) -> str:
-        """Human-readable explanation shown by the CLI, the service and the webhook."""
-        return f"{self.context}: {self}" if self.context else str(self)
+        """Human-readable explanation shown by the CLI, the service and the webhook.
+
+        The context is left out where the message already starts with it (a file's error names the file
+        itself; a caller adding the same path as context must not print it twice).
+        """
+        message = str(self)
+        if not self.context or message.startswith(f"{self.context}: "):
+            return message
+        return f"{self.context}: {message}"
 
     def add_context(self, context: str) -> Error:
         """Prefix the diagnostic with where it happened (e.g. a release stage); returns `self` to re-raise."""

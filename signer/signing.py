@@ -359,7 +359,7 @@ def compute_manifests(
             tensor_hash=tensor_hash,
             limits=limits,
             progress=progress,
-            model=str(model_dir),
+            model=str(root_dir),
         )
     finally:
         os.close(root_fd)

@@ -81,3 +81,21 @@ def test_verify_json_bundles_carry_the_signer_object(tiny_model: Path, key_dir: 
     (shown,) = _reply(_invoke("inspect", tiny_model, "--trusted-key", pub, "--json"))["bundles"]
     assert bundle["signer"] == shown["signer"]
     assert bundle["signer"] == {"algorithm": "ecdsa-p256", "key": pub.name, "keyid": bundle["keyid"]}
+
+
+def test_errors_name_a_file_once(tmp_path: Path) -> None:
+    """`digest FILE.safetensors` printed `FILE.safetensors/FILE.safetensors: ...`; `attest push` printed the
+    bundle path twice (the caller's context repeated the path the message already starts with)."""
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes((8).to_bytes(8, "little") + b"[]      ")
+    result = _invoke("digest", bad)
+    assert result.exit_code == 1
+    assert result.stderr == f"modelsec: error: {bad}: header does not start with `{{` (not a JSON object)\n"
+    store = tmp_path / "store"
+    store.mkdir()
+    result = _invoke("attest", "push", store, tmp_path / "missing.sig")
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"modelsec: error: {tmp_path / 'missing.sig'}: cannot read the attestation bundle: "
+        "No such file or directory\n"
+    )
