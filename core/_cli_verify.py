@@ -174,8 +174,9 @@ def _parse_require(value: str | None) -> list[SignatureAlgorithm]:
     help="Accept Python modules (*.py, *.pyc, *.pyo) and auto_map in config files (refused by default).",
 )
 @_ignore_paths_option(
-    "Also ignore this unsigned path (repeatable; as model_signing's --ignore-paths). Signed files are "
-    "verified all the same."
+    "Also ignore this unsigned path (repeatable; as model_signing's --ignore-paths: a relative path is taken "
+    "from the current directory). Signed files are verified all the same. A path outside the model directory "
+    "is refused (usage error); one that does not exist is fine."
 )
 @click.option(
     "--expected-digest",
@@ -216,7 +217,10 @@ def verify(
     required = _parse_require(require)
     try:
         model_dir = model_path if model_path.is_dir() else model_path.parent
-        ignored = relative_ignore_paths(model_dir, ignore_paths)
+        try:
+            ignored = relative_ignore_paths(model_dir, ignore_paths, strict=True, missing_ok=True)
+        except Error as e:
+            raise click.UsageError(f"--ignore-paths: {e.diagnostics()}") from e
         pinned = _expected_digests(model_dir, expected_digests)
         policy = _policy_from_options(model_path, keys, policy_file, required, allow_remote_code, identity)
         with _progress(model_path, "verifying", not (quiet or as_json)) as progress:
@@ -286,7 +290,10 @@ def verify(
     help="File digest of the manifest whose root to print: the OMS root is SHA-256 over these digests "
     "(blake3: model_signing's blake3 bundles; sm3: equals sha256, as SM2 bundles carry the SHA-256 root).",
 )
-@_ignore_paths_option("Leave this path out, as `sign --ignore-paths` does (repeatable).")
+@_ignore_paths_option(
+    "Leave this path out, as `sign --ignore-paths` does (repeatable; a path outside MODEL_DIR, or one that "
+    "does not exist, is refused)."
+)
 @_json_option
 @_quiet_option
 def digest(
@@ -302,7 +309,10 @@ def digest(
 
     algorithm = HashAlgorithm(hash_type)
     try:
-        extra = relative_ignore_paths(model_dir, ignore_paths)
+        try:
+            extra = relative_ignore_paths(model_dir, ignore_paths, strict=True)
+        except Error as e:
+            raise click.UsageError(f"--ignore-paths: {e.diagnostics()}") from e
         with _progress(model_dir, "hashing", not (quiet or as_json)) as progress:
             manifests = compute_manifests(
                 model_dir,

@@ -232,7 +232,7 @@ def find_bundle_files(model_dir: Path, names: Sequence[str], limits: Limits | No
 
 
 def relative_ignore_paths(
-    model_path: Path, paths: Sequence[Path | str], *, strict: bool = False
+    model_path: Path, paths: Sequence[Path | str], *, strict: bool = False, missing_ok: bool = False
 ) -> list[str]:
     """Ignore paths as OMS records them: relative to the model root.
 
@@ -240,22 +240,24 @@ def relative_ignore_paths(
     line ignores the same files with either tool: a relative path is taken relative to the current
     directory (not the model directory), an absolute one as given; both are resolved (links followed) and
     kept as a POSIX path relative to the model root. `foo/` and `./foo` become `foo`. model_signing drops
-    a path that lands outside the model without a word; with `strict` (what `modelsec sign` uses) such a
-    path, or one that does not exist, is refused instead, since it ignores nothing the user meant.
+    a path that lands outside the model without a word; with `strict` (what `modelsec sign` and `digest`
+    use) such a path, or one that does not exist, is refused instead, since it ignores nothing the user
+    meant. `verify` passes `missing_ok` too: an ignored file may rightly be absent from the copy verified.
 
     Args:
         model_path: The model directory.
         paths: The paths as given on the command line.
         strict: Refuse paths outside the model or that do not exist (default: drop outside paths silently,
             keep missing ones, as model_signing does).
+        missing_ok: With `strict`, keep a path that does not exist (only outside paths are refused).
 
     Returns:
         The relative names, each once, in the order given.
 
     Raises:
         MalformedArtifactError: A path names the model root itself.
-        PolicyError: With `strict`: a path lands outside the model directory or does not exist (the message
-            names the path as given and where it resolved).
+        PolicyError: With `strict`: a path lands outside the model directory or (without `missing_ok`) does
+            not exist (the message names the path as given and where it resolved).
     """
     root = model_path.resolve()
     result: list[str] = []
@@ -277,7 +279,7 @@ def relative_ignore_paths(
             continue
         if not rel.parts:
             raise MalformedArtifactError(f"{model_path}: an ignore path names the model itself: {p}")
-        if strict and not full.exists():
+        if strict and not missing_ok and not full.exists():
             raise PolicyError(f"ignore path {str(p)!r} does not exist ({full}): it would ignore nothing")
         name = rel.as_posix()
         if name not in result:

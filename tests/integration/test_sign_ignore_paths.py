@@ -1,4 +1,5 @@
-"""`sign --ignore-paths` resolves paths as model_signing's CLI does, and refuses what would ignore nothing.
+"""`sign --ignore-paths` resolves paths as model_signing's CLI does, and refuses what would ignore nothing;
+`digest` as `sign`, `verify` refuses only a path outside the model (an ignored file may be absent).
 
 User trial 11: `modelsec sign s1 --ignore-paths config.json`, run from the parent directory, signed
 config.json anyway without a word (the path resolved to ./config.json, outside the model, and was dropped).
@@ -96,3 +97,44 @@ def test_relative_to_the_current_directory_as_model_signing(tmp_path: Path, key_
     )  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     assert _predicate(theirs)["resources"] == predicate["resources"]
+
+
+@pytest.mark.parametrize(
+    ("command", "given", "needle"),
+    [
+        ("digest", "config.json", "outside the model directory m"),
+        ("digest", "m/nope.txt", "does not exist"),
+        ("verify", "config.json", "outside the model directory m"),
+        ("verify", "../elsewhere.txt", "outside the model directory m"),
+    ],
+)
+def test_digest_and_verify_refuse_a_path_outside_the_model(
+    tmp_path: Path, key_dir: Path, command: str, given: str, needle: str
+) -> None:
+    """They dropped it without a word: `digest` then printed a root `sign` would never produce."""
+    model = write_tiny_model(tmp_path / "m")
+    (tmp_path / "config.json").write_text("{}")
+    r = _run("modelsec", "sign", "m", "-k", key_dir / "ecdsa-p256.key.pem", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    extra = ["-k", key_dir / "ecdsa-p256.pub.pem"] if command == "verify" else []
+    r = _run("modelsec", command, "m", *extra, "--ignore-paths", given, cwd=tmp_path)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert f"--ignore-paths: ignore path '{given}'" in r.stderr and needle in r.stderr
+    assert model.joinpath("model.sig").exists()
+
+
+def test_verify_accepts_an_ignore_path_that_does_not_exist(tmp_path: Path, key_dir: Path) -> None:
+    write_tiny_model(tmp_path / "m")
+    r = _run("modelsec", "sign", "m", "-k", key_dir / "ecdsa-p256.key.pem", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = _run(
+        "modelsec",
+        "verify",
+        "m",
+        "-k",
+        key_dir / "ecdsa-p256.pub.pem",
+        "--ignore-paths",
+        "m/.cache",
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr
