@@ -37,6 +37,7 @@ from typing import IO, Any
 from modelsec.errors import (
     BackendUnavailableError,
     DigestMismatchError,
+    KeyMaterialError,
     MalformedArtifactError,
     NotFoundError,
 )
@@ -195,12 +196,24 @@ class RegistryOptions:
 
 
 def _docker_credentials(path: Path | None, registry: str) -> str | None:
-    """The base64 `user:password` for `registry` in a Docker config file, or None."""
+    """The base64 `user:password` for `registry` in a Docker config file, or None.
+
+    None when the file does not exist, is not JSON, or has no `auths.<registry>.auth` string (anonymous
+    access, as the Docker CLI without a login).
+
+    Raises:
+        KeyMaterialError: The file exists but is not a regular file (a FIFO is refused, never waited on), is
+            unreadable, or is larger than 1 MiB.
+    """
+    from modelsec._files import read_regular_file
+
     path = path or Path.home() / ".docker" / "config.json"
+    if not os.path.lexists(path):
+        return None
+    data = read_regular_file(path, "Docker config file", max_bytes=2**20, error=KeyMaterialError)
     try:
-        doc = json.loads(path.read_bytes()[: 2**20])
-        auth = doc["auths"][registry]["auth"]
-    except (OSError, ValueError, KeyError, TypeError):
+        auth = json.loads(data)["auths"][registry]["auth"]
+    except (ValueError, KeyError, TypeError):
         return None
     return auth if isinstance(auth, str) and auth else None
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,7 +28,12 @@ from modelsec._oci_registry import (
     descriptor,
     parse_reference,
 )
-from modelsec.errors import BackendUnavailableError, DigestMismatchError, MalformedArtifactError
+from modelsec.errors import (
+    BackendUnavailableError,
+    DigestMismatchError,
+    KeyMaterialError,
+    MalformedArtifactError,
+)
 
 SUBJECT = "sha256:" + "a" * 64
 TOKEN = "fake-token"
@@ -153,6 +160,23 @@ def test_wrong_credentials_are_an_outage_not_a_verdict(fake: _Fake) -> None:
     options = RegistryOptions(plain_http=True, username="u", password="wrong", timeout=5)
     with pytest.raises(BackendUnavailableError, match="access denied"):
         RegistryClient(f"127.0.0.1:{fake.server_address[1]}", options).check()
+
+
+def test_docker_config_credentials_and_what_is_refused(fake: _Fake, tmp_path: Path) -> None:
+    """`auths.<registry>.auth` of the Docker config is used without a username; a config that is not a
+    regular file is refused by kind (a FIFO used to block the client forever), a missing one is anonymous."""
+    registry = f"127.0.0.1:{fake.server_address[1]}"
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"auths": {registry: {"auth": base64.b64encode(b"u:p").decode()}}}))
+    options = RegistryOptions(plain_http=True, docker_config=config, timeout=5)
+    assert len(RegistryClient(registry, options).referrers("m", SUBJECT)) == 2  # the token flow took u:p
+    missing = RegistryOptions(plain_http=True, docker_config=tmp_path / "none.json", timeout=5)
+    with pytest.raises(BackendUnavailableError):
+        RegistryClient(registry, missing).referrers("m", SUBJECT)  # anonymous: the token is refused
+    os.mkfifo(tmp_path / "fifo.json")
+    fifo = RegistryOptions(plain_http=True, docker_config=tmp_path / "fifo.json", timeout=5)
+    with pytest.raises(KeyMaterialError, match=r"fifo.json: the Docker config file is not a regular file"):
+        RegistryClient(registry, fifo)
 
 
 @pytest.mark.parametrize(
