@@ -43,13 +43,19 @@ def attest() -> None:
 def _attestation_rows(model_dir: Path, store: str | None, keys: tuple[Path, ...]) -> list[dict[str, Any]]:
     """The bundles about MODEL_DIR (its reserved names, and the store's for the digests they name).
 
+    With keys, a default-named weights signature signed by a key of another scheme than its name says is
+    refused, as `verify` refuses it (`check_bundle_name`; the attestation names and store entries name no
+    scheme).
+
     Raises:
         MalformedArtifactError: MODEL_DIR is missing or not a directory (as `digest` and `verify` say).
         PolicyViolationError: MODEL_DIR is a symlink.
+        SignatureError: A default-named bundle of another scheme than its name (`check_bundle_name`).
     """
     from modelsec.modelformat.model_files import open_model_root
     from modelsec.signer import MODEL_IGNORE_PATHS
     from modelsec.signer.keys import load_trusted_key_file
+    from modelsec.verifier.bundles import check_bundle_name
     from modelsec.verifier.inspection import inspect_bundle, require_one_checked
     from modelsec.verifier.stores import StoreOptions, open_store
 
@@ -57,6 +63,9 @@ def _attestation_rows(model_dir: Path, store: str | None, keys: tuple[Path, ...]
     trusted = [load_trusted_key_file(k) for k in keys]
     paths = [model_dir / n for n in MODEL_IGNORE_PATHS if n.endswith(".sig") and (model_dir / n).is_file()]
     seen = [inspect_bundle(p, trusted, limits=_limits(), skip_unverifiable=True) for p in paths]
+    for path, b in zip(paths, seen, strict=True):
+        if b.signer is not None:
+            check_bundle_name(path, b.signer)  # verify's rule for the default weights-signature names
     require_one_checked(seen, trusted, str(model_dir))
     if store is not None:
         digests = sorted({s.digest.get("sha256", "") for b in seen for s in b.statement.subjects} - {""})

@@ -348,12 +348,15 @@ def inspect(model_dir: Path, signatures: tuple[Path, ...], keys: tuple[Path, ...
     """Show what MODEL_DIR's bundles sign: files, tensors, hashes, root digest, and by which key.
 
     Without --trusted-key nothing is verified and the output says UNVERIFIED: a bundle's contents are
-    claims until a trusted key checks them. File contents are never hashed here (use `modelsec verify`).
+    claims until a trusted key checks them. With it, a default-named bundle signed by a key of another
+    scheme than its name says (an SM2 `model.sig`, a P-256 `model.p384.sig`) is refused, as `verify`
+    refuses it. File contents are never hashed here (use `modelsec verify`).
     """
     from modelsec.attestations.oms_predicate import parse_manifest
     from modelsec.signer.keys import load_trusted_key_file
     from modelsec.signer.signing import SIGNATURE_FILE_NAMES
     from modelsec.verifier import find_default_bundles
+    from modelsec.verifier.bundles import check_bundle_name
     from modelsec.verifier.inspection import inspect_bundle, require_one_checked
 
     rows: list[dict[str, Any]] = []
@@ -368,6 +371,8 @@ def inspect(model_dir: Path, signatures: tuple[Path, ...], keys: tuple[Path, ...
         ]
         require_one_checked(checked, trusted, str(model_dir))
         for path, seen in zip(paths, checked, strict=True):
+            if seen.signer is not None:
+                check_bundle_name(path, seen.signer)  # verify's rule: refused here as verify refuses it
             manifest = parse_manifest(seen.statement, what=str(path))
             hash_type = manifest.hash_type.value
             root = manifest.subject_digest.get("sha256")

@@ -34,6 +34,7 @@ from modelsec.modelformat.model_files import (
     validate_resource_name,
     walk_model,
 )
+from modelsec.modelformat.shard_index import INDEX_NAME, check_index, shard_tensors_on_disk
 from modelsec.modelformat.side_json import check_json_side_file, is_json_side_file, read_json_side_file
 from modelsec.signer.keys import KeyBackend
 from modelsec.signer.schemes import all_schemes, scheme_for
@@ -149,8 +150,9 @@ def refuse_unverifiable_json(model_dir: Path, names: Sequence[str], limits: Limi
     Each `*.json` file among `names` (at any depth) is read (bounded) and held to the verifier's own rules
     (`modelsec.modelformat.side_json.check_json_side_file` without remote code): at most
     `limits.max_json_side_file_bytes`, strict JSON (no duplicate keys, no NaN), and no code reference
-    (`auto_map`, `custom_pipelines`). `model.safetensors.index.json`'s weight map is checked by the
-    verifier only.
+    (`auto_map`, `custom_pipelines`). `model.safetensors.index.json` is also held to the verifier's index
+    rules (`modelsec.modelformat.shard_index.check_index`: a weight_map object whose every target is a
+    safetensors file among `names` that holds the tensor), reading each named shard's header.
 
     Args:
         model_dir: The model directory.
@@ -158,7 +160,9 @@ def refuse_unverifiable_json(model_dir: Path, names: Sequence[str], limits: Limi
         limits: The limits verification applies.
 
     Raises:
-        MalformedArtifactError: A JSON file is too large or not strict JSON.
+        MalformedArtifactError: A JSON file is too large or not strict JSON, or a broken index (no
+            weight_map object, a target that is not a shard of the model, a tensor its shard does not
+            hold).
         PolicyViolationError: A JSON file names code, or a JSON file is a link or special file.
     """
     json_names = [n for n in names if is_json_side_file(n)]
@@ -171,6 +175,9 @@ def refuse_unverifiable_json(model_dir: Path, names: Sequence[str], limits: Limi
             try:
                 raw = read_json_side_file(root_fd, name, limits, model)
                 check_json_side_file(name, raw, names, allow_remote_code=False, model=model)
+                if name == INDEX_NAME:
+                    tensors_of = shard_tensors_on_disk(root_fd, limits, model)
+                    check_index(raw, names, tensors_of, f"{model}/{INDEX_NAME}")
             except (MalformedArtifactError, PolicyViolationError) as e:
                 raise type(e)(
                     f"{e.diagnostics()} (verification under the default policy will always refuse this; fix "
@@ -417,8 +424,9 @@ def sign_model(
         limits: Limits; defaults to `Limits()`.
         progress: Byte-count callback for a progress bar.
         refuse_unverifiable: Refuse, before hashing, files that `verify` refuses under the default policy
-            (pickle formats, `*.py`, JSON side files that are not strict JSON or name code; see
-            `unverifiable_files` and `refuse_unverifiable_json`). The `sign` command sets it by default.
+            (pickle formats, `*.py`, JSON side files that are not strict JSON or name code, a broken
+            `model.safetensors.index.json`; see `unverifiable_files` and `refuse_unverifiable_json`). The
+            `sign` command sets it by default.
         ignore_paths: More relative paths to leave out and record (OMS semantics: a directory with
             everything below it); see `relative_ignore_paths` for paths given on a command line.
         timestamper: Called with each bundle's signature bytes; returns the DER RFC 3161 `TimeStampResp`s

@@ -2,7 +2,8 @@
 
 Code references (`auto_map`, `custom_pipelines`) are refused unless the policy allows remote code, and then
 only local references to signed modules pass (the rules live in `modelsec.modelformat.side_json`, shared
-with the signer); `model.safetensors.index.json` must name signed shards that hold the tensors it maps.
+with the signer); `model.safetensors.index.json` must name signed shards that hold the tensors it maps
+(`modelsec.modelformat.shard_index`, also shared with the signer).
 """
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ import hmac
 import os
 from collections.abc import Collection, Mapping
 
-from modelsec._strict_json import strict_loads
 from modelsec.algorithms import HashAlgorithm
-from modelsec.errors import DigestMismatchError, MalformedArtifactError
+from modelsec.errors import DigestMismatchError
 from modelsec.limits import Limits
+from modelsec.modelformat import shard_index
 from modelsec.modelformat.hashing import FileDigests, new_hasher
 from modelsec.modelformat.model_files import open_beneath
+from modelsec.modelformat.shard_index import INDEX_NAME, parse_index
 from modelsec.modelformat.side_json import (
     check_json_side_file,
     check_json_side_file_size,
@@ -35,8 +37,6 @@ __all__ = [
     "read_verified_side_file",
     "remote_code_references",
 ]
-
-INDEX_NAME = "model.safetensors.index.json"
 
 
 def read_verified_side_file(
@@ -80,42 +80,24 @@ def check_json_code(
         check_json_side_file(name, raw, signed_names, allow_remote_code=policy.allow_remote_code, model=model)
 
 
-def parse_index(raw: bytes, signed: set[str], what: str) -> dict[str, str]:
-    """The weight_map of an index file; every target a signed `*.safetensors` name in `signed`.
-
-    Raises:
-        MalformedArtifactError: Not strict JSON, no weight_map object, or a target that is not a signed shard.
-    """
-    doc = strict_loads(raw, what=what, bounded_ints=False)
-    weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
-    if not isinstance(weight_map, dict):
-        raise MalformedArtifactError(f"{what}: weight_map is missing or not an object")
-    for tensor, target in weight_map.items():
-        if not isinstance(target, str) or target not in signed or not target.endswith(".safetensors"):
-            raise MalformedArtifactError(
-                f"{what}: weight_map[`{tensor}`] -> {target!r} is not a signed safetensors file of the model"
-            )
-    return weight_map
-
-
 def check_index(
     root_fd: int, computed: Mapping[str, FileDigests], signed: set[str], limits: Limits, model: str
 ) -> None:
-    """Re-read the verified index and check that each tensor it maps is held by its (hashed) shard.
+    """Re-read the verified index and hold it to `modelsec.modelformat.shard_index.check_index`.
+
+    Each tensor it maps must be held by its shard, as the header read while hashing that shard says
+    (shards not hashed by this call are not checked).
 
     Raises:
         DigestMismatchError: The index changed since it was hashed.
         MalformedArtifactError: A bad index, or a tensor its shard does not hold.
     """
-    what = f"{model}/{INDEX_NAME}"
     raw = read_verified_side_file(root_fd, INDEX_NAME, computed[INDEX_NAME], limits, model)
-    weight_map = parse_index(raw, signed, what)
-    held: dict[str, set[str]] = {}
-    for tensor, target in weight_map.items():
-        if target not in held and target in computed:
-            header = computed[target].header
-            held[target] = {t.name for t in header.tensors} if header is not None else set()
-        if target in held and tensor not in held[target]:
-            raise MalformedArtifactError(
-                f"{what}: weight_map names `{tensor}`, which {target!r} does not hold"
-            )
+
+    def tensors_of(name: str) -> set[str] | None:
+        if name not in computed:
+            return None
+        header = computed[name].header
+        return {t.name for t in header.tensors} if header is not None else set()
+
+    shard_index.check_index(raw, signed, tensors_of, f"{model}/{INDEX_NAME}")

@@ -4,6 +4,8 @@
 - `modelsec.modelformat.model_files`: the file walk beneath one directory descriptor, file-name rules, ignore
   rules and the OMS path order.
 - `modelsec.modelformat.hashing`: the hashing engine (each file read once; SHA-256, SM3, BLAKE3 per tensor).
+- `modelsec.modelformat.side_json` and `modelsec.modelformat.shard_index`: the rules JSON side files and
+  `model.safetensors.index.json` are held to, shared by the signer (refused before hashing) and the verifier.
 
 Nothing here holds keys or makes a trust decision; the OMS predicate built from these digests lives in
 `modelsec.attestations.oms_predicate`.

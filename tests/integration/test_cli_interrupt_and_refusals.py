@@ -136,8 +136,20 @@ def test_sign_refuses_what_verify_refuses_unless_allowed(
         ("config.json", '{"x": NaN}'),
         ("config.json", '{"a":1,"a":2}'),
         ("sub/tokenizer_config.json", '{"custom_pipelines": {"x": {"impl": "p.P"}}}'),
+        ("model.safetensors.index.json", '{"metadata": {}}'),
+        ("model.safetensors.index.json", '{"weight_map": {"w": "../other/model.safetensors"}}'),
+        ("model.safetensors.index.json", '{"weight_map": {"ghost": "model-00001-of-00002.safetensors"}}'),
     ],
-    ids=["auto_map", "syntax", "nan", "duplicate-key", "nested-custom-pipelines"],
+    ids=[
+        "auto_map",
+        "syntax",
+        "nan",
+        "duplicate-key",
+        "nested-custom-pipelines",
+        "index-without-weight-map",
+        "index-target-not-a-shard",
+        "index-tensor-not-in-shard",
+    ],
 )
 def test_sign_refuses_json_side_files_verify_refuses(
     tiny_model: Path, keys: Path, name: str, content: str
@@ -163,7 +175,17 @@ def test_sign_refuses_json_side_files_verify_refuses(
 
 def test_allow_unverifiable_help_lists_what_it_covers() -> None:
     text = " ".join(run("sign", "--help").stdout.split())
-    for covered in ("pickle", "*.py", "auto_map", "custom_pipelines", "duplicate keys", "NaN", "size limit"):
+    covers = (
+        "pickle",
+        "*.py",
+        "auto_map",
+        "custom_pipelines",
+        "duplicate keys",
+        "NaN",
+        "size limit",
+        "weight_map",
+    )
+    for covered in covers:
         assert covered in text, covered
 
 
