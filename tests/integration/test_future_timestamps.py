@@ -183,3 +183,37 @@ def test_sign_refuses_a_timestamp_dated_before_it_asked(tiny_model: Path, key_di
     )
     assert r.returncode == 1 and "before this machine's clock" in r.stderr, r.stderr
     assert not (tiny_model / "model.sig").exists()
+
+
+def test_release_refuses_a_timestamp_from_a_tsa_whose_clock_runs_ahead(
+    key_dir: Path, ahead: tuple[str, str, Path], tmp_path: Path
+) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("advertorch_examples", reason="pip install --no-deps advertorch")
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+    from tests.integration.test_release import ENV
+    from tests.integration.test_timestamped_attestations import GATE
+
+    hour, _, _ = ahead
+    subprocess.run(
+        [sys.executable, str(REPO / "examples/prepare_lenet5.py"), str(tmp_path / "advtrained"),
+         str(tmp_path / "mnist.npz"), "--which", "advtrained", "--stride", "50"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    (tmp_path / "gate.yaml").write_text(GATE)
+    assert run_cli("watermark", "keygen", "-o", tmp_path / "wm.key").returncode == 0
+    r = run_cli(
+        "release", tmp_path / "advtrained", "--out", tmp_path / "released",
+        "-k", key_dir / "ecdsa-p256.key.pem", "--watermark-key", tmp_path / "wm.key", "-m", "release-1",
+        "--gate-config", tmp_path / "gate.yaml", "--timestamp-url", hour, env=ENV,
+    )  # fmt: skip
+    assert r.returncode == 1
+    assert r.stderr.startswith(
+        f"modelsec: error: release stage 'sign': {hour}: the TSA dated the timestamp "
+    ), r.stderr
+    assert "after this machine's clock" in r.stderr
+    # All or nothing: no released directory, nor a staging directory beside it.
+    assert not any(p.name == "released" or ".released." in p.name for p in tmp_path.iterdir())
