@@ -90,7 +90,11 @@ def request_timestamp(signature: bytes, url: str, *, timeout: float = 30.0) -> b
     """Obtain an RFC 3161 timestamp over `signature` from the TSA at `url` (HTTP POST, RFC 3161 section 3.4).
 
     The request carries a SHA-256 imprint, a random nonce and asks for the TSA's certificate; the response
-    must be granted, carry the same imprint and nonce. Whether the TSA is trusted is decided at verification.
+    must be granted, carry the same imprint (hash algorithm and digest) and nonce, and be dated no more than
+    `CLOCK_SKEW` after this machine's clock when the answer arrived (a verifier refuses a timestamp from the
+    future) nor more than `CLOCK_SKEW` before it when the request left (the signature did not exist yet: a
+    backdated time would stretch the key's validity window). Whether the TSA is trusted (its CMS signature and
+    certificate chain) is decided at verification, not here.
 
     Args:
         signature: The DSSE signature bytes to timestamp.
@@ -103,6 +107,8 @@ def request_timestamp(signature: bytes, url: str, *, timeout: float = 30.0) -> b
     Raises:
         BackendUnavailableError: The TSA cannot be reached or answers with an HTTP error (retryable).
         MalformedArtifactError: The TSA's answer is not a granted timestamp over this request.
+        SignatureError: The TSA dates its timestamp more than `CLOCK_SKEW` away from this machine's clock;
+            the message names the URL, the timestamp's time and the local time.
     """
     if not url.lower().startswith(("http://", "https://")):
         raise KeyMaterialError(f"{url}: the timestamp URL must be http:// or https://")
@@ -115,6 +121,7 @@ def request_timestamp(signature: bytes, url: str, *, timeout: float = 30.0) -> b
         headers={"Content-Type": "application/timestamp-query", "Accept": "application/timestamp-reply"},
         method="POST",
     )
+    sent = datetime.now(UTC)
     try:
         with urllib.request.urlopen(http, timeout=timeout) as reply:  # noqa: S310
             body = reply.read(_MAX_RESPONSE_BYTES + 1)
@@ -125,9 +132,30 @@ def request_timestamp(signature: bytes, url: str, *, timeout: float = 30.0) -> b
     response = _decode(body, what=f"{url}: timestamp response")
     if response.tst_info.nonce != request.nonce:
         raise MalformedArtifactError(f"{url}: timestamp response does not answer this request (nonce)")
-    if response.tst_info.message_imprint.message != request.message_imprint.message:
-        raise MalformedArtifactError(f"{url}: timestamp response is over other bytes than the signature")
+    imprint, asked = response.tst_info.message_imprint, request.message_imprint
+    if imprint.hash_algorithm != asked.hash_algorithm or imprint.message != asked.message:
+        raise MalformedArtifactError(
+            f"{url}: timestamp response is over other bytes than the signature (imprint "
+            f"{imprint.hash_algorithm.dotted_string}, asked {asked.hash_algorithm.dotted_string})"
+        )
+    _check_gen_time(response.tst_info.gen_time, url, sent=sent, received=datetime.now(UTC))
     return response.as_bytes()
+
+
+def _check_gen_time(gen_time: datetime, url: str, *, sent: datetime, received: datetime) -> None:
+    """Refuse a fresh timestamp dated more than `CLOCK_SKEW` outside the exchange that obtained it."""
+    if gen_time > received + CLOCK_SKEW:
+        raise SignatureError(
+            f"{url}: the TSA dated the timestamp {gen_time.isoformat()}, more than the {CLOCK_SKEW} "
+            f"clock-skew allowance after this machine's clock ({received.isoformat()}); verifiers refuse a "
+            "timestamp from the future: check the TSA's clock and this one"
+        )
+    if gen_time < sent - CLOCK_SKEW:
+        raise SignatureError(
+            f"{url}: the TSA dated the timestamp {gen_time.isoformat()}, more than the {CLOCK_SKEW} "
+            f"clock-skew allowance before this machine's clock when it was asked ({sent.isoformat()}), "
+            "before the signature existed; check the TSA's clock and this one"
+        )
 
 
 def _decode(data: bytes, *, what: str) -> rfc3161_client.TimeStampResponse:

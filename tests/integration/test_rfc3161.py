@@ -15,10 +15,12 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Sequence
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
+import rfc3161_client
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -47,7 +49,7 @@ signer_cert = {dir}/tsa.pem
 signer_key = {dir}/tsa.key
 signer_digest = sha256
 default_policy = 1.2.3.4.1
-digests = sha256, sha384, sha512
+digests = sha256, sha384, sha512, sha3-256
 accuracy = secs:1
 ess_cert_id_alg = sha256
 """
@@ -96,13 +98,18 @@ def _make_tsa(d: Path, label: str) -> Path:
 
 
 @contextlib.contextmanager
-def serve_tsa(d: Path, *, clock: Sequence[str] = ()) -> Iterator[str]:
+def serve_tsa(
+    d: Path, *, clock: Sequence[str] = (), rewrite: Callable[[bytes], bytes] | None = None
+) -> Iterator[str]:
     """Serve the TSA `_make_tsa` made in `d` on loopback HTTP; yields its URL. `clock` prefixes each
-    `openssl ts -reply` (e.g. `faketime -f +1h`: a TSA whose clock runs ahead)."""
+    `openssl ts -reply` (e.g. `faketime -f +1h`: a TSA whose clock runs ahead); `rewrite` changes each DER
+    query before the TSA answers it (a TSA that answers another question than it was asked)."""
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             query = self.rfile.read(int(self.headers["Content-Length"]))
+            if rewrite is not None:
+                query = rewrite(query)
             (d / "q.tsq").write_bytes(query)
             subprocess.run(
                 [*clock, "openssl", "ts", "-reply", "-config", str(d / "ts.cnf"),
@@ -136,6 +143,19 @@ def tsa(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     root = _make_tsa(d, "trusted")
     with serve_tsa(d) as url:
         yield url, root
+
+
+def _unchecked_timestamp(signature: bytes, url: str) -> bytes:
+    """The TSA's DER answer to a SHA-256 query over `signature`, taken as it comes (nothing checked)."""
+    query = rfc3161_client.TimestampRequestBuilder(
+        data=signature, hash_algorithm=rfc3161_client.HashAlgorithm.SHA256, nonce=True, cert_req=True
+    ).build()
+    request = urllib.request.Request(
+        url, data=query.as_bytes(), headers={"Content-Type": "application/timestamp-query"}, method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        body: bytes = reply.read()
+    return body
 
 
 def _signed(model: Path, key_dir: Path) -> tuple[Path, bytes]:
@@ -322,3 +342,24 @@ def test_policy_refuses_bad_key_windows(
 def test_policy_require_timestamp_needs_a_tsa(key_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(PolicyError, match="requireTimestamp needs timestampAuthorities"):
         PolicySet.from_file(_policy_file(tmp_path, key_dir / "ecdsa-p256.pub.pem", requireTimestamp=True))
+
+
+_SHA256 = bytes.fromhex("0609608648016503040201")  # DER OID 2.16.840.1.101.3.4.2.1
+_SHA3_256 = bytes.fromhex("0609608648016503040208")  # 2.16.840.1.101.3.4.2.8, a digest of the same length
+
+
+def test_request_refuses_an_imprint_under_another_hash_algorithm(
+    tiny_model: Path, key_dir: Path, tmp_path: Path
+) -> None:
+    """A TSA that stamps the same 32 bytes as a SHA3-256 digest: no verifier can match it to the signature."""
+    d = tmp_path / "sha3"
+    root = _make_tsa(d, "sha3")
+    _, signature = _signed(tiny_model, key_dir)
+    with serve_tsa(d, rewrite=lambda q: q.replace(_SHA256, _SHA3_256)) as url:
+        token = _unchecked_timestamp(signature, url)
+        with pytest.raises(MalformedArtifactError, match="over other bytes than the signature"):
+            request_timestamp(signature, url)
+    imprint = rfc3161_client.decode_timestamp_response(token).tst_info.message_imprint
+    assert imprint.hash_algorithm.dotted_string == "2.16.840.1.101.3.4.2.8"
+    with pytest.raises(SignatureError, match="not trusted for this signature"):
+        verify_timestamps([token], signature, [load_timestamp_authority(root)], source="b")

@@ -13,6 +13,7 @@ import datetime as dt
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,7 +53,14 @@ class Signed:
         return self.model
 
 
-def _sign_and_stamp(d: Path, pki: tuple[Issued, Issued], url: str, **window: dt.timedelta) -> Signed:
+def _sign_and_stamp(
+    d: Path,
+    pki: tuple[Issued, Issued],
+    url: str,
+    *,
+    stamp: Callable[[bytes, str], bytes] = request_timestamp,
+    **window: dt.timedelta,
+) -> Signed:
     """Sign a model under a new leaf and timestamp the signature; then give the bundle a certificate for the
     same key whose `not_before`/`not_after` lie `window` away from the timestamp's time (the signature and
     the timestamp over it stay as they are), so the leaf's validity is placed exactly around that time."""
@@ -60,7 +68,7 @@ def _sign_and_stamp(d: Path, pki: tuple[Issued, Issued], url: str, **window: dt.
     leaf = _leaf(intermediate)
     model = _sign(d, leaf, [intermediate.cert, root.cert])
     bundle = model / "model.sig"
-    token = request_timestamp(parse_bundle(bundle.read_bytes(), source=str(bundle)).signature.sig, url)
+    token = stamp(parse_bundle(bundle.read_bytes(), source=str(bundle)).signature.sig, url)
     gen_time = decode_timestamp_response(token).tst_info.gen_time
     bounds = {k: gen_time + v for k, v in window.items()}
     reissued = _leaf(intermediate, key=leaf.key, **bounds)  # type: ignore[arg-type]
