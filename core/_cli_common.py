@@ -249,7 +249,8 @@ def _timestamp_option(f: F) -> F:
         metavar="URL",
         help="RFC 3161 timestamp authority (http:// or https://): each bundle's signature is timestamped "
         "and the timestamp stored in the bundle (verificationMaterial.timestampVerificationData). If the "
-        "TSA fails, signing fails and no bundle is written.",
+        "TSA fails, or dates the timestamp more than 5 minutes from this machine's clock, signing fails and "
+        "no bundle is written.",
     )(f)
 
 
