@@ -2,7 +2,7 @@
 
 The key schedule is described in `modelsec.watermark.scheme` (HKDF-SHA256, RFC 5869; AES-256-CTR, NIST SP
 800-38A). The raw key bytes are never kept, written or logged: only the HKDF pseudo-random key is held.
-This module lives below the verifier (standard library and `cryptography` only, no numpy or torch) so that a
+This module lives below the verifier (it imports neither numpy nor torch) so that a
 policy can load the owner's key and commit to the message it expects (`watermark.message` in a policy file)
 with the same key schedule and message encoding as `modelsec watermark embed`; `modelsec.watermark.keys`
 and `modelsec.watermark.scheme` re-export it.
@@ -14,10 +14,10 @@ import hashlib
 import hmac
 import os
 import re
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from modelsec._files import read_regular_file
 from modelsec.errors import KeyMaterialError, PolicyError
 
 __all__ = [
@@ -178,18 +178,13 @@ def load_key_file(path: Path) -> WatermarkKey:
         KeyMaterialError: The file is missing, unreadable, a symlink, not a regular file, too large, or not
             a valid key.
     """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError as e:
-        why = "is a symlink (refused)" if os.path.islink(path) else e.strerror
-        raise KeyMaterialError(f"{path}: cannot read watermark key file: {why}") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise KeyMaterialError(f"{path}: watermark key file is not a regular file")
-    with os.fdopen(fd, "rb") as f:
-        data = f.read(KEY_FILE_MAX_BYTES + 1)
-    if len(data) > KEY_FILE_MAX_BYTES:
-        raise KeyMaterialError(f"{path}: watermark key file is larger than {KEY_FILE_MAX_BYTES} bytes")
+    data = read_regular_file(
+        path,
+        "watermark key file",
+        max_bytes=KEY_FILE_MAX_BYTES,
+        error=KeyMaterialError,
+        follow_symlinks=False,
+    )
     return parse_key(data, source=str(path))
 
 

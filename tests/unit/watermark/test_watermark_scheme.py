@@ -70,14 +70,17 @@ def test_bad_keys_raise_key_material_error(data: bytes | str, needle: str) -> No
 
 
 def test_load_key_file_errors(tmp_path: Path) -> None:
-    with pytest.raises(KeyMaterialError, match="cannot read watermark key file"):
+    with pytest.raises(KeyMaterialError, match="cannot read the watermark key file"):
         load_key_file(tmp_path / "missing.key")
     (tmp_path / "real.key").write_text(KEY.hex())
     os.symlink(tmp_path / "real.key", tmp_path / "link.key")
     with pytest.raises(KeyMaterialError, match="symlink"):
         load_key_file(tmp_path / "link.key")
-    with pytest.raises(KeyMaterialError, match=r"not a regular file|cannot read"):
+    with pytest.raises(KeyMaterialError, match=r"not a regular file \(a directory\)"):
         load_key_file(tmp_path)
+    os.mkfifo(tmp_path / "fifo.key")  # no writer: a blocking open would hang here
+    with pytest.raises(KeyMaterialError, match=r"not a regular file \(a FIFO or pipe\)"):
+        load_key_file(tmp_path / "fifo.key")
     (tmp_path / "big.key").write_bytes(b"0" * 5000)
     with pytest.raises(KeyMaterialError, match="larger than"):
         load_key_file(tmp_path / "big.key")
