@@ -396,7 +396,7 @@ class PolicySet:
         Raises:
             PolicyError: Unreadable, larger than 1 MiB, not YAML/JSON, or invalid (the message names the file
                 and the field path).
-            KeyMaterialError: A listed key cannot be read or parsed.
+            KeyMaterialError: A listed key, or the watermark keyFile of a `message`, cannot be read or parsed.
         """
         from modelsec._config import read_config
 
@@ -423,7 +423,7 @@ class PolicySet:
 
         Raises:
             PolicyError: Invalid document (the message names the field path).
-            KeyMaterialError: A listed key cannot be read or parsed.
+            KeyMaterialError: A listed key, or the watermark keyFile of a `message`, cannot be read or parsed.
         """
         from modelsec._config import validate
         from modelsec._config_models import PolicyFileModel
