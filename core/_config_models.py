@@ -231,12 +231,26 @@ class RobustnessModel(_Model):
 class WatermarkModel(_Model):
     """What a watermark attestation must show (`required: false` disables the requirement)."""
 
+    model_config = ConfigDict(json_schema_extra={"dependentRequired": {"message": ["keyFile"]}})
     required: bool = True
     min_confidence: Fraction = 0.92
     max_false_positive: Fraction = 1e-9
     key_file: Text | None = None
     max_fidelity_loss: Fraction | None = None  # issue 18: the attested fidelity loss must be at most this
     require_server_run: bool = False
+    message: Annotated[str, Field(min_length=1, max_length=1024)] | None = Field(
+        default=None,
+        description="the message the mark must carry, as `modelsec watermark embed -m` takes it (UTF-8 text, "
+        "or hex:/0x digits); needs keyFile, since an attestation commits to its message under the key",
+    )
+
+    @model_validator(mode="after")
+    def _message_needs_key(self) -> WatermarkModel:
+        if self.message is not None and self.key_file is None:
+            raise ValueError(
+                ": message needs keyFile (an attestation's messageCommitment is keyed by the watermark key)"
+            )
+        return self
 
 
 class AttestationsModel(_Model):

@@ -49,7 +49,8 @@ policies:
                    requireServerRun: true,    # only gates a modelsec server ran (runBy recorded)
                    datasetDigests: [9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08]}
       watermark: {required: true, minConfidence: 0.92, maxFalsePositive: 1.0e-9, requireServerRun: false,
-                 maxFidelityLoss: 1.0e-4}
+                 maxFidelityLoss: 1.0e-4,
+                 keyFile: trust/watermark.key, message: release-2}  # the mark's message (as `embed -m`)
     attestationStore: /var/lib/modelsec/attestations  # besides model.watermark.sig / model.gate.sig; a
                                                       # path or file:// | sqlite:// | grpc(s):// URI
                                                       # (`attestationDir`: the older name, a path)
@@ -85,6 +86,12 @@ from modelsec._policy_authorities import (
     X509Authority,
     authority_from_model,
 )
+from modelsec._policy_requirements import (
+    RobustnessRequirement,
+    WatermarkRequirement,
+    robustness_requirement,
+    watermark_requirement,
+)
 from modelsec._policy_trust import KeyWindow, TimestampAuthority, check_validity_window
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
 from modelsec.errors import Error, PolicyError, PolicyViolationError
@@ -93,12 +100,7 @@ from modelsec.signer.keys import TrustedKey, load_trusted_key_file
 from modelsec.signer.schemes import scheme_for
 
 if TYPE_CHECKING:  # pydantic is imported when a file is parsed, not by every `import modelsec.policy`
-    from modelsec._config_models import (
-        KeyRefModel,
-        PolicyModel,
-        RobustnessModel,
-        WatermarkModel,
-    )
+    from modelsec._config_models import KeyRefModel, PolicyModel
 
 __all__ = [
     "API_VERSION",
@@ -122,58 +124,6 @@ __all__ = [
 API_VERSION = "modelsec.dev/v1alpha1"  # the `apiVersion` of every modelsec configuration file
 POLICY_ENV = "MODELSEC_POLICY"
 ROLES = frozenset({"weights", "watermark", "gate"})  # what a trusted key may sign
-
-
-@dataclass(frozen=True, slots=True)
-class RobustnessRequirement:
-    """What a robustness-gate attestation must show (predicate `https://modelsec.dev/robustness-gate/v1`).
-
-    Attributes:
-        attack: The attack name the gate must have run (`pgd-linf`).
-        min_eps: Smallest accepted perturbation budget ε (input units, L∞).
-        min_robust_accuracy: Threshold on robust accuracy (fraction in [0, 1]).
-        rule: `point` (the measured accuracy) or `strict` (the lower end of its 95% Wilson interval).
-        min_samples: Fewest evaluated examples accepted.
-        max_age_seconds: Oldest accepted `finishedAt`, or None for no freshness rule.
-        min_steps: Fewest PGD iterations per restart accepted (`parameters.steps`).
-        min_restarts: Fewest PGD random restarts accepted (`parameters.restarts`).
-        datasets: Accepted evaluation-set digests (hex SHA-256 of `dataset.digest.sha256`); empty: any.
-        require_server_run: Only gates a modelsec server ran for a requester (`runBy`) count; trust, for
-            the `gate` role, only keys that modelsec servers hold (see `modelsec.attestations.run_by`).
-    """
-
-    attack: str = "pgd-linf"
-    min_eps: float = 0.0
-    min_robust_accuracy: float = 0.0
-    rule: str = "point"
-    min_samples: int = 1
-    max_age_seconds: float | None = None
-    min_steps: int = 1
-    min_restarts: int = 1
-    datasets: frozenset[str] = frozenset()
-    require_server_run: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class WatermarkRequirement:
-    """What a watermark attestation must show (predicate `https://modelsec.dev/watermark/v1`).
-
-    Attributes:
-        min_confidence: Lowest accepted detection confidence recorded at embed time (default 0.92).
-        max_false_positive: Highest accepted false-positive probability at embed time (default 1e-9).
-        key_file: The owner's watermark key, for nodes that hold it: the mark is then re-detected in the
-            verified weights (None: the signed embed-time detection is trusted).
-        max_fidelity_loss: Highest accepted fidelity loss measured at embedding (`fidelity.value`, in the
-            probe's own metric); an attestation without a fidelity measurement is refused (None: not
-            required).
-        require_server_run: Only embeds a modelsec server performed for a requester (`runBy`) count.
-    """
-
-    min_confidence: float = 0.92
-    max_false_positive: float = 1e-9
-    key_file: Path | None = None
-    max_fidelity_loss: float | None = None
-    require_server_run: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -446,7 +396,7 @@ class PolicySet:
         Raises:
             PolicyError: Unreadable, larger than 1 MiB, not YAML/JSON, or invalid (the message names the file
                 and the field path).
-            KeyMaterialError: A listed key cannot be read or parsed.
+            KeyMaterialError: A listed key, or the watermark keyFile of a `message`, cannot be read or parsed.
         """
         from modelsec._config import read_config
 
@@ -473,7 +423,7 @@ class PolicySet:
 
         Raises:
             PolicyError: Invalid document (the message names the field path).
-            KeyMaterialError: A listed key cannot be read or parsed.
+            KeyMaterialError: A listed key, or the watermark keyFile of a `message`, cannot be read or parsed.
         """
         from modelsec._config import validate
         from modelsec._config_models import PolicyFileModel
@@ -506,8 +456,10 @@ def _policy(item: PolicyModel, where: str, base_dir: Path) -> Policy:
         check_hashes=frozenset(item.check_hashes),
         limits=Limits(**{k: v for k, v in item.limits.model_dump().items() if v is not None}),
         name=item.name,
-        robustness=_robustness(item.attestations.robustness),
-        watermark=_watermark(item.attestations.watermark, base_dir),
+        robustness=robustness_requirement(item.attestations.robustness),
+        watermark=watermark_requirement(
+            item.attestations.watermark, f"{where}.attestations.watermark", base_dir
+        ),
         attestation_store=_store(item, where, base_dir),
         require_digest=item.require_digest,
         authorities=tuple(
@@ -528,35 +480,6 @@ def _policy(item: PolicyModel, where: str, base_dir: Path) -> Policy:
             f"{item.name!r} makes such weights signatures"
         )
     return policy
-
-
-def _robustness(r: RobustnessModel | None) -> RobustnessRequirement | None:
-    if r is None:
-        return None
-    return RobustnessRequirement(
-        attack=r.attack,
-        min_eps=r.min_eps,
-        min_robust_accuracy=r.min_robust_accuracy,
-        rule=r.rule,
-        min_samples=r.min_samples,
-        max_age_seconds=r.max_age,
-        min_steps=r.min_steps,
-        min_restarts=r.min_restarts,
-        datasets=frozenset(r.dataset_digests or ()),
-        require_server_run=r.require_server_run,
-    )
-
-
-def _watermark(w: WatermarkModel | None, base_dir: Path) -> WatermarkRequirement | None:
-    if w is None or not w.required:
-        return None
-    return WatermarkRequirement(
-        min_confidence=w.min_confidence,
-        max_false_positive=w.max_false_positive,
-        key_file=(base_dir / w.key_file) if w.key_file else None,
-        max_fidelity_loss=w.max_fidelity_loss,
-        require_server_run=w.require_server_run,
-    )
 
 
 def _store(item: PolicyModel, where: str, base_dir: Path) -> str | None:

@@ -18,7 +18,8 @@ model when the policy requires attestations. Order for each bundle, failing clos
    before any arithmetic);
 6. a gate statement must apply to the policy: its attack, ε and sample count at least the policy's, and
    fresh (`finishedAt` within `maxAge`, not in the future); a watermark record must not be dated in the
-   future.
+   future and, where the policy names a `message`, its `messageCommitment` must be that message's
+   commitment under the policy's `keyFile` (`modelsec.verifier._statement_checks`).
 
 A bundle failing any of steps 1-6 is *ignored*, with the reason: it is not this model's evidence under this
 policy, and it never vetoes (a shared store must not let whoever writes to it, nor an old result, deny a
@@ -37,14 +38,14 @@ import dataclasses
 import functools
 import hmac
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from modelsec.attestations.bundle import Bundle, parse_bundle
-from modelsec.attestations.gate_predicate import GatePredicate, check_gate_run, parse_gate_predicate
+from modelsec.attestations.gate_predicate import parse_gate_predicate
 from modelsec.attestations.oms_predicate import OMS_PREDICATE_TYPE, parse_manifest
 from modelsec.attestations.statement import (
     GATE_PREDICATE_TYPE,
@@ -54,8 +55,6 @@ from modelsec.attestations.statement import (
     parse_statement,
 )
 from modelsec.attestations.watermark_predicate import (
-    WatermarkPredicate,
-    check_watermark_run,
     parse_watermark_predicate,
 )
 from modelsec.errors import AttestationError, Error, MalformedArtifactError
@@ -63,6 +62,12 @@ from modelsec.limits import Limits
 from modelsec.policy import Authority, Policy, RobustnessRequirement, TimestampAuthority, WatermarkRequirement
 from modelsec.signer.keys import TrustedKey
 from modelsec.signer.signing import ATTESTATION_FILE_NAMES
+from modelsec.verifier._statement_checks import (
+    gate_applies,
+    gate_outcome,
+    watermark_applies,
+    watermark_outcome,
+)
 from modelsec.verifier.bundles import check_signature_time, read_bundle, verify_bundle_signature
 from modelsec.verifier.stores import StoredBundle, StoreOptions, open_store
 from modelsec.verifier.stores.directory import DirectoryStore
@@ -82,8 +87,6 @@ __all__ = [
 ]
 
 _ROLE = {OMS_PREDICATE_TYPE: "weights", WATERMARK_PREDICATE_TYPE: "watermark", GATE_PREDICATE_TYPE: "gate"}
-# A statement dated further ahead than this is not fresh evidence (it would stay the newest for as long).
-_CLOCK_SKEW_SECONDS = 300.0
 _UNDATED = datetime.min.replace(tzinfo=UTC)
 
 
@@ -273,98 +276,6 @@ def _load(item: Path | bytes | StoredBundle, policy: Policy, index: int) -> Bund
     return parse_bundle(data, source=what)
 
 
-def _gate_applies(pred: GatePredicate, req: RobustnessRequirement, what: str, now: datetime) -> None:
-    """Whether a trusted gate statement is evidence for `req` at all: its settings and its freshness.
-
-    A statement failing this is ignored (it neither satisfies nor vetoes); one passing it competes with the
-    others, and the newest decides through `_gate_outcome`.
-    """
-    if pred.attack != req.attack:
-        raise AttestationError(f"{what}: gate attack {pred.attack!r} is not the policy's {req.attack!r}")
-    if pred.eps < req.min_eps:
-        raise AttestationError(f"{what}: gate eps {pred.eps} is below the policy's minEps {req.min_eps}")
-    if pred.robust_total < req.min_samples:
-        raise AttestationError(
-            f"{what}: gate evaluated {pred.robust_total} samples, policy needs {req.min_samples}"
-        )
-    _fresh(pred.finished_at, req.max_age_seconds, "gate result", "finishedAt", what, now)
-    check_gate_run(pred, req, what=what)  # steps, restarts, dataset, who ran it: a weaker run is not evidence
-
-
-def _fresh(
-    when: datetime | None, max_age: float | None, label: str, field_name: str, what: str, now: datetime
-) -> None:
-    # A time in the future would make a statement the newest for as long as the clock lags: not evidence.
-    if when is not None and (when - now).total_seconds() > _CLOCK_SKEW_SECONDS:
-        raise AttestationError(f"{what}: {field_name} {when.isoformat()} lies in the future")
-    if max_age is None:
-        return
-    if when is None:
-        raise AttestationError(f"{what}: {field_name} is missing (the policy sets maxAge)")
-    age = (now - when).total_seconds()
-    if age > max_age:
-        raise AttestationError(
-            f"{what}: {label} is stale ({age / 86400:.1f} days old; maxAge {max_age / 86400:.1f} days)"
-        )
-
-
-def _gate_outcome(pred: GatePredicate, req: RobustnessRequirement, what: str) -> str:
-    """The deciding gate statement's result: verdict, accuracy and sanity checks (raises unless met)."""
-    if pred.verdict != "PASSED":
-        raise AttestationError(f"{what}: gate verdict is {pred.verdict!r}, not 'PASSED'")
-    if req.rule == "strict":
-        value, label = pred.robust_wilson95[0], "Wilson 95% lower bound"
-    else:
-        value, label = pred.robust_accuracy, "robust accuracy"
-    if value < req.min_robust_accuracy:
-        raise AttestationError(f"{what}: {label} {value:.4f} is below the policy's {req.min_robust_accuracy}")
-    if pred.failed_checks:
-        raise AttestationError(f"{what}: gate sanity checks failed: {pred.failed_checks}")
-    run = check_gate_run(pred, req, what=what)  # already met in _gate_applies: here for the description
-    return (
-        f"robustness: {pred.attack} eps {pred.eps} >= {req.min_eps}, "
-        f"{label} {value:.4f} >= {req.min_robust_accuracy}" + (f", {run}" if run else "")
-    )
-
-
-def _check_gate(predicate: Mapping[str, Any], req: RobustnessRequirement, what: str, now: datetime) -> str:
-    """One gate statement alone: parsed, applicable and passing (raises naming the first failure)."""
-    pred = parse_gate_predicate(predicate, what=what)
-    _gate_applies(pred, req, what, now)
-    return _gate_outcome(pred, req, what)
-
-
-def _watermark_outcome(pred: WatermarkPredicate, req: WatermarkRequirement, what: str) -> str:
-    if not pred.detected:
-        raise AttestationError(f"{what}: the watermark was not detected at embed time")
-    confidence, fpp = pred.confidence, pred.false_positive_probability
-    if confidence < req.min_confidence:
-        raise AttestationError(f"{what}: watermark confidence {confidence:.4f} < policy {req.min_confidence}")
-    if fpp > req.max_false_positive:
-        raise AttestationError(
-            f"{what}: watermark false-positive probability {fpp:.3g} > policy {req.max_false_positive:.3g}"
-        )
-    if req.max_fidelity_loss is not None:
-        if pred.fidelity is None:
-            raise AttestationError(f"{what}: the watermark attestation records no fidelity measurement")
-        if pred.fidelity.value > req.max_fidelity_loss:
-            raise AttestationError(
-                f"{what}: watermark fidelity loss {pred.fidelity.value:.3g} ({pred.fidelity.metric}) > "
-                f"policy maxFidelityLoss {req.max_fidelity_loss:.3g}"
-            )
-    run = check_watermark_run(pred, require_server_run=req.require_server_run, what=what)
-    return f"watermark: detected at embed time, confidence {confidence:.3f}, false-positive p {fpp:.2g}" + (
-        f", {run}" if run else ""
-    )
-
-
-def _check_watermark(predicate: Mapping[str, Any], req: WatermarkRequirement, what: str) -> str:
-    """One watermark statement alone: parsed and passing (raises naming the first failure)."""
-    pred = parse_watermark_predicate(predicate, what=what)
-    _fresh(pred.embedded_at, None, "watermark record", "embeddedAt", what, datetime.now(UTC))
-    return _watermark_outcome(pred, req, what)
-
-
 @dataclass(frozen=True, slots=True)
 class _Candidate:
     """A trusted, fresh, applicable statement about this model, competing to decide one requirement."""
@@ -462,15 +373,15 @@ class _Selection:
             self.accept("robustness", what, key, "robustness: present (not required by the policy)")
         elif claimed == GATE_PREDICATE_TYPE and robustness is not None:
             gate = parse_gate_predicate(statement.predicate, what=what)
-            _gate_applies(gate, robustness, what, self.now)
-            outcome = functools.partial(_gate_outcome, gate, robustness, what)
+            gate_applies(gate, robustness, what, self.now)
+            outcome = functools.partial(gate_outcome, gate, robustness, what)
             self.gates.append(_candidate("robustness", gate.finished_at, what, key, outcome))
         elif watermark is None:
             self.accept("watermark", what, key, "watermark: present (not required by the policy)")
         else:
             mark = parse_watermark_predicate(statement.predicate, what=what)
-            _fresh(mark.embedded_at, None, "watermark record", "embeddedAt", what, self.now)
-            outcome = functools.partial(_watermark_outcome, mark, watermark, what)
+            watermark_applies(mark, watermark, what, self.now)
+            outcome = functools.partial(watermark_outcome, mark, watermark, what)
             self.watermarks.append(_candidate("watermark", mark.embedded_at, what, key, outcome))
 
     def decide(self, candidates: list[_Candidate]) -> None:

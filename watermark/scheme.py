@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from modelsec.errors import PolicyError
-from modelsec.watermark.keys import (
+from modelsec.signer.watermark_keys import (
     KEY_FILE_MAX_BYTES,
     KEY_MAX_BYTES,
     KEY_MIN_BYTES,
@@ -60,6 +60,7 @@ from modelsec.watermark.keys import (
     generate_key_file_text,
     load_key_file,
     parse_key,
+    parse_message,
 )
 
 if TYPE_CHECKING:
@@ -179,27 +180,7 @@ class WatermarkParams:
         }
 
 
-# --- messages -----------------------------------------------------------------------------------------------
-
-
-def parse_message(text: str) -> bytes:
-    """Message bytes from command-line text: `hex:<digits>` or `0x<digits>` for hex, otherwise UTF-8.
-
-    Raises:
-        PolicyError: Empty message or invalid hex.
-    """
-    for prefix in ("hex:", "0x"):
-        if text.startswith(prefix):
-            try:
-                value = bytes.fromhex(text[len(prefix) :])
-            except ValueError as e:
-                raise PolicyError(f"message {text[:40]!r}: invalid hex ({e})") from None
-            break
-    else:
-        value = text.encode("utf-8")
-    if not value:
-        raise PolicyError("the watermark message is empty")
-    return value
+# --- messages (parse_message: modelsec.signer.watermark_keys) -----------------------------------------------
 
 
 def message_bits(message: bytes) -> list[int]:

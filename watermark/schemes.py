@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from modelsec.errors import UnsupportedAlgorithmError
 
 if TYPE_CHECKING:
+    from modelsec.signer.watermark_keys import WatermarkKey
     from modelsec.watermark.detection import DetectionResult
     from modelsec.watermark.embed import EmbedResult
-    from modelsec.watermark.keys import WatermarkKey
 
 __all__ = ["SpreadSpectrumScheme", "WatermarkScheme", "get_scheme", "scheme_names"]
 

@@ -20,7 +20,7 @@ from modelsec.attestations.predicates import check_predicate_numbers
 from modelsec.attestations.statement import GATE_PREDICATE_TYPE, WATERMARK_PREDICATE_TYPE, parse_statement
 from modelsec.errors import Error
 from modelsec.policy import RobustnessRequirement, WatermarkRequirement
-from modelsec.verifier.attestations import _check_gate, _check_watermark
+from modelsec.verifier._statement_checks import check_gate, check_watermark
 from modelsec.watermark.attestation import detection_hints
 from tests.unit.verifier.test_joint_verification import gate_predicate
 
@@ -158,7 +158,7 @@ def test_gate_statements(changes: dict[str, object]) -> None:
         _only_modelsec_errors(
             parse,
             lambda: check_predicate_numbers(holder["s"], what="gate"),
-            lambda: _check_gate(holder["s"].predicate, req, "gate", now),  # noqa: B023
+            lambda: check_gate(holder["s"].predicate, req, "gate", now),  # noqa: B023
         )
 
 
@@ -176,7 +176,7 @@ def test_watermark_statements(changes: dict[str, object]) -> None:
     _only_modelsec_errors(
         parse,
         lambda: check_predicate_numbers(holder["s"], what="wm"),
-        lambda: _check_watermark(holder["s"].predicate, WatermarkRequirement(require_server_run=True), "wm"),
+        lambda: check_watermark(holder["s"].predicate, WatermarkRequirement(require_server_run=True), "wm"),
     )
     _only_modelsec_errors(parse, lambda: detection_hints(holder["s"].predicate, what="wm"))
 
