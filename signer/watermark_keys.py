@@ -4,8 +4,8 @@ The key schedule is described in `modelsec.watermark.scheme` (HKDF-SHA256, RFC 5
 800-38A). The raw key bytes are never kept, written or logged: only the HKDF pseudo-random key is held.
 This module lives below the verifier (it imports neither numpy nor torch) so that a
 policy can load the owner's key and commit to the message it expects (`watermark.message` in a policy file)
-with the same key schedule and message encoding as `modelsec watermark embed`; `modelsec.watermark.keys`
-and `modelsec.watermark.scheme` re-export it.
+with the same key schedule and message encoding as `modelsec watermark embed`; `modelsec.watermark` (and
+`modelsec.watermark.scheme`) re-export it.
 """
 
 from __future__ import annotations
