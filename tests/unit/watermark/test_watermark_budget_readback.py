@@ -112,5 +112,7 @@ def test_every_candidate_present_with_message_errors_is_refused_saying_so(tmp_pa
     message = str(e.value)
     assert "kappa 0.001/" in message  # the weakest margin tried
     assert "present but its message does not read back exactly" in message and "/184 message bits" in message
+    assert "the message cannot be read back" in message
+    assert "false-positive bound" not in message  # it was kept: the pilot bits were found
     assert not (tmp_path / "out").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["src"]
