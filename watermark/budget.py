@@ -14,8 +14,8 @@ capacity. The search (`embed_within_budget`):
 3. Only when none passes is the margin lowered: for each carrier set, best loss first, `min_kappa` is tried
    and the bracket bisected `steps` times; the largest passing margin wins. Nothing else is kept.
 4. When nothing fits, the embedding is refused (`GateFailedError`) with a message saying whether the
-   false-positive bound or the fidelity budget failed; a message beyond capacity is refused as by
-   `embed_model` (`PolicyError`).
+   false-positive bound, the message read-back or the fidelity budget failed; a message beyond capacity is
+   refused as by `embed_model` (`PolicyError`).
 
 Defaults come from measurements on the real all-MiniLM-L6-v2 (16 probe sentences; worst-sentence loss
 1 - cosine of the sentence embedding; 72-bit code = 64 pilot + 8 message bits / 320-bit code; all detected
@@ -152,8 +152,8 @@ def embed_within_budget(
         The embedding result, with `fidelity` set.
 
     Raises:
-        GateFailedError: No margin in `[min_kappa, kappa]` and no carrier set meets both the false-positive
-            bound and the fidelity budget (the message says which failed).
+        GateFailedError: No margin in `[min_kappa, kappa]` and no carrier set meets the false-positive bound,
+            reads the message back exactly and meets the fidelity budget (the message says which failed).
         PolicyError: A bad budget or margin range, or a message beyond the model's capacity.
         MalformedArtifactError: The model cannot be read or loaded by the probe.
     """
@@ -327,6 +327,12 @@ def _refusal(
     model_dir: Path, probe: FidelityProbe, budget: float, thresholds: DetectionThresholds, tried: list[_Try]
 ) -> str:
     weakest = min(tried, key=lambda t: (t.kappa, t.loss))
+    if not weakest.detected and weakest.why.startswith("present"):
+        # The pilot bits kept the bound; what failed is the message, so the bound is not blamed.
+        return (
+            f"{model_dir}: watermark refused: the message cannot be read back: at the weakest margin tried "
+            f"({weakest.label}) the mark is {weakest.why}; shorten the message or raise the minimum margin"
+        )
     if not weakest.detected:
         return (
             f"{model_dir}: watermark refused: the false-positive bound cannot be kept: at the weakest margin "
