@@ -101,6 +101,17 @@ def _name(value: str) -> str:
     return value
 
 
+def _model_pattern(value: str) -> str:
+    """A `match` glob must name a scheme: models are matched as `file://<real path>` or `oci://...` URIs."""
+    if "://" not in value and not value.startswith(("*", "?", "[")):
+        local = f"file://{value}" if value.startswith("/") else "file://<absolute path>"
+        raise ValueError(
+            f"{value!r} has no scheme and can never match: a local model is matched as file://<real path>, "
+            f"a registry one as oci://REGISTRY/REPOSITORY (write {local!r})"
+        )
+    return value
+
+
 def _store(value: str) -> str:
     if not value or _CONTROL.search(value):
         raise ValueError("must be a path or a store URI")
@@ -144,6 +155,13 @@ Role = Literal["weights", "watermark", "gate"]
 Operation = Literal["signStatement", "gateResult", "watermarkRecord"]
 _PRINTABLE = {"type": "string", "minLength": 1, "pattern": r"^[^\x00-\x1f\x7f-\x9f]+$"}
 Pattern = Annotated[str, Field(min_length=1), AfterValidator(_no_control), WithJsonSchema(_PRINTABLE)]
+ModelPattern = Annotated[
+    str,
+    Field(min_length=1),
+    AfterValidator(_no_control),
+    AfterValidator(_model_pattern),
+    WithJsonSchema(_PRINTABLE),
+]
 Listen = Annotated[str, AfterValidator(check_listen), WithJsonSchema({"type": "string", "pattern": _LISTEN})]
 Store = Annotated[str, AfterValidator(_store), WithJsonSchema(_PRINTABLE)]
 Name = Annotated[str, AfterValidator(_name), WithJsonSchema({"type": "string", "pattern": _NAME})]
@@ -178,7 +196,11 @@ class KeyRefModel(_Model):
 
     path: str
     name: str | None = None
-    roles: list[Role] = Field(default_factory=_all_roles, description="empty: every role")
+    roles: list[Role] = Field(
+        default_factory=_all_roles,
+        min_length=1,
+        description="left out: every role; an empty list is refused (it would read as no role)",
+    )
     valid_from: Instant | None = Field(
         default=None, description="signatures must be timestamped (or verified) at or after this time"
     )
@@ -337,7 +359,11 @@ class AuthorityModel(_Model):
     """A certificate or Sigstore authority (one of `x509` and `sigstore`) and the roles it may sign."""
 
     name: Name
-    roles: list[Role] = Field(default_factory=_all_roles, description="empty: every role")
+    roles: list[Role] = Field(
+        default_factory=_all_roles,
+        min_length=1,
+        description="left out: every role; an empty list is refused (it would read as no role)",
+    )
     x509: X509Model | None = None
     sigstore: SigstoreModel | None = None
 
@@ -359,7 +385,7 @@ class PolicyModel(_Model):
     """One named policy: the model references it covers and what it requires."""
 
     name: Text
-    match: list[Pattern]
+    match: list[ModelPattern] = Field(min_length=1)
     keys: list[KeyEntry] = Field(
         default_factory=list, description="pinned keys; at least one key or authority"
     )
@@ -372,7 +398,10 @@ class PolicyModel(_Model):
     )
     require_algorithms: list[Signature] = Field(default_factory=list)
     require_digest: bool = True
-    check_hashes: list[Hash] = Field(default_factory=list)
+    check_hashes: list[Hash] = Field(
+        default_factory=list,
+        description="file digests recomputed; empty: every hash type of every verified bundle",
+    )
     allow_remote_code: bool = False
     refuse_pickle: bool = True
     limits: LimitsModel = Field(default_factory=LimitsModel)
@@ -438,7 +467,7 @@ class ServerKeyModel(_Model):
     version: Annotated[str, BeforeValidator(str), WithJsonSchema({"type": ["string", "integer"]})] = "1"
     path: Text
     password_env: str | None = None
-    roles: list[Role] = Field(default_factory=_all_roles)
+    roles: list[Role] = Field(default_factory=_all_roles, min_length=1)
     # Left out: one operation per role (weights -> signStatement, gate -> gateResult, watermark ->
     # watermarkRecord), so a key of an older configuration never signs a client-made gate or watermark
     # statement through SignStatement.

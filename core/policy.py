@@ -23,7 +23,7 @@ policies:
     keys:
       - {path: trust/ci-p256.pub.pem, name: ci-ecdsa, roles: [weights],
          validUntil: "2026-01-01T00:00:00Z"}  # rotated: signatures timestamped (else verified) by then count
-      - trust/ci-sm2.pub.pem               # shorthand: all roles
+      - trust/ci-sm2.pub.pem               # shorthand: all roles (as roles left out; [] is refused)
     authorities:                           # identities, besides pinned keys (DESIGN.md decision 12)
       - name: corp-ca
         roles: [weights]

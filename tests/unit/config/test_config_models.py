@@ -144,6 +144,32 @@ def test_shorthand_and_mapping_keys_keep_their_roles(tmp_path: Path, key_dir: Pa
     assert mapped.roles == {"gate"} and mapped.name == "g"
 
 
+def test_mistakes_that_read_as_something_else_are_refused(tmp_path: Path, key_dir: Path) -> None:
+    """User trial 2: `roles: []` (meant as "no role") granted every role; a `match` without a scheme, or an
+    empty one, was accepted and never matched."""
+    pub = key_dir / "ecdsa-p256.pub.pem"
+    path = tmp_path / "policy.yaml"
+    cases = [
+        (_policy_text(key_dir, f"      - {{path: {pub}, roles: []}}\n"), r"keys\[0\]\.roles must not be empty"),
+        (
+            _policy_text(key_dir, f"      - {pub}\n").replace("match: ['file:///m/*']", "match: ['/m/**']"),
+            r"match\[0\] .*'/m/\*\*' has no scheme and can never match.*write 'file:///m/\*\*'",
+        ),
+        (_policy_text(key_dir, f"      - {pub}\n").replace("['file:///m/*']", "[]"), r"match must not be empty"),
+        (
+            _policy_text(key_dir, f"      - {pub}\n")
+            + "    authorities:\n      - {name: a, roles: [], sigstore: {identities: [{identity: x, issuer: y}]}}\n",
+            r"authorities\[0\]\.roles must not be empty",
+        ),
+    ]
+    for text, mentions in cases:
+        path.write_text(text)
+        with pytest.raises(PolicyError, match=mentions):
+            PolicySet.from_file(path)
+    path.write_text(_policy_text(key_dir, f"      - {pub}\n").replace("['file:///m/*']", "['**']"))
+    assert PolicySet.from_file(path).policies[0].name == "p"
+
+
 GATE = (
     "architecture: lenet5:lenet5\ndata: mnist.npz\neps: 0.3\nstepSize: 0.01\nsteps: 40\n"
     "minRobustAccuracy: 0.85\n"
