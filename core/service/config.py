@@ -45,10 +45,10 @@ maxConcurrentGates: 1                # RunGate calls running at once (others wai
 Identities: with mutual TLS, the client certificate's first URI SAN (SPIFFE ID), else its first DNS SAN,
 else its subject CN; with a bearer token, the token's `identity` (a token wins over a certificate; both
 kinds share one namespace, so name tokens so that the client CA cannot issue the same name). A connection
-with neither is refused (UNAUTHENTICATED) unless `allowAnonymous: true` (plaintext local development;
-identity `anonymous`). Bearer tokens without `tls` are accepted only on a loopback `listen` address
-(`127.0.0.1`, `[::1]`, `localhost`): on any other address the configuration is refused, since every token
-would cross the network in the clear.
+with neither is refused (UNAUTHENTICATED) unless `allowAnonymous: true` (plaintext local development on a
+loopback `listen` address only; identity `anonymous`). Bearer tokens without `tls` are accepted only on a
+loopback `listen` address (`127.0.0.1`, `[::1]`, `localhost`): on any other address the configuration is
+refused, since every token would cross the network in the clear.
 Operations: `signStatement` lets SignStatement sign client-made statements of the key's roles;
 `gateResult` lets RunGate sign the results of gate runs this server performed, and `watermarkRecord` lets
 EmbedWatermark sign the records of embeds it performed (both recording `runBy`: this server's
@@ -198,6 +198,13 @@ class ServerConfig:
                 f"{self.source}: bearer tokens over plaintext on {self.listen}: every token would cross the "
                 "network readable by anyone on the path; configure tls (cert, key), or listen on a loopback "
                 "address (127.0.0.1, [::1], localhost) for development"
+            )
+        # Anonymous callers get whatever `access` grants `*`: acceptable only where every caller is local.
+        if self.allow_anonymous and not is_loopback_listen(self.listen):
+            raise PolicyError(
+                f"{self.source}: allowAnonymous on {self.listen}: any host that reaches the address would be "
+                "served as `anonymous`; it is for local development only: listen on a loopback address "
+                "(127.0.0.1, [::1], localhost), or authenticate clients (tls.clientCA or tokens)"
             )
 
     def may(self, operation: str, identity: str) -> bool:

@@ -5,6 +5,7 @@ globs match every character consistently, and bearer tokens never cross a non-lo
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -128,8 +129,19 @@ def test_tokens_with_tls_on_any_address_are_allowed(tmp_path: Path) -> None:
     assert config.tls is not None and config.tokens
 
 
-def test_anonymous_plaintext_is_unchanged(tmp_path: Path) -> None:
-    assert load_server_config(_server(tmp_path, listen="0.0.0.0:50051", allowAnonymous=True)).allow_anonymous
+def test_anonymous_callers_only_on_loopback(tmp_path: Path) -> None:
+    """User trial 2: `allowAnonymous` on 0.0.0.0 answered VerifyModel for any host that reached it."""
+    import dataclasses
+
+    assert load_server_config(
+        _server(tmp_path, listen="127.0.0.1:50051", allowAnonymous=True)
+    ).allow_anonymous
+    for listen in ("0.0.0.0:50051", "[::]:50051", "192.0.2.2:50051", "models.internal:50051"):
+        with pytest.raises(PolicyError, match=f"allowAnonymous on {re.escape(listen)}: any host"):
+            load_server_config(_server(tmp_path, listen=listen, allowAnonymous=True))
+    config = load_server_config(_server(tmp_path, listen="127.0.0.1:0", allowAnonymous=True))
+    with pytest.raises(PolicyError, match=r"allowAnonymous on 0\.0\.0\.0:0"):
+        dataclasses.replace(config, listen="0.0.0.0:0")  # `serve --listen`
 
 
 def test_a_listen_override_is_checked_too(tmp_path: Path) -> None:
