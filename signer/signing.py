@@ -444,7 +444,8 @@ def sign_model(
         KeyMaterialError: No signer, or two signers would write the same bundle.
         UnsupportedAlgorithmError: `hash_type` is neither SHA-256 nor BLAKE3, or a signer's scheme cannot
             sign a `hash_type` manifest (SM2 with BLAKE3).
-        MalformedArtifactError: The directory is empty, or a file is malformed.
+        MalformedArtifactError: The directory is empty, or a file is malformed, or a bundle would be larger
+            than `limits.max_bundle_bytes` (what verifiers accept; nothing is written).
         PolicyError: A bundle path is a symlink or cannot be written.
         PolicyViolationError: A symlink or special file is present, or (with `refuse_unverifiable`) a
             pickle or `*.py` file, or a JSON file naming code.
@@ -486,6 +487,7 @@ def sign_model(
         refuse_unverifiable=refuse_unverifiable,
     )
     signed = []
+    max_bundle_bytes = (limits or Limits()).max_bundle_bytes
     for signer, path, h in zip(signers, paths, signed_hashes, strict=True):
         manifest = manifests[h]
         statement = manifest_statement(manifest)
@@ -497,6 +499,7 @@ def sign_model(
         tokens = list(timestamper(parsed.signature.sig)) if timestamper is not None else []
         if tokens:
             bundle = add_timestamps(bundle, tokens, source=str(path))
+        _check_bundle_size(bundle, path, manifest, max_bundle_bytes)
         hint = parsed.hint or parsed.signature.keyid
         signed.append((bundle, SignedBundle(signer.algorithm, path, hint, len(tokens))))
     for bundle, result in signed:
@@ -524,6 +527,28 @@ def _manifest_hash(algorithm: SignatureAlgorithm, hash_type: HashAlgorithm) -> H
             f"{hash_type} manifests; sign with hash type sha256, or without the {algorithm} key"
         )
     return hash_type
+
+
+def _check_bundle_size(bundle: bytes, path: Path, manifest: Manifest, max_bytes: int) -> None:
+    """Refuse to write a bundle verifiers refuse by default (`Limits.max_bundle_bytes`).
+
+    Raises:
+        MalformedArtifactError: The bundle is larger than `max_bytes`; the message says what shrinks it.
+    """
+    if len(bundle) <= max_bytes:
+        return
+    tensors = sum(len(t) for t in manifest.tensors.values())
+    shrink = (
+        f"per-tensor digests of {tensors} tensors take most of it: sign with --tensor-digest none (file "
+        "digests only), or raise"
+        if tensors
+        else "raise"
+    )
+    raise MalformedArtifactError(
+        f"{path}: the bundle would be {len(bundle)} bytes, over the {max_bytes} bytes verifiers accept by "
+        f"default (limits.maxBundleBytes); {shrink} maxBundleBytes in every verifier's policy and sign with "
+        "the same Limits"
+    )
 
 
 def write_bundle_file(path: Path, data: bytes, *, what: str = "bundle") -> Path:

@@ -25,6 +25,7 @@ from modelsec.verifier.identity import verify_with_authorities
 
 __all__ = [
     "check_bundle_name",
+    "check_bundle_size",
     "check_signature_time",
     "family_has_key",
     "find_default_bundles",
@@ -43,9 +44,21 @@ def read_bundle(path: Path, limits: Limits) -> Bundle:
         PolicyViolationError: The path is a symlink.
     """
     data = read_bundle_bytes(path, limits.max_bundle_bytes)
-    if len(data) > limits.max_bundle_bytes:
-        raise MalformedArtifactError(f"{path}: signature bundle exceeds {limits.max_bundle_bytes} bytes")
+    check_bundle_size(data, path, limits)
     return parse_bundle(data, source=str(path))
+
+
+def check_bundle_size(data: bytes, path: Path, limits: Limits) -> None:
+    """Refuse a bundle over `limits.max_bundle_bytes`, naming the policy field that raises the limit.
+
+    Raises:
+        MalformedArtifactError: `data` is larger than the limit.
+    """
+    if len(data) > limits.max_bundle_bytes:
+        raise MalformedArtifactError(
+            f"{path}: signature bundle exceeds {limits.max_bundle_bytes} bytes (limits.maxBundleBytes of "
+            "the policy file raises it)"
+        )
 
 
 def read_bundle_bytes(path: Path, max_bytes: int) -> bytes:

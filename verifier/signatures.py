@@ -40,6 +40,7 @@ from modelsec.signer.signing import ATTESTATION_FILE_NAMES, SIGNATURE_FILE_NAMES
 from modelsec.verifier.attestations import AttestationVerdict, find_attestation_bundles, verify_attestations
 from modelsec.verifier.bundles import (
     check_bundle_name,
+    check_bundle_size,
     check_signature_time,
     family_has_key,
     find_default_bundles,
@@ -276,8 +277,7 @@ def _read_bundle_at(root_fd: int, path: Path, limits: Limits) -> Bundle:
         data = _read_at(root_fd, path.name, path, limits.max_bundle_bytes)
     except PolicyViolationError:
         raise PolicyViolationError(f"{path}: signature bundle is a symlink; refused") from None
-    if len(data) > limits.max_bundle_bytes:
-        raise MalformedArtifactError(f"{path}: signature bundle exceeds {limits.max_bundle_bytes} bytes")
+    check_bundle_size(data, path, limits)
     return parse_bundle(data, source=str(path))
 
 
