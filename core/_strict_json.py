@@ -82,5 +82,9 @@ def strict_loads(data: bytes | str, *, what: str, bounded_ints: bool = True) -> 
             parse_float=_finite,
             parse_int=_bounded_int if bounded_ints else int,
         )
-    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+    except RecursionError:
+        raise MalformedArtifactError(
+            f"{what}: invalid JSON: arrays or objects nested too deeply to decode"
+        ) from None
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise MalformedArtifactError(f"{what}: invalid JSON: {e}") from e
