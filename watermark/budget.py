@@ -12,7 +12,8 @@ capacity. The search (`embed_within_budget`):
    (on the real LeNet5 a graded and an ungraded mark both change no probe digit, and the graded one, with
    less drift, changes fewer held-out digits; the margin, i.e. robustness, is kept).
 3. Only when none passes is the margin lowered: for each carrier set, best loss first, `min_kappa` is tried
-   and the bracket bisected `steps` times; the largest passing margin wins. Nothing else is kept.
+   and the bracket bisected `steps` times (a margin over budget moves it down, one not detected up); the
+   largest passing margin wins. Nothing else is kept.
 4. When nothing fits, the embedding is refused (`GateFailedError`) with a message saying whether the
    false-positive bound, the message read-back or the fidelity budget failed; a message beyond capacity is
    refused as by `embed_model` (`PolicyError`).
@@ -290,11 +291,16 @@ class _Search:
             self._drop(t)
         if min_kappa == params.kappa:
             return None
-        order = [(t.carrier_set, t.graded) for t in sorted(tops, key=lambda t: (not t.detected, t.loss))]
-        for carrier_set, graded in order + over:
+        order = [
+            (t.carrier_set, t.graded, t.detected)
+            for t in sorted(tops, key=lambda t: (not t.detected, t.loss))
+        ]
+        for carrier_set, graded, top_detected in order + [(c, g, True) for c, g in over]:
+            # Not detected at full margin: no lower margin will be, so only min_kappa is tried (as a record).
+            bisections = steps if top_detected else 0
             try:
                 found = self._lower(
-                    dataclasses.replace(params, carrier_set=carrier_set), min_kappa, steps, tried, graded
+                    dataclasses.replace(params, carrier_set=carrier_set), min_kappa, bisections, tried, graded
                 )
             except PolicyError:
                 continue
@@ -305,21 +311,34 @@ class _Search:
     def _lower(
         self, params: WatermarkParams, min_kappa: float, steps: int, tried: list[_Try], graded: bool
     ) -> _Try | None:
-        """The passing margin closest to `params.kappa` (which failed) for one variant, or None."""
-        good = self._try(params, min_kappa, tried, graded)
-        if not self._ok(good):
-            self._drop(good)
+        """The passing margin closest to `params.kappa` (which failed) for one variant, or None.
+
+        The loss grows with the margin and detection (with the message read back) only improves with it, so
+        a margin is too strong (over budget: go lower) or too weak (not detected: go higher) or passes (keep
+        it and try higher). A `min_kappa` over budget ends the search; one too weak does not, since a
+        float16 table can lose a message bit to rounding at a tiny margin and keep it at a larger one.
+        """
+        first = self._try(params, min_kappa, tried, graded)
+        if first.detected and not self._ok(first):
+            self._drop(first)
             return None
+        good: _Try | None = first if self._ok(first) else None
+        if good is None:
+            self._drop(first)
         lo, hi = min_kappa, params.kappa
         for _ in range(steps):
             mid = round((lo + hi) / 2, 4)
             t = self._try(params, mid, tried, graded)
             if self._ok(t):
-                self._drop(good)
+                if good is not None:
+                    self._drop(good)
                 good, lo = t, mid
             else:
                 self._drop(t)
-                hi = mid
+                if t.detected:
+                    hi = mid
+                else:
+                    lo = mid
         return good
 
 

@@ -116,3 +116,28 @@ def test_every_candidate_present_with_message_errors_is_refused_saying_so(tmp_pa
     assert "false-positive bound" not in message  # it was kept: the pilot bits were found
     assert not (tmp_path / "out").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["src"]
+
+
+def test_a_margin_too_weak_to_read_back_moves_the_search_up(tmp_path: Path) -> None:
+    """Both tensors float16, the embedding table alone: the message reads back from kappa 0.006 (183/184 at
+    0.002-0.004) and the loss grows with the margin (0.00647 at 0.002, 0.00657 at 0.02, over the 0.00654
+    budget at 0.03). The old search gave up when `min_kappa` did not read back; the bisection now moves up
+    from a margin too weak and down from one over budget."""
+    src = _model(tmp_path / "src", dense_dtype=np.float16)
+    r = embed_within_budget(
+        src,
+        tmp_path / "out",
+        KEY,
+        MESSAGE,
+        probe=RelativeL2Probe(),
+        params=WatermarkParams(kappa=0.03),
+        min_kappa=0.002,
+        steps=3,
+        max_fidelity_loss=0.00654,
+    )
+    assert r.params.carrier_set == "embeddings" and 0.002 < r.params.kappa < 0.03
+    assert r.detection.detected and r.detection.message_matched is True
+    assert r.fidelity is not None and r.fidelity.value <= 0.00654
+    again = detect(tmp_path / "out", KEY, message=MESSAGE)
+    assert again.detected and again.decoded_message == MESSAGE
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "src"]
