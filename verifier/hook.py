@@ -12,6 +12,10 @@ plain interpreter start imports none of them):
   `AutoProcessor`, `AutoImageProcessor`, `AutoFeatureExtractor`, `PreTrainedConfig`, `PreTrainedModel`,
   tokenizers, processors, image processors, feature extractors and `GenerationConfig`, `pipeline()`, and
   sentence-transformers models (`SentenceTransformer`, `CrossEncoder`, `SparseEncoder`).
+* **Names stay inside the tree**: a `subfolder=`, a file name given to `cached_file` / `cached_files`,
+  `GenerationConfig`'s `config_file_name`, `gguf_file` that is absolute or has a `..` segment would be joined
+  past the tree (`os.path.join`) onto unverified files: refused before anything is read. A path in the model
+  directory that its bundles ignore (`--ignore-paths`, `.git/`) is refused by name, not reported as missing.
 * **Tensors come from the verified loader**: `safetensors.safe_open` and `safetensors.torch.load_file` (and
   every copy of them that a loaded module holds) read a shard into private memory, compare its digests with
   the signed manifest and only then build tensors (`modelsec.verifier.loader`). A shard path inside a
