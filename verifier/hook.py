@@ -12,6 +12,10 @@ plain interpreter start imports none of them):
   `AutoProcessor`, `AutoImageProcessor`, `AutoFeatureExtractor`, `PreTrainedConfig`, `PreTrainedModel`,
   tokenizers, processors, image processors, feature extractors and `GenerationConfig`, `pipeline()`, and
   sentence-transformers models (`SentenceTransformer`, `CrossEncoder`, `SparseEncoder`).
+* **Names stay inside the tree**: a `subfolder=`, a file name given to `cached_file` / `cached_files`,
+  `GenerationConfig`'s `config_file_name`, `gguf_file` that is absolute or has a `..` segment would be joined
+  past the tree (`os.path.join`) onto unverified files: refused before anything is read. A path in the model
+  directory that its bundles ignore (`--ignore-paths`, `.git/`) is refused by name, not reported as missing.
 * **Tensors come from the verified loader**: `safetensors.safe_open` and `safetensors.torch.load_file` (and
   every copy of them that a loaded module holds) read a shard into private memory, compare its digests with
   the signed manifest and only then build tensors (`modelsec.verifier.loader`). A shard path inside a
@@ -56,6 +60,7 @@ from modelsec.verifier.loader import VerifiedSafeOpen, resolve_policy
 from modelsec.verifier.pinning import DigestPin, digest_pins_from_env, digests_for_model, expected_digest_set
 from modelsec.verifier.snapshot import (
     VerifiedSnapshot,
+    check_relative_name,
     find_signed_root,
     open_snapshot,
     snapshot_containing,
@@ -114,7 +119,8 @@ def guarded_path(value: Any, *, trust_remote_code: bool = False) -> Any:
         The same path inside the snapshot's private tree (same type as given for `str` / `Path`).
 
     Raises:
-        PolicyViolationError: Not a local path (nothing is fetched), or remote code not allowed.
+        PolicyViolationError: Not a local path (nothing is fetched), remote code not allowed, or a path in
+            the model directory that its bundles do not sign (an ignored path).
         VerificationError: The model does not verify (see `open_snapshot`).
     """
     if not isinstance(value, str | os.PathLike) or (isinstance(value, str) and not value):
@@ -124,6 +130,7 @@ def guarded_path(value: Any, *, trust_remote_code: bool = False) -> Any:
         raise PolicyViolationError(
             f"{value}: trust_remote_code=True is refused by policy {snap.policy.name!r} (allowRemoteCode)"
         )
+    snap.refuse_unsigned(rel)
     target = snap.path / rel if rel else snap.path
     return target if isinstance(value, Path) else str(target)
 
@@ -245,25 +252,59 @@ def _patch_functions(module: ModuleType, names: dict[str, Callable[..., Any]]) -
         _rebind(replacements)
 
 
-def _redirecting(descriptor: Any, *, first: str = "pretrained_model_name_or_path") -> Any:
-    """Wrap a `from_pretrained`-like classmethod so that its model reference goes through `guarded_path`."""
+# Keyword arguments of `from_pretrained` that name a file or folder joined onto the model directory.
+_NAME_ARGUMENTS = ("subfolder", "gguf_file", "_configuration_file", "config_file_name")
+
+
+def _redirecting(
+    descriptor: Any, *, first: str = "pretrained_model_name_or_path", file_argument: str | None = None
+) -> Any:
+    """Wrap a `from_pretrained`-like classmethod so that its model reference goes through `guarded_path`.
+
+    `first` is the model reference's parameter name; `file_argument` a file name parameter that follows it
+    positionally. Names joined onto the model directory are checked before anything is read.
+    """
     func = descriptor.__func__ if isinstance(descriptor, classmethod) else descriptor
 
     @functools.wraps(func)
     def wrapper(cls: Any, *args: Any, **kwargs: Any) -> Any:
         trust = bool(kwargs.get("trust_remote_code"))
+        model = args[0] if args else kwargs.get(first)
+        for name in _NAME_ARGUMENTS:
+            check_relative_name(kwargs.get(name), name, model)
+        if file_argument is not None and len(args) > 1:
+            check_relative_name(args[1], file_argument, model)
         if args:
             args = (guarded_path(args[0], trust_remote_code=trust), *args[1:])
         elif first in kwargs:
             kwargs[first] = guarded_path(kwargs[first], trust_remote_code=trust)
-        return func(cls, *args, **kwargs)
+        try:
+            return func(cls, *args, **kwargs)
+        except Exception as e:
+            refusal = _modelsec_cause(e)
+            if refusal is None or refusal is e:
+                raise
+            raise refusal from e
 
     return classmethod(wrapper) if isinstance(descriptor, classmethod) else wrapper
 
 
-def _patch_method(module: ModuleType, class_name: str, method: str, **options: str) -> None:
+def _modelsec_cause(error: BaseException) -> Error | None:
+    """The guard's refusal behind a framework's own error (transformers rewraps some as a vague OSError)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, Error):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _patch_method(module: ModuleType, class_name: str, method: str) -> None:
     cls = getattr(module, class_name, None)
     if isinstance(cls, type) and method in cls.__dict__:
+        options = _METHOD_OPTIONS.get((class_name, method), {})
         _patch(cls, method, _redirecting(cls.__dict__[method], **options))
 
 
@@ -281,7 +322,23 @@ def _patch_safetensors_torch(module: ModuleType) -> None:
 def _guarded_cached_files(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def cached_files(path_or_repo_id: Any, *args: Any, **kwargs: Any) -> Any:
-        return original(guarded_path(path_or_repo_id), *args, **kwargs)
+        subfolder = kwargs.get("subfolder")
+        check_relative_name(subfolder, "subfolder", path_or_repo_id)
+        given = args[0] if args else kwargs.get("filenames")
+        names = [given] if isinstance(given, str | os.PathLike) else list(given or ())
+        for name in names:
+            check_relative_name(name, "filename", path_or_repo_id)
+        if args:
+            args = (names, *args[1:])
+        elif "filenames" in kwargs:
+            kwargs["filenames"] = names
+        target = guarded_path(path_or_repo_id)
+        hit = snapshot_containing(target) if isinstance(target, str | os.PathLike) else None
+        if hit is not None:
+            for name in names:
+                if isinstance(name, str | os.PathLike):
+                    hit[0].refuse_unsigned(os.path.join(hit[1], os.fspath(subfolder or ""), os.fspath(name)))
+        return original(target, *args, **kwargs)
 
     return cached_files
 
@@ -396,6 +453,13 @@ _METHODS: dict[str, tuple[tuple[str, str], ...]] = {
     "transformers.models.auto.processing_auto": (("AutoProcessor", "from_pretrained"),),
     "transformers.models.auto.image_processing_auto": (("AutoImageProcessor", "from_pretrained"),),
     "transformers.models.auto.feature_extraction_auto": (("AutoFeatureExtractor", "from_pretrained"),),
+}
+# GenerationConfig names its model reference differently and takes a file name after it.
+_METHOD_OPTIONS: dict[tuple[str, str], dict[str, str]] = {
+    ("GenerationConfig", "from_pretrained"): {
+        "first": "pretrained_model_name",
+        "file_argument": "config_file_name",
+    },
 }
 _PATCHERS: dict[str, Callable[[ModuleType], None]] = {
     "safetensors": _patch_safetensors,

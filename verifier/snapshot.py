@@ -33,7 +33,7 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from modelsec.errors import MalformedArtifactError, SignatureError
+from modelsec.errors import MalformedArtifactError, PolicyViolationError, SignatureError
 from modelsec.modelformat.hashing import FileDigests, hash_files, hash_source, is_safetensors_name
 from modelsec.modelformat.model_files import open_beneath, open_model_root
 from modelsec.policy import Policy, PolicySet
@@ -46,6 +46,7 @@ from modelsec.verifier.verification import SignedModel, check_digests, check_fil
 __all__ = [
     "MAX_SIDE_FILE_BYTES",
     "VerifiedSnapshot",
+    "check_relative_name",
     "find_signed_root",
     "open_snapshot",
     "snapshot_containing",
@@ -83,6 +84,24 @@ class VerifiedSnapshot:
     def source_path(self, rel: str) -> Path:
         """The original path of the signed file `rel`."""
         return self.source / rel
+
+    def refuse_unsigned(self, rel: str) -> None:
+        """Refuse `rel` (relative to the tree) if the model directory has it but the tree does not.
+
+        Such a path is in the directory but is no signed file or directory: its bundle ignores it (or it
+        appeared after verification). A framework would otherwise see it as missing and fail with its own
+        error about the private tree's path.
+
+        Raises:
+            PolicyViolationError: `rel` exists in `source` but not in the verified tree.
+        """
+        rel = os.path.normpath(rel)
+        if rel in ("", ".") or os.path.lexists(self.path / rel) or not os.path.lexists(self.source / rel):
+            return
+        raise PolicyViolationError(
+            f"{self.source / rel}: not signed by the bundles of {self.source} (they ignore it, or it "
+            "appeared after verification); the modelsec runtime guard serves only signed files"
+        )
 
 
 class _BytesSource:
@@ -139,6 +158,42 @@ def find_signed_root(path: Path, *, max_levels: int = 32) -> Path:
         current = current.parent
     raise SignatureError(
         f"{path}: no signature bundle ({', '.join(SIGNATURE_FILE_NAMES)}) in its directory or above"
+    )
+
+
+def check_relative_name(value: object, argument: str, model: object) -> None:
+    """Refuse a `subfolder` or file name that could leave the model directory it is joined to.
+
+    Frameworks join these names onto the verified tree with `os.path.join`, so an absolute name would
+    discard the tree and a `..` segment would climb out of it: either reads files that were never verified.
+    Only the name is looked at (nothing is read); a relative name without `..` stays inside the tree.
+
+    Args:
+        value: The name as given (None and `""` mean none; other non-path values are left to the framework).
+        argument: The parameter's name, for the message (`subfolder`, `filename`, `config_file_name`).
+        model: The model reference it was given with, for the message (a path in a verified tree is named
+            by the model directory behind it).
+
+    Raises:
+        PolicyViolationError: `value` is absolute or has a `..` segment.
+    """
+    if not isinstance(value, str | os.PathLike):
+        return
+    name = os.fspath(value)
+    if isinstance(name, bytes):
+        name = os.fsdecode(name)
+    if os.path.isabs(name):
+        why = "is absolute"
+    elif ".." in name.replace("\\", "/").split("/"):
+        why = "has a '..' segment"
+    else:
+        return
+    hit = snapshot_containing(model) if isinstance(model, str | os.PathLike) and model else None
+    if hit is not None:  # name the model the user gave, not its private tree
+        model = hit[0].source / hit[1] if hit[1] else hit[0].source
+    raise PolicyViolationError(
+        f"{model}: {argument}={name!r} {why}; the modelsec runtime guard serves only files inside the signed "
+        "model directory (give a relative path without '..')"
     )
 
 
