@@ -150,15 +150,22 @@ def test_mistakes_that_read_as_something_else_are_refused(tmp_path: Path, key_di
     pub = key_dir / "ecdsa-p256.pub.pem"
     path = tmp_path / "policy.yaml"
     cases = [
-        (_policy_text(key_dir, f"      - {{path: {pub}, roles: []}}\n"), r"keys\[0\]\.roles must not be empty"),
+        (
+            _policy_text(key_dir, f"      - {{path: {pub}, roles: []}}\n"),
+            r"keys\[0\]\.roles must not be empty",
+        ),
         (
             _policy_text(key_dir, f"      - {pub}\n").replace("match: ['file:///m/*']", "match: ['/m/**']"),
             r"match\[0\] .*'/m/\*\*' has no scheme and can never match.*write 'file:///m/\*\*'",
         ),
-        (_policy_text(key_dir, f"      - {pub}\n").replace("['file:///m/*']", "[]"), r"match must not be empty"),
+        (
+            _policy_text(key_dir, f"      - {pub}\n").replace("['file:///m/*']", "[]"),
+            r"match must not be empty",
+        ),
         (
             _policy_text(key_dir, f"      - {pub}\n")
-            + "    authorities:\n      - {name: a, roles: [], sigstore: {identities: [{identity: x, issuer: y}]}}\n",
+            + "    authorities:\n      - {name: a, roles: [],\n"
+            + "         sigstore: {identities: [{identity: x, issuer: y}]}}\n",
             r"authorities\[0\]\.roles must not be empty",
         ),
     ]
