@@ -48,6 +48,7 @@ __all__ = [
 
 _MAX_PEM_BYTES = 64 * 1024
 _PEM_BODY = re.compile(rb"-----BEGIN ([A-Z0-9 ]{1,40})-----(.*?)-----END ", re.S)
+_PEM_BLOCK = re.compile(rb"-----BEGIN ([A-Z0-9 ]{1,40})-----.*?-----END \1-----", re.S)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,11 +117,13 @@ def load_trusted_key(pem: bytes, *, name: str, roles: frozenset[str] = frozenset
         The trusted key, with `keyid` = hex(SHA-256(canonical PEM)).
 
     Raises:
-        KeyMaterialError: Not a PEM public key (a private key is refused too).
+        KeyMaterialError: Not a PEM public key (a private key is refused too), more than one PEM block, or
+            anything but whitespace around the block.
         UnsupportedAlgorithmError: Another key type or curve.
     """
     if len(pem) > _MAX_PEM_BYTES:
         raise KeyMaterialError(f"{name}: key file is too large to be a PEM public key")
+    _check_single_pem_block(pem, name)
     if b"PRIVATE KEY-----" in pem:
         raise KeyMaterialError(f"{name}: is a private key; give the public key (keygen writes *.pub.pem)")
     first: UnsupportedAlgorithmError | None = None
@@ -136,6 +139,30 @@ def load_trusted_key(pem: bytes, *, name: str, roles: frozenset[str] = frozenset
     raise first or UnsupportedAlgorithmError(f"{name}: no signature scheme is registered")
 
 
+def _check_single_pem_block(pem: bytes, name: str) -> None:
+    """Refuse PEM text holding several blocks, or anything but whitespace around its one block.
+
+    A file of two public keys would otherwise be read as its first (PEM parsers stop there), and the
+    operator who concatenated them trusts a key they did not mean to. Text without a BEGIN line is left to
+    the schemes (a raw FIPS 204 ML-DSA key).
+
+    Raises:
+        KeyMaterialError: More than one BEGIN line, or data before or after the block.
+    """
+    if b"PRIVATE KEY-----" in pem:
+        return  # refused as a private key, a plainer reason
+    count = pem.count(b"-----BEGIN ")
+    if count > 1:
+        raise KeyMaterialError(
+            f"{name}: holds {count} PEM blocks; a trusted key file holds exactly one public key"
+        )
+    block = _PEM_BLOCK.search(pem)
+    if block is not None and (pem[: block.start()].strip() or pem[block.end() :].strip()):
+        raise KeyMaterialError(
+            f"{name}: data outside the PEM block; a trusted key file holds exactly one public key"
+        )
+
+
 def _read_key_file(path: Path) -> bytes:
     return read_regular_file(
         path, "key file", max_bytes=_MAX_PEM_BYTES, error=KeyMaterialError, follow_symlinks=False
@@ -145,8 +172,10 @@ def _read_key_file(path: Path) -> bytes:
 def load_trusted_key_file(
     path: Path, *, name: str | None = None, roles: frozenset[str] = frozenset()
 ) -> TrustedKey:
-    """Read `path` (symlinks refused) and load it with `load_trusted_key`; same errors."""
-    return load_trusted_key(_read_key_file(path), name=name or path.name, roles=roles)
+    """Read `path` (symlinks refused) and load it with `load_trusted_key`; same errors, naming the file."""
+    pem = _read_key_file(path)
+    _check_single_pem_block(pem, str(path))
+    return load_trusted_key(pem, name=name or path.name, roles=roles)
 
 
 def load_private_key(pem: bytes, *, name: str, password: bytes | None = None) -> KeyBackend:

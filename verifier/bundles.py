@@ -8,6 +8,9 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
+from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
+
+from modelsec.algorithms import SignatureAlgorithm
 from modelsec.attestations.bundle import Bundle, parse_bundle
 from modelsec.errors import (
     MalformedArtifactError,
@@ -18,7 +21,8 @@ from modelsec.limits import Limits
 from modelsec.modelformat.model_files import open_beneath
 from modelsec.policy import Authority, Policy, TimestampAuthority
 from modelsec.signer.keys import TrustedKey
-from modelsec.signer.schemes import scheme_for, scheme_for_bundle_name
+from modelsec.signer.schemes import all_schemes, scheme_for, scheme_for_bundle_name
+from modelsec.signer.schemes.mldsa import MlDsaScheme
 from modelsec.signer.signing import SIGNATURE_FILE_NAMES
 from modelsec.verifier._timestamp_backend import check_bundle_timestamps
 from modelsec.verifier.identity import verify_with_authorities
@@ -27,10 +31,11 @@ __all__ = [
     "check_bundle_name",
     "check_bundle_size",
     "check_signature_time",
-    "family_has_key",
     "find_default_bundles",
+    "has_key_for_bundle",
     "read_bundle",
     "read_bundle_bytes",
+    "signature_algorithms",
     "verify_bundle_signature",
 ]
 
@@ -147,12 +152,20 @@ def verify_bundle_signature(
         (k for k in keys if role is None or k.may(role)), key=lambda k: k.keyid not in selectors
     )
     message = bundle.envelope.pae()
+    shape = signature_algorithms(bundle.signature.sig)
     reasons = []
     for key in candidates:
         try:
             key.verify(bundle.signature.sig, message)
         except SignatureError as e:
-            reasons.append(f"{key.name}: {e}")
+            if shape is not None and key.algorithm not in shape:
+                # The key's own complaint ("r is outside [1, n-1]", a length) hides the plain cause.
+                made_by = " or ".join(sorted(a.value for a in shape))
+                reasons.append(
+                    f"{key.name}: an {key.algorithm.value} key cannot have made this {made_by} signature"
+                )
+            else:
+                reasons.append(f"{key.name}: {e}")
             continue
         return key
     if authorities:
@@ -254,17 +267,57 @@ def find_default_bundles(model_dir: Path) -> list[Path]:
     return [model_dir / n for n in SIGNATURE_FILE_NAMES if os.path.lexists(model_dir / n)]
 
 
-def family_has_key(path: Path, keys: Sequence[TrustedKey], authorities: Sequence[Authority] = ()) -> bool:
-    """Whether any key or authority could verify the default-named bundle `path`.
+def has_key_for_bundle(
+    path: Path, bundle: Bundle, keys: Sequence[TrustedKey], authorities: Sequence[Authority] = ()
+) -> bool:
+    """Whether any key or authority could verify the default-named bundle `path`, read as `bundle`.
 
-    A key of the same scheme family as the scheme that writes that name could (`SignatureScheme.family`:
-    any ECDSA key for `model.sig` or `model.p384.sig`, an SM2 key for `model.sm2.sig`); an authority could
-    vouch for the names of certified schemes (`SignatureScheme.certified`: all but SM2). A name no
-    scheme writes counts as verifiable, so the caller reports its signature failure instead of skipping it.
+    A name other than `model.sig` fixes its scheme (`check_bundle_name`), so only a key of exactly that
+    algorithm could (`model.p384.sig`: an ECDSA P-384 key; `model.ml-dsa-44.sig`: an ML-DSA-44 key).
+    `model.sig` holds any curve of its family (model_signing writes every ECDSA bundle there), so any key of
+    that family could, except one the signature's encoding rules out (`signature_algorithms`: a P-384
+    signature with a P-256 key). An authority could vouch for the names of certified schemes
+    (`SignatureScheme.certified`: all but SM2). A name no scheme writes counts as verifiable, so the caller
+    reports its signature failure instead of skipping it.
+
+    Only the name and the signature's shape are looked at; nothing is verified here (the caller asks this
+    once a bundle did not verify, to skip rather than refuse it).
     """
     scheme = scheme_for_bundle_name(path.name)
     if scheme is None:
         return True
     if authorities and scheme.certified:
         return True
-    return any(scheme_for(k.algorithm).family == scheme.family for k in keys)
+    if path.name != _OMS_BUNDLE_NAME:
+        return any(k.algorithm is scheme.algorithm for k in keys)
+    shape = signature_algorithms(bundle.signature.sig)
+    return any(
+        scheme_for(k.algorithm).family == scheme.family and (shape is None or k.algorithm in shape)
+        for k in keys
+    )
+
+
+_ECDSA_WIDTHS: tuple[tuple[int, frozenset[SignatureAlgorithm]], ...] = (
+    (256, frozenset({SignatureAlgorithm.ECDSA_P256, SignatureAlgorithm.SM2})),
+    (384, frozenset({SignatureAlgorithm.ECDSA_P384})),
+)
+
+
+def signature_algorithms(signature: bytes) -> frozenset[SignatureAlgorithm] | None:
+    """The algorithms whose signatures have the encoding of `signature`, or None when it says nothing.
+
+    Read from the encoding alone, never verified: an ML-DSA signature has its parameter set's fixed length
+    (FIPS 204 table 2); a DER `SEQUENCE { r, s }` whose larger integer has more than 256 bits cannot be a
+    256-bit curve's (P-256, SM2: r, s < n < 2^256), and one of at most 256 bits is not ECDSA P-384's but with
+    probability 2^-256 (its r and s are uniform below a 384-bit order). Anything else (malformed DER, wider
+    integers) says nothing.
+    """
+    for scheme in all_schemes():
+        if isinstance(scheme, MlDsaScheme) and scheme.signature_size == len(signature):
+            return frozenset({scheme.algorithm})
+    try:
+        r, s = decode_dss_signature(signature)
+    except ValueError:
+        return None
+    width = max(r.bit_length(), s.bit_length())
+    return next((algs for bits, algs in _ECDSA_WIDTHS if width <= bits), None)

@@ -12,7 +12,7 @@ from modelsec.errors import AttestationError, MalformedArtifactError, SignatureE
 from modelsec.limits import Limits
 from modelsec.signer.keys import TrustedKey
 from modelsec.verifier.attestations import role_for_predicate
-from modelsec.verifier.bundles import family_has_key, read_bundle, verify_bundle_signature
+from modelsec.verifier.bundles import has_key_for_bundle, read_bundle, verify_bundle_signature
 from modelsec.verifier.stores import StoredBundle
 
 __all__ = ["SKIPPED_NOTE", "InspectedBundle", "inspect_bundle", "require_one_checked"]
@@ -54,8 +54,9 @@ def inspect_bundle(
     With keys, the predicate type must be known (an unknown type is refused, as `verify_attestations`
     refuses it) and the signature must verify under a key holding the role for that type. The subject is
     not compared with any model and no predicate is checked against a policy (use `verify_attestations`).
-    With `skip_unverifiable`, a bundle file under a default name of a scheme no key belongs to (an SM2
-    bundle with only ECDSA keys) is returned `skipped` instead of refused, as `verify` skips it.
+    With `skip_unverifiable`, a bundle file under a default name no key can verify (an SM2 bundle with only
+    ECDSA keys, `model.p384.sig` with only a P-256 key: `has_key_for_bundle`) is returned `skipped` instead
+    of refused, as `verify` skips it.
 
     Args:
         item: A bundle file, or a bundle read from a store.
@@ -89,7 +90,7 @@ def inspect_bundle(
         try:
             signer = verify_bundle_signature(bundle, keys, role=role)
         except SignatureError:
-            if skip_unverifiable and isinstance(item, Path) and not family_has_key(item, keys):
+            if skip_unverifiable and isinstance(item, Path) and not has_key_for_bundle(item, bundle, keys):
                 return InspectedBundle(what, bundle, statement, None, skipped=True)
             raise
     return InspectedBundle(what, bundle, statement, signer)

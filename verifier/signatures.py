@@ -42,8 +42,8 @@ from modelsec.verifier.bundles import (
     check_bundle_name,
     check_bundle_size,
     check_signature_time,
-    family_has_key,
     find_default_bundles,
+    has_key_for_bundle,
     read_bundle,
     verify_bundle_signature,
 )
@@ -179,7 +179,7 @@ def verify_signatures(
                 timestamp_authorities=policy.timestamp_authorities,
             )
         except SignatureError:
-            if not explicit and not family_has_key(path, policy.keys, policy.authorities):
+            if not explicit and not has_key_for_bundle(path, bundle, policy.keys, policy.authorities):
                 skipped.append(path)
                 continue
             raise
@@ -201,7 +201,8 @@ def verify_signatures(
             )
         verified.append(VerifiedBundle(path, key, manifest))
     if not verified:
-        raise SignatureError(f"{model}: no bundle was signed by a configured key")
+        unchecked = "".join(f"; {p.name} not checked (no configured key of its algorithm)" for p in skipped)
+        raise SignatureError(f"{model}: no signature bundle was signed by a configured key{unchecked}")
     missing_algs = policy.require_algorithms - {b.algorithm for b in verified}
     if missing_algs:
         missing = ", ".join(sorted(a.value for a in missing_algs))

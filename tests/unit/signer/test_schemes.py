@@ -9,6 +9,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
+from modelsec.attestations.bundle import Bundle, parse_bundle, sign_payload
 from modelsec.errors import KeyMaterialError, SignatureError, UnsupportedAlgorithmError
 from modelsec.signer import _sm2_asn1
 from modelsec.signer.keys import (
@@ -20,7 +21,7 @@ from modelsec.signer.keys import (
 )
 from modelsec.signer.schemes import all_schemes, scheme_for, scheme_for_bundle_name
 from modelsec.signer.signing import SIGNATURE_FILE_NAMES
-from modelsec.verifier.bundles import family_has_key
+from modelsec.verifier.bundles import has_key_for_bundle
 
 
 def test_every_spelling_has_exactly_one_scheme() -> None:
@@ -101,12 +102,26 @@ def test_wrong_password_stops_at_the_first_scheme() -> None:
         load_private_key(private, name="k")
 
 
-def test_family_decides_which_default_bundles_a_policy_could_verify(tmp_path: Path) -> None:
-    p384 = load_trusted_key(generate_private_key_pem(SignatureAlgorithm.ECDSA_P384)[1], name="p384")
-    assert family_has_key(tmp_path / "model.sig", [p384])  # any ECDSA key could have signed model.sig
-    assert family_has_key(tmp_path / "model.p384.sig", [p384])
-    assert not family_has_key(tmp_path / "model.sm2.sig", [p384])
-    assert family_has_key(tmp_path / "model.unknown.sig", [p384])  # never skipped silently
+def test_name_and_signature_decide_which_default_bundles_a_policy_could_verify(tmp_path: Path) -> None:
+    def bundle_by(alg: SignatureAlgorithm) -> Bundle:
+        key = load_private_key(generate_private_key_pem(alg)[0], name=alg.value)
+        return parse_bundle(sign_payload(b"{}", key), source=alg.value)
+
+    p256, p384 = (
+        load_trusted_key(generate_private_key_pem(a)[1], name=a.value)
+        for a in (SignatureAlgorithm.ECDSA_P256, SignatureAlgorithm.ECDSA_P384)
+    )
+    by_p256, by_p384 = bundle_by(SignatureAlgorithm.ECDSA_P256), bundle_by(SignatureAlgorithm.ECDSA_P384)
+    # model.sig holds any ECDSA curve: a family key could, unless the signature's width rules it out.
+    assert has_key_for_bundle(tmp_path / "model.sig", by_p384, [p384])
+    assert has_key_for_bundle(tmp_path / "model.sig", by_p256, [p256])
+    assert not has_key_for_bundle(tmp_path / "model.sig", by_p256, [p384])
+    assert not has_key_for_bundle(tmp_path / "model.sig", by_p384, [p256])
+    # The other default names fix one algorithm, whatever the bytes say.
+    assert has_key_for_bundle(tmp_path / "model.p384.sig", by_p256, [p384])
+    assert not has_key_for_bundle(tmp_path / "model.p384.sig", by_p384, [p256])
+    assert not has_key_for_bundle(tmp_path / "model.sm2.sig", by_p256, [p384])
+    assert has_key_for_bundle(tmp_path / "model.unknown.sig", by_p256, [p384])  # never skipped silently
     assert scheme_for_bundle_name("model.sm2.sig") is scheme_for(SignatureAlgorithm.SM2)
 
 
