@@ -340,6 +340,8 @@ def _detect(
         raise click.UsageError("give --message or --message-bits, not both")
     with usage_errors("--min-confidence", "--max-false-positive"):
         thresholds = DetectionThresholds(min_confidence=min_confidence, max_false_positive=max_false_positive)
+    if attestation is None:
+        _check_message_length(message, message_bits, WatermarkParams())
     try:
         key = load_key_file(key_file)
         payload = parse_message(message) if message is not None else None
@@ -350,11 +352,9 @@ def _detect(
             hints = read_detection_hints(attestation)
             check_key_commitment(hints, key, key_name=str(key_file), attestation=attestation)
             params, tensors = hints.params, hints.tensors
-            _check_message_length(payload, message_bits, params)
+            _check_message_length(message, message_bits, params)
             if payload is None and message_bits is None:
                 message_bits = hints.message_bits
-        else:
-            _check_message_length(payload, message_bits, WatermarkParams())
         result = detect(
             model_dir,
             key,
@@ -415,13 +415,15 @@ def _whole_bytes(bits: int | None) -> int | None:
     return bits
 
 
-def _check_message_length(payload: bytes | None, bits: int | None, params: Any) -> None:
+def _check_message_length(message: str | None, bits: int | None, params: Any) -> None:
     """Refuse a --message / --message-bits longer than the scheme's (or the attestation's) message limit."""
+    from modelsec.watermark.scheme import parse_message
+
     limit = params.max_message_bits
-    if payload is not None and 8 * len(payload) > limit:
-        bad_options(f"the message has {8 * len(payload)} bits; at most {limit} can be embedded", "--message")
+    if message is not None and 8 * len(parse_message(message)) > limit:
+        bad_options(f"the message has {8 * len(parse_message(message))} bits; at most {limit}", "--message")
     if bits is not None and bits > limit:
-        bad_options(f"{bits} bits; at most {limit} can be embedded", "--message-bits")
+        bad_options(f"{bits} bits; at most {limit}", "--message-bits")
 
 
 def _classifier_probe(model_dir: Path, architecture: str, probe_data: str) -> Any:
