@@ -233,7 +233,8 @@ def _pgd(
         raise click.UsageError("--eps-sweep needs --report (the sweep is a picture in the report)")
     if not clip_min < clip_max:
         bad_options(f"the valid input range needs min < max, got [{clip_min}, {clip_max}]", *_CLIP)
-    from modelsec.robustness.gate_config import FastPaths, GateConfig, SanityConfig, default_step_size
+    from modelsec.robustness.gate_config import GateConfig, SanityConfig, default_step_size
+    from modelsec.robustness.pgd import FastPaths
 
     on_cuda = device.startswith("cuda")
     with usage_errors("--eps", "--step-size", "--steps", "--min-robust-accuracy", *_CLIP):

@@ -170,7 +170,7 @@ def test_the_api_still_raises_policy_error_for_the_same_values() -> None:
 
 
 def test_good_values_still_reach_the_command() -> None:
-    """The new checks refuse only bad values: a valid call gets past parsing (here to the missing key file)."""
+    """The new checks refuse only bad values: a valid call gets past parsing (to the missing key file)."""
     result = _run(
         (
             *_GATE,
