@@ -30,6 +30,7 @@ from modelsec._cli_common import (
     _skipped_note,
     _trusted_keys_option,
 )
+from modelsec._cli_values import root_digest_value
 from modelsec.errors import Error
 
 __all__ = ["attest", "attest_delete"]
@@ -259,7 +260,7 @@ def _push_to_store(store: str, paths: list[Path], as_json: bool) -> None:
 
 
 @attest.command(name="pull")
-@click.argument("root_digest")
+@click.argument("root_digest", callback=root_digest_value)
 @_server_options(required=True)
 @click.option(
     "--out",
@@ -347,6 +348,7 @@ def _attest_show(model_dir: Path, store: str | None, keys: tuple[Path, ...], as_
     "digest",
     required=True,
     metavar="[sha256:]HEX",
+    callback=root_digest_value,
     help="The model root digest the record is filed under.",
 )
 @click.option(

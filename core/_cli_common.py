@@ -243,10 +243,13 @@ def _report_path(_ctx: click.Context, _param: click.Parameter, value: Path | Non
 
 def _timestamp_option(f: F) -> F:
     """`--timestamp-url URL` into the parameter `timestamp_url` (see `_timestamper`)."""
+    from modelsec._cli_values import timestamp_url_value
+
     return click.option(
         "--timestamp-url",
         "timestamp_url",
         metavar="URL",
+        callback=timestamp_url_value,
         help="RFC 3161 timestamp authority (http:// or https://): each bundle's signature is timestamped "
         "and the timestamp stored in the bundle (verificationMaterial.timestampVerificationData). If the "
         "TSA fails, or dates the timestamp more than 5 minutes from this machine's clock, signing fails and "

@@ -31,8 +31,11 @@ from modelsec._cli_common import (
     _signatures_option,
     _trusted_keys_option,
 )
+from modelsec._cli_values import FiniteFloatRange, bad_options, device_value, usage_errors
 
 __all__ = ["gate"]
+
+_CLIP = ("--clip-min", "--clip-max")
 
 
 @click.group(name="gate")
@@ -72,12 +75,27 @@ class _RichProgress:
     metavar="FILE|PKG.MOD:FN",
     help="Dataset: safetensors or .npz with `inputs` (N,...) float and `labels` (N,) int, or a loader.",
 )
-@click.option("--eps", type=float, required=True, help="L-infinity radius in input units (e.g. 0.03).")
-@click.option("--step-size", type=float, default=None, help="PGD step size [default: 2.5 * eps / steps].")
-@click.option("--steps", type=int, default=10, show_default=True, help="PGD iterations.")
-@click.option("--restarts", type=int, default=1, show_default=True, help="Random restarts (worst case kept).")
+@click.option(
+    "--eps", type=FiniteFloatRange(min=0), required=True, help="L-infinity radius in input units (e.g. 0.03)."
+)
+@click.option(
+    "--step-size",
+    type=FiniteFloatRange(min=0, min_open=True),
+    default=None,
+    help="PGD step size [default: 2.5 * eps / steps].",
+)
+@click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True, help="PGD iterations.")
+@click.option(
+    "--restarts",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Random restarts (worst case kept).",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random starts.")
-@click.option("--min-robust-accuracy", type=float, required=True, help="Release threshold in [0, 1].")
+@click.option(
+    "--min-robust-accuracy", type=FiniteFloatRange(0, 1), required=True, help="Release threshold in [0, 1]."
+)
 @click.option(
     "--rule",
     type=click.Choice(["point", "strict"]),
@@ -85,12 +103,33 @@ class _RichProgress:
     show_default=True,
     help="point: robust accuracy >= threshold; strict: 95% Wilson lower bound >= threshold.",
 )
-@click.option("--min-samples", type=int, default=100, show_default=True, help="Fewest examples a pass needs.")
-@click.option("--clip-min", type=float, default=0.0, show_default=True, help="Lowest valid input value.")
-@click.option("--clip-max", type=float, default=1.0, show_default=True, help="Highest valid input value.")
-@click.option("--batch-size", type=int, default=256, show_default=True, help="Examples per batch.")
 @click.option(
-    "--device", default="cpu", show_default=True, metavar="cpu|cuda|cuda:K", help="Where to evaluate."
+    "--min-samples",
+    type=click.IntRange(min=1),
+    default=100,
+    show_default=True,
+    help="Fewest examples a pass needs.",
+)
+@click.option(
+    "--clip-min", type=FiniteFloatRange(), default=0.0, show_default=True, help="Lowest valid input value."
+)
+@click.option(
+    "--clip-max",
+    type=FiniteFloatRange(),
+    default=1.0,
+    show_default=True,
+    help="Highest valid input value (above --clip-min).",
+)
+@click.option(
+    "--batch-size", type=click.IntRange(min=1), default=256, show_default=True, help="Examples per batch."
+)
+@click.option(
+    "--device",
+    default="cpu",
+    show_default=True,
+    metavar="cpu|cuda|cuda:K",
+    callback=device_value,
+    help="Where to evaluate.",
 )
 @click.option(
     "--channels-last/--no-channels-last",
@@ -103,7 +142,7 @@ class _RichProgress:
 @click.option("--compile", "compile_", is_flag=True, help="torch.compile the model's forward.")
 @click.option(
     "--sanity-samples",
-    type=int,
+    type=click.IntRange(min=1),
     default=256,
     show_default=True,
     help="Examples used by the attack-based sanity checks.",
@@ -192,16 +231,13 @@ def _pgd(
     sources = _key_password_sources(key_passwords, [key])
     if eps_sweep and report is None:
         raise click.UsageError("--eps-sweep needs --report (the sweep is a picture in the report)")
-    try:
-        if eps_sweep:
-            from modelsec.robustness.report import require_plotting
+    if not clip_min < clip_max:
+        bad_options(f"the valid input range needs min < max, got [{clip_min}, {clip_max}]", *_CLIP)
+    from modelsec.robustness.gate_config import GateConfig, SanityConfig, default_step_size
+    from modelsec.robustness.pgd import FastPaths
 
-            require_plotting()
-        from modelsec.policy import Policy
-        from modelsec.robustness import FastPaths, GateConfig, SanityConfig, run_pgd_gate
-        from modelsec.robustness.gate_config import default_step_size
-
-        on_cuda = device.startswith("cuda")
+    on_cuda = device.startswith("cuda")
+    with usage_errors("--eps", "--step-size", "--steps", "--min-robust-accuracy", *_CLIP):
         config = GateConfig(
             eps=eps,
             step_size=step_size if step_size is not None else default_step_size(eps, steps),
@@ -221,6 +257,14 @@ def _pgd(
             ),
             sanity=SanityConfig(enabled=not no_sanity, samples=sanity_samples),
         )
+    try:
+        if eps_sweep:
+            from modelsec.robustness.report import require_plotting
+
+            require_plotting()
+        from modelsec.policy import Policy
+        from modelsec.robustness import run_pgd_gate
+
         signer = _open_signing_key(key, sources)
         policy = Policy.from_key_files(keys)
         # Under torchrun only rank 0 draws a bar (every rank reports its own share of the work).

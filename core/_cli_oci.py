@@ -23,6 +23,7 @@ from modelsec._cli_common import (
     _reply,
     _trusted_keys_option,
 )
+from modelsec._cli_values import oci_reference_value
 from modelsec.errors import Error
 
 __all__ = ["pull", "push"]
@@ -72,7 +73,7 @@ def _options(registry_ca: Path | None, plain_http: bool) -> Any:
 
 @click.command(name="push")
 @click.argument("model_dir", type=click.Path(path_type=Path, file_okay=False))
-@click.argument("reference", metavar="oci://REGISTRY/REPOSITORY[:TAG]")
+@click.argument("reference", metavar="oci://REGISTRY/REPOSITORY[:TAG]", callback=oci_reference_value)
 @click.option(
     "--signing-key",
     "signing_key",
@@ -123,7 +124,7 @@ def push(
 
 
 @click.command(name="pull")
-@click.argument("reference", metavar="oci://REGISTRY/REPOSITORY@sha256:HEX")
+@click.argument("reference", metavar="oci://REGISTRY/REPOSITORY@sha256:HEX", callback=oci_reference_value)
 @click.argument("destination", type=click.Path(path_type=Path))
 @_policy_options
 @_registry_options

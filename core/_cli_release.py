@@ -18,10 +18,12 @@ from modelsec._cli_common import (
     _open_signing_key,
     _option,
     _reply,
+    _report_path,
     _signing_keys_option,
     _timestamp_option,
     _timestamper,
 )
+from modelsec._cli_values import message_value, usage_errors
 from modelsec.errors import Error
 
 __all__ = ["release"]
@@ -58,7 +60,13 @@ __all__ = ["release"]
     metavar="PATH",
     help="The owner's secret watermark key file (`modelsec watermark keygen`).",
 )
-@click.option("--message", "-m", required=True, help="Watermark message (text, or hex with a 0x prefix).")
+@click.option(
+    "--message",
+    "-m",
+    required=True,
+    callback=message_value,
+    help="Watermark message: UTF-8 text, or hex as hex:<digits> / 0x<digits> (at most 64 bytes).",
+)
 @click.option(
     "--gate-config",
     type=click.Path(path_type=Path),
@@ -67,7 +75,10 @@ __all__ = ["release"]
 )
 @_timestamp_option
 @click.option(
-    "--report", type=click.Path(path_type=Path), help="Gate report: .md (Markdown) or .xml (JUnit)."
+    "--report",
+    type=click.Path(path_type=Path),
+    callback=_report_path,
+    help="Gate report: .md (Markdown) or .xml (JUnit).",
 )
 @_json_option
 def release(
@@ -88,9 +99,12 @@ def release(
     Fails fast with the stage named (exit 1); the result verifies under a policy requiring every
     signature algorithm used, the watermark and the gate.
     """
-    from modelsec.release import load_gate_spec, release_model
+    from modelsec.release import _check_report, load_gate_spec, release_model
     from modelsec.watermark import load_key_file, parse_message
 
+    if report is not None:
+        with usage_errors("--report", "--out"):
+            _check_report(report, out_dir)
     sources = _key_password_sources(key_passwords, [*keys, *([attestation_key] if attestation_key else [])])
     try:
         signers = [_open_signing_key(k, sources) for k in keys]

@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 
 from modelsec._cli_common import _json_option, _reply
+from modelsec._cli_values import listen_value
 
 __all__ = ["serve"]
 
@@ -29,7 +30,11 @@ __all__ = ["serve"]
     envvar="MODELSEC_SERVER_CONFIG",
     help="Server configuration (kind: ServerConfig, YAML or JSON); also $MODELSEC_SERVER_CONFIG.",
 )
-@click.option("--listen", help="Override the configuration's listen address (HOST:PORT; port 0 picks one).")
+@click.option(
+    "--listen",
+    callback=listen_value,
+    help="Override the configuration's listen address (HOST:PORT; port 0 picks one).",
+)
 @click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"]),

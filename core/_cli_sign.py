@@ -61,7 +61,8 @@ _TENSOR_DIGESTS = [HashAlgorithm.BLAKE3.value, HashAlgorithm.SHA256.value, HashA
 @_server_options(required=False)
 @_signatures_option(
     "Bundle output path, one per key (local --signing-key first, then --key-version, in order; default: "
-    "model.sig, model.p384.sig, model.sm2.sig in MODEL_DIR)."
+    "model.sig, model.p384.sig, model.sm2.sig, model.ml-dsa-{44,65,87}.sig in MODEL_DIR, by the key's "
+    "algorithm)."
 )
 @click.option(
     "--tensor-digest",

@@ -29,6 +29,7 @@ from modelsec._cli_common import (
     _trusted_keys_option,
 )
 from modelsec._cli_identity import IdentityOptions, identity_options
+from modelsec._cli_values import expected_digests_value
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
 from modelsec.errors import Error, PolicyError, SignatureError
 
@@ -157,8 +158,8 @@ def _parse_require(value: str | None) -> list[SignatureAlgorithm]:
     help="Verify only this signed file of MODEL_PATH (repeatable), e.g. the shard a node holds.",
 )
 @_signatures_option(
-    "Bundle to check (repeatable; default: model.sig, model.p384.sig, model.sm2.sig found in the "
-    "model directory)."
+    "Bundle to check (repeatable; default: model.sig, model.p384.sig, model.sm2.sig, "
+    "model.ml-dsa-{44,65,87}.sig found in the model directory)."
 )
 @click.option(
     "--require",
@@ -183,6 +184,7 @@ def _parse_require(value: str | None) -> list[SignatureAlgorithm]:
     "expected_digests",
     multiple=True,
     metavar="sha256:HEX",
+    callback=expected_digests_value,
     help="Model root digest the signed model must have (repeatable: any one). Without a pin (this option "
     "or $MODELSEC_MODEL_DIGEST, which is read as the runtime guard reads it), an older signed release "
     "verifies too.",

@@ -26,6 +26,13 @@ from modelsec._cli_common import (
     _report_path,
     _write_key_file,
 )
+from modelsec._cli_values import (
+    FiniteFloatRange,
+    bad_options,
+    message_syntax_value,
+    message_value,
+    usage_errors,
+)
 
 __all__ = ["watermark"]
 
@@ -81,7 +88,7 @@ _watermark_key_option = _option(
 @watermark.command(name="embed")
 @click.argument("model_dir", type=click.Path(path_type=Path))
 @_watermark_key_option
-@click.option("--message", "-m", required=True, help=_MESSAGE_HELP)
+@click.option("--message", "-m", required=True, callback=message_value, help=_MESSAGE_HELP)
 @click.option(
     "--out",
     "-o",
@@ -107,7 +114,7 @@ _watermark_key_option = _option(
 )
 @click.option(
     "--kappa",
-    type=float,
+    type=FiniteFloatRange(0, 100, min_open=True),
     default=3.0,
     show_default=True,
     help="Margin of every bit, in standard deviations of the host correlation (with a fidelity budget: "
@@ -115,14 +122,14 @@ _watermark_key_option = _option(
 )
 @click.option(
     "--max-relative-change",
-    type=float,
+    type=FiniteFloatRange(0, 1, min_open=True, max_open=True),
     default=0.25,
     show_default=True,
     help="Largest allowed |w' - w| / |w| of any weight.",
 )
 @click.option(
     "--max-fidelity-loss",
-    type=float,
+    type=FiniteFloatRange(0, 1),
     default=1e-4,
     show_default=True,
     help="Fidelity budget for transformers models (config.json with model_type) and --arch classifiers: the "
@@ -161,7 +168,7 @@ def _embed(
     no_fidelity_check: bool,
     as_json: bool,
 ) -> None:
-    """Write a watermarked copy of MODEL_DIR to OUT_DIR (dtype, shapes and side files kept)."""
+    """Write a watermarked copy of MODEL_DIR to --out (dtype, shapes and side files kept)."""
     from modelsec.errors import Error
     from modelsec.watermark.embed import embed_model
     from modelsec.watermark.scheme import WatermarkParams, load_key_file, parse_message
@@ -173,10 +180,11 @@ def _embed(
     if architecture is not None and no_fidelity_check:
         raise click.UsageError("--arch measures fidelity: do not combine it with --no-fidelity-check")
     sources = _key_password_sources(key_passwords, [sign_key] if sign_key else [])
+    with usage_errors("--kappa", "--max-relative-change"):
+        params = WatermarkParams(kappa=kappa, max_relative_change=max_relative_change)
     try:
         key = load_key_file(key_file)
         payload = parse_message(message)
-        params = WatermarkParams(kappa=kappa, max_relative_change=max_relative_change)
         signer = None
         if sign_key is not None:
             signer = _open_signing_key(sign_key, sources)
@@ -261,10 +269,17 @@ def _embed(
     "--message",
     "-m",
     default=None,
+    callback=message_syntax_value,
     help="The expected message: exit 0 only if the mark is present (decided as without -m) and carries "
     "exactly this message (every bit; messageMatched in --json). " + _MESSAGE_HELP,
 )
-@click.option("--message-bits", type=int, default=None, help="The message length in bits, if known.")
+@click.option(
+    "--message-bits",
+    type=click.IntRange(min=8),
+    default=None,
+    callback=lambda _ctx, _param, value: _whole_bytes(value),
+    help="The message length in bits, if known (a multiple of 8).",
+)
 @click.option(
     "--reference",
     type=click.Path(path_type=Path),
@@ -280,14 +295,14 @@ def _embed(
 )
 @click.option(
     "--min-confidence",
-    type=float,
+    type=FiniteFloatRange(-1, 1),
     default=0.92,
     show_default=True,
     help="Detected only if the cosine of extracted and embedded bits is at least this.",
 )
 @click.option(
     "--max-false-positive",
-    type=float,
+    type=FiniteFloatRange(0, 1, min_open=True),
     default=1e-9,
     show_default=True,
     help="Detected only if the false-positive probability is at most this.",
@@ -319,14 +334,17 @@ def _detect(
     """
     from modelsec.errors import Error, GateFailedError
     from modelsec.watermark.detection import DetectionThresholds, detect
-    from modelsec.watermark.scheme import load_key_file, parse_message
+    from modelsec.watermark.scheme import WatermarkParams, load_key_file, parse_message
 
     if message is not None and message_bits is not None:
         raise click.UsageError("give --message or --message-bits, not both")
+    with usage_errors("--min-confidence", "--max-false-positive"):
+        thresholds = DetectionThresholds(min_confidence=min_confidence, max_false_positive=max_false_positive)
+    if attestation is None:
+        _check_message_length(message, message_bits, WatermarkParams())
     try:
         key = load_key_file(key_file)
         payload = parse_message(message) if message is not None else None
-        thresholds = DetectionThresholds(min_confidence=min_confidence, max_false_positive=max_false_positive)
         params = tensors = None
         if attestation is not None:
             from modelsec.watermark.attestation import check_key_commitment, read_detection_hints
@@ -334,6 +352,7 @@ def _detect(
             hints = read_detection_hints(attestation)
             check_key_commitment(hints, key, key_name=str(key_file), attestation=attestation)
             params, tensors = hints.params, hints.tensors
+            _check_message_length(message, message_bits, params)
             if payload is None and message_bits is None:
                 message_bits = hints.message_bits
         result = detect(
@@ -387,6 +406,24 @@ def _detect(
     if refusal is not None:
         _fail(GateFailedError(refusal), as_json)
     sys.exit(0)
+
+
+def _whole_bytes(bits: int | None) -> int | None:
+    """Check --message-bits: whole bytes (a usage error otherwise, before any work)."""
+    if bits is not None and bits % 8:
+        raise click.BadParameter(f"{bits} is not a multiple of 8")
+    return bits
+
+
+def _check_message_length(message: str | None, bits: int | None, params: Any) -> None:
+    """Refuse a --message / --message-bits longer than the scheme's (or the attestation's) message limit."""
+    from modelsec.watermark.scheme import parse_message
+
+    limit = params.max_message_bits
+    if message is not None and 8 * len(parse_message(message)) > limit:
+        bad_options(f"the message has {8 * len(parse_message(message))} bits; at most {limit}", "--message")
+    if bits is not None and bits > limit:
+        bad_options(f"{bits} bits; at most {limit}", "--message-bits")
 
 
 def _classifier_probe(model_dir: Path, architecture: str, probe_data: str) -> Any:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import click
 
 from modelsec._cli_common import _json_option, _option
+from modelsec._cli_values import FiniteFloatRange
 
 if TYPE_CHECKING:
     from modelsec.policy import Policy
@@ -98,14 +99,14 @@ def webhook() -> None:
 )
 @click.option(
     "--deadline",
-    type=click.FloatRange(0.1, 30.0),
+    type=FiniteFloatRange(0.1, 30.0),
     default=8.0,
     show_default=True,
     help="Internal deadline per decision in seconds; keep it below the webhook's timeoutSeconds.",
 )
 @click.option(
     "--cache-ttl",
-    type=click.FloatRange(0.0, 3600.0),
+    type=FiniteFloatRange(0.0, 3600.0),
     default=60.0,
     show_default=True,
     help="Positive-cache TTL (s).",

@@ -106,6 +106,12 @@ def parse_digest_pins(value: str, *, source: str = MODEL_DIGEST_ENV) -> tuple[Di
     text = value.strip()
     if _DIGEST_RE.match(text):
         return (DigestPin(None, text.removeprefix("sha256:")),)
+    if text.startswith("sha256:") and not any(c in text for c in "@,"):
+        # A bare digest that is not one: say so, not "malformed model URI" (it is no URI).
+        problem = (
+            "the hex digits are not lower-case" if _DIGEST_RE.match(text.lower()) else "not 64 hex digits"
+        )
+        raise PolicyError(f"{source}: {text!r}: {problem} (want sha256:<64 hex>, in lower case)")
     try:
         pins = []
         for raw in split_models_annotation(text):

@@ -218,6 +218,7 @@ def verify_signatures(
             f"{model} (model root digest, pinned)",
             " or ".join(f"sha256:{p}" for p in sorted(pins)),
             f"sha256:{first.subject_digest['sha256']}",
+            compared="root digest",  # not "sha256 digest sha256:…"
         )
     verdict = None
     if policy.requires_attestations:

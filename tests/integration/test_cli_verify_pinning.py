@@ -70,4 +70,6 @@ def test_malformed_expected_digest_is_refused(tiny_model: Path, key_dir: Path, b
     r = run_cli(
         "verify", tiny_model, "--trusted-key", key_dir / "ecdsa-p256.pub.pem", "--expected-digest", bad
     )
-    assert r.returncode == 1 and "expected model digest" in r.stderr and "Traceback" not in r.stderr
+    # A malformed pin is the command line's mistake: a usage error (exit 2) naming the option.
+    assert r.returncode == 2 and "expected model digest" in r.stderr and "Traceback" not in r.stderr
+    assert "'--expected-digest'" in r.stderr
