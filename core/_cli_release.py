@@ -99,12 +99,12 @@ def release(
     Fails fast with the stage named (exit 1); the result verifies under a policy requiring every
     signature algorithm used, the watermark and the gate.
     """
-    from modelsec.release import _check_report, load_gate_spec, release_model
+    from modelsec.release import check_release_report, load_gate_spec, release_model
     from modelsec.watermark import load_key_file, parse_message
 
     if report is not None:
         with usage_errors("--report", "--out"):
-            _check_report(report, out_dir)
+            check_release_report(report, out_dir)
     sources = _key_password_sources(key_passwords, [*keys, *([attestation_key] if attestation_key else [])])
     try:
         signers = [_open_signing_key(k, sources) for k in keys]

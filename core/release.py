@@ -55,7 +55,7 @@ from modelsec.errors import Error, GateFailedError, PolicyError
 from modelsec.policy import Policy, RobustnessRequirement, WatermarkRequirement
 from modelsec.signer.keys import KeyBackend, TrustedKey, load_trusted_key
 
-__all__ = ["GateSpec", "ReleaseResult", "load_gate_spec", "release_model"]
+__all__ = ["GateSpec", "ReleaseResult", "check_release_report", "load_gate_spec", "release_model"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +144,13 @@ def _timestamp_attestation(path: Path, timestamper: Callable[[bytes], Sequence[b
     write_bundle_file(path, add_timestamps(data, tokens, source=str(path)), what="attestation")
 
 
-def _check_report(report: Path, out_dir: Path) -> None:
+def check_release_report(report: Path, out_dir: Path) -> None:
+    """Refuse a `--report` path the release cannot write: a bad extension, or inside `out_dir`.
+
+    Raises:
+        PolicyError: The extension is neither `.md`/`.markdown` nor `.xml`, or the report lies in
+            the release directory (which is replaced as a whole).
+    """
     from modelsec.robustness.report import check_report_path
 
     check_report_path(report)
@@ -219,7 +225,7 @@ def release_model(
 
     check_out_dir(model_dir, out_dir)
     if report is not None:
-        _check_report(report, out_dir)
+        check_release_report(report, out_dir)
     with _staging(out_dir) as staging:
         result = _release_into(
             model_dir, staging, signers, attester, watermark_key, message, gate, report, out_dir, timestamper
