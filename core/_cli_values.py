@@ -89,11 +89,15 @@ def checked_by(check: Callable[[Any], object]) -> _Callback:
 def _message(text: str) -> None:
     from modelsec.errors import PolicyError
     from modelsec.signer.watermark_keys import parse_message
+    from modelsec.watermark.scheme import WatermarkParams
 
-    # The CLI embeds with the default parameters, whose message limit is 512 bits.
+    # The CLI embeds with the default parameters' message limit.
+    limit = WatermarkParams().max_message_bits
     bits = 8 * len(parse_message(text))
-    if bits > 512:
-        raise PolicyError(f"the message has {bits} bits; it must have 8 to 512 (at most 64 bytes)")
+    if bits > limit:
+        raise PolicyError(
+            f"the message has {bits} bits; it must have 8 to {limit} (at most {limit // 8} bytes)"
+        )
 
 
 def _message_syntax(text: str) -> None:
@@ -142,13 +146,16 @@ def root_digest_value(ctx: click.Context, param: click.Parameter, value: str | N
     return hex_digest.lower()
 
 
-def timestamp_url_value(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """`--timestamp-url`: an http:// or https:// URL (the rule of `modelsec.verifier.timestamps`)."""
-    if value is not None and not value.lower().startswith(("http://", "https://")):
-        raise click.BadParameter(
-            f"{value!r}: the timestamp URL must be http:// or https://", ctx=ctx, param=param
-        )
-    return value
+def _timestamp_url(url: str) -> None:
+    try:
+        from modelsec.verifier.timestamps import check_timestamp_url
+    except ImportError:  # without the timestamp extra, `_timestamper` says what to install
+        return
+    check_timestamp_url(url)
+
+
+timestamp_url_value = checked_by(_timestamp_url)
+"""`--timestamp-url`: an http:// or https:// URL (`modelsec.verifier.timestamps.check_timestamp_url`)."""
 
 
 def listen_value(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:

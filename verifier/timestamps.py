@@ -47,6 +47,7 @@ __all__ = [
     "CLOCK_SKEW",
     "CheckedTimestamps",
     "TimestampAuthority",
+    "check_timestamp_url",
     "check_timestamps",
     "check_validity_window",
     "load_timestamp_authority",
@@ -86,6 +87,16 @@ def load_timestamp_authority(path: Path, *, name: str | None = None) -> Timestam
     return TimestampAuthority(name or path.name, roots, tuple(c for c in certs if c.subject != c.issuer))
 
 
+def check_timestamp_url(url: str) -> None:
+    """Refuse a TSA URL that is not `http://` or `https://` (urllib would open `file:` and others).
+
+    Raises:
+        KeyMaterialError: Another scheme.
+    """
+    if not url.lower().startswith(("http://", "https://")):
+        raise KeyMaterialError(f"{url}: the timestamp URL must be http:// or https://")
+
+
 def request_timestamp(signature: bytes, url: str, *, timeout: float = 30.0) -> bytes:
     """Obtain an RFC 3161 timestamp over `signature` from the TSA at `url` (HTTP POST, RFC 3161 section 3.4).
 
@@ -110,8 +121,7 @@ def request_timestamp(signature: bytes, url: str, *, timeout: float = 30.0) -> b
         SignatureError: The TSA dates its timestamp more than `CLOCK_SKEW` away from this machine's clock;
             the message names the URL, the timestamp's time and the local time.
     """
-    if not url.lower().startswith(("http://", "https://")):
-        raise KeyMaterialError(f"{url}: the timestamp URL must be http:// or https://")
+    check_timestamp_url(url)
     request = rfc3161_client.TimestampRequestBuilder(
         data=signature, hash_algorithm=rfc3161_client.HashAlgorithm.SHA256, nonce=True, cert_req=True
     ).build()
