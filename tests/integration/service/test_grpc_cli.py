@@ -155,4 +155,4 @@ def test_attest_push_and_pull(tmp_path: Path, server: InThreadServer, key_dir: P
     r = run_cli("attest", "pull", "0" * 64, "--server", server.target, "--plaintext")
     assert r.returncode == 0 and "no stored bundles" in r.stderr
     r = run_cli("attest", "pull", "xyz", "--server", server.target, "--plaintext")
-    assert r.returncode == 1 and "64 lowercase hex" in r.stderr
+    assert r.returncode == 2 and "'xyz' is not a model root digest [sha256:]<64 hex>" in r.stderr  # usage

@@ -75,7 +75,7 @@ def _run(
         ("untrusted", "SignatureError", "no trusted key"),
         ("bad-arch", "PolicyError", "does not match the verified weights"),
         ("missing-key", "KeyMaterialError", "cannot read the key file"),
-        ("bad-eps", "PolicyError", "eps must be"),
+        ("bad-eps", "UsageError", "Invalid value for '--eps': -1.0 is not in the range x>=0"),
     ],
 )
 def test_refusals_name_a_specific_error(
@@ -109,7 +109,7 @@ def test_refusals_name_a_specific_error(
         args = _replace(args, "--key", str(tmp_path / "absent.pem"))
     result = CliRunner().invoke(main, [*args, *extra])
     code, doc, output = result.exit_code, json.loads(result.stdout), result.output
-    assert code == 1, output
+    assert code == (2 if kind == "UsageError" else 1), output  # a value wrong by itself is a usage error
     error = doc["error"]
     assert doc["ok"] is False and error["kind"] == kind and message in error["message"]  # type: ignore[index]
     assert not out.exists()
