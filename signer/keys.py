@@ -121,9 +121,14 @@ def load_trusted_key(pem: bytes, *, name: str, roles: frozenset[str] = frozenset
             anything but whitespace around the block.
         UnsupportedAlgorithmError: Another key type or curve.
     """
+    return _load_trusted_key(pem, name, roles, where=name)
+
+
+def _load_trusted_key(pem: bytes, name: str, roles: frozenset[str], *, where: str) -> TrustedKey:
+    """`load_trusted_key`; the PEM-shape refusals name `where` (a file's full path) instead of `name`."""
     if len(pem) > _MAX_PEM_BYTES:
         raise KeyMaterialError(f"{name}: key file is too large to be a PEM public key")
-    _check_single_pem_block(pem, name)
+    _check_single_pem_block(pem, where)
     if b"PRIVATE KEY-----" in pem:
         raise KeyMaterialError(f"{name}: is a private key; give the public key (keygen writes *.pub.pem)")
     first: UnsupportedAlgorithmError | None = None
@@ -173,9 +178,7 @@ def load_trusted_key_file(
     path: Path, *, name: str | None = None, roles: frozenset[str] = frozenset()
 ) -> TrustedKey:
     """Read `path` (symlinks refused) and load it with `load_trusted_key`; same errors, naming the file."""
-    pem = _read_key_file(path)
-    _check_single_pem_block(pem, str(path))
-    return load_trusted_key(pem, name=name or path.name, roles=roles)
+    return _load_trusted_key(_read_key_file(path), name or path.name, roles, where=str(path))
 
 
 def load_private_key(pem: bytes, *, name: str, password: bytes | None = None) -> KeyBackend:
