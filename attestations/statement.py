@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, TypeGuard
 
-from modelsec._strict_json import strict_loads
 from modelsec.errors import MalformedArtifactError
+from modelsec.strict_json import strict_loads
 
 __all__ = [
     "GATE_PREDICATE_TYPE",
@@ -31,7 +31,7 @@ __all__ = [
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 # The predicate types modelsec writes besides the OMS weights manifest
-# (`modelsec.attestations.oms_predicate`); the verifier recognises evidence by these exact strings, so every
+# (`modelsec.attestations.predicates.oms`); the verifier recognises evidence by these exact strings, so every
 # module takes them from here.
 WATERMARK_PREDICATE_TYPE = "https://modelsec.dev/watermark/v1"
 GATE_PREDICATE_TYPE = "https://modelsec.dev/robustness-gate/v1"

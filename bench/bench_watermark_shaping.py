@@ -43,7 +43,7 @@ from safetensors.numpy import load_file, save_file
 
 from modelsec.watermark import WatermarkKey, detect
 from modelsec.watermark.fidelity import CausalLMProbe
-from modelsec.watermark.scheme import (
+from modelsec.watermark.spread_spectrum import (
     WatermarkParams,
     carrier_plan,
     code_word,

@@ -28,7 +28,8 @@ is informational). Predicate type `https://modelsec.dev/robustness-gate/v1`; the
  "runBy": {"server": "signer.example.org", "requester": "spiffe://example.org/ci/release"}}
 ```
 
-`runBy` is recorded only when a modelsec server ran the gate (RunGate; `modelsec.attestations.run_by`).
+`runBy` is recorded only when a modelsec server ran the gate (RunGate;
+`modelsec.attestations.predicates.run_by`).
 
 A FAILED run is attested too (the verdict is part of the signed statement): a policy that requires the
 robustness attestation checks `gate.verdict`, `attack`, `parameters.eps` and the threshold itself.
@@ -40,8 +41,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from modelsec.attestations import Statement, StatementSigner, sign_statement
-from modelsec.attestations.gate_predicate import gate_statement as build_statement
-from modelsec.attestations.run_by import RunBy
+from modelsec.attestations.predicates.gate import gate_statement as build_statement
+from modelsec.attestations.predicates.run_by import RunBy
 from modelsec.robustness import PREDICATE_TYPE
 from modelsec.robustness.gate import GateResult
 from modelsec.signer.signing import write_bundle_file
@@ -73,7 +74,7 @@ def gate_statement(
 
     Raises:
         MalformedArtifactError: `root_digest` is not 64 lowercase hex characters, or a number of the
-            result is out of its field's range (`modelsec.attestations.gate_predicate`).
+            result is out of its field's range (`modelsec.attestations.predicates.gate`).
     """
     predicate = result.to_json()
     predicate["model"] = {"architecture": architecture, "weights": list(weights)}

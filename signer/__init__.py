@@ -2,7 +2,7 @@
 
 Public verbs: `sign_model`, `compute_manifests`, `key_source`, `load_private_key_file`,
 `generate_private_key_pem`; signature schemes: `modelsec.signer.schemes` (the registry);
-the model-format kernel is `modelsec.modelformat`, the OMS predicate `modelsec.attestations.oms_predicate`.
+the model-format kernel is `modelsec.modelformat`, the OMS predicate `modelsec.attestations.predicates.oms`.
 Heavy modules (SM2 backends) load lazily.
 """
 

@@ -1,8 +1,9 @@
 """Key sources and backends (private keys that sign) and trusted public keys (that verify), for every scheme.
 
 The schemes themselves (ECDSA P-256/P-384 through `cryptography`, SM2 with SM3 through
-`modelsec.signer.sm2`) live in `modelsec.signer.schemes`, one module each; this module only chooses among
-them by the key's algorithm identifier, and chooses where a private key comes from (`key_source`).
+`modelsec.signer.schemes.sm2.api`) live in `modelsec.signer.schemes`, one module each; this module only
+chooses among them by the key's algorithm identifier, and chooses where a private key comes from
+(`key_source`).
 
 Verification is strict for every scheme: the signature is decoded strictly before any curve arithmetic, and
 failures raise `SignatureError` (never a bool). Keys are PEM: PKCS#8 (optionally encrypted) private keys and
@@ -21,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from modelsec._files import read_regular_file
 from modelsec.algorithms import SignatureAlgorithm
 from modelsec.errors import KeyMaterialError, SignatureError, UnsupportedAlgorithmError
+from modelsec.safe_io import read_regular_file
 from modelsec.signer.pkcs11 import Pkcs11KeySource
 from modelsec.signer.schemes import (
     KeyBackend,

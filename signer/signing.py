@@ -12,7 +12,12 @@ from typing import Protocol, runtime_checkable
 
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
 from modelsec.attestations.bundle import add_timestamps, parse_bundle, sign_statement
-from modelsec.attestations.oms_predicate import SINGLE_FILE_NAME, Manifest, build_manifest, manifest_statement
+from modelsec.attestations.predicates.oms import (
+    SINGLE_FILE_NAME,
+    Manifest,
+    build_manifest,
+    manifest_statement,
+)
 from modelsec.attestations.statement import Statement
 from modelsec.errors import (
     Error,
@@ -430,8 +435,8 @@ def sign_model(
         ignore_paths: More relative paths to leave out and record (OMS semantics: a directory with
             everything below it); see `relative_ignore_paths` for paths given on a command line.
         timestamper: Called with each bundle's signature bytes; returns the DER RFC 3161 `TimeStampResp`s
-            stored in that bundle (`modelsec.verifier.timestamps.request_timestamp`). Every bundle is signed
-            and timestamped before the first is written: a failing TSA leaves no bundle behind.
+            stored in that bundle (`modelsec.verifier.trust.timestamps.request_timestamp`). Every bundle is
+            signed and timestamped before the first is written: a failing TSA leaves no bundle behind.
         hash_type: File digest algorithm of the manifests ECDSA and ML-DSA keys sign: `sha256` (the OMS
             default) or `blake3` (OMS/model_signing `hashing_algorithm="blake3"`: resources with BLAKE3
             digests, subject digest SHA-256 over them; no SHA-256 pass over the files). SM2 keys always

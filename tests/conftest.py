@@ -33,7 +33,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def _no_guard_left_installed() -> object:
     """A test that installs the runtime guard and fails before its own cleanup must not patch later tests."""
     yield
-    hook = sys.modules.get("modelsec.verifier.hook")
+    hook = sys.modules.get("modelsec.verifier.guard.hook")
     if hook is not None and getattr(hook, "_active", False):
         hook.uninstall()
 

@@ -9,11 +9,11 @@ model when the policy requires attestations. Order for each bundle, failing clos
    weights manifest (role `weights`), `https://modelsec.dev/watermark/v1` (role `watermark`) or
    `https://modelsec.dev/robustness-gate/v1` (role `gate`); anything else is refused by name;
 3. the signature must verify under a policy key holding that role (keys never come from the bundle), or
-   the bundle's certificate through a policy authority holding that role (`modelsec.verifier.identity`);
+   the bundle's certificate through a policy authority holding that role (`modelsec.verifier.trust.identity`);
 4. the statement's subject (parsed once, from the payload bytes the signature covers) must be this model's
    root digest (an attestation replayed from another model does not count); the signature's time must lie in
    its key's validity window, by a trusted RFC 3161 timestamp where the policy names TSAs (and must, with
-   `requireTimestamp`), as for weights signatures (`modelsec.verifier.bundles.check_signature_time`);
+   `requireTimestamp`), as for weights signatures (`modelsec.verifier.trust.bundles.check_signature_time`);
 5. the predicate must parse with every number in its field's range (`modelsec.attestations.predicates`,
    before any arithmetic);
 6. a gate statement must apply to the policy: its attack, ε and sample count at least the policy's, and
@@ -45,17 +45,17 @@ from pathlib import Path
 from typing import Any
 
 from modelsec.attestations.bundle import Bundle, parse_bundle
-from modelsec.attestations.gate_predicate import parse_gate_predicate
-from modelsec.attestations.oms_predicate import OMS_PREDICATE_TYPE, parse_manifest
+from modelsec.attestations.predicates.gate import parse_gate_predicate
+from modelsec.attestations.predicates.oms import OMS_PREDICATE_TYPE, parse_manifest
+from modelsec.attestations.predicates.watermark import (
+    parse_watermark_predicate,
+)
 from modelsec.attestations.statement import (
     GATE_PREDICATE_TYPE,
     WATERMARK_PREDICATE_TYPE,
     Statement,
     is_sha256_hex,
     parse_statement,
-)
-from modelsec.attestations.watermark_predicate import (
-    parse_watermark_predicate,
 )
 from modelsec.errors import AttestationError, Error, MalformedArtifactError
 from modelsec.limits import Limits
@@ -68,9 +68,9 @@ from modelsec.verifier._statement_checks import (
     watermark_applies,
     watermark_outcome,
 )
-from modelsec.verifier.bundles import check_signature_time, read_bundle, verify_bundle_signature
 from modelsec.verifier.stores import StoredBundle, StoreOptions, open_store
 from modelsec.verifier.stores.directory import DirectoryStore
+from modelsec.verifier.trust.bundles import check_signature_time, read_bundle, verify_bundle_signature
 
 __all__ = [
     "GATE_PREDICATE_TYPE",
@@ -109,7 +109,7 @@ def verify_statement_bundle(
         root_digest: The model root digest (hex SHA-256) the statement must be about.
         what: Names the bundle in errors.
         authorities: Certificate and Sigstore authorities; only those holding the role are tried, and only
-            for a bundle that carries a certificate (`modelsec.verifier.identity`).
+            for a bundle that carries a certificate (`modelsec.verifier.trust.identity`).
         timestamp_authorities: TSAs whose timestamps in the bundle set the time an X.509 chain is checked at.
 
     Returns:

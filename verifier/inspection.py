@@ -12,8 +12,8 @@ from modelsec.errors import AttestationError, MalformedArtifactError, SignatureE
 from modelsec.limits import Limits
 from modelsec.signer.keys import TrustedKey
 from modelsec.verifier.attestations import role_for_predicate
-from modelsec.verifier.bundles import has_key_for_bundle, read_bundle, verify_bundle_signature
 from modelsec.verifier.stores import StoredBundle
+from modelsec.verifier.trust.bundles import has_key_for_bundle, read_bundle, verify_bundle_signature
 
 __all__ = ["SKIPPED_NOTE", "InspectedBundle", "inspect_bundle", "require_one_checked"]
 

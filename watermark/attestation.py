@@ -34,12 +34,12 @@ from modelsec.limits import Limits
 
 if TYPE_CHECKING:
     from modelsec.attestations.bundle import StatementSigner
-    from modelsec.attestations.run_by import RunBy
+    from modelsec.attestations.predicates.run_by import RunBy
+    from modelsec.attestations.predicates.watermark import WatermarkPredicate
     from modelsec.attestations.statement import Statement
-    from modelsec.attestations.watermark_predicate import WatermarkPredicate
     from modelsec.signer.keys import TrustedKey
     from modelsec.watermark.embed import EmbedResult
-    from modelsec.watermark.scheme import WatermarkKey, WatermarkParams
+    from modelsec.watermark.spread_spectrum import WatermarkKey, WatermarkParams
 
 __all__ = [
     "PREDICATE_TYPE",
@@ -118,8 +118,8 @@ def watermark_statement(
         MalformedArtifactError: A recorded number is out of its field's range (never signed).
     """
     from modelsec import __version__
-    from modelsec.attestations.watermark_predicate import watermark_statement as build_statement
-    from modelsec.watermark.scheme import SCHEME
+    from modelsec.attestations.predicates.watermark import watermark_statement as build_statement
+    from modelsec.watermark.spread_spectrum import SCHEME
 
     when = (embedded_at or datetime.now(UTC)).astimezone(UTC).replace(microsecond=0)
     detection = result.detection.to_json()
@@ -308,13 +308,13 @@ def verify_watermark_attestation(
         MalformedArtifactError: The bundle or statement is malformed or has another predicateType.
         MalformedArtifactError: Also: a number of the predicate is out of its field's range.
         AttestationError: The subject is another model, or the predicate lacks required fields
-            (`modelsec.attestations.watermark_predicate.parse_watermark_predicate`, the verifier's rule).
+            (`modelsec.attestations.predicates.watermark.parse_watermark_predicate`, the verifier's rule).
         PolicyError: Neither or both of `root_digest` and `model_dir` given.
     """
+    from modelsec.attestations.predicates.watermark import parse_watermark_predicate
     from modelsec.attestations.statement import parse_statement
-    from modelsec.attestations.watermark_predicate import parse_watermark_predicate
     from modelsec.verifier.attestations import verify_statement_bundle
-    from modelsec.verifier.bundles import read_bundle
+    from modelsec.verifier.trust.bundles import read_bundle
 
     limits = limits or Limits()
     if root_digest is not None and model_dir is None:
@@ -368,9 +368,9 @@ def detection_hints(predicate: Mapping[str, Any], *, what: str) -> DetectionHint
         UnsupportedAlgorithmError: The predicate records another watermark scheme.
         PolicyError: The recorded parameters are invalid.
     """
-    from modelsec.attestations.watermark_predicate import parse_recorded_parameters
-    from modelsec.watermark.scheme import SCHEME, WatermarkParams
+    from modelsec.attestations.predicates.watermark import parse_recorded_parameters
     from modelsec.watermark.schemes import get_scheme
+    from modelsec.watermark.spread_spectrum import SCHEME, WatermarkParams
 
     recorded = parse_recorded_parameters(predicate, what=what)
     if get_scheme(recorded.scheme, what=what).name != SCHEME:  # hints are this scheme's parameters
@@ -404,7 +404,7 @@ def read_detection_hints(bundle_path: Path, *, limits: Limits | None = None) -> 
         PolicyError: Invalid recorded parameters.
     """
     from modelsec.attestations.statement import parse_statement
-    from modelsec.verifier.bundles import read_bundle
+    from modelsec.verifier.trust.bundles import read_bundle
 
     bundle = read_bundle(bundle_path, limits or Limits())
     statement = parse_statement(bundle.envelope.payload, what=str(bundle_path), predicate_type=PREDICATE_TYPE)

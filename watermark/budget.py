@@ -88,7 +88,7 @@ from modelsec.watermark.detection import DetectionThresholds
 from modelsec.watermark.embed import EmbedResult, embed_model
 from modelsec.watermark.fidelity import FidelityProbe, FidelityReport, check_budget
 from modelsec.watermark.grading import grades_from_sensitivities, probe_sensitivities
-from modelsec.watermark.scheme import CARRIER_SETS, WatermarkParams
+from modelsec.watermark.spread_spectrum import CARRIER_SETS, WatermarkParams
 
 __all__ = ["DEFAULT_MAX_FIDELITY_LOSS", "DEFAULT_MIN_KAPPA", "embed_within_budget"]
 

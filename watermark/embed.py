@@ -40,7 +40,7 @@ from modelsec.watermark._output import (
 )
 from modelsec.watermark.detection import DetectionResult, DetectionThresholds, ExtractedBlocks, evaluate
 from modelsec.watermark.io import RAW_DTYPES, DirectorySource, ShardFile, TensorRef, decode, encode
-from modelsec.watermark.scheme import (
+from modelsec.watermark.spread_spectrum import (
     CarrierPlan,
     WatermarkKey,
     WatermarkParams,

@@ -60,7 +60,7 @@ operations follow its roles: `weights` -> `signStatement`, `gate` -> `gateResult
 `operations: [signStatement]` and the role).
 
 Relative paths are relative to the configuration file's directory. The file is validated strictly
-(`modelsec._config_models.ServerConfigModel`, published as `schemas/server-config.schema.json`).
+(`modelsec.config_models.ServerConfigModel`, published as `schemas/server-config.schema.json`).
 """
 
 from __future__ import annotations
@@ -72,8 +72,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from modelsec._config import read_config, validate
-from modelsec._config_models import AccessModel, ServerConfigModel, check_listen
+from modelsec.config import read_config, validate
+from modelsec.config_models import AccessModel, ServerConfigModel, check_listen
 from modelsec.errors import PolicyError
 
 __all__ = [

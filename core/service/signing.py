@@ -7,10 +7,10 @@ weights manifest, and an unknown predicate type is never signed. The key must be
 `signStatement` operation, and a key that signs the gate results (watermark records) of runs this server
 performs itself never signs a client-made gate (watermark) statement; nor is any gate or watermark
 statement carrying `runBy` signed here (only RunGate and EmbedWatermark record it), so a `runBy` under a
-server-held key means this server ran the gate or the embed (`modelsec.attestations.run_by`). The numbers
-of a gate or watermark predicate must lie in their fields' ranges (`modelsec.attestations.predicates`). The
-statement bytes are signed as received (`sign_payload`, the same DSSE/bundle code as local signing), so
-remote and local bundles verify identically.
+server-held key means this server ran the gate or the embed (`modelsec.attestations.predicates.run_by`). The
+numbers of a gate or watermark predicate must lie in their fields' ranges
+(`modelsec.attestations.predicates`). The statement bytes are signed as received (`sign_payload`, the same
+DSSE/bundle code as local signing), so remote and local bundles verify identically.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import Any
 from grpc import aio
 
 from modelsec.attestations.bundle import sign_payload
-from modelsec.attestations.oms_predicate import OMS_PREDICATE_TYPE, parse_manifest
 from modelsec.attestations.predicates import check_predicate_numbers
-from modelsec.attestations.run_by import RUN_BY_FIELD
+from modelsec.attestations.predicates.oms import OMS_PREDICATE_TYPE, parse_manifest
+from modelsec.attestations.predicates.run_by import RUN_BY_FIELD
 from modelsec.attestations.statement import GATE_PREDICATE_TYPE, WATERMARK_PREDICATE_TYPE, parse_statement
 from modelsec.errors import MalformedArtifactError, PermissionDeniedError
 from modelsec.limits import Limits

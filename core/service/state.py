@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from modelsec.attestations.bundle import key_hint
-from modelsec.attestations.run_by import RunBy
+from modelsec.attestations.predicates.run_by import RunBy
 from modelsec.errors import (
     AuthenticationError,
     Error,

@@ -37,7 +37,7 @@ from modelsec.watermark.attestation import PREDICATE_TYPE
 
 if TYPE_CHECKING:
     from modelsec.watermark.detection import DetectionResult
-    from modelsec.watermark.scheme import WatermarkKey
+    from modelsec.watermark.spread_spectrum import WatermarkKey
 
 __all__ = ["ATTESTATION_FILE_NAME", "WatermarkServicer", "detection_to_proto", "write_file_at"]
 
@@ -205,7 +205,7 @@ def write_file_at(directory: Path, name: str, data: bytes, *, what: str) -> None
 
 def _load_key(wm: WatermarkKeyConfig) -> WatermarkKey:
     """Load a configured key file; the caller learns only the key's name, the log gets the reason."""
-    from modelsec.watermark.scheme import load_key_file
+    from modelsec.watermark.spread_spectrum import load_key_file
 
     try:
         return load_key_file(wm.path)

@@ -16,7 +16,7 @@ import pytest
 
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
 from modelsec.attestations.bundle import sign_statement
-from modelsec.attestations.oms_predicate import build_manifest, manifest_statement
+from modelsec.attestations.predicates.oms import build_manifest, manifest_statement
 from modelsec.errors import MalformedArtifactError
 from modelsec.modelformat.hashing import hash_files
 from modelsec.modelformat.model_files import DEFAULT_IGNORE_PATHS, open_model_root

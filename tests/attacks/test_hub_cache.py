@@ -22,7 +22,7 @@ from modelsec.modelformat.model_files import hub_blob_name
 from modelsec.policy import Policy
 from modelsec.signer import load_private_key_file, sign_model
 from modelsec.verifier import verify_model
-from modelsec.verifier.bundles import read_bundle
+from modelsec.verifier.trust.bundles import read_bundle
 from tests.conftest import write_tiny_model
 
 P256 = SignatureAlgorithm.ECDSA_P256.value

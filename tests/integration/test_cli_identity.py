@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from modelsec._cli import main
+from modelsec.cli.main import main
 
 pytestmark = pytest.mark.integration
 
@@ -46,7 +46,7 @@ def test_keyless_identity_and_issuer(model: Path) -> None:
     # model_signing's underscore spelling; a trusted_root.json given as a file.
     import importlib.resources
 
-    from modelsec.verifier.identity import _EMBEDDED_ROOTS
+    from modelsec.verifier.trust.identity import _EMBEDDED_ROOTS
 
     embedded = importlib.resources.files("sigstore._store") / _EMBEDDED_ROOTS["staging"] / "trusted_root.json"
     root_file = model.parent / "trusted_root.json"

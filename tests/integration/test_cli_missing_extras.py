@@ -168,7 +168,7 @@ def test_missing_extra_under_json(bare: Path) -> None:
 
 
 def test_missing_extra_mapping() -> None:
-    from modelsec._lazy import missing_extra
+    from modelsec.lazy import missing_extra
 
     assert missing_extra("google.protobuf", "sign") == "grpc"
     assert missing_extra("numpy", "gate") == "torch"

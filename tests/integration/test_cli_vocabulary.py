@@ -17,7 +17,7 @@ import click
 import pytest
 from click.testing import CliRunner, Result
 
-from modelsec._cli import main
+from modelsec.cli.main import main
 
 pytestmark = pytest.mark.integration
 

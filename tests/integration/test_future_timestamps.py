@@ -24,7 +24,7 @@ from modelsec.errors import SignatureError
 from modelsec.policy import PolicySet
 from modelsec.signer import load_private_key_file, sign_model
 from modelsec.verifier import verify_model
-from modelsec.verifier.timestamps import CLOCK_SKEW, request_timestamp
+from modelsec.verifier.trust.timestamps import CLOCK_SKEW, request_timestamp
 from tests.conftest import run_cli
 from tests.integration.test_certificate_trust import pki
 from tests.integration.test_rfc3161 import (

@@ -13,7 +13,7 @@ import pytest
 
 from modelsec.algorithms import HashAlgorithm
 from modelsec.attestations.bundle import sign_statement
-from modelsec.attestations.oms_predicate import Resource, manifest_statement, root_digest
+from modelsec.attestations.predicates.oms import Resource, manifest_statement, root_digest
 from modelsec.errors import FileSetMismatchError, MalformedArtifactError, VerificationError
 from modelsec.policy import Policy
 from modelsec.signer import load_private_key_file, sign_model
@@ -261,7 +261,7 @@ def test_blake2b_and_shards_refused_naming_the_option(
 
 
 def test_resource_named_dot_only_alone(tmp_path: Path, key_dir: Path) -> None:
-    from modelsec.attestations.oms_predicate import parse_manifest
+    from modelsec.attestations.predicates.oms import parse_manifest
 
     model = write_tiny_model(tmp_path / "m")
     m = compute_manifests(model, [HashAlgorithm.SHA256], ignore_paths=MODEL_IGNORE_PATHS, tensor_hash=None)[

@@ -195,7 +195,7 @@ def test_service_config_refuses_a_pin_in_a_key_uri(tmp_path: Path, key_dir: Path
 
 def test_service_signs_with_a_token_key(token: Token, tmp_path: Path, key_dir: Path) -> None:
     from modelsec.algorithms import HashAlgorithm
-    from modelsec.attestations.oms_predicate import manifest_statement
+    from modelsec.attestations.predicates.oms import manifest_statement
     from modelsec.attestations.statement import serialize_statement
     from modelsec.service.client import ChannelOptions, ModelsecClient
     from modelsec.signer.keys import load_trusted_key_file

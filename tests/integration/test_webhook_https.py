@@ -308,7 +308,7 @@ def test_certificate_is_reloaded_when_it_changes_on_disk(webhook: Webhook, tmp_p
 def test_cli_serve_refuses_bad_tls_material(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    from modelsec._cli_webhook import webhook
+    from modelsec.cli.webhook import webhook
 
     (tmp_path / "store").mkdir()
     (tmp_path / "tls.crt").write_text("not a certificate")

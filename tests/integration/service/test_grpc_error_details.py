@@ -22,7 +22,7 @@ from grpc_status import rpc_status
 from modelsec import errors
 from modelsec.algorithms import HashAlgorithm
 from modelsec.attestations import Statement, Subject, sign_statement
-from modelsec.attestations.oms_predicate import manifest_statement
+from modelsec.attestations.predicates.oms import manifest_statement
 from modelsec.attestations.statement import serialize_statement
 from modelsec.service.client import ChannelOptions, ModelsecClient
 from modelsec.service.status import DOMAIN, trailing_metadata_for

@@ -13,7 +13,7 @@ import pytest
 
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
 from modelsec.attestations.bundle import parse_bundle
-from modelsec.attestations.oms_predicate import manifest_statement
+from modelsec.attestations.predicates.oms import manifest_statement
 from modelsec.attestations.statement import serialize_statement
 from modelsec.errors import (
     AuthenticationError,

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 import numpy as np  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
-from modelsec._cli import main  # noqa: E402
+from modelsec.cli.main import main  # noqa: E402
 from tests.unit.robustness import _helpers as h  # noqa: E402
 
 

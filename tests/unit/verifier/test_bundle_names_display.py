@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from modelsec._cli import main
+from modelsec.cli.main import main
 from modelsec.signer import load_private_key_file, sign_model
 
 COMMANDS = [["inspect"], ["attest", "list"], ["attest", "show"]]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from modelsec._cli import main
+from modelsec.cli.main import main
 from modelsec.signer import load_private_key_file, sign_model
 from tests.conftest import write_tiny_model
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from modelsec._cli import main
 from modelsec.attestations import Statement, Subject, sign_statement
+from modelsec.cli.main import main
 from modelsec.errors import (
     BackendUnavailableError,
     MalformedArtifactError,

@@ -185,7 +185,7 @@ def test_policy_max_fidelity_loss(
 
 
 def test_fidelity_object_must_be_complete() -> None:
-    from modelsec.attestations.watermark_predicate import parse_watermark_predicate
+    from modelsec.attestations.predicates.watermark import parse_watermark_predicate
 
     predicate = watermark_predicate()
     predicate["fidelity"] = {"metric": "m", "value": 0.0, "budget": 1e-4}

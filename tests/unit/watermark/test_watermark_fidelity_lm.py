@@ -39,7 +39,7 @@ from modelsec.watermark import WatermarkKey, detect, embed_model  # noqa: E402
 from modelsec.watermark.budget import DEFAULT_MIN_KAPPA, embed_within_budget  # noqa: E402
 from modelsec.watermark.fidelity import CausalLMProbe, auto_probe  # noqa: E402
 from modelsec.watermark.grading import grades_from_sensitivities, probe_sensitivities  # noqa: E402
-from modelsec.watermark.scheme import WatermarkParams  # noqa: E402
+from modelsec.watermark.spread_spectrum import WatermarkParams  # noqa: E402
 from tests.unit.watermark import _fortunes_lm as F  # noqa: E402
 
 torch.set_num_threads(1)
