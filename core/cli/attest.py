@@ -18,17 +18,17 @@ from typing import Any
 import click
 
 from modelsec.cli.common import (
-    _digest_str,
-    _fail,
-    _json_option,
-    _limits,
-    _reply,
-    _server_client,
-    _server_options,
-    _signer_json,
-    _signer_text,
-    _skipped_note,
-    _trusted_keys_option,
+    digest_str,
+    fail,
+    json_option,
+    limits,
+    reply,
+    server_client,
+    server_options,
+    signer_json,
+    signer_text,
+    skipped_note,
+    trusted_keys_option,
 )
 from modelsec.cli.values import root_digest_value
 from modelsec.errors import Error
@@ -63,27 +63,27 @@ def _attestation_rows(model_dir: Path, store: str | None, keys: tuple[Path, ...]
     os.close(open_model_root(model_dir))  # a missing path is an error, not an empty list
     trusted = [load_trusted_key_file(k) for k in keys]
     paths = [model_dir / n for n in MODEL_IGNORE_PATHS if n.endswith(".sig") and (model_dir / n).is_file()]
-    seen = [inspect_bundle(p, trusted, limits=_limits(), skip_unverifiable=True) for p in paths]
+    seen = [inspect_bundle(p, trusted, limits=limits(), skip_unverifiable=True) for p in paths]
     for path, b in zip(paths, seen, strict=True):
         if b.signer is not None:
             check_bundle_name(path, b.signer)  # verify's rule for the default weights-signature names
     require_one_checked(seen, trusted, str(model_dir))
     if store is not None:
         digests = sorted({s.digest.get("sha256", "") for b in seen for s in b.statement.subjects} - {""})
-        opened = open_store(store, StoreOptions(limits=_limits()))
+        opened = open_store(store, StoreOptions(limits=limits()))
         try:
             for digest in digests:
-                seen += [inspect_bundle(e, trusted, limits=_limits()) for e in opened.entries(digest)]
+                seen += [inspect_bundle(e, trusted, limits=limits()) for e in opened.entries(digest)]
         finally:
             opened.close()
     return [
         {
             "path": str(b.source),
             "predicateType": b.statement.predicate_type,
-            "signer": _signer_json(b.signer),
+            "signer": signer_json(b.signer),
             "skipped": b.skipped,
             "subjects": [
-                {"name": s.name, "digests": [_digest_str(v, a) for a, v in s.digest.items()]}
+                {"name": s.name, "digests": [digest_str(v, a) for a, v in s.digest.items()]}
                 for s in b.statement.subjects
             ],
             "predicate": dict(b.statement.predicate),
@@ -99,25 +99,25 @@ def _attestation_rows(model_dir: Path, store: str | None, keys: tuple[Path, ...]
     help="Also list what an attestation store (a directory or file://, sqlite://, grpc(s):// URI) holds "
     "about the model's digest.",
 )
-@_trusted_keys_option(
+@trusted_keys_option(
     "Trusted public key PEM (repeatable; old spellings --key, -k): check each signature (role by predicate "
     "type; unknown types are refused)."
 )
-@_json_option
+@json_option
 def _attest_list(model_dir: Path, store: str | None, keys: tuple[Path, ...], as_json: bool) -> None:
     """One line per bundle about MODEL_DIR: predicate type, subject, signer (UNVERIFIED without a key)."""
     try:
         rows = _attestation_rows(model_dir, store, keys)
     except Error as e:
-        _fail(e, as_json)
+        fail(e, as_json)
     if as_json:
-        _reply({"bundles": [{k: v for k, v in r.items() if k != "predicate"} for r in rows]})
+        reply({"bundles": [{k: v for k, v in r.items() if k != "predicate"} for r in rows]})
         return
     for r in rows:
-        _skipped_note(r)
+        skipped_note(r)
         digests = [d for s in r["subjects"] for d in s["digests"] if d.startswith("sha256:")]
         digest = (digests[0] if digests else "sha256:?")[:23]
-        click.echo(f"{r['predicateType']:<45} {digest}…  {_signer_text(r['signer']):<30} {r['path']}")
+        click.echo(f"{r['predicateType']:<45} {digest}…  {signer_text(r['signer']):<30} {r['path']}")
 
 
 @attest.command(name="put")
@@ -127,13 +127,13 @@ def _attest_list(model_dir: Path, store: str | None, keys: tuple[Path, ...], as_
     required=True,
     help="The attestation store: a directory (<store>/sha256/<digest>/<id>.sig) or a file://, sqlite:// URI.",
 )
-@_json_option
+@json_option
 def _attest_put(bundles: tuple[Path, ...], store: str, as_json: bool) -> None:
     """File BUNDLES in a store by their subject's root digest (verified when read, not here)."""
     from modelsec.verifier.stores import StoreOptions, open_store
 
     try:
-        opened = open_store(store, StoreOptions(limits=_limits()))
+        opened = open_store(store, StoreOptions(limits=limits()))
         try:
             written = [opened.put(_read_bundle_file(b))[0].source for b in bundles]
         finally:
@@ -141,9 +141,9 @@ def _attest_put(bundles: tuple[Path, ...], store: str, as_json: bool) -> None:
     except OSError as e:
         raise click.UsageError(f"cannot write to the store: {e}") from e
     except Error as e:
-        _fail(e, as_json)
+        fail(e, as_json)
     if as_json:
-        _reply({"stored": [str(p) for p in written]})
+        reply({"stored": [str(p) for p in written]})
     else:
         for p in written:
             click.echo(f"stored {p}")
@@ -151,8 +151,8 @@ def _attest_put(bundles: tuple[Path, ...], store: str, as_json: bool) -> None:
 
 @attest.command(name="push")
 @click.argument("args", nargs=-1, required=True, metavar="[STORE] BUNDLE...")
-@_server_options(required=False)
-@_json_option
+@server_options(required=False)
+@json_option
 def _attest_push(
     args: tuple[str, ...],
     server: str | None,
@@ -180,18 +180,18 @@ def _attest_push(
         _push_to_store(args[0], [Path(a) for a in args[1:]], as_json)
         return
     results = []
-    with _server_client(server, server_ca, client_cert, client_key, token_env, plaintext) as client:
+    with server_client(server, server_ca, client_cert, client_key, token_env, plaintext) as client:
         for path in map(Path, args):
             try:
                 response = client.put_attestation(_read_bundle_file(path))
             except Error as e:
-                _fail(e.add_context(str(path)), as_json)
+                fail(e.add_context(str(path)), as_json)
             a = response.attestation
             results.append(
                 {
                     "path": str(path),
                     "id": a.id,
-                    "rootDigest": _digest_str(a.root_digest),
+                    "rootDigest": digest_str(a.root_digest),
                     "predicateType": a.predicate_type,
                     "signer": a.signer,
                     "created": response.created,
@@ -201,7 +201,7 @@ def _attest_push(
                 state = "stored" if response.created else "already stored"
                 click.echo(f"{state} {path} as {a.id[:16]}… ({a.predicate_type}, signer {a.signer})")
     if as_json:
-        _reply({"stored": results})
+        reply({"stored": results})
 
 
 def _read_bundle_file(path: Path) -> bytes:
@@ -214,7 +214,7 @@ def _read_bundle_file(path: Path) -> bytes:
     from modelsec.errors import MalformedArtifactError
     from modelsec.safe_io import read_regular_file
 
-    limit = _limits().max_bundle_bytes
+    limit = limits().max_bundle_bytes
     return read_regular_file(path, "attestation bundle", max_bytes=limit, error=MalformedArtifactError)
 
 
@@ -226,9 +226,9 @@ def _push_to_store(store: str, paths: list[Path], as_json: bool) -> None:
 
     results = []
     try:
-        opened = open_store(store, StoreOptions(limits=_limits(), must_exist=False))
+        opened = open_store(store, StoreOptions(limits=limits(), must_exist=False))
     except Error as e:
-        _fail(e, as_json)
+        fail(e, as_json)
     try:
         for path in paths:
             try:
@@ -238,11 +238,11 @@ def _push_to_store(store: str, paths: list[Path], as_json: bool) -> None:
                     parse_bundle(data, source=str(path)).envelope.payload, what=str(path)
                 )
             except Error as e:
-                _fail(e.add_context(str(path)), as_json)
+                fail(e.add_context(str(path)), as_json)
             row = {
                 "path": str(path),
                 "id": entry.id,
-                "rootDigest": _digest_str(entry.root_digest),
+                "rootDigest": digest_str(entry.root_digest),
                 "predicateType": statement.predicate_type,
                 "source": entry.source,
                 "created": created,
@@ -256,18 +256,18 @@ def _push_to_store(store: str, paths: list[Path], as_json: bool) -> None:
     finally:
         opened.close()
     if as_json:
-        _reply({"stored": results})
+        reply({"stored": results})
 
 
 @attest.command(name="pull")
 @click.argument("root_digest", callback=root_digest_value)
-@_server_options(required=True)
+@server_options(required=True)
 @click.option(
     "--out",
     help="Write the bundles into this store (a directory: <out>/sha256/<digest>/<id>.sig, or a file://, "
     "sqlite:// URI), e.g. a policy's attestationStore; without it, only list them.",
 )
-@_json_option
+@json_option
 def _attest_pull(
     root_digest: str,
     server: str,
@@ -287,10 +287,10 @@ def _attest_pull(
 
     digest = root_digest.removeprefix("sha256:").lower()
     rows = []
-    with _server_client(server, server_ca, client_cert, client_key, token_env, plaintext) as client:
+    with server_client(server, server_ca, client_cert, client_key, token_env, plaintext) as client:
         try:
             target = (
-                None if out is None else open_store(out, StoreOptions(limits=_limits(), must_exist=False))
+                None if out is None else open_store(out, StoreOptions(limits=limits(), must_exist=False))
             )
             for item in client.get_attestations(digest):
                 a = item.attestation
@@ -306,11 +306,11 @@ def _attest_pull(
             if target is not None:
                 target.close()
         except Error as e:
-            _fail(e, as_json)
+            fail(e, as_json)
         except OSError as e:
             raise click.UsageError(f"cannot write to {out}: {e.strerror}") from e
     if as_json:
-        _reply({"rootDigest": _digest_str(digest), "bundles": rows})
+        reply({"rootDigest": digest_str(digest), "bundles": rows})
         return
     for r in rows:
         click.echo(f"{r['predicateType']:<45} {r['signer']:<30} {r.get('path', r['id'])}")
@@ -321,11 +321,11 @@ def _attest_pull(
 @attest.command(name="show")
 @click.argument("model_dir", type=click.Path(path_type=Path))
 @click.option("--store", help="Also show what an attestation store holds about the model's digest.")
-@_trusted_keys_option(
+@trusted_keys_option(
     "Trusted public key PEM (repeatable; old spellings --key, -k): check each signature (role by predicate "
     "type; unknown types are refused)."
 )
-@_json_option
+@json_option
 def _attest_show(model_dir: Path, store: str | None, keys: tuple[Path, ...], as_json: bool) -> None:
     """Print every bundle's statement about MODEL_DIR as indented JSON (signer null without --trusted-key).
 
@@ -334,9 +334,9 @@ def _attest_show(model_dir: Path, store: str | None, keys: tuple[Path, ...], as_
     try:
         rows = _attestation_rows(model_dir, store, keys)
     except Error as e:
-        _fail(e, as_json)
+        fail(e, as_json)
     if as_json:
-        _reply({"bundles": rows})
+        reply({"bundles": rows})
     else:
         click.echo(json.dumps(rows, indent=2, default=str))
 
@@ -359,7 +359,7 @@ def _attest_show(model_dir: Path, store: str | None, keys: tuple[Path, ...], as_
     is_flag=True,
     help="Keep the record but withdraw it from readers (SQLite keeps it for audit; a directory removes it).",
 )
-@_json_option
+@json_option
 def attest_delete(store: str, digest: str, bundle_id: str, supersede: bool, as_json: bool) -> None:
     """Delete (or supersede) the record ID about DIGEST in STORE (a directory, file:// or sqlite:// URI)."""
     from modelsec.limits import Limits
@@ -373,9 +373,9 @@ def attest_delete(store: str, digest: str, bundle_id: str, supersede: bool, as_j
         finally:
             opened.close()
     except Error as e:
-        _fail(e, as_json)
+        fail(e, as_json)
     verb = "superseded" if supersede else "deleted"
     if as_json:
-        _reply({verb: {"rootDigest": digest, "id": bundle_id}})
+        reply({verb: {"rootDigest": digest, "id": bundle_id}})
     else:
         click.echo(f"{verb} {bundle_id} (sha256:{digest}) in {store}")

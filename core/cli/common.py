@@ -23,31 +23,30 @@ __all__ = [
     "PASSWORD_ENV",
     "POLICY_ENV",
     "_command_name",
-    "_digest_str",
-    "_fail",
-    "_json_option",
-    "_key_password_option",
-    "_key_password_sources",
-    "_limits",
-    "_open_signing_key",
-    "_option",
     "_password",
-    "_progress",
-    "_quiet_option",
-    "_read_password_source",
-    "_reply",
-    "_server_client",
-    "_server_options",
-    "_signatures_option",
-    "_signer_json",
-    "_signer_text",
-    "_signing_keys_option",
-    "_skipped_note",
-    "_timestamp_option",
-    "_timestamper",
-    "_trusted_keys_option",
-    "_usage_error_reply",
-    "_write_key_file",
+    "digest_str",
+    "fail",
+    "json_option",
+    "key_password_option",
+    "key_password_sources",
+    "limits",
+    "open_signing_key",
+    "progress_bar",
+    "quiet_option",
+    "read_password_source",
+    "reply",
+    "server_client",
+    "server_options",
+    "signatures_option",
+    "signer_json",
+    "signer_text",
+    "signing_keys_option",
+    "skipped_note",
+    "timestamp_option",
+    "timestamper",
+    "trusted_keys_option",
+    "usage_error_reply",
+    "write_key_file",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -66,12 +65,12 @@ def _command_name(ctx: click.Context | None = None) -> str:
     return " ".join(reversed(words))
 
 
-def _digest_str(value: str, algorithm: str = "sha256") -> str:
+def digest_str(value: str, algorithm: str = "sha256") -> str:
     """`<algorithm>:<hex>`, the one spelling of a digest in every output (idempotent)."""
     return value if value.startswith(f"{algorithm}:") else f"{algorithm}:{value}"
 
 
-def _reply(
+def reply(
     fields: Mapping[str, Any] | None = None,
     *,
     ok: bool = True,
@@ -93,26 +92,27 @@ def _reply(
     click.echo(json.dumps(doc, default=str))
 
 
-def _fail(
+def fail(
     e: Error, as_json: bool, *, hint: str | None = None, fields: Mapping[str, Any] | None = None
 ) -> NoReturn:
     """Report a modelsec error (one line on stderr, or the JSON envelope with `error`) and exit 1."""
     # The library's messages carry no CLI advice; `hint` is the command's own (e.g. which option to give).
     message = f"{e.diagnostics()} ({hint})" if hint else e.diagnostics()
     if as_json:
-        _reply(fields, ok=False, kind=type(e).__name__, message=message)
+        reply(fields, ok=False, kind=type(e).__name__, message=message)
     else:
         click.echo(f"modelsec: error: {message}", err=True)
     sys.exit(1)
 
 
-def _usage_error_reply(e: click.UsageError, command: str) -> None:
+def usage_error_reply(e: click.UsageError, command: str) -> None:
     """The JSON reply to a usage error under `--json` (the caller exits 2); `command` unless `e` names one."""
     name = _command_name(e.ctx) if e.ctx is not None and e.ctx.parent is not None else command
-    _reply(ok=False, kind="UsageError", message=e.format_message(), command=name)
+    reply(ok=False, kind="UsageError", message=e.format_message(), command=name)
 
 
-def _json_option(f: F) -> F:
+def json_option(f: F) -> F:
+    """`--json`: print one JSON object on stdout instead of text (errors included)."""
     return click.option(
         "--json",
         "as_json",
@@ -121,38 +121,11 @@ def _json_option(f: F) -> F:
     )(f)
 
 
-class _Option(click.Option):
-    """A click option with old spellings (`aliases`) that are accepted but not shown in --help."""
-
-    def __init__(self, *args: Any, aliases: tuple[str, ...] = (), **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.aliases = aliases
-
-    def _shown(self) -> list[str]:
-        return [o for o in self.opts if o not in self.aliases]
-
-    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
-        opts, self.opts = self.opts, self._shown()
-        try:
-            return super().get_help_record(ctx)
-        finally:
-            self.opts = opts
-
-    def get_error_hint(self, ctx: click.Context | None) -> str:
-        return " / ".join(f"'{o}'" for o in self._shown())
-
-
-def _option(*decls: str, aliases: tuple[str, ...] = (), **kwargs: Any) -> Callable[[F], F]:
-    """`click.option` whose spellings in `aliases` (old names kept working) are hidden from --help."""
-    return click.option(*decls, *aliases, cls=_Option, aliases=aliases, **kwargs)
-
-
-def _signing_keys_option(help_text: str, *, required: bool = False) -> Callable[[F], F]:
-    """`--signing-key PATH` (private key), repeatable, into `keys`; `--key`/`-k` kept as aliases."""
-    return _option(
+def signing_keys_option(help_text: str, *, required: bool = False) -> Callable[[F], F]:
+    """`--signing-key PATH` (private key), repeatable, into `keys`."""
+    return click.option(
         "--signing-key",
         "keys",
-        aliases=("--key", "-k"),
         type=click.Path(path_type=Path),
         multiple=True,
         required=required,
@@ -161,17 +134,11 @@ def _signing_keys_option(help_text: str, *, required: bool = False) -> Callable[
     )
 
 
-def _trusted_keys_option(
-    help_text: str, *, aliases: tuple[str, ...] = ("--key", "-k"), required: bool = False
-) -> Callable[[F], F]:
-    """`--trusted-key PATH` (public key a verdict relies on), repeatable, into `keys`.
-
-    Every command taking it also accepts the hidden old spelling `--trust`, beside `aliases`.
-    """
-    return _option(
+def trusted_keys_option(help_text: str, *, required: bool = False) -> Callable[[F], F]:
+    """`--trusted-key PATH` (public key a verdict relies on), repeatable, into `keys`."""
+    return click.option(
         "--trusted-key",
         "keys",
-        aliases=tuple(dict.fromkeys((*aliases, "--trust"))),
         type=click.Path(path_type=Path),
         multiple=True,
         required=required,
@@ -180,7 +147,7 @@ def _trusted_keys_option(
     )
 
 
-def _signatures_option(help_text: str) -> Callable[[F], F]:
+def signatures_option(help_text: str) -> Callable[[F], F]:
     """`--signature/-s PATH`, repeatable, into the parameter `signatures` (`-` and streams refused)."""
     return click.option(
         "--signature",
@@ -217,7 +184,7 @@ def _no_stream_bundles(
 _FD_PATH = re.compile(r"/dev/fd/|/proc/[^/]+/fd/")
 
 
-def _ignore_paths_option(help_text: str) -> Callable[[F], F]:
+def ignore_paths_option(help_text: str) -> Callable[[F], F]:
     """`--ignore-paths PATH`, repeatable, into the parameter `ignore_paths` (model_signing's spelling)."""
     return click.option(
         "--ignore-paths",
@@ -228,7 +195,7 @@ def _ignore_paths_option(help_text: str) -> Callable[[F], F]:
     )
 
 
-def _report_path(_ctx: click.Context, _param: click.Parameter, value: Path | None) -> Path | None:
+def report_path(_ctx: click.Context, _param: click.Parameter, value: Path | None) -> Path | None:
     """Click callback for `--report`: check the extension before any work (a usage error, exit 2)."""
     from modelsec.errors import PolicyError
     from modelsec.reports import check_report_path
@@ -241,8 +208,8 @@ def _report_path(_ctx: click.Context, _param: click.Parameter, value: Path | Non
     return value
 
 
-def _timestamp_option(f: F) -> F:
-    """`--timestamp-url URL` into the parameter `timestamp_url` (see `_timestamper`)."""
+def timestamp_option(f: F) -> F:
+    """`--timestamp-url URL` into the parameter `timestamp_url` (see `timestamper`)."""
     from modelsec.cli.values import timestamp_url_value
 
     return click.option(
@@ -257,7 +224,7 @@ def _timestamp_option(f: F) -> F:
     )(f)
 
 
-def _timestamper(url: str | None) -> Callable[[bytes], list[bytes]] | None:
+def timestamper(url: str | None) -> Callable[[bytes], list[bytes]] | None:
     """What `sign_model` calls to timestamp each signature at `url` (None: no timestamps).
 
     Raises:
@@ -274,7 +241,8 @@ def _timestamper(url: str | None) -> Callable[[bytes], list[bytes]] | None:
     return lambda signature: [request_timestamp(signature, url)]
 
 
-def _quiet_option(f: F) -> F:
+def quiet_option(f: F) -> F:
+    """`--quiet/-q`: no progress bar."""
     return click.option("--quiet", "-q", is_flag=True, help="No progress bar.")(f)
 
 
@@ -287,7 +255,7 @@ KEY_PASSWORD_HELP = (
 _MAX_PASSWORD_FILE_BYTES = 64 * 1024
 
 
-def _key_password_option(f: F) -> F:
+def key_password_option(f: F) -> F:
     """`--key-password KEY=env:VAR|file:PATH`, repeatable, into the parameter `key_passwords`."""
     return click.option(
         "--key-password",
@@ -302,7 +270,7 @@ def _same_file_key(path: Path) -> str:
     return os.path.normpath(os.path.abspath(path))
 
 
-def _key_password_sources(specs: tuple[str, ...], keys: list[Path]) -> dict[str, str]:
+def key_password_sources(specs: tuple[str, ...], keys: list[Path]) -> dict[str, str]:
     """Parse `--key-password` values into {normalised key path: `env:VAR` or `file:PATH`}.
 
     Raises:
@@ -328,7 +296,7 @@ def _key_password_sources(specs: tuple[str, ...], keys: list[Path]) -> dict[str,
     return sources
 
 
-def _read_password_source(source: str, what: str) -> bytes:
+def read_password_source(source: str, what: str) -> bytes:
     """Read a password from `env:VAR` or `file:PATH` (one trailing newline dropped).
 
     Raises:
@@ -384,7 +352,7 @@ def _password(path: Path, sources: dict[str, str] | None = None) -> bytes | None
             raise KeyMaterialError(f"{path}: --key-password was given but the key is not encrypted")
         return None
     if source is not None:
-        return _read_password_source(source, f"{path} (--key-password)")
+        return read_password_source(source, f"{path} (--key-password)")
     shared = os.environ.get(PASSWORD_ENV)
     if shared:
         return shared.encode("utf-8")
@@ -396,7 +364,7 @@ def _password(path: Path, sources: dict[str, str] | None = None) -> bytes | None
     )
 
 
-def _open_signing_key(path: Path, sources: dict[str, str] | None = None) -> Any:
+def open_signing_key(path: Path, sources: dict[str, str] | None = None) -> Any:
     """Open the private key `path` names for signing (`modelsec.signer.keys.key_source`), with its password.
 
     A `pkcs11:` URI reads its PIN from its own `pin-source` (`modelsec.signer.pkcs11`), never from a prompt.
@@ -417,7 +385,7 @@ def _open_signing_key(path: Path, sources: dict[str, str] | None = None) -> Any:
     return source.open(password=_password(path, sources))
 
 
-def _server_options(*, required: bool) -> Callable[[F], F]:
+def server_options(*, required: bool) -> Callable[[F], F]:
     """`--server HOST:PORT` and how to reach it (TLS CA, mTLS client certificate, bearer token, plaintext)."""
 
     def decorate(f: F) -> F:
@@ -429,24 +397,21 @@ def _server_options(*, required: bool) -> Callable[[F], F]:
                 metavar="HOST:PORT",
                 help="The modelsec gRPC service (also $MODELSEC_SERVER).",
             ),
-            _option(
+            click.option(
                 "--tls-ca",
                 "server_ca",
-                aliases=("--ca",),
                 type=click.Path(path_type=Path, dir_okay=False),
                 help="CA bundle that signed the server certificate (default: the system roots).",
             ),
-            _option(
+            click.option(
                 "--tls-cert",
                 "client_cert",
-                aliases=("--client-cert",),
                 type=click.Path(path_type=Path, dir_okay=False),
                 help="Client certificate (PEM) for mutual TLS.",
             ),
-            _option(
+            click.option(
                 "--tls-key",
                 "client_key",
-                aliases=("--client-key",),
                 type=click.Path(path_type=Path, dir_okay=False),
                 help="Client private key (PEM) for mutual TLS, with --tls-cert.",
             ),
@@ -468,7 +433,7 @@ def _server_options(*, required: bool) -> Callable[[F], F]:
     return decorate
 
 
-def _server_client(
+def server_client(
     server: str,
     server_ca: Path | None,
     client_cert: Path | None,
@@ -478,7 +443,7 @@ def _server_client(
     *,
     timeout: float = 30.0,
 ) -> Any:
-    """A `modelsec.service.client.ModelsecClient` for the `_server_options` values (`timeout`: per call).
+    """A `modelsec.service.client.ModelsecClient` for the `server_options` values (`timeout`: per call).
 
     Raises:
         click.UsageError: Half an mTLS pair.
@@ -499,7 +464,7 @@ def _server_client(
     return ModelsecClient(server, options)
 
 
-def _write_key_file(path: Path, data: bytes, mode: int, *, force: bool) -> None:
+def write_key_file(path: Path, data: bytes, mode: int, *, force: bool) -> None:
     """Write a key file with exactly `mode` (also when `--force` replaces an existing file).
 
     Raises:
@@ -521,7 +486,7 @@ def _write_key_file(path: Path, data: bytes, mode: int, *, force: bool) -> None:
 
 
 @contextlib.contextmanager
-def _progress(path: Path, description: str, enabled: bool) -> Iterator[Callable[[int], None] | None]:
+def progress_bar(path: Path, description: str, enabled: bool) -> Iterator[Callable[[int], None] | None]:
     """A rich progress bar over the bytes under `path`, on stderr when it is a terminal; None otherwise.
 
     The tree is walked for its size only when a bar is shown (never with --json, --quiet or off a terminal).
@@ -557,14 +522,14 @@ def _tree_size(path: Path) -> int:
     return total
 
 
-def _signer_json(key: Any) -> dict[str, str] | None:
+def signer_json(key: Any) -> dict[str, str] | None:
     """The key that verified a bundle (`algorithm`, `key` name, `keyid`), or None when nothing verified it."""
     if key is None:
         return None
     return {"algorithm": key.algorithm.value, "key": key.name, "keyid": key.keyid}
 
 
-def _skipped_note(row: dict[str, Any]) -> None:
+def skipped_note(row: dict[str, Any]) -> None:
     """`verify`'s note, on stderr, for a bundle `inspect` / `attest list` could not check with the keys."""
     from modelsec.verifier.inspection import SKIPPED_NOTE
 
@@ -572,7 +537,8 @@ def _skipped_note(row: dict[str, Any]) -> None:
         click.echo(f"  note: {row['path']} {SKIPPED_NOTE}", err=True)
 
 
-def _signer_text(signer: dict[str, str] | None, *, keyid: bool = False) -> str:
+def signer_text(signer: dict[str, str] | None, *, keyid: bool = False) -> str:
+    """Who signed, for text output: the signer's description (with its keyid if asked), or UNVERIFIED."""
     if signer is None:
         return "UNVERIFIED"
     if keyid:
@@ -580,7 +546,8 @@ def _signer_text(signer: dict[str, str] | None, *, keyid: bool = False) -> str:
     return f"{signer['key']} ({signer['algorithm']})"
 
 
-def _limits() -> Any:
+def limits() -> Any:
+    """The default `modelsec.limits.Limits` (imported on first use, to keep `--help` fast)."""
     from modelsec.limits import Limits
 
     return Limits()

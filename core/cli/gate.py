@@ -18,18 +18,17 @@ from typing import Any
 import click
 
 from modelsec.cli.common import (
-    _digest_str,
-    _fail,
-    _json_option,
-    _key_password_option,
-    _key_password_sources,
-    _open_signing_key,
-    _option,
-    _quiet_option,
-    _reply,
-    _report_path,
-    _signatures_option,
-    _trusted_keys_option,
+    digest_str,
+    fail,
+    json_option,
+    key_password_option,
+    key_password_sources,
+    open_signing_key,
+    quiet_option,
+    reply,
+    report_path,
+    signatures_option,
+    trusted_keys_option,
 )
 from modelsec.cli.values import FiniteFloatRange, bad_options, device_value, usage_errors
 
@@ -150,23 +149,21 @@ class _RichProgress:
 @click.option(
     "--no-sanity", is_flag=True, help="Skip the attack-based sanity checks (recorded in the attestation)."
 )
-@_option(
+@click.option(
     "--signing-key",
     "key",
-    aliases=("--key", "-k"),
     type=click.Path(path_type=Path),
     required=True,
     metavar="PATH",
     help="Private key PEM that signs the attestation (old spellings --key, -k; an encrypted key's password: "
     "see --key-password).",
 )
-@_key_password_option
-@_trusted_keys_option(
+@key_password_option
+@trusted_keys_option(
     "Trusted public key PEM for the weights signatures (repeatable, at least one; old spelling --trust).",
-    aliases=("--trust",),
     required=True,
 )
-@_signatures_option("Weights signature bundle (repeatable; default: found in MODEL_DIR).")
+@signatures_option("Weights signature bundle (repeatable; default: found in MODEL_DIR).")
 @click.option(
     "--out",
     "-o",
@@ -177,7 +174,7 @@ class _RichProgress:
 @click.option(
     "--report",
     type=click.Path(path_type=Path),
-    callback=_report_path,
+    callback=report_path,
     help="Also write a CI report of the run, whatever the verdict: .md (Markdown) or .xml (JUnit XML).",
 )
 @click.option(
@@ -187,8 +184,8 @@ class _RichProgress:
     help="Also measure robust accuracy at these eps (after the gate; not signed) and draw it with its Wilson "
     "intervals as a PNG beside --report (needs modelsec[reports]).",
 )
-@_json_option
-@_quiet_option
+@json_option
+@quiet_option
 def _pgd(
     model_dir: Path,
     architecture: str,
@@ -228,7 +225,7 @@ def _pgd(
     """
     from modelsec.errors import Error, GateFailedError
 
-    sources = _key_password_sources(key_passwords, [key])
+    sources = key_password_sources(key_passwords, [key])
     if eps_sweep and report is None:
         raise click.UsageError("--eps-sweep needs --report (the sweep is a picture in the report)")
     if not clip_min < clip_max:
@@ -265,7 +262,7 @@ def _pgd(
         from modelsec.policy import Policy
         from modelsec.robustness import run_pgd_gate
 
-        signer = _open_signing_key(key, sources)
+        signer = open_signing_key(key, sources)
         policy = Policy.from_key_files(keys)
         # Under torchrun only rank 0 draws a bar (every rank reports its own share of the work).
         show = not (quiet or as_json) and sys.stderr.isatty() and os.environ.get("RANK", "0") == "0"
@@ -299,7 +296,7 @@ def _pgd(
                 sweep=eps_sweep,
             )
     except Error as e:
-        _fail(e, as_json)
+        fail(e, as_json)
     if not outcome.is_main:
         sys.exit(0 if outcome.result.passed else 1)
     result = outcome.result
@@ -310,24 +307,24 @@ def _pgd(
             write_gate_report(
                 report,
                 result.to_json(),
-                root_digest=_digest_str(outcome.root_digest),
+                root_digest=digest_str(outcome.root_digest),
                 attestation=str(outcome.out) if outcome.out else None,
                 sweep=[(e, a.correct, a.total, *a.wilson95) for e, a in outcome.sweep],
             )
         except Error as e:
-            _fail(e, as_json)
+            fail(e, as_json)
     if as_json:
         fields: dict[str, Any] = {
             "verdict": result.verdict,
-            "rootDigest": _digest_str(outcome.root_digest),
+            "rootDigest": digest_str(outcome.root_digest),
             "attestation": str(outcome.out) if outcome.out else None,
             "result": result.to_json(),
         }
         if outcome.sweep:
             fields["epsSweep"] = [{"eps": e, "robust": a.to_json()} for e, a in outcome.sweep]
         if not result.passed:
-            _fail(GateFailedError(_failed(result)), as_json, fields=fields)
-        _reply(fields)
+            fail(GateFailedError(_failed(result)), as_json, fields=fields)
+        reply(fields)
     else:
         click.echo(f"{result.summary()}")
         click.echo(

@@ -23,8 +23,6 @@ from typing import Any, TypeVar
 
 import click
 
-from modelsec.cli.common import _option
-
 __all__ = ["IdentityOptions", "identity_options"]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -128,10 +126,9 @@ def identity_options(f: F) -> F:
         return f(*args, identity=options, **kwargs)
 
     decorators = (
-        _option(
+        click.option(
             "--certificate-chain",
             "certificate_chain",
-            aliases=("--certificate_chain",),
             type=click.Path(path_type=Path),
             multiple=True,
             metavar="PEM",
@@ -144,10 +141,9 @@ def identity_options(f: F) -> F:
             help="The identity the signing certificate must name (SAN URI or email, exact): with "
             "--certificate-chain, or with --identity-provider for keyless Sigstore bundles.",
         ),
-        _option(
+        click.option(
             "--identity-provider",
             "identity_provider",
-            aliases=("--identity_provider",),
             metavar="ISSUER",
             help="Keyless: the OIDC issuer of the signing identity (e.g. https://accounts.google.com).",
         ),

@@ -14,11 +14,11 @@ import click
 from modelsec.algorithms import SignatureAlgorithm
 from modelsec.cli.common import (
     PASSWORD_ENV,
-    _fail,
-    _json_option,
-    _read_password_source,
-    _reply,
-    _write_key_file,
+    fail,
+    json_option,
+    read_password_source,
+    reply,
+    write_key_file,
 )
 from modelsec.errors import Error
 
@@ -57,7 +57,7 @@ __all__ = ["keygen"]
     help="With --encrypt: read the password from $VAR or from a file (one trailing newline dropped).",
 )
 @click.option("--force", is_flag=True, help="Overwrite existing files.")
-@_json_option
+@json_option
 def keygen(
     algorithm: str, out: Path, encrypt: bool, key_password: str | None, force: bool, as_json: bool
 ) -> None:
@@ -76,7 +76,7 @@ def keygen(
     try:
         password = None
         if key_password is not None:
-            password = _read_password_source(key_password, f"{private_path} (--key-password)")
+            password = read_password_source(key_password, f"{private_path} (--key-password)")
         elif encrypt and os.environ.get(PASSWORD_ENV):
             password = os.environ[PASSWORD_ENV].encode("utf-8")
         elif encrypt and sys.stdin.isatty():
@@ -88,10 +88,10 @@ def keygen(
             )
         private, public = generate_private_key_pem(SignatureAlgorithm(algorithm), password=password)
         for path, data, mode in ((private_path, private, 0o600), (public_path, public, 0o644)):
-            _write_key_file(path, data, mode, force=force)
+            write_key_file(path, data, mode, force=force)
     except Error as e:
-        _fail(e, as_json)
+        fail(e, as_json)
     if as_json:
-        _reply({"algorithm": algorithm, "privateKey": str(private_path), "publicKey": str(public_path)})
+        reply({"algorithm": algorithm, "privateKey": str(private_path), "publicKey": str(public_path)})
     else:
         click.echo(f"wrote {private_path} and {public_path} ({algorithm})")

@@ -14,7 +14,7 @@ import click
 
 from modelsec import __version__
 from modelsec.cli.attest import attest
-from modelsec.cli.common import _reply, _usage_error_reply
+from modelsec.cli.common import reply, usage_error_reply
 from modelsec.cli.keys import keygen
 from modelsec.cli.release import release
 from modelsec.cli.sign import sign
@@ -26,7 +26,7 @@ class _Main(click.Group):
 
     A missing optional extra ends any command with one line naming the extra (exit 1); Ctrl-C ends it with
     one line and exit 130 (128 + SIGINT, the shell convention) instead of click's "Aborted!" and exit 1.
-    Under `--json`, each of these and every usage error (exit 2) is the JSON reply of `_reply` instead.
+    Under `--json`, each of these and every usage error (exit 2) is the JSON reply of `reply` instead.
     """
 
     def invoke(self, ctx: click.Context) -> Any:
@@ -39,13 +39,13 @@ class _Main(click.Group):
         except click.UsageError as e:
             if not as_json:
                 raise
-            _usage_error_reply(e, self._invoked(ctx, args))
+            usage_error_reply(e, self._invoked(ctx, args))
             ctx.exit(2)
         except KeyboardInterrupt:
             command = self._invoked(ctx, args)
             message = f"modelsec {command} interrupted (Ctrl-C)"
             if as_json:
-                _reply(ok=False, kind="Interrupted", message=message, command=command)
+                reply(ok=False, kind="Interrupted", message=message, command=command)
             else:
                 click.echo(f"modelsec: error: {message}", err=True)
             ctx.exit(130)
@@ -58,7 +58,7 @@ class _Main(click.Group):
                 f"modelsec {command} needs {e.name}, which is not installed: pip install 'modelsec[{extra}]'"
             )
             if as_json:
-                _reply(
+                reply(
                     ok=False,
                     kind="MissingExtraError",
                     message=message,

@@ -14,14 +14,14 @@ from typing import Any
 import click
 
 from modelsec.cli.common import (
-    _digest_str,
-    _fail,
-    _json_option,
-    _key_password_option,
-    _key_password_sources,
-    _open_signing_key,
-    _reply,
-    _trusted_keys_option,
+    digest_str,
+    fail,
+    json_option,
+    key_password_option,
+    key_password_sources,
+    open_signing_key,
+    reply,
+    trusted_keys_option,
 )
 from modelsec.cli.values import oci_reference_value
 from modelsec.errors import Error
@@ -41,7 +41,7 @@ def _registry_options(f: Any) -> Any:
 
 
 def _policy_options(f: Any) -> Any:
-    f = _trusted_keys_option(
+    f = trusted_keys_option(
         "Trusted public key PEM (repeatable; weights signatures and the manifest binding). Without it, "
         "--policy or $MODELSEC_POLICY decides."
     )(f)
@@ -82,10 +82,10 @@ def _options(registry_ca: Path | None, plain_http: bool) -> Any:
     help="Private key that signs the binding of the OCI manifest digest to the model root digest "
     "(readers need its public key with the weights role).",
 )
-@_key_password_option
+@key_password_option
 @_policy_options
 @_registry_options
-@_json_option
+@json_option
 def push(
     model_dir: Path,
     reference: str,
@@ -102,16 +102,16 @@ def push(
 
     try:
         policy = _policy(keys, policy_file, reference)
-        key = _open_signing_key(signing_key, _key_password_sources(key_passwords, [signing_key]))
+        key = open_signing_key(signing_key, key_password_sources(key_passwords, [signing_key]))
         result = push_model(model_dir, reference, policy, key, options=_options(registry_ca, plain_http))
     except Error as e:
-        _fail(e, as_json)
+        fail(e, as_json)
     if as_json:
-        _reply(
+        reply(
             {
                 "reference": result.reference,
                 "manifestDigest": result.manifest_digest,
-                "rootDigest": _digest_str(result.root_digest),
+                "rootDigest": digest_str(result.root_digest),
                 "layers": result.layers,
                 "referrers": list(result.referrers),
             }
@@ -128,7 +128,7 @@ def push(
 @click.argument("destination", type=click.Path(path_type=Path))
 @_policy_options
 @_registry_options
-@_json_option
+@json_option
 def pull(
     reference: str,
     destination: Path,
@@ -145,13 +145,13 @@ def pull(
         policy = _policy(keys, policy_file, reference)
         result = pull_model(reference, destination, policy, options=_options(registry_ca, plain_http))
     except Error as e:
-        _fail(e, as_json)
+        fail(e, as_json)
     if as_json:
-        _reply(
+        reply(
             {
                 "path": str(result.path),
                 "manifestDigest": result.manifest_digest,
-                "rootDigest": _digest_str(result.root_digest),
+                "rootDigest": digest_str(result.root_digest),
                 "files": result.files,
                 "ignored": list(result.ignored),
             }

@@ -10,18 +10,17 @@ from pathlib import Path
 import click
 
 from modelsec.cli.common import (
-    _digest_str,
-    _fail,
-    _json_option,
-    _key_password_option,
-    _key_password_sources,
-    _open_signing_key,
-    _option,
-    _reply,
-    _report_path,
-    _signing_keys_option,
-    _timestamp_option,
-    _timestamper,
+    digest_str,
+    fail,
+    json_option,
+    key_password_option,
+    key_password_sources,
+    open_signing_key,
+    reply,
+    report_path,
+    signing_keys_option,
+    timestamp_option,
+    timestamper,
 )
 from modelsec.cli.values import message_value, usage_errors
 from modelsec.errors import Error
@@ -39,20 +38,19 @@ __all__ = ["release"]
     required=True,
     help="Where the released model is written (must not exist or be empty).",
 )
-@_signing_keys_option(
+@signing_keys_option(
     "Private key PEM that signs the weights (repeatable: ECDSA and/or SM2; old spellings --key, -k); the "
     "first also signs the attestations unless --attestation-signing-key is given.",
     required=True,
 )
-@_option(
+@click.option(
     "--attestation-signing-key",
     "attestation_key",
-    aliases=("--attestation-key",),
     type=click.Path(path_type=Path),
     metavar="PATH",
     help="Private key PEM that signs the watermark and gate attestations (old spelling --attestation-key).",
 )
-@_key_password_option
+@key_password_option
 @click.option(
     "--watermark-key",
     type=click.Path(path_type=Path),
@@ -73,14 +71,14 @@ __all__ = ["release"]
     required=True,
     help="PGD gate configuration (YAML/JSON: architecture, data, eps, stepSize, steps, ...).",
 )
-@_timestamp_option
+@timestamp_option
 @click.option(
     "--report",
     type=click.Path(path_type=Path),
-    callback=_report_path,
+    callback=report_path,
     help="Gate report: .md (Markdown) or .xml (JUnit).",
 )
-@_json_option
+@json_option
 def release(
     model_dir: Path,
     out_dir: Path,
@@ -105,10 +103,10 @@ def release(
     if report is not None:
         with usage_errors("--report", "--out"):
             check_release_report(report, out_dir)
-    sources = _key_password_sources(key_passwords, [*keys, *([attestation_key] if attestation_key else [])])
+    sources = key_password_sources(key_passwords, [*keys, *([attestation_key] if attestation_key else [])])
     try:
-        signers = [_open_signing_key(k, sources) for k in keys]
-        attester = _open_signing_key(attestation_key, sources) if attestation_key else None
+        signers = [open_signing_key(k, sources) for k in keys]
+        attester = open_signing_key(attestation_key, sources) if attestation_key else None
         result = release_model(
             model_dir,
             out_dir,
@@ -117,16 +115,16 @@ def release(
             message=parse_message(message),
             gate=load_gate_spec(gate_config),
             attestation_signer=attester,
-            timestamper=_timestamper(timestamp_url),
+            timestamper=timestamper(timestamp_url),
             report=report,
         )
     except Error as e:
-        _fail(e, as_json)
+        fail(e, as_json)
     if as_json:
-        _reply(
+        reply(
             {
                 "out": str(result.out_dir),
-                "rootDigest": _digest_str(result.root_digest),
+                "rootDigest": digest_str(result.root_digest),
                 "bundles": [str(b) for b in result.bundles],
                 "watermarkAttestation": str(result.watermark_attestation),
                 "gateAttestation": str(result.gate_attestation),

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from modelsec.cli.common import _json_option, _reply
+from modelsec.cli.common import json_option, reply
 from modelsec.cli.values import listen_value
 
 __all__ = ["serve"]
@@ -51,7 +51,7 @@ __all__ = ["serve"]
     help="Server processes sharing the port (SO_REUSEPORT; one event loop, about one core, each); "
     "the metrics port sums them. Also $MODELSEC_SERVE_WORKERS.",
 )
-@_json_option
+@json_option
 def serve(config_path: Path, listen: str | None, log_level: str, workers: int, as_json: bool) -> None:
     """Serve the modelsec.v1 gRPC API (signing, verification, attestation store, watermark, gate).
 
@@ -62,7 +62,7 @@ def serve(config_path: Path, listen: str | None, log_level: str, workers: int, a
     import asyncio
     import dataclasses
 
-    from modelsec.cli.common import _fail
+    from modelsec.cli.common import fail
     from modelsec.errors import BackendUnavailableError, Error
 
     # Without the grpc extra this raises ModuleNotFoundError; the root command names the extra.
@@ -78,7 +78,7 @@ def serve(config_path: Path, listen: str | None, log_level: str, workers: int, a
             mhost = (config.metrics_listen or "").rpartition(":")[0]
             metrics = f"{mhost}:{metrics_port}"
         if as_json:
-            _reply({"listen": f"{host}:{port}", "metricsListen": metrics}, command="serve")
+            reply({"listen": f"{host}:{port}", "metricsListen": metrics}, command="serve")
         else:
             extra = f" (metrics on {metrics})" if metrics else ""
             click.echo(f"serving modelsec.v1 on {host}:{port}{extra}")
@@ -100,6 +100,6 @@ def serve(config_path: Path, listen: str | None, log_level: str, workers: int, a
         else:
             asyncio.run(run_server(config, on_ready=ready))
     except Error as e:
-        _fail(e, as_json)
+        fail(e, as_json)
     except OSError as e:  # a TLS file or the data directory cannot be read or created
-        _fail(BackendUnavailableError(f"{e.filename or config_path}: {e.strerror or e}"), as_json)
+        fail(BackendUnavailableError(f"{e.filename or config_path}: {e.strerror or e}"), as_json)

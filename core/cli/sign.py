@@ -12,22 +12,22 @@ import click
 
 from modelsec.algorithms import HashAlgorithm
 from modelsec.cli.common import (
-    _digest_str,
-    _fail,
-    _ignore_paths_option,
-    _json_option,
-    _key_password_option,
-    _key_password_sources,
-    _open_signing_key,
-    _progress,
-    _quiet_option,
-    _reply,
-    _server_client,
-    _server_options,
-    _signatures_option,
-    _signing_keys_option,
-    _timestamp_option,
-    _timestamper,
+    digest_str,
+    fail,
+    ignore_paths_option,
+    json_option,
+    key_password_option,
+    key_password_sources,
+    open_signing_key,
+    progress_bar,
+    quiet_option,
+    reply,
+    server_client,
+    server_options,
+    signatures_option,
+    signing_keys_option,
+    timestamp_option,
+    timestamper,
 )
 from modelsec.errors import Error, KeyMaterialError
 
@@ -39,11 +39,11 @@ _TENSOR_DIGESTS = [HashAlgorithm.BLAKE3.value, HashAlgorithm.SHA256.value, HashA
 
 @click.command(name="sign")
 @click.argument("model_dir", type=click.Path(path_type=Path))
-@_signing_keys_option(
+@signing_keys_option(
     "Private key PEM (repeatable: one bundle per key; old spellings --key, -k). An encrypted key's "
     "password: see --key-password."
 )
-@_key_password_option
+@key_password_option
 @click.option(
     "--key-version",
     "key_versions",
@@ -58,8 +58,8 @@ _TENSOR_DIGESTS = [HashAlgorithm.BLAKE3.value, HashAlgorithm.SHA256.value, HashA
     multiple=True,
     help="Expected public key PEM of each --key-version, in the same order (refuse any other key).",
 )
-@_server_options(required=False)
-@_signatures_option(
+@server_options(required=False)
+@signatures_option(
     "Bundle output path, one per key (local --signing-key first, then --key-version, in order; default: "
     "model.sig, model.p384.sig, model.sm2.sig, model.ml-dsa-{44,65,87}.sig in MODEL_DIR, by the key's "
     "algorithm)."
@@ -89,15 +89,15 @@ _TENSOR_DIGESTS = [HashAlgorithm.BLAKE3.value, HashAlgorithm.SHA256.value, HashA
     "model.safetensors.index.json whose weight_map names a file that is not a shard of the model or a "
     "tensor its shard does not hold.",
 )
-@_ignore_paths_option(
+@ignore_paths_option(
     "Leave this path (a file, or a directory with everything below it) out of the signature and record it "
     "in the signed ignore list (repeatable). As model_signing's --ignore-paths: a relative path is taken "
     "from the current directory, not from MODEL_DIR (e.g. MODEL_DIR/README.md). A path outside MODEL_DIR, "
     "or one that does not exist, is refused (usage error)."
 )
-@_timestamp_option
-@_json_option
-@_quiet_option
+@timestamp_option
+@json_option
+@quiet_option
 def sign(
     model_dir: Path,
     keys: tuple[Path, ...],
@@ -145,15 +145,15 @@ def sign(
         ignored = relative_ignore_paths(model_dir, ignore_paths, strict=True)
     except Error as e:
         raise click.UsageError(f"--ignore-paths: {e.diagnostics()}") from e
-    sources = _key_password_sources(key_passwords, list(keys))
+    sources = key_password_sources(key_passwords, list(keys))
     client = None
     try:
         pinned = [_read_pinned_key(p) for p in pins]
-        signers: list[Any] = [_open_signing_key(k, sources) for k in keys]
+        signers: list[Any] = [open_signing_key(k, sources) for k in keys]
         if key_versions:
             from modelsec.service.client import RemoteSigner
 
-            client = _server_client(str(server), server_ca, client_cert, client_key, token_env, plaintext)
+            client = server_client(str(server), server_ca, client_cert, client_key, token_env, plaintext)
             signers += [
                 RemoteSigner(client, v, expected_public_key_pem=pinned[i] if pinned else None)
                 for i, v in enumerate(key_versions)
@@ -162,7 +162,7 @@ def sign(
             raise click.UsageError(
                 "two keys of one algorithm would write the same bundle; give --signature for each key"
             )
-        with _progress(model_dir, "hashing", not (quiet or as_json)) as progress:
+        with progress_bar(model_dir, "hashing", not (quiet or as_json)) as progress:
             result = sign_model(
                 model_dir,
                 signers,
@@ -171,20 +171,20 @@ def sign(
                 progress=progress,
                 refuse_unverifiable=not allow_unverifiable,
                 ignore_paths=ignored,
-                timestamper=_timestamper(timestamp_url),
+                timestamper=timestamper(timestamp_url),
                 hash_type=HashAlgorithm(hash_type),
             )
     except Error as e:
-        _fail(e, as_json)
+        fail(e, as_json)
     except OSError as e:
         raise click.UsageError(f"cannot read {e.filename}: {e.strerror}") from e
     finally:
         if client is not None:
             client.close()
     if as_json:
-        _reply(
+        reply(
             {
-                "rootDigest": _digest_str(result.root_digest),
+                "rootDigest": digest_str(result.root_digest),
                 "files": result.files,
                 "tensors": result.tensors,
                 "bundles": [

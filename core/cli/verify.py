@@ -15,19 +15,19 @@ import click
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
 from modelsec.cli.common import (
     POLICY_ENV,
-    _digest_str,
-    _fail,
-    _ignore_paths_option,
-    _json_option,
-    _limits,
-    _progress,
-    _quiet_option,
-    _reply,
-    _signatures_option,
-    _signer_json,
-    _signer_text,
-    _skipped_note,
-    _trusted_keys_option,
+    digest_str,
+    fail,
+    ignore_paths_option,
+    json_option,
+    limits,
+    progress_bar,
+    quiet_option,
+    reply,
+    signatures_option,
+    signer_json,
+    signer_text,
+    skipped_note,
+    trusted_keys_option,
 )
 from modelsec.cli.identity import IdentityOptions, identity_options
 from modelsec.cli.values import expected_digests_value
@@ -140,7 +140,7 @@ def _parse_require(value: str | None) -> list[SignatureAlgorithm]:
 
 @click.command(name="verify")
 @click.argument("model_path", type=click.Path(path_type=Path))
-@_trusted_keys_option(
+@trusted_keys_option(
     "Trusted public key PEM (repeatable; old spellings --key, -k). Keys are never taken from the bundle. "
     f"Without --trusted-key, the policy file of --policy or ${POLICY_ENV} decides."
 )
@@ -157,7 +157,7 @@ def _parse_require(value: str | None) -> list[SignatureAlgorithm]:
     metavar="NAME",
     help="Verify only this signed file of MODEL_PATH (repeatable), e.g. the shard a node holds.",
 )
-@_signatures_option(
+@signatures_option(
     "Bundle to check (repeatable; default: model.sig, model.p384.sig, model.sm2.sig, "
     "model.ml-dsa-{44,65,87}.sig found in the model directory)."
 )
@@ -174,7 +174,7 @@ def _parse_require(value: str | None) -> list[SignatureAlgorithm]:
     is_flag=True,
     help="Accept Python modules (*.py, *.pyc, *.pyo) and auto_map in config files (refused by default).",
 )
-@_ignore_paths_option(
+@ignore_paths_option(
     "Also ignore this unsigned path (repeatable; as model_signing's --ignore-paths: a relative path is taken "
     "from the current directory). Signed files are verified all the same. A path outside the model directory "
     "is refused (usage error); one that does not exist is fine."
@@ -190,8 +190,8 @@ def _parse_require(value: str | None) -> list[SignatureAlgorithm]:
     "verifies too.",
 )
 @identity_options
-@_json_option
-@_quiet_option
+@json_option
+@quiet_option
 def verify(
     model_path: Path,
     keys: tuple[Path, ...],
@@ -225,7 +225,7 @@ def verify(
             raise click.UsageError(f"--ignore-paths: {e.diagnostics()}") from e
         pinned = _expected_digests(model_dir, expected_digests)
         policy = _policy_from_options(model_path, keys, policy_file, required, allow_remote_code, identity)
-        with _progress(model_path, "verifying", not (quiet or as_json)) as progress:
+        with progress_bar(model_path, "verifying", not (quiet or as_json)) as progress:
             result = verify_model(
                 model_path,
                 policy,
@@ -236,12 +236,12 @@ def verify(
                 expected_digests=pinned,
             )
     except Error as e:
-        _fail(e, as_json, hint=_signature_hint(e, model_path, signatures))
+        fail(e, as_json, hint=_signature_hint(e, model_path, signatures))
     warnings = _verify_warnings(result, model_path)
     if as_json:
-        _reply(
+        reply(
             {
-                "rootDigest": _digest_str(result.root_digest),
+                "rootDigest": digest_str(result.root_digest),
                 "files": result.files,
                 "tensors": result.tensors,
                 "tensorDigests": result.tensor_digests,
@@ -252,7 +252,7 @@ def verify(
                         "algorithm": b.algorithm.value,
                         "key": b.key.name,  # deprecated: signer.key (kept for scripts reading it)
                         "keyid": b.key.keyid,
-                        "signer": _signer_json(b.key),
+                        "signer": signer_json(b.key),
                     }
                     for b in result.bundles
                 ],
@@ -292,12 +292,12 @@ def verify(
     help="File digest of the manifest whose root to print: the OMS root is SHA-256 over these digests "
     "(blake3: model_signing's blake3 bundles; sm3: equals sha256, as SM2 bundles carry the SHA-256 root).",
 )
-@_ignore_paths_option(
+@ignore_paths_option(
     "Leave this path out, as `sign --ignore-paths` does (repeatable; a path outside MODEL_DIR, or one that "
     "does not exist, is refused)."
 )
-@_json_option
-@_quiet_option
+@json_option
+@quiet_option
 def digest(
     model_dir: Path, hash_type: str, ignore_paths: tuple[Path, ...], as_json: bool, quiet: bool
 ) -> None:
@@ -315,7 +315,7 @@ def digest(
             extra = relative_ignore_paths(model_dir, ignore_paths, strict=True)
         except Error as e:
             raise click.UsageError(f"--ignore-paths: {e.diagnostics()}") from e
-        with _progress(model_dir, "hashing", not (quiet or as_json)) as progress:
+        with progress_bar(model_dir, "hashing", not (quiet or as_json)) as progress:
             manifests = compute_manifests(
                 model_dir,
                 [algorithm],
@@ -324,28 +324,28 @@ def digest(
                 progress=progress,
             )
     except Error as e:
-        _fail(e, as_json)
+        fail(e, as_json)
     m = manifests[algorithm]
     if as_json:
-        _reply(
+        reply(
             {
-                "rootDigest": _digest_str(m.subject_digest["sha256"]),
+                "rootDigest": digest_str(m.subject_digest["sha256"]),
                 "hashType": hash_type,
                 "files": len(m.resources),
             }
         )
     else:
-        click.echo(_digest_str(m.subject_digest["sha256"]))
+        click.echo(digest_str(m.subject_digest["sha256"]))
 
 
 @click.command(name="inspect")
 @click.argument("model_dir", type=click.Path(path_type=Path))
-@_signatures_option("Bundle to show (repeatable; default: the default names in MODEL_DIR).")
-@_trusted_keys_option(
+@signatures_option("Bundle to show (repeatable; default: the default names in MODEL_DIR).")
+@trusted_keys_option(
     "Trusted public key PEM (repeatable; old spellings --key, -k): check each bundle's signature and name "
     "the key that verifies."
 )
-@_json_option
+@json_option
 def inspect(model_dir: Path, signatures: tuple[Path, ...], keys: tuple[Path, ...], as_json: bool) -> None:
     """Show what MODEL_DIR's bundles sign: files, tensors, hashes, root digest, and by which key.
 
@@ -369,7 +369,7 @@ def inspect(model_dir: Path, signatures: tuple[Path, ...], keys: tuple[Path, ...
             looked_for = ", ".join(SIGNATURE_FILE_NAMES)
             raise SignatureError(f"{model_dir}: no signature bundle found (looked for {looked_for})")
         checked = [
-            inspect_bundle(p, trusted, limits=_limits(), skip_unverifiable=not signatures) for p in paths
+            inspect_bundle(p, trusted, limits=limits(), skip_unverifiable=not signatures) for p in paths
         ]
         require_one_checked(checked, trusted, str(model_dir))
         for path, seen in zip(paths, checked, strict=True):
@@ -381,14 +381,14 @@ def inspect(model_dir: Path, signatures: tuple[Path, ...], keys: tuple[Path, ...
             rows.append(
                 {
                     "path": str(path),
-                    "signer": _signer_json(seen.signer),
+                    "signer": signer_json(seen.signer),
                     "skipped": seen.skipped,
                     "hint": seen.bundle.hint,
                     "hashType": hash_type,
-                    "rootDigest": None if root is None else _digest_str(root),
-                    "subjectDigests": [_digest_str(v, a) for a, v in manifest.subject_digest.items()],
+                    "rootDigest": None if root is None else digest_str(root),
+                    "subjectDigests": [digest_str(v, a) for a, v in manifest.subject_digest.items()],
                     "files": [
-                        {"name": r.name, "digest": _digest_str(r.digest.hex(), hash_type)}
+                        {"name": r.name, "digest": digest_str(r.digest.hex(), hash_type)}
                         for r in manifest.resources
                     ],
                     "ignorePaths": list(manifest.ignore_paths),
@@ -397,13 +397,13 @@ def inspect(model_dir: Path, signatures: tuple[Path, ...], keys: tuple[Path, ...
                 }
             )
     except Error as e:
-        _fail(e, as_json, hint=_signature_hint(e, model_dir, signatures))
+        fail(e, as_json, hint=_signature_hint(e, model_dir, signatures))
     if as_json:
-        _reply({"bundles": rows})
+        reply({"bundles": rows})
         return
     for row in rows:
-        _skipped_note(row)
-        click.echo(f"{row['path']}: signed by {_signer_text(row['signer'], keyid=True)}")
+        skipped_note(row)
+        click.echo(f"{row['path']}: signed by {signer_text(row['signer'], keyid=True)}")
         click.echo(f"  model root digest {row['rootDigest']}  ({row['hashType']} manifest)")
         click.echo(
             f"  {len(row['files'])} files, {row['tensors']} tensors with {row['tensorHash'] or 'no'} "

@@ -15,16 +15,15 @@ from typing import Any
 import click
 
 from modelsec.cli.common import (
-    _digest_str,
-    _fail,
-    _json_option,
-    _key_password_option,
-    _key_password_sources,
-    _open_signing_key,
-    _option,
-    _reply,
-    _report_path,
-    _write_key_file,
+    digest_str,
+    fail,
+    json_option,
+    key_password_option,
+    key_password_sources,
+    open_signing_key,
+    reply,
+    report_path,
+    write_key_file,
 )
 from modelsec.cli.values import (
     FiniteFloatRange,
@@ -58,26 +57,25 @@ def watermark() -> None:
     help="Key file to write (mode 0600): 64 hex digits = 32 random bytes.",
 )
 @click.option("--force", is_flag=True, help="Overwrite an existing file.")
-@_json_option
+@json_option
 def _keygen(out: Path, force: bool, as_json: bool) -> None:
     """Generate a watermark key file (the key itself is never printed)."""
     from modelsec.errors import KeyMaterialError
     from modelsec.watermark.spread_spectrum import generate_key_file_text
 
     try:
-        _write_key_file(out, generate_key_file_text(), 0o600, force=force)
+        write_key_file(out, generate_key_file_text(), 0o600, force=force)
     except KeyMaterialError as e:
-        _fail(e, as_json)
+        fail(e, as_json)
     if as_json:
-        _reply({"watermarkKey": str(out)})
+        reply({"watermarkKey": str(out)})
     else:
         click.echo(f"wrote watermark key {out} (keep it secret: it can detect and forge the mark)")
 
 
-_watermark_key_option = _option(
+_watermark_key_option = click.option(
     "--watermark-key",
     "key_file",
-    aliases=("--key-file", "-k"),
     type=click.Path(path_type=Path),
     required=True,
     metavar="PATH",
@@ -97,16 +95,15 @@ _watermark_key_option = _option(
     required=True,
     help="Output directory for the watermarked model (must not exist, or be empty).",
 )
-@_option(
+@click.option(
     "--signing-key",
     "sign_key",
-    aliases=("--sign-key",),
     type=click.Path(path_type=Path),
     metavar="PATH",
     help="Private key PEM that signs the watermark attestation (with --attestation; old spelling "
     "--sign-key; an encrypted key's password: see --key-password).",
 )
-@_key_password_option
+@key_password_option
 @click.option(
     "--attestation",
     type=click.Path(path_type=Path),
@@ -151,7 +148,7 @@ _watermark_key_option = _option(
     "`gate pgd --data` (labels unused), or a loader.",
 )
 @click.option("--no-fidelity-check", is_flag=True, help="Do not measure fidelity (nothing is attested).")
-@_json_option
+@json_option
 def _embed(
     model_dir: Path,
     key_file: Path,
@@ -179,7 +176,7 @@ def _embed(
         raise click.UsageError("--arch and --probe-data must be given together")
     if architecture is not None and no_fidelity_check:
         raise click.UsageError("--arch measures fidelity: do not combine it with --no-fidelity-check")
-    sources = _key_password_sources(key_passwords, [sign_key] if sign_key else [])
+    sources = key_password_sources(key_passwords, [sign_key] if sign_key else [])
     with usage_errors("--kappa", "--max-relative-change"):
         params = WatermarkParams(kappa=kappa, max_relative_change=max_relative_change)
     try:
@@ -187,7 +184,7 @@ def _embed(
         payload = parse_message(message)
         signer = None
         if sign_key is not None:
-            signer = _open_signing_key(sign_key, sources)
+            signer = open_signing_key(sign_key, sources)
         from modelsec.watermark.fidelity import auto_probe
 
         if architecture is not None and probe_data is not None:
@@ -214,13 +211,13 @@ def _embed(
 
             digest, _ = write_watermark_attestation(result, signer, attestation)
     except Error as e:
-        _fail(e, as_json)
+        fail(e, as_json)
     d = result.detection
     if as_json:
-        _reply(
+        reply(
             {
                 "out": str(result.out_dir),
-                "rootDigest": None if digest is None else _digest_str(digest),
+                "rootDigest": None if digest is None else digest_str(digest),
                 "attestation": None if attestation is None else str(attestation),
                 "messageBits": result.message_bits,
                 "codeBits": result.code_bits,
@@ -310,10 +307,10 @@ def _embed(
 @click.option(
     "--report",
     type=click.Path(path_type=Path),
-    callback=_report_path,
+    callback=report_path,
     help="Also write a CI report of the detection, whatever the verdict: .md (Markdown) or .xml (JUnit XML).",
 )
-@_json_option
+@json_option
 def _detect(
     model_dir: Path,
     key_file: Path,
@@ -373,12 +370,12 @@ def _detect(
                 report, result.to_json(), model=str(model_dir), attested_digest=attested_digest
             )
     except Error as e:
-        _fail(e, as_json)
+        fail(e, as_json)
     refusal = _detect_refusal(result)
     if as_json:
         if refusal is not None:
-            _fail(GateFailedError(refusal), as_json, fields=result.to_json())
-        _reply(result.to_json())
+            fail(GateFailedError(refusal), as_json, fields=result.to_json())
+        reply(result.to_json())
         sys.exit(0)
     verdict = "DETECTED" if result.detected else "NOT DETECTED"
     click.echo(
@@ -404,7 +401,7 @@ def _detect(
             f"of {result.resync.groups} neuron groups against {reference}"
         )
     if refusal is not None:
-        _fail(GateFailedError(refusal), as_json)
+        fail(GateFailedError(refusal), as_json)
     sys.exit(0)
 
 
@@ -448,7 +445,7 @@ def _attested_digest(attestation: Path) -> str | None:
     bundle = read_bundle(attestation, Limits())
     statement = parse_statement(bundle.envelope.payload, what=str(attestation))
     digest = statement.subjects[0].digest.get("sha256")
-    return None if digest is None else _digest_str(digest)
+    return None if digest is None else digest_str(digest)
 
 
 def _detect_refusal(result: Any) -> str | None:

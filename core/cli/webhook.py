@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from modelsec.cli.common import _json_option, _option
+from modelsec.cli.common import json_option
 from modelsec.cli.values import FiniteFloatRange
 
 if TYPE_CHECKING:
@@ -50,39 +50,34 @@ def webhook() -> None:
     "modelsec gRPC service's AttestationService (grpcs:// with TLS, grpc:// plaintext for development; "
     "bearer token from $MODELSEC_TOKEN).",
 )
-@_option(
+@click.option(
     "--store-tls-ca",
     "store_ca",
-    aliases=("--store-ca",),
     type=click.Path(path_type=Path, dir_okay=False),
     help="CA bundle of the gRPC store's server certificate.",
 )
-@_option(
+@click.option(
     "--store-tls-cert",
     "store_client_cert",
-    aliases=("--store-client-cert",),
     type=click.Path(path_type=Path, dir_okay=False),
     help="Client certificate (PEM) for mutual TLS to the gRPC store.",
 )
-@_option(
+@click.option(
     "--store-tls-key",
     "store_client_key",
-    aliases=("--store-client-key",),
     type=click.Path(path_type=Path, dir_okay=False),
     help="Client private key (PEM) for mutual TLS to the gRPC store, with --store-tls-cert.",
 )
-@_option(
+@click.option(
     "--tls-cert",
     "cert",
-    aliases=("--cert",),
     type=click.Path(path_type=Path, dir_okay=False),
     required=True,
     help="The webhook's TLS certificate (PEM; old spelling --cert).",
 )
-@_option(
+@click.option(
     "--tls-key",
     "key",
-    aliases=("--key",),
     type=click.Path(path_type=Path, dir_okay=False),
     required=True,
     help="The webhook's TLS private key (PEM; old spelling --key).",
@@ -126,7 +121,7 @@ def webhook() -> None:
     help="Deprecated: use namespaceRules[].requireModel in the policy file (reloaded with it). Namespaces "
     "whose workloads must name a model (repeatable glob).",
 )
-@_json_option
+@json_option
 def _serve(
     policy: Path,
     store: str,
@@ -148,7 +143,7 @@ def _serve(
 
     With --json, a startup failure is the JSON reply with `error` (the server logs JSON lines on stderr).
     """
-    from modelsec.cli.common import _fail
+    from modelsec.cli.common import fail
     from modelsec.errors import BackendUnavailableError, Error
     from modelsec.policy import PolicySet
 
@@ -178,9 +173,9 @@ def _serve(
         )
         serve(reviewer, cert, key, host=host, port=port, policy_file=policy)
     except Error as e:
-        _fail(e, as_json)
+        fail(e, as_json)
     except OSError as e:  # the address cannot be bound, a TLS file cannot be read
-        _fail(BackendUnavailableError(f"{e.filename or f'{host}:{port}'}: {e.strerror or e}"), as_json)
+        fail(BackendUnavailableError(f"{e.filename or f'{host}:{port}'}: {e.strerror or e}"), as_json)
 
 
 def _oci_bindings(reference: str, policy: Policy) -> set[str]:
