@@ -203,3 +203,17 @@ def test_the_console_script_answers_as_the_in_process_runner(tiny_model: Path, k
         assert (real.returncode, real.stdout, real.stderr) == (here.returncode, here.stdout, here.stderr)
         codes.append(real.returncode)
     assert codes == [0, 0, 1, 2, 2]
+
+
+def test_the_in_process_runner_gives_the_process_state_back(tmp_path: Path) -> None:
+    """What a call sets (environment, directory, logging) does not outlive it, and exit codes are click's."""
+    import logging
+    import os
+
+    before = (dict(os.environ), os.getcwd(), list(logging.getLogger("modelsec.audit").handlers))
+    r = run_cli("keygen", "-o", "ci", "--encrypt", env={"MODELSEC_KEY_PASSWORD": "pw"}, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "ci.key.pem").is_file()
+    assert (dict(os.environ), os.getcwd(), list(logging.getLogger("modelsec.audit").handlers)) == before
+    r = run_cli("keygen", "-o", tmp_path / "ci")  # exists: click's usage error
+    assert r.returncode == 2 and "--force" in r.stderr and r.stdout == ""
