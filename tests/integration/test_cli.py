@@ -1,4 +1,8 @@
-"""The installed `modelsec` console script as a user runs it: outputs, --json, exit codes, refusals."""
+"""The `modelsec` command line as a user runs it: outputs, --json, exit codes, refusals.
+
+The commands run in-process (`run_cli`); one smoke test runs the installed console script itself and checks
+that it answers as the in-process runner does.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_cli_process
 
 pytestmark = pytest.mark.integration
 
@@ -181,3 +185,35 @@ def test_sign_json_reports_the_bundles_own_hint_for_ml_dsa(tiny_model: Path, key
         "hint"
     ]
     assert hint.startswith("ML_DSA_65:") and reported["keyid"] == hint
+
+
+def test_the_console_script_answers_as_the_in_process_runner(tiny_model: Path, key_dir: Path) -> None:
+    """Smoke test of the real process: its exit codes 0, 1 and 2 and its outputs are the in-process ones."""
+    assert run_cli("sign", tiny_model, "-q", "-k", key_dir / "ecdsa-p256.key.pem").returncode == 0
+    commands = [
+        ("--version",),  # 0
+        ("verify", tiny_model, "-q", "-k", key_dir / "ecdsa-p256.pub.pem", "--json"),  # 0
+        ("verify", tiny_model, "-q", "-k", key_dir / "other.pub.pem"),  # 1: one line on stderr
+        ("verify", tiny_model, "--no-such-option"),  # 2: click's usage error
+        ("verify", tiny_model, "--no-such-option", "--json"),  # 2: the JSON reply
+    ]
+    codes = []
+    for args in commands:
+        real, here = run_cli_process(*args), run_cli(*args)
+        assert (real.returncode, real.stdout, real.stderr) == (here.returncode, here.stdout, here.stderr)
+        codes.append(real.returncode)
+    assert codes == [0, 0, 1, 2, 2]
+
+
+def test_the_in_process_runner_gives_the_process_state_back(tmp_path: Path) -> None:
+    """What a call sets (environment, directory, logging) does not outlive it, and exit codes are click's."""
+    import logging
+    import os
+
+    before = (dict(os.environ), os.getcwd(), list(logging.getLogger("modelsec.audit").handlers))
+    r = run_cli("keygen", "-o", "ci", "--encrypt", env={"MODELSEC_KEY_PASSWORD": "pw"}, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "ci.key.pem").is_file()
+    assert (dict(os.environ), os.getcwd(), list(logging.getLogger("modelsec.audit").handlers)) == before
+    r = run_cli("keygen", "-o", tmp_path / "ci")  # exists: click's usage error
+    assert r.returncode == 2 and "--force" in r.stderr and r.stdout == ""

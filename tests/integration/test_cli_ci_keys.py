@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -17,17 +17,9 @@ PASSWORD = "correct horse battery"
 
 
 def run(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """The console script with no terminal (stdin is /dev/null) and no inherited password variable."""
-    exe = shutil.which("modelsec", path=str(Path(sys.executable).parent)) or "modelsec"
-    base = {k: v for k, v in os.environ.items() if not k.startswith("MODELSEC_")}
-    return subprocess.run(
-        [exe, *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-        env={**base, **(env or {})},
-    )
+    """The CLI with no terminal (empty stdin) and no inherited password variable."""
+    unset: dict[str, str | None] = {k: None for k in os.environ if k.startswith("MODELSEC_")}
+    return run_cli(*args, env={**unset, **(env or {})})
 
 
 def one_error_line(r: subprocess.CompletedProcess[str]) -> str:

@@ -16,6 +16,7 @@ import pytest
 
 from modelsec.algorithms import SignatureAlgorithm
 from modelsec.signer import generate_private_key_pem
+from tests.conftest import run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -48,7 +49,9 @@ def bytes_read(pid: int) -> int:
 
 
 def interrupt_while_hashing(*args: str | Path) -> tuple[subprocess.CompletedProcess[str], float]:
-    """Start the CLI, send SIGINT once it has read 32 MiB; return its result and how long it took to exit."""
+    """Start the CLI, send SIGINT once it has read 32 MiB; return its result and how long it took to exit.
+
+    A real process: the signal and the exit status are what is tested."""
     proc = subprocess.Popen(
         [EXE, *map(str, args)],
         stdout=subprocess.PIPE,
@@ -89,9 +92,7 @@ def test_ctrl_c_during_sign_exits_130_and_writes_no_bundle(tmp_path: Path, keys:
 
 
 def run(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [EXE, *map(str, args)], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL
-    )
+    return run_cli(*args)
 
 
 @pytest.mark.parametrize(
