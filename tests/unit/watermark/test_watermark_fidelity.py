@@ -107,6 +107,7 @@ def test_impossible_budget_is_refused_saying_which(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["bert"]  # no candidate left behind
 
 
+@pytest.mark.slow  # a budget search over greedy continuations of a 4M-parameter Llama, about 13 s
 def test_causal_lm_probe_and_budget(tmp_path: Path) -> None:
     """A seeded random 4M-parameter Llama is chaotic: every weight moves ~1 % at kappa 1 (a 96-bit code over
     4M weights), and 16-token greedy continuations diverge for 15 of 16 prompts, so the default budget
