@@ -47,7 +47,7 @@ from modelsec.watermark import detect as wm_detect
 from modelsec.watermark.budget import DEFAULT_MIN_KAPPA
 from modelsec.watermark.fidelity import CausalLMProbe
 from modelsec.watermark.grading import grades_from_sensitivities, probe_sensitivities
-from modelsec.watermark.scheme import WatermarkParams
+from modelsec.watermark.spread_spectrum import WatermarkParams
 from tests.unit.watermark import _fortunes_lm as F
 
 EVAL_NEW_TOKENS = 16

@@ -120,10 +120,10 @@ def run_cli(
     """
     from click.testing import CliRunner
 
-    from modelsec._cli import main
+    from modelsec.cli.main import main
 
     argv = [str(a) for a in args]
-    hook = sys.modules.get("modelsec.verifier.hook")
+    hook = sys.modules.get("modelsec.verifier.guard.hook")
     if hook is not None and getattr(hook, "_active", False):
         raise RuntimeError("the runtime guard is installed here; a `modelsec` process starts without it")
     overrides = dict(env or {})
@@ -151,7 +151,7 @@ def run_cli(
         os.chdir(previous_dir)
         _restore_logging(logging_state)
         if hook is None:
-            hook = sys.modules.get("modelsec.verifier.hook")
+            hook = sys.modules.get("modelsec.verifier.guard.hook")
         if hook is not None and getattr(hook, "_active", False):
             hook.uninstall()  # the process that installed it has ended
     return subprocess.CompletedProcess(["modelsec", *argv], result.exit_code, result.stdout, result.stderr)

@@ -100,7 +100,7 @@ def _attestation_rows(model_dir: Path, store: str | None, keys: tuple[Path, ...]
     "about the model's digest.",
 )
 @trusted_keys_option(
-    "Trusted public key PEM (repeatable; old spellings --key, -k): check each signature (role by predicate "
+    "Trusted public key PEM (repeatable): check each signature (role by predicate "
     "type; unknown types are refused)."
 )
 @json_option
@@ -322,7 +322,7 @@ def _attest_pull(
 @click.argument("model_dir", type=click.Path(path_type=Path))
 @click.option("--store", help="Also show what an attestation store holds about the model's digest.")
 @trusted_keys_option(
-    "Trusted public key PEM (repeatable; old spellings --key, -k): check each signature (role by predicate "
+    "Trusted public key PEM (repeatable): check each signature (role by predicate "
     "type; unknown types are refused)."
 )
 @json_option

@@ -155,12 +155,12 @@ class _RichProgress:
     type=click.Path(path_type=Path),
     required=True,
     metavar="PATH",
-    help="Private key PEM that signs the attestation (old spellings --key, -k; an encrypted key's password: "
+    help="Private key PEM that signs the attestation (an encrypted key's password: "
     "see --key-password).",
 )
 @key_password_option
 @trusted_keys_option(
-    "Trusted public key PEM for the weights signatures (repeatable, at least one; old spelling --trust).",
+    "Trusted public key PEM for the weights signatures (repeatable, at least one).",
     required=True,
 )
 @signatures_option("Weights signature bundle (repeatable; default: found in MODEL_DIR).")

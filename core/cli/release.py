@@ -39,7 +39,7 @@ __all__ = ["release"]
     help="Where the released model is written (must not exist or be empty).",
 )
 @signing_keys_option(
-    "Private key PEM that signs the weights (repeatable: ECDSA and/or SM2; old spellings --key, -k); the "
+    "Private key PEM that signs the weights (repeatable: ECDSA and/or SM2); the "
     "first also signs the attestations unless --attestation-signing-key is given.",
     required=True,
 )
@@ -48,7 +48,7 @@ __all__ = ["release"]
     "attestation_key",
     type=click.Path(path_type=Path),
     metavar="PATH",
-    help="Private key PEM that signs the watermark and gate attestations (old spelling --attestation-key).",
+    help="Private key PEM that signs the watermark and gate attestations.",
 )
 @key_password_option
 @click.option(

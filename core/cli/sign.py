@@ -40,7 +40,7 @@ _TENSOR_DIGESTS = [HashAlgorithm.BLAKE3.value, HashAlgorithm.SHA256.value, HashA
 @click.command(name="sign")
 @click.argument("model_dir", type=click.Path(path_type=Path))
 @signing_keys_option(
-    "Private key PEM (repeatable: one bundle per key; old spellings --key, -k). An encrypted key's "
+    "Private key PEM (repeatable: one bundle per key). An encrypted key's "
     "password: see --key-password."
 )
 @key_password_option

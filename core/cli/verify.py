@@ -141,7 +141,7 @@ def _parse_require(value: str | None) -> list[SignatureAlgorithm]:
 @click.command(name="verify")
 @click.argument("model_path", type=click.Path(path_type=Path))
 @trusted_keys_option(
-    "Trusted public key PEM (repeatable; old spellings --key, -k). Keys are never taken from the bundle. "
+    "Trusted public key PEM (repeatable). Keys are never taken from the bundle. "
     f"Without --trusted-key, the policy file of --policy or ${POLICY_ENV} decides."
 )
 @click.option(
@@ -342,7 +342,7 @@ def digest(
 @click.argument("model_dir", type=click.Path(path_type=Path))
 @signatures_option("Bundle to show (repeatable; default: the default names in MODEL_DIR).")
 @trusted_keys_option(
-    "Trusted public key PEM (repeatable; old spellings --key, -k): check each bundle's signature and name "
+    "Trusted public key PEM (repeatable): check each bundle's signature and name "
     "the key that verifies."
 )
 @json_option

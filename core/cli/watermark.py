@@ -79,7 +79,7 @@ _watermark_key_option = click.option(
     type=click.Path(path_type=Path),
     required=True,
     metavar="PATH",
-    help="Secret watermark key file (`modelsec watermark keygen`; old spellings --key-file, -k).",
+    help="Secret watermark key file (`modelsec watermark keygen`).",
 )
 
 
@@ -100,8 +100,8 @@ _watermark_key_option = click.option(
     "sign_key",
     type=click.Path(path_type=Path),
     metavar="PATH",
-    help="Private key PEM that signs the watermark attestation (with --attestation; old spelling "
-    "--sign-key; an encrypted key's password: see --key-password).",
+    help="Private key PEM that signs the watermark attestation (with --attestation; an encrypted key's "
+    "password: see --key-password).",
 )
 @key_password_option
 @click.option(

@@ -73,14 +73,14 @@ def webhook() -> None:
     "cert",
     type=click.Path(path_type=Path, dir_okay=False),
     required=True,
-    help="The webhook's TLS certificate (PEM; old spelling --cert).",
+    help="The webhook's TLS certificate (PEM).",
 )
 @click.option(
     "--tls-key",
     "key",
     type=click.Path(path_type=Path, dir_okay=False),
     required=True,
-    help="The webhook's TLS private key (PEM; old spelling --key).",
+    help="The webhook's TLS private key (PEM).",
 )
 @click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")  # noqa: S104
 @click.option("--port", type=click.IntRange(0, 65535), default=8443, show_default=True, help="HTTPS port.")

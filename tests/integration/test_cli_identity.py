@@ -51,7 +51,7 @@ def test_keyless_identity_and_issuer(model: Path) -> None:
     embedded = importlib.resources.files("sigstore._store") / _EMBEDDED_ROOTS["staging"] / "trusted_root.json"
     root_file = model.parent / "trusted_root.json"
     root_file.write_bytes(embedded.read_bytes())
-    ok = _verify(model, "--identity", IDENTITY, "--identity_provider", ISSUER, "--trusted-root", root_file)
+    ok = _verify(model, "--identity", IDENTITY, "--identity-provider", ISSUER, "--trusted-root", root_file)
     assert ok.exit_code == 1 and "predicateType must be" in ok.output, ok.output
     for args, reason in (
         (("--identity", IDENTITY + "x", "--identity-provider", ISSUER, *staging), "not an identity"),

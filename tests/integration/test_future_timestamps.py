@@ -198,7 +198,8 @@ def test_release_refuses_a_timestamp_from_a_tsa_whose_clock_runs_ahead(
     release_inputs(tmp_path)
     r = run_cli(
         "release", tmp_path / "advtrained", "--out", tmp_path / "released",
-        "-k", key_dir / "ecdsa-p256.key.pem", "--watermark-key", tmp_path / "wm.key", "-m", "release-1",
+        "--signing-key", key_dir / "ecdsa-p256.key.pem", "--watermark-key", tmp_path / "wm.key", "-m",
+        "release-1",
         "--gate-config", tmp_path / "gate.yaml", "--timestamp-url", hour, env=ENV,
     )  # fmt: skip
     assert r.returncode == 1

@@ -52,9 +52,9 @@ def test_release_then_verified_load(workdir: Path, key_dir: Path) -> None:
         workdir / "advtrained",
         "--out",
         out,
-        "-k",
+        "--signing-key",
         key_dir / "ecdsa-p256.key.pem",
-        "-k",
+        "--signing-key",
         key_dir / "sm2.key.pem",
         "--watermark-key",
         workdir / "wm.key",
@@ -94,7 +94,7 @@ def test_release_then_verified_load(workdir: Path, key_dir: Path) -> None:
     r = run_cli("verify", out, "--policy", policy_file)
     assert r.returncode == 0, r.stderr
     # The watermark is detected in the released weights with the owner's key.
-    r = run_cli("watermark", "detect", out, "--key-file", workdir / "wm.key")
+    r = run_cli("watermark", "detect", out, "--watermark-key", workdir / "wm.key")
     assert r.returncode == 0, r.stdout + r.stderr
     # Remove the gate result: the same policy now refuses, naming what is missing.
     os.rename(out / "model.gate.sig", workdir / "gate.sig.bak")
@@ -104,7 +104,8 @@ def test_release_then_verified_load(workdir: Path, key_dir: Path) -> None:
         load_model(out, PolicySet.from_file(policy_file))
     os.rename(workdir / "gate.sig.bak", out / "model.gate.sig")
     r = run_cli(
-        "attest", "list", out, "-k", key_dir / "ecdsa-p256.pub.pem", "-k", key_dir / "sm2.pub.pem", "--json"
+        "attest", "list", out, "--trusted-key", key_dir / "ecdsa-p256.pub.pem", "--trusted-key",
+        key_dir / "sm2.pub.pem", "--json"
     )
     assert r.returncode == 0, r.stderr
     types = sorted(b["predicateType"] for b in json.loads(r.stdout)["bundles"])
@@ -120,7 +121,7 @@ def test_release_fails_fast_naming_the_stage(workdir: Path, key_dir: Path) -> No
         workdir / "clntrained",
         "--out",
         workdir / "refused",
-        "-k",
+        "--signing-key",
         key_dir / "ecdsa-p256.key.pem",
         "--watermark-key",
         workdir / "wm.key",
@@ -139,7 +140,7 @@ def test_release_fails_fast_naming_the_stage(workdir: Path, key_dir: Path) -> No
         workdir / "advtrained",
         "--out",
         workdir / "nokey",
-        "-k",
+        "--signing-key",
         key_dir / "ecdsa-p256.key.pem",
         "--watermark-key",
         workdir / "missing.key",

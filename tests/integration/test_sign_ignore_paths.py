@@ -59,7 +59,8 @@ def test_a_path_that_ignores_nothing_is_a_usage_error(
     (model / "notes").mkdir()
     (tmp_path / "config.json").write_text("{}")  # exists, but is not the model's
     r = _run(
-        "modelsec", "sign", "m", "-k", key_dir / "ecdsa-p256.key.pem", "--ignore-paths", given, cwd=tmp_path
+        "modelsec", "sign", "m", "--signing-key", key_dir / "ecdsa-p256.key.pem", "--ignore-paths",
+        given, cwd=tmp_path
     )
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert f"'{given}'" in r.stderr and needle in r.stderr and "Traceback" not in r.stderr
@@ -74,14 +75,16 @@ def test_relative_to_the_current_directory_as_model_signing(tmp_path: Path, key_
     (model / "notes" / "a.txt").write_text("draft")
     key = key_dir / "ecdsa-p256.key.pem"
     ours = tmp_path / "ours.sig"
-    r = _run("modelsec", "sign", "m", "-k", key, "--ignore-paths", "m/notes/", "-s", ours, cwd=tmp_path)
+    r = _run("modelsec", "sign", "m", "--signing-key", key, "--ignore-paths", "m/notes/", "-s", ours,
+        cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     predicate = _predicate(ours)
     assert "notes" in predicate["serialization"]["ignore_paths"]  # type: ignore[index]
     assert "notes/a.txt" not in [x["name"] for x in predicate["resources"]]  # type: ignore[attr-defined]
     # From inside the model, the model-relative spelling resolves the same way.
     r = _run(
-        "modelsec", "sign", ".", "-k", key, "--ignore-paths", "notes", "-s", tmp_path / "in.sig", cwd=model
+        "modelsec", "sign", ".", "--signing-key", key, "--ignore-paths", "notes", "-s",
+        tmp_path / "in.sig", cwd=model
     )
     assert r.returncode == 0, r.stderr
     assert _predicate(tmp_path / "in.sig")["resources"] == predicate["resources"]
@@ -111,9 +114,9 @@ def test_digest_and_verify_refuse_a_path_outside_the_model(
     """They dropped it without a word: `digest` then printed a root `sign` would never produce."""
     model = write_tiny_model(tmp_path / "m")
     (tmp_path / "config.json").write_text("{}")
-    r = _run("modelsec", "sign", "m", "-k", key_dir / "ecdsa-p256.key.pem", cwd=tmp_path)
+    r = _run("modelsec", "sign", "m", "--signing-key", key_dir / "ecdsa-p256.key.pem", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    extra = ["-k", key_dir / "ecdsa-p256.pub.pem"] if command == "verify" else []
+    extra = ["--signing-key", key_dir / "ecdsa-p256.pub.pem"] if command == "verify" else []
     r = _run("modelsec", command, "m", *extra, "--ignore-paths", given, cwd=tmp_path)
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert f"--ignore-paths: ignore path '{given}'" in r.stderr and needle in r.stderr
@@ -122,13 +125,13 @@ def test_digest_and_verify_refuse_a_path_outside_the_model(
 
 def test_verify_accepts_an_ignore_path_that_does_not_exist(tmp_path: Path, key_dir: Path) -> None:
     write_tiny_model(tmp_path / "m")
-    r = _run("modelsec", "sign", "m", "-k", key_dir / "ecdsa-p256.key.pem", cwd=tmp_path)
+    r = _run("modelsec", "sign", "m", "--signing-key", key_dir / "ecdsa-p256.key.pem", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     r = _run(
         "modelsec",
         "verify",
         "m",
-        "-k",
+        "--trusted-key",
         key_dir / "ecdsa-p256.pub.pem",
         "--ignore-paths",
         "m/.cache",

@@ -99,7 +99,7 @@ def test_release_timestamps_every_bundle(key_dir: Path, tsa: tuple[str, Path], t
     release_inputs(tmp_path)
     out = tmp_path / "released"
     r = run_cli(
-        "release", tmp_path / "advtrained", "--out", out, "-k", key_dir / "ecdsa-p256.key.pem",
+        "release", tmp_path / "advtrained", "--out", out, "--signing-key", key_dir / "ecdsa-p256.key.pem",
         "--watermark-key", tmp_path / "wm.key", "-m", "release-1", "--gate-config", tmp_path / "gate.yaml",
         "--timestamp-url", url, "--json", env=ENV,
     )  # fmt: skip

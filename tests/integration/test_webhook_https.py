@@ -314,7 +314,7 @@ def test_cli_serve_refuses_bad_tls_material(tmp_path: Path) -> None:
     (tmp_path / "tls.crt").write_text("not a certificate")
     (tmp_path / "tls.key").write_text("not a key")
     args = ["serve", "--policy", str(ADM01 / "policy.json"), "--store", str(tmp_path / "store")]
-    args += ["--cert", str(tmp_path / "tls.crt"), "--key", str(tmp_path / "tls.key"), "--port", "0"]
+    args += ["--tls-cert", str(tmp_path / "tls.crt"), "--tls-key", str(tmp_path / "tls.key"), "--port", "0"]
     result = CliRunner().invoke(webhook, args)
     assert result.exit_code == 1
     assert "cannot load the serving certificate" in result.output
