@@ -389,7 +389,7 @@ class _Writer:
 
     def _write_all(self, staging_fd: int) -> None:
         from modelsec.modelformat.model_files import open_beneath
-        from modelsec.signer.signing import MODEL_IGNORE_PATHS
+        from modelsec.signer.layout import MODEL_IGNORE_PATHS
 
         shards = {s.name: (s, refs) for s, refs in self.source.iter_shards()}
         for file in self.source.files:

@@ -40,7 +40,6 @@ from modelsec.modelformat._openat2 import open_beneath_fd
 
 __all__ = [
     "CODE_SUFFIXES",
-    "DEFAULT_IGNORE_PATHS",
     "PICKLE_SUFFIXES",
     "WEIGHT_SUFFIXES",
     "ModelFile",
@@ -55,7 +54,6 @@ __all__ = [
     "walk_model",
 ]
 
-DEFAULT_IGNORE_PATHS: tuple[str, ...] = (".git", ".gitattributes", ".github", ".gitignore")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".joblib", ".dill")
 """File name endings of pickle formats: unpickling runs code, so the loader refuses them even when signed."""
 WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".onnx")
