@@ -221,7 +221,7 @@ def release_model(
         raise PolicyError("release needs at least one signing key")
     attester = attestation_signer or signers[0]
     model_dir, out_dir = Path(model_dir), Path(out_dir)
-    from modelsec.watermark._output import check_out_dir
+    from modelsec.watermark.output import check_out_dir
 
     check_out_dir(model_dir, out_dir)
     if report is not None:
