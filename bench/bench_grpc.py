@@ -151,7 +151,8 @@ def make_setup(root: Path, auth: str, layers: int = 2) -> Setup:
     from modelsec.algorithms import HashAlgorithm
     from modelsec.attestations.predicates.oms import manifest_statement
     from modelsec.attestations.statement import serialize_statement
-    from modelsec.signer.signing import MODEL_IGNORE_PATHS, compute_manifests
+    from modelsec.signer.layout import MODEL_IGNORE_PATHS
+    from modelsec.signer.signing import compute_manifests
 
     keys = root / "keys"
     keys.mkdir()

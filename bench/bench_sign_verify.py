@@ -271,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     from modelsec.algorithms import HashAlgorithm
     from modelsec.limits import Limits
     from modelsec.policy import Policy
-    from modelsec.signer import MODEL_IGNORE_PATHS, compute_manifests, load_private_key_file, sign_model
+    from modelsec.signer import compute_manifests, load_private_key_file, sign_model
+    from modelsec.signer.layout import MODEL_IGNORE_PATHS
     from modelsec.verifier import verify_model
 
     ignore = list(MODEL_IGNORE_PATHS)

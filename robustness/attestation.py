@@ -45,7 +45,7 @@ from modelsec.attestations.predicates.gate import gate_statement as build_statem
 from modelsec.attestations.predicates.run_by import RunBy
 from modelsec.robustness import PREDICATE_TYPE
 from modelsec.robustness.gate import GateResult
-from modelsec.signer.signing import write_bundle_file
+from modelsec.signer.layout import write_bundle_file
 
 __all__ = ["PREDICATE_TYPE", "gate_statement", "sign_gate_result", "write_attestation"]
 
@@ -121,7 +121,7 @@ def sign_gate_result(
 
 
 def write_attestation(path: Path, bundle: bytes) -> None:
-    """Write `bundle` to `path` atomically (`modelsec.signer.write_bundle_file`).
+    """Write `bundle` to `path` atomically (`modelsec.signer.layout.write_bundle_file`).
 
     Raises:
         PolicyError: `path` is a symlink or cannot be written (named in the message).

@@ -19,10 +19,8 @@ from modelsec.signer.keys import (
     load_trusted_key,
     load_trusted_key_file,
 )
+from modelsec.signer.layout import ATTESTATION_FILE_NAMES, MODEL_IGNORE_PATHS, SIGNATURE_FILE_NAMES
 from modelsec.signer.signing import (
-    ATTESTATION_FILE_NAMES,
-    MODEL_IGNORE_PATHS,
-    SIGNATURE_FILE_NAMES,
     BundleSigner,
     SignedBundle,
     SigningResult,

@@ -40,6 +40,7 @@ __all__ = [
     "PemFileKeySource",
     "TrustedKey",
     "generate_private_key_pem",
+    "key_file_is_encrypted",
     "key_source",
     "load_private_key",
     "load_private_key_file",
@@ -216,6 +217,18 @@ def load_private_key(pem: bytes, *, name: str, password: bytes | None = None) ->
 def load_private_key_file(path: Path, *, password: bytes | None = None) -> KeyBackend:
     """Read `path` (symlinks refused) and load it with `load_private_key`; same errors."""
     return load_private_key(_read_key_file(path), name=path.name, password=password)
+
+
+def key_file_is_encrypted(path: Path) -> bool:
+    """Whether the PEM private key file at `path` is encrypted (PKCS#8 or legacy `Proc-Type: 4,ENCRYPTED`).
+
+    Only the PEM text is looked at (read as `load_private_key_file` reads it); the key is not loaded, so
+    a caller can ask for a password before loading it.
+
+    Raises:
+        KeyMaterialError: The key file cannot be read (missing, a symlink, not a regular file, too large).
+    """
+    return b"ENCRYPTED" in _read_key_file(path)
 
 
 def generate_private_key_pem(

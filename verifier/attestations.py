@@ -37,7 +37,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hmac
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -61,7 +60,7 @@ from modelsec.errors import AttestationError, Error, MalformedArtifactError
 from modelsec.limits import Limits
 from modelsec.policy import Authority, Policy, RobustnessRequirement, TimestampAuthority, WatermarkRequirement
 from modelsec.signer.keys import TrustedKey
-from modelsec.signer.signing import ATTESTATION_FILE_NAMES
+from modelsec.signer.layout import find_attestation_files
 from modelsec.verifier._statement_checks import (
     gate_applies,
     gate_outcome,
@@ -234,7 +233,7 @@ def find_attestation_bundles(
     """
     found: list[Path | StoredBundle] = []
     if model_dir is not None:
-        found += [model_dir / n for n in ATTESTATION_FILE_NAMES if os.path.lexists(model_dir / n)]
+        found += find_attestation_files(model_dir)
     if policy.attestation_store is not None:
         store = open_store(policy.attestation_store, StoreOptions(limits=policy.limits, must_exist=False))
         try:

@@ -52,7 +52,7 @@ from modelsec.verifier.files import (
     verify_files,
 )
 from modelsec.verifier.side_files import INDEX_NAME, check_remote_code, remote_code_references
-from modelsec.verifier.trust.bundles import find_default_bundles, read_bundle, verify_bundle_signature
+from modelsec.verifier.trust.bundles import read_bundle, verify_bundle_signature
 from modelsec.verifier.trust.signatures import (
     SignedModel,
     VerifiedBundle,
@@ -70,7 +70,6 @@ __all__ = [
     "check_digests",
     "check_file_set",
     "check_remote_code",
-    "find_default_bundles",
     "precheck_file",
     "read_bundle",
     "read_verified_index",

@@ -78,7 +78,8 @@ def model_root_digests(model_dir: Path, *, sm3: bool = False, limits: Limits | N
         PolicyViolationError: A symlink or special file.
     """
     from modelsec.algorithms import HashAlgorithm
-    from modelsec.signer import MODEL_IGNORE_PATHS, compute_manifests
+    from modelsec.signer import compute_manifests
+    from modelsec.signer.layout import MODEL_IGNORE_PATHS
 
     algorithms = [HashAlgorithm.SHA256, *([HashAlgorithm.SM3] if sm3 else [])]
     manifests = compute_manifests(
@@ -228,7 +229,7 @@ def write_watermark_attestation(
         PolicyError: `path` lies inside the model directory, exists as a symlink, or cannot be written.
         MalformedArtifactError: The model directory cannot be hashed.
     """
-    from modelsec.signer.signing import ATTESTATION_FILE_NAMES, write_bundle_file
+    from modelsec.signer.layout import ATTESTATION_FILE_NAMES, write_bundle_file
 
     out_dir = result.out_dir.resolve()
     target = path.absolute()

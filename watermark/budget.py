@@ -165,7 +165,7 @@ def embed_within_budget(
         raise PolicyError(f"min_kappa must be in (0, kappa={params.kappa}], got {min_kappa}")
     if not 0 <= steps <= 10:
         raise PolicyError(f"steps must be in [0, 10], got {steps}")
-    from modelsec.watermark._output import check_out_dir
+    from modelsec.watermark.output import check_out_dir
 
     check_out_dir(Path(model_dir), Path(out_dir))
     probe.prepare(Path(model_dir))

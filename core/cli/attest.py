@@ -54,15 +54,16 @@ def _attestation_rows(model_dir: Path, store: str | None, keys: tuple[Path, ...]
         SignatureError: A default-named bundle of another scheme than its name (`check_bundle_name`).
     """
     from modelsec.modelformat.model_files import open_model_root
-    from modelsec.signer import MODEL_IGNORE_PATHS
     from modelsec.signer.keys import load_trusted_key_file
+    from modelsec.signer.layout import find_attestation_files, find_default_bundles
     from modelsec.verifier.inspection import inspect_bundle, require_one_checked
     from modelsec.verifier.stores import StoreOptions, open_store
     from modelsec.verifier.trust.bundles import check_bundle_name
 
     os.close(open_model_root(model_dir))  # a missing path is an error, not an empty list
     trusted = [load_trusted_key_file(k) for k in keys]
-    paths = [model_dir / n for n in MODEL_IGNORE_PATHS if n.endswith(".sig") and (model_dir / n).is_file()]
+    found = (*find_default_bundles(model_dir), *find_attestation_files(model_dir))
+    paths = [p for p in found if p.is_file()]
     seen = [inspect_bundle(p, trusted, limits=limits(), skip_unverifiable=True) for p in paths]
     for path, b in zip(paths, seen, strict=True):
         if b.signer is not None:

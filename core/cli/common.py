@@ -329,9 +329,9 @@ def _key_is_encrypted(path: Path) -> bool:
     Raises:
         KeyMaterialError: The key file cannot be read (missing, a symlink, not a regular file, too large).
     """
-    from modelsec.signer.keys import _read_key_file
+    from modelsec.signer.keys import key_file_is_encrypted
 
-    return b"ENCRYPTED" in _read_key_file(path)
+    return key_file_is_encrypted(path)
 
 
 def _password(path: Path, sources: dict[str, str] | None = None) -> bytes | None:

@@ -90,9 +90,7 @@ def serve(config_path: Path, listen: str | None, log_level: str, workers: int, a
     try:
         config = load_server_config(config_path)
         if listen is not None:
-            from modelsec.service.config import _listen
-
-            config = dataclasses.replace(config, listen=_listen(listen, "--listen"))
+            config = dataclasses.replace(config, listen=listen)  # checked by `listen_value`
         if workers > 1:
             from modelsec.service.workers import serve_workers
 

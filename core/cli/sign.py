@@ -131,7 +131,7 @@ def sign(
     --key-password ci-sm2.key.pem=env:SM2_KEY_PASSWORD`.
     """
     from modelsec.signer import sign_model
-    from modelsec.signer.signing import relative_ignore_paths
+    from modelsec.signer.layout import relative_ignore_paths
 
     if not keys and not key_versions:
         raise click.UsageError("give --signing-key, or --server with --key-version")

@@ -38,7 +38,7 @@ __all__ = ["digest", "inspect", "verify"]
 
 def _signature_hint(e: Error, model_path: Path, signatures: tuple[Path, ...]) -> str | None:
     """The CLI's advice for a model without default bundles (the library's message names no option)."""
-    from modelsec.verifier import find_default_bundles
+    from modelsec.signer.layout import find_default_bundles
 
     if signatures or not isinstance(e, SignatureError):
         return None
@@ -213,7 +213,7 @@ def verify(
     MODEL_PATH must pass; --require tightens each of them that trusts a key able to meet it. An older
     release signed by the same key verifies too, unless the root digest is pinned (--expected-digest).
     """
-    from modelsec.signer.signing import relative_ignore_paths
+    from modelsec.signer.layout import relative_ignore_paths
     from modelsec.verifier import verify_model
 
     required = _parse_require(require)
@@ -306,8 +306,8 @@ def digest(
     It equals the root digest `verify` reports for a bundle of that hash type signed over the same files
     with the same ignore paths (OMS path order).
     """
-    from modelsec.signer import MODEL_IGNORE_PATHS, compute_manifests
-    from modelsec.signer.signing import relative_ignore_paths
+    from modelsec.signer import compute_manifests
+    from modelsec.signer.layout import MODEL_IGNORE_PATHS, relative_ignore_paths
 
     algorithm = HashAlgorithm(hash_type)
     try:
@@ -356,8 +356,7 @@ def inspect(model_dir: Path, signatures: tuple[Path, ...], keys: tuple[Path, ...
     """
     from modelsec.attestations.predicates.oms import parse_manifest
     from modelsec.signer.keys import load_trusted_key_file
-    from modelsec.signer.signing import SIGNATURE_FILE_NAMES
-    from modelsec.verifier import find_default_bundles
+    from modelsec.signer.layout import SIGNATURE_FILE_NAMES, find_default_bundles
     from modelsec.verifier.inspection import inspect_bundle, require_one_checked
     from modelsec.verifier.trust.bundles import check_bundle_name
 

@@ -427,8 +427,8 @@ def _classifier_probe(model_dir: Path, architecture: str, probe_data: str) -> An
     """A `ClassifierProbe` of the operator's factory on the probe inputs (any finite range accepted)."""
     import math
 
-    from modelsec.robustness._imports import resolve_import_path
     from modelsec.robustness.data import load_dataset
+    from modelsec.robustness.imports import resolve_import_path
     from modelsec.watermark.fidelity import ClassifierProbe
 
     factory = resolve_import_path(architecture, what="architecture", forbid_under=model_dir)

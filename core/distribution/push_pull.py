@@ -66,8 +66,15 @@ from modelsec.registry.client import (
 )
 from modelsec.registry.referrers import attach_bundle, read_referrer_bundle
 from modelsec.signer.keys import KeyBackend, TrustedKey
+from modelsec.signer.layout import (
+    GATE_BUNDLE_NAME,
+    MODEL_IGNORE_PATHS,
+    WATERMARK_BUNDLE_NAME,
+    find_attestation_files,
+    find_default_bundles,
+    write_bundle_file,
+)
 from modelsec.signer.schemes import scheme_for
-from modelsec.signer.signing import ATTESTATION_FILE_NAMES, MODEL_IGNORE_PATHS, SIGNATURE_FILE_NAMES
 from modelsec.verifier import verify_attestations, verify_bundle_signature, verify_model
 from modelsec.verifier.stores import StoredBundle
 from modelsec.verifier.trust.bundles import check_signature_time, read_bundle_bytes
@@ -134,13 +141,11 @@ def _file_layer(model_dir: Path, name: str) -> tuple[dict[str, Any], Path]:
 
 def _bundle_files(model_dir: Path, policy: Policy) -> list[tuple[str, bytes]]:
     out = []
-    for name in (*SIGNATURE_FILE_NAMES, *ATTESTATION_FILE_NAMES):
-        path = model_dir / name
-        if os.path.lexists(path):
-            data = read_bundle_bytes(path, policy.limits.max_bundle_bytes)
-            if len(data) > policy.limits.max_bundle_bytes:
-                raise MalformedArtifactError(f"{path}: larger than {policy.limits.max_bundle_bytes} bytes")
-            out.append((name, data))
+    for path in (*find_default_bundles(model_dir), *find_attestation_files(model_dir)):
+        data = read_bundle_bytes(path, policy.limits.max_bundle_bytes)
+        if len(data) > policy.limits.max_bundle_bytes:
+            raise MalformedArtifactError(f"{path}: larger than {policy.limits.max_bundle_bytes} bytes")
+        out.append((path.name, data))
     return out
 
 
@@ -522,8 +527,8 @@ def _stage(
 def _place_attestations(staging: Path, accepted: Sequence[Any], bundles: Sequence[StoredBundle]) -> None:
     """Write the first accepted gate and watermark attestation under their reserved names."""
     by_source: Mapping[str, bytes] = {b.source: b.data for b in bundles}
-    names = {"robustness": "model.gate.sig", "watermark": "model.watermark.sig"}
+    names = {"robustness": GATE_BUNDLE_NAME, "watermark": WATERMARK_BUNDLE_NAME}
     for item in accepted:
         name = names.get(item.kind)
         if name and item.source in by_source and not (staging / name).exists():
-            (staging / name).write_bytes(by_source[item.source])
+            write_bundle_file(staging / name, by_source[item.source], what="attestation")

@@ -134,7 +134,7 @@ def _trusted(signer: KeyBackend, name: str, roles: frozenset[str]) -> TrustedKey
 def _timestamp_attestation(path: Path, timestamper: Callable[[bytes], Sequence[bytes]]) -> None:
     """Add RFC 3161 timestamps over the signature of the attestation at `path` (rewritten atomically)."""
     from modelsec.attestations.bundle import add_timestamps, parse_bundle
-    from modelsec.signer.signing import write_bundle_file
+    from modelsec.signer.layout import write_bundle_file
 
     try:
         data = path.read_bytes()
@@ -221,7 +221,7 @@ def release_model(
         raise PolicyError("release needs at least one signing key")
     attester = attestation_signer or signers[0]
     model_dir, out_dir = Path(model_dir), Path(out_dir)
-    from modelsec.watermark._output import check_out_dir
+    from modelsec.watermark.output import check_out_dir
 
     check_out_dir(model_dir, out_dir)
     if report is not None:
@@ -257,11 +257,11 @@ def _release_into(
     """Run every stage with `out_dir` as the (staging) output; see `release_model`."""
     from modelsec.robustness import GateConfig, run_pgd_gate
     from modelsec.signer import sign_model
-    from modelsec.signer.signing import ATTESTATION_FILE_NAMES
+    from modelsec.signer.layout import GATE_BUNDLE_NAME, WATERMARK_BUNDLE_NAME
     from modelsec.verifier import verify_model
     from modelsec.watermark import embed_model, write_watermark_attestation
 
-    watermark_path, gate_path = (out_dir / n for n in ATTESTATION_FILE_NAMES)
+    watermark_path, gate_path = out_dir / WATERMARK_BUNDLE_NAME, out_dir / GATE_BUNDLE_NAME
     stage = "watermark"
     try:
         embedded = embed_model(model_dir, out_dir, watermark_key, message)

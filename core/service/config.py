@@ -73,7 +73,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from modelsec.config import read_config, validate
-from modelsec.config_models import AccessModel, ServerConfigModel, check_listen
+from modelsec.config_models import AccessModel, ServerConfigModel
 from modelsec.errors import PolicyError
 
 __all__ = [
@@ -252,20 +252,6 @@ def _key_ref(value: str, base: Path, where: str) -> Path | str:
     except KeyMaterialError as e:
         raise PolicyError(f"{where}: {e}") from None
     return _path(value, base) if pem else value
-
-
-def _listen(value: object, where: str) -> str:
-    """Check a `HOST:PORT` listen address given outside the file (`modelsec serve --listen`).
-
-    Raises:
-        PolicyError: Not `HOST:PORT`, or a port above 65535 (the message starts with `where`).
-    """
-    try:
-        if not isinstance(value, str):
-            raise ValueError(f"must be HOST:PORT, got {value!r}")
-        return check_listen(value)
-    except ValueError as e:
-        raise PolicyError(f"{where} {e}") from None
 
 
 def load_server_config(path: Path) -> ServerConfig:

@@ -49,9 +49,9 @@ def _to_hub_layout(model: Path, cache: Path) -> Path:
 @pytest.fixture(autouse=True, params=["openat2", "walk"])
 def _resolution(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every hub case with openat2 and with the forced component-by-component O_NOFOLLOW walk."""
-    from modelsec.modelformat import _openat2
+    from modelsec.modelformat import openat2
 
-    monkeypatch.setattr(_openat2, "FORCE_FALLBACK", request.param == "walk")
+    monkeypatch.setattr(openat2, "FORCE_FALLBACK", request.param == "walk")
 
 
 @pytest.fixture

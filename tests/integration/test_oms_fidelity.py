@@ -17,7 +17,8 @@ from modelsec.attestations.predicates.oms import Resource, manifest_statement, r
 from modelsec.errors import FileSetMismatchError, MalformedArtifactError, VerificationError
 from modelsec.policy import Policy
 from modelsec.signer import load_private_key_file, sign_model
-from modelsec.signer.signing import MODEL_IGNORE_PATHS, compute_manifests
+from modelsec.signer.layout import MODEL_IGNORE_PATHS
+from modelsec.signer.signing import compute_manifests
 from modelsec.verifier import verify_model
 from tests.conftest import run_cli, write_tiny_model
 

@@ -200,7 +200,8 @@ def test_service_signs_with_a_token_key(token: Token, tmp_path: Path, key_dir: P
     from modelsec.attestations.statement import serialize_statement
     from modelsec.service.client import ChannelOptions, ModelsecClient
     from modelsec.signer.keys import load_trusted_key_file
-    from modelsec.signer.signing import MODEL_IGNORE_PATHS, compute_manifests
+    from modelsec.signer.layout import MODEL_IGNORE_PATHS
+    from modelsec.signer.signing import compute_manifests
     from modelsec.verifier import verify_bundle_signature
     from tests.service_support import spawn_cli_server, write_server_config
 

@@ -37,7 +37,7 @@ from modelsec.errors import MalformedArtifactError, PolicyViolationError, Signat
 from modelsec.modelformat.hashing import FileDigests, hash_files, hash_source, is_safetensors_name
 from modelsec.modelformat.model_files import open_beneath, open_model_root
 from modelsec.policy import Policy, PolicySet
-from modelsec.signer.signing import SIGNATURE_FILE_NAMES
+from modelsec.signer.layout import SIGNATURE_FILE_NAMES, find_default_bundles
 from modelsec.verifier.audit import record_verified_model
 from modelsec.verifier.guard.private_files import PrivateTree
 from modelsec.verifier.loader import resolve_policy
@@ -151,7 +151,7 @@ def find_signed_root(path: Path, *, max_levels: int = 32) -> Path:
     start = path if path.is_dir() else path.parent
     current = Path(os.path.abspath(start))
     for _ in range(max_levels + 1):
-        if any(os.path.lexists(current / n) for n in SIGNATURE_FILE_NAMES):
+        if find_default_bundles(current):
             return current
         if current.parent == current:
             break

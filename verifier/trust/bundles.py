@@ -21,9 +21,9 @@ from modelsec.limits import Limits
 from modelsec.modelformat.model_files import open_beneath
 from modelsec.policy import Authority, Policy, TimestampAuthority
 from modelsec.signer.keys import TrustedKey
+from modelsec.signer.layout import OMS_BUNDLE_NAME
 from modelsec.signer.schemes import all_schemes, scheme_for, scheme_for_bundle_name
 from modelsec.signer.schemes.mldsa import MlDsaScheme
-from modelsec.signer.signing import SIGNATURE_FILE_NAMES
 from modelsec.verifier.trust.identity import verify_with_authorities
 from modelsec.verifier.trust.timestamp_backend import check_bundle_timestamps
 
@@ -31,7 +31,6 @@ __all__ = [
     "check_bundle_name",
     "check_bundle_size",
     "check_signature_time",
-    "find_default_bundles",
     "has_key_for_bundle",
     "read_bundle",
     "read_bundle_bytes",
@@ -227,19 +226,17 @@ def check_signature_time(
     return times
 
 
-_OMS_BUNDLE_NAME = "model.sig"
-
-
 def check_bundle_name(path: Path, key: TrustedKey) -> None:
     """Refuse a default-named bundle signed by a key of another algorithm than its name says.
 
-    The default names (`SIGNATURE_FILE_NAMES`) say which scheme signed: `model.p384.sig` is ECDSA P-384,
-    `model.sm2.sig` SM2, `model.ml-dsa-65.sig` ML-DSA-65, and only that scheme's key may have signed it, so
-    a copy of one bundle under another default name is not a second signature (nor counted for
-    `--require`). `model.sig` is the exception: model_signing writes every bundle there, whatever its key
-    (ECDSA on any curve, certificates and keyless Sigstore, ML-DSA where it supports it), so it accepts
-    every scheme that ecosystem signs with (`SignatureScheme.certified`: all but SM2, which only modelsec
-    writes, to `model.sm2.sig`). Other names (explicit `--signature` paths) say nothing and are not checked.
+    The default names (`modelsec.signer.layout.SIGNATURE_FILE_NAMES`) say which scheme signed:
+    `model.p384.sig` is ECDSA P-384, `model.sm2.sig` SM2, `model.ml-dsa-65.sig` ML-DSA-65, and only that
+    scheme's key may have signed it, so a copy of one bundle under another default name is not a second
+    signature (nor counted for `--require`). `model.sig` is the exception: model_signing writes every bundle
+    there, whatever its key (ECDSA on any curve, certificates and keyless Sigstore, ML-DSA where it supports
+    it), so it accepts every scheme that ecosystem signs with (`SignatureScheme.certified`: all but SM2, which
+    only modelsec writes, to `model.sm2.sig`). Other names (explicit `--signature` paths) say nothing and are
+    not checked.
 
     Args:
         path: The bundle's path; only its final name is looked at.
@@ -253,18 +250,13 @@ def check_bundle_name(path: Path, key: TrustedKey) -> None:
     if named is None:
         return
     signer = scheme_for(key.algorithm)
-    if signer is named or (path.name == _OMS_BUNDLE_NAME and signer.certified):
+    if signer is named or (path.name == OMS_BUNDLE_NAME and signer.certified):
         return
-    wanted = "a model_signing scheme (not sm2)" if path.name == _OMS_BUNDLE_NAME else named.algorithm.value
+    wanted = "a model_signing scheme (not sm2)" if path.name == OMS_BUNDLE_NAME else named.algorithm.value
     raise SignatureError(
         f"{path}: the name {path.name!r} is for {wanted} bundles, but the {key.algorithm.value} key "
         f"{key.name} signed it; refused (a default-named bundle must be of its name's algorithm)"
     )
-
-
-def find_default_bundles(model_dir: Path) -> list[Path]:
-    """The default bundle names (`model.sig`, `model.p384.sig`, `model.sm2.sig`) present in `model_dir`."""
-    return [model_dir / n for n in SIGNATURE_FILE_NAMES if os.path.lexists(model_dir / n)]
 
 
 def has_key_for_bundle(
@@ -288,7 +280,7 @@ def has_key_for_bundle(
         return True
     if authorities and scheme.certified:
         return True
-    if path.name != _OMS_BUNDLE_NAME:
+    if path.name != OMS_BUNDLE_NAME:
         return any(k.algorithm is scheme.algorithm for k in keys)
     shape = signature_algorithms(bundle.signature.sig)
     return any(

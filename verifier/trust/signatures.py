@@ -35,8 +35,13 @@ from modelsec.limits import Limits
 from modelsec.modelformat.model_files import open_beneath
 from modelsec.policy import Policy
 from modelsec.signer.keys import TrustedKey
+from modelsec.signer.layout import (
+    RESERVED_BUNDLE_NAMES,
+    SIGNATURE_FILE_NAMES,
+    find_attestation_files,
+    find_default_bundles,
+)
 from modelsec.signer.schemes import scheme_for
-from modelsec.signer.signing import ATTESTATION_FILE_NAMES, SIGNATURE_FILE_NAMES
 from modelsec.verifier.attestations import AttestationVerdict, find_attestation_bundles, verify_attestations
 from modelsec.verifier.pinning import expected_digest_set
 from modelsec.verifier.stores import StoredBundle
@@ -44,7 +49,6 @@ from modelsec.verifier.trust.bundles import (
     check_bundle_name,
     check_bundle_size,
     check_signature_time,
-    find_default_bundles,
     has_key_for_bundle,
     read_bundle,
     verify_bundle_signature,
@@ -155,10 +159,8 @@ def verify_signatures(
     explicit = bundles is not None
     if bundles is not None:
         bundle_paths = list(bundles)
-    elif root_fd is not None:
-        bundle_paths = [model_dir / n for n in SIGNATURE_FILE_NAMES if _present(root_fd, n)]
     else:
-        bundle_paths = find_default_bundles(model_dir)
+        bundle_paths = find_default_bundles(model_dir, root_fd=root_fd)
     if not bundle_paths:
         looked_for = ", ".join(SIGNATURE_FILE_NAMES)
         raise SignatureError(f"{model}: no signature bundle found (looked for {looked_for})")
@@ -256,16 +258,6 @@ def verify_signatures(
     )
 
 
-def _present(root_fd: int, name: str) -> bool:
-    try:
-        os.lstat(name, dir_fd=root_fd)
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return True  # present but unreadable: reading it reports why
-    return True
-
-
 def _read_at(root_fd: int, name: str, path: Path, max_bytes: int) -> bytes:
     """At most `max_bytes + 1` bytes of the file `name` of the directory `root_fd` (no link followed)."""
     fd = open_beneath(root_fd, name, what=str(path.parent))
@@ -290,15 +282,13 @@ def _attestations_at(root_fd: int, model_dir: Path, root: str, limits: Limits) -
     way, and `verify_attestations` lists the reason among the ignored bundles.
     """
     found: list[Path | StoredBundle] = []
-    for name in ATTESTATION_FILE_NAMES:
-        if _present(root_fd, name):
-            path = model_dir / name
-            try:
-                data = _read_at(root_fd, name, path, limits.max_bundle_bytes)
-            except Error:
-                found.append(path)
-                continue
-            found.append(StoredBundle(hashlib.sha256(data).hexdigest(), root, data, str(path)))
+    for path in find_attestation_files(model_dir, root_fd=root_fd):
+        try:
+            data = _read_at(root_fd, path.name, path, limits.max_bundle_bytes)
+        except Error:
+            found.append(path)
+            continue
+        found.append(StoredBundle(hashlib.sha256(data).hexdigest(), root, data, str(path)))
     return found
 
 
@@ -311,7 +301,7 @@ def _excluded_paths(
     Python API records no ignore path for it) and modelsec's reserved names are left out of every walk,
     whichever bundle's ignore list names them.
     """
-    excluded = dict.fromkeys((*SIGNATURE_FILE_NAMES, *ATTESTATION_FILE_NAMES, *ignore_paths))
+    excluded = dict.fromkeys((*RESERVED_BUNDLE_NAMES, *ignore_paths))
     root = os.path.abspath(model_dir)
     for p in bundle_paths:
         rel = os.path.relpath(os.path.abspath(p), root)

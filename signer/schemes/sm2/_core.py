@@ -7,13 +7,12 @@ fallback on a system without libcrypto 3. It is not constant-time and runs once 
 
 from __future__ import annotations
 
-import hmac
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from modelsec.algorithms import HashAlgorithm
 from modelsec.errors import SignatureError, UnsupportedAlgorithmError
-from modelsec.modelformat.hashing import _HASHLIB_SM3, new_hasher
+from modelsec.modelformat.hashing import hmac_sm3, new_hasher
 from modelsec.signer.der import decode_signature
 
 if TYPE_CHECKING:
@@ -71,14 +70,7 @@ def _sm3(data: bytes) -> bytes:
 
 def _hmac_sm3(key: bytes, data: bytes) -> bytes:
     """HMAC-SM3 (RFC 2104 over SM3), used by the deterministic nonce of the gmssl backend."""
-    if _HASHLIB_SM3:
-        return hmac.new(key, data, "sm3").digest()
-    from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives import hmac as crypto_hmac
-
-    h = crypto_hmac.HMAC(key, hashes.SM3())
-    h.update(data)
-    return h.finalize()
+    return hmac_sm3(key, data)
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TypeVar, cast
 
 from modelsec.errors import KeyMaterialError, UnsupportedAlgorithmError
+from modelsec.signer.schemes.sm2 import _libcrypto as _sm2_libcrypto
 from modelsec.signer.schemes.sm2._asn1 import (
     _MAX_KEY_FILE_BYTES,
     OID_HMAC_WITH_SM3,
@@ -40,7 +41,6 @@ from modelsec.signer.schemes.sm2._core import (
     _on_curve,
     _scalar_mult,
 )
-from modelsec.signer.schemes.sm2 import _libcrypto as _sm2_libcrypto
 
 __all__ = ["Sm2PrivateKey", "Sm2PublicKey", "generate_private_key"]
 

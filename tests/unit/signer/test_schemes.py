@@ -18,9 +18,9 @@ from modelsec.signer.keys import (
     load_private_key,
     load_trusted_key,
 )
+from modelsec.signer.layout import SIGNATURE_FILE_NAMES
 from modelsec.signer.schemes import all_schemes, scheme_for, scheme_for_bundle_name
 from modelsec.signer.schemes.sm2 import _asn1 as _sm2_asn1
-from modelsec.signer.signing import SIGNATURE_FILE_NAMES
 from modelsec.verifier.trust.bundles import has_key_for_bundle
 
 

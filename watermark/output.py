@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from modelsec.errors import PolicyError
-from modelsec.modelformat._openat2 import open_beneath_fd
+from modelsec.modelformat.openat2 import open_beneath_fd
 
 COPY_CHUNK = 8 * 2**20  # bytes per read when copying a file unchanged
 
@@ -42,6 +42,7 @@ def check_out_dir(model_dir: Path, out_dir: Path) -> None:
 
 
 def chunks(f: Any) -> Iterator[bytes]:
+    """The bytes of the open binary file `f`, `COPY_CHUNK` at a time (a file copied unchanged)."""
     while chunk := f.read(COPY_CHUNK):
         yield chunk
 
@@ -61,6 +62,11 @@ def make_staging(parent_fd: int, out_dir: Path) -> str:
 
 
 def move_into_place(parent_fd: int, staging: str, out_dir: Path) -> None:
+    """Rename the staging directory onto `out_dir` beneath `parent_fd`, replacing an empty `out_dir`.
+
+    Raises:
+        PolicyError: The rename failed (`out_dir` not empty, permissions): nothing was moved.
+    """
     try:
         with contextlib.suppress(FileNotFoundError):
             os.rmdir(out_dir.name, dir_fd=parent_fd)  # an empty output directory given by the caller
