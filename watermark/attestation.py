@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from modelsec.attestations.statement import WATERMARK_PREDICATE_TYPE
+from modelsec.attestations.predicates.watermark import WATERMARK_PREDICATE_TYPE
 from modelsec.errors import KeyMaterialError, PolicyError, UnsupportedAlgorithmError
 from modelsec.limits import Limits
 

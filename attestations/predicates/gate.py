@@ -35,8 +35,9 @@ from modelsec.attestations._numbers import (
 from modelsec.attestations._numbers import integer as _int
 from modelsec.attestations._numbers import real as _real
 from modelsec.attestations.predicates.run_by import RUN_BY_FIELD, RunBy, parse_run_by
-from modelsec.attestations.statement import GATE_PREDICATE_TYPE, Statement, Subject, is_sha256_hex
+from modelsec.attestations.statement import Statement, Subject, is_sha256_hex
 from modelsec.errors import AttestationError, MalformedArtifactError
+from modelsec.limits import Limits
 
 __all__ = [
     "GATE_PREDICATE_TYPE",
@@ -47,7 +48,10 @@ __all__ = [
     "check_gate_run",
     "gate_statement",
     "parse_gate_predicate",
+    "parse_gate_statement",
 ]
+
+GATE_PREDICATE_TYPE = "https://modelsec.dev/robustness-gate/v1"
 
 _GATE_FIELDS: dict[str, Range] = {
     # eps and stepSize are in input units (GateConfig accepts any finite clip range, e.g. [0, 255]).
@@ -264,6 +268,21 @@ def parse_gate_predicate(predicate: Mapping[str, Any], *, what: str) -> GatePred
         dataset_sha256=_dataset_digest(predicate, what),
         run_by=parse_run_by(predicate, what=what),
     )
+
+
+def parse_gate_statement(statement: Statement, *, what: str, limits: Limits | None = None) -> GatePredicate:
+    """`parse_gate_predicate` of a statement's predicate (the parser the predicate registry holds).
+
+    Args:
+        statement: A statement whose predicateType is `https://modelsec.dev/robustness-gate/v1`.
+        what: Names the bundle in errors.
+        limits: Not needed by this predicate (every parser of the registry takes them).
+
+    Raises:
+        MalformedArtifactError: As `parse_gate_predicate`.
+        AttestationError: As `parse_gate_predicate`.
+    """
+    return parse_gate_predicate(statement.predicate, what=what)
 
 
 def _optional_int(predicate: Mapping[str, Any], path: str) -> int | None:

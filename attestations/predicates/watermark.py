@@ -41,8 +41,9 @@ from modelsec.attestations._numbers import (
 from modelsec.attestations._numbers import integer as _int
 from modelsec.attestations._numbers import real as _real
 from modelsec.attestations.predicates.run_by import RUN_BY_FIELD, RunBy, parse_run_by
-from modelsec.attestations.statement import WATERMARK_PREDICATE_TYPE, Statement, Subject
+from modelsec.attestations.statement import Statement, Subject
 from modelsec.errors import AttestationError, MalformedArtifactError
+from modelsec.limits import Limits
 
 __all__ = [
     "WATERMARK_PREDICATE_TYPE",
@@ -53,8 +54,11 @@ __all__ = [
     "check_watermark_run",
     "parse_recorded_parameters",
     "parse_watermark_predicate",
+    "parse_watermark_statement",
     "watermark_statement",
 ]
+
+WATERMARK_PREDICATE_TYPE = "https://modelsec.dev/watermark/v1"
 
 _WATERMARK_FIELDS: dict[str, Range] = {
     # The ranges WatermarkParams accepts, widened only where it has no upper bound of its own.
@@ -267,6 +271,23 @@ def parse_watermark_predicate(predicate: Mapping[str, Any], *, what: str) -> Wat
         fidelity=_fidelity(predicate, what),
         run_by=parse_run_by(predicate, what=what),
     )
+
+
+def parse_watermark_statement(
+    statement: Statement, *, what: str, limits: Limits | None = None
+) -> WatermarkPredicate:
+    """`parse_watermark_predicate` of a statement's predicate (the parser the predicate registry holds).
+
+    Args:
+        statement: A statement whose predicateType is `https://modelsec.dev/watermark/v1`.
+        what: Names the bundle in errors.
+        limits: Not needed by this predicate (every parser of the registry takes them).
+
+    Raises:
+        MalformedArtifactError: As `parse_watermark_predicate`.
+        AttestationError: As `parse_watermark_predicate`.
+    """
+    return parse_watermark_predicate(statement.predicate, what=what)
 
 
 def check_watermark_run(pred: WatermarkPredicate, *, require_server_run: bool, what: str) -> str:
