@@ -9,8 +9,9 @@ the predicate type (the verifier choosing the signing role, `inspect`, the servi
 key roles, `check_predicate_numbers`) looks the type up here instead of comparing URIs, and a type that is
 not registered is refused by name (`predicate_kind`).
 
-A new predicate touches at most three places: its module here (parse, build, check), one entry in
-`_KINDS`, and its requirement in `modelsec.policy` (a new role also in the roles a policy key may hold).
+A new predicate touches: its module here (parse, build, check), one entry in `_KINDS`, and its requirement
+in `modelsec.policy` (with its role among the roles a policy key may hold). Nothing else compares type URIs;
+what its evidence must show is judged, per role, by `modelsec.verifier.attestations` (one handler there).
 
 What the number checkers check: the type and range of every numeric field of the predicate *that is present*
 (and `finishedAt` / `embeddedAt` as RFC 3339 with a zone, years 1970-9998), and `correct <= total`. What is
