@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from modelsec.attestations.statement import GATE_PREDICATE_TYPE
+from modelsec.attestations.predicates.gate import GATE_PREDICATE_TYPE
 from modelsec.lazy import lazy_exports
 
 if TYPE_CHECKING:

@@ -7,13 +7,8 @@ Statement (in-toto Statement v1, DSSE payloadType `application/vnd.in-toto+json`
   list: `.git`, `.gitattributes`, `.github`, `.gitignore` and the signature bundle names). An SM2 signer also
   records the `sm3` root digest (DESIGN.md decision 2).
 * `predicateType`: `https://modelsec.dev/watermark/v1`.
-* `predicate`: `scheme` (name, sources, key schedule), `parameters` (all of `WatermarkParams`, the
-  density, code and message lengths, kappa), `keyCommitment` and `messageCommitment` (keyed HMAC-SHA256
-  values: never the key, never the message), `carriers` (tensor names, dtypes, shapes, carrier counts),
-  `embedding` (relative changes, strengths), `fidelity` (when measured: probe set digest, metric, value,
-  budget; `modelsec.watermark.fidelity`) and `detection` (bit matches, bit error rate, false-positive
-  probability and its log10, confidence, minimum margin, thresholds) measured on the written weights,
-  plus `embeddedAt` (RFC 3339, UTC) and the tool version.
+* `predicate`: built, parsed and checked by `modelsec.attestations.predicates.watermark` (its one home);
+  this module gives it the embedding and the scheme's description.
 
 The attestation file lives outside the model directory, or inside it under the reserved name
 `model.watermark.sig` (recorded in every manifest's ignore list); any other file inside would itself be
@@ -24,11 +19,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from modelsec.attestations.statement import WATERMARK_PREDICATE_TYPE
+from modelsec.attestations.predicates.watermark import WATERMARK_PREDICATE_TYPE
 from modelsec.errors import KeyMaterialError, PolicyError, UnsupportedAlgorithmError
 from modelsec.limits import Limits
 
@@ -119,50 +114,20 @@ def watermark_statement(
         MalformedArtifactError: A recorded number is out of its field's range (never signed).
     """
     from modelsec import __version__
+    from modelsec.attestations.predicates.watermark import build_watermark_predicate
     from modelsec.attestations.predicates.watermark import watermark_statement as build_statement
     from modelsec.watermark.spread_spectrum import SCHEME
 
-    when = (embedded_at or datetime.now(UTC)).astimezone(UTC).replace(microsecond=0)
-    detection = result.detection.to_json()
-    detection.pop("decodedMessageHex", None)
-    predicate: dict[str, Any] = {
-        "scheme": {
-            "name": SCHEME,
-            "sources": list(_SOURCES),
-            "keySchedule": "HKDF-SHA256 subkeys per purpose, tensor name and shape; AES-256-CTR keystreams",
-            "statistic": "per tensor x = w / rms(carriers); bit b: sign(sum s_i x_i) over its carriers",
-            "embedding": "w' = w + m_b t_b s_i |w_i| (informed, multiplicative, t_b <= maxRelativeChange)",
-        },
-        "parameters": {
-            **result.params.to_json(),
-            "densityLog2": result.density_log2,
-            "codeBits": result.code_bits,
-            "messageBits": result.message_bits,
-        },
-        "keyCommitment": {"algorithm": "hmac-sha256", "value": result.key_commitment},
-        "messageCommitment": {"algorithm": "hmac-sha256", "value": result.message_commitment},
-        "carriers": {
-            "count": result.carriers,
-            "tensors": [
-                {"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "carriers": t.carriers}
-                for t in result.tensors
-            ],
-        },
-        "embedding": {
-            "maxRelativeChange": result.max_relative_change,
-            "meanRelativeChange": result.mean_relative_change,
-            "relativeL2Change": result.relative_l2_change,
-            "strength": {
-                "min": result.strength_min,
-                "median": result.strength_median,
-                "max": result.strength_max,
-            },
-        },
-        "detection": detection,
-        **({"fidelity": result.fidelity.to_json()} if result.fidelity is not None else {}),
-        "embeddedAt": when.isoformat().replace("+00:00", "Z"),
-        "tool": {"name": "modelsec", "version": __version__},
+    scheme = {
+        "name": SCHEME,
+        "sources": list(_SOURCES),
+        "keySchedule": "HKDF-SHA256 subkeys per purpose, tensor name and shape; AES-256-CTR keystreams",
+        "statistic": "per tensor x = w / rms(carriers); bit b: sign(sum s_i x_i) over its carriers",
+        "embedding": "w' = w + m_b t_b s_i |w_i| (informed, multiplicative, t_b <= maxRelativeChange)",
     }
+    predicate = build_watermark_predicate(
+        result, scheme=scheme, tool_version=__version__, embedded_at=embedded_at
+    )
     return build_statement(predicate, digests, name=name, run_by=run_by)
 
 

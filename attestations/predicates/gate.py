@@ -9,14 +9,41 @@ typed. What a policy accepts (attack, minimum eps, accuracy rule, freshness) is 
 server, on an allowed dataset, with enough PGD steps and restarts) is checked here, by `check_gate_run`, which
 the verifier calls with the policy's requirement.
 
+`build_gate_predicate` builds the predicate of a run (the run's JSON form, `GateResult.to_json()`, plus the
+model it ran on) and `gate_statement` the unsigned statement; the predicate reads:
+
+```json
+{"attack": "pgd-linf",
+ "parameters": {"norm": "Linf", "eps": 0.3, "stepSize": 0.01, "steps": 40, "restarts": 1,
+                "randomStart": true, "loss": "cross-entropy", "seed": 0, "inputRange": [0.0, 1.0],
+                "batchSize": 256},
+ "dataset": {"digest": {"sha256": "<hex>"}, "samples": 5000, "source": "mnist.npz", "format": "npz"},
+ "results": {"clean":  {"correct": 4950, "total": 5000, "accuracy": 0.99, "wilson95": [0.987, 0.992]},
+             "robust": {"correct": 4700, "total": 5000, "accuracy": 0.94, "wilson95": [0.933, 0.946]}},
+ "gate": {"metric": "robustAccuracy", "threshold": 0.85, "rule": "point", "minSamples": 100,
+          "value": 0.94, "verdict": "PASSED", "reasons": []},
+ "sanity": {"enabled": true, "samples": 256, "tolerance": 0.02, "largeEps": null,
+            "largeEpsMaxAccuracy": 0.05, "checks": [{"name": "eps_zero", "passed": true, "detail": "..."}]},
+ "environment": {"device": "cpu", "deviceName": "cpu", "worldSize": 1, "backend": null,
+                 "dtypes": {"inputs": "float32", "parameters": "float32", "compute": "float32",
+                            "projection": "float32"},
+                 "fastPaths": {"channelsLast": false, "bf16Autocast": false, "torchCompile": false},
+                 "torch": "2.13.0+cpu", "deterministic": true},
+ "model": {"architecture": "lenet5:lenet5", "weights": ["model.safetensors"]},
+ "elapsedSeconds": 12.345,
+ "finishedAt": "2025-01-31T12:00:00Z",
+ "runBy": {"server": "signer.example.org", "requester": "spiffe://example.org/ci/release"}}
+```
+
 `runBy` (`modelsec.attestations.predicates.run_by`) records the server and the requester of a run a modelsec
-server performed (RunGate); it is absent from gates run elsewhere (`modelsec gate pgd`).
+server performed (RunGate); it is absent from gates run elsewhere (`modelsec gate pgd`). A FAILED run is a
+valid predicate too (the verdict is part of what is signed).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType
@@ -35,19 +62,24 @@ from modelsec.attestations._numbers import (
 from modelsec.attestations._numbers import integer as _int
 from modelsec.attestations._numbers import real as _real
 from modelsec.attestations.predicates.run_by import RUN_BY_FIELD, RunBy, parse_run_by
-from modelsec.attestations.statement import GATE_PREDICATE_TYPE, Statement, Subject, is_sha256_hex
+from modelsec.attestations.statement import Statement, Subject, is_sha256_hex
 from modelsec.errors import AttestationError, MalformedArtifactError
+from modelsec.limits import Limits
 
 __all__ = [
     "GATE_PREDICATE_TYPE",
     "GatePredicate",
     "GateRunRequirement",
     "SanityCheck",
+    "build_gate_predicate",
     "check_gate_predicate",
     "check_gate_run",
     "gate_statement",
     "parse_gate_predicate",
+    "parse_gate_statement",
 ]
+
+GATE_PREDICATE_TYPE = "https://modelsec.dev/robustness-gate/v1"
 
 _GATE_FIELDS: dict[str, Range] = {
     # eps and stepSize are in input units (GateConfig accepts any finite clip range, e.g. [0, 255]).
@@ -266,6 +298,21 @@ def parse_gate_predicate(predicate: Mapping[str, Any], *, what: str) -> GatePred
     )
 
 
+def parse_gate_statement(statement: Statement, *, what: str, limits: Limits | None = None) -> GatePredicate:
+    """`parse_gate_predicate` of a statement's predicate (the parser the predicate registry holds).
+
+    Args:
+        statement: A statement whose predicateType is `https://modelsec.dev/robustness-gate/v1`.
+        what: Names the bundle in errors.
+        limits: Not needed by this predicate (every parser of the registry takes them).
+
+    Raises:
+        MalformedArtifactError: As `parse_gate_predicate`.
+        AttestationError: As `parse_gate_predicate`.
+    """
+    return parse_gate_predicate(statement.predicate, what=what)
+
+
 def _optional_int(predicate: Mapping[str, Any], path: str) -> int | None:
     # The type and range were checked by `check_gate_predicate` (an integer in the field's range).
     value = lookup(predicate, path)[1]
@@ -345,6 +392,24 @@ def check_gate_run(pred: GatePredicate, req: GateRunRequirement, *, what: str) -
     return ", ".join(done)
 
 
+def build_gate_predicate(
+    result: Mapping[str, Any], *, architecture: str | None = None, weights: Sequence[str] = ()
+) -> dict[str, Any]:
+    """The gate predicate of a run: its JSON form and the model it ran on (`model`).
+
+    Not checked here (`gate_statement` checks it before anything is signed).
+
+    Args:
+        result: The run's JSON form (`modelsec.robustness.GateResult.to_json()`).
+        architecture: The factory import path of the classifier, recorded for reproduction.
+        weights: The safetensors files the classifier was built from.
+
+    Returns:
+        The predicate, JSON-ready (see the module docstring).
+    """
+    return {**result, "model": {"architecture": architecture, "weights": list(weights)}}
+
+
 def gate_statement(
     predicate: Mapping[str, Any], *, root_digest: str, model_name: str, run_by: RunBy | None = None
 ) -> Statement:
@@ -354,7 +419,7 @@ def gate_statement(
     can read is never produced. A FAILED gate is a valid statement (the verdict is part of what is signed).
 
     Args:
-        predicate: The predicate (`GateResult.to_json()` plus the model fields).
+        predicate: The predicate (`build_gate_predicate`).
         root_digest: Hex SHA-256 model root digest (64 lowercase hex digits).
         model_name: The subject name (informational).
         run_by: Who ran the gate, recorded as `runBy`, when a modelsec server ran it (RunGate only).

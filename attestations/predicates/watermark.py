@@ -4,6 +4,14 @@ The one home of the watermark predicate's format: the producer (`modelsec.waterm
 verifier (`modelsec.verifier.attestations`), the detector's hints and the service all go through this
 module, so the fields each of them requires cannot drift apart again.
 
+* `build_watermark_predicate`: the predicate of an embedding: `scheme` (name, sources, key schedule),
+  `parameters` (all of `WatermarkParams`, the density, code and message lengths, kappa), `keyCommitment` and
+  `messageCommitment` (keyed HMAC-SHA256 values: never the key, never the message), `carriers` (tensor
+  names, dtypes, shapes, carrier counts), `embedding` (relative changes, strengths), `fidelity` (when
+  measured: probe set digest, metric, value, budget; `modelsec.watermark.fidelity`) and `detection` (bit
+  matches, bit error rate, false-positive probability and its log10, confidence, minimum margin,
+  thresholds) measured on the written weights, plus `embeddedAt` (RFC 3339, UTC) and the tool version;
+  `watermark_statement` wraps it in the unsigned statement.
 * `check_watermark_predicate`: the type and range of every number that is present (before any arithmetic).
 * `parse_watermark_predicate`: also the fields every consumer requires, typed: `scheme.name`, the objects
   `parameters` and `carriers`, `keyCommitment.value` and `messageCommitment.value` (strings), and the
@@ -22,11 +30,11 @@ probability) is decided by `modelsec.verifier.attestations`; which schemes a det
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 from modelsec.attestations._numbers import (
     BIG_REAL,
@@ -41,20 +49,27 @@ from modelsec.attestations._numbers import (
 from modelsec.attestations._numbers import integer as _int
 from modelsec.attestations._numbers import real as _real
 from modelsec.attestations.predicates.run_by import RUN_BY_FIELD, RunBy, parse_run_by
-from modelsec.attestations.statement import WATERMARK_PREDICATE_TYPE, Statement, Subject
+from modelsec.attestations.statement import Statement, Subject
 from modelsec.errors import AttestationError, MalformedArtifactError
+from modelsec.limits import Limits
 
 __all__ = [
     "WATERMARK_PREDICATE_TYPE",
+    "CarrierTensor",
+    "EmbeddingRecord",
     "Fidelity",
     "RecordedParameters",
     "WatermarkPredicate",
+    "build_watermark_predicate",
     "check_watermark_predicate",
     "check_watermark_run",
     "parse_recorded_parameters",
     "parse_watermark_predicate",
+    "parse_watermark_statement",
     "watermark_statement",
 ]
+
+WATERMARK_PREDICATE_TYPE = "https://modelsec.dev/watermark/v1"
 
 _WATERMARK_FIELDS: dict[str, Range] = {
     # The ranges WatermarkParams accepts, widened only where it has no upper bound of its own.
@@ -269,6 +284,23 @@ def parse_watermark_predicate(predicate: Mapping[str, Any], *, what: str) -> Wat
     )
 
 
+def parse_watermark_statement(
+    statement: Statement, *, what: str, limits: Limits | None = None
+) -> WatermarkPredicate:
+    """`parse_watermark_predicate` of a statement's predicate (the parser the predicate registry holds).
+
+    Args:
+        statement: A statement whose predicateType is `https://modelsec.dev/watermark/v1`.
+        what: Names the bundle in errors.
+        limits: Not needed by this predicate (every parser of the registry takes them).
+
+    Raises:
+        MalformedArtifactError: As `parse_watermark_predicate`.
+        AttestationError: As `parse_watermark_predicate`.
+    """
+    return parse_watermark_predicate(statement.predicate, what=what)
+
+
 def check_watermark_run(pred: WatermarkPredicate, *, require_server_run: bool, what: str) -> str:
     """Check who embedded a parsed watermark against a policy's `requireServerRun`.
 
@@ -369,13 +401,188 @@ def parse_recorded_parameters(predicate: Mapping[str, Any], *, what: str) -> Rec
     )
 
 
+class _JsonRecord(Protocol):
+    def to_json(self) -> Mapping[str, Any]: ...
+
+
+class CarrierTensor(Protocol):
+    """One carrier tensor of an embedding (`modelsec.watermark.TensorReport` is one)."""
+
+    @property
+    def name(self) -> str:
+        """Tensor name."""
+        ...
+
+    @property
+    def dtype(self) -> str:
+        """The safetensors dtype."""
+        ...
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Shape."""
+        ...
+
+    @property
+    def carriers(self) -> int:
+        """Carrier elements in it."""
+        ...
+
+
+class EmbeddingRecord(Protocol):
+    """What the predicate records of an embedding (`modelsec.watermark.EmbedResult` is one).
+
+    The attributes are `EmbedResult`'s: `params`, `detection` and `fidelity` give their recorded JSON form
+    (`to_json()`); see `modelsec.watermark.embed.EmbedResult` for the units.
+    """
+
+    @property
+    def params(self) -> _JsonRecord:
+        """Scheme parameters."""
+        ...
+
+    @property
+    def density_log2(self) -> int:
+        """Carrier density exponent used."""
+        ...
+
+    @property
+    def message_bits(self) -> int:
+        """Message length in bits."""
+        ...
+
+    @property
+    def code_bits(self) -> int:
+        """Pilot plus message bits."""
+        ...
+
+    @property
+    def carriers(self) -> int:
+        """Carrier elements."""
+        ...
+
+    @property
+    def tensors(self) -> Sequence[CarrierTensor]:
+        """The carrier tensors."""
+        ...
+
+    @property
+    def max_relative_change(self) -> float:
+        """Largest relative weight change."""
+        ...
+
+    @property
+    def mean_relative_change(self) -> float:
+        """Mean relative change over the carriers."""
+        ...
+
+    @property
+    def relative_l2_change(self) -> float:
+        """Relative L2 change over the eligible tensors."""
+        ...
+
+    @property
+    def strength_min(self) -> float:
+        """Smallest per-bit strength."""
+        ...
+
+    @property
+    def strength_median(self) -> float:
+        """Median per-bit strength."""
+        ...
+
+    @property
+    def strength_max(self) -> float:
+        """Largest per-bit strength."""
+        ...
+
+    @property
+    def detection(self) -> _JsonRecord:
+        """Detection on the written weights."""
+        ...
+
+    @property
+    def key_commitment(self) -> str:
+        """Commitment to the watermark key."""
+        ...
+
+    @property
+    def message_commitment(self) -> str:
+        """Commitment to the message."""
+        ...
+
+    @property
+    def fidelity(self) -> _JsonRecord | None:
+        """The measured fidelity, or None when not measured."""
+        ...
+
+
+def build_watermark_predicate(
+    record: EmbeddingRecord,
+    *,
+    scheme: Mapping[str, Any],
+    tool_version: str,
+    embedded_at: datetime | None = None,
+) -> dict[str, Any]:
+    """The watermark predicate of an embedding: its parameters, commitments, carriers and embed-time results.
+
+    Holds no key material and no message: only their keyed commitments (`keyCommitment`,
+    `messageCommitment`); the decoded message the detection read back (`decodedMessageHex`) is left out.
+    Not checked here (`watermark_statement` checks it before anything is signed).
+
+    Args:
+        record: The embedding (`modelsec.watermark.EmbedResult`).
+        scheme: The scheme's description (`scheme`: name, sources, key schedule), from the scheme itself.
+        tool_version: modelsec's version (`modelsec.__version__`, which this layer does not import).
+        embedded_at: Time of embedding (default: now), recorded in UTC to the second.
+
+    Returns:
+        The predicate, JSON-ready.
+    """
+    when = (embedded_at or datetime.now(UTC)).astimezone(UTC).replace(microsecond=0)
+    detection = dict(record.detection.to_json())
+    detection.pop("decodedMessageHex", None)
+    return {
+        "scheme": dict(scheme),
+        "parameters": {
+            **record.params.to_json(),
+            "densityLog2": record.density_log2,
+            "codeBits": record.code_bits,
+            "messageBits": record.message_bits,
+        },
+        "keyCommitment": {"algorithm": "hmac-sha256", "value": record.key_commitment},
+        "messageCommitment": {"algorithm": "hmac-sha256", "value": record.message_commitment},
+        "carriers": {
+            "count": record.carriers,
+            "tensors": [
+                {"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "carriers": t.carriers}
+                for t in record.tensors
+            ],
+        },
+        "embedding": {
+            "maxRelativeChange": record.max_relative_change,
+            "meanRelativeChange": record.mean_relative_change,
+            "relativeL2Change": record.relative_l2_change,
+            "strength": {
+                "min": record.strength_min,
+                "median": record.strength_median,
+                "max": record.strength_max,
+            },
+        },
+        "detection": detection,
+        **({"fidelity": record.fidelity.to_json()} if record.fidelity is not None else {}),
+        "embeddedAt": when.isoformat().replace("+00:00", "Z"),
+        "tool": {"name": "modelsec", "version": tool_version},
+    }
+
+
 def watermark_statement(
     predicate: Mapping[str, Any], digests: Mapping[str, str], *, name: str, run_by: RunBy | None = None
 ) -> Statement:
     """Build the unsigned watermark statement, refusing a predicate no verifier would accept.
 
     Args:
-        predicate: The predicate (built by `modelsec.watermark.attestation` from an embedding).
+        predicate: The predicate (`build_watermark_predicate`).
         digests: The watermarked model's root digests (`sha256`, optionally `sm3`).
         name: Informational subject name (the directory name).
         run_by: Who embedded the mark, recorded as `runBy`, when a modelsec server did (EmbedWatermark).
