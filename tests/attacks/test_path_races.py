@@ -21,8 +21,8 @@ from modelsec.service.client import ChannelOptions, ModelsecClient
 from modelsec.signer import load_private_key_file, sign_model
 from modelsec.verifier import verification, verify_model
 from tests.conftest import write_tiny_model
-from tests.race_support import exchange
-from tests.service_support import InThreadServer, write_server_config
+from tests.support.race import exchange
+from tests.support.service import InThreadServer, write_server_config
 
 P256 = SignatureAlgorithm.ECDSA_P256.value
 

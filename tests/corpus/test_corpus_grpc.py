@@ -15,7 +15,7 @@ import pytest
 
 from modelsec.service.client import ChannelOptions, ModelsecClient
 from tests.corpus._cases import case_ids, defective_pae_fixture, expected, materialise, mentions_all, payload
-from tests.service_support import InThreadServer, write_server_config
+from tests.support.service import InThreadServer, write_server_config
 
 pytestmark = pytest.mark.integration
 CASES = case_ids(("DSSE",))

@@ -2,13 +2,12 @@
 
 A binding signed by a certificate the policy's X.509 authority vouches for binds the manifest (no pinned
 key needed); a binding signed by a pinned key outside its `validUntil` window does not. Against a real
-registry (distribution 2.8, TLS + htpasswd; see tests/oci_support.py).
+registry (distribution 2.8, TLS + htpasswd; see tests/support/oci.py).
 """
 
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,19 +27,10 @@ from modelsec.signer.keys import load_private_key_file
 from modelsec.signer.signing import sign_model
 from modelsec.verifier import verify_model
 from tests.conftest import write_tiny_model
-from tests.oci_support import PASSWORD, USER, Registry, registry_missing_reason, run_registry
-from tests.x509_support import SAN, make_ca, make_leaf, with_certificate_chain, write_pem
+from tests.support.oci import PASSWORD, USER, Registry
+from tests.support.pki import SAN, make_ca, make_leaf, with_certificate_chain, write_pem
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
-    reason = registry_missing_reason()
-    if reason:
-        pytest.skip(reason)
-    with run_registry(tmp_path_factory.mktemp("registry")) as running:
-        yield running
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import pytest
 from modelsec.attestations.statement import GATE_PREDICATE_TYPE, WATERMARK_PREDICATE_TYPE
 from modelsec.errors import MalformedArtifactError
 from modelsec.service.client import ChannelOptions, ModelsecClient
-from tests.service_support import InThreadServer, write_server_config
+from tests.support.service import InThreadServer, write_server_config
 from tests.unit.verifier.test_joint_verification import gate_predicate, watermark_predicate
 
 pytestmark = pytest.mark.integration

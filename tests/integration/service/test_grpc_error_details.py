@@ -32,7 +32,7 @@ from modelsec.signer.signing import MODEL_IGNORE_PATHS, compute_manifests
 from modelsec.v1 import signing_pb2
 from modelsec.verifier.attestations import GATE_PREDICATE_TYPE
 from tests.conftest import write_tiny_model
-from tests.service_support import InThreadServer, write_server_config
+from tests.support.service import InThreadServer, write_server_config
 from tests.unit.verifier.test_joint_verification import gate_predicate
 
 pytestmark = pytest.mark.integration

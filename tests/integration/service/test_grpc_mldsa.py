@@ -14,7 +14,7 @@ from modelsec.signer import load_private_key_file, sign_model
 from modelsec.v1 import common_pb2
 from modelsec.verifier import verify_model
 from tests.conftest import write_tiny_model
-from tests.service_support import InThreadServer, write_server_config
+from tests.support.service import InThreadServer, write_server_config
 
 pytestmark = pytest.mark.integration
 

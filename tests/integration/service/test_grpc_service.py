@@ -32,7 +32,7 @@ from modelsec.signer.signing import MODEL_IGNORE_PATHS, compute_manifests
 from modelsec.v1 import signing_pb2
 from modelsec.verifier import verify_attestations, verify_bundle_signature, verify_model
 from tests.conftest import write_tiny_model
-from tests.service_support import InThreadServer, write_server_config
+from tests.support.service import InThreadServer, write_server_config
 
 pytestmark = pytest.mark.integration
 

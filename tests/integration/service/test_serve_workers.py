@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from modelsec.v1 import signing_pb2, signing_pb2_grpc
-from tests.service_support import spawn_cli_server, write_server_config
+from tests.support.service import spawn_cli_server, write_server_config
 
 pytestmark = pytest.mark.integration
 

@@ -583,7 +583,7 @@ def test_directory_store_skips_a_fifo_instead_of_hanging(signed: tuple[str, Path
 def test_the_cache_generation_is_the_digest_of_the_parsed_policy_file(tmp_path: Path, key_dir: Path) -> None:
     import hashlib
 
-    from tests.service_support import write_policy
+    from tests.support.policies import write_policy
 
     path = write_policy(tmp_path, key_dir)
     policies = PolicySet.from_file(path)
