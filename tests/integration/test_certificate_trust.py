@@ -25,6 +25,7 @@ from tests.support.pki import NOW, SAN, Issued, Pki, corp_policy_doc
 from tests.support.pki import make_ca as _ca
 from tests.support.pki import make_leaf as _leaf
 from tests.support.pki import write_pem as _pem
+from tests.support.policies import first_policy
 
 signing = pytest.importorskip("model_signing.signing", reason="model_signing is the reference signer")
 
@@ -49,8 +50,7 @@ def _sign(tmp_path: Path, leaf: Issued, chain: list[x509.Certificate]) -> Path:
 
 def _policy(tmp_path: Path, root: x509.Certificate, identity: dict[str, str]) -> Policy:
     _pem(tmp_path / "root.pem", root)
-    doc = corp_policy_doc("root.pem", identity, roles=["weights"])
-    return PolicySet.from_mapping(doc, base_dir=tmp_path, source="policy.yaml").policies[0]
+    return first_policy(corp_policy_doc("root.pem", identity, roles=["weights"]), tmp_path)
 
 
 Setup = Callable[..., tuple[Path, Policy]]

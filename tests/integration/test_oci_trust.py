@@ -22,13 +22,14 @@ from modelsec._oci_registry import (
     descriptor,
 )
 from modelsec.errors import SignatureError
-from modelsec.policy import Policy, PolicySet
+from modelsec.policy import Policy
 from modelsec.signer.keys import load_private_key_file
 from modelsec.signer.signing import sign_model
 from modelsec.verifier import verify_model
 from tests.conftest import write_tiny_model
 from tests.support.oci import PASSWORD, USER, Registry
 from tests.support.pki import SAN, make_ca, make_leaf, with_certificate_chain, write_pem
+from tests.support.policies import first_policy, policy_doc, policy_entry
 
 pytestmark = pytest.mark.integration
 
@@ -36,15 +37,6 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def options(registry: Registry) -> RegistryOptions:
     return RegistryOptions(ca_file=registry.ca, username=USER, password=PASSWORD, timeout=5)
-
-
-def _policy(tmp_path: Path, policy: dict[str, object]) -> Policy:
-    doc = {
-        "apiVersion": "modelsec.dev/v1alpha1",
-        "kind": "ModelPolicy",
-        "policies": [{"name": "p", "match": ["oci://**"], **policy}],
-    }
-    return PolicySet.from_mapping(doc, base_dir=tmp_path, source="policy.yaml").policies[0]
 
 
 def _nothing_landed(dest: Path) -> None:
@@ -73,7 +65,7 @@ def test_certificate_signed_binding_and_model_pull_through_the_policy_authority(
         "roles": ["weights"],
         "x509": {"roots": ["root.pem"], "identities": [{"san": SAN}]},
     }
-    policy = _policy(tmp_path, {"authorities": [authority]})
+    policy = first_policy(policy_doc(policy_entry(match="oci://**", authorities=[authority])), tmp_path)
     assert not policy.keys and verify_model(model, policy)  # the model verifies through the authority alone
 
     pushed = push_model(model, f"oci://{registry.address}/models/cert:v1", policy, signer, options=options)
@@ -96,7 +88,7 @@ def test_certificate_signed_binding_and_model_pull_through_the_policy_authority(
 
     # the same authority naming another identity does not vouch for the binding (nor the model)
     stranger = {**authority, "x509": {"roots": ["root.pem"], "identities": [{"san": "intern@corp.example"}]}}
-    other = _policy(tmp_path, {"authorities": [stranger]})
+    other = first_policy(policy_doc(policy_entry(match="oci://**", authorities=[stranger])), tmp_path)
     assert bound_root_digests(ref, other, options=options) == set()
     with pytest.raises(SignatureError, match="no binding"):
         pull_model(ref, tmp_path / "refused", other, options=options)
@@ -113,7 +105,8 @@ def test_binding_signed_after_its_key_window_is_refused(
     now = datetime.datetime.now(datetime.UTC)
 
     def with_binder_window(**window: str) -> Policy:
-        return _policy(tmp_path, {"keys": [model_key, {"path": str(key_dir / "other.pub.pem"), **window}]})
+        keys = [model_key, {"path": str(key_dir / "other.pub.pem"), **window}]
+        return first_policy(policy_doc(policy_entry(match="oci://**", keys=keys)), tmp_path)
 
     rotated = with_binder_window(validUntil=(now - datetime.timedelta(days=1)).isoformat())
     current = with_binder_window(validUntil=(now + datetime.timedelta(days=1)).isoformat())

@@ -32,6 +32,7 @@ from tests.integration.test_rfc3161 import _make_tsa, pytestmark, tsa
 from tests.support.pki import SAN, Pki, corp_policy_doc, with_certificate_chain
 from tests.support.pki import make_leaf as _leaf
 from tests.support.pki import write_pem as _pem
+from tests.support.policies import write_policy_doc
 
 __all__ = ["pytestmark", "tsa"]  # fixtures (and the no-openssl skip marker) shared with those modules
 
@@ -79,9 +80,7 @@ def _sign_and_stamp(
 
 def _policy(d: Path, root: Path, *tsa_roots: Path) -> Path:
     """A policy file trusting the corp root for SAN, and the TSAs whose root certificates are `tsa_roots`."""
-    path = d / f"policy-{len(list(d.glob('policy-*')))}.json"
-    path.write_text(json.dumps(corp_policy_doc(root, tsa_roots=tsa_roots)))
-    return path
+    return write_policy_doc(d, corp_policy_doc(root, tsa_roots=tsa_roots))
 
 
 def _load(policy: Path) -> Policy:

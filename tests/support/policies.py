@@ -2,14 +2,15 @@
 
 - `key_policy`: a `Policy` trusting some test keys, as `--key` builds it.
 - `policy_doc` / `policy_entry`: a ModelPolicy document, as a policy file holds it.
-- `write_policy_doc`: that document written as a file; `first_policy`: parsed back to its first `Policy`.
+- `write_policy_doc`: that document written as a file; `write_policy_file`: one entry written as a file;
+  `first_policy`: a document parsed back to its first `Policy`.
 - `write_policy`: the default policy file of the gRPC server (P-256 and SM2 keys for every role).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +31,13 @@ def policy_entry(
     *,
     name: str = "p",
     match: str | list[str] = "file:///**",
-    keys: list[str | Path] | None = None,
+    keys: Sequence[str | Path | Mapping[str, Any]] | None = None,
     **fields: Any,
 ) -> dict[str, Any]:
-    """One entry of a ModelPolicy's `policies` (camelCase `fields` added as they are)."""
+    """One entry of a ModelPolicy's `policies`: `keys` as paths or key entries, camelCase `fields` as is."""
     entry: dict[str, Any] = {"name": name, "match": [match] if isinstance(match, str) else list(match)}
     if keys is not None:
-        entry["keys"] = [str(k) for k in keys]
+        entry["keys"] = [str(k) if isinstance(k, Path) else k for k in keys]
     entry.update(fields)
     return entry
 
@@ -56,6 +57,11 @@ def write_policy_doc(path: Path, doc: Mapping[str, Any]) -> Path:
         path = path / f"policy-{len(list(path.glob('policy-*')))}.json"
     path.write_text(json.dumps(doc, default=lambda t: t.isoformat()))
     return path
+
+
+def write_policy_file(path: Path, **entry: Any) -> Path:
+    """A policy file holding one `policy_entry(**entry)` (see `write_policy_doc` for `path`)."""
+    return write_policy_doc(path, policy_doc(policy_entry(**entry)))
 
 
 def first_policy(doc: Mapping[str, Any], base_dir: Path) -> Policy:
