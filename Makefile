@@ -40,7 +40,7 @@ $(VENV)/.test: $(BIN)/python $(INSTALL_INPUTS)
 	  echo "softhsm2/opensc/docker-registry/fortunes/faketime not installed: the PKCS#11, OCI registry, causal-LM fidelity and future-timestamp tests will skip"; fi
 	npm install --prefix $(VENV)/buf --no-save --no-audit --no-fund --silent @bufbuild/buf@$(BUF_VERSION)
 	# Schemas of the cert-manager and prometheus-operator kinds in deploy/ (kubernetes-validate has none):
-	# tests/unit/deploy/test_manifests.py validates Certificate, Issuer and ServiceMonitor with them.
+	# tests/integration/deploy/test_manifests.py validates Certificate, Issuer and ServiceMonitor with them.
 	npm install --prefix $(VENV)/k8s-models --no-save --no-audit --no-fund --silent \
 	  @kubernetes-models/cert-manager@$(K8S_MODELS_VERSION) @kubernetes-models/prometheus-operator@$(K8S_MODELS_VERSION)
 	touch $@

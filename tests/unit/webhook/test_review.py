@@ -524,7 +524,7 @@ def test_parse_reference() -> None:
     assert parse_reference("s3://b/m", "here").digest is None
 
 
-# Every resource the webhook configuration sends (tests/unit/webhook/test_deploy.py) is reviewed.
+# Every resource the webhook configuration sends (tests/integration/webhook/test_deploy.py) is reviewed.
 
 RESOURCE_KINDS = {
     ("", "pods"): "Pod",
