@@ -38,6 +38,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, key_dir: Path) -> Iterator[
             f"    keys: [{json.dumps(str(d / 'trust' / 'trusted-p256.pub.pem'))}]",
         ]
     (root / "policy.yaml").write_text("\n".join(lines) + "\n")
+    # Its own server: the corpus policies, one named policy per case.
     config = write_server_config(root / "server", key_dir, policy=str(root / "policy.yaml"))
     with (
         InThreadServer(config) as server,

@@ -24,6 +24,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory, key_dir: Path) -> Iterator[ModelsecClient]:
     d = tmp_path_factory.mktemp("svc-bounded")
+    # Its own server: a key that signs client-made statements of every role.
     config = write_server_config(
         d / "server",
         key_dir,

@@ -53,6 +53,7 @@ def _gate(digest: str, key: Path, seed: int = 0) -> bytes:
 def server(tmp_path_factory: pytest.TempPathFactory, key_dir: Path) -> Iterator[tuple[InThreadServer, Path]]:
     root = tmp_path_factory.mktemp("details")
     model = write_tiny_model(root / "models" / "m")
+    # Its own server: token-only access, a missing watermark key, read roots limited to the models.
     config = write_server_config(
         root / "server",
         key_dir,

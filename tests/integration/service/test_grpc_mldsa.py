@@ -45,6 +45,7 @@ def test_server_held_ml_dsa_key_signs_and_verify_model_reports_the_hybrid(
     tmp_path: Path, key_dir: Path
 ) -> None:
     model = write_tiny_model(tmp_path / "model", shards=1)
+    # Its own server: an ML-DSA key and a hybrid policy.
     config = write_server_config(
         tmp_path / "server",
         key_dir,

@@ -46,6 +46,7 @@ def _statement(model: Path, hash_type: HashAlgorithm = HashAlgorithm.SHA256) -> 
 def setup(tmp_path_factory: pytest.TempPathFactory, key_dir: Path) -> Iterator[tuple[InThreadServer, Path]]:
     d = tmp_path_factory.mktemp("svc")
     model = write_tiny_model(d / "model")
+    # Its own server: role-restricted and unreachable keys, metrics, read roots limited to the model.
     config = write_server_config(
         d / "server",
         key_dir,
@@ -258,6 +259,7 @@ def test_unauthenticated_and_unauthorised_calls(
 ) -> None:
     import hashlib
 
+    # Its own server: bearer tokens only, and putAttestation for another identity.
     config = write_server_config(
         tmp_path,
         key_dir,

@@ -27,6 +27,7 @@ def mtls_server(
     tmp_path_factory: pytest.TempPathFactory, key_dir: Path, tls: dict[str, Path]
 ) -> Iterator[InThreadServer]:
     d = tmp_path_factory.mktemp("mtls")
+    # Its own server: mutual TLS with the session PKI's CA; keys and puts only for the CI identity.
     config = write_server_config(
         d,
         key_dir,
@@ -84,6 +85,7 @@ def test_mtls_refuses_foreign_or_missing_client_certificates(
 def test_tls_with_bearer_token(tmp_path: Path, key_dir: Path, tls: dict[str, Path]) -> None:
     import hashlib
 
+    # Its own server: server-side TLS with bearer tokens and no anonymous access.
     config = write_server_config(
         tmp_path,
         key_dir,
@@ -132,6 +134,7 @@ def test_sigterm_restart_keeps_the_store(tmp_path: Path, key_dir: Path) -> None:
     model = write_tiny_model(tmp_path / "model")
     result = sign_model(model, [load_private_key_file(key_dir / "ecdsa-p256.key.pem")])
     bundle = (model / "model.sig").read_bytes()
+    # Its own server, a child process: the test stops it with SIGTERM and starts it again.
     config = write_server_config(tmp_path / "server", key_dir, gracePeriod=2, metricsListen="127.0.0.1:0")
     first = spawn_cli_server(config)
     try:

@@ -32,6 +32,7 @@ def test_webhook_admits_from_the_grpc_store_and_fails_closed_without_it(
         base_dir=key_dir,
         source="test-policy",
     )
+    # Its own server: the test stops it to see an outage deny.
     server = InThreadServer(write_server_config(tmp_path / "server", key_dir))
     target = server.target
     client = ModelsecClient(target, ChannelOptions(plaintext=True, timeout=5))
