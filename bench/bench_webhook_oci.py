@@ -4,7 +4,7 @@ Usage: python bench/bench_webhook_oci.py [--seconds 20] [--quick] [--rate 200] [
 
 Set-up: `bench_webhook.make_setup` (TLS, keys, the `ecdsa` policy and model, its `model.sig` filed in a
 directory store), then one real registry on loopback (Debian's `docker-registry`, CNCF distribution 2.8,
-TLS + htpasswd, started as the tests start it: `tests/oci_support.py`), into which `push_model` pushes the
+TLS + htpasswd, started as the tests start it: `tests/support/oci.py`), into which `push_model` pushes the
 same model as a ModelPack artifact with `model.sig` (and the binding) as referrers. The evidence is the
 same in both stores; only where the webhook reads it differs.
 
@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/_common.py, bench_webhook.py
-sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # tests/oci_support.py (the registry)
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # tests/support/oci.py (the registry)
 
 from _common import load_average, machine_lines, percentile, render_table
 from bench_webhook import (
@@ -95,7 +95,7 @@ def cells(case: str, servers_: int, result: LoadResult) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tests.oci_support import PASSWORD, USER, registry_missing_reason, run_registry
+    from tests.support.oci import PASSWORD, USER, registry_missing_reason, run_registry
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=20.0, help="duration of each case")

@@ -4,7 +4,7 @@ Usage: python scripts/gen_man.py [OUT_DIR]   (default: docs/man; `make man`)
 
 One page per command (`modelsec-verify.1`, `modelsec-attest-list.1`, ...) and `modelsec.1` listing them,
 with the shell completion setup. The pages carry no date or version, so regenerating an unchanged CLI gives
-the same bytes (tests/unit/test_man_pages.py checks the committed pages are current).
+the same bytes (tests/integration/test_man_pages.py checks the committed pages are current).
 """
 
 from __future__ import annotations

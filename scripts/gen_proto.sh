@@ -2,7 +2,7 @@
 # Regenerate the modelsec.v1 stubs from proto/modelsec/v1/*.proto (what `make proto` runs).
 # Usage: [PYTHON=...] scripts/gen_proto.sh [OUT_DIR]   (default: proto/, next to the .proto files).
 # Needs the pinned generators of the `test` extra: grpcio-tools (protoc + the gRPC plugin) and mypy-protobuf
-# (typed .pyi for messages and services); tests/unit/service/test_proto.py fails when the committed stubs
+# (typed .pyi for messages and services); tests/integration/service/test_proto.py fails when the committed stubs
 # differ from what this produces.
 set -euo pipefail
 cd "$(dirname "$0")/.."

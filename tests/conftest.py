@@ -27,6 +27,8 @@ CORPUS = SHARED / "corpus" / "cases"
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+pytest_plugins = ["tests.support.fixtures"]
+
 
 def pytest_configure(config: pytest.Config) -> None:
     if "torch" in sys.modules:

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Install modelsec into a fresh virtual environment: the one install step of the container image
-# (Dockerfile, build stage) and of tests/unit/deploy/test_image.py, which runs it where no Docker daemon is.
+# (Dockerfile, build stage) and of tests/integration/deploy/test_image.py, which runs it where no Docker daemon is.
 #
 #   deploy/image/install.sh SRC PREFIX
 #

@@ -20,11 +20,11 @@ from modelsec.attestations.predicates.oms import build_manifest, manifest_statem
 from modelsec.errors import MalformedArtifactError
 from modelsec.modelformat.hashing import hash_files
 from modelsec.modelformat.model_files import open_model_root
-from modelsec.policy import Policy
 from modelsec.signer import load_private_key_file
 from modelsec.signer.layout import DEFAULT_IGNORE_PATHS, SIGNATURE_FILE_NAMES, write_bundle_file
 from modelsec.verifier import verify_model
 from tests.conftest import write_tiny_model
+from tests.support.policies import key_policy
 
 NFC = unicodedata.normalize("NFC", "café.json")
 NFD = unicodedata.normalize("NFD", "café.json")
@@ -70,10 +70,6 @@ def ambiguous_model(request: pytest.FixtureRequest, tmp_path: Path, key_dir: Pat
     return model, first, second
 
 
-def _policy(key_dir: Path) -> Policy:
-    return Policy.from_key_files([key_dir / f"{SignatureAlgorithm.ECDSA_P256.value}.pub.pem"])
-
-
 def _names_both(e: pytest.ExceptionInfo[MalformedArtifactError], first: str, second: str) -> None:
     message = str(e.value)
     assert repr(first) in message and repr(second) in message and "ambiguous" in message
@@ -85,7 +81,7 @@ def test_single_file_verify_refuses_ambiguous_manifest(
     model, first, second = ambiguous_model
     for target in (model / SHARD, model / first, model / second, model):
         with pytest.raises(MalformedArtifactError) as e:
-            verify_model(target, _policy(key_dir))
+            verify_model(target, key_policy(key_dir))
         _names_both(e, first, second)
 
 
@@ -97,10 +93,10 @@ def test_single_shard_load_refuses_ambiguous_manifest(
 
     model, first, second = ambiguous_model
     with pytest.raises(MalformedArtifactError) as e:
-        load_model(model / SHARD, _policy(key_dir))
+        load_model(model / SHARD, key_policy(key_dir))
     _names_both(e, first, second)
     with pytest.raises(MalformedArtifactError) as e:
-        open_model(model / SHARD, _policy(key_dir))
+        open_model(model / SHARD, key_policy(key_dir))
     _names_both(e, first, second)
 
 
@@ -110,5 +106,5 @@ def test_distinct_names_still_verify(tmp_path: Path, key_dir: Path) -> None:
     (model / NFC).write_text('{"a": 1}')
     (model / "other.json").write_text('{"a": 2}')
     _sign_by_hand(model, key_dir)
-    assert verify_model(model, _policy(key_dir)).files == 8
-    assert verify_model(model / NFC, _policy(key_dir)).files == 1
+    assert verify_model(model, key_policy(key_dir)).files == 8
+    assert verify_model(model / NFC, key_policy(key_dir)).files == 1

@@ -9,7 +9,6 @@ byte, measured as the peak RSS of a child process.
 from __future__ import annotations
 
 import io
-import json
 import resource
 import struct
 import subprocess
@@ -22,6 +21,7 @@ from modelsec.errors import MalformedArtifactError, PolicyError
 from modelsec.limits import SAFETENSORS_MAX_HEADER_SIZE, Limits
 from modelsec.modelformat.safetensors_header import read_header
 from modelsec.policy import PolicySet
+from tests.support.policies import write_policy_file
 
 DEFAULT = 16 * 2**20
 
@@ -48,29 +48,19 @@ def test_a_98_mb_header_is_refused_from_the_prefix_alone() -> None:
     assert reader.requested <= 8
 
 
-def _policy(tmp_path: Path, key_dir: Path, header_bytes: int) -> Path:
-    doc = {
-        "apiVersion": "modelsec.dev/v1alpha1",
-        "kind": "ModelPolicy",
-        "policies": [
-            {
-                "name": "p",
-                "match": ["file:///**"],
-                "keys": [str(key_dir / "ecdsa-p256.pub.pem")],
-                "limits": {"maxSafetensorsHeaderBytes": header_bytes},
-            }
-        ],
-    }
-    path = tmp_path / "policy.yaml"
-    path.write_text(json.dumps(doc))
-    return path
+def _header_limit(tmp_path: Path, key_dir: Path, header_bytes: int) -> Path:
+    return write_policy_file(
+        tmp_path / "policy.yaml",
+        keys=[key_dir / "ecdsa-p256.pub.pem"],
+        limits={"maxSafetensorsHeaderBytes": header_bytes},
+    )
 
 
 def test_policy_may_raise_the_limit_up_to_100_mb(tmp_path: Path, key_dir: Path) -> None:
-    policy = PolicySet.from_file(_policy(tmp_path, key_dir, 100_000_000)).policies[0]
+    policy = PolicySet.from_file(_header_limit(tmp_path, key_dir, 100_000_000)).policies[0]
     assert policy.limits.max_safetensors_header_bytes == 100_000_000
     with pytest.raises(PolicyError, match="maxSafetensorsHeaderBytes may be at most 100000000"):
-        PolicySet.from_file(_policy(tmp_path, key_dir, 100_000_001))
+        PolicySet.from_file(_header_limit(tmp_path, key_dir, 100_000_001))
 
 
 # The densest header per byte found: tiny `__metadata__` entries (`"1f":"",` is 8 bytes and becomes two

@@ -19,11 +19,11 @@ import pytest
 from modelsec.algorithms import SignatureAlgorithm
 from modelsec.errors import DigestMismatchError, PolicyViolationError
 from modelsec.modelformat.model_files import hub_blob_name
-from modelsec.policy import Policy
 from modelsec.signer import load_private_key_file, sign_model
 from modelsec.verifier import verify_model
 from modelsec.verifier.trust.bundles import read_bundle
 from tests.conftest import write_tiny_model
+from tests.support.policies import key_policy
 
 P256 = SignatureAlgorithm.ECDSA_P256.value
 REV = "0123456789abcdef0123456789abcdef01234567"
@@ -66,26 +66,22 @@ def hub_snapshot(tmp_path: Path, key_dir: Path) -> Path:
     return snapshot
 
 
-def _policy(key_dir: Path) -> Policy:
-    return Policy.from_key_files([key_dir / f"{P256}.pub.pem"])
-
-
 def _blob(snapshot: Path, name: str) -> Path:
     return snapshot.parent.parent / "blobs" / Path(os.readlink(snapshot / name)).name
 
 
 def test_hub_snapshot_verifies(hub_snapshot: Path, key_dir: Path) -> None:
-    result = verify_model(hub_snapshot, _policy(key_dir))
+    result = verify_model(hub_snapshot, key_policy(key_dir))
     assert result.files == 7 and result.tensors == 6
-    assert read_bundle(hub_snapshot / "model.sig", _policy(key_dir).limits).hint
-    assert verify_model(hub_snapshot / "model-00001-of-00002.safetensors", _policy(key_dir)).files == 1
+    assert read_bundle(hub_snapshot / "model.sig", key_policy(key_dir).limits).hint
+    assert verify_model(hub_snapshot / "model-00001-of-00002.safetensors", key_policy(key_dir)).files == 1
 
 
 def test_hub_snapshot_loads(hub_snapshot: Path, key_dir: Path) -> None:
     pytest.importorskip("torch").set_num_threads(1)
     from modelsec.verifier import load_model
 
-    tensors = load_model(hub_snapshot, _policy(key_dir))
+    tensors = load_model(hub_snapshot, key_policy(key_dir))
     assert sorted(tensors) == sorted(f"layers.{i}.{k}" for i in range(2) for k in ("weight", "bias", "ids"))
 
 
@@ -93,7 +89,7 @@ def test_tampered_blob_refused(hub_snapshot: Path, key_dir: Path) -> None:
     blob = _blob(hub_snapshot, "1_Pooling/config.json")
     blob.write_text(json.dumps({"word_embedding_dimension": 17}))
     with pytest.raises(DigestMismatchError, match=r"1_Pooling/config\.json"):
-        verify_model(hub_snapshot, _policy(key_dir))
+        verify_model(hub_snapshot, key_policy(key_dir))
 
 
 def _relink(link: Path, target: str) -> None:
@@ -106,7 +102,7 @@ def test_link_out_of_blobs_refused(hub_snapshot: Path, key_dir: Path, tmp_path: 
     shutil.copy(_blob(hub_snapshot, "config.json"), outside)  # same bytes: only the link is wrong
     _relink(hub_snapshot / "config.json", os.path.relpath(outside, hub_snapshot))
     with pytest.raises(PolicyViolationError, match=r"'config\.json' is a symlink"):
-        verify_model(hub_snapshot, _policy(key_dir))
+        verify_model(hub_snapshot, key_policy(key_dir))
 
 
 def test_link_into_another_entry_blobs_refused(hub_snapshot: Path, key_dir: Path) -> None:
@@ -115,13 +111,13 @@ def test_link_into_another_entry_blobs_refused(hub_snapshot: Path, key_dir: Path
     shutil.copy(_blob(hub_snapshot, "config.json"), other / "x")
     _relink(hub_snapshot / "config.json", "../../../models--org--other/blobs/x")
     with pytest.raises(PolicyViolationError, match="symlink"):
-        verify_model(hub_snapshot, _policy(key_dir))
+        verify_model(hub_snapshot, key_policy(key_dir))
 
 
 def test_absolute_link_refused(hub_snapshot: Path, key_dir: Path) -> None:
     _relink(hub_snapshot / "config.json", str(_blob(hub_snapshot, "config.json")))
     with pytest.raises(PolicyViolationError, match="symlink"):
-        verify_model(hub_snapshot, _policy(key_dir))
+        verify_model(hub_snapshot, key_policy(key_dir))
 
 
 def test_blob_that_is_a_link_refused(hub_snapshot: Path, key_dir: Path, tmp_path: Path) -> None:
@@ -130,9 +126,9 @@ def test_blob_that_is_a_link_refused(hub_snapshot: Path, key_dir: Path, tmp_path
     shutil.move(blob, real)
     os.symlink(real, blob)
     with pytest.raises(PolicyViolationError, match="not a regular file"):
-        verify_model(hub_snapshot, _policy(key_dir))
+        verify_model(hub_snapshot, key_policy(key_dir))
     with pytest.raises(PolicyViolationError):
-        verify_model(hub_snapshot / "config.json", _policy(key_dir))
+        verify_model(hub_snapshot / "config.json", key_policy(key_dir))
 
 
 def test_directory_link_refused(hub_snapshot: Path, key_dir: Path) -> None:
@@ -140,7 +136,7 @@ def test_directory_link_refused(hub_snapshot: Path, key_dir: Path) -> None:
     (blobs / "d").mkdir()
     os.symlink("../../blobs/d", hub_snapshot / "extra")
     with pytest.raises(PolicyViolationError, match="not a regular file"):
-        verify_model(hub_snapshot, _policy(key_dir))
+        verify_model(hub_snapshot, key_policy(key_dir))
 
 
 def test_bundle_link_out_of_blobs_refused(hub_snapshot: Path, key_dir: Path, tmp_path: Path) -> None:
@@ -148,7 +144,7 @@ def test_bundle_link_out_of_blobs_refused(hub_snapshot: Path, key_dir: Path, tmp
     shutil.copy(_blob(hub_snapshot, "model.sig"), outside)
     _relink(hub_snapshot / "model.sig", os.path.relpath(outside, hub_snapshot))
     with pytest.raises(PolicyViolationError, match="signature bundle is a symlink"):
-        verify_model(hub_snapshot, _policy(key_dir))
+        verify_model(hub_snapshot, key_policy(key_dir))
 
 
 def test_same_links_outside_a_hub_entry_refused(hub_snapshot: Path, key_dir: Path, tmp_path: Path) -> None:
@@ -156,7 +152,7 @@ def test_same_links_outside_a_hub_entry_refused(hub_snapshot: Path, key_dir: Pat
     moved = tmp_path / "hub" / "not-a-model-entry"
     os.rename(hub_snapshot.parent.parent, moved)
     with pytest.raises(PolicyViolationError, match="symlink"):
-        verify_model(moved / "snapshots" / REV, _policy(key_dir))
+        verify_model(moved / "snapshots" / REV, key_policy(key_dir))
 
 
 @pytest.mark.parametrize(

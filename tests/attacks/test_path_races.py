@@ -21,8 +21,8 @@ from modelsec.service.client import ChannelOptions, ModelsecClient
 from modelsec.signer import load_private_key_file, sign_model
 from modelsec.verifier import verification, verify_model
 from tests.conftest import write_tiny_model
-from tests.race_support import exchange
-from tests.service_support import InThreadServer, write_server_config
+from tests.support.race import exchange
+from tests.support.service import InThreadServer, write_server_config
 
 P256 = SignatureAlgorithm.ECDSA_P256.value
 
@@ -68,6 +68,7 @@ def read_root(tmp_path: Path, key_dir: Path) -> Iterator[tuple[InThreadServer, P
     root = tmp_path / "root"
     inside = _signed(root / "team" / "model", key_dir, seed=0)
     _signed(tmp_path / "outside" / "model", key_dir, seed=1)
+    # Its own server: read roots limited to one directory, whose paths the test swaps.
     config = write_server_config(tmp_path / "server", key_dir, readRoots=[str(root)])
     with InThreadServer(config) as server:
         yield server, inside, tmp_path

@@ -18,20 +18,16 @@ import pytest
 from modelsec.algorithms import SignatureAlgorithm
 from modelsec.errors import MalformedArtifactError, PolicyViolationError
 from modelsec.limits import Limits
-from modelsec.policy import Policy
 from modelsec.signer import load_private_key_file, sign_model
 from modelsec.verifier import verify_model
 from modelsec.verifier.verification import check_remote_code, remote_code_references
+from tests.support.policies import key_policy
 
 P256 = SignatureAlgorithm.ECDSA_P256.value
 
 
 def _sign(model: Path, key_dir: Path) -> None:
     sign_model(model, [load_private_key_file(key_dir / f"{P256}.key.pem")])
-
-
-def _policy(key_dir: Path, *, allow: bool = False, limits: Limits | None = None) -> Policy:
-    return Policy.from_key_files([key_dir / f"{P256}.pub.pem"], allow_remote_code=allow, limits=limits)
 
 
 def _write(model: Path, name: str, doc: object) -> None:
@@ -72,21 +68,21 @@ def test_code_reference_anywhere_refused_by_default(case: str, tiny_model: Path,
     _write(tiny_model, name, doc)
     _sign(tiny_model, key_dir)
     with pytest.raises(PolicyViolationError, match=re.escape(f"{name}: {field} requires remote code (m.")):
-        verify_model(tiny_model, _policy(key_dir))
+        verify_model(tiny_model, key_policy(key_dir))
 
 
 def test_escaped_key_is_still_auto_map(tiny_model: Path, key_dir: Path) -> None:
     (tiny_model / "config.json").write_text('{"model_type": "x", "auto\\u005fmap": {"AutoModel": "m.X"}}')
     _sign(tiny_model, key_dir)
     with pytest.raises(PolicyViolationError, match="auto_map"):
-        verify_model(tiny_model, _policy(key_dir))
+        verify_model(tiny_model, key_policy(key_dir))
 
 
 def test_single_json_file_verify_checks_it(tiny_model: Path, key_dir: Path) -> None:
     _write(tiny_model, "preprocessor_config.json", {"auto_map": {"AutoImageProcessor": "m.P"}})
     _sign(tiny_model, key_dir)
     with pytest.raises(PolicyViolationError, match=r"preprocessor_config\.json"):
-        verify_model(tiny_model / "preprocessor_config.json", _policy(key_dir))
+        verify_model(tiny_model / "preprocessor_config.json", key_policy(key_dir))
 
 
 def test_allowed_remote_code_must_be_local_and_signed(tiny_model: Path, key_dir: Path) -> None:
@@ -98,9 +94,9 @@ def test_allowed_remote_code_must_be_local_and_signed(tiny_model: Path, key_dir:
     (tiny_model / "text_encoder" / "modeling_t.py").write_text("")
     (tiny_model / "tok.py").write_text("")
     _sign(tiny_model, key_dir)
-    assert verify_model(tiny_model, _policy(key_dir, allow=True)).files == 10
+    assert verify_model(tiny_model, key_policy(key_dir, allow_remote_code=True)).files == 10
     with pytest.raises(PolicyViolationError):
-        verify_model(tiny_model, _policy(key_dir))
+        verify_model(tiny_model, key_policy(key_dir))
 
 
 def test_allowed_remote_code_refuses_unsigned_module(tiny_model: Path, key_dir: Path) -> None:
@@ -109,7 +105,7 @@ def test_allowed_remote_code_refuses_unsigned_module(tiny_model: Path, key_dir: 
     (tiny_model / "modeling_t.py").write_text("")
     _sign(tiny_model, key_dir)
     with pytest.raises(PolicyViolationError, match=r"'text_encoder/modeling_t\.py'.*not a signed file"):
-        verify_model(tiny_model, _policy(key_dir, allow=True))
+        verify_model(tiny_model, key_policy(key_dir, allow_remote_code=True))
 
 
 @pytest.mark.parametrize("ref", ["org/repo--modeling_x.X", "modeling_x--x.X", "other/modeling_x.X"])
@@ -118,7 +114,7 @@ def test_allowed_remote_code_refuses_cross_repo(ref: str, tiny_model: Path, key_
     (tiny_model / "modeling_x.py").write_text("")
     _sign(tiny_model, key_dir)
     with pytest.raises(PolicyViolationError, match="another repository"):
-        verify_model(tiny_model, _policy(key_dir, allow=True))
+        verify_model(tiny_model, key_policy(key_dir, allow_remote_code=True))
 
 
 @pytest.mark.parametrize("bad", [["x"], {"AutoModel": 3}, {"AutoModel": [3]}, "m.X"])
@@ -141,7 +137,7 @@ def test_json_beyond_limit_refused_not_skipped(tiny_model: Path, key_dir: Path) 
     with pytest.raises(
         MalformedArtifactError, match=r"extra_config\.json.*4096 bytes.*max_json_side_file_bytes"
     ):
-        verify_model(tiny_model, _policy(key_dir, limits=Limits(max_json_side_file_bytes=4096)))
+        verify_model(tiny_model, key_policy(key_dir, limits=Limits(max_json_side_file_bytes=4096)))
 
 
 def test_llama3_sized_tokenizer_fits_default_limit(tiny_model: Path, key_dir: Path) -> None:
@@ -151,4 +147,4 @@ def test_llama3_sized_tokenizer_fits_default_limit(tiny_model: Path, key_dir: Pa
     _write(tiny_model, "tokenizer.json", {"model": {"type": "BPE", "vocab": vocab, "merges": merges}})
     assert (tiny_model / "tokenizer.json").stat().st_size > 9 * 10**6
     _sign(tiny_model, key_dir)
-    assert verify_model(tiny_model, _policy(key_dir)).files == 6
+    assert verify_model(tiny_model, key_policy(key_dir)).files == 6

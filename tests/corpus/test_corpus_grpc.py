@@ -15,7 +15,7 @@ import pytest
 
 from modelsec.service.client import ChannelOptions, ModelsecClient
 from tests.corpus._cases import case_ids, defective_pae_fixture, expected, materialise, mentions_all, payload
-from tests.service_support import InThreadServer, write_server_config
+from tests.support.service import InThreadServer, write_server_config
 
 pytestmark = pytest.mark.integration
 CASES = case_ids(("DSSE",))
@@ -38,6 +38,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, key_dir: Path) -> Iterator[
             f"    keys: [{json.dumps(str(d / 'trust' / 'trusted-p256.pub.pem'))}]",
         ]
     (root / "policy.yaml").write_text("\n".join(lines) + "\n")
+    # Its own server: the corpus policies, one named policy per case.
     config = write_server_config(root / "server", key_dir, policy=str(root / "policy.yaml"))
     with (
         InThreadServer(config) as server,

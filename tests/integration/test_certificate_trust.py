@@ -21,20 +21,15 @@ from modelsec.errors import PolicyError, SignatureError
 from modelsec.policy import Policy, PolicySet
 from modelsec.verifier import verify_model
 from tests.conftest import run_cli, write_tiny_model
-from tests.x509_support import NOW, SAN, Issued, corp_policy_doc
-from tests.x509_support import make_ca as _ca
-from tests.x509_support import make_leaf as _leaf
-from tests.x509_support import write_pem as _pem
+from tests.support.pki import NOW, SAN, Issued, Pki, corp_policy_doc
+from tests.support.pki import make_ca as _ca
+from tests.support.pki import make_leaf as _leaf
+from tests.support.pki import write_pem as _pem
+from tests.support.policies import first_policy
 
 signing = pytest.importorskip("model_signing.signing", reason="model_signing is the reference signer")
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def pki() -> tuple[Issued, Issued]:
-    root = _ca("corp root")
-    return root, _ca("corp signing intermediate", root)
 
 
 def _sign(tmp_path: Path, leaf: Issued, chain: list[x509.Certificate]) -> Path:
@@ -55,16 +50,15 @@ def _sign(tmp_path: Path, leaf: Issued, chain: list[x509.Certificate]) -> Path:
 
 def _policy(tmp_path: Path, root: x509.Certificate, identity: dict[str, str]) -> Policy:
     _pem(tmp_path / "root.pem", root)
-    doc = corp_policy_doc("root.pem", identity, roles=["weights"])
-    return PolicySet.from_mapping(doc, base_dir=tmp_path, source="policy.yaml").policies[0]
+    return first_policy(corp_policy_doc("root.pem", identity, roles=["weights"]), tmp_path)
 
 
 Setup = Callable[..., tuple[Path, Policy]]
 
 
 @pytest.fixture
-def setup(tmp_path: Path, pki: tuple[Issued, Issued]) -> Setup:
-    root, intermediate = pki
+def setup(tmp_path: Path, pki: Pki) -> Setup:
+    root, intermediate = pki.root, pki.intermediate
 
     def make(identity: dict[str, str] | None = None, **leaf_options: object) -> tuple[Path, Policy]:
         leaf = _leaf(intermediate, **leaf_options)  # type: ignore[arg-type]

@@ -26,7 +26,6 @@ from modelsec.signer import load_private_key_file, sign_model
 from modelsec.verifier import verify_model
 from modelsec.verifier.trust.timestamps import CLOCK_SKEW, request_timestamp
 from tests.conftest import run_cli
-from tests.integration.test_certificate_trust import pki
 from tests.integration.test_rfc3161 import (
     _gen_time,
     _make_tsa,
@@ -36,10 +35,8 @@ from tests.integration.test_rfc3161 import (
 )
 from tests.integration.test_rfc3161 import pytestmark as needs_openssl
 from tests.integration.test_x509_timestamps import _load, _policy, _sign_and_stamp
-from tests.x509_support import Issued
-from tests.x509_support import write_pem as _pem
-
-__all__ = ["pki"]  # the corp PKI fixture of test_certificate_trust.py
+from tests.support.pki import Pki
+from tests.support.pki import write_pem as _pem
 
 pytestmark = [
     needs_openssl,
@@ -95,14 +92,14 @@ def test_pinned_key_bundle_timestamped_in_the_future_is_refused(
 
 
 def test_future_timestamp_does_not_make_a_not_yet_valid_leaf_valid(
-    pki: tuple[Issued, Issued], ahead: tuple[str, str, Path], tmp_path: Path
+    pki: Pki, ahead: tuple[str, str, Path], tmp_path: Path
 ) -> None:
     """The chain was checked at the timestamp's time: a leaf valid only from half an hour from now passed."""
     hour, _, root = ahead
     signed = _sign_and_stamp(
         tmp_path, pki, hour, stamp=_unchecked_timestamp, not_before=-dt.timedelta(minutes=30)
     )
-    policy = _load(_policy(tmp_path, _pem(tmp_path / "root.pem", pki[0].cert), root))
+    policy = _load(_policy(tmp_path, _pem(tmp_path / "root.pem", pki.root.cert), root))
     with pytest.raises(SignatureError, match=r"at the verification time .*not valid then: the signing"):
         verify_model(signed.use(signed.plain), policy)  # without the timestamp: not valid yet
     when = re.escape(signed.gen_time.isoformat())

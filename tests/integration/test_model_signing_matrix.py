@@ -24,7 +24,7 @@ from modelsec.signer import load_private_key_file, sign_model
 from modelsec.verifier import verify_model
 from tests.conftest import write_tiny_model
 from tests.integration._ms_venvs import VERSIONS, VenvUnavailable, python_for
-from tests.x509_support import SAN, make_ca, make_leaf, write_pem
+from tests.support.pki import SAN, make_ca, make_leaf, write_pem
 
 pytestmark = pytest.mark.integration  # ~16 s for all four once the venvs exist
 TOOL = Path(__file__).with_name("_ms_tool.py")

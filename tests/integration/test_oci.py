@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,18 +31,9 @@ from modelsec.signer.signing import sign_model
 from modelsec.verifier import verify_attestations, verify_model
 from modelsec.verifier.stores import open_store
 from tests.conftest import write_tiny_model
-from tests.oci_support import PASSWORD, USER, Registry, registry_missing_reason, run_registry
+from tests.support.oci import PASSWORD, USER, Registry
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
-    reason = registry_missing_reason()
-    if reason:
-        pytest.skip(reason)
-    with run_registry(tmp_path_factory.mktemp("registry")) as running:
-        yield running
 
 
 @pytest.fixture

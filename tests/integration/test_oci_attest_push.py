@@ -1,12 +1,11 @@
 """`modelsec attest push STORE BUNDLE...` writes into any store by URI, `oci://` included (and deletes).
 
-Against a real registry (distribution 2.8, TLS + htpasswd, no referrers API; see tests/oci_support.py).
+Against a real registry (distribution 2.8, TLS + htpasswd, no referrers API; see tests/support/oci.py).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,18 +18,9 @@ from modelsec.signer.signing import sign_model
 from modelsec.verifier import verify_attestations
 from modelsec.verifier.stores import StoreOptions, open_store
 from tests.conftest import run_cli, write_tiny_model
-from tests.oci_support import PASSWORD, USER, Registry, registry_missing_reason, run_registry
+from tests.support.oci import PASSWORD, USER, Registry
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
-    reason = registry_missing_reason()
-    if reason:
-        pytest.skip(reason)
-    with run_registry(tmp_path_factory.mktemp("registry")) as running:
-        yield running
 
 
 def _pushed_model(

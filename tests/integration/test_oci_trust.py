@@ -2,20 +2,19 @@
 
 A binding signed by a certificate the policy's X.509 authority vouches for binds the manifest (no pinned
 key needed); a binding signed by a pinned key outside its `validUntil` window does not. Against a real
-registry (distribution 2.8, TLS + htpasswd; see tests/oci_support.py).
+registry (distribution 2.8, TLS + htpasswd; see tests/support/oci.py).
 """
 
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from modelsec.distribution.push_pull import _binding_bundle, bound_root_digests, pull_model, push_model
 from modelsec.errors import SignatureError
-from modelsec.policy import Policy, PolicySet
+from modelsec.policy import Policy
 from modelsec.registry.client import (
     BINDING_ARTIFACT_TYPE,
     MANIFEST_MEDIA_TYPE,
@@ -28,33 +27,16 @@ from modelsec.signer.keys import load_private_key_file
 from modelsec.signer.signing import sign_model
 from modelsec.verifier import verify_model
 from tests.conftest import write_tiny_model
-from tests.oci_support import PASSWORD, USER, Registry, registry_missing_reason, run_registry
-from tests.x509_support import SAN, make_ca, make_leaf, with_certificate_chain, write_pem
+from tests.support.oci import PASSWORD, USER, Registry
+from tests.support.pki import SAN, make_ca, make_leaf, with_certificate_chain, write_pem
+from tests.support.policies import first_policy, policy_doc, policy_entry
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
-    reason = registry_missing_reason()
-    if reason:
-        pytest.skip(reason)
-    with run_registry(tmp_path_factory.mktemp("registry")) as running:
-        yield running
 
 
 @pytest.fixture
 def options(registry: Registry) -> RegistryOptions:
     return RegistryOptions(ca_file=registry.ca, username=USER, password=PASSWORD, timeout=5)
-
-
-def _policy(tmp_path: Path, policy: dict[str, object]) -> Policy:
-    doc = {
-        "apiVersion": "modelsec.dev/v1alpha1",
-        "kind": "ModelPolicy",
-        "policies": [{"name": "p", "match": ["oci://**"], **policy}],
-    }
-    return PolicySet.from_mapping(doc, base_dir=tmp_path, source="policy.yaml").policies[0]
 
 
 def _nothing_landed(dest: Path) -> None:
@@ -83,7 +65,7 @@ def test_certificate_signed_binding_and_model_pull_through_the_policy_authority(
         "roles": ["weights"],
         "x509": {"roots": ["root.pem"], "identities": [{"san": SAN}]},
     }
-    policy = _policy(tmp_path, {"authorities": [authority]})
+    policy = first_policy(policy_doc(policy_entry(match="oci://**", authorities=[authority])), tmp_path)
     assert not policy.keys and verify_model(model, policy)  # the model verifies through the authority alone
 
     pushed = push_model(model, f"oci://{registry.address}/models/cert:v1", policy, signer, options=options)
@@ -106,7 +88,7 @@ def test_certificate_signed_binding_and_model_pull_through_the_policy_authority(
 
     # the same authority naming another identity does not vouch for the binding (nor the model)
     stranger = {**authority, "x509": {"roots": ["root.pem"], "identities": [{"san": "intern@corp.example"}]}}
-    other = _policy(tmp_path, {"authorities": [stranger]})
+    other = first_policy(policy_doc(policy_entry(match="oci://**", authorities=[stranger])), tmp_path)
     assert bound_root_digests(ref, other, options=options) == set()
     with pytest.raises(SignatureError, match="no binding"):
         pull_model(ref, tmp_path / "refused", other, options=options)
@@ -123,7 +105,8 @@ def test_binding_signed_after_its_key_window_is_refused(
     now = datetime.datetime.now(datetime.UTC)
 
     def with_binder_window(**window: str) -> Policy:
-        return _policy(tmp_path, {"keys": [model_key, {"path": str(key_dir / "other.pub.pem"), **window}]})
+        keys = [model_key, {"path": str(key_dir / "other.pub.pem"), **window}]
+        return first_policy(policy_doc(policy_entry(match="oci://**", keys=keys)), tmp_path)
 
     rotated = with_binder_window(validUntil=(now - datetime.timedelta(days=1)).isoformat())
     current = with_binder_window(validUntil=(now + datetime.timedelta(days=1)).isoformat())

@@ -1,7 +1,7 @@
 """A token key made by opensc's `pkcs11-tool --keypairgen` (non-extractable), and model_signing 1.1.1's
 PKCS#11 signer as a cross-check: it signs with the token key and modelsec verifies, and the reverse.
 
-The token is SoftHSM2 in a temporary directory (tests/softhsm_support.py); `pkcs11-tool` comes from Debian's
+The token is SoftHSM2 in a temporary directory (tests/support/softhsm.py); `pkcs11-tool` comes from Debian's
 `opensc`, installed by `make test` (or here, as root with apt-get) and otherwise skipped with the reason.
 model_signing runs in its cached 1.1.1 venv (tests/integration/_ms_venvs.py) and needs `PyKCS11`, installed
 into that venv from a wheel on first use; without one the cross-check skips saying so.
@@ -27,7 +27,7 @@ from modelsec.policy import Policy
 from modelsec.verifier import verify_model
 from tests.conftest import run_cli, run_cli_process, write_tiny_model
 from tests.integration._ms_venvs import VenvUnavailable, python_for
-from tests.softhsm_support import PIN, Token, make_token
+from tests.support.softhsm import PIN, Token, make_token
 
 pytestmark = pytest.mark.integration
 TOOL = Path(__file__).with_name("_ms_tool.py")

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import subprocess
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,13 +20,14 @@ from modelsec.errors import BackendUnavailableError, KeyMaterialError, PolicyErr
 from modelsec.signer.der import decode_signature
 from modelsec.signer.schemes.ecdsa import ECDSA_P256, ECDSA_P384
 from tests.conftest import run_cli, run_cli_process, write_tiny_model
-from tests.softhsm_support import PIN, Token, make_token
+from tests.support.softhsm import PIN, Token, make_token
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 def token(tmp_path: Path) -> Token:
+    """Its own token: the test adds a key to it and deletes it."""
     return make_token(tmp_path / "hsm")
 
 
@@ -40,7 +39,10 @@ def _one_error_line(r: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
-def test_cli_signs_in_the_token_and_verify_accepts_the_exported_keys(token: Token, tmp_path: Path) -> None:
+def test_cli_signs_in_the_token_and_verify_accepts_the_exported_keys(
+    softhsm_token: Token, tmp_path: Path
+) -> None:
+    token = softhsm_token
     model = write_tiny_model(tmp_path / "model")
     # A token of its own needs a process of its own: SoftHSM2 reads SOFTHSM2_CONF once per process.
     r = run_cli_process(
@@ -106,30 +108,8 @@ def test_cli_token_errors_are_one_clear_line(token: Token, tmp_path: Path) -> No
     assert error["kind"] == "KeyMaterialError" and "no token matching the URI is present" in error["message"]
 
 
-@pytest.fixture(scope="module")
-def session_token(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Token]:
-    """The one token this process loads SoftHSM2 for (it reads SOFTHSM2_CONF once per process)."""
-    token = make_token(tmp_path_factory.mktemp("hsm-api"), label="api")
-    # A second token in the same directory, for the removal test: SoftHSM2 only sees tokens that exist
-    # when this process first loads it.
-    subprocess.run(
-        ["softhsm2-util", "--init-token", "--free", "--label", "doomed", "--so-pin", "5678", "--pin", PIN],
-        env=token.env,
-        check=True,
-        capture_output=True,
-    )
-    dataclasses.replace(token, label="doomed").generate("doomed", "09", "secp256r1")
-    saved = os.environ.get("SOFTHSM2_CONF")
-    os.environ["SOFTHSM2_CONF"] = token.env["SOFTHSM2_CONF"]
-    yield token
-    if saved is None:
-        os.environ.pop("SOFTHSM2_CONF", None)
-    else:
-        os.environ["SOFTHSM2_CONF"] = saved
-
-
 def test_api_signs_a_model_and_the_private_key_never_leaves_the_token(
-    session_token: Token, tmp_path: Path
+    softhsm_token: Token, tmp_path: Path
 ) -> None:
     import pkcs11
 
@@ -138,9 +118,9 @@ def test_api_signs_a_model_and_the_private_key_never_leaves_the_token(
     from modelsec.signer.keys import load_trusted_key_file
     from modelsec.verifier import verify_model
 
-    backend = key_source(session_token.uri()).open()
-    assert backend.public_key_pem() == session_token.public_key().read_bytes()
-    trusted = load_trusted_key_file(session_token.public_key())
+    backend = key_source(softhsm_token.uri()).open()
+    assert backend.public_key_pem() == softhsm_token.public_key().read_bytes()
+    trusted = load_trusted_key_file(softhsm_token.public_key())
     for i in range(24):  # the token's nonces are random: about half its raw signatures are high-S
         message = f"message {i}".encode()
         signature = backend.sign(message)
@@ -152,22 +132,22 @@ def test_api_signs_a_model_and_the_private_key_never_leaves_the_token(
             trusted.verify(signature, message)
     model = write_tiny_model(tmp_path / "model")
     signed = sign_model(model, [backend])
-    assert verify_model(model, Policy.from_key_files([session_token.public_key()])).root_digest == (
+    assert verify_model(model, Policy.from_key_files([softhsm_token.public_key()])).root_digest == (
         signed.root_digest
     )
-    lib = pkcs11.lib(session_token.module)
+    lib = pkcs11.lib(softhsm_token.module)
     # Logged in already (by the backend: PKCS#11 logs in per process and token), so no PIN here.
-    with lib.get_token(token_label=session_token.label).open() as session:
+    with lib.get_token(token_label=softhsm_token.label).open() as session:
         key = session.get_key(object_class=pkcs11.ObjectClass.PRIVATE_KEY, label="release")
         assert key[pkcs11.Attribute.EXTRACTABLE] is False
         with pytest.raises(pkcs11.exceptions.AttributeSensitive):
             key[pkcs11.Attribute.VALUE]
 
 
-def test_a_token_removed_under_an_open_key_is_one_clear_error(session_token: Token) -> None:
+def test_a_token_removed_under_an_open_key_is_one_clear_error(softhsm_token: Token) -> None:
     from modelsec.signer import key_source
 
-    doomed = dataclasses.replace(session_token, label="doomed")
+    doomed = dataclasses.replace(softhsm_token, label="doomed")
     backend = key_source(doomed.uri("doomed")).open()
     backend.sign(b"before")
     subprocess.run(
@@ -184,7 +164,7 @@ def test_a_token_removed_under_an_open_key_is_one_clear_error(session_token: Tok
 
 def test_service_config_refuses_a_pin_in_a_key_uri(tmp_path: Path, key_dir: Path) -> None:
     from modelsec.service.config import load_server_config
-    from tests.service_support import write_server_config
+    from tests.support.service import write_server_config
 
     uri = f"pkcs11:object=release?module-path=/x.so&pin-value={PIN}"
     config = write_server_config(tmp_path, key_dir, keys=[{"name": "hsm", "path": uri, "allow": ["*"]}])
@@ -194,7 +174,8 @@ def test_service_config_refuses_a_pin_in_a_key_uri(tmp_path: Path, key_dir: Path
     assert not isinstance(caught.value, KeyMaterialError)
 
 
-def test_service_signs_with_a_token_key(token: Token, tmp_path: Path, key_dir: Path) -> None:
+def test_service_signs_with_a_token_key(softhsm_token: Token, tmp_path: Path, key_dir: Path) -> None:
+    token = softhsm_token
     from modelsec.algorithms import HashAlgorithm
     from modelsec.attestations.predicates.oms import manifest_statement
     from modelsec.attestations.statement import serialize_statement
@@ -203,7 +184,7 @@ def test_service_signs_with_a_token_key(token: Token, tmp_path: Path, key_dir: P
     from modelsec.signer.layout import MODEL_IGNORE_PATHS
     from modelsec.signer.signing import compute_manifests
     from modelsec.verifier import verify_bundle_signature
-    from tests.service_support import spawn_cli_server, write_server_config
+    from tests.support.service import spawn_cli_server, write_server_config
 
     model = write_tiny_model(tmp_path / "model")
     manifests = compute_manifests(model, [HashAlgorithm.SHA256], ignore_paths=list(MODEL_IGNORE_PATHS))

@@ -38,6 +38,7 @@ from modelsec.verifier.trust.timestamps import (
     verify_timestamps,
 )
 from tests.conftest import run_cli
+from tests.support.policies import write_policy_file
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI (openssl ts)")
 
@@ -234,14 +235,7 @@ def _policy_file(d: Path, key: Path, **entry: object) -> Path:
     """A policy trusting `key` with `entry`'s window keys; TSA and requireTimestamp fields via `entry`."""
     window = {k: v for k, v in entry.items() if k in ("validFrom", "validUntil")}
     rest = {k: v for k, v in entry.items() if k not in window}
-    doc = {
-        "apiVersion": "modelsec.dev/v1alpha1",
-        "kind": "ModelPolicy",
-        "policies": [{"name": "p", "match": ["file://**"], "keys": [{"path": str(key), **window}], **rest}],
-    }
-    path = d / f"policy-{len(list(d.glob('policy-*')))}.json"
-    path.write_text(json.dumps(doc, default=lambda t: t.isoformat()))
-    return path
+    return write_policy_file(d, match="file://**", keys=[{"path": str(key), **window}], **rest)
 
 
 def test_cli_sign_with_timestamp_verifies_across_key_rotation(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,19 +22,10 @@ from modelsec.verifier.stores import open_store
 from modelsec.verifier.stores.directory import DirectoryStore
 from modelsec.webhook.review import Reviewer, WebhookConfig
 from tests.conftest import write_tiny_model
-from tests.oci_support import PASSWORD, USER, Registry, registry_missing_reason, run_registry
+from tests.support.oci import PASSWORD, USER, Registry
 from tests.unit.webhook.test_review import FakeClock, answer, review_body
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
-    reason = registry_missing_reason()
-    if reason:
-        pytest.skip(reason)
-    with run_registry(tmp_path_factory.mktemp("registry")) as running:
-        yield running
 
 
 def _options(registry: Registry) -> RegistryOptions:
@@ -76,12 +66,12 @@ def _resolver(registry: Registry) -> Any:
 def test_oci_image_admitted_by_manifest_digest_through_a_signed_binding(
     tmp_path: Path, key_dir: Path, registry: Registry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _, pushed = _push(tmp_path, key_dir, registry, "tiny")
+    _, pushed = _push(tmp_path, key_dir, registry, "admitted")
     for name, value in {"MODELSEC_OCI_USERNAME": USER, "MODELSEC_OCI_PASSWORD": PASSWORD}.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("MODELSEC_OCI_CA", str(registry.ca))
-    store = open_store(f"oci://{registry.address}/models/tiny")  # the evidence lives in the registry
-    image = f"{registry.address}/models/tiny@{pushed.manifest_digest}"
+    store = open_store(f"oci://{registry.address}/models/admitted")  # the evidence lives in the registry
+    image = f"{registry.address}/models/admitted@{pushed.manifest_digest}"
     policies = _policies(registry, key_dir)
 
     # Without the binding lookup the manifest digest is not a model root digest: nothing is filed for it.
@@ -100,7 +90,7 @@ def test_oci_image_admitted_by_manifest_digest_through_a_signed_binding(
     assert again.allowed and again.references[0].cached  # the registry still confirms the binding
     # The same digest through the annotation, and the root digest itself, are admitted as well.
     assert answer(reviewer, review_body("Pod", f"oci://{image}"))["allowed"] is True
-    by_root = f"oci://{registry.address}/models/tiny@sha256:{pushed.root_digest}"
+    by_root = f"oci://{registry.address}/models/admitted@sha256:{pushed.root_digest}"
     assert answer(reviewer, review_body("Pod", by_root))["allowed"] is True
 
     # A policy whose keys did not sign the binding: no trusted binding, denied (and so says the message).
@@ -111,7 +101,7 @@ def test_oci_image_admitted_by_manifest_digest_through_a_signed_binding(
     assert refused["allowed"] is False
     assert "no binding signed by a trusted key names this OCI manifest" in refused["status"]["message"]
     # A digest the registry does not hold (another, unbound manifest): denied, naming why.
-    unknown = answer(reviewer, _image_pod(f"{registry.address}/models/tiny@sha256:{'ab' * 32}"))
+    unknown = answer(reviewer, _image_pod(f"{registry.address}/models/admitted@sha256:{'ab' * 32}"))
     assert unknown["allowed"] is False and "no signed binding read" in unknown["status"]["message"]
 
 

@@ -1,6 +1,6 @@
 """An X.509 chain is checked at the time of a timestamp the policy's TSA vouches for, else now.
 
-model_signing signs with a leaf of the `pki` of test_certificate_trust.py; a real TSA (`openssl ts -reply`
+model_signing signs with a leaf of the session's `pki` (tests/support); a real TSA (`openssl ts -reply`
 behind a loopback server, the `tsa` fixture of test_rfc3161.py) timestamps the signature. `openssl ts`
 takes its time from the system clock, so the leaf that must expire (or begin) between the timestamp and the
 verification is certified for the signing key after the timestamp, to expire (begin) one second after its
@@ -27,13 +27,14 @@ from modelsec.policy import Policy, PolicySet
 from modelsec.verifier import verify_model
 from modelsec.verifier.trust.timestamps import request_timestamp
 from tests.conftest import run_cli
-from tests.integration.test_certificate_trust import _sign, pki
+from tests.integration.test_certificate_trust import _sign
 from tests.integration.test_rfc3161 import _make_tsa, pytestmark, tsa
-from tests.x509_support import SAN, Issued, corp_policy_doc, with_certificate_chain
-from tests.x509_support import make_leaf as _leaf
-from tests.x509_support import write_pem as _pem
+from tests.support.pki import SAN, Pki, corp_policy_doc, with_certificate_chain
+from tests.support.pki import make_leaf as _leaf
+from tests.support.pki import write_pem as _pem
+from tests.support.policies import write_policy_doc
 
-__all__ = ["pki", "pytestmark", "tsa"]  # fixtures (and the no-openssl skip marker) shared with those modules
+__all__ = ["pytestmark", "tsa"]  # fixtures (and the no-openssl skip marker) shared with those modules
 
 _CHECKED_AT = "chain checked at RFC 3161 timestamp time"
 
@@ -55,7 +56,7 @@ class Signed:
 
 def _sign_and_stamp(
     d: Path,
-    pki: tuple[Issued, Issued],
+    pki: Pki,
     url: str,
     *,
     stamp: Callable[[bytes, str], bytes] = request_timestamp,
@@ -64,7 +65,7 @@ def _sign_and_stamp(
     """Sign a model under a new leaf and timestamp the signature; then give the bundle a certificate for the
     same key whose `not_before`/`not_after` lie `window` away from the timestamp's time (the signature and
     the timestamp over it stay as they are), so the leaf's validity is placed exactly around that time."""
-    root, intermediate = pki
+    root, intermediate = pki.root, pki.intermediate
     leaf = _leaf(intermediate)
     model = _sign(d, leaf, [intermediate.cert, root.cert])
     bundle = model / "model.sig"
@@ -79,9 +80,7 @@ def _sign_and_stamp(
 
 def _policy(d: Path, root: Path, *tsa_roots: Path) -> Path:
     """A policy file trusting the corp root for SAN, and the TSAs whose root certificates are `tsa_roots`."""
-    path = d / f"policy-{len(list(d.glob('policy-*')))}.json"
-    path.write_text(json.dumps(corp_policy_doc(root, tsa_roots=tsa_roots)))
-    return path
+    return write_policy_doc(d, corp_policy_doc(root, tsa_roots=tsa_roots))
 
 
 def _load(policy: Path) -> Policy:
@@ -89,9 +88,7 @@ def _load(policy: Path) -> Policy:
 
 
 @pytest.fixture(scope="module")
-def timed(
-    tmp_path_factory: pytest.TempPathFactory, pki: tuple[Issued, Issued], tsa: tuple[str, Path]
-) -> tuple[Signed, Signed]:
+def timed(tmp_path_factory: pytest.TempPathFactory, pki: Pki, tsa: tuple[str, Path]) -> tuple[Signed, Signed]:
     """(signed under a leaf that expired 1 s after its timestamp, under one valid from 1 s after it)."""
     url, _ = tsa
     d = tmp_path_factory.mktemp("timed")
@@ -108,9 +105,9 @@ def timed(
 
 
 @pytest.fixture
-def roots(tmp_path: Path, pki: tuple[Issued, Issued], tsa: tuple[str, Path]) -> tuple[Path, Path]:
+def roots(tmp_path: Path, pki: Pki, tsa: tuple[str, Path]) -> tuple[Path, Path]:
     """(the corp root's PEM file, the trusted TSA's root PEM file)."""
-    return _pem(tmp_path / "root.pem", pki[0].cert), tsa[1]
+    return _pem(tmp_path / "root.pem", pki.root.cert), tsa[1]
 
 
 def test_expired_leaf_verifies_at_a_trusted_timestamp(
@@ -163,7 +160,7 @@ def test_leaf_not_yet_valid_at_the_timestamp_is_refused(
 
 
 def test_timestamp_after_the_leaf_expired_is_refused_naming_its_time(
-    pki: tuple[Issued, Issued], tsa: tuple[str, Path], roots: tuple[Path, Path], tmp_path: Path
+    pki: Pki, tsa: tuple[str, Path], roots: tuple[Path, Path], tmp_path: Path
 ) -> None:
     signed = _sign_and_stamp(tmp_path, pki, tsa[0], not_after=-dt.timedelta(minutes=1))
     policy = _policy(tmp_path, *roots)
@@ -190,7 +187,7 @@ def test_every_trusted_timestamp_must_fall_inside_the_chain_validity(
 
 
 def test_each_timestamp_is_verified_once_per_bundle(
-    pki: tuple[Issued, Issued],
+    pki: Pki,
     tsa: tuple[str, Path],
     roots: tuple[Path, Path],
     tmp_path: Path,

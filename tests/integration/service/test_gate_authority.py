@@ -28,7 +28,8 @@ from modelsec.policy import Policy  # noqa: E402
 from modelsec.service.client import ChannelOptions, ModelsecClient  # noqa: E402
 from modelsec.v1 import robustness_pb2  # noqa: E402
 from modelsec.verifier import verify_model  # noqa: E402
-from tests.service_support import ChildServer, TestCA, spawn_cli_server, write_server_config  # noqa: E402
+from tests.support.pki import TestCA  # noqa: E402
+from tests.support.service import ChildServer, spawn_cli_server, write_server_config  # noqa: E402
 from tests.unit.robustness import _helpers as h  # noqa: E402
 from tests.unit.verifier.test_joint_verification import gate_predicate  # noqa: E402
 

@@ -16,7 +16,7 @@ from modelsec.attestations.predicates.gate import GATE_PREDICATE_TYPE
 from modelsec.attestations.predicates.watermark import WATERMARK_PREDICATE_TYPE
 from modelsec.errors import MalformedArtifactError
 from modelsec.service.client import ChannelOptions, ModelsecClient
-from tests.service_support import InThreadServer, write_server_config
+from tests.support.service import InThreadServer, write_server_config
 from tests.unit.verifier.test_joint_verification import gate_predicate, watermark_predicate
 
 pytestmark = pytest.mark.integration
@@ -25,6 +25,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory, key_dir: Path) -> Iterator[ModelsecClient]:
     d = tmp_path_factory.mktemp("svc-bounded")
+    # Its own server: a key that signs client-made statements of every role.
     config = write_server_config(
         d / "server",
         key_dir,

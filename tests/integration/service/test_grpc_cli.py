@@ -6,7 +6,6 @@ import json
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,25 +13,19 @@ import pytest
 from modelsec.policy import Policy
 from modelsec.verifier import verify_attestations
 from tests.conftest import run_cli, write_tiny_model
-from tests.service_support import InThreadServer, write_server_config
+from tests.support.service import InThreadServer
 
 pytestmark = pytest.mark.integration
 MS = shutil.which("model_signing", path=str(Path(sys.executable).parent))
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, key_dir: Path) -> Iterator[InThreadServer]:
-    with InThreadServer(write_server_config(tmp_path_factory.mktemp("cli-server"), key_dir)) as s:
-        yield s
-
-
 def test_remote_signing_is_verified_like_local_signing(
-    tmp_path: Path, server: InThreadServer, key_dir: Path
+    tmp_path: Path, grpc_server: InThreadServer, key_dir: Path
 ) -> None:
     remote = write_tiny_model(tmp_path / "remote" / "model")  # same name: the subject names the directory
     local = write_tiny_model(tmp_path / "local" / "model")
     r = run_cli(
-        "sign", remote, "--server", server.target, "--plaintext", "--key-version", "ci-p256/1",
+        "sign", remote, "--server", grpc_server.target, "--plaintext", "--key-version", "ci-p256/1",
         "--key-version", "ci-sm2/1", "--pin-key", key_dir / "ecdsa-p256.pub.pem",
         "--pin-key", key_dir / "sm2.pub.pem", "--json",
     )  # fmt: skip
@@ -71,11 +64,11 @@ def test_remote_signing_is_verified_like_local_signing(
 
 
 def test_pinning_a_different_key_refuses_to_sign(
-    tmp_path: Path, server: InThreadServer, key_dir: Path
+    tmp_path: Path, grpc_server: InThreadServer, key_dir: Path
 ) -> None:
     model = write_tiny_model(tmp_path / "m")
     r = run_cli(
-        "sign", model, "--server", server.target, "--plaintext", "--key-version", "ci-p256/1",
+        "sign", model, "--server", grpc_server.target, "--plaintext", "--key-version", "ci-p256/1",
         "--pin-key", key_dir / "other.pub.pem",
     )  # fmt: skip
     assert r.returncode == 1 and "is not the pinned public key" in r.stderr, r.stderr
@@ -121,9 +114,9 @@ def test_usage_errors(tmp_path: Path, args: list[str], message: str) -> None:
     assert r.returncode == 2 and message in r.stderr, r.stderr
 
 
-def test_unknown_key_version_and_unreachable_server(tmp_path: Path, server: InThreadServer) -> None:
+def test_unknown_key_version_and_unreachable_server(tmp_path: Path, grpc_server: InThreadServer) -> None:
     model = write_tiny_model(tmp_path / "m")
-    r = run_cli("sign", model, "--server", server.target, "--plaintext", "--key-version", "nope/1")
+    r = run_cli("sign", model, "--server", grpc_server.target, "--plaintext", "--key-version", "nope/1")
     assert r.returncode == 1 and "NOT_FOUND" in r.stderr and "'nope/1' does not exist" in r.stderr
     r = run_cli(
         "sign", model, "--server", "127.0.0.1:1", "--plaintext", "--key-version", "ci-p256/1", "--json"
@@ -132,22 +125,25 @@ def test_unknown_key_version_and_unreachable_server(tmp_path: Path, server: InTh
     assert json.loads(r.stdout)["error"]["kind"] == "BackendUnavailableError"
 
 
-def test_attest_push_and_pull(tmp_path: Path, server: InThreadServer, key_dir: Path) -> None:
-    model = write_tiny_model(tmp_path / "m")
+def test_attest_push_and_pull(tmp_path: Path, grpc_server: InThreadServer, key_dir: Path) -> None:
+    model = write_tiny_model(tmp_path / "m", seed=31)  # a model of its own: the server's store is shared
     r = run_cli("sign", model, "--signing-key", key_dir / "ecdsa-p256.key.pem", "--json")
     digest = json.loads(r.stdout)["rootDigest"].removeprefix("sha256:")
-    r = run_cli("attest", "push", model / "model.sig", "--server", server.target, "--plaintext")
+    r = run_cli("attest", "push", model / "model.sig", "--server", grpc_server.target, "--plaintext")
     assert r.returncode == 0 and r.stdout.startswith("stored "), r.stderr
-    r = run_cli("attest", "push", model / "model.sig", "--server", server.target, "--plaintext", "--json")
+    r = run_cli(
+        "attest", "push", model / "model.sig", "--server", grpc_server.target, "--plaintext", "--json"
+    )
     assert json.loads(r.stdout)["stored"][0]["created"] is False
     run_cli("sign", model, "--signing-key", key_dir / "other.key.pem", "--signature",
         tmp_path / "untrusted.sig")
-    r = run_cli("attest", "push", tmp_path / "untrusted.sig", "--server", server.target, "--plaintext")
+    r = run_cli("attest", "push", tmp_path / "untrusted.sig", "--server", grpc_server.target, "--plaintext")
     assert r.returncode == 1 and "untrusted.sig" in r.stderr and "not stored" in r.stderr, r.stderr
     out = tmp_path / "pulled"
     r = run_cli(
-        "attest", "pull", f"sha256:{digest}", "--server", server.target, "--plaintext", "--out", out, "--json"
-    )
+        "attest", "pull", f"sha256:{digest}", "--server", grpc_server.target, "--plaintext",
+        "--out", out, "--json",
+    )  # fmt: skip
     assert r.returncode == 0, r.stderr
     (row,) = json.loads(r.stdout)["bundles"]
     pulled = Path(row["path"])
@@ -155,7 +151,7 @@ def test_attest_push_and_pull(tmp_path: Path, server: InThreadServer, key_dir: P
         pulled.parent == out / "sha256" / digest and pulled.read_bytes() == (model / "model.sig").read_bytes()
     )
     assert verify_attestations(digest, [pulled], Policy.from_key_files([key_dir / "ecdsa-p256.pub.pem"])).ok
-    r = run_cli("attest", "pull", "0" * 64, "--server", server.target, "--plaintext")
+    r = run_cli("attest", "pull", "0" * 64, "--server", grpc_server.target, "--plaintext")
     assert r.returncode == 0 and "no stored bundles" in r.stderr
-    r = run_cli("attest", "pull", "xyz", "--server", server.target, "--plaintext")
+    r = run_cli("attest", "pull", "xyz", "--server", grpc_server.target, "--plaintext")
     assert r.returncode == 2 and "'xyz' is not a model root digest [sha256:]<64 hex>" in r.stderr  # usage

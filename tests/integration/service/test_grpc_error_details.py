@@ -33,7 +33,7 @@ from modelsec.signer.signing import compute_manifests
 from modelsec.v1 import signing_pb2
 from modelsec.verifier.attestations import GATE_PREDICATE_TYPE
 from tests.conftest import write_tiny_model
-from tests.service_support import InThreadServer, write_server_config
+from tests.support.service import InThreadServer, write_server_config
 from tests.unit.verifier.test_joint_verification import gate_predicate
 
 pytestmark = pytest.mark.integration
@@ -54,6 +54,7 @@ def _gate(digest: str, key: Path, seed: int = 0) -> bytes:
 def server(tmp_path_factory: pytest.TempPathFactory, key_dir: Path) -> Iterator[tuple[InThreadServer, Path]]:
     root = tmp_path_factory.mktemp("details")
     model = write_tiny_model(root / "models" / "m")
+    # Its own server: token-only access, a missing watermark key, read roots limited to the models.
     config = write_server_config(
         root / "server",
         key_dir,

@@ -14,7 +14,7 @@ from modelsec.signer import load_private_key_file, sign_model
 from modelsec.v1 import common_pb2
 from modelsec.verifier import verify_model
 from tests.conftest import write_tiny_model
-from tests.service_support import InThreadServer, write_server_config
+from tests.support.service import InThreadServer, write_server_config
 
 pytestmark = pytest.mark.integration
 
@@ -45,6 +45,7 @@ def test_server_held_ml_dsa_key_signs_and_verify_model_reports_the_hybrid(
     tmp_path: Path, key_dir: Path
 ) -> None:
     model = write_tiny_model(tmp_path / "model", shards=1)
+    # Its own server: an ML-DSA key and a hybrid policy.
     config = write_server_config(
         tmp_path / "server",
         key_dir,

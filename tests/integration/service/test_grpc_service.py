@@ -33,7 +33,7 @@ from modelsec.signer.signing import compute_manifests
 from modelsec.v1 import signing_pb2
 from modelsec.verifier import verify_attestations, verify_bundle_signature, verify_model
 from tests.conftest import write_tiny_model
-from tests.service_support import InThreadServer, write_server_config
+from tests.support.service import InThreadServer, write_server_config
 
 pytestmark = pytest.mark.integration
 
@@ -47,6 +47,7 @@ def _statement(model: Path, hash_type: HashAlgorithm = HashAlgorithm.SHA256) -> 
 def setup(tmp_path_factory: pytest.TempPathFactory, key_dir: Path) -> Iterator[tuple[InThreadServer, Path]]:
     d = tmp_path_factory.mktemp("svc")
     model = write_tiny_model(d / "model")
+    # Its own server: role-restricted and unreachable keys, metrics, read roots limited to the model.
     config = write_server_config(
         d / "server",
         key_dir,
@@ -259,6 +260,7 @@ def test_unauthenticated_and_unauthorised_calls(
 ) -> None:
     import hashlib
 
+    # Its own server: bearer tokens only, and putAttestation for another identity.
     config = write_server_config(
         tmp_path,
         key_dir,

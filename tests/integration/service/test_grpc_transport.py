@@ -17,35 +17,21 @@ from modelsec.errors import AuthenticationError, BackendUnavailableError, Permis
 from modelsec.service.client import ChannelOptions, ModelsecClient
 from modelsec.signer import load_private_key_file, sign_model
 from tests.conftest import write_tiny_model
-from tests.service_support import InThreadServer, TestCA, spawn_cli_server, write_server_config
+from tests.support.service import InThreadServer, spawn_cli_server, write_server_config
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    d = tmp_path_factory.mktemp("pki")
-    ca = TestCA.create(d / "ca")
-    rogue = TestCA.create(d / "rogue", name="rogue-ca")
-    files = {"ca": ca.path}
-    files["server"], files["server_key"] = ca.issue_server(d)
-    files["ci"], files["ci_key"] = ca.issue(d, "ci", cn="ci", uris=("spiffe://example.org/ci/signer",))
-    files["dev"], files["dev_key"] = ca.issue(d, "dev", cn="developer-laptop")
-    files["rogue"], files["rogue_key"] = rogue.issue(
-        d, "rogue", cn="ci", uris=("spiffe://example.org/ci/signer",)
-    )
-    return files
-
-
-@pytest.fixture(scope="module")
 def mtls_server(
-    tmp_path_factory: pytest.TempPathFactory, key_dir: Path, pki: dict[str, Path]
+    tmp_path_factory: pytest.TempPathFactory, key_dir: Path, tls: dict[str, Path]
 ) -> Iterator[InThreadServer]:
     d = tmp_path_factory.mktemp("mtls")
+    # Its own server: mutual TLS with the session PKI's CA; keys and puts only for the CI identity.
     config = write_server_config(
         d,
         key_dir,
-        tls={"cert": str(pki["server"]), "key": str(pki["server_key"]), "clientCA": str(pki["ca"])},
+        tls={"cert": str(tls["server"]), "key": str(tls["server_key"]), "clientCA": str(tls["ca"])},
         keys=[
             {
                 "name": "ci-p256",
@@ -59,24 +45,24 @@ def mtls_server(
         yield server
 
 
-def _client(server: InThreadServer, pki: dict[str, Path], who: str | None) -> ModelsecClient:
+def _client(server: InThreadServer, tls: dict[str, Path], who: str | None) -> ModelsecClient:
     return ModelsecClient(
         server.target,
         ChannelOptions(
-            ca=pki["ca"],
-            cert=pki[who] if who else None,
-            key=pki[f"{who}_key"] if who else None,
+            ca=tls["ca"],
+            cert=tls[who] if who else None,
+            key=tls[f"{who}_key"] if who else None,
             server_name="localhost",
             timeout=10,
         ),
     )
 
 
-def test_mtls_identity_comes_from_the_certificate(mtls_server: InThreadServer, pki: dict[str, Path]) -> None:
-    with _client(mtls_server, pki, "ci") as ci:
+def test_mtls_identity_comes_from_the_certificate(mtls_server: InThreadServer, tls: dict[str, Path]) -> None:
+    with _client(mtls_server, tls, "ci") as ci:
         assert [k.name for k in ci.list_keys()] == ["ci-p256/1"]
         assert ci.get_public_key("ci-p256/1").key.name == "ci-p256/1"
-    with _client(mtls_server, pki, "dev") as dev:  # valid certificate, identity 'developer-laptop'
+    with _client(mtls_server, tls, "dev") as dev:  # valid certificate, identity 'developer-laptop'
         assert dev.list_keys() == []
         with pytest.raises(PermissionDeniedError, match="'developer-laptop' may not use key version"):
             dev.get_public_key("ci-p256/1")
@@ -86,45 +72,46 @@ def test_mtls_identity_comes_from_the_certificate(mtls_server: InThreadServer, p
 
 @pytest.mark.parametrize("who", ["rogue", None])
 def test_mtls_refuses_foreign_or_missing_client_certificates(
-    mtls_server: InThreadServer, pki: dict[str, Path], who: str | None
+    mtls_server: InThreadServer, tls: dict[str, Path], who: str | None
 ) -> None:
     """A certificate from another CA (same SPIFFE ID) or none at all: the handshake fails, no RPC runs."""
     with (
-        _client(mtls_server, pki, who) as client,
+        _client(mtls_server, tls, who) as client,
         pytest.raises(BackendUnavailableError, match="UNAVAILABLE"),
     ):
         client.list_keys()
 
 
-def test_tls_with_bearer_token(tmp_path: Path, key_dir: Path, pki: dict[str, Path]) -> None:
+def test_tls_with_bearer_token(tmp_path: Path, key_dir: Path, tls: dict[str, Path]) -> None:
     import hashlib
 
+    # Its own server: server-side TLS with bearer tokens and no anonymous access.
     config = write_server_config(
         tmp_path,
         key_dir,
-        tls={"cert": str(pki["server"]), "key": str(pki["server_key"])},
+        tls={"cert": str(tls["server"]), "key": str(tls["server_key"])},
         tokens=[{"identity": "ci-team", "sha256": hashlib.sha256(b"t0ken").hexdigest()}],
         keys=[{"name": "ci-p256", "path": str(key_dir / "ecdsa-p256.key.pem"), "allow": ["ci-team"]}],
     )
     with InThreadServer(config) as server:
-        options = ChannelOptions(ca=pki["ca"], server_name="localhost", token="t0ken")
+        options = ChannelOptions(ca=tls["ca"], server_name="localhost", token="t0ken")
         with ModelsecClient(server.target, options) as client:
             assert [k.name for k in client.list_keys()] == ["ci-p256/1"]
-        with ModelsecClient(server.target, ChannelOptions(ca=pki["ca"], server_name="localhost")) as none:
+        with ModelsecClient(server.target, ChannelOptions(ca=tls["ca"], server_name="localhost")) as none:
             with pytest.raises(AuthenticationError, match="no credentials"):
                 none.list_keys()
         # A client that does not trust the server's CA never sends its token.
         with ModelsecClient(
-            server.target, ChannelOptions(ca=pki["rogue"], server_name="localhost", token="t0ken")
+            server.target, ChannelOptions(ca=tls["rogue"], server_name="localhost", token="t0ken")
         ) as c:
             with pytest.raises(BackendUnavailableError, match="UNAVAILABLE"):
                 c.list_keys()
 
 
 def test_health_and_reflection_with_the_standard_clients(
-    mtls_server: InThreadServer, pki: dict[str, Path]
+    mtls_server: InThreadServer, tls: dict[str, Path]
 ) -> None:
-    with _client(mtls_server, pki, "dev") as client:
+    with _client(mtls_server, tls, "dev") as client:
         health = health_pb2_grpc.HealthStub(client.channel)
         for service in ("", "modelsec.v1.SigningService", "modelsec.v1.AttestationService"):
             response = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
@@ -147,6 +134,7 @@ def test_sigterm_restart_keeps_the_store(tmp_path: Path, key_dir: Path) -> None:
     model = write_tiny_model(tmp_path / "model")
     result = sign_model(model, [load_private_key_file(key_dir / "ecdsa-p256.key.pem")])
     bundle = (model / "model.sig").read_bytes()
+    # Its own server, a child process: the test stops it with SIGTERM and starts it again.
     config = write_server_config(tmp_path / "server", key_dir, gracePeriod=2, metricsListen="127.0.0.1:0")
     first = spawn_cli_server(config)
     try:

@@ -12,7 +12,7 @@ from modelsec.service.grpc_store import GrpcAttestationStore
 from modelsec.signer import load_private_key_file, sign_model
 from modelsec.webhook.review import Reviewer, WebhookConfig
 from tests.conftest import write_tiny_model
-from tests.service_support import InThreadServer, write_server_config
+from tests.support.service import InThreadServer, write_server_config
 from tests.unit.webhook.test_review import REGISTRY, answer, review_body
 
 pytestmark = pytest.mark.integration
@@ -32,6 +32,7 @@ def test_webhook_admits_from_the_grpc_store_and_fails_closed_without_it(
         base_dir=key_dir,
         source="test-policy",
     )
+    # Its own server: the test stops it to see an outage deny.
     server = InThreadServer(write_server_config(tmp_path / "server", key_dir))
     target = server.target
     client = ModelsecClient(target, ChannelOptions(plaintext=True, timeout=5))
@@ -53,7 +54,7 @@ def test_webhook_admits_from_the_grpc_store_and_fails_closed_without_it(
 
 def test_webhook_store_spec_is_checked(tmp_path: Path, key_dir: Path) -> None:
     from tests.conftest import run_cli
-    from tests.service_support import write_policy
+    from tests.support.policies import write_policy
 
     policy = write_policy(tmp_path, key_dir)
     args = ["webhook", "serve", "--policy", policy, "--tls-cert", tmp_path / "c", "--tls-key", tmp_path / "k"]

@@ -14,7 +14,7 @@ from modelsec.signer import load_private_key_file, sign_model
 from modelsec.verifier import verify_attestations
 from modelsec.verifier.stores import StoreOptions, open_store
 from tests.conftest import write_tiny_model
-from tests.service_support import InThreadServer, write_server_config
+from tests.support.service import InThreadServer, write_server_config
 
 pytestmark = pytest.mark.integration
 
@@ -29,6 +29,7 @@ def test_withdrawing_evidence_is_authorised_and_readers_stop_seeing_it(tmp_path:
     model = write_tiny_model(tmp_path / "model", shards=1)
     digest = sign_model(model, [load_private_key_file(key_dir / "ecdsa-p256.key.pem")]).root_digest
     policy = Policy.from_key_files([key_dir / "ecdsa-p256.pub.pem"])
+    # Its own server: identities by bearer token, each allowed a different withdrawal call.
     config = write_server_config(
         tmp_path / "server",
         key_dir,
@@ -74,16 +75,12 @@ def test_withdrawing_evidence_is_authorised_and_readers_stop_seeing_it(tmp_path:
             assert ci.entries(digest) == []
 
 
-def test_withdraw_requests_are_checked(tmp_path: Path, key_dir: Path) -> None:
-    config = write_server_config(
-        tmp_path / "server", key_dir, access={"deleteAttestation": ["*"], "supersedeAttestation": ["*"]}
-    )
-    with InThreadServer(config) as server:
-        with ModelsecClient(server.target, ChannelOptions(plaintext=True)) as client:
-            for call in (client.delete_attestation, client.supersede_attestation):
-                with pytest.raises(MalformedArtifactError, match=r"INVALID_ARGUMENT.*root_digest"):
-                    call("ab", "cd" * 32)
-                with pytest.raises(MalformedArtifactError, match=r"INVALID_ARGUMENT.*record id"):
-                    call("ab" * 32, "../x")
-                with pytest.raises(NotFoundError, match="no bundle"):
-                    call("ab" * 32, "cd" * 32)
+def test_withdraw_requests_are_checked(grpc_server: InThreadServer) -> None:
+    with ModelsecClient(grpc_server.target, ChannelOptions(plaintext=True)) as client:
+        for call in (client.delete_attestation, client.supersede_attestation):
+            with pytest.raises(MalformedArtifactError, match=r"INVALID_ARGUMENT.*root_digest"):
+                call("ab", "cd" * 32)
+            with pytest.raises(MalformedArtifactError, match=r"INVALID_ARGUMENT.*record id"):
+                call("ab" * 32, "../x")
+            with pytest.raises(NotFoundError, match="no bundle"):
+                call("ab" * 32, "cd" * 32)

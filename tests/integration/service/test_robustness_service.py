@@ -32,7 +32,7 @@ from modelsec.robustness import DistContext, GateConfig, run_pgd_gate  # noqa: E
 from modelsec.service.client import ChannelOptions, ModelsecClient  # noqa: E402
 from modelsec.v1 import robustness_pb2  # noqa: E402
 from modelsec.verifier import verify_attestations  # noqa: E402
-from tests.service_support import InThreadServer, spawn_cli_server, write_server_config  # noqa: E402
+from tests.support.service import InThreadServer, spawn_cli_server, write_server_config  # noqa: E402
 from tests.unit.robustness import _helpers as h  # noqa: E402
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from modelsec.v1 import signing_pb2, signing_pb2_grpc
-from tests.service_support import spawn_cli_server, write_server_config
+from tests.support.service import spawn_cli_server, write_server_config
 
 pytestmark = pytest.mark.integration
 
@@ -33,6 +33,7 @@ def _scrape(port: int, path: str = "/metrics") -> str:
 
 
 def test_two_workers_share_the_port_and_the_metrics(tmp_path: Path, key_dir: Path) -> None:
+    # Its own server, a child process with two workers (multiprocess metrics).
     config = write_server_config(tmp_path / "srv", key_dir, metricsListen="127.0.0.1:0")
     metrics_dir = tmp_path / "prom"
     metrics_dir.mkdir()
@@ -65,6 +66,7 @@ def test_two_workers_share_the_port_and_the_metrics(tmp_path: Path, key_dir: Pat
 
 
 def test_a_worker_that_dies_stops_the_service(tmp_path: Path, key_dir: Path) -> None:
+    # Its own server, a child process with two workers, one of which the test kills.
     config = write_server_config(tmp_path / "srv", key_dir)
     server = spawn_cli_server(config, env={"MODELSEC_SERVE_WORKERS": "2"})
     try:

@@ -20,7 +20,7 @@ from modelsec.service.client import ChannelOptions, ModelsecClient
 from modelsec.v1 import watermark_pb2
 from modelsec.verifier import verify_attestations
 from modelsec.watermark import generate_key_file_text, model_root_digests
-from tests.service_support import InThreadServer, write_server_config
+from tests.support.service import InThreadServer, write_server_config
 from tests.unit.watermark._helpers import save_state
 from tests.unit.watermark.conftest import mlp_state
 
@@ -215,7 +215,7 @@ def test_embed_output_directory_exchange_race(
 ) -> None:
     """`out/team` exchanged for a link out of the write roots between the path check and the write."""
     from modelsec.service import state as service_state
-    from tests.race_support import exchange
+    from tests.support.race import exchange
 
     team = setup.out / "race-team"
     team.mkdir()

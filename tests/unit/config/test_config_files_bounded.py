@@ -14,26 +14,9 @@ import pytest
 from modelsec.errors import PolicyError
 from modelsec.policy import PolicySet
 from modelsec.service.config import is_loopback_listen, load_server_config
+from tests.support.policies import write_policy_file
 
 TOKEN = {"identity": "ci", "sha256": "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"}
-
-
-def _policy(tmp_path: Path, key_dir: Path, **fields: Any) -> Path:
-    doc = {
-        "apiVersion": "modelsec.dev/v1alpha1",
-        "kind": "ModelPolicy",
-        "policies": [
-            {
-                "name": "p",
-                "match": ["file:///models/*"],
-                "keys": [str(key_dir / "ecdsa-p256.pub.pem")],
-                **fields,
-            }
-        ],
-    }
-    path = tmp_path / "policy.yaml"
-    path.write_text(json.dumps(doc))
-    return path
 
 
 BAD_KEYS = [
@@ -78,21 +61,34 @@ def test_nested_unhashable_key_in_policy(tmp_path: Path, key_dir: Path) -> None:
 @pytest.mark.parametrize("pattern", ["file:///models/*", "file:///models/**", "file:///models/a?b"])
 def test_globs_treat_a_newline_like_any_character(tmp_path: Path, key_dir: Path, pattern: str) -> None:
     """Old code: `*` and `?` matched a newline, `**` did not (regex `.` without DOTALL)."""
-    policies = PolicySet.from_file(_policy(tmp_path, key_dir, match=[pattern]))
+    policies = PolicySet.from_file(
+        write_policy_file(tmp_path / "policy.yaml", match=[pattern], keys=[key_dir / "ecdsa-p256.pub.pem"])
+    )
     assert policies.for_uri("file:///models/a\nb").name == "p"
 
 
 @pytest.mark.parametrize("pattern", ["file:///models/a\nb", "file:///m/\x00*", "file:///m/\x1b[2J*"])
 def test_patterns_with_control_characters_are_refused(tmp_path: Path, key_dir: Path, pattern: str) -> None:
     with pytest.raises(PolicyError, match=r"policies\[0\]\.match\[0\] .* holds a control character"):
-        PolicySet.from_file(_policy(tmp_path, key_dir, match=[pattern]))
+        PolicySet.from_file(
+            write_policy_file(
+                tmp_path / "policy.yaml", match=[pattern], keys=[key_dir / "ecdsa-p256.pub.pem"]
+            )
+        )
 
 
 @pytest.mark.parametrize("max_age", ["9" * 400 + "d", "0s", "36501d"])
 def test_max_age_is_bounded(tmp_path: Path, key_dir: Path, max_age: str) -> None:
     """Old code: 400 nines parsed as float inf, so no gate was ever stale; 0s made every gate stale."""
     with pytest.raises(PolicyError, match="maxAge must be more than 0s and at most 36500d"):
-        PolicySet.from_file(_policy(tmp_path, key_dir, attestations={"robustness": {"maxAge": max_age}}))
+        PolicySet.from_file(
+            write_policy_file(
+                tmp_path / "policy.yaml",
+                match="file:///models/*",
+                keys=[key_dir / "ecdsa-p256.pub.pem"],
+                attestations={"robustness": {"maxAge": max_age}},
+            )
+        )
 
 
 def _server(tmp_path: Path, **fields: Any) -> Path:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +28,6 @@ SCHEMAS = {
     "ServerConfig": ("server-config.schema.json", ServerConfigModel),
     "GateSpec": ("gate-spec.schema.json", GateSpecModel),
 }
-
-
-def test_regenerated_schemas_are_byte_identical(tmp_path: Path) -> None:
-    subprocess.run([sys.executable, str(REPO / "scripts" / "gen_schemas.py"), str(tmp_path)], check=True)
-    for name, _ in SCHEMAS.values():
-        assert (tmp_path / name).read_bytes() == (REPO / "schemas" / name).read_bytes(), name
 
 
 def _yaml_blocks(text: str) -> list[str]:
@@ -238,9 +230,3 @@ def test_model_constants_match_the_policy_module() -> None:
     for name, _ in SCHEMAS.values():
         schema = json.loads((REPO / "schemas" / name).read_text())
         assert schema["properties"]["apiVersion"]["const"] == API_VERSION
-
-
-def test_importing_the_policy_module_does_not_import_pydantic() -> None:
-    """The runtime guard imports modelsec.policy in every process; pydantic only once a file is parsed."""
-    code = "import sys, modelsec.policy; print('pydantic' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout == "False\n"

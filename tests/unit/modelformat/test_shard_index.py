@@ -14,9 +14,9 @@ import pytest
 
 from modelsec.errors import MalformedArtifactError
 from modelsec.modelformat.shard_index import INDEX_NAME, check_index
-from modelsec.policy import Policy
 from modelsec.signer import load_private_key_file, sign_model
 from modelsec.verifier import verify_model
+from tests.support.policies import key_policy
 
 SHARD1, SHARD2 = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
 
@@ -48,10 +48,6 @@ def _signer(key_dir: Path) -> Any:
     return load_private_key_file(key_dir / "ecdsa-p256.key.pem")
 
 
-def _policy(key_dir: Path) -> Policy:
-    return Policy.from_key_files([key_dir / "ecdsa-p256.pub.pem"])
-
-
 @pytest.mark.parametrize(("edit", "named"), BROKEN)
 def test_sign_refuses_a_broken_index_with_verifys_reason(
     tiny_model: Path, key_dir: Path, edit: Any, named: str
@@ -67,7 +63,7 @@ def test_sign_refuses_a_broken_index_with_verifys_reason(
     # Signed anyway, every verify refuses it with the same words: the refusal was not a guess.
     sign_model(tiny_model, [_signer(key_dir)], refuse_unverifiable=False)
     with pytest.raises(MalformedArtifactError) as verified:
-        verify_model(tiny_model, _policy(key_dir))
+        verify_model(tiny_model, key_policy(key_dir))
     assert refusal.startswith(str(verified.value) + " (")
 
 
@@ -78,14 +74,14 @@ def test_sign_refuses_an_index_naming_an_ignored_shard(tiny_model: Path, key_dir
 
 def test_a_good_sharded_model_signs_and_verifies(tiny_model: Path, key_dir: Path) -> None:
     sign_model(tiny_model, [_signer(key_dir)], refuse_unverifiable=True)
-    result = verify_model(tiny_model, _policy(key_dir))
+    result = verify_model(tiny_model, key_policy(key_dir))
     assert {SHARD1, SHARD2, INDEX_NAME} <= set(result.manifest.names)
 
 
 def test_an_index_may_map_a_subset_of_the_tensors(tiny_model: Path, key_dir: Path) -> None:
     _edit_index(tiny_model, lambda doc: doc["weight_map"].pop("layers.1.ids"))
     sign_model(tiny_model, [_signer(key_dir)], refuse_unverifiable=True)
-    verify_model(tiny_model, _policy(key_dir))
+    verify_model(tiny_model, key_policy(key_dir))
 
 
 def test_a_malformed_shard_is_refused_for_itself_not_for_the_index(tiny_model: Path, key_dir: Path) -> None:

@@ -20,12 +20,9 @@ from modelsec.policy import Policy
 from modelsec.signer import load_private_key, load_private_key_file, load_trusted_key, sign_model
 from modelsec.signer.keys import load_trusted_key_file
 from modelsec.verifier import verify_model
+from tests.support.policies import key_policy
 
 P256, MLDSA65 = SignatureAlgorithm.ECDSA_P256, SignatureAlgorithm.ML_DSA_65
-
-
-def _policy(key_dir: Path, *algs: SignatureAlgorithm, require=()) -> Policy:  # type: ignore[no-untyped-def]
-    return Policy.from_key_files([key_dir / f"{a.value}.pub.pem" for a in algs], require=require)
 
 
 def _sign(model: Path, key_dir: Path, *algs: SignatureAlgorithm) -> None:
@@ -61,7 +58,7 @@ def test_each_parameter_set_signs_and_verifies_a_model(
 ) -> None:
     _sign(tiny_model, key_dir, algorithm)
     bundle = tiny_model / f"model.{algorithm.value}.sig"
-    v = verify_model(tiny_model, _policy(key_dir, algorithm, require=[algorithm]))
+    v = verify_model(tiny_model, key_policy(key_dir, algorithm, require=[algorithm]))
     assert v.algorithms == (algorithm,) and [b.path for b in v.bundles] == [bundle]
     # Tampering with the weights or with the signature is refused.
     doc = json.loads(bundle.read_bytes())
@@ -70,20 +67,20 @@ def test_each_parameter_set_signs_and_verifies_a_model(
     doc["dsseEnvelope"]["signatures"][0]["sig"] = base64.b64encode(bytes(sig)).decode()
     bundle.write_text(json.dumps(doc))
     with pytest.raises(SignatureError, match="does not verify"):
-        verify_model(tiny_model, _policy(key_dir, algorithm))
+        verify_model(tiny_model, key_policy(key_dir, algorithm))
     _sign(tiny_model, key_dir, algorithm)
     shard = next(tiny_model.glob("*.safetensors"))
     data = bytearray(shard.read_bytes())
     data[-1] ^= 1
     shard.write_bytes(bytes(data))
     with pytest.raises(DigestMismatchError):
-        verify_model(tiny_model, _policy(key_dir, algorithm))
+        verify_model(tiny_model, key_policy(key_dir, algorithm))
 
 
 def test_hybrid_policy_needs_both_ecdsa_and_ml_dsa(tmp_path: Path, key_dir: Path) -> None:
     from tests.conftest import write_tiny_model
 
-    hybrid = _policy(key_dir, P256, MLDSA65, require=[P256, MLDSA65])
+    hybrid = key_policy(key_dir, P256, MLDSA65, require=[P256, MLDSA65])
     both = write_tiny_model(tmp_path / "both")
     _sign(both, key_dir, P256, MLDSA65)
     assert set(verify_model(both, hybrid).algorithms) == {P256, MLDSA65}

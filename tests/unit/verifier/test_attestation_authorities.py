@@ -10,7 +10,6 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-import pytest
 from cryptography.hazmat.primitives import serialization
 
 from modelsec.attestations import Statement, Subject, sign_statement
@@ -18,6 +17,7 @@ from modelsec.policy import IdentityRule, X509Authority
 from modelsec.signer import load_private_key_file
 from modelsec.verifier import verify_attestations
 from modelsec.verifier.attestations import GATE_PREDICATE_TYPE, WATERMARK_PREDICATE_TYPE
+from tests.support.pki import Issued, Pki, make_ca, make_leaf, with_certificate_chain
 from tests.unit.verifier.test_joint_verification import (  # noqa: F401
     NOW,
     _bundles,
@@ -25,16 +25,8 @@ from tests.unit.verifier.test_joint_verification import (  # noqa: F401
     setup,
     watermark_predicate,
 )
-from tests.x509_support import Issued, make_ca, make_leaf, with_certificate_chain
 
 GATE_ID = "https://ci.corp.example/gate"
-
-
-@pytest.fixture
-def pki() -> tuple[Issued, Issued, Issued]:
-    root = make_ca("gate root")
-    intermediate = make_ca("gate intermediate", root)
-    return root, intermediate, make_leaf(intermediate, san=GATE_ID)
 
 
 def _authority(root: Issued, roles: set[str], identity: str = GATE_ID) -> X509Authority:
@@ -42,16 +34,16 @@ def _authority(root: Issued, roles: set[str], identity: str = GATE_ID) -> X509Au
     return X509Authority("gate-ca", (der,), (IdentityRule(identity=identity),), frozenset(roles))
 
 
-def _cert_bundle(s: dict[str, Any], tmp_path: Path, pki: tuple[Issued, Issued, Issued], kind: str) -> bytes:
+def _cert_bundle(s: dict[str, Any], tmp_path: Path, pki: Pki, kind: str) -> bytes:
     """An attestation signed with the leaf's key, carrying leaf + intermediate instead of a key hint."""
-    _, intermediate, leaf = pki
+    leaf = make_leaf(pki.intermediate, san=GATE_ID)  # under the session's code-signing root
     key = load_private_key_file(leaf.key_pem(tmp_path / f"{kind}-leaf.key.pem"))
     if kind == "gate":
         ptype, pred = GATE_PREDICATE_TYPE, gate_predicate()
     else:
         ptype, pred = WATERMARK_PREDICATE_TYPE, watermark_predicate()
     signed = sign_statement(Statement((Subject("m", {"sha256": s["root"]}),), ptype, pred), key)
-    return with_certificate_chain(signed, leaf.cert, intermediate.cert)
+    return with_certificate_chain(signed, leaf.cert, pki.intermediate.cert)
 
 
 def _verdict(s: dict[str, Any], authority: X509Authority, gate: bytes, wm: bytes | None = None) -> Any:
@@ -61,12 +53,12 @@ def _verdict(s: dict[str, Any], authority: X509Authority, gate: bytes, wm: bytes
 
 def test_certificate_signed_attestations_count_through_an_authority_with_the_role(
     setup: dict[str, Any],  # noqa: F811
-    pki: tuple[Issued, Issued, Issued],
+    pki: Pki,
     tmp_path: Path,
 ) -> None:
     gate = _cert_bundle(setup, tmp_path, pki, "gate")
     wm = _cert_bundle(setup, tmp_path, pki, "watermark")
-    verdict = _verdict(setup, _authority(pki[0], {"gate", "watermark"}), gate, wm)
+    verdict = _verdict(setup, _authority(pki.root, {"gate", "watermark"}), gate, wm)
     assert verdict.ok, verdict.reasons()
     signers = {e.kind: e.key for e in verdict.evidence}
     assert signers["robustness"] == signers["watermark"] == f"gate-ca: {GATE_ID}"
@@ -76,11 +68,11 @@ def test_certificate_signed_attestations_count_through_an_authority_with_the_rol
 
 def test_an_authority_vouches_only_for_its_roles(
     setup: dict[str, Any],  # noqa: F811
-    pki: tuple[Issued, Issued, Issued],
+    pki: Pki,
     tmp_path: Path,
 ) -> None:
     gate = _cert_bundle(setup, tmp_path, pki, "gate")
-    verdict = _verdict(setup, _authority(pki[0], {"watermark"}), gate)
+    verdict = _verdict(setup, _authority(pki.root, {"watermark"}), gate)
     assert not verdict.ok
     assert verdict.missing == ("robustness: no robustness-gate attestation",)
     assert any("no trusted key allowed to sign 'gate'" in i for i in verdict.ignored)
@@ -88,11 +80,11 @@ def test_an_authority_vouches_only_for_its_roles(
 
 def test_wrong_identity_or_untrusted_root_is_ignored_not_trusted(
     setup: dict[str, Any],  # noqa: F811
-    pki: tuple[Issued, Issued, Issued],
+    pki: Pki,
     tmp_path: Path,
 ) -> None:
     gate = _cert_bundle(setup, tmp_path, pki, "gate")
-    wrong_id = _verdict(setup, _authority(pki[0], {"gate"}, identity="https://ci.corp.example/other"), gate)
+    wrong_id = _verdict(setup, _authority(pki.root, {"gate"}, identity="https://ci.corp.example/other"), gate)
     assert not wrong_id.ok and any("not an identity the policy trusts" in i for i in wrong_id.ignored)
     other_root = _verdict(setup, _authority(make_ca("other root"), {"gate"}), gate)
     assert not other_root.ok and any("does not verify to a configured root" in i for i in other_root.ignored)

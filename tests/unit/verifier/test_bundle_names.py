@@ -13,9 +13,9 @@ import pytest
 
 from modelsec.algorithms import SignatureAlgorithm
 from modelsec.errors import SignatureError
-from modelsec.policy import Policy
 from modelsec.signer import load_private_key_file, sign_model
 from modelsec.verifier import verify_model
+from tests.support.policies import key_policy
 
 P256, P384, SM2 = SignatureAlgorithm.ECDSA_P256, SignatureAlgorithm.ECDSA_P384, SignatureAlgorithm.SM2
 MLDSA65 = SignatureAlgorithm.ML_DSA_65
@@ -24,10 +24,6 @@ MLDSA65 = SignatureAlgorithm.ML_DSA_65
 def _sign(model: Path, key_dir: Path, *algs: SignatureAlgorithm, to: Path | None = None) -> None:
     signers = [load_private_key_file(key_dir / f"{a.value}.key.pem") for a in algs]
     sign_model(model, signers, signature_paths={0: to} if to else None)
-
-
-def _policy(key_dir: Path, *algs: SignatureAlgorithm) -> Policy:
-    return Policy.from_key_files([key_dir / f"{a.value}.pub.pem" for a in algs])
 
 
 @pytest.mark.parametrize(
@@ -39,19 +35,19 @@ def test_a_bundle_copied_under_another_default_name_is_refused(
 ) -> None:
     _sign(tiny_model, key_dir, P256)
     shutil.copy(tiny_model / "model.sig", tiny_model / name)
-    for policy in (_policy(key_dir, P256), _policy(key_dir, P256, SM2, P384, MLDSA65)):
+    for policy in (key_policy(key_dir, P256), key_policy(key_dir, P256, SM2, P384, MLDSA65)):
         with pytest.raises(SignatureError) as info:
             verify_model(tiny_model, policy)
         message = str(info.value)
         assert name in message and named_alg in message and "ecdsa-p256" in message, message
     # Given explicitly, the name still says what signed it.
     with pytest.raises(SignatureError, match=named_alg):
-        verify_model(tiny_model, _policy(key_dir, P256), bundles=[tiny_model / name])
+        verify_model(tiny_model, key_policy(key_dir, P256), bundles=[tiny_model / name])
 
 
 def test_a_real_bundle_of_its_name_still_verifies(tiny_model: Path, key_dir: Path) -> None:
     _sign(tiny_model, key_dir, P256, P384, SM2, MLDSA65)
-    result = verify_model(tiny_model, _policy(key_dir, P256, P384, SM2, MLDSA65))
+    result = verify_model(tiny_model, key_policy(key_dir, P256, P384, SM2, MLDSA65))
     assert sorted(b.path.name for b in result.bundles) == [
         "model.ml-dsa-65.sig",
         "model.p384.sig",
@@ -65,13 +61,13 @@ def test_model_sig_takes_any_scheme_model_signing_writes_there(
     tiny_model: Path, key_dir: Path, alg: SignatureAlgorithm
 ) -> None:
     _sign(tiny_model, key_dir, alg, to=tiny_model / "model.sig")
-    assert verify_model(tiny_model, _policy(key_dir, alg)).algorithms == (alg,)
+    assert verify_model(tiny_model, key_policy(key_dir, alg)).algorithms == (alg,)
 
 
 def test_model_sig_signed_by_sm2_is_refused(tiny_model: Path, key_dir: Path) -> None:
     _sign(tiny_model, key_dir, SM2, to=tiny_model / "model.sig")
     with pytest.raises(SignatureError, match=r"model\.sig.*not sm2.*sm2 key"):
-        verify_model(tiny_model, _policy(key_dir, SM2))
+        verify_model(tiny_model, key_policy(key_dir, SM2))
 
 
 def test_other_names_given_explicitly_keep_working_and_one_bundle_is_listed_once(
@@ -80,7 +76,7 @@ def test_other_names_given_explicitly_keep_working_and_one_bundle_is_listed_once
     _sign(tiny_model, key_dir, P256)
     shutil.copy(tiny_model / "model.sig", tmp_path / "release-7.sig")
     bundles = [tmp_path / "release-7.sig", tiny_model / "model.sig", tiny_model / "model.sig"]
-    result = verify_model(tiny_model, _policy(key_dir, P256), bundles=bundles)
+    result = verify_model(tiny_model, key_policy(key_dir, P256), bundles=bundles)
     assert [b.path for b in result.bundles] == [tmp_path / "release-7.sig"]
 
 
@@ -91,4 +87,4 @@ def test_model_signing_p384_bundle_at_its_default_name_verifies(tiny_model: Path
     config._hashing_config = hashing.Config()
     config.use_elliptic_key_signer(private_key=key_dir / "ecdsa-p384.key.pem")
     config.sign(tiny_model, tiny_model / "model.sig")
-    assert verify_model(tiny_model, _policy(key_dir, P384)).algorithms == (P384,)
+    assert verify_model(tiny_model, key_policy(key_dir, P384)).algorithms == (P384,)

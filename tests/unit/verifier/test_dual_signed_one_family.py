@@ -21,6 +21,7 @@ from click.testing import CliRunner
 from modelsec.cli.main import main
 from modelsec.signer import load_private_key_file, sign_model
 from tests.conftest import write_tiny_model
+from tests.support.policies import write_policy_file
 
 PAIRS = {
     "ecdsa": (("ecdsa-p256", "model.sig"), ("ecdsa-p384", "model.p384.sig")),
@@ -62,23 +63,6 @@ def test_either_key_alone_verifies_and_skips_the_other(
     assert rows[other]["signer"] is None and rows[other]["skipped"] is True
 
 
-def _policy(path: Path, keys: list[Path], required: list[str]) -> Path:
-    doc = {
-        "apiVersion": "modelsec.dev/v1alpha1",
-        "kind": "ModelPolicy",
-        "policies": [
-            {
-                "name": "both",
-                "match": ["file:///**"],
-                "keys": [str(k) for k in keys],
-                "requireAlgorithms": required,
-            }
-        ],
-    }
-    path.write_text(json.dumps(doc))
-    return path
-
-
 @pytest.mark.parametrize("family", PAIRS)
 def test_a_policy_requiring_both_still_needs_both(
     dual: dict[str, Path], key_dir: Path, tmp_path: Path, family: str
@@ -86,10 +70,14 @@ def test_a_policy_requiring_both_still_needs_both(
     (first, first_name), (second, second_name) = PAIRS[family]
     keys = [key_dir / f"{first}.pub.pem", key_dir / f"{second}.pub.pem"]
     # Without the second key the requirement can never be met: the policy itself is refused.
-    one_key = _policy(tmp_path / "one.json", keys[:1], [first, second])
+    one_key = write_policy_file(
+        tmp_path / "one.json", name="both", keys=keys[:1], requireAlgorithms=[first, second]
+    )
     code, out, _ = _invoke("verify", dual[family], "--policy", one_key, "--json")
     assert code == 1 and f"{second} can never be met" in out["error"]["message"]
-    both = _policy(tmp_path / "both.json", keys, [first, second])
+    both = write_policy_file(
+        tmp_path / "both.json", name="both", keys=keys, requireAlgorithms=[first, second]
+    )
     code, out, _ = _invoke("verify", dual[family], "--policy", both, "--json")
     assert code == 0 and out["skipped"] == [], out
     # With both keys, a model carrying only the first bundle is refused...

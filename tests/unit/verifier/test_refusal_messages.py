@@ -16,10 +16,11 @@ import pytest
 from modelsec.algorithms import SignatureAlgorithm
 from modelsec.attestations.bundle import sign_payload
 from modelsec.errors import DigestMismatchError, MalformedArtifactError, PolicyError
-from modelsec.policy import Policy, PolicySet
+from modelsec.policy import PolicySet
 from modelsec.signer import load_private_key_file, sign_model
 from modelsec.verifier import verify_model
 from tests.conftest import write_tiny_model
+from tests.support.policies import key_policy
 
 P256 = SignatureAlgorithm.ECDSA_P256.value
 
@@ -34,10 +35,6 @@ def _resigned(model: Path, key_dir: Path, mutate: Callable[[dict[str, Any]], Non
     (model / "model.sig").write_bytes(sign_payload(json.dumps(statement).encode(), signer))
 
 
-def _policy(key_dir: Path) -> Policy:
-    return Policy.from_key_files([key_dir / f"{P256}.pub.pem"])
-
-
 def test_too_many_ignore_paths_is_named_a_size_limit(tmp_path: Path, key_dir: Path) -> None:
     model = write_tiny_model(tmp_path / "m")
 
@@ -46,7 +43,7 @@ def test_too_many_ignore_paths_is_named_a_size_limit(tmp_path: Path, key_dir: Pa
 
     _resigned(model, key_dir, many)
     with pytest.raises(MalformedArtifactError) as e:
-        verify_model(model, _policy(key_dir))
+        verify_model(model, key_policy(key_dir))
     assert "ignore_paths has 50" in str(e.value) and "more than the limit of 1024" in str(e.value)
     assert "must be a list" not in str(e.value)
 
@@ -61,7 +58,7 @@ def test_a_tensor_name_mismatch_is_not_called_a_digest(tmp_path: Path, key_dir: 
 
     _resigned(model, key_dir, ghost)
     with pytest.raises(DigestMismatchError) as e:
-        verify_model(model, _policy(key_dir))
+        verify_model(model, key_policy(key_dir))
     names = "layers.0.bias, layers.0.ids, layers.0.weight"
     assert str(e.value) == f"{model}/{shard}: expected tensor names ghost, {names}, got {names}"
 

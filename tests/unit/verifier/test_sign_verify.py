@@ -22,14 +22,11 @@ from modelsec.errors import (
 from modelsec.policy import Policy
 from modelsec.signer import load_private_key_file, sign_model
 from modelsec.verifier import verify_model
+from tests.support.policies import key_policy
 
 
 def _signers(key_dir: Path, *algs: SignatureAlgorithm):  # type: ignore[no-untyped-def]
     return [load_private_key_file(key_dir / f"{a.value}.key.pem") for a in algs]
-
-
-def _policy(key_dir: Path, *algs: SignatureAlgorithm, require=()) -> Policy:  # type: ignore[no-untyped-def]
-    return Policy.from_key_files([key_dir / f"{a.value}.pub.pem" for a in algs], require=require)
 
 
 ALL = (SignatureAlgorithm.ECDSA_P256, SignatureAlgorithm.ECDSA_P384, SignatureAlgorithm.SM2)
@@ -38,7 +35,7 @@ ALL = (SignatureAlgorithm.ECDSA_P256, SignatureAlgorithm.ECDSA_P384, SignatureAl
 def test_all_three_algorithms_sign_and_verify(tiny_model: Path, key_dir: Path) -> None:
     result = sign_model(tiny_model, _signers(key_dir, *ALL))
     assert sorted(p.path.name for p in result.bundles) == ["model.p384.sig", "model.sig", "model.sm2.sig"]
-    v = verify_model(tiny_model, _policy(key_dir, *ALL, require=ALL))
+    v = verify_model(tiny_model, key_policy(key_dir, *ALL, require=ALL))
     assert set(v.algorithms) == set(ALL)
     assert v.root_digest == result.root_digest
     assert v.files == 6 and v.tensors == 6 and v.tensor_digests == 6
@@ -50,12 +47,12 @@ def test_all_three_algorithms_sign_and_verify(tiny_model: Path, key_dir: Path) -
 def test_required_algorithm_missing(tiny_model: Path, key_dir: Path) -> None:
     sign_model(tiny_model, _signers(key_dir, SignatureAlgorithm.ECDSA_P256))
     with pytest.raises(SignatureError, match=r"required signature.*sm2"):
-        verify_model(tiny_model, _policy(key_dir, *ALL, require=[SignatureAlgorithm.SM2]))
+        verify_model(tiny_model, key_policy(key_dir, *ALL, require=[SignatureAlgorithm.SM2]))
 
 
 def test_sm2_only_policy_skips_nothing_it_can_check(tiny_model: Path, key_dir: Path) -> None:
     sign_model(tiny_model, _signers(key_dir, SignatureAlgorithm.ECDSA_P256, SignatureAlgorithm.SM2))
-    v = verify_model(tiny_model, _policy(key_dir, SignatureAlgorithm.SM2))
+    v = verify_model(tiny_model, key_policy(key_dir, SignatureAlgorithm.SM2))
     assert v.algorithms == (SignatureAlgorithm.SM2,)
     assert [p.name for p in v.skipped] == ["model.sig"]
 
@@ -63,7 +60,7 @@ def test_sm2_only_policy_skips_nothing_it_can_check(tiny_model: Path, key_dir: P
 def test_untrusted_key(tiny_model: Path, key_dir: Path) -> None:
     sign_model(tiny_model, [load_private_key_file(key_dir / "other.key.pem")])
     with pytest.raises(SignatureError, match="no trusted key"):
-        verify_model(tiny_model, _policy(key_dir, SignatureAlgorithm.ECDSA_P256))
+        verify_model(tiny_model, key_policy(key_dir, SignatureAlgorithm.ECDSA_P256))
 
 
 def test_no_keys_is_a_policy_error() -> None:
@@ -81,13 +78,13 @@ def test_tampered_tensor_named(tiny_model: Path, key_dir: Path) -> None:
     sign_model(tiny_model, _signers(key_dir, SignatureAlgorithm.ECDSA_P256))
     _flip(tiny_model / "model-00002-of-00002.safetensors", -1)
     with pytest.raises(DigestMismatchError, match=r"model-00002-of-00002\.safetensors"):
-        verify_model(tiny_model, _policy(key_dir, SignatureAlgorithm.ECDSA_P256))
+        verify_model(tiny_model, key_policy(key_dir, SignatureAlgorithm.ECDSA_P256))
 
 
 def test_single_shard_verification(tiny_model: Path, key_dir: Path) -> None:
     sign_model(tiny_model, _signers(key_dir, SignatureAlgorithm.SM2))
     _flip(tiny_model / "model-00002-of-00002.safetensors", -1)
-    policy = _policy(key_dir, SignatureAlgorithm.SM2)
+    policy = key_policy(key_dir, SignatureAlgorithm.SM2)
     shard1 = tiny_model / "model-00001-of-00002.safetensors"
     v = verify_model(shard1, policy)
     assert v.files == 1 and v.tensors == 3
@@ -97,7 +94,7 @@ def test_single_shard_verification(tiny_model: Path, key_dir: Path) -> None:
 
 def test_extra_and_missing_files(tiny_model: Path, key_dir: Path) -> None:
     sign_model(tiny_model, _signers(key_dir, SignatureAlgorithm.ECDSA_P256))
-    policy = _policy(key_dir, SignatureAlgorithm.ECDSA_P256)
+    policy = key_policy(key_dir, SignatureAlgorithm.ECDSA_P256)
     (tiny_model / "notes.txt").write_text("x")
     with pytest.raises(FileSetMismatchError, match=r"notes\.txt"):
         verify_model(tiny_model, policy)
@@ -115,7 +112,7 @@ def test_signed_remote_code_refused_by_default(tiny_model: Path, key_dir: Path) 
     (tiny_model / "modeling_x.py").write_text("")  # allowed remote code must be a signed module
     sign_model(tiny_model, _signers(key_dir, SignatureAlgorithm.ECDSA_P256))
     with pytest.raises(PolicyViolationError, match=r"auto_map|remote code"):
-        verify_model(tiny_model, _policy(key_dir, SignatureAlgorithm.ECDSA_P256))
+        verify_model(tiny_model, key_policy(key_dir, SignatureAlgorithm.ECDSA_P256))
     allowed = Policy.from_key_files([key_dir / "ecdsa-p256.pub.pem"], allow_remote_code=True)
     verify_model(tiny_model, allowed)
 
@@ -126,7 +123,7 @@ def test_index_must_point_at_signed_shards(tiny_model: Path, key_dir: Path) -> N
     (tiny_model / "model.safetensors.index.json").write_text(json.dumps(index))
     sign_model(tiny_model, _signers(key_dir, SignatureAlgorithm.ECDSA_P256))
     with pytest.raises(MalformedArtifactError, match="weight_map"):
-        verify_model(tiny_model, _policy(key_dir, SignatureAlgorithm.ECDSA_P256))
+        verify_model(tiny_model, key_policy(key_dir, SignatureAlgorithm.ECDSA_P256))
 
 
 def test_index_names_tensor_the_shard_lacks(tiny_model: Path, key_dir: Path) -> None:
@@ -135,7 +132,7 @@ def test_index_names_tensor_the_shard_lacks(tiny_model: Path, key_dir: Path) -> 
     (tiny_model / "model.safetensors.index.json").write_text(json.dumps(index))
     sign_model(tiny_model, _signers(key_dir, SignatureAlgorithm.ECDSA_P256))
     with pytest.raises(MalformedArtifactError, match="ghost"):
-        verify_model(tiny_model, _policy(key_dir, SignatureAlgorithm.ECDSA_P256))
+        verify_model(tiny_model, key_policy(key_dir, SignatureAlgorithm.ECDSA_P256))
 
 
 def test_bundle_swap_between_models_fails(tmp_path: Path, key_dir: Path) -> None:
@@ -146,7 +143,7 @@ def test_bundle_swap_between_models_fails(tmp_path: Path, key_dir: Path) -> None
     sign_model(a, _signers(key_dir, SignatureAlgorithm.ECDSA_P256))
     shutil.copy(a / "model.sig", b / "model.sig")
     with pytest.raises(DigestMismatchError):
-        verify_model(b, _policy(key_dir, SignatureAlgorithm.ECDSA_P256))
+        verify_model(b, key_policy(key_dir, SignatureAlgorithm.ECDSA_P256))
 
 
 def test_malformed_shard_refused_even_when_signed(tmp_path: Path, key_dir: Path) -> None:
@@ -163,12 +160,12 @@ def test_empty_dir_and_missing_bundle(tmp_path: Path, key_dir: Path) -> None:
     with pytest.raises(MalformedArtifactError, match="no files"):
         sign_model(tmp_path / "empty", _signers(key_dir, SignatureAlgorithm.ECDSA_P256))
     with pytest.raises(SignatureError, match="no signature bundle"):
-        verify_model(tmp_path / "empty", _policy(key_dir, SignatureAlgorithm.ECDSA_P256))
+        verify_model(tmp_path / "empty", key_policy(key_dir, SignatureAlgorithm.ECDSA_P256))
 
 
 def test_plain_oms_manifest_without_tensor_digests(tiny_model: Path, key_dir: Path) -> None:
     sign_model(tiny_model, _signers(key_dir, SignatureAlgorithm.ECDSA_P256), tensor_hash=None)
-    v = verify_model(tiny_model, _policy(key_dir, SignatureAlgorithm.ECDSA_P256))
+    v = verify_model(tiny_model, key_policy(key_dir, SignatureAlgorithm.ECDSA_P256))
     assert v.tensor_digests == 0 and v.tensors == 6
     assert (
         "modelsec"

@@ -25,6 +25,7 @@ from modelsec.verifier import verify_model
 from modelsec.verifier.stores import StoreOptions, open_store
 from modelsec.verifier.stores.directory import DirectoryStore
 from modelsec.verifier.stores.sqlite import SqliteAttestationStore
+from tests.support.policies import policy_doc, policy_entry
 from tests.unit.verifier.test_joint_verification import gate_predicate, setup, watermark_predicate  # noqa: F401
 
 
@@ -88,18 +89,12 @@ def test_one_limit_on_bundles_per_digest(setup: dict[str, Any], tmp_path: Path) 
     assert unread.id == wm.id and unread.data == b"" and "not read" in unread.note
 
 
-def _policy_doc(**fields: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "modelsec.dev/v1alpha1",
-        "kind": "ModelPolicy",
-        "policies": [{"name": "p", "match": ["file:///**"], "keys": ["ecdsa-p256.pub.pem"], **fields}],
-    }
-
-
 def test_policy_store_reference_and_its_older_name(key_dir: Path) -> None:
     def store_of(**fields: Any) -> str | None:
         return (
-            PolicySet.from_mapping(_policy_doc(**fields), base_dir=key_dir, source="t")
+            PolicySet.from_mapping(
+                policy_doc(policy_entry(keys=["ecdsa-p256.pub.pem"], **fields)), base_dir=key_dir, source="t"
+            )
             .policies[0]
             .attestation_store
         )

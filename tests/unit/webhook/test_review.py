@@ -524,7 +524,7 @@ def test_parse_reference() -> None:
     assert parse_reference("s3://b/m", "here").digest is None
 
 
-# Every resource the webhook configuration sends (tests/unit/webhook/test_deploy.py) is reviewed.
+# Every resource the webhook configuration sends (tests/integration/webhook/test_deploy.py) is reviewed.
 
 RESOURCE_KINDS = {
     ("", "pods"): "Pod",
@@ -583,7 +583,7 @@ def test_directory_store_skips_a_fifo_instead_of_hanging(signed: tuple[str, Path
 def test_the_cache_generation_is_the_digest_of_the_parsed_policy_file(tmp_path: Path, key_dir: Path) -> None:
     import hashlib
 
-    from tests.service_support import write_policy
+    from tests.support.policies import write_policy
 
     path = write_policy(tmp_path, key_dir)
     policies = PolicySet.from_file(path)

@@ -1,12 +1,13 @@
 """The kustomize manifests of `modelsec serve` (deploy/serve), and the custom kinds of every overlay.
 
 Rendered with `kubectl kustomize`, core kinds validated strictly with `kubernetes-validate` (as
-tests/unit/webhook/test_deploy.py does for the webhook). `kubernetes-validate` only warns on kinds it has no
-schema for, so cert-manager's Certificate and Issuer and prometheus-operator's ServiceMonitor, in the serve
-and the webhook overlays, are validated with the schemas of the npm packages `@kubernetes-models/cert-manager`
-and `@kubernetes-models/prometheus-operator` (installed by the Makefile's `.test` target into
-.venv/k8s-models; validated by validate_crds.mjs under node). Those CRD schemas check types, enums and
-required fields; they do not refuse unknown fields (the CRDs do not, either: the API server prunes them).
+tests/integration/webhook/test_deploy.py does for the webhook). `kubernetes-validate` only warns on kinds it
+has no schema for, so cert-manager's Certificate and Issuer and prometheus-operator's ServiceMonitor, in the
+serve and the webhook overlays, are validated with the schemas of the npm packages
+`@kubernetes-models/cert-manager` and `@kubernetes-models/prometheus-operator` (installed by the Makefile's
+`.test` target into .venv/k8s-models; validated by validate_crds.mjs under node). Those CRD schemas check
+types, enums and required fields; they do not refuse unknown fields (the CRDs do not, either: the API server
+prunes them).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.webhook.test_deploy import by_kind, one, render, selected
+from tests.integration.webhook.test_deploy import by_kind, one, render, selected
 
 ROOT = Path(__file__).resolve().parents[3]
 SERVE = ROOT / "deploy" / "serve"
@@ -143,7 +144,9 @@ def test_serve_args_and_config_map_load_with_the_cli() -> None:
     spec = one(docs, "Deployment")["spec"]["template"]["spec"]
     (container,) = spec["containers"]
     assert container["args"][0] == "serve"
-    ctx = serve.make_context("serve", list(container["args"][1:]))
+    # A copy: click caches the help option on the command it first makes a context for, and this context,
+    # without the root group's `-h`, would leave `--help` alone in the man page test that follows.
+    ctx = copy.copy(serve).make_context("serve", list(container["args"][1:]))
     config_path = ctx.params["config_path"]
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in spec["volumes"]}

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import requests
 
-from tests.service_support import TestCA
+from tests.support.pki import TestCA
 
 REGISTRY_BINARY = "docker-registry"
 USER, PASSWORD = "ci", "s3cret-registry-password"

@@ -1,12 +1,16 @@
-"""A throwaway X.509 hierarchy for certificate-trust tests: root and intermediate CAs, code-signing leaves.
+"""Throwaway PKI for tests, made with `cryptography` at test time (nothing is checked in).
 
-Made with `cryptography` at test time (nothing is checked in), valid from a day ago.
+- Code signing (certificate-trust tests): root and intermediate CAs and code-signing leaves, valid from a
+  day ago.
+- TLS (`TestCA`): a CA issuing serving and client certificates, valid for one hour.
+- `Pki`: one of each, made once per session by the `pki` fixture (tests.support.fixtures).
 """
 
 from __future__ import annotations
 
 import base64
 import datetime
+import ipaddress
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -146,3 +150,122 @@ def corp_policy_doc(
             {"name": f"tsa{i}", "certChain": [str(r)]} for i, r in enumerate(tsa_roots)
         ]
     return {"apiVersion": "modelsec.dev/v1alpha1", "kind": "ModelPolicy", "policies": [policy]}
+
+
+def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+@dataclass
+class TestCA:
+    """A throwaway certificate authority (P-256), valid for one hour."""
+
+    __test__ = False  # not a pytest test class
+
+    key: ec.EllipticCurvePrivateKey
+    cert: x509.Certificate
+    path: Path
+
+    @classmethod
+    def create(cls, directory: Path, name: str = "modelsec-test-ca") -> TestCA:
+        directory.mkdir(parents=True, exist_ok=True)
+        key = ec.generate_private_key(ec.SECP256R1())
+        now = datetime.datetime.now(datetime.UTC)
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(_name(name))
+            .issuer_name(_name(name))
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(
+                x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True
+            )
+            .sign(key, hashes.SHA256())
+        )
+        path = directory / f"{name}.pem"
+        path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        return cls(key, cert, path)
+
+    def issue(
+        self,
+        directory: Path,
+        stem: str,
+        *,
+        cn: str,
+        dns: tuple[str, ...] = (),
+        uris: tuple[str, ...] = (),
+        ips: tuple[str, ...] = (),
+        server: bool = False,
+    ) -> tuple[Path, Path]:
+        """Issue a leaf certificate; returns (cert path, key path)."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        now = datetime.datetime.now(datetime.UTC)
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(_name(cn))
+            .issuer_name(self.cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(
+                x509.ExtendedKeyUsage(
+                    [ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]
+                ),
+                critical=False,
+            )
+        )
+        names: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
+        names += [x509.UniformResourceIdentifier(u) for u in uris]
+        names += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
+        if names:
+            builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+        cert = builder.sign(self.key, hashes.SHA256())
+        cert_path, key_path = directory / f"{stem}.pem", directory / f"{stem}.key"
+        cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        key_path.write_bytes(_pem_key(key))
+        return cert_path, key_path
+
+    def issue_server(self, directory: Path, stem: str = "server") -> tuple[Path, Path]:
+        """A serving certificate for `localhost` and 127.0.0.1."""
+        return self.issue(
+            directory, stem, cn="localhost", dns=("localhost",), ips=("127.0.0.1",), server=True
+        )
+
+
+@dataclass(frozen=True)
+class Pki:
+    """The session's PKI. Read-only: a test that needs another hierarchy makes its own.
+
+    `root` and `intermediate` are code-signing CAs ("corp root", "corp signing intermediate"); `leaf` is a
+    code-signing leaf of `intermediate` naming `SAN`. `tls` holds PEM files of a `TestCA`: `ca`, `server` (for
+    localhost and 127.0.0.1), client certificates `ci` (URI SAN spiffe://example.org/ci/signer) and `dev`
+    (CN developer-laptop), and `rogue`, a client certificate like `ci` from another CA; each `X` has `X_key`.
+    """
+
+    root: Issued
+    intermediate: Issued
+    leaf: Issued
+    tls: dict[str, Path]
+
+
+def make_pki(directory: Path) -> Pki:
+    """Make a `Pki`, writing its TLS files under `directory`."""
+    root = make_ca("corp root")
+    intermediate = make_ca("corp signing intermediate", root)
+    ca = TestCA.create(directory / "ca")
+    rogue = TestCA.create(directory / "rogue", name="rogue-ca")
+    tls = {"ca": ca.path}
+    tls["server"], tls["server_key"] = ca.issue_server(directory)
+    tls["ci"], tls["ci_key"] = ca.issue(directory, "ci", cn="ci", uris=("spiffe://example.org/ci/signer",))
+    tls["dev"], tls["dev_key"] = ca.issue(directory, "dev", cn="developer-laptop")
+    tls["rogue"], tls["rogue_key"] = rogue.issue(
+        directory, "rogue", cn="ci", uris=("spiffe://example.org/ci/signer",)
+    )
+    return Pki(root, intermediate, make_leaf(intermediate), tls)

@@ -1,0 +1,86 @@
+"""The pytest plugin of tests/support (tests/conftest.py's `pytest_plugins`): servers once per session.
+
+- `registry`: a real CNCF distribution registry (TLS + htpasswd). Tests share it: each pushes to its own
+  repositories (distinct names) and reads nothing it did not push.
+- `grpc_server`: `modelsec serve` in a thread with `write_server_config`'s defaults (anonymous plaintext, the
+  test keys `ci-p256/1` and `ci-sm2/1`, read and write roots `/`), which also lets anyone delete and supersede
+  attestations. Tests share its store: each stores bundles of its own model (a distinct seed or name).
+  A test that needs a differently configured server starts its own and says why.
+- `pki` (`tls`, its TLS files): CAs and certificates, read-only.
+- `softhsm_token`: a SoftHSM2 token with the keys `release` (P-256) and `release384` (P-384); this process
+  loads SoftHSM2 for it (SOFTHSM2_CONF points at it), with a second token `doomed` for a removal test.
+  Read-only otherwise: a test that changes a token makes its own (`make_token`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.oci import Registry, registry_missing_reason, run_registry
+from tests.support.pki import Pki, make_pki
+from tests.support.service import InThreadServer, write_server_config
+from tests.support.softhsm import PIN, Token, make_token
+
+
+@pytest.fixture(scope="session")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    reason = registry_missing_reason()
+    if reason:
+        pytest.skip(reason)
+    with run_registry(tmp_path_factory.mktemp("registry")) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def grpc_server(tmp_path_factory: pytest.TempPathFactory, key_dir: Path) -> Iterator[InThreadServer]:
+    config = write_server_config(
+        tmp_path_factory.mktemp("grpc-server"),
+        key_dir,
+        access={
+            "putAttestation": ["*"],
+            "verifyModel": ["*"],
+            "watermark": ["*"],
+            "robustness": ["*"],
+            "deleteAttestation": ["*"],
+            "supersedeAttestation": ["*"],
+        },
+    )
+    with InThreadServer(config) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="session")
+def tls(pki: Pki) -> dict[str, Path]:
+    return pki.tls
+
+
+@pytest.fixture(scope="session")
+def softhsm_token(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Token]:
+    token = make_token(tmp_path_factory.mktemp("hsm"))
+    # A second token in the same directory, for the removal test: SoftHSM2 only sees tokens that exist
+    # when this process first loads it.
+    subprocess.run(
+        ["softhsm2-util", "--init-token", "--free", "--label", "doomed", "--so-pin", "5678", "--pin", PIN],
+        env=token.env,
+        check=True,
+        capture_output=True,
+    )
+    dataclasses.replace(token, label="doomed").generate("doomed", "09", "secp256r1")
+    saved = os.environ.get("SOFTHSM2_CONF")
+    os.environ["SOFTHSM2_CONF"] = token.env["SOFTHSM2_CONF"]
+    yield token
+    if saved is None:
+        os.environ.pop("SOFTHSM2_CONF", None)
+    else:
+        os.environ["SOFTHSM2_CONF"] = saved
