@@ -70,6 +70,11 @@ def _fixture_state(name: str) -> dict[str, torch.Tensor]:
     return state
 
 
+def fixture_state(name: str) -> dict[str, torch.Tensor]:
+    """A fresh copy of the shipped weights `fixtures/{name}.safetensors` (see make_digits_models.py)."""
+    return {k: v.clone() for k, v in _fixture_state(name).items()}
+
+
 def _mlp_state() -> dict[str, torch.Tensor]:
     return _fixture_state("digits_mlp")
 
