@@ -185,6 +185,7 @@ def test_sign_refuses_a_timestamp_dated_before_it_asked(tiny_model: Path, key_di
     assert not (tiny_model / "model.sig").exists()
 
 
+@pytest.mark.slow
 def test_release_refuses_a_timestamp_from_a_tsa_whose_clock_runs_ahead(
     key_dir: Path, ahead: tuple[str, str, Path], tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:

@@ -30,6 +30,8 @@ if str(EXAMPLES) not in sys.path:
 
 import digits_models  # noqa: E402  (examples/ is not a package; put on sys.path above)
 
+torch.set_num_threads(1)  # small models: threads only contend with the other process on a 2-core runner
+
 
 def site_file(package: str, *parts: str) -> Path:
     """A data file of an installed package, or skip the test when the package is missing."""
