@@ -17,7 +17,7 @@ $(BIN)/python:
 	$(PIP) install --upgrade pip
 
 # setup.py and the .pth: an install copies modelsec-guard.pth into site-packages (the runtime guard in every process).
-INSTALL_INPUTS := pyproject.toml setup.py verifier/modelsec-guard.pth.in
+INSTALL_INPUTS := pyproject.toml setup.py verifier/guard/modelsec-guard.pth.in
 
 $(VENV)/.demo: $(BIN)/python $(INSTALL_INPUTS)
 	$(PIP) install torch==2.13.0

@@ -23,7 +23,7 @@ from setuptools.command.editable_wheel import editable_wheel
 from setuptools.errors import SetupError
 
 # Kept in the repository as `.pth.in` (a `.pth` in a source tree reads as a pickle checkpoint to scanners).
-PTH = Path(__file__).resolve().parent / "verifier" / "modelsec-guard.pth.in"
+PTH = Path(__file__).resolve().parent / "verifier" / "guard" / "modelsec-guard.pth.in"
 PTH_NAME = "modelsec-guard.pth"
 
 

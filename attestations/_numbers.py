@@ -5,7 +5,7 @@ Every check runs before any arithmetic.
 A statement is signed or verified as a whole, but its numbers are read by code that compares, converts and
 formats them: an integer like `10**400` raises `OverflowError` when it meets a float, a year-1 timestamp with
 an offset overflows `datetime` subtraction, a negative sample count reads as "fewer than required" only by
-luck. `modelsec._strict_json` already refuses integers outside 64 bits and non-finite floats; the predicate
+luck. `modelsec.strict_json` already refuses integers outside 64 bits and non-finite floats; the predicate
 modules add the range each field can sensibly hold (tables of `Range` by dotted path), checked here, so every
 consumer rejects the statement with `MalformedArtifactError` naming the field.
 """

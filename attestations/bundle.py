@@ -21,10 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from modelsec._strict_json import strict_loads
 from modelsec.attestations.dsse import PAYLOAD_TYPE_IN_TOTO, Envelope, EnvelopeSignature
 from modelsec.attestations.statement import Statement, serialize_statement
 from modelsec.errors import MalformedArtifactError, SignatureError
+from modelsec.strict_json import strict_loads
 
 __all__ = [
     "BUNDLE_MEDIA_TYPE",
@@ -75,9 +75,10 @@ class Bundle:
         source: Names the bundle (path) in diagnostics.
         timestamps: The DER `TimeStampResp` of each RFC 3161 timestamp in
             `verificationMaterial.timestampVerificationData.rfc3161Timestamps` (over the signature bytes),
-            unverified (`modelsec.verifier.timestamps`).
+            unverified (`modelsec.verifier.trust.timestamps`).
         data: The bundle file's bytes, for the verifiers of certificate and keyless bundles
-            (`modelsec.verifier.identity`), which believe its certificates only through a configured root.
+            (`modelsec.verifier.trust.identity`), which believe its certificates only through a configured
+            root.
     """
 
     envelope: Envelope

@@ -15,13 +15,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, TypeGuard
 
-from modelsec._strict_json import strict_loads
 from modelsec.errors import MalformedArtifactError
+from modelsec.strict_json import strict_loads
 
 __all__ = [
-    "GATE_PREDICATE_TYPE",
     "STATEMENT_TYPE",
-    "WATERMARK_PREDICATE_TYPE",
     "Statement",
     "Subject",
     "is_sha256_hex",
@@ -30,11 +28,8 @@ __all__ = [
 ]
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
-# The predicate types modelsec writes besides the OMS weights manifest
-# (`modelsec.attestations.oms_predicate`); the verifier recognises evidence by these exact strings, so every
-# module takes them from here.
-WATERMARK_PREDICATE_TYPE = "https://modelsec.dev/watermark/v1"
-GATE_PREDICATE_TYPE = "https://modelsec.dev/robustness-gate/v1"
+# The predicate types are not named here: each lives in its predicate's module, and the types modelsec
+# knows are registered in `modelsec.attestations.predicates`.
 _HEX_DIGEST = re.compile(r"[0-9a-f]{32,128}")
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _MAX_SUBJECTS = 1024

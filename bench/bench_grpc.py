@@ -149,9 +149,10 @@ class Setup:
 def make_setup(root: Path, auth: str, layers: int = 2) -> Setup:
     """Keys, model, statements, policy and server configuration under `root`."""
     from modelsec.algorithms import HashAlgorithm
-    from modelsec.attestations.oms_predicate import manifest_statement
+    from modelsec.attestations.predicates.oms import manifest_statement
     from modelsec.attestations.statement import serialize_statement
-    from modelsec.signer.signing import MODEL_IGNORE_PATHS, compute_manifests
+    from modelsec.signer.layout import MODEL_IGNORE_PATHS
+    from modelsec.signer.signing import compute_manifests
 
     keys = root / "keys"
     keys.mkdir()
@@ -523,7 +524,7 @@ class Reference:
 def reference_rates(setup: Setup, seconds: float) -> dict[str, Reference]:
     """Calls/s of the in-process work behind each RPC, for the same statements and keys."""
     from modelsec.attestations.bundle import sign_payload, sign_statement
-    from modelsec.attestations.oms_predicate import parse_manifest
+    from modelsec.attestations.predicates.oms import parse_manifest
     from modelsec.attestations.statement import parse_statement
     from modelsec.limits import Limits
     from modelsec.policy import PolicySet
@@ -784,7 +785,7 @@ def main(argv: list[str] | None = None) -> int:
     import grpc
     from google.protobuf import __version__ as protobuf_version
 
-    from modelsec.signer import sm2
+    from modelsec.signer.schemes.sm2 import api as sm2
 
     for line in machine_lines():
         print(line)

@@ -6,7 +6,7 @@ cache), timing only the two `from_pretrained` calls after transformers is import
 the figure is the median of `--repeat` runs. Cases:
 
   plain    transformers alone (safetensors memory-maps the shards)
-  guarded  the same calls with `modelsec.verifier.hook.install(policy)`: the model directory is verified
+  guarded  the same calls with `modelsec.verifier.guard.hook.install(policy)`: the model directory is verified
            whole once (every digest), configs and tokenizer files come from the private snapshot, shards
            from the verified loader (read into private memory and hashed again before tensors are built)
 
@@ -39,14 +39,14 @@ copied = 0
 if guarded:
     from pathlib import Path
     from modelsec.policy import Policy
-    from modelsec.verifier import hook
+    from modelsec.verifier.guard import hook
     hook.install(Policy.from_key_files([Path(key)]))
 t0 = time.perf_counter()
 model = transformers.AutoModel.from_pretrained(model_dir)
 tok = transformers.AutoTokenizer.from_pretrained(model_dir)
 seconds = time.perf_counter() - t0
 if guarded:
-    from modelsec.verifier.snapshot import snapshot_containing
+    from modelsec.verifier.guard.snapshot import snapshot_containing
     snap, _ = snapshot_containing(model.config._name_or_path)
     copied = sum(os.stat(os.path.join(r, f)).st_size for r, _, fs in os.walk(snap.path) for f in fs)
 print(json.dumps({"seconds": seconds, "copied": copied}))

@@ -63,7 +63,8 @@ def main() -> None:
     from modelsec.algorithms import HashAlgorithm
     from modelsec.policy import Policy
     from modelsec.signer import load_private_key_file, sign_model
-    from modelsec.signer.signing import MODEL_IGNORE_PATHS, compute_manifests
+    from modelsec.signer.layout import MODEL_IGNORE_PATHS
+    from modelsec.signer.signing import compute_manifests
     from modelsec.verifier import load_model
 
     torch.set_num_threads(1)

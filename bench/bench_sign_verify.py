@@ -232,13 +232,15 @@ def main(argv: list[str] | None = None) -> int:
     (tiny / "config.json").write_text("{}\n")
     tiny_sig = str(sigs / "tiny.sig")
     warm: list[tuple[str, list[str]]] = [
-        ("modelsec", [modelsec, "sign", str(tiny), "-q", "--key", ec_key, "--signature", tiny_sig]),
-        ("modelsec", [modelsec, "verify", str(tiny), "-q", "--key", ec_pub, "--signature", tiny_sig]),
+        ("modelsec", [modelsec, "sign", str(tiny), "-q", "--signing-key", ec_key, "--signature", tiny_sig]),
+        ("modelsec", [modelsec, "verify", str(tiny), "-q", "--trusted-key", ec_pub, "--signature", tiny_sig]),
     ]
     if have_sm2:
         tiny_sm2 = str(sigs / "tiny.sm2.sig")
-        warm.append(("sm2", [modelsec, "sign", str(tiny), "-q", "--key", sm2_key, "--signature", tiny_sm2]))
-        warm.append(("sm2", [modelsec, "verify", str(tiny), "-q", "--key", sm2_pub, "--signature", tiny_sm2]))
+        warm.append(("sm2", [modelsec, "sign", str(tiny), "-q", "--signing-key", sm2_key, "--signature",
+            tiny_sm2]))
+        warm.append(("sm2", [modelsec, "verify", str(tiny), "-q", "--trusted-key", sm2_pub,
+            "--signature", tiny_sm2]))
     if model_signing:
         tiny_oms = str(sigs / "tiny-oms.sig")
         warm.append(
@@ -269,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     from modelsec.algorithms import HashAlgorithm
     from modelsec.limits import Limits
     from modelsec.policy import Policy
-    from modelsec.signer import MODEL_IGNORE_PATHS, compute_manifests, load_private_key_file, sign_model
+    from modelsec.signer import compute_manifests, load_private_key_file, sign_model
+    from modelsec.signer.layout import MODEL_IGNORE_PATHS
     from modelsec.verifier import verify_model
 
     ignore = list(MODEL_IGNORE_PATHS)
@@ -301,14 +304,14 @@ def main(argv: list[str] | None = None) -> int:
             "--json",
             "--tensor-digest",
             tensor,
-            "--key",
+            "--signing-key",
             ec_key,
             "--signature",
             str(sigs / f"{tag}.sig"),
             *extra,
         ]
         if sm2:
-            argv += ["--key", sm2_key, "--signature", str(sigs / f"{tag}.sm2.sig")]
+            argv += ["--signing-key", sm2_key, "--signature", str(sigs / f"{tag}.sm2.sig")]
         return subprocess_case(argv, f"modelsec sign ({tag})", env)
 
     def cli_verify(d: Path, tag: str, sm2: bool = False) -> Measure:
@@ -318,14 +321,14 @@ def main(argv: list[str] | None = None) -> int:
             str(d),
             "--quiet",
             "--json",
-            "--key",
+            "--trusted-key",
             ec_pub,
             "--signature",
             str(sigs / f"{tag}.sig"),
         ]
         if sm2:
             argv += [
-                "--key",
+                "--trusted-key",
                 sm2_pub,
                 "--signature",
                 str(sigs / f"{tag}.sm2.sig"),

@@ -13,7 +13,7 @@ import argparse
 import sys
 
 from modelsec.errors import BackendUnavailableError
-from modelsec.signer import sm2
+from modelsec.signer.schemes.sm2 import api as sm2
 
 try:  # bench/_common.py, when run as `python bench/bench_sm2.py`
     from _common import machine_lines, ops_per_second, render_table

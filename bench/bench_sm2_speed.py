@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as c
 
 from modelsec.signer.keys import load_private_key, load_trusted_key
-from modelsec.signer.sm2 import default_backend, generate_private_key
+from modelsec.signer.schemes.sm2.api import default_backend, generate_private_key
 
 MESSAGE = bytes(20)  # `openssl speed` signs a 20-byte buffer (apps/speed.c)
 _SPEED_LINE = re.compile(r"^\s*256 bits SM2 \(CurveSM2\)\s+\S+s\s+\S+s\s+([\d.]+)\s+([\d.]+)\s*$", re.M)

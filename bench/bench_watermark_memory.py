@@ -34,7 +34,7 @@ import importlib.util, json, sys, time
 from pathlib import Path
 import numpy
 import modelsec.watermark
-from modelsec.watermark.scheme import WatermarkKey
+from modelsec.watermark.spread_spectrum import WatermarkKey
 
 old = sys.argv[3]
 if old:

@@ -9,10 +9,10 @@ reads only the keyed per-bit correlations, so the embedder may spread each bit's
 direction; every mark below reaches the same margin `kappa` per code bit and is checked by modelsec's own
 blind `detect` (detected, message read back, false-positive probability).
 
-Model and data: the fortunes Llama of the tests (`tests/unit/watermark/_fortunes_lm.py`, trained and cached
-under the venv on first use; Debian `fortunes`, BSD licence). Calibration: 400 training fortunes (never the
-held-out ones). Evaluation: the first 6 words of 50 held-out fortunes, 16 greedy tokens (the tests'
-`EVAL_PROMPTS`), per key; perplexity on the held-out fortunes.
+Model and data: the fortunes Llama of the tests (`tests/unit/watermark/_fortunes_lm.py`, shipped under
+`tests/unit/watermark/fixtures/fortunes-llama/`; Debian `fortunes`, BSD licence). Calibration: 400
+training fortunes (never the held-out ones). Evaluation: the first 6 words of 50 held-out fortunes, 16
+greedy tokens (`bench_watermark_fidelity_lm.py`'s prompts), per key; perplexity on the held-out fortunes.
 
 Directions compared in the same run (same keys, same per-bit targets):
 * `uniform`: every carrier moves by the same amount along its chip sign (additive, no shaping);
@@ -43,7 +43,7 @@ from safetensors.numpy import load_file, save_file
 
 from modelsec.watermark import WatermarkKey, detect
 from modelsec.watermark.fidelity import CausalLMProbe
-from modelsec.watermark.scheme import (
+from modelsec.watermark.spread_spectrum import (
     WatermarkParams,
     carrier_plan,
     code_word,
@@ -156,7 +156,7 @@ def main() -> None:
     ap.add_argument("--kappa", type=float, default=1.0)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    lm, _ = F.trained_model()
+    lm = F.model_dir()
     train, _ = F.fortunes()
     picks = np.random.default_rng(0).choice(len(train), 400, replace=False)
     inverse, rows = calibration(lm, [train[i] for i in picks])

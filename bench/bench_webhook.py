@@ -272,7 +272,7 @@ def running_server(setup: Setup, cache_ttl: float, log: Path) -> Iterator[int]:
     argv = [console_script("modelsec") or "modelsec"]
     port = _free_port()
     argv += ["webhook", "serve", "--policy", str(setup.policy), "--store", str(setup.store)]
-    argv += ["--cert", str(setup.cert), "--key", str(setup.key), "--host", HOST, "--port", str(port)]
+    argv += ["--tls-cert", str(setup.cert), "--tls-key", str(setup.key), "--host", HOST, "--port", str(port)]
     argv += ["--cache-ttl", f"{cache_ttl:g}"]
     with open(log, "wb") as err:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=err, stderr=err)

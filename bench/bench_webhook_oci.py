@@ -123,9 +123,9 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(tmp)
         setup = make_setup(root)
         with run_registry(root / "registry") as registry:
-            from modelsec._oci_model import push_model
-            from modelsec._oci_registry import RegistryOptions
+            from modelsec.distribution.push_pull import push_model
             from modelsec.policy import Policy
+            from modelsec.registry.client import RegistryOptions
             from modelsec.signer import load_private_key_file
 
             os.environ.update(registry.env())  # the webhook processes read the registry credentials here

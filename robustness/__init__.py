@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from modelsec._lazy import lazy_exports
-from modelsec.attestations.statement import GATE_PREDICATE_TYPE
+from modelsec.attestations.predicates.gate import GATE_PREDICATE_TYPE
+from modelsec.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from modelsec.robustness.attestation import gate_statement, sign_gate_result, write_attestation

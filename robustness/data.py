@@ -34,7 +34,7 @@ import torch
 
 from modelsec.errors import MalformedArtifactError, PolicyError
 from modelsec.limits import Limits
-from modelsec.robustness._imports import is_import_path, resolve_import_path
+from modelsec.robustness.imports import is_import_path, resolve_import_path
 
 __all__ = ["MAX_DATASET_BYTES", "Dataset", "dataset_from_tensors", "load_dataset"]
 

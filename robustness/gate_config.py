@@ -1,7 +1,7 @@
 """The robustness gate's values: its configuration (`GateConfig`, `SanityConfig`) and result (`GateResult`).
 
 `run_gate` (`modelsec.robustness.gate`) takes a `GateConfig` and returns a `GateResult`; the predicate
-built from a result is `modelsec.attestations.gate_predicate`. The rules and numbers are documented on
+built from a result is `modelsec.attestations.predicates.gate`. The rules and numbers are documented on
 `modelsec.robustness.gate`.
 """
 

@@ -25,7 +25,7 @@ from torch import nn
 
 from modelsec.errors import MalformedArtifactError, PolicyError
 from modelsec.policy import Policy
-from modelsec.robustness._imports import resolve_import_path
+from modelsec.robustness.imports import resolve_import_path
 
 __all__ = ["VerifiedClassifier", "build_classifier", "load_verified_model"]
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from modelsec.attestations import StatementSigner
-from modelsec.attestations.run_by import RunBy
+from modelsec.attestations.predicates.run_by import RunBy
 from modelsec.errors import PolicyError
 from modelsec.policy import Policy
 from modelsec.robustness.attestation import sign_gate_result, write_attestation

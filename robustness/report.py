@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from modelsec._reports import REPORT_FORMATS, check_report_path, junit_testsuite, md_cell, write_report_file
 from modelsec.errors import BackendUnavailableError, PolicyError
+from modelsec.reports import REPORT_FORMATS, check_report_path, junit_testsuite, md_cell, write_report_file
 
 __all__ = [
     "PLOT_SIZE_PX",

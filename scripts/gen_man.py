@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from modelsec._cli import main
+from modelsec.cli.main import main
 
 COMPLETION = """\
 modelsec uses click's shell completion. Add one line to the shell's start-up file:

@@ -1,6 +1,6 @@
 """Write the JSON Schemas of the configuration files into schemas/ (or the directory given as argv[1]).
 
-The schemas are generated from the pydantic models in `modelsec._config_models`; a test checks that
+The schemas are generated from the pydantic models in `modelsec.config_models`; a test checks that
 regenerating them leaves the committed files byte-identical. Editors pick them up through a first line
 `# yaml-language-server: $schema=<url or path of the schema>`.
 """
@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from modelsec._config_models import GateSpecModel, PolicyFileModel, ServerConfigModel, json_schema
+from modelsec.config_models import GateSpecModel, PolicyFileModel, ServerConfigModel, json_schema
 
 BASE_URL = "https://modelsec.dev/schemas/v1alpha1/"
 SCHEMAS = {

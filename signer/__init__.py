@@ -2,7 +2,7 @@
 
 Public verbs: `sign_model`, `compute_manifests`, `key_source`, `load_private_key_file`,
 `generate_private_key_pem`; signature schemes: `modelsec.signer.schemes` (the registry);
-the model-format kernel is `modelsec.modelformat`, the OMS predicate `modelsec.attestations.oms_predicate`.
+the model-format kernel is `modelsec.modelformat`, the OMS predicate `modelsec.attestations.predicates.oms`.
 Heavy modules (SM2 backends) load lazily.
 """
 
@@ -19,10 +19,8 @@ from modelsec.signer.keys import (
     load_trusted_key,
     load_trusted_key_file,
 )
+from modelsec.signer.layout import ATTESTATION_FILE_NAMES, MODEL_IGNORE_PATHS, SIGNATURE_FILE_NAMES
 from modelsec.signer.signing import (
-    ATTESTATION_FILE_NAMES,
-    MODEL_IGNORE_PATHS,
-    SIGNATURE_FILE_NAMES,
     BundleSigner,
     SignedBundle,
     SigningResult,

@@ -1,8 +1,9 @@
 """Key sources and backends (private keys that sign) and trusted public keys (that verify), for every scheme.
 
 The schemes themselves (ECDSA P-256/P-384 through `cryptography`, SM2 with SM3 through
-`modelsec.signer.sm2`) live in `modelsec.signer.schemes`, one module each; this module only chooses among
-them by the key's algorithm identifier, and chooses where a private key comes from (`key_source`).
+`modelsec.signer.schemes.sm2.api`) live in `modelsec.signer.schemes`, one module each; this module only
+chooses among them by the key's algorithm identifier, and chooses where a private key comes from
+(`key_source`).
 
 Verification is strict for every scheme: the signature is decoded strictly before any curve arithmetic, and
 failures raise `SignatureError` (never a bool). Keys are PEM: PKCS#8 (optionally encrypted) private keys and
@@ -21,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from modelsec._files import read_regular_file
 from modelsec.algorithms import SignatureAlgorithm
 from modelsec.errors import KeyMaterialError, SignatureError, UnsupportedAlgorithmError
+from modelsec.safe_io import read_regular_file
 from modelsec.signer.pkcs11 import Pkcs11KeySource
 from modelsec.signer.schemes import (
     KeyBackend,
@@ -39,6 +40,7 @@ __all__ = [
     "PemFileKeySource",
     "TrustedKey",
     "generate_private_key_pem",
+    "key_file_is_encrypted",
     "key_source",
     "load_private_key",
     "load_private_key_file",
@@ -215,6 +217,18 @@ def load_private_key(pem: bytes, *, name: str, password: bytes | None = None) ->
 def load_private_key_file(path: Path, *, password: bytes | None = None) -> KeyBackend:
     """Read `path` (symlinks refused) and load it with `load_private_key`; same errors."""
     return load_private_key(_read_key_file(path), name=path.name, password=password)
+
+
+def key_file_is_encrypted(path: Path) -> bool:
+    """Whether the PEM private key file at `path` is encrypted (PKCS#8 or legacy `Proc-Type: 4,ENCRYPTED`).
+
+    Only the PEM text is looked at (read as `load_private_key_file` reads it); the key is not loaded, so
+    a caller can ask for a password before loading it.
+
+    Raises:
+        KeyMaterialError: The key file cannot be read (missing, a symlink, not a regular file, too large).
+    """
+    return b"ENCRYPTED" in _read_key_file(path)
 
 
 def generate_private_key_pem(

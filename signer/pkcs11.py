@@ -189,7 +189,7 @@ def _read_pin(source: str, where: str) -> str:
 
 
 def _binding() -> ModuleType:
-    """python-pkcs11; a ModuleNotFoundError names the `pkcs11` extra (`modelsec._lazy`) to the CLI."""
+    """python-pkcs11; a ModuleNotFoundError names the `pkcs11` extra (`modelsec.lazy`) to the CLI."""
     import pkcs11
 
     return pkcs11

@@ -12,13 +12,16 @@ from typing import Protocol, runtime_checkable
 
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
 from modelsec.attestations.bundle import add_timestamps, parse_bundle, sign_statement
-from modelsec.attestations.oms_predicate import SINGLE_FILE_NAME, Manifest, build_manifest, manifest_statement
+from modelsec.attestations.predicates.oms import (
+    SINGLE_FILE_NAME,
+    Manifest,
+    build_manifest,
+    manifest_statement,
+)
 from modelsec.attestations.statement import Statement
 from modelsec.errors import (
-    Error,
     KeyMaterialError,
     MalformedArtifactError,
-    PolicyError,
     PolicyViolationError,
     UnsupportedAlgorithmError,
 )
@@ -26,10 +29,8 @@ from modelsec.limits import Limits
 from modelsec.modelformat.hashing import ProgressCallback, hash_files
 from modelsec.modelformat.model_files import (
     CODE_SUFFIXES,
-    DEFAULT_IGNORE_PATHS,
     PICKLE_SUFFIXES,
     ModelFile,
-    open_beneath,
     open_model_root,
     validate_resource_name,
     walk_model,
@@ -37,31 +38,17 @@ from modelsec.modelformat.model_files import (
 from modelsec.modelformat.shard_index import INDEX_NAME, check_index, shard_tensors_on_disk
 from modelsec.modelformat.side_json import check_json_side_file, is_json_side_file, read_json_side_file
 from modelsec.signer.keys import KeyBackend
-from modelsec.signer.schemes import all_schemes, scheme_for
+from modelsec.signer.layout import MODEL_IGNORE_PATHS, find_bundle_files, write_bundle_file
+from modelsec.signer.schemes import scheme_for
 
 __all__ = [
-    "ATTESTATION_FILE_NAMES",
-    "MODEL_IGNORE_PATHS",
-    "SIGNATURE_FILE_NAMES",
     "BundleSigner",
     "SignedBundle",
     "SigningResult",
     "compute_manifests",
-    "find_bundle_files",
-    "relative_ignore_paths",
     "sign_model",
     "unverifiable_files",
-    "write_bundle_file",
 ]
-
-# The registered schemes' default bundle names (`modelsec.signer.schemes`): a new scheme's name joins the
-# ignore list recorded in every manifest signed from then on.
-SIGNATURE_FILE_NAMES: tuple[str, ...] = tuple(s.default_bundle_name for s in all_schemes())
-# Attestations may live next to the weights under these reserved names (DESIGN.md decision 1).
-ATTESTATION_FILE_NAMES: tuple[str, ...] = ("model.watermark.sig", "model.gate.sig")
-# What signing leaves out and records in `serialization.ignore_paths`: top-level git metadata, the weights
-# signature bundles and the attestation bundles.
-MODEL_IGNORE_PATHS: tuple[str, ...] = (*DEFAULT_IGNORE_PATHS, *SIGNATURE_FILE_NAMES, *ATTESTATION_FILE_NAMES)
 
 
 @runtime_checkable
@@ -185,113 +172,6 @@ def refuse_unverifiable_json(model_dir: Path, names: Sequence[str], limits: Limi
                 ) from e
     finally:
         os.close(root_fd)
-
-
-_BUNDLE_SUFFIXES = (".sig", ".sigstore", ".sigstore.json", ".bundle")
-_BUNDLE_MEDIA_TYPE_PREFIX = b"application/vnd.dev.sigstore.bundle"
-
-
-def find_bundle_files(model_dir: Path, names: Sequence[str], limits: Limits | None = None) -> list[str]:
-    """The files among `names` that are sigstore bundles (signatures of this or another model).
-
-    A bundle written under a custom name inside the model directory (`sign --signature model/x.sig`,
-    model_signing's `--signature`) must not become a signed model file of the next `sign`: names ending
-    in `.sig`, `.sigstore`, `.sigstore.json` or `.bundle`, of at most `Limits.max_bundle_bytes`, whose JSON
-    `mediaType` starts with `application/vnd.dev.sigstore.bundle` are reported. Nothing in them is
-    verified; the caller records them in the signed ignore list.
-
-    Args:
-        model_dir: The model directory.
-        names: Relative names from `walk_model`.
-        limits: Size limit; defaults to `Limits()`.
-
-    Returns:
-        The bundle files among `names`, in their order.
-    """
-    import json
-
-    limits = limits or Limits()
-    found: list[str] = []
-    candidates = [n for n in names if n.endswith(_BUNDLE_SUFFIXES)]
-    if not candidates:
-        return found
-    root_fd = open_model_root(model_dir)
-    try:
-        for name in candidates:
-            try:
-                fd = open_beneath(root_fd, name, what=str(model_dir))
-            except Error:
-                continue  # the walk or the hashing pass reports it
-            with os.fdopen(fd, "rb") as f:
-                data = f.read(limits.max_bundle_bytes + 1)
-            if len(data) > limits.max_bundle_bytes or _BUNDLE_MEDIA_TYPE_PREFIX not in data[:4096]:
-                continue
-            try:
-                doc = json.loads(data)
-            except ValueError:
-                continue
-            media = doc.get("mediaType") if isinstance(doc, dict) else None
-            if isinstance(media, str) and media.startswith(_BUNDLE_MEDIA_TYPE_PREFIX.decode()):
-                found.append(name)
-    finally:
-        os.close(root_fd)
-    return found
-
-
-def relative_ignore_paths(
-    model_path: Path, paths: Sequence[Path | str], *, strict: bool = False, missing_ok: bool = False
-) -> list[str]:
-    """Ignore paths as OMS records them: relative to the model root.
-
-    Resolved as model_signing's CLI resolves `--ignore-paths` (`_resolve_ignore_paths`), so that one command
-    line ignores the same files with either tool: a relative path is taken relative to the current
-    directory (not the model directory), an absolute one as given; both are resolved (links followed) and
-    kept as a POSIX path relative to the model root. `foo/` and `./foo` become `foo`. model_signing drops
-    a path that lands outside the model without a word; with `strict` (what `modelsec sign` and `digest`
-    use) such a path, or one that does not exist, is refused instead, since it ignores nothing the user
-    meant. `verify` passes `missing_ok` too: an ignored file may rightly be absent from the copy verified.
-
-    Args:
-        model_path: The model directory.
-        paths: The paths as given on the command line.
-        strict: Refuse paths outside the model or that do not exist (default: drop outside paths silently,
-            keep missing ones, as model_signing does).
-        missing_ok: With `strict`, keep a path that does not exist (only outside paths are refused).
-
-    Returns:
-        The relative names, each once, in the order given.
-
-    Raises:
-        MalformedArtifactError: A path names the model root itself.
-        PolicyError: With `strict`: a path lands outside the model directory or (without `missing_ok`) does
-            not exist (the message names the path as given and where it resolved).
-    """
-    root = model_path.resolve()
-    result: list[str] = []
-    for p in paths:
-        candidate = Path(p)
-        full = (candidate if candidate.is_absolute() else Path.cwd() / candidate).resolve()
-        try:
-            rel = full.relative_to(root)
-        except ValueError:
-            if strict:
-                hint = (
-                    ""
-                    if candidate.is_absolute()
-                    else " (a relative ignore path is taken from the current directory, as model_signing's "
-                    f"--ignore-paths takes it: write {str(model_path / candidate)!r} for a file of the model)"
-                )
-                where = f"resolves to {full}, outside the model directory {model_path}"
-                raise PolicyError(f"ignore path {str(p)!r} {where}{hint}") from None
-            continue
-        if not rel.parts:
-            raise MalformedArtifactError(f"{model_path}: an ignore path names the model itself: {p}")
-        if strict and not missing_ok and not full.exists():
-            raise PolicyError(f"ignore path {str(p)!r} does not exist ({full}): it would ignore nothing")
-        name = rel.as_posix()
-        if name not in result:
-            result.append(name)
-    return result
 
 
 def compute_manifests(
@@ -430,8 +310,8 @@ def sign_model(
         ignore_paths: More relative paths to leave out and record (OMS semantics: a directory with
             everything below it); see `relative_ignore_paths` for paths given on a command line.
         timestamper: Called with each bundle's signature bytes; returns the DER RFC 3161 `TimeStampResp`s
-            stored in that bundle (`modelsec.verifier.timestamps.request_timestamp`). Every bundle is signed
-            and timestamped before the first is written: a failing TSA leaves no bundle behind.
+            stored in that bundle (`modelsec.verifier.trust.timestamps.request_timestamp`). Every bundle is
+            signed and timestamped before the first is written: a failing TSA leaves no bundle behind.
         hash_type: File digest algorithm of the manifests ECDSA and ML-DSA keys sign: `sha256` (the OMS
             default) or `blake3` (OMS/model_signing `hashing_algorithm="blake3"`: resources with BLAKE3
             digests, subject digest SHA-256 over them; no SHA-256 pass over the files). SM2 keys always
@@ -549,33 +429,3 @@ def _check_bundle_size(bundle: bytes, path: Path, manifest: Manifest, max_bytes:
         f"default (limits.maxBundleBytes); {shrink} maxBundleBytes in every verifier's policy and sign with "
         "the same Limits"
     )
-
-
-def write_bundle_file(path: Path, data: bytes, *, what: str = "bundle") -> Path:
-    """Write a bundle (or attestation) file atomically: a temporary file in the same directory, fsync, rename.
-
-    Never writes through a symlink; the file ends up mode 0644. Returns `path`.
-
-    Raises:
-        PolicyError: `path` is a symlink, or cannot be written (missing directory, permissions, disk full;
-            the message names the file and the reason): the output option must change.
-    """
-    import tempfile
-
-    if path.is_symlink():
-        raise PolicyError(f"{path}: refusing to write the {what} through a symlink")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent if str(path.parent) else ".")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    except OSError as e:
-        raise PolicyError(f"{path}: cannot write the {what}: {e.strerror}") from e
-    return path

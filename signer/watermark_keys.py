@@ -1,11 +1,11 @@
 """Watermark keys and messages: parsing, loading, HKDF subkeys, AES-CTR keystreams and public commitments.
 
-The key schedule is described in `modelsec.watermark.scheme` (HKDF-SHA256, RFC 5869; AES-256-CTR, NIST SP
-800-38A). The raw key bytes are never kept, written or logged: only the HKDF pseudo-random key is held.
-This module lives below the verifier (it imports neither numpy nor torch) so that a
+The key schedule is described in `modelsec.watermark.spread_spectrum` (HKDF-SHA256, RFC 5869; AES-256-CTR,
+NIST SP 800-38A). The raw key bytes are never kept, written or logged: only the HKDF pseudo-random key is
+held. This module lives below the verifier (it imports neither numpy nor torch) so that a
 policy can load the owner's key and commit to the message it expects (`watermark.message` in a policy file)
 with the same key schedule and message encoding as `modelsec watermark embed`; `modelsec.watermark` (and
-`modelsec.watermark.scheme`) re-export it.
+`modelsec.watermark.spread_spectrum`) re-export it.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from modelsec._files import read_regular_file
 from modelsec.errors import KeyMaterialError, PolicyError
+from modelsec.safe_io import read_regular_file
 
 __all__ = [
     "KEY_FILE_MAX_BYTES",

@@ -12,7 +12,6 @@ from modelsec.verifier.attestations import (
     find_attestation_bundles,
     verify_attestations,
 )
-from modelsec.verifier.bundles import find_default_bundles, read_bundle, verify_bundle_signature
 from modelsec.verifier.loader import (
     LoadedModel,
     VerifiedSafeOpen,
@@ -21,6 +20,7 @@ from modelsec.verifier.loader import (
     open_model,
     resolve_policy,
 )
+from modelsec.verifier.trust.bundles import read_bundle, verify_bundle_signature
 from modelsec.verifier.verification import (
     SignedModel,
     VerifiedBundle,
@@ -42,7 +42,6 @@ __all__ = [
     "check_digests",
     "check_file_set",
     "find_attestation_bundles",
-    "find_default_bundles",
     "load_model",
     "load_signed_model",
     "open_model",

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import cache, partial
 from typing import Any
 
-from modelsec.attestations.oms_predicate import TensorEntry
+from modelsec.attestations.predicates.oms import TensorEntry
 from modelsec.errors import BackendUnavailableError, MalformedArtifactError, UnsupportedAlgorithmError
 from modelsec.limits import Limits
 from modelsec.modelformat.hashing import FileDigests, hash_source

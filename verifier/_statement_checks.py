@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from modelsec.attestations.gate_predicate import GatePredicate, check_gate_run, parse_gate_predicate
-from modelsec.attestations.watermark_predicate import (
+from modelsec.attestations.predicates.gate import GatePredicate, check_gate_run, parse_gate_predicate
+from modelsec.attestations.predicates.watermark import (
     WatermarkPredicate,
     check_watermark_run,
     parse_watermark_predicate,

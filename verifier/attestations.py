@@ -5,16 +5,17 @@ with bundles from a store); `verify_model` and `load_model` call it with the bun
 model when the policy requires attestations. Order for each bundle, failing closed at every step:
 
 1. strict bundle parsing (media type, exactly one DSSE signature, exact payloadType);
-2. the predicate type (read from the payload only to choose the signing role) must be known: the OMS
-   weights manifest (role `weights`), `https://modelsec.dev/watermark/v1` (role `watermark`) or
-   `https://modelsec.dev/robustness-gate/v1` (role `gate`); anything else is refused by name;
+2. the predicate type (read from the payload only to choose the signing role) must be registered in
+   `modelsec.attestations.predicates`: the OMS weights manifest (role `weights`),
+   `https://modelsec.dev/watermark/v1` (role `watermark`) or `https://modelsec.dev/robustness-gate/v1`
+   (role `gate`); anything else is refused by name;
 3. the signature must verify under a policy key holding that role (keys never come from the bundle), or
-   the bundle's certificate through a policy authority holding that role (`modelsec.verifier.identity`);
+   the bundle's certificate through a policy authority holding that role (`modelsec.verifier.trust.identity`);
 4. the statement's subject (parsed once, from the payload bytes the signature covers) must be this model's
    root digest (an attestation replayed from another model does not count); the signature's time must lie in
    its key's validity window, by a trusted RFC 3161 timestamp where the policy names TSAs (and must, with
-   `requireTimestamp`), as for weights signatures (`modelsec.verifier.bundles.check_signature_time`);
-5. the predicate must parse with every number in its field's range (`modelsec.attestations.predicates`,
+   `requireTimestamp`), as for weights signatures (`modelsec.verifier.trust.bundles.check_signature_time`);
+5. the predicate must parse with every number in its field's range (the registered parser of its type,
    before any arithmetic);
 6. a gate statement must apply to the policy: its attack, ε and sample count at least the policy's, and
    fresh (`finishedAt` within `maxAge`, not in the future); a watermark record must not be dated in the
@@ -37,7 +38,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hmac
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -45,32 +45,24 @@ from pathlib import Path
 from typing import Any
 
 from modelsec.attestations.bundle import Bundle, parse_bundle
-from modelsec.attestations.gate_predicate import parse_gate_predicate
-from modelsec.attestations.oms_predicate import OMS_PREDICATE_TYPE, parse_manifest
-from modelsec.attestations.statement import (
-    GATE_PREDICATE_TYPE,
-    WATERMARK_PREDICATE_TYPE,
-    Statement,
-    is_sha256_hex,
-    parse_statement,
-)
-from modelsec.attestations.watermark_predicate import (
-    parse_watermark_predicate,
-)
+from modelsec.attestations.predicates import PREDICATE_KINDS, PredicateKind, predicate_kind
+from modelsec.attestations.predicates.gate import GATE_PREDICATE_TYPE, GatePredicate
+from modelsec.attestations.predicates.watermark import WATERMARK_PREDICATE_TYPE, WatermarkPredicate
+from modelsec.attestations.statement import Statement, is_sha256_hex, parse_statement
 from modelsec.errors import AttestationError, Error, MalformedArtifactError
 from modelsec.limits import Limits
 from modelsec.policy import Authority, Policy, RobustnessRequirement, TimestampAuthority, WatermarkRequirement
 from modelsec.signer.keys import TrustedKey
-from modelsec.signer.signing import ATTESTATION_FILE_NAMES
+from modelsec.signer.layout import find_attestation_files
 from modelsec.verifier._statement_checks import (
     gate_applies,
     gate_outcome,
     watermark_applies,
     watermark_outcome,
 )
-from modelsec.verifier.bundles import check_signature_time, read_bundle, verify_bundle_signature
 from modelsec.verifier.stores import StoredBundle, StoreOptions, open_store
 from modelsec.verifier.stores.directory import DirectoryStore
+from modelsec.verifier.trust.bundles import check_signature_time, read_bundle, verify_bundle_signature
 
 __all__ = [
     "GATE_PREDICATE_TYPE",
@@ -80,13 +72,11 @@ __all__ = [
     "Evidence",
     "admit_to_store",
     "find_attestation_bundles",
-    "role_for_predicate",
     "store_bundle",
     "verify_attestations",
     "verify_statement_bundle",
 ]
 
-_ROLE = {OMS_PREDICATE_TYPE: "weights", WATERMARK_PREDICATE_TYPE: "watermark", GATE_PREDICATE_TYPE: "gate"}
 _UNDATED = datetime.min.replace(tzinfo=UTC)
 
 
@@ -109,7 +99,7 @@ def verify_statement_bundle(
         root_digest: The model root digest (hex SHA-256) the statement must be about.
         what: Names the bundle in errors.
         authorities: Certificate and Sigstore authorities; only those holding the role are tried, and only
-            for a bundle that carries a certificate (`modelsec.verifier.identity`).
+            for a bundle that carries a certificate (`modelsec.verifier.trust.identity`).
         timestamp_authorities: TSAs whose timestamps in the bundle set the time an X.509 chain is checked at.
 
     Returns:
@@ -123,9 +113,7 @@ def verify_statement_bundle(
         BackendUnavailableError: A Sigstore authority is configured without the `sigstore` package.
         PolicyError: A Sigstore authority's trusted root cannot be loaded.
     """
-    role = _ROLE.get(statement.predicate_type)
-    if role is None:
-        raise AttestationError(f"{what}: unknown predicateType {statement.predicate_type!r}")
+    role = predicate_kind(statement.predicate_type, what=what).role
     key = verify_bundle_signature(
         bundle, keys, role=role, authorities=authorities, timestamp_authorities=timestamp_authorities
     )
@@ -133,11 +121,6 @@ def verify_statement_bundle(
     if not any(hmac.compare_digest(s.encode(), root_digest.encode()) for s in subjects):
         raise AttestationError(f"{what}: is about model {subjects[0] or '?'}, not {root_digest}")
     return key
-
-
-def role_for_predicate(predicate_type: str) -> str | None:
-    """The key role a statement of this predicate type must be signed with (None: an unknown type)."""
-    return _ROLE.get(predicate_type)
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,7 +217,7 @@ def find_attestation_bundles(
     """
     found: list[Path | StoredBundle] = []
     if model_dir is not None:
-        found += [model_dir / n for n in ATTESTATION_FILE_NAMES if os.path.lexists(model_dir / n)]
+        found += find_attestation_files(model_dir)
     if policy.attestation_store is not None:
         store = open_store(policy.attestation_store, StoreOptions(limits=policy.limits, must_exist=False))
         try:
@@ -333,7 +316,7 @@ class _Selection:
             bundle = _load(item, self.policy, index)
             statement = parse_statement(bundle.envelope.payload, what=what)
             claimed = statement.predicate_type
-            if claimed not in _ROLE:
+            if claimed not in PREDICATE_KINDS:
                 signer = verify_bundle_signature(
                     bundle,
                     self.policy.keys,
@@ -360,29 +343,36 @@ class _Selection:
             self.ignored.append(_reason(e, what))
 
     def _classify(self, statement: Statement, key: TrustedKey, what: str) -> None:
-        claimed, robustness, watermark = (
-            statement.predicate_type,
-            self.policy.robustness,
-            self.policy.watermark,
+        """Step 6 for a trusted statement about this model, by the role of its predicate type."""
+        kind = predicate_kind(statement.predicate_type, what=what)
+        {"weights": self._weights, "gate": self._gate, "watermark": self._watermark}[kind.role](
+            kind, statement, key, what
         )
-        if claimed == OMS_PREDICATE_TYPE:
-            parse_manifest(statement, what=what, limits=self.policy.limits)
-            self.signed_algorithms.add(key.algorithm.value)
-            self.accept("signature", what, key, f"signature: {key.algorithm.value}")
-        elif claimed == GATE_PREDICATE_TYPE and robustness is None:
+
+    def _weights(self, kind: PredicateKind, statement: Statement, key: TrustedKey, what: str) -> None:
+        kind.parse(statement, what=what, limits=self.policy.limits)
+        self.signed_algorithms.add(key.algorithm.value)
+        self.accept("signature", what, key, f"signature: {key.algorithm.value}")
+
+    def _gate(self, kind: PredicateKind, statement: Statement, key: TrustedKey, what: str) -> None:
+        robustness = self.policy.robustness
+        if robustness is None:
             self.accept("robustness", what, key, "robustness: present (not required by the policy)")
-        elif claimed == GATE_PREDICATE_TYPE and robustness is not None:
-            gate = parse_gate_predicate(statement.predicate, what=what)
-            gate_applies(gate, robustness, what, self.now)
-            outcome = functools.partial(gate_outcome, gate, robustness, what)
-            self.gates.append(_candidate("robustness", gate.finished_at, what, key, outcome))
-        elif watermark is None:
+            return
+        gate: GatePredicate = kind.parse(statement, what=what, limits=self.policy.limits)
+        gate_applies(gate, robustness, what, self.now)
+        outcome = functools.partial(gate_outcome, gate, robustness, what)
+        self.gates.append(_candidate("robustness", gate.finished_at, what, key, outcome))
+
+    def _watermark(self, kind: PredicateKind, statement: Statement, key: TrustedKey, what: str) -> None:
+        watermark = self.policy.watermark
+        if watermark is None:
             self.accept("watermark", what, key, "watermark: present (not required by the policy)")
-        else:
-            mark = parse_watermark_predicate(statement.predicate, what=what)
-            watermark_applies(mark, watermark, what, self.now)
-            outcome = functools.partial(watermark_outcome, mark, watermark, what)
-            self.watermarks.append(_candidate("watermark", mark.embedded_at, what, key, outcome))
+            return
+        mark: WatermarkPredicate = kind.parse(statement, what=what, limits=self.policy.limits)
+        watermark_applies(mark, watermark, what, self.now)
+        outcome = functools.partial(watermark_outcome, mark, watermark, what)
+        self.watermarks.append(_candidate("watermark", mark.embedded_at, what, key, outcome))
 
     def decide(self, candidates: list[_Candidate]) -> None:
         """The newest candidate decides its requirement; the older ones are listed as superseded."""

@@ -13,7 +13,7 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 from modelsec.algorithms import HashAlgorithm
-from modelsec.attestations.oms_predicate import Manifest, root_digest
+from modelsec.attestations.predicates.oms import Manifest, root_digest
 from modelsec.errors import (
     DigestMismatchError,
     FileSetMismatchError,
@@ -38,7 +38,7 @@ from modelsec.verifier.side_files import (
     parse_index,
     read_verified_side_file,
 )
-from modelsec.verifier.signatures import SignedModel
+from modelsec.verifier.trust.signatures import SignedModel
 
 __all__ = [
     "check_digests",

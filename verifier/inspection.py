@@ -7,13 +7,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from modelsec.attestations.bundle import Bundle, parse_bundle
+from modelsec.attestations.predicates import predicate_kind
 from modelsec.attestations.statement import Statement, parse_statement
-from modelsec.errors import AttestationError, MalformedArtifactError, SignatureError
+from modelsec.errors import MalformedArtifactError, SignatureError
 from modelsec.limits import Limits
 from modelsec.signer.keys import TrustedKey
-from modelsec.verifier.attestations import role_for_predicate
-from modelsec.verifier.bundles import has_key_for_bundle, read_bundle, verify_bundle_signature
 from modelsec.verifier.stores import StoredBundle
+from modelsec.verifier.trust.bundles import has_key_for_bundle, read_bundle, verify_bundle_signature
 
 __all__ = ["SKIPPED_NOTE", "InspectedBundle", "inspect_bundle", "require_one_checked"]
 
@@ -84,9 +84,7 @@ def inspect_bundle(
     statement = parse_statement(bundle.envelope.payload, what=what)
     signer = None
     if keys:
-        role = role_for_predicate(statement.predicate_type)
-        if role is None:
-            raise AttestationError(f"{what}: unknown predicateType {statement.predicate_type!r}")
+        role = predicate_kind(statement.predicate_type, what=what).role
         try:
             signer = verify_bundle_signature(bundle, keys, role=role)
         except SignatureError:

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from modelsec.algorithms import HashAlgorithm
-from modelsec.attestations.oms_predicate import TensorEntry
+from modelsec.attestations.predicates.oms import TensorEntry
 from modelsec.errors import (
     DigestMismatchError,
     MalformedArtifactError,

@@ -23,7 +23,7 @@ opened before step 4):
 
 Metadata inside safetensors headers never influences any decision.
 
-Steps 1-2 live in `modelsec.verifier.signatures` (trust: `bundles`, `identity`), 3-4 in
+Steps 1-2 live in `modelsec.verifier.trust.signatures` (trust: `bundles`, `identity`), 3-4 in
 `modelsec.verifier.files`, 5 in `modelsec.verifier.side_files`; this module opens the model and runs them in
 order.
 """
@@ -37,13 +37,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from modelsec.algorithms import SignatureAlgorithm
-from modelsec.attestations.oms_predicate import Manifest
+from modelsec.attestations.predicates.oms import Manifest
 from modelsec.errors import MalformedArtifactError, PolicyViolationError
 from modelsec.modelformat.hashing import ProgressCallback
 from modelsec.modelformat.model_files import PICKLE_SUFFIXES, open_beneath, open_model_root
 from modelsec.policy import Policy
 from modelsec.verifier.attestations import AttestationVerdict
-from modelsec.verifier.bundles import find_default_bundles, read_bundle, verify_bundle_signature
 from modelsec.verifier.files import (
     check_digests,
     check_file_set,
@@ -53,7 +52,13 @@ from modelsec.verifier.files import (
     verify_files,
 )
 from modelsec.verifier.side_files import INDEX_NAME, check_remote_code, remote_code_references
-from modelsec.verifier.signatures import SignedModel, VerifiedBundle, bind_single_file, verify_signatures
+from modelsec.verifier.trust.bundles import read_bundle, verify_bundle_signature
+from modelsec.verifier.trust.signatures import (
+    SignedModel,
+    VerifiedBundle,
+    bind_single_file,
+    verify_signatures,
+)
 
 __all__ = [
     "INDEX_NAME",
@@ -65,7 +70,6 @@ __all__ = [
     "check_digests",
     "check_file_set",
     "check_remote_code",
-    "find_default_bundles",
     "precheck_file",
     "read_bundle",
     "read_verified_index",

@@ -13,7 +13,7 @@ Public API (imported lazily, so `import modelsec.watermark` loads neither numpy 
   DSSE-signed in-toto statement (`https://modelsec.dev/watermark/v1`) about the watermarked model's root
   digest.
 
-The scheme, its parameters and sources are documented in `modelsec.watermark.scheme`; detection in
+The scheme, its parameters and sources are documented in `modelsec.watermark.spread_spectrum`; detection in
 `modelsec.watermark.detection`; what re-synchronisation can and cannot undo in `modelsec.watermark.resync`.
 """
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from modelsec._lazy import lazy_exports
+from modelsec.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from modelsec.watermark.attestation import (
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from modelsec.watermark.embed import EmbedResult, TensorReport, embed_model
     from modelsec.watermark.io import ArraySource, DirectorySource, TensorRef, TensorSource
     from modelsec.watermark.resync import NeuronGroup, ResyncReport, infer_groups, resynchronise
-    from modelsec.watermark.scheme import (
+    from modelsec.watermark.spread_spectrum import (
         SCHEME,
         WatermarkKey,
         WatermarkParams,
@@ -102,13 +102,13 @@ _HOME = {
     "ResyncReport": "resync",
     "infer_groups": "resync",
     "resynchronise": "resync",
-    "SCHEME": "scheme",
-    "WatermarkKey": "scheme",
-    "WatermarkParams": "scheme",
-    "generate_key_file_text": "scheme",
-    "load_key_file": "scheme",
-    "parse_key": "scheme",
-    "parse_message": "scheme",
+    "SCHEME": "spread_spectrum",
+    "WatermarkKey": "spread_spectrum",
+    "WatermarkParams": "spread_spectrum",
+    "generate_key_file_text": "spread_spectrum",
+    "load_key_file": "spread_spectrum",
+    "parse_key": "spread_spectrum",
+    "parse_message": "spread_spectrum",
 }
 
 

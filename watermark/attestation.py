@@ -7,13 +7,8 @@ Statement (in-toto Statement v1, DSSE payloadType `application/vnd.in-toto+json`
   list: `.git`, `.gitattributes`, `.github`, `.gitignore` and the signature bundle names). An SM2 signer also
   records the `sm3` root digest (DESIGN.md decision 2).
 * `predicateType`: `https://modelsec.dev/watermark/v1`.
-* `predicate`: `scheme` (name, sources, key schedule), `parameters` (all of `WatermarkParams`, the
-  density, code and message lengths, kappa), `keyCommitment` and `messageCommitment` (keyed HMAC-SHA256
-  values: never the key, never the message), `carriers` (tensor names, dtypes, shapes, carrier counts),
-  `embedding` (relative changes, strengths), `fidelity` (when measured: probe set digest, metric, value,
-  budget; `modelsec.watermark.fidelity`) and `detection` (bit matches, bit error rate, false-positive
-  probability and its log10, confidence, minimum margin, thresholds) measured on the written weights,
-  plus `embeddedAt` (RFC 3339, UTC) and the tool version.
+* `predicate`: built, parsed and checked by `modelsec.attestations.predicates.watermark` (its one home);
+  this module gives it the embedding and the scheme's description.
 
 The attestation file lives outside the model directory, or inside it under the reserved name
 `model.watermark.sig` (recorded in every manifest's ignore list); any other file inside would itself be
@@ -24,22 +19,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from modelsec.attestations.statement import WATERMARK_PREDICATE_TYPE
+from modelsec.attestations.predicates.watermark import WATERMARK_PREDICATE_TYPE
 from modelsec.errors import KeyMaterialError, PolicyError, UnsupportedAlgorithmError
 from modelsec.limits import Limits
 
 if TYPE_CHECKING:
     from modelsec.attestations.bundle import StatementSigner
-    from modelsec.attestations.run_by import RunBy
+    from modelsec.attestations.predicates.run_by import RunBy
+    from modelsec.attestations.predicates.watermark import WatermarkPredicate
     from modelsec.attestations.statement import Statement
-    from modelsec.attestations.watermark_predicate import WatermarkPredicate
     from modelsec.signer.keys import TrustedKey
     from modelsec.watermark.embed import EmbedResult
-    from modelsec.watermark.scheme import WatermarkKey, WatermarkParams
+    from modelsec.watermark.spread_spectrum import WatermarkKey, WatermarkParams
 
 __all__ = [
     "PREDICATE_TYPE",
@@ -78,7 +73,8 @@ def model_root_digests(model_dir: Path, *, sm3: bool = False, limits: Limits | N
         PolicyViolationError: A symlink or special file.
     """
     from modelsec.algorithms import HashAlgorithm
-    from modelsec.signer import MODEL_IGNORE_PATHS, compute_manifests
+    from modelsec.signer import compute_manifests
+    from modelsec.signer.layout import MODEL_IGNORE_PATHS
 
     algorithms = [HashAlgorithm.SHA256, *([HashAlgorithm.SM3] if sm3 else [])]
     manifests = compute_manifests(
@@ -118,50 +114,20 @@ def watermark_statement(
         MalformedArtifactError: A recorded number is out of its field's range (never signed).
     """
     from modelsec import __version__
-    from modelsec.attestations.watermark_predicate import watermark_statement as build_statement
-    from modelsec.watermark.scheme import SCHEME
+    from modelsec.attestations.predicates.watermark import build_watermark_predicate
+    from modelsec.attestations.predicates.watermark import watermark_statement as build_statement
+    from modelsec.watermark.spread_spectrum import SCHEME
 
-    when = (embedded_at or datetime.now(UTC)).astimezone(UTC).replace(microsecond=0)
-    detection = result.detection.to_json()
-    detection.pop("decodedMessageHex", None)
-    predicate: dict[str, Any] = {
-        "scheme": {
-            "name": SCHEME,
-            "sources": list(_SOURCES),
-            "keySchedule": "HKDF-SHA256 subkeys per purpose, tensor name and shape; AES-256-CTR keystreams",
-            "statistic": "per tensor x = w / rms(carriers); bit b: sign(sum s_i x_i) over its carriers",
-            "embedding": "w' = w + m_b t_b s_i |w_i| (informed, multiplicative, t_b <= maxRelativeChange)",
-        },
-        "parameters": {
-            **result.params.to_json(),
-            "densityLog2": result.density_log2,
-            "codeBits": result.code_bits,
-            "messageBits": result.message_bits,
-        },
-        "keyCommitment": {"algorithm": "hmac-sha256", "value": result.key_commitment},
-        "messageCommitment": {"algorithm": "hmac-sha256", "value": result.message_commitment},
-        "carriers": {
-            "count": result.carriers,
-            "tensors": [
-                {"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "carriers": t.carriers}
-                for t in result.tensors
-            ],
-        },
-        "embedding": {
-            "maxRelativeChange": result.max_relative_change,
-            "meanRelativeChange": result.mean_relative_change,
-            "relativeL2Change": result.relative_l2_change,
-            "strength": {
-                "min": result.strength_min,
-                "median": result.strength_median,
-                "max": result.strength_max,
-            },
-        },
-        "detection": detection,
-        **({"fidelity": result.fidelity.to_json()} if result.fidelity is not None else {}),
-        "embeddedAt": when.isoformat().replace("+00:00", "Z"),
-        "tool": {"name": "modelsec", "version": __version__},
+    scheme = {
+        "name": SCHEME,
+        "sources": list(_SOURCES),
+        "keySchedule": "HKDF-SHA256 subkeys per purpose, tensor name and shape; AES-256-CTR keystreams",
+        "statistic": "per tensor x = w / rms(carriers); bit b: sign(sum s_i x_i) over its carriers",
+        "embedding": "w' = w + m_b t_b s_i |w_i| (informed, multiplicative, t_b <= maxRelativeChange)",
     }
+    predicate = build_watermark_predicate(
+        result, scheme=scheme, tool_version=__version__, embedded_at=embedded_at
+    )
     return build_statement(predicate, digests, name=name, run_by=run_by)
 
 
@@ -228,7 +194,7 @@ def write_watermark_attestation(
         PolicyError: `path` lies inside the model directory, exists as a symlink, or cannot be written.
         MalformedArtifactError: The model directory cannot be hashed.
     """
-    from modelsec.signer.signing import ATTESTATION_FILE_NAMES, write_bundle_file
+    from modelsec.signer.layout import ATTESTATION_FILE_NAMES, write_bundle_file
 
     out_dir = result.out_dir.resolve()
     target = path.absolute()
@@ -308,13 +274,13 @@ def verify_watermark_attestation(
         MalformedArtifactError: The bundle or statement is malformed or has another predicateType.
         MalformedArtifactError: Also: a number of the predicate is out of its field's range.
         AttestationError: The subject is another model, or the predicate lacks required fields
-            (`modelsec.attestations.watermark_predicate.parse_watermark_predicate`, the verifier's rule).
+            (`modelsec.attestations.predicates.watermark.parse_watermark_predicate`, the verifier's rule).
         PolicyError: Neither or both of `root_digest` and `model_dir` given.
     """
+    from modelsec.attestations.predicates.watermark import parse_watermark_predicate
     from modelsec.attestations.statement import parse_statement
-    from modelsec.attestations.watermark_predicate import parse_watermark_predicate
     from modelsec.verifier.attestations import verify_statement_bundle
-    from modelsec.verifier.bundles import read_bundle
+    from modelsec.verifier.trust.bundles import read_bundle
 
     limits = limits or Limits()
     if root_digest is not None and model_dir is None:
@@ -368,9 +334,9 @@ def detection_hints(predicate: Mapping[str, Any], *, what: str) -> DetectionHint
         UnsupportedAlgorithmError: The predicate records another watermark scheme.
         PolicyError: The recorded parameters are invalid.
     """
-    from modelsec.attestations.watermark_predicate import parse_recorded_parameters
-    from modelsec.watermark.scheme import SCHEME, WatermarkParams
+    from modelsec.attestations.predicates.watermark import parse_recorded_parameters
     from modelsec.watermark.schemes import get_scheme
+    from modelsec.watermark.spread_spectrum import SCHEME, WatermarkParams
 
     recorded = parse_recorded_parameters(predicate, what=what)
     if get_scheme(recorded.scheme, what=what).name != SCHEME:  # hints are this scheme's parameters
@@ -404,7 +370,7 @@ def read_detection_hints(bundle_path: Path, *, limits: Limits | None = None) -> 
         PolicyError: Invalid recorded parameters.
     """
     from modelsec.attestations.statement import parse_statement
-    from modelsec.verifier.bundles import read_bundle
+    from modelsec.verifier.trust.bundles import read_bundle
 
     bundle = read_bundle(bundle_path, limits or Limits())
     statement = parse_statement(bundle.envelope.payload, what=str(bundle_path), predicate_type=PREDICATE_TYPE)

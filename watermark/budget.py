@@ -88,7 +88,7 @@ from modelsec.watermark.detection import DetectionThresholds
 from modelsec.watermark.embed import EmbedResult, embed_model
 from modelsec.watermark.fidelity import FidelityProbe, FidelityReport, check_budget
 from modelsec.watermark.grading import grades_from_sensitivities, probe_sensitivities
-from modelsec.watermark.scheme import CARRIER_SETS, WatermarkParams
+from modelsec.watermark.spread_spectrum import CARRIER_SETS, WatermarkParams
 
 __all__ = ["DEFAULT_MAX_FIDELITY_LOSS", "DEFAULT_MIN_KAPPA", "embed_within_budget"]
 
@@ -165,7 +165,7 @@ def embed_within_budget(
         raise PolicyError(f"min_kappa must be in (0, kappa={params.kappa}], got {min_kappa}")
     if not 0 <= steps <= 10:
         raise PolicyError(f"steps must be in [0, 10], got {steps}")
-    from modelsec.watermark._output import check_out_dir
+    from modelsec.watermark.output import check_out_dir
 
     check_out_dir(Path(model_dir), Path(out_dir))
     probe.prepare(Path(model_dir))

@@ -47,7 +47,7 @@ from modelsec.errors import PolicyError
 from modelsec.limits import Limits
 from modelsec.watermark.io import TensorRef, TensorSource, open_source
 from modelsec.watermark.results import DetectionResult, DetectionThresholds, binomial_tail
-from modelsec.watermark.scheme import (
+from modelsec.watermark.spread_spectrum import (
     CARRIER_SETS,
     WatermarkKey,
     WatermarkParams,

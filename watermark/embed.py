@@ -29,8 +29,10 @@ from typing import TYPE_CHECKING, Any
 
 from modelsec.errors import MalformedArtifactError, PolicyError
 from modelsec.limits import Limits
-from modelsec.modelformat._openat2 import open_beneath_fd
-from modelsec.watermark._output import (
+from modelsec.modelformat.openat2 import open_beneath_fd
+from modelsec.watermark.detection import DetectionResult, DetectionThresholds, ExtractedBlocks, evaluate
+from modelsec.watermark.io import RAW_DTYPES, DirectorySource, ShardFile, TensorRef, decode, encode
+from modelsec.watermark.output import (
     COPY_CHUNK,
     check_out_dir,
     chunks,
@@ -38,9 +40,7 @@ from modelsec.watermark._output import (
     move_into_place,
     write_new,
 )
-from modelsec.watermark.detection import DetectionResult, DetectionThresholds, ExtractedBlocks, evaluate
-from modelsec.watermark.io import RAW_DTYPES, DirectorySource, ShardFile, TensorRef, decode, encode
-from modelsec.watermark.scheme import (
+from modelsec.watermark.spread_spectrum import (
     CarrierPlan,
     WatermarkKey,
     WatermarkParams,
@@ -389,7 +389,7 @@ class _Writer:
 
     def _write_all(self, staging_fd: int) -> None:
         from modelsec.modelformat.model_files import open_beneath
-        from modelsec.signer.signing import MODEL_IGNORE_PATHS
+        from modelsec.signer.layout import MODEL_IGNORE_PATHS
 
         shards = {s.name: (s, refs) for s, refs in self.source.iter_shards()}
         for file in self.source.files:

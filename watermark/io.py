@@ -166,7 +166,7 @@ class DirectorySource:
 
     def __init__(self, root: Path, *, limits: Limits | None = None) -> None:
         from modelsec.modelformat.model_files import open_model_root, walk_model
-        from modelsec.signer.signing import MODEL_IGNORE_PATHS
+        from modelsec.signer.layout import MODEL_IGNORE_PATHS
 
         self.root = Path(root)
         self.limits = limits or Limits()

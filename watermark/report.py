@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from modelsec._reports import check_report_path, junit_testsuite, md_cell, write_report_file
+from modelsec.reports import check_report_path, junit_testsuite, md_cell, write_report_file
 
 __all__ = ["render_detection_report", "write_detection_report"]
 
@@ -133,7 +133,7 @@ def render_detection_report(
     """The report text of a detection (`DetectionResult.to_json()`) in `fmt` (`markdown` or `junit`).
 
     Args:
-        fmt: `markdown` or `junit` (`modelsec._reports.check_report_path`).
+        fmt: `markdown` or `junit` (`modelsec.reports.check_report_path`).
         run: The detection's JSON form.
         model: The suspect model as given on the command line.
         attested_digest: The root digest the watermark attestation names, if one was given (it is shown as the

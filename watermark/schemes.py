@@ -42,12 +42,12 @@ class WatermarkScheme(Protocol):
 
 
 class SpreadSpectrumScheme:
-    """`modelsec-ss-mult/v1` (`modelsec.watermark.scheme`): `embed_model` / `detect`."""
+    """`modelsec-ss-mult/v1` (`modelsec.watermark.spread_spectrum`): `embed_model` / `detect`."""
 
     @property
     def name(self) -> str:
         """`modelsec-ss-mult/v1`."""
-        from modelsec.watermark.scheme import SCHEME
+        from modelsec.watermark.spread_spectrum import SCHEME
 
         return SCHEME
 

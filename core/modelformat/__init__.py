@@ -8,7 +8,7 @@
   `model.safetensors.index.json` are held to, shared by the signer (refused before hashing) and the verifier.
 
 Nothing here holds keys or makes a trust decision; the OMS predicate built from these digests lives in
-`modelsec.attestations.oms_predicate`.
+`modelsec.attestations.predicates.oms`.
 
 The public names live in the submodules (each with its own `__all__`); the package re-exports nothing, so
 importing one submodule does not load the others.

@@ -27,6 +27,7 @@ the reader then rotates `_PIPELINE_SLOTS` chunk buffers instead of one.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
 import queue
 import threading
@@ -41,7 +42,16 @@ from modelsec.limits import Limits
 from modelsec.modelformat.model_files import open_beneath
 from modelsec.modelformat.safetensors_header import SafetensorsHeader, parse_header, parse_header_length
 
-__all__ = ["ChunkSource", "FileDigests", "Hasher", "TensorDigest", "hash_files", "hash_source", "new_hasher"]
+__all__ = [
+    "ChunkSource",
+    "FileDigests",
+    "Hasher",
+    "TensorDigest",
+    "hash_files",
+    "hash_source",
+    "hmac_sm3",
+    "new_hasher",
+]
 
 ProgressCallback = Callable[[int], None]
 
@@ -90,6 +100,21 @@ def _sm3_from_hashlib() -> bool:
 
 
 _HASHLIB_SM3 = _sm3_from_hashlib()
+
+
+def hmac_sm3(key: bytes, data: bytes) -> bytes:
+    """HMAC-SM3 (RFC 2104 over SM3, GB/T 32905-2016) of `data`, through the same SM3 as `new_hasher`.
+
+    hashlib's where the OpenSSL build has SM3, else `cryptography`'s (DESIGN.md decision 3).
+    """
+    if _HASHLIB_SM3:
+        return hmac.new(key, data, "sm3").digest()
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives import hmac as crypto_hmac
+
+    h = crypto_hmac.HMAC(key, hashes.SM3())
+    h.update(data)
+    return h.finalize()
 
 
 def new_hasher(algorithm: HashAlgorithm) -> Hasher:

@@ -18,7 +18,7 @@ Invariants (shared by the signer and the verifier, so both see the same file set
   nested `.git` is an ordinary file unless listed; a signed resource is never ignored.
 * The walk and every open go through one descriptor of the model root: directories are listed and files
   opened relative to it (`openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`, or one `O_NOFOLLOW` open
-  per component where the kernel lacks it; `modelsec.modelformat._openat2`), so the directory walked is the
+  per component where the kernel lacks it; `modelsec.modelformat.openat2`), so the directory walked is the
   directory hashed even if its path is renamed or exchanged meanwhile, and a component swapped for a link
   after the walk is refused at open time.
 """
@@ -36,11 +36,10 @@ from pathlib import Path
 
 from modelsec.errors import MalformedArtifactError, PolicyViolationError
 from modelsec.limits import Limits
-from modelsec.modelformat._openat2 import open_beneath_fd
+from modelsec.modelformat.openat2 import open_beneath_fd
 
 __all__ = [
     "CODE_SUFFIXES",
-    "DEFAULT_IGNORE_PATHS",
     "PICKLE_SUFFIXES",
     "WEIGHT_SUFFIXES",
     "ModelFile",
@@ -55,7 +54,6 @@ __all__ = [
     "walk_model",
 ]
 
-DEFAULT_IGNORE_PATHS: tuple[str, ...] = (".git", ".gitattributes", ".github", ".gitignore")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".joblib", ".dill")
 """File name endings of pickle formats: unpickling runs code, so the loader refuses them even when signed."""
 WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".onnx")
@@ -197,7 +195,7 @@ def open_dir_beneath(dir_fd: int, rel: str, *, what: str) -> int:
 
 
 def beneath_error(e: OSError, rel: str, what: str) -> PolicyViolationError | MalformedArtifactError:
-    """The modelsec error for an `OSError` of `modelsec.modelformat._openat2.open_beneath_fd` on `rel`."""
+    """The modelsec error for an `OSError` of `modelsec.modelformat.openat2.open_beneath_fd` on `rel`."""
     if e.errno == errno.ELOOP:
         return PolicyViolationError(f"{what}: {rel!r} is (or passes through) a symlink; refused")
     if e.errno == errno.EXDEV:

@@ -17,12 +17,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Collection
 
-from modelsec._strict_json import strict_loads
 from modelsec.errors import Error, MalformedArtifactError
 from modelsec.limits import Limits
 from modelsec.modelformat.hashing import is_safetensors_name
 from modelsec.modelformat.model_files import open_beneath
 from modelsec.modelformat.safetensors_header import read_header
+from modelsec.strict_json import strict_loads
 
 __all__ = ["INDEX_NAME", "check_index", "parse_index", "shard_tensors_on_disk"]
 

@@ -6,7 +6,7 @@ and the signer (`sign` refuses before hashing what verification under the defaul
 refuse, unless told to sign anyway):
 
 * the file is at most `Limits.max_json_side_file_bytes` (larger: refused unread);
-* it is strict JSON (`modelsec._strict_json.strict_loads`: no duplicate keys, no NaN/Infinity);
+* it is strict JSON (`modelsec.strict_json.strict_loads`: no duplicate keys, no NaN/Infinity);
 * its code references (`auto_map` at any nesting depth, `custom_pipelines.<task>.impl`) are refused unless
   remote code is allowed, and then only local references to signed modules pass.
 
@@ -20,10 +20,10 @@ import posixpath
 import re
 from collections.abc import Collection, Sequence
 
-from modelsec._strict_json import strict_loads
 from modelsec.errors import MalformedArtifactError, PolicyViolationError
 from modelsec.limits import Limits
 from modelsec.modelformat.model_files import open_beneath
+from modelsec.strict_json import strict_loads
 
 __all__ = [
     "CodeReference",

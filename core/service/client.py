@@ -26,7 +26,6 @@ from typing import Any
 
 import grpc
 
-from modelsec._files import read_regular_file
 from modelsec.algorithms import SignatureAlgorithm
 from modelsec.attestations.statement import Statement
 from modelsec.errors import (
@@ -39,6 +38,7 @@ from modelsec.errors import (
     PermissionDeniedError,
     VerificationError,
 )
+from modelsec.safe_io import read_regular_file
 from modelsec.service.status import error_from_status
 from modelsec.v1 import (
     attestation_pb2,
@@ -344,7 +344,7 @@ class RemoteSigner:
         from modelsec.attestations.bundle import parse_bundle
         from modelsec.attestations.statement import serialize_statement
         from modelsec.errors import SignatureError
-        from modelsec.verifier.bundles import verify_bundle_signature
+        from modelsec.verifier.trust.bundles import verify_bundle_signature
 
         payload = serialize_statement(statement)
         data = self.client.sign_statement(self.key_version, payload).bundle

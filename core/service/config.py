@@ -60,7 +60,7 @@ operations follow its roles: `weights` -> `signStatement`, `gate` -> `gateResult
 `operations: [signStatement]` and the role).
 
 Relative paths are relative to the configuration file's directory. The file is validated strictly
-(`modelsec._config_models.ServerConfigModel`, published as `schemas/server-config.schema.json`).
+(`modelsec.config_models.ServerConfigModel`, published as `schemas/server-config.schema.json`).
 """
 
 from __future__ import annotations
@@ -72,8 +72,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from modelsec._config import read_config, validate
-from modelsec._config_models import AccessModel, ServerConfigModel, check_listen
+from modelsec.config import read_config, validate
+from modelsec.config_models import AccessModel, ServerConfigModel
 from modelsec.errors import PolicyError
 
 __all__ = [
@@ -252,20 +252,6 @@ def _key_ref(value: str, base: Path, where: str) -> Path | str:
     except KeyMaterialError as e:
         raise PolicyError(f"{where}: {e}") from None
     return _path(value, base) if pem else value
-
-
-def _listen(value: object, where: str) -> str:
-    """Check a `HOST:PORT` listen address given outside the file (`modelsec serve --listen`).
-
-    Raises:
-        PolicyError: Not `HOST:PORT`, or a port above 65535 (the message starts with `where`).
-    """
-    try:
-        if not isinstance(value, str):
-            raise ValueError(f"must be HOST:PORT, got {value!r}")
-        return check_listen(value)
-    except ValueError as e:
-        raise PolicyError(f"{where} {e}") from None
 
 
 def load_server_config(path: Path) -> ServerConfig:

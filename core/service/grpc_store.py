@@ -13,9 +13,23 @@ from typing import Any
 
 from modelsec.attestations.statement import is_sha256_hex
 from modelsec.errors import MalformedArtifactError, NotFoundError
-from modelsec.verifier.stores import StoredBundle
+from modelsec.verifier.stores import StoredBundle, StoreOptions
 
-__all__ = ["GrpcAttestationStore"]
+__all__ = ["GrpcAttestationStore", "open_plaintext", "open_tls"]
+
+
+def open_plaintext(target: str, options: StoreOptions) -> GrpcAttestationStore:
+    """The `grpc://HOST:PORT` opener (entry point `modelsec.attestation_stores: grpc`).
+
+    Raises:
+        ModuleNotFoundError: The grpc extra is not installed.
+    """
+    return GrpcAttestationStore.connect(target, options.channel, plaintext=True)
+
+
+def open_tls(target: str, options: StoreOptions) -> GrpcAttestationStore:
+    """The `grpcs://HOST:PORT` opener (entry point `modelsec.attestation_stores: grpcs`); errors as above."""
+    return GrpcAttestationStore.connect(target, options.channel, plaintext=False)
 
 
 class GrpcAttestationStore:

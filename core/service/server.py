@@ -25,8 +25,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from modelsec._files import read_regular_file
 from modelsec.errors import KeyMaterialError
+from modelsec.safe_io import read_regular_file
 from modelsec.service.attestation import AttestationServicer
 from modelsec.service.config import ServerConfig
 from modelsec.service.interceptor import ServiceInterceptor

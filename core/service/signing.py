@@ -7,10 +7,10 @@ weights manifest, and an unknown predicate type is never signed. The key must be
 `signStatement` operation, and a key that signs the gate results (watermark records) of runs this server
 performs itself never signs a client-made gate (watermark) statement; nor is any gate or watermark
 statement carrying `runBy` signed here (only RunGate and EmbedWatermark record it), so a `runBy` under a
-server-held key means this server ran the gate or the embed (`modelsec.attestations.run_by`). The numbers
-of a gate or watermark predicate must lie in their fields' ranges (`modelsec.attestations.predicates`). The
-statement bytes are signed as received (`sign_payload`, the same DSSE/bundle code as local signing), so
-remote and local bundles verify identically.
+server-held key means this server ran the gate or the embed (`modelsec.attestations.predicates.run_by`). The
+numbers of a gate or watermark predicate must lie in their fields' ranges
+(`modelsec.attestations.predicates`). The statement bytes are signed as received (`sign_payload`, the same
+DSSE/bundle code as local signing), so remote and local bundles verify identically.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from typing import Any
 from grpc import aio
 
 from modelsec.attestations.bundle import sign_payload
-from modelsec.attestations.oms_predicate import OMS_PREDICATE_TYPE, parse_manifest
-from modelsec.attestations.predicates import check_predicate_numbers
-from modelsec.attestations.run_by import RUN_BY_FIELD
-from modelsec.attestations.statement import GATE_PREDICATE_TYPE, WATERMARK_PREDICATE_TYPE, parse_statement
+from modelsec.attestations.predicates import check_predicate_numbers, predicate_kind
+from modelsec.attestations.predicates.oms import Manifest
+from modelsec.attestations.predicates.run_by import RUN_BY_FIELD
+from modelsec.attestations.statement import parse_statement
 from modelsec.errors import MalformedArtifactError, PermissionDeniedError
 from modelsec.limits import Limits
 from modelsec.service.convert import key_to_proto
@@ -34,7 +34,6 @@ from modelsec.v1 import signing_pb2, signing_pb2_grpc
 __all__ = ["SigningServicer"]
 
 _MAX_STATEMENT_BYTES = 1 << 20
-_RUN_PREDICATES = frozenset({GATE_PREDICATE_TYPE, WATERMARK_PREDICATE_TYPE})
 
 
 class SigningServicer(signing_pb2_grpc.SigningServiceServicer):
@@ -54,13 +53,14 @@ class SigningServicer(signing_pb2_grpc.SigningServiceServicer):
         statement = parse_statement(request.statement, what="SignStatement")
         key = self.state.signing_key_for(request.key_version, statement.predicate_type, "signStatement")
         check_predicate_numbers(statement, what="SignStatement")  # never sign numbers no verifier can read
-        if statement.predicate_type in _RUN_PREDICATES and RUN_BY_FIELD in statement.predicate:
+        kind = predicate_kind(statement.predicate_type, what="SignStatement")  # `signing_key_for` knew it
+        if kind.records_run and RUN_BY_FIELD in statement.predicate:
             raise PermissionDeniedError(
                 f"SignStatement does not sign a statement claiming a server run ({RUN_BY_FIELD}); only "
                 "RunGate and EmbedWatermark record the runs this server performs"
             )
-        if statement.predicate_type == OMS_PREDICATE_TYPE:
-            manifest = parse_manifest(statement, what="SignStatement", limits=self.limits)
+        if kind.role == "weights":
+            manifest: Manifest = kind.parse(statement, what="SignStatement", limits=self.limits)
             scheme = scheme_for(key.backend.algorithm)
             if manifest.hash_type not in scheme.signable_hashes:
                 raise MalformedArtifactError(

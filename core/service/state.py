@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from modelsec.attestations.bundle import key_hint
-from modelsec.attestations.run_by import RunBy
+from modelsec.attestations.predicates import PREDICATE_KINDS
+from modelsec.attestations.predicates.run_by import RunBy
 from modelsec.errors import (
     AuthenticationError,
     Error,
@@ -232,10 +233,9 @@ class ServiceState:
                 unknown predicate type is never signed), it is not configured for `operation`, or
                 `operation` is `signStatement` and it signs this server's own results of this type.
         """
-        from modelsec.verifier.attestations import role_for_predicate
-
         key = self.signing_key(key_version)
-        role = role_for_predicate(predicate_type)
+        kind = PREDICATE_KINDS.get(predicate_type)
+        role = None if kind is None else kind.role
         if role is None or role not in key.config.roles:
             raise PermissionDeniedError(
                 f"key version {key_version!r} may not sign predicateType {predicate_type!r} "

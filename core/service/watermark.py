@@ -16,35 +16,28 @@ nor torch.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import secrets
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from grpc import aio
 
-from modelsec.errors import KeyMaterialError, PolicyError
+from modelsec.errors import KeyMaterialError
 from modelsec.limits import Limits
 from modelsec.service.attestation import store_produced, storer_for
 from modelsec.service.config import WatermarkKeyConfig
 from modelsec.service.state import ServiceState
 from modelsec.service.work import Check, run_blocking
-from modelsec.signer.signing import ATTESTATION_FILE_NAMES
+from modelsec.signer.layout import WATERMARK_BUNDLE_NAME, write_bundle_at
 from modelsec.v1 import watermark_pb2, watermark_pb2_grpc
 from modelsec.watermark.attestation import PREDICATE_TYPE
 
 if TYPE_CHECKING:
     from modelsec.watermark.detection import DetectionResult
-    from modelsec.watermark.scheme import WatermarkKey
+    from modelsec.watermark.spread_spectrum import WatermarkKey
 
-__all__ = ["ATTESTATION_FILE_NAME", "WatermarkServicer", "detection_to_proto", "write_file_at"]
+__all__ = ["WatermarkServicer", "detection_to_proto"]
 
 _log = logging.getLogger("modelsec.service")
-# The reserved name inside a model directory that the manifest ignores (modelsec.signer.signing), so the
-# attestation can sit next to the weights without changing the root digest it attests.
-ATTESTATION_FILE_NAME = ATTESTATION_FILE_NAMES[0]
 
 
 def detection_to_proto(result: DetectionResult) -> watermark_pb2.WatermarkDetection:
@@ -122,7 +115,9 @@ class WatermarkServicer(watermark_pb2_grpc.WatermarkServiceServicer):
                     digests, bundle = sign_watermark_attestation(
                         result, signer.backend, limits=self.limits, run_by=run_by
                     )
-                    write_file_at(result.out_dir, ATTESTATION_FILE_NAME, bundle, what="watermark attestation")
+                    write_bundle_at(
+                        result.out_dir, WATERMARK_BUNDLE_NAME, bundle, what="watermark attestation"
+                    )
                     digest = digests["sha256"]
             return watermark_pb2.EmbedWatermarkResponse(
                 root_digest=digest,
@@ -168,44 +163,9 @@ class WatermarkServicer(watermark_pb2_grpc.WatermarkServiceServicer):
         return await run_blocking(work, context)
 
 
-def write_file_at(directory: Path, name: str, data: bytes, *, what: str) -> None:
-    """Write `directory/name` atomically through a descriptor of `directory` (opened without following it).
-
-    The bytes go to a fresh temporary name created with `O_EXCL | O_NOFOLLOW` in that directory, are
-    synced, and are renamed onto `name` within the same descriptor, so neither step can be redirected by a
-    link planted meanwhile.
-
-    Raises:
-        PolicyError: `directory` is a link or cannot be opened, or the file cannot be written.
-    """
-    try:
-        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as e:
-        raise PolicyError(f"{directory}: cannot open the directory for the {what}: {e.strerror}") from e
-    tmp = f".{name}.{secrets.token_hex(8)}"
-    try:
-        fd = os.open(
-            tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dir_fd
-        )
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=dir_fd)
-            raise
-    except OSError as e:
-        raise PolicyError(f"{directory}/{name}: cannot write the {what}: {e.strerror}") from e
-    finally:
-        os.close(dir_fd)
-
-
 def _load_key(wm: WatermarkKeyConfig) -> WatermarkKey:
     """Load a configured key file; the caller learns only the key's name, the log gets the reason."""
-    from modelsec.watermark.scheme import load_key_file
+    from modelsec.watermark.spread_spectrum import load_key_file
 
     try:
         return load_key_file(wm.path)

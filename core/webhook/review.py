@@ -30,10 +30,10 @@ counts. Order, failing closed at every step (any error is a deny naming the refe
    store listed but did not read is passed on with its reason, which a deny then names) and checked with
    `verify_attestations(digest, bundles, policy)` for each matching policy (weights signatures required).
    An `oci://` reference that no evidence supports under its own digest may name an OCI manifest: with a
-   `bindings` resolver (the CLI passes `modelsec._oci_model.bound_root_digests`), the model root digests that
-   a binding signed by the policy's `weights` key attaches to that manifest are looked up, and the reference
-   passes that policy when the evidence filed for one of them does (a registry that cannot be read is an
-   outage, as the store is).
+   `bindings` resolver (the CLI passes `modelsec.distribution.push_pull.bound_root_digests`), the model root
+   digests that a binding signed by the policy's `weights` key attaches to that manifest are looked up, and
+   the reference passes that policy when the evidence filed for one of them does (a registry that cannot be
+   read is an outage, as the store is).
    Only positive results are cached, keyed by (policy generation, policy name, digest), for
    `cache_ttl_seconds`, together with a fingerprint of the bundles they were computed from. The store is
    read on every decision, cached or not: a cached result is reused only while the store returns exactly
@@ -63,9 +63,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from modelsec._strict_json import strict_loads
 from modelsec.errors import BackendUnavailableError, Error, MalformedArtifactError, PolicyViolationError
 from modelsec.policy import Policy, PolicySet
+from modelsec.strict_json import strict_loads
 from modelsec.verifier.pinning import MODELS_ANNOTATION, split_reference
 from modelsec.verifier.stores import AttestationStore, StoredBundle
 from modelsec.verifier.stores.directory import DirectoryStore
@@ -195,9 +195,9 @@ class Reviewer:
                 defaults to a digest of `policies.source` and the policy names.
             clock: Monotonic clock in seconds (tests inject one).
             bindings: For `oci://…@sha256:<manifest digest>` and a policy, the model root digests that
-                trusted bindings attach to the manifest (`modelsec._oci_model.bound_root_digests`); it
-                raises `BackendUnavailableError` when the registry cannot be read. None: references are
-                verified by their own digest only.
+                trusted bindings attach to the manifest
+                (`modelsec.distribution.push_pull.bound_root_digests`); it raises `BackendUnavailableError`
+                when the registry cannot be read. None: references are verified by their own digest only.
         """
         self.store = store
         self.bindings = bindings

@@ -17,7 +17,7 @@ from modelsec.errors import UnsupportedAlgorithmError
 from modelsec.signer.schemes.base import KeyBackend, PublicKeyVerifier, SignatureScheme
 from modelsec.signer.schemes.ecdsa import ECDSA_P256, ECDSA_P384
 from modelsec.signer.schemes.mldsa import ML_DSA_44, ML_DSA_65, ML_DSA_87
-from modelsec.signer.schemes.sm2 import SM2
+from modelsec.signer.schemes.sm2.scheme import SM2
 
 __all__ = [
     "KeyBackend",

@@ -16,13 +16,13 @@ import pytest
 
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
 from modelsec.attestations.bundle import sign_statement
-from modelsec.attestations.oms_predicate import build_manifest, manifest_statement
+from modelsec.attestations.predicates.oms import build_manifest, manifest_statement
 from modelsec.errors import MalformedArtifactError
 from modelsec.modelformat.hashing import hash_files
-from modelsec.modelformat.model_files import DEFAULT_IGNORE_PATHS, open_model_root
+from modelsec.modelformat.model_files import open_model_root
 from modelsec.policy import Policy
 from modelsec.signer import load_private_key_file
-from modelsec.signer.signing import SIGNATURE_FILE_NAMES, write_bundle_file
+from modelsec.signer.layout import DEFAULT_IGNORE_PATHS, SIGNATURE_FILE_NAMES, write_bundle_file
 from modelsec.verifier import verify_model
 from tests.conftest import write_tiny_model
 

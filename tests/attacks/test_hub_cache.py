@@ -22,7 +22,7 @@ from modelsec.modelformat.model_files import hub_blob_name
 from modelsec.policy import Policy
 from modelsec.signer import load_private_key_file, sign_model
 from modelsec.verifier import verify_model
-from modelsec.verifier.bundles import read_bundle
+from modelsec.verifier.trust.bundles import read_bundle
 from tests.conftest import write_tiny_model
 
 P256 = SignatureAlgorithm.ECDSA_P256.value
@@ -49,9 +49,9 @@ def _to_hub_layout(model: Path, cache: Path) -> Path:
 @pytest.fixture(autouse=True, params=["openat2", "walk"])
 def _resolution(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every hub case with openat2 and with the forced component-by-component O_NOFOLLOW walk."""
-    from modelsec.modelformat import _openat2
+    from modelsec.modelformat import openat2
 
-    monkeypatch.setattr(_openat2, "FORCE_FALLBACK", request.param == "walk")
+    monkeypatch.setattr(openat2, "FORCE_FALLBACK", request.param == "walk")
 
 
 @pytest.fixture

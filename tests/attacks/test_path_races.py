@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from modelsec.algorithms import SignatureAlgorithm
-from modelsec.modelformat import _openat2
+from modelsec.modelformat import openat2
 from modelsec.policy import Policy
 from modelsec.service import state as service_state
 from modelsec.service.client import ChannelOptions, ModelsecClient
@@ -30,9 +30,9 @@ P256 = SignatureAlgorithm.ECDSA_P256.value
 @pytest.fixture(params=["openat2", "walk"])
 def resolution(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Run each race with openat2 and with the component-by-component O_NOFOLLOW walk."""
-    if request.param == "openat2" and _openat2._unavailable:
+    if request.param == "openat2" and openat2._unavailable:
         pytest.skip("openat2 is unavailable here")
-    monkeypatch.setattr(_openat2, "FORCE_FALLBACK", request.param == "walk")
+    monkeypatch.setattr(openat2, "FORCE_FALLBACK", request.param == "walk")
     return str(request.param)
 
 

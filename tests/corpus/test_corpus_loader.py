@@ -11,7 +11,8 @@ import pytest
 
 from modelsec.errors import VerificationError
 from modelsec.policy import Policy
-from modelsec.verifier import _shard_buffers, hook, load_model, open_model
+from modelsec.verifier import _shard_buffers, load_model, open_model
+from modelsec.verifier.guard import hook
 from tests.conftest import CORPUS
 from tests.corpus._cases import case_ids, expected, materialise, mentions_all
 

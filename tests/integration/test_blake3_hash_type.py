@@ -14,7 +14,7 @@ from modelsec.errors import DigestMismatchError, UnsupportedAlgorithmError
 from modelsec.policy import Policy
 from modelsec.signer import load_private_key_file, sign_model
 from modelsec.verifier import load_model, verify_model
-from modelsec.verifier.signatures import verify_signatures
+from modelsec.verifier.trust.signatures import verify_signatures
 from tests.conftest import run_cli, write_tiny_model
 
 ms_signing = pytest.importorskip("model_signing.signing")

@@ -144,7 +144,7 @@ def test_cli_certificate_chain_without_a_policy_file(setup: Setup, tmp_path: Pat
     assert json.loads(r.stdout)["bundles"][0]["key"] == f"certificate-chain: {SAN}"
     # Without --identity any code-signing leaf under the root is accepted (model_signing's rule); the
     # key name says which identity signed. model_signing's underscore spelling is accepted too.
-    r = run_cli("verify", model, "--certificate_chain", root, "--json")
+    r = run_cli("verify", model, "--certificate-chain", root, "--json")
     assert r.returncode == 0, r.stdout + r.stderr
     assert json.loads(r.stdout)["bundles"][0]["key"] == f"certificate-chain: any identity ({SAN})"
     # Beside a pinned key that did not sign it, the certificate still decides.

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from modelsec._cli import main
+from modelsec.cli.main import main
 from modelsec.errors import PolicyError
 
 pytestmark = pytest.mark.integration
@@ -157,7 +157,7 @@ def test_the_api_still_raises_policy_error_for_the_same_values() -> None:
     from modelsec.robustness.gate_config import GateConfig
     from modelsec.signer.watermark_keys import parse_message
     from modelsec.verifier.pinning import expected_digest_set
-    from modelsec.watermark.scheme import WatermarkParams
+    from modelsec.watermark.spread_spectrum import WatermarkParams
 
     with pytest.raises(PolicyError):
         GateConfig(eps=float("nan"), step_size=0.01, steps=10, min_robust_accuracy=0.5)

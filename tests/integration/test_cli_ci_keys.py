@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -17,17 +17,9 @@ PASSWORD = "correct horse battery"
 
 
 def run(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """The console script with no terminal (stdin is /dev/null) and no inherited password variable."""
-    exe = shutil.which("modelsec", path=str(Path(sys.executable).parent)) or "modelsec"
-    base = {k: v for k, v in os.environ.items() if not k.startswith("MODELSEC_")}
-    return subprocess.run(
-        [exe, *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-        env={**base, **(env or {})},
-    )
+    """The CLI with no terminal (empty stdin) and no inherited password variable."""
+    unset: dict[str, str | None] = {k: None for k in os.environ if k.startswith("MODELSEC_")}
+    return run_cli(*args, env={**unset, **(env or {})})
 
 
 def one_error_line(r: subprocess.CompletedProcess[str]) -> str:
@@ -53,7 +45,7 @@ def ci_keys(tmp_path: Path) -> Path:
 
 def verify_both(model: Path, keys: Path) -> None:
     r = run(
-        "verify", model, "-k", keys / "ci-p256.pub.pem", "-k", keys / "ci-sm2.pub.pem",
+        "verify", model, "--trusted-key", keys / "ci-p256.pub.pem", "--trusted-key", keys / "ci-sm2.pub.pem",
         "--require", "ecdsa-p256,sm2", "--json",
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
@@ -62,7 +54,8 @@ def verify_both(model: Path, keys: Path) -> None:
 
 def test_shared_password_applies_only_to_encrypted_keys(tiny_model: Path, ci_keys: Path) -> None:
     r = run(
-        "sign", tiny_model, "-k", ci_keys / "ci-p256.key.pem", "-k", ci_keys / "ci-sm2.key.pem", "-q",
+        "sign", tiny_model, "--signing-key", ci_keys / "ci-p256.key.pem", "--signing-key",
+        ci_keys / "ci-sm2.key.pem", "-q",
         env={"MODELSEC_KEY_PASSWORD": PASSWORD},
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
@@ -80,7 +73,7 @@ def test_per_key_password_source(tiny_model: Path, ci_keys: Path, kind: str) -> 
     # A shared password that is wrong for this key does not override its own source.
     env["MODELSEC_KEY_PASSWORD"] = "not the sm2 password"
     r = run(
-        "sign", tiny_model, "-k", ci_keys / "ci-p256.key.pem", "-k", sm2_key,
+        "sign", tiny_model, "--signing-key", ci_keys / "ci-p256.key.pem", "--signing-key", sm2_key,
         "--key-password", f"{sm2_key}={source}", "-q", env=env,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
@@ -89,12 +82,14 @@ def test_per_key_password_source(tiny_model: Path, ci_keys: Path, kind: str) -> 
 
 def test_wrong_per_key_password_is_one_line(tiny_model: Path, ci_keys: Path) -> None:
     sm2_key = ci_keys / "ci-sm2.key.pem"
-    r = run("sign", tiny_model, "-k", sm2_key, "--key-password", f"{sm2_key}=env:P", env={"P": "wrong"})
+    r = run("sign", tiny_model, "--signing-key", sm2_key, "--key-password", f"{sm2_key}=env:P",
+        env={"P": "wrong"})
     assert "ci-sm2.key.pem" in one_error_line(r)
 
 
 def test_encrypted_key_without_password_or_terminal(tiny_model: Path, ci_keys: Path) -> None:
-    r = run("sign", tiny_model, "-k", ci_keys / "ci-p256.key.pem", "-k", ci_keys / "ci-sm2.key.pem")
+    r = run("sign", tiny_model, "--signing-key", ci_keys / "ci-p256.key.pem", "--signing-key",
+        ci_keys / "ci-sm2.key.pem")
     line = one_error_line(r)
     assert str(ci_keys / "ci-sm2.key.pem") in line
     assert "MODELSEC_KEY_PASSWORD" in line and "=env:VAR" in line and "=file:PATH" in line
@@ -103,11 +98,12 @@ def test_encrypted_key_without_password_or_terminal(tiny_model: Path, ci_keys: P
 
 def test_unset_source_variable_and_missing_file(tiny_model: Path, ci_keys: Path) -> None:
     sm2_key = ci_keys / "ci-sm2.key.pem"
-    line = one_error_line(run("sign", tiny_model, "-k", sm2_key, "--key-password", f"{sm2_key}=env:NOPE"))
+    line = one_error_line(run("sign", tiny_model, "--signing-key", sm2_key, "--key-password",
+        f"{sm2_key}=env:NOPE"))
     assert "$NOPE is not set" in line
     missing = ci_keys / "missing.pass"
     line = one_error_line(
-        run("sign", tiny_model, "-k", sm2_key, "--key-password", f"{sm2_key}=file:{missing}")
+        run("sign", tiny_model, "--signing-key", sm2_key, "--key-password", f"{sm2_key}=file:{missing}")
     )
     assert str(missing) in line
 
@@ -115,13 +111,13 @@ def test_unset_source_variable_and_missing_file(tiny_model: Path, ci_keys: Path)
 def test_key_password_misuse(tiny_model: Path, ci_keys: Path) -> None:
     p256 = ci_keys / "ci-p256.key.pem"
     line = one_error_line(
-        run("sign", tiny_model, "-k", p256, "--key-password", f"{p256}=env:P", env={"P": "x"})
+        run("sign", tiny_model, "--signing-key", p256, "--key-password", f"{p256}=env:P", env={"P": "x"})
     )
     assert "not encrypted" in line
-    r = run("sign", tiny_model, "-k", p256, "--key-password", f"{ci_keys / 'other.pem'}=env:P")
+    r = run("sign", tiny_model, "--signing-key", p256, "--key-password", f"{ci_keys / 'other.pem'}=env:P")
     assert r.returncode == 2 and "not a private key of this command" in r.stderr
     # A password typed where a source belongs is refused and never echoed.
-    r = run("sign", tiny_model, "-k", p256, "--key-password", f"{p256}=hunter2=x")
+    r = run("sign", tiny_model, "--signing-key", p256, "--key-password", f"{p256}=hunter2=x")
     assert r.returncode == 2 and "hunter2" not in r.stderr + r.stdout
 
 
@@ -150,5 +146,5 @@ def test_keygen_encrypt_without_terminal(tmp_path: Path) -> None:
 
 
 def test_public_key_given_to_sign(tiny_model: Path, ci_keys: Path) -> None:
-    line = one_error_line(run("sign", tiny_model, "-k", ci_keys / "ci-p256.pub.pem"))
+    line = one_error_line(run("sign", tiny_model, "--signing-key", ci_keys / "ci-p256.pub.pem"))
     assert "is a public key" in line

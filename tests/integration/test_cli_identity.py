@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from modelsec._cli import main
+from modelsec.cli.main import main
 
 pytestmark = pytest.mark.integration
 
@@ -46,12 +46,12 @@ def test_keyless_identity_and_issuer(model: Path) -> None:
     # model_signing's underscore spelling; a trusted_root.json given as a file.
     import importlib.resources
 
-    from modelsec.verifier.identity import _EMBEDDED_ROOTS
+    from modelsec.verifier.trust.identity import _EMBEDDED_ROOTS
 
     embedded = importlib.resources.files("sigstore._store") / _EMBEDDED_ROOTS["staging"] / "trusted_root.json"
     root_file = model.parent / "trusted_root.json"
     root_file.write_bytes(embedded.read_bytes())
-    ok = _verify(model, "--identity", IDENTITY, "--identity_provider", ISSUER, "--trusted-root", root_file)
+    ok = _verify(model, "--identity", IDENTITY, "--identity-provider", ISSUER, "--trusted-root", root_file)
     assert ok.exit_code == 1 and "predicateType must be" in ok.output, ok.output
     for args, reason in (
         (("--identity", IDENTITY + "x", "--identity-provider", ISSUER, *staging), "not an identity"),

@@ -16,6 +16,7 @@ import pytest
 
 from modelsec.algorithms import SignatureAlgorithm
 from modelsec.signer import generate_private_key_pem
+from tests.conftest import run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -48,7 +49,9 @@ def bytes_read(pid: int) -> int:
 
 
 def interrupt_while_hashing(*args: str | Path) -> tuple[subprocess.CompletedProcess[str], float]:
-    """Start the CLI, send SIGINT once it has read 32 MiB; return its result and how long it took to exit."""
+    """Start the CLI, send SIGINT once it has read 32 MiB; return its result and how long it took to exit.
+
+    A real process: the signal and the exit status are what is tested."""
     proc = subprocess.Popen(
         [EXE, *map(str, args)],
         stdout=subprocess.PIPE,
@@ -82,16 +85,14 @@ def test_ctrl_c_during_digest_exits_130(tmp_path: Path) -> None:
 @needs_proc_io
 def test_ctrl_c_during_sign_exits_130_and_writes_no_bundle(tmp_path: Path, keys: Path) -> None:
     model = big_model(tmp_path / "big")
-    r, _ = interrupt_while_hashing("sign", model, "-q", "-k", keys / "ci.key.pem", "--json")
+    r, _ = interrupt_while_hashing("sign", model, "-q", "--signing-key", keys / "ci.key.pem", "--json")
     assert r.returncode == 130, (r.stdout, r.stderr)
     assert json.loads(r.stdout)["error"]["kind"] == "Interrupted"
     assert not (model / "model.sig").exists()
 
 
 def run(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [EXE, *map(str, args)], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL
-    )
+    return run_cli(*args)
 
 
 @pytest.mark.parametrize(
@@ -107,24 +108,25 @@ def test_sign_refuses_what_verify_refuses_unless_allowed(
 ) -> None:
     (tiny_model / name).parent.mkdir(exist_ok=True)
     (tiny_model / name).write_bytes(b"\x80\x04K\x01." if reason == "pickle format" else b"import os\n")
-    r = run("sign", tiny_model, "-q", "-k", keys / "ci.key.pem")
+    r = run("sign", tiny_model, "-q", "--signing-key", keys / "ci.key.pem")
     assert r.returncode == 1, r.stderr
     line = r.stderr.strip()
     assert len(line.splitlines()) == 1 and line.startswith("modelsec: error:")
     assert f"{name} ({reason})" in line and "--allow-unverifiable" in line
     assert not (tiny_model / "model.sig").exists()
 
-    r = run("sign", tiny_model, "-q", "-k", keys / "ci.key.pem", "--allow-unverifiable")
+    r = run("sign", tiny_model, "-q", "--signing-key", keys / "ci.key.pem", "--allow-unverifiable")
     assert r.returncode == 0, r.stderr
     assert (tiny_model / "model.sig").is_file()
     # The override signs, but the default policy still refuses the model: the refusal was not a guess.
-    r = run("verify", tiny_model, "-q", "-k", keys / "ci.pub.pem")
+    r = run("verify", tiny_model, "-q", "--trusted-key", keys / "ci.pub.pem")
     assert r.returncode == 1 and (
         "pickle" in r.stderr if reason == "pickle format" else "remote code" in r.stderr
     )
     if reason == "remote code":
         assert (
-            run("verify", tiny_model, "-q", "-k", keys / "ci.pub.pem", "--allow-remote-code").returncode == 0
+            run("verify", tiny_model, "-q", "--trusted-key", keys / "ci.pub.pem",
+                "--allow-remote-code").returncode == 0
         )
 
 
@@ -157,15 +159,15 @@ def test_sign_refuses_json_side_files_verify_refuses(
     """User trial 5: sign refuses with verify's reason; --allow-unverifiable signs, verify still refuses."""
     (tiny_model / name).parent.mkdir(exist_ok=True)
     (tiny_model / name).write_text(content)
-    r = run("sign", tiny_model, "-q", "-k", keys / "ci.key.pem")
+    r = run("sign", tiny_model, "-q", "--signing-key", keys / "ci.key.pem")
     assert r.returncode == 1, r.stderr
     refusal = r.stderr.strip()
     assert len(refusal.splitlines()) == 1 and "--allow-unverifiable" in refusal
     assert not (tiny_model / "model.sig").exists()
 
-    r = run("sign", tiny_model, "-q", "-k", keys / "ci.key.pem", "--allow-unverifiable")
+    r = run("sign", tiny_model, "-q", "--signing-key", keys / "ci.key.pem", "--allow-unverifiable")
     assert r.returncode == 0, r.stderr
-    r = run("verify", tiny_model, "-q", "-k", keys / "ci.pub.pem")
+    r = run("verify", tiny_model, "-q", "--trusted-key", keys / "ci.pub.pem")
     assert r.returncode == 1
     reason = r.stderr.strip()
     assert reason.startswith("modelsec: error: ") and f"/{name}: " in reason
@@ -190,19 +192,19 @@ def test_allow_unverifiable_help_lists_what_it_covers() -> None:
 
 
 def test_sign_accepts_a_plain_safetensors_model(tiny_model: Path, keys: Path) -> None:
-    assert run("sign", tiny_model, "-q", "-k", keys / "ci.key.pem").returncode == 0
-    assert run("verify", tiny_model, "-q", "-k", keys / "ci.pub.pem").returncode == 0
+    assert run("sign", tiny_model, "-q", "--signing-key", keys / "ci.key.pem").returncode == 0
+    assert run("verify", tiny_model, "-q", "--trusted-key", keys / "ci.pub.pem").returncode == 0
 
 
 def test_verify_of_a_shard_the_manifest_does_not_list_says_so(tiny_model: Path, keys: Path) -> None:
-    assert run("sign", tiny_model, "-q", "-k", keys / "ci.key.pem").returncode == 0
-    r = run("verify", tiny_model, "-k", keys / "ci.pub.pem", "--shard", "nonexist.safetensors")
+    assert run("sign", tiny_model, "-q", "--signing-key", keys / "ci.key.pem").returncode == 0
+    r = run("verify", tiny_model, "--trusted-key", keys / "ci.pub.pem", "--shard", "nonexist.safetensors")
     assert r.returncode == 1
     assert "not signed files of this model: nonexist.safetensors" in r.stderr
     assert "extra (unsigned)" not in r.stderr  # the directory does not hold it: not an "extra" file
 
 
 def test_a_pem_file_as_watermark_key_is_named_as_such(tiny_model: Path, keys: Path) -> None:
-    r = run("watermark", "detect", tiny_model, "-k", keys / "ci.key.pem", "-m", "hi")
+    r = run("watermark", "detect", tiny_model, "--watermark-key", keys / "ci.key.pem", "-m", "hi")
     assert r.returncode == 1
     assert "is a PEM file" in r.stderr and "not a watermark key" in r.stderr and "too long" not in r.stderr

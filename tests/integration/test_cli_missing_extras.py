@@ -77,18 +77,21 @@ SERVER = ["--server", "localhost:1", "--plaintext"]
 CASES = {
     "sign --server": (["sign", "model", *SERVER, "--key-version", "ci/1"], "grpc"),
     "serve": (["serve", "--config", "server.yaml"], "grpc"),
-    "sign": (["sign", "model", "-k", "pkcs11:object=ci?module-path=/x.so&pin-source=env:PIN"], "pkcs11"),
+    "sign": (["sign", "model", "--signing-key", "pkcs11:object=ci?module-path=/x.so&pin-source=env:PIN"],
+    "pkcs11"),
     "attest pull": (["attest", "pull", "ab" * 32, *SERVER], "grpc"),
     "attest push": (["attest", "push", "ci.pub.pem", *SERVER], "grpc"),
     "webhook serve": (
-        ["webhook", "serve", "--policy", "gate.yaml", "--store", "st", "--cert", "c.pem", "--key", "k.pem"],
+        ["webhook", "serve", "--policy", "gate.yaml", "--store", "st", "--tls-cert", "c.pem",
+            "--tls-key", "k.pem"],
         "webhook",
     ),
     "watermark embed": (
-        ["watermark", "embed", "model", "-k", "wm.key", "-m", "hi", "-o", "marked"],
+        ["watermark", "embed", "model", "--watermark-key", "wm.key", "-m", "hi", "-o", "marked"],
         "watermark",
     ),
-    "watermark detect": (["watermark", "detect", "model", "-k", "wm.key", "-m", "hi"], "watermark"),
+    "watermark detect": (["watermark", "detect", "model", "--watermark-key", "wm.key", "-m", "hi"],
+    "watermark"),
     "gate pgd": (
         [
             "gate",
@@ -102,9 +105,9 @@ CASES = {
             "0.03",
             "--min-robust-accuracy",
             "0.5",
-            "-k",
+            "--signing-key",
             "ci.key.pem",
-            "--trust",
+            "--trusted-key",
             "ci.pub.pem",
             "-o",
             "gate.sig",
@@ -117,7 +120,7 @@ CASES = {
             "model",
             "-o",
             "released",
-            "-k",
+            "--signing-key",
             "ci.key.pem",
             "--watermark-key",
             "wm.key",
@@ -132,9 +135,9 @@ CASES = {
 
 
 def test_blocker_leaves_the_base_commands_working(bare: Path) -> None:
-    r = run_bare(bare, "sign", "model", "-q", "-k", "ci.key.pem", "--signature", "base.sig")
+    r = run_bare(bare, "sign", "model", "-q", "--signing-key", "ci.key.pem", "--signature", "base.sig")
     assert r.returncode == 0, r.stderr
-    r = run_bare(bare, "verify", "model", "-q", "-k", "ci.pub.pem", "--signature", "base.sig")
+    r = run_bare(bare, "verify", "model", "-q", "--trusted-key", "ci.pub.pem", "--signature", "base.sig")
     assert r.returncode == 0, r.stderr
     # And the blocker does block: the extras' modules cannot be imported in that interpreter.
     probe = subprocess.run(
@@ -160,7 +163,7 @@ def test_missing_extra_is_one_line_exit_1(bare: Path, case: str) -> None:
 
 
 def test_missing_extra_under_json(bare: Path) -> None:
-    r = run_bare(bare, "watermark", "detect", "model", "-k", "wm.key", "-m", "hi", "--json")
+    r = run_bare(bare, "watermark", "detect", "model", "--watermark-key", "wm.key", "-m", "hi", "--json")
     assert r.returncode == 1 and r.stderr == ""
     out = json.loads(r.stdout)
     assert out["ok"] is False and out["error"]["kind"] == "MissingExtraError"
@@ -168,7 +171,7 @@ def test_missing_extra_under_json(bare: Path) -> None:
 
 
 def test_missing_extra_mapping() -> None:
-    from modelsec._lazy import missing_extra
+    from modelsec.lazy import missing_extra
 
     assert missing_extra("google.protobuf", "sign") == "grpc"
     assert missing_extra("numpy", "gate") == "torch"

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from modelsec._cli import main
+from modelsec.cli.main import main
 
 pytestmark = pytest.mark.integration
 

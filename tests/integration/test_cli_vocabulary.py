@@ -17,7 +17,7 @@ import click
 import pytest
 from click.testing import CliRunner, Result
 
-from modelsec._cli import main
+from modelsec.cli.main import main
 
 pytestmark = pytest.mark.integration
 
@@ -224,10 +224,11 @@ def test_help_lists_the_new_words_and_hides_the_old_spellings(name: str) -> None
 @pytest.mark.parametrize(
     "name", sorted(" ".join(p) for p, c in LEAVES.items() if any("--trusted-key" in o.opts for o in c.params))
 )
-def test_every_command_taking_trusted_key_accepts_the_old_spelling_trust(name: str) -> None:
-    """The README promises `--trust` as a hidden alias of `--trusted-key`, on every command that takes it."""
+def test_no_command_taking_trusted_key_keeps_the_old_spelling_trust(name: str) -> None:
+    """`--trusted-key` is the one spelling: the old hidden `--trust` is gone from every command."""
     (option,) = (o for o in LEAVES[tuple(name.split())].params if "--trusted-key" in o.opts)
-    assert "--trust" in option.opts
+    assert "--trust" not in option.opts
+    assert option.opts == ["--trusted-key"]
 
 
 @pytest.fixture
@@ -307,22 +308,20 @@ OLD_SPELLINGS = [
 @pytest.mark.parametrize(
     "template,old,new", OLD_SPELLINGS, ids=[f"{' '.join(t[:2])}:{o}" for t, o, _ in OLD_SPELLINGS]
 )
-def test_old_spellings_still_work(
+def test_old_spellings_are_usage_errors(
     template: tuple[str, ...], old: str, new: str, setup: dict[str, Path]
 ) -> None:
-    """Each old spelling gives the same exit code and the same reply as the new word."""
+    """Each removed spelling is refused as an unknown option (exit 2), naming it; the new word is accepted."""
 
-    def run(spelling: str, tag: str) -> tuple[int, dict[str, Any]]:
-        out = setup["tmp"] / f"out-{tag}"
+    def run(spelling: str) -> tuple[int, str]:
+        out = setup["tmp"] / "out"
         argv = [a.format(OPT=spelling, OUT=out, **setup) for a in template]
         result = _invoke(*argv, "--json")
-        doc = _reply(result)
-        text = json.dumps(doc).replace(str(out), "OUT")
         shutil.rmtree(out, ignore_errors=True)
-        return result.exit_code, json.loads(text)
+        return result.exit_code, _reply(result).get("error", {}).get("message", "")
 
-    code_old, doc_old = run(old, "old")
-    code_new, doc_new = run(new, "new")
-    assert (code_old, doc_old) == (code_new, doc_new)
-    # Same meaning as the new word, and never refused as an unknown option.
-    assert "No such option" not in doc_old.get("error", {}).get("message", "")
+    code_old, message_old = run(old)
+    assert code_old == 2
+    assert f"No such option: {old}" in message_old
+    _, message_new = run(new)
+    assert "No such option" not in message_new

@@ -24,7 +24,7 @@ from modelsec.errors import SignatureError
 from modelsec.policy import PolicySet
 from modelsec.signer import load_private_key_file, sign_model
 from modelsec.verifier import verify_model
-from modelsec.verifier.timestamps import CLOCK_SKEW, request_timestamp
+from modelsec.verifier.trust.timestamps import CLOCK_SKEW, request_timestamp
 from tests.conftest import run_cli
 from tests.integration.test_certificate_trust import pki
 from tests.integration.test_rfc3161 import (
@@ -195,7 +195,8 @@ def test_release_refuses_a_timestamp_from_a_tsa_whose_clock_runs_ahead(
     release_inputs(tmp_path_factory, tmp_path)  # the sign stage refuses, before the gate
     r = run_cli(
         "release", tmp_path / "advtrained", "--out", tmp_path / "released",
-        "-k", key_dir / "ecdsa-p256.key.pem", "--watermark-key", tmp_path / "wm.key", "-m", "release-1",
+        "--signing-key", key_dir / "ecdsa-p256.key.pem", "--watermark-key", tmp_path / "wm.key", "-m",
+        "release-1",
         "--gate-config", tmp_path / "gate.yaml", "--timestamp-url", hour, env=ENV,
     )  # fmt: skip
     assert r.returncode == 1

@@ -12,8 +12,8 @@ torch = pytest.importorskip("torch")
 import numpy as np  # noqa: E402
 from click.testing import CliRunner, Result  # noqa: E402
 
-from modelsec._cli import main  # noqa: E402
 from modelsec.attestations import parse_bundle, parse_statement  # noqa: E402
+from modelsec.cli.main import main  # noqa: E402
 from modelsec.limits import Limits  # noqa: E402
 from modelsec.policy import Policy  # noqa: E402
 from modelsec.robustness import PREDICATE_TYPE  # noqa: E402
@@ -60,9 +60,9 @@ def _args(s: dict[str, Path], key_dir: Path, out: Path, *extra: str | Path) -> l
         "60",
         "--batch-size",
         "64",
-        "--key",
+        "--signing-key",
         key_dir / "ecdsa-p256.key.pem",
-        "--trust",
+        "--trusted-key",
         key_dir / "ecdsa-p256.pub.pem",
         "--out",
         out,

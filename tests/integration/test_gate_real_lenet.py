@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch")
 import numpy as np  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
-from modelsec._cli import main  # noqa: E402
+from modelsec.cli.main import main  # noqa: E402
 from modelsec.policy import Policy  # noqa: E402
 from modelsec.robustness import GateConfig, SanityConfig, run_pgd_gate  # noqa: E402
 from modelsec.signer import load_private_key_file  # noqa: E402
@@ -131,9 +131,9 @@ def test_cli_gate_on_foolbox_test_images(
                 "20",
                 "--sanity-samples",
                 "20",
-                "--key",
+                "--signing-key",
                 str(key_dir / "ecdsa-p256.key.pem"),
-                "--trust",
+                "--trusted-key",
                 str(key_dir / "ecdsa-p256.pub.pem"),
                 "--out",
                 str(out),

@@ -21,7 +21,7 @@ pytest.importorskip("torch")
 SHARD = "model-00002-of-00002.safetensors"
 LOAD = """
 import safetensors.torch, sys
-from modelsec.verifier import hook
+from modelsec.verifier.guard import hook
 for path in sys.argv[1:]:
     print("installed", hook.installed(), flush=True)
     print("loaded", len(safetensors.torch.load_file(path)), flush=True)
@@ -131,7 +131,7 @@ import multiprocessing as mp, os, sys
 
 def load(path):
     import safetensors.torch
-    from modelsec.verifier import hook
+    from modelsec.verifier.guard import hook
     try:
         return os.getpid(), hook.installed(), "loaded %d" % len(safetensors.torch.load_file(path))
     except Exception as e:
@@ -165,7 +165,7 @@ TORCHRUN = """
 import json, os, sys
 import torch, torch.distributed as dist
 import safetensors.torch
-from modelsec.verifier import hook
+from modelsec.verifier.guard import hook
 
 torch.set_num_threads(1)
 dist.init_process_group("gloo")
@@ -202,7 +202,7 @@ def test_torchrun_workers_are_guarded(models: tuple[Path, Path, Path], tmp_path:
 VLLM = """
 import importlib.metadata, os, sys
 import safetensors.torch
-from modelsec.verifier import hook
+from modelsec.verifier.guard import hook
 
 (ep,) = importlib.metadata.entry_points(group="vllm.general_plugins", name="modelsec_guard")
 before = hook.installed()

@@ -24,7 +24,7 @@ def _ms(*args: str | Path) -> subprocess.CompletedProcess[str]:
 @needs_ms
 def test_model_signing_verifies_our_bundle(tmp_path: Path, key_dir: Path) -> None:
     model = write_tiny_model(tmp_path / "m")
-    r = run_cli("sign", model, "--key", key_dir / "ecdsa-p256.key.pem")
+    r = run_cli("sign", model, "--signing-key", key_dir / "ecdsa-p256.key.pem")
     assert r.returncode == 0, r.stderr
     r = _ms(
         "verify",
@@ -66,17 +66,18 @@ def test_we_verify_model_signing_bundle(tmp_path: Path, key_dir: Path) -> None:
         key_dir / "ecdsa-p256.key.pem",
     )
     assert r.returncode == 0, r.stdout + r.stderr
-    r = run_cli("verify", model, "--key", key_dir / "ecdsa-p256.pub.pem", "--json")
+    r = run_cli("verify", model, "--trusted-key", key_dir / "ecdsa-p256.pub.pem", "--json")
     assert r.returncode == 0, r.stderr
     assert '"tensorDigests": 0' in r.stdout  # plain OMS bundle: whole files verified
-    r = run_cli("verify", model, "--key", key_dir / "other.pub.pem")
+    r = run_cli("verify", model, "--trusted-key", key_dir / "other.pub.pem")
     assert r.returncode == 1 and "signature" in r.stderr
 
 
 @needs_ms
 def test_p384_both_directions(tmp_path: Path, key_dir: Path) -> None:
     model = write_tiny_model(tmp_path / "m")
-    r = run_cli("sign", model, "--key", key_dir / "ecdsa-p384.key.pem", "--signature", tmp_path / "p384.sig")
+    r = run_cli("sign", model, "--signing-key", key_dir / "ecdsa-p384.key.pem", "--signature",
+        tmp_path / "p384.sig")
     assert r.returncode == 0, r.stderr
     r = _ms(
         "verify",

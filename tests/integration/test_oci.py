@@ -9,9 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from modelsec._oci_model import bound_root_digests, pull_model, push_model
-from modelsec._oci_referrers import attach_bundle
-from modelsec._oci_registry import (
+from modelsec.distribution.push_pull import bound_root_digests, pull_model, push_model
+from modelsec.errors import (
+    BackendUnavailableError,
+    DigestMismatchError,
+    MalformedArtifactError,
+    SignatureError,
+)
+from modelsec.policy import Policy
+from modelsec.registry.client import (
     BINDING_ARTIFACT_TYPE,
     BUNDLE_ARTIFACT_TYPE,
     MANIFEST_MEDIA_TYPE,
@@ -20,13 +26,7 @@ from modelsec._oci_registry import (
     canonical_json,
     descriptor,
 )
-from modelsec.errors import (
-    BackendUnavailableError,
-    DigestMismatchError,
-    MalformedArtifactError,
-    SignatureError,
-)
-from modelsec.policy import Policy
+from modelsec.registry.referrers import attach_bundle
 from modelsec.signer.keys import load_private_key_file
 from modelsec.signer.signing import sign_model
 from modelsec.verifier import verify_attestations, verify_model
@@ -260,7 +260,7 @@ def test_manifest_whose_files_differ_from_the_signed_manifest_is_refused(
     subject = descriptor(MANIFEST_MEDIA_TYPE, body)
     client.put_manifest("models/differ", subject["digest"], body, MANIFEST_MEDIA_TYPE)
     # even with a binding a trusted key signed for the new manifest, the files must match the OMS manifest
-    from modelsec._oci_model import _binding_bundle
+    from modelsec.distribution.push_pull import _binding_bundle
 
     binder = load_private_key_file(key_dir / "ecdsa-p256.key.pem")
     binding = _binding_bundle("m", pushed.root_digest, subject["digest"], binder)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from modelsec._oci_model import push_model
-from modelsec._oci_registry import RegistryOptions
+from modelsec.distribution.push_pull import push_model
 from modelsec.policy import Policy
+from modelsec.registry.client import RegistryOptions
 from modelsec.signer.keys import load_private_key_file
 from modelsec.signer.signing import sign_model
 from modelsec.verifier import verify_attestations
@@ -120,7 +120,7 @@ def test_concurrent_first_requests_all_authenticate(registry: Registry) -> None:
     """Threads sharing one client (the webhook's store) each get past the first 401 challenge."""
     import threading
 
-    from modelsec._oci_registry import RegistryClient
+    from modelsec.registry.client import RegistryClient
 
     for _ in range(5):
         client = RegistryClient(

@@ -13,17 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from modelsec._oci_model import _binding_bundle, bound_root_digests, pull_model, push_model
-from modelsec._oci_referrers import attach_bundle
-from modelsec._oci_registry import (
+from modelsec.distribution.push_pull import _binding_bundle, bound_root_digests, pull_model, push_model
+from modelsec.errors import SignatureError
+from modelsec.policy import Policy, PolicySet
+from modelsec.registry.client import (
     BINDING_ARTIFACT_TYPE,
     MANIFEST_MEDIA_TYPE,
     RegistryClient,
     RegistryOptions,
     descriptor,
 )
-from modelsec.errors import SignatureError
-from modelsec.policy import Policy, PolicySet
+from modelsec.registry.referrers import attach_bundle
 from modelsec.signer.keys import load_private_key_file
 from modelsec.signer.signing import sign_model
 from modelsec.verifier import verify_model

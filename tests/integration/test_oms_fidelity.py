@@ -13,11 +13,12 @@ import pytest
 
 from modelsec.algorithms import HashAlgorithm
 from modelsec.attestations.bundle import sign_statement
-from modelsec.attestations.oms_predicate import Resource, manifest_statement, root_digest
+from modelsec.attestations.predicates.oms import Resource, manifest_statement, root_digest
 from modelsec.errors import FileSetMismatchError, MalformedArtifactError, VerificationError
 from modelsec.policy import Policy
 from modelsec.signer import load_private_key_file, sign_model
-from modelsec.signer.signing import MODEL_IGNORE_PATHS, compute_manifests
+from modelsec.signer.layout import MODEL_IGNORE_PATHS
+from modelsec.signer.signing import compute_manifests
 from modelsec.verifier import verify_model
 from tests.conftest import run_cli, write_tiny_model
 
@@ -126,10 +127,10 @@ def test_single_file_both_directions(tmp_path: Path, key_dir: Path) -> None:
     with pytest.raises(MalformedArtifactError, match="single file"):
         verify_model(d, policy, bundles=[tmp_path / "ms.sig"])
 
-    r = run_cli("sign", model, "--key", priv, "--signature", tmp_path / "ours.sig")
+    r = run_cli("sign", model, "--signing-key", priv, "--signature", tmp_path / "ours.sig")
     assert r.returncode == 0, r.stderr
     _ms_verify(model, tmp_path / "ours.sig", pub)
-    r = run_cli("verify", model, "--key", pub, "--signature", tmp_path / "ours.sig")
+    r = run_cli("verify", model, "--trusted-key", pub, "--signature", tmp_path / "ours.sig")
     assert r.returncode == 0 and ms_root in r.stdout, r.stderr
     r = run_cli("digest", model, "--json")
     assert json.loads(r.stdout)["rootDigest"] == f"sha256:{ms_root}"
@@ -160,9 +161,9 @@ def test_model_signing_ecdsa_plus_modelsec_sm2(tmp_path: Path, key_dir: Path) ->
     (model / ".git" / "HEAD").write_text("ref")
     _ms_sign(model, model / "model.sig", key_dir / "ecdsa-p256.key.pem")
     _ms_verify(model, model / "model.sig", key_dir / "ecdsa-p256.pub.pem")
-    r = run_cli("sign", model, "--key", key_dir / "sm2.key.pem")
+    r = run_cli("sign", model, "--signing-key", key_dir / "sm2.key.pem")
     assert r.returncode == 0, r.stderr
-    args = ["--key", key_dir / "ecdsa-p256.pub.pem", "--key", key_dir / "sm2.pub.pem"]
+    args = ["--trusted-key", key_dir / "ecdsa-p256.pub.pem", "--trusted-key", key_dir / "sm2.pub.pem"]
     r = run_cli("verify", model, *args, "--require", "ecdsa-p256,sm2", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
@@ -175,15 +176,16 @@ def test_model_signing_ecdsa_plus_modelsec_sm2(tmp_path: Path, key_dir: Path) ->
 
 def test_custom_named_bundle_is_not_signed_next_time(tmp_path: Path, key_dir: Path) -> None:
     model = write_tiny_model(tmp_path / "m")
-    r = run_cli("sign", model, "--key", key_dir / "ecdsa-p384.key.pem", "--signature", model / "release.sig")
+    r = run_cli("sign", model, "--signing-key", key_dir / "ecdsa-p384.key.pem", "--signature",
+        model / "release.sig")
     assert r.returncode == 0, r.stderr
-    r = run_cli("sign", model, "--key", key_dir / "ecdsa-p256.key.pem", "--json")
+    r = run_cli("sign", model, "--signing-key", key_dir / "ecdsa-p256.key.pem", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["files"] == 6
     manifest = _payload(model / "model.sig")
     assert "release.sig" in manifest["predicate"]["serialization"]["ignore_paths"]  # type: ignore[index]
     assert "release.sig" not in [r["name"] for r in manifest["predicate"]["resources"]]  # type: ignore[index]
-    keys = ["--key", key_dir / "ecdsa-p256.pub.pem", "--key", key_dir / "ecdsa-p384.pub.pem"]
+    keys = ["--trusted-key", key_dir / "ecdsa-p256.pub.pem", "--trusted-key", key_dir / "ecdsa-p384.pub.pem"]
     r = run_cli("verify", model, *keys, "-s", model / "model.sig", "-s", model / "release.sig")
     assert r.returncode == 0, r.stderr
 
@@ -195,27 +197,27 @@ def test_ignore_paths_oms_semantics(tmp_path: Path, key_dir: Path) -> None:
     (model / "sub").mkdir()
     (model / "sub" / ".git").write_text("gitdir: x")  # a nested .git is a model file unless listed
     pub, priv = key_dir / "ecdsa-p256.pub.pem", key_dir / "ecdsa-p256.key.pem"
-    r = run_cli("sign", model, "--key", priv, "--ignore-paths", model / "notes/", "--json")
+    r = run_cli("sign", model, "--signing-key", priv, "--ignore-paths", model / "notes/", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["files"] == 7
     assert "notes" in _payload(model / "model.sig")["predicate"]["serialization"]["ignore_paths"]  # type: ignore[index]
     (model / "notes" / "b.txt").write_text("more")
     _ms_verify(model, model / "model.sig", pub)
-    assert run_cli("verify", model, "--key", pub).returncode == 0
+    assert run_cli("verify", model, "--trusted-key", pub).returncode == 0
     (model / "sub" / ".git").write_text("changed")
-    assert run_cli("verify", model, "--key", pub).returncode == 1
+    assert run_cli("verify", model, "--trusted-key", pub).returncode == 1
     (model / "sub" / ".git").write_text("gitdir: x")
 
     (model / "extra.txt").write_text("unsigned")
-    assert run_cli("verify", model, "--key", pub).returncode == 1
-    r = run_cli("verify", model, "--key", pub, "--ignore-paths", model / "extra.txt")
+    assert run_cli("verify", model, "--trusted-key", pub).returncode == 1
+    r = run_cli("verify", model, "--trusted-key", pub, "--ignore-paths", model / "extra.txt")
     assert r.returncode == 0, r.stderr
     # A signed file can never be ignored: ignoring config.json still verifies it.
     (model / "config.json").write_text('{"model_type": "evil"}')
     r = run_cli(
         "verify",
         model,
-        "--key",
+        "--trusted-key",
         pub,
         "--ignore-paths",
         model / "extra.txt",
@@ -261,7 +263,7 @@ def test_blake2b_and_shards_refused_naming_the_option(
 
 
 def test_resource_named_dot_only_alone(tmp_path: Path, key_dir: Path) -> None:
-    from modelsec.attestations.oms_predicate import parse_manifest
+    from modelsec.attestations.predicates.oms import parse_manifest
 
     model = write_tiny_model(tmp_path / "m")
     m = compute_manifests(model, [HashAlgorithm.SHA256], ignore_paths=MODEL_IGNORE_PATHS, tensor_hash=None)[

@@ -78,7 +78,7 @@ def test_wheel_contains_every_subpackage_and_nothing_else(tmp_path: Path) -> Non
 
 def test_verifier_imports_without_torch_and_grpc() -> None:
     code = (
-        "import sys; import modelsec.verifier, modelsec.signer, modelsec.attestations, modelsec._cli;"
+        "import sys; import modelsec.verifier, modelsec.signer, modelsec.attestations, modelsec.cli.main;"
         "heavy = {'torch', 'grpc', 'numpy', 'rich'};"
         "print(sorted({m.split('.')[0] for m in sys.modules} & heavy))"
     )
@@ -149,7 +149,7 @@ def test_install_puts_the_guard_pth_into_site_packages(tmp_path: Path, install: 
     pip(python, "install", "-q", *install, str(src))
     site = site_packages(python)
     assert (site / "modelsec-guard.pth").read_bytes() == PTH.read_bytes()
-    where = "import modelsec, sys; print(modelsec.__file__, 'modelsec.verifier._boot' in sys.modules)"
+    where = "import modelsec, sys; print(modelsec.__file__, 'modelsec.verifier.guard.boot' in sys.modules)"
     out = start(python, where)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[1] == "False", "the guard must stay inert without MODELSEC_POLICY"
@@ -168,7 +168,7 @@ def test_install_puts_the_guard_pth_into_site_packages(tmp_path: Path, install: 
     eps = start(
         python, f"import importlib.metadata as m; print([e.value for e in m.entry_points(group={GROUP!r})])"
     )
-    assert eps.stdout.strip() == "['modelsec.verifier._boot:vllm_plugin']", eps.stdout + eps.stderr
+    assert eps.stdout.strip() == "['modelsec.verifier.guard.boot:vllm_plugin']", eps.stdout + eps.stderr
     pip(python, "uninstall", "-y", "-q", "modelsec")
     assert not (site / "modelsec-guard.pth").exists(), "uninstall removes the .pth (it is in RECORD)"
 
@@ -203,7 +203,7 @@ def _site_with(tmp_path: Path, pth: bytes, code: str, **env: str) -> subprocess.
 
 def test_a_raising_pth_line_only_warns_which_is_why_the_guard_line_exits(tmp_path: Path) -> None:
     marker = tmp_path / "user-code-ran"
-    out = _site_with(tmp_path, b"import modelsec.verifier._boot\n", f"open({str(marker)!r}, 'w')")
+    out = _site_with(tmp_path, b"import modelsec.verifier.guard.boot\n", f"open({str(marker)!r}, 'w')")
     assert out.returncode == 0 and marker.exists(), "site reports the error and the process goes on"
     assert "Error processing line" in out.stderr
 
@@ -213,7 +213,7 @@ def test_guard_line_exits_when_modelsec_cannot_be_imported(tmp_path: Path) -> No
     out = _site_with(tmp_path, PTH.read_bytes(), f"open({str(marker)!r}, 'w')", MODELSEC_POLICY="/etc/p.yaml")
     assert out.returncode == 1 and not marker.exists()
     assert out.stderr.splitlines() == [
-        "modelsec: error: runtime guard not installed: cannot import modelsec.verifier._boot: "
+        "modelsec: error: runtime guard not installed: cannot import modelsec.verifier.guard.boot: "
         "ModuleNotFoundError: No module named 'modelsec'"
     ]
 

@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives import serialization
 from modelsec.errors import VerificationError
 from modelsec.policy import Policy
 from modelsec.verifier import verify_model
-from tests.conftest import run_cli, write_tiny_model
+from tests.conftest import run_cli, run_cli_process, write_tiny_model
 from tests.integration._ms_venvs import VenvUnavailable, python_for
 from tests.softhsm_support import PIN, Token, make_token
 
@@ -82,7 +82,8 @@ def test_a_pkcs11_tool_key_signs_through_the_cli(opensc_key: OpenscKey, tmp_path
         "never extractable" in private and "always sensitive" in private
     )  # made in, and stays in, the token
     model = write_tiny_model(tmp_path / "model")
-    r = run_cli("sign", model, "--signing-key", token.uri(LABEL), "--json", env=token.env)
+    # A process of its own for the token's SOFTHSM2_CONF (SoftHSM2 reads it once per process).
+    r = run_cli_process("sign", model, "--signing-key", token.uri(LABEL), "--json", env=token.env)
     assert r.returncode == 0, r.stderr
     signed = json.loads(r.stdout)
     r = run_cli("verify", model, "--trusted-key", opensc_key.public_key, "--json")
@@ -153,7 +154,7 @@ def test_model_signing_pkcs11_signer_and_modelsec_agree(opensc_key: OpenscKey, t
 
     # modelsec signs with the same token key; model_signing verifies, and refuses a tampered copy.
     ours = write_tiny_model(tmp_path / "our-model")
-    r = run_cli("sign", ours, "--signing-key", uri, "--json", env=token.env)
+    r = run_cli_process("sign", ours, "--signing-key", uri, "--json", env=token.env)
     assert r.returncode == 0, r.stderr
     ops: list[dict[str, object]] = [
         {"op": "verify", "model": m, "sig": ours / "model.sig", "key": opensc_key.public_key}

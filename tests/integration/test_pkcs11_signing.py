@@ -21,7 +21,7 @@ from modelsec.attestations.bundle import parse_bundle
 from modelsec.errors import BackendUnavailableError, KeyMaterialError, PolicyError
 from modelsec.signer.der import decode_signature
 from modelsec.signer.schemes.ecdsa import ECDSA_P256, ECDSA_P384
-from tests.conftest import run_cli, write_tiny_model
+from tests.conftest import run_cli, run_cli_process, write_tiny_model
 from tests.softhsm_support import PIN, Token, make_token
 
 pytestmark = pytest.mark.integration
@@ -42,7 +42,8 @@ def _one_error_line(r: subprocess.CompletedProcess[str]) -> str:
 
 def test_cli_signs_in_the_token_and_verify_accepts_the_exported_keys(token: Token, tmp_path: Path) -> None:
     model = write_tiny_model(tmp_path / "model")
-    r = run_cli(
+    # A token of its own needs a process of its own: SoftHSM2 reads SOFTHSM2_CONF once per process.
+    r = run_cli_process(
         "sign", model, "--signing-key", token.uri(), "--signing-key", token.uri("release384"), "--json",
         env=token.env,
     )  # fmt: skip
@@ -81,16 +82,16 @@ def test_cli_token_errors_are_one_clear_line(token: Token, tmp_path: Path) -> No
         (token.uri(**{"module-path": "/nonexistent/libpkcs11.so"}), "cannot load the PKCS#11 module"),
     ]
     for uri, message in cases:
-        line = _one_error_line(run_cli("sign", model, "--signing-key", uri, env=token.env))
+        line = _one_error_line(run_cli_process("sign", model, "--signing-key", uri, env=token.env))
         assert re.search(message, line), (uri, line)
         assert f"={PIN}" not in line and f":{PIN}" not in line  # the PIN is never echoed
     r = run_cli("sign", model, "--signing-key", token.uri(), "--key-password", f"{token.uri()}=env:X")
     assert "--key-password is for PEM keys" in _one_error_line(r)
-    r = run_cli("sign", model, "--signing-key", token.uri(), "--json", env=token.env)
+    r = run_cli_process("sign", model, "--signing-key", token.uri(), "--json", env=token.env)
     assert r.returncode == 0, r.stderr  # all of the above left the token usable
     # SM2: SoftHSM2 stores an imported SM2 key object but has no mechanism for it.
     token.generate("sm2", "03", "sm2")
-    line = _one_error_line(run_cli("sign", model, "--signing-key", token.uri("sm2"), env=token.env))
+    line = _one_error_line(run_cli_process("sign", model, "--signing-key", token.uri("sm2"), env=token.env))
     assert "SM2 keys in PKCS#11 tokens are not supported" in line
     # The token removed: the same URI now names nothing.
     subprocess.run(
@@ -99,7 +100,7 @@ def test_cli_token_errors_are_one_clear_line(token: Token, tmp_path: Path) -> No
         check=True,
         capture_output=True,
     )
-    r = run_cli("sign", model, "--signing-key", token.uri(), "--json", env=token.env)
+    r = run_cli_process("sign", model, "--signing-key", token.uri(), "--json", env=token.env)
     assert r.returncode == 1
     error = json.loads(r.stdout)["error"]
     assert error["kind"] == "KeyMaterialError" and "no token matching the URI is present" in error["message"]
@@ -195,11 +196,12 @@ def test_service_config_refuses_a_pin_in_a_key_uri(tmp_path: Path, key_dir: Path
 
 def test_service_signs_with_a_token_key(token: Token, tmp_path: Path, key_dir: Path) -> None:
     from modelsec.algorithms import HashAlgorithm
-    from modelsec.attestations.oms_predicate import manifest_statement
+    from modelsec.attestations.predicates.oms import manifest_statement
     from modelsec.attestations.statement import serialize_statement
     from modelsec.service.client import ChannelOptions, ModelsecClient
     from modelsec.signer.keys import load_trusted_key_file
-    from modelsec.signer.signing import MODEL_IGNORE_PATHS, compute_manifests
+    from modelsec.signer.layout import MODEL_IGNORE_PATHS
+    from modelsec.signer.signing import compute_manifests
     from modelsec.verifier import verify_bundle_signature
     from tests.service_support import spawn_cli_server, write_server_config
 

@@ -31,8 +31,8 @@ def released(tmp_path_factory: pytest.TempPathFactory, key_dir: Path) -> tuple[P
     )
     out = work / "released"
     r = run_cli(
-        "release", work / "advtrained", "--out", out, "-k", key_dir / "ecdsa-p256.key.pem",
-        "-k", key_dir / "sm2.key.pem", "--watermark-key", work / "wm.key", "-m", "release-1",
+        "release", work / "advtrained", "--out", out, "--signing-key", key_dir / "ecdsa-p256.key.pem",
+        "--signing-key", key_dir / "sm2.key.pem", "--watermark-key", work / "wm.key", "-m", "release-1",
         "--gate-config", work / "gate.yaml", "--json", env=ENV,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
@@ -81,7 +81,7 @@ def test_policy_requiring_everything_loads_the_verified_tensors(
 
 def test_watermark_is_detected_with_the_owners_key(released: tuple[Path, dict[str, object]]) -> None:
     out, _ = released
-    r = run_cli("watermark", "detect", out, "--key-file", out.parent / "wm.key")
+    r = run_cli("watermark", "detect", out, "--watermark-key", out.parent / "wm.key")
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -104,8 +104,9 @@ def test_without_the_gate_result_the_policy_refuses(
 def test_attest_list_names_every_predicate(released: tuple[Path, dict[str, object]], key_dir: Path) -> None:
     out, _ = released
     r = run_cli(
-        "attest", "list", out, "-k", key_dir / "ecdsa-p256.pub.pem", "-k", key_dir / "sm2.pub.pem", "--json"
-    )
+        "attest", "list", out, "--trusted-key", key_dir / "ecdsa-p256.pub.pem", "--trusted-key",
+        key_dir / "sm2.pub.pem", "--json",
+    )  # fmt: skip
     assert r.returncode == 0, r.stderr
     types = sorted(b["predicateType"] for b in json.loads(r.stdout)["bundles"])
     assert types == ["https://model_signing/signature/v1.0"] * 2 + [
@@ -120,16 +121,18 @@ def test_release_fails_fast_naming_the_stage(
     # The normally trained LeNet5 fails the gate (its robust accuracy at eps 0.3 is about nil).
     work = release_inputs(tmp_path_factory, tmp_path, which="clntrained", min_robust_accuracy=BAR)
     r = run_cli(
-        "release", work / "clntrained", "--out", work / "refused", "-k", key_dir / "ecdsa-p256.key.pem",
-        "--watermark-key", work / "wm.key", "-m", "release-1", "--gate-config", work / "gate.yaml", env=ENV,
+        "release", work / "clntrained", "--out", work / "refused", "--signing-key",
+        key_dir / "ecdsa-p256.key.pem", "--watermark-key", work / "wm.key", "-m", "release-1",
+        "--gate-config", work / "gate.yaml", env=ENV,
     )  # fmt: skip
     assert r.returncode == 1
     assert r.stderr.startswith("modelsec: error: release stage 'gate': PGD robustness gate FAILED")
     # All or nothing: no signed, watermarked model is left in --out, nor a staging directory beside it.
     assert not any(p.name == "refused" or ".refused." in p.name for p in work.iterdir())
     r = run_cli(
-        "release", work / "clntrained", "--out", work / "nokey", "-k", key_dir / "ecdsa-p256.key.pem",
-        "--watermark-key", work / "missing.key", "-m", "x", "--gate-config", work / "gate.yaml", env=ENV,
+        "release", work / "clntrained", "--out", work / "nokey", "--signing-key",
+        key_dir / "ecdsa-p256.key.pem", "--watermark-key", work / "missing.key", "-m", "x",
+        "--gate-config", work / "gate.yaml", env=ENV,
     )  # fmt: skip
     assert r.returncode == 1 and "missing.key" in r.stderr and "Traceback" not in r.stderr
     assert not any(p.name == "nokey" or ".nokey." in p.name for p in work.iterdir())

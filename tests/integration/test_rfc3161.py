@@ -31,7 +31,7 @@ from modelsec.errors import MalformedArtifactError, PolicyError, SignatureError
 from modelsec.policy import Policy, PolicySet
 from modelsec.signer import load_private_key_file, sign_model
 from modelsec.verifier import verify_model
-from modelsec.verifier.timestamps import (
+from modelsec.verifier.trust.timestamps import (
     check_validity_window,
     load_timestamp_authority,
     request_timestamp,

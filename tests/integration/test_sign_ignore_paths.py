@@ -10,29 +10,26 @@ from __future__ import annotations
 import base64
 import importlib.util
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import write_tiny_model
+from tests.conftest import run_cli, write_tiny_model
 
 pytestmark = pytest.mark.integration
 
-BIN = Path(sys.executable).parent
 HAS_MS = importlib.util.find_spec("model_signing") is not None
 
 
 def _run(exe: str, *args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    command = (
-        [sys.executable, "-m", "model_signing"]
-        if exe == "model_signing"
-        else [shutil.which(exe, path=str(BIN)) or exe]
-    )
+    """`modelsec` in-process; model_signing's CLI (the reference) in a process of its own."""
+    if exe == "modelsec":
+        return run_cli(*args, cwd=cwd)
+    assert exe == "model_signing", exe
     return subprocess.run(
-        [*command, *map(str, args)],
+        [sys.executable, "-m", "model_signing", *map(str, args)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -62,7 +59,8 @@ def test_a_path_that_ignores_nothing_is_a_usage_error(
     (model / "notes").mkdir()
     (tmp_path / "config.json").write_text("{}")  # exists, but is not the model's
     r = _run(
-        "modelsec", "sign", "m", "-k", key_dir / "ecdsa-p256.key.pem", "--ignore-paths", given, cwd=tmp_path
+        "modelsec", "sign", "m", "--signing-key", key_dir / "ecdsa-p256.key.pem", "--ignore-paths",
+        given, cwd=tmp_path
     )
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert f"'{given}'" in r.stderr and needle in r.stderr and "Traceback" not in r.stderr
@@ -77,14 +75,16 @@ def test_relative_to_the_current_directory_as_model_signing(tmp_path: Path, key_
     (model / "notes" / "a.txt").write_text("draft")
     key = key_dir / "ecdsa-p256.key.pem"
     ours = tmp_path / "ours.sig"
-    r = _run("modelsec", "sign", "m", "-k", key, "--ignore-paths", "m/notes/", "-s", ours, cwd=tmp_path)
+    r = _run("modelsec", "sign", "m", "--signing-key", key, "--ignore-paths", "m/notes/", "-s", ours,
+        cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     predicate = _predicate(ours)
     assert "notes" in predicate["serialization"]["ignore_paths"]  # type: ignore[index]
     assert "notes/a.txt" not in [x["name"] for x in predicate["resources"]]  # type: ignore[attr-defined]
     # From inside the model, the model-relative spelling resolves the same way.
     r = _run(
-        "modelsec", "sign", ".", "-k", key, "--ignore-paths", "notes", "-s", tmp_path / "in.sig", cwd=model
+        "modelsec", "sign", ".", "--signing-key", key, "--ignore-paths", "notes", "-s",
+        tmp_path / "in.sig", cwd=model
     )
     assert r.returncode == 0, r.stderr
     assert _predicate(tmp_path / "in.sig")["resources"] == predicate["resources"]
@@ -114,9 +114,9 @@ def test_digest_and_verify_refuse_a_path_outside_the_model(
     """They dropped it without a word: `digest` then printed a root `sign` would never produce."""
     model = write_tiny_model(tmp_path / "m")
     (tmp_path / "config.json").write_text("{}")
-    r = _run("modelsec", "sign", "m", "-k", key_dir / "ecdsa-p256.key.pem", cwd=tmp_path)
+    r = _run("modelsec", "sign", "m", "--signing-key", key_dir / "ecdsa-p256.key.pem", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    extra = ["-k", key_dir / "ecdsa-p256.pub.pem"] if command == "verify" else []
+    extra = ["--signing-key", key_dir / "ecdsa-p256.pub.pem"] if command == "verify" else []
     r = _run("modelsec", command, "m", *extra, "--ignore-paths", given, cwd=tmp_path)
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert f"--ignore-paths: ignore path '{given}'" in r.stderr and needle in r.stderr
@@ -125,13 +125,13 @@ def test_digest_and_verify_refuse_a_path_outside_the_model(
 
 def test_verify_accepts_an_ignore_path_that_does_not_exist(tmp_path: Path, key_dir: Path) -> None:
     write_tiny_model(tmp_path / "m")
-    r = _run("modelsec", "sign", "m", "-k", key_dir / "ecdsa-p256.key.pem", cwd=tmp_path)
+    r = _run("modelsec", "sign", "m", "--signing-key", key_dir / "ecdsa-p256.key.pem", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     r = _run(
         "modelsec",
         "verify",
         "m",
-        "-k",
+        "--trusted-key",
         key_dir / "ecdsa-p256.pub.pem",
         "--ignore-paths",
         "m/.cache",

@@ -16,8 +16,11 @@ from asn1crypto import core, keys
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from modelsec.errors import KeyMaterialError, UnsupportedAlgorithmError
-from modelsec.signer import _sm2_asn1, _sm2_keys, _sm2_libcrypto, sm2
-from modelsec.signer.sm2 import Sm2PrivateKey
+from modelsec.signer.schemes.sm2 import _asn1 as _sm2_asn1
+from modelsec.signer.schemes.sm2 import _keys as _sm2_keys
+from modelsec.signer.schemes.sm2 import _libcrypto as _sm2_libcrypto
+from modelsec.signer.schemes.sm2 import api as sm2
+from modelsec.signer.schemes.sm2.api import Sm2PrivateKey
 
 pytestmark = [
     pytest.mark.integration,

@@ -11,8 +11,8 @@ import pytest
 from asn1crypto import keys
 
 from modelsec.errors import KeyMaterialError, SignatureError
-from modelsec.signer import sm2
-from modelsec.signer.sm2 import DEFAULT_DISTID, Sm2PrivateKey, Sm2PublicKey
+from modelsec.signer.schemes.sm2 import api as sm2
+from modelsec.signer.schemes.sm2.api import DEFAULT_DISTID, Sm2PrivateKey, Sm2PublicKey
 
 pytestmark = pytest.mark.integration
 

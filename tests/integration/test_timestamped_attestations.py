@@ -73,7 +73,7 @@ def test_release_timestamps_every_bundle(
     release_inputs(tmp_path_factory, tmp_path)  # the real LeNet5, 20 real digits: the gate is not under test
     out = tmp_path / "released"
     r = run_cli(
-        "release", tmp_path / "advtrained", "--out", out, "-k", key_dir / "ecdsa-p256.key.pem",
+        "release", tmp_path / "advtrained", "--out", out, "--signing-key", key_dir / "ecdsa-p256.key.pem",
         "--watermark-key", tmp_path / "wm.key", "-m", "release-1", "--gate-config", tmp_path / "gate.yaml",
         "--timestamp-url", url, "--json", env=ENV,
     )  # fmt: skip

@@ -12,7 +12,7 @@ import pytest
 from modelsec.errors import VerificationError
 from modelsec.policy import Policy
 from modelsec.signer import load_private_key_file, sign_model
-from modelsec.verifier import hook
+from modelsec.verifier.guard import hook
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.integration
@@ -110,7 +110,7 @@ def test_python_m_hook_without_code_changes(
     )
     env = {"MODELSEC_POLICY": str(policy_file), "PATH": "/usr/bin:/bin"}
     out = subprocess.run(
-        [sys.executable, "-m", "modelsec.verifier.hook", str(script)],
+        [sys.executable, "-m", "modelsec.verifier.guard.hook", str(script)],
         capture_output=True,
         text=True,
         env=env,

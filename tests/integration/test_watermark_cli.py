@@ -44,13 +44,13 @@ def test_keygen_embed_detect_round_trip(model: Path, tmp_path: Path, key_dir: Pa
         "watermark",
         "embed",
         model,
-        "--key-file",
+        "--watermark-key",
         key,
         "--message",
         "ACME-clf",
         "--out",
         tmp_path / "marked",
-        "--sign-key",
+        "--signing-key",
         key_dir / "ecdsa-p256.key.pem",
         "--attestation",
         att,
@@ -64,32 +64,33 @@ def test_keygen_embed_detect_round_trip(model: Path, tmp_path: Path, key_dir: Pa
     digest = run_cli("digest", tmp_path / "marked", "--json")
     assert json.loads(digest.stdout)["rootDigest"] == embedded["rootDigest"]
 
-    r = run_cli("watermark", "detect", tmp_path / "marked", "--key-file", key)
+    r = run_cli("watermark", "detect", tmp_path / "marked", "--watermark-key", key)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("DETECTED: 64/64 pilot bits") and "'ACME-clf'" in r.stdout
     r = run_cli(
-        "watermark", "detect", tmp_path / "marked", "--key-file", key, "--message", "ACME-clf", "--json"
+        "watermark", "detect", tmp_path / "marked", "--watermark-key", key, "--message", "ACME-clf", "--json"
     )
     assert r.returncode == 0, r.stderr
     found = json.loads(r.stdout)
     assert found["ok"] and found["detected"] and found["bits"] == 64 and found["bitMatches"] == 64
     assert found["messageMatched"] is True and found["messageMatches"] == found["messageBits"] == 64
     assert found["falsePositiveProbability"] < 1e-9 and found["confidence"] == 1.0
-    r = run_cli("watermark", "detect", tmp_path / "marked", "--key-file", key, "--attestation", att, "--json")
+    r = run_cli("watermark", "detect", tmp_path / "marked", "--watermark-key", key, "--attestation", att,
+        "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["tests"] == 1
 
     # Unmarked model and wrong key: exit 1, still a well-formed report.
-    r = run_cli("watermark", "detect", model, "--key-file", key, "--json")
+    r = run_cli("watermark", "detect", model, "--watermark-key", key, "--json")
     assert r.returncode == 1
     report = json.loads(r.stdout)
     assert report["ok"] is False and report["error"]["kind"] == "GateFailedError"
     assert not report["detected"] and report["falsePositiveProbability"] > 1e-6
     other = tmp_path / "other.key"
     other.write_text(os.urandom(32).hex())
-    r = run_cli("watermark", "detect", tmp_path / "marked", "--key-file", other)
+    r = run_cli("watermark", "detect", tmp_path / "marked", "--watermark-key", other)
     assert r.returncode == 1 and r.stdout.startswith("NOT DETECTED")
     line = _one_line_error(
-        run_cli("watermark", "detect", tmp_path / "marked", "--key-file", other, "--attestation", att)
+        run_cli("watermark", "detect", tmp_path / "marked", "--watermark-key", other, "--attestation", att)
     )
     assert "does not match the key commitment" in line
 
@@ -99,16 +100,17 @@ def test_detect_with_a_message_gives_two_verdicts(model: Path, tmp_path: Path) -
     key = tmp_path / "wm.key"
     assert run_cli("watermark", "keygen", "-o", key).returncode == 0
     marked = tmp_path / "marked"
-    assert run_cli("watermark", "embed", model, "-k", key, "-m", "v1", "-o", marked).returncode == 0
+    assert run_cli("watermark", "embed", model, "--watermark-key", key, "-m", "v1", "-o",
+        marked).returncode == 0
 
-    r = run_cli("watermark", "detect", marked, "-k", key, "-m", "v1", "--json")
+    r = run_cli("watermark", "detect", marked, "--watermark-key", key, "-m", "v1", "--json")
     assert r.returncode == 0, r.stderr
     good = json.loads(r.stdout)
     assert good["ok"] and good["detected"] and good["messageMatched"] is True
 
     # "v2" differs from "v1" in two of its 16 bits; hex:0000 in eight.
     for message, differ in (("v2", 2), ("hex:0000", 8)):
-        r = run_cli("watermark", "detect", marked, "-k", key, "-m", message, "--json")
+        r = run_cli("watermark", "detect", marked, "--watermark-key", key, "-m", message, "--json")
         assert r.returncode == 1, (message, r.stdout)
         out = json.loads(r.stdout)
         assert out["ok"] is False and out["error"]["kind"] == "GateFailedError"
@@ -120,11 +122,11 @@ def test_detect_with_a_message_gives_two_verdicts(model: Path, tmp_path: Path) -
             f"{good['falsePositiveProbability']:.3g}) but it carries another message: {differ}/16 message "
             "bits differ"
         )
-        line = _one_line_error(run_cli("watermark", "detect", marked, "-k", key, "-m", message))
+        line = _one_line_error(run_cli("watermark", "detect", marked, "--watermark-key", key, "-m", message))
         assert "watermark present" in line and "carries another message" in line
-    line = _one_line_error(run_cli("watermark", "detect", marked, "-k", key, "-m", "v1v2"))
+    line = _one_line_error(run_cli("watermark", "detect", marked, "--watermark-key", key, "-m", "v1v2"))
     assert line.endswith("carries another message: 16 message bits found, 32 given")
-    line = _one_line_error(run_cli("watermark", "detect", model, "-k", key, "-m", "v1"))
+    line = _one_line_error(run_cli("watermark", "detect", model, "--watermark-key", key, "-m", "v1"))
     assert "watermark not detected" in line
 
 
@@ -132,12 +134,13 @@ def test_detect_with_reference_after_permutation(model: Path, tmp_path: Path) ->
     key = tmp_path / "wm.key"
     assert run_cli("watermark", "keygen", "-o", key).returncode == 0
     r = run_cli(
-        "watermark", "embed", model, "-k", key, "-m", "hex:00112233445566778899", "-o", tmp_path / "marked"
+        "watermark", "embed", model, "--watermark-key", key, "-m", "hex:00112233445566778899", "-o",
+        tmp_path / "marked"
     )
     assert r.returncode == 0, r.stderr
     save_state(permute_scale_mlp(load_state(tmp_path / "marked")), tmp_path / "attacked")
-    assert run_cli("watermark", "detect", tmp_path / "attacked", "-k", key).returncode == 1
-    r = run_cli("watermark", "detect", tmp_path / "attacked", "-k", key, "--reference", model)
+    assert run_cli("watermark", "detect", tmp_path / "attacked", "--watermark-key", key).returncode == 1
+    r = run_cli("watermark", "detect", tmp_path / "attacked", "--watermark-key", key, "--reference", model)
     assert r.returncode == 0, r.stderr
     assert "hex:00112233445566778899" in r.stdout and "re-synchronised 2 permuted" in r.stdout
 
@@ -152,19 +155,20 @@ def test_bad_inputs_give_one_line_diagnostics(model: Path, tmp_path: Path) -> No
     (not_st / "pytorch_model.bin").write_bytes(b"\x80\x04.")
     cases = [
         (
-            ("watermark", "detect", model, "-k", tmp_path / "missing.key"),
+            ("watermark", "detect", model, "--watermark-key", tmp_path / "missing.key"),
             "KeyMaterialError",
             "cannot read the watermark key file",
         ),
-        (("watermark", "detect", model, "-k", short), "KeyMaterialError", "too short"),
-        (("watermark", "detect", not_st, "-k", key), "MalformedArtifactError", "no *.safetensors"),
+        (("watermark", "detect", model, "--watermark-key", short), "KeyMaterialError", "too short"),
+        (("watermark", "detect", not_st, "--watermark-key", key), "MalformedArtifactError",
+            "no *.safetensors"),
         (
-            ("watermark", "embed", model, "-k", key, "-m", "x" * 64, "-o", tmp_path / "o"),
+            ("watermark", "embed", model, "--watermark-key", key, "-m", "x" * 64, "-o", tmp_path / "o"),
             "PolicyError",
             "message too long for capacity",
         ),
         (
-            ("watermark", "embed", model, "-k", key, "-m", "m", "-o", model),
+            ("watermark", "embed", model, "--watermark-key", key, "-m", "m", "-o", model),
             "PolicyError",
             "must not be the model",
         ),
@@ -176,10 +180,11 @@ def test_bad_inputs_give_one_line_diagnostics(model: Path, tmp_path: Path) -> No
         assert r.returncode == 1 and "Traceback" not in r.stderr
         err = json.loads(r.stdout)
         assert err["ok"] is False and err["error"]["kind"] == kind and needle in err["error"]["message"]
-    r = run_cli("watermark", "embed", model, "-k", key, "-m", "m", "-o", tmp_path / "o2", "--sign-key", key)
+    r = run_cli("watermark", "embed", model, "--watermark-key", key, "-m", "m", "-o", tmp_path / "o2",
+        "--signing-key", key)
     assert r.returncode == 2 and "--signing-key and --attestation" in r.stderr
-    r = run_cli("watermark", "detect", model, "-k", key, "-m", "x", "--message-bits", "8")
+    r = run_cli("watermark", "detect", model, "--watermark-key", key, "-m", "x", "--message-bits", "8")
     assert r.returncode == 2
     # A malformed message is the command line's mistake: a usage error naming the option.
-    r = run_cli("watermark", "embed", model, "-k", key, "-m", "hex:zz", "-o", tmp_path / "o")
+    r = run_cli("watermark", "embed", model, "--watermark-key", key, "-m", "hex:zz", "-o", tmp_path / "o")
     assert r.returncode == 2 and "'--message'" in r.stderr and "invalid hex" in r.stderr

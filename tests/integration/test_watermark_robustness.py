@@ -1,14 +1,16 @@
-"""Issue-4 robustness matrix on a classifier trained in the test (scikit-learn digits, 64-512-512-10 ReLU MLP,
-300k weights, 64-bit message) and on the real all-MiniLM-L6-v2 weights (256-bit message).
+"""Issue-4 robustness on a shipped classifier (scikit-learn digits, 64-512-512-10 ReLU MLP, 300k weights,
+64-bit message; `tests/unit/watermark/fixtures/digits-mlp/`) and on the real all-MiniLM-L6-v2 weights
+(256-bit message).
 
-Targets (message bit error rate): 0 after fp16/bf16 casts and int8; <= 2 % after int4 (group 32);
+Bounds (message bit error rate): 0 after fp16/bf16 casts and int8; <= 2 % after int4 (group 32);
 0 / <= 0.1 % / <= 2 % under Gaussian noise of 0.1 / 0.5 / 1.0 x each tensor's RMS; <= 1 % after 50 %
 magnitude pruning; <= 1 % after 1000 Adam steps (lr 1e-4) of fine-tuning; 0 after neuron permutation and
 scaling with re-synchronisation; <= 1 % after a second mark with another key. Wrong keys and unmarked
-models: false-positive probability never below 1e-6 over 200 random keys. Fidelity: classifier test
+models are never detected and their false-positive probability stays above 1e-6. Fidelity: classifier test
 accuracy within one test example; MiniLM sentence embeddings cosine >= 0.999 to the unmarked model.
 
-Each measurement prints a `WMROW` line (run with `-s` to see the matrix). The MiniLM matrix is `slow`.
+The measurement (every row's figures, 200 random keys per model) is `bench/bench_watermark_robustness.py`;
+these tests assert the bounds, with a few wrong keys each.
 """
 
 from __future__ import annotations
@@ -31,17 +33,11 @@ pytestmark = pytest.mark.integration
 torch.set_num_threads(1)
 
 Attack = Callable[[H.Arrays], H.Arrays]
-ATTACKS: list[tuple[str, Attack, float]] = [
-    ("none", lambda s: s, 0.0),
-    ("fp16 cast", H.cast_fp16, 0.0),
-    ("bf16 cast", H.cast_bf16, 0.0),
-    ("int8 per-channel", H.quant_int8, 0.0),
-    ("int4 group 32", H.quant_int4, 0.02),
-    ("noise 0.1 rms", lambda s: H.gaussian_noise(s, 0.1), 0.0),
-    ("noise 0.5 rms", lambda s: H.gaussian_noise(s, 0.5), 0.001),
-    ("noise 1.0 rms", lambda s: H.gaussian_noise(s, 1.0), 0.02),
-    ("prune 50% magnitude", H.prune_magnitude, 0.01),
-]
+ATTACKS = H.ATTACKS
+#: Random wrong keys on each model (the bench draws 200): none may be detected. A blind detect of MiniLM
+#: takes about 1.5 s, of the classifier about 0.06 s.
+WRONG_KEYS = 8
+MINILM_WRONG_KEYS = 2
 
 
 def _row(model: str, attack: str, r: DetectionResult, extra: str = "") -> None:
@@ -69,7 +65,7 @@ class Marked:
 @pytest.fixture(scope="module")
 def classifier(tmp_path_factory: pytest.TempPathFactory) -> Marked:
     root = tmp_path_factory.mktemp("clf")
-    clean = H.train_digits_mlp(hidden=512, steps=1000)
+    clean = H.digits_mlp()
     H.save_state(clean, root / "src")
     key = WatermarkKey.from_bytes(bytes(range(1, 33)))
     message = b"ACME-clf"  # 64 bits
@@ -116,6 +112,7 @@ def test_classifier_matrix(classifier: Marked, tmp_path: Path, attack: str, fn: 
         assert r.detected and r.bit_error_rate == 0
 
 
+@pytest.mark.slow  # 1000 Adam steps, about 10 s
 def test_classifier_finetuning(classifier: Marked) -> None:
     tuned = H.finetune(classifier.marked, steps=1000, lr=1e-4)
     _, xte, _, yte = H.digits_data()
@@ -151,7 +148,7 @@ def test_classifier_second_mark(classifier: Marked, tmp_path: Path) -> None:
 def test_classifier_wrong_keys_and_unmarked(classifier: Marked) -> None:
     rng = np.random.default_rng(2024)
     worst_marked = worst_clean = 0.0
-    for _ in range(200):
+    for _ in range(WRONG_KEYS):
         key = WatermarkKey.from_bytes(rng.bytes(32))
         wrong = detect(classifier.marked, key)  # blind, as `modelsec watermark detect` runs by default
         clean = detect(classifier.clean, key, message=classifier.message)
@@ -160,8 +157,8 @@ def test_classifier_wrong_keys_and_unmarked(classifier: Marked) -> None:
         worst_clean = min(worst_clean, clean.log10_false_positive_probability)
     own_on_clean = detect(classifier.clean, classifier.key)
     print(
-        f"WMKEYS|classifier|200 wrong keys on marked (blind): min log10 FPP {worst_marked:.2f}|"
-        f"200 random keys on unmarked (message): min log10 FPP {worst_clean:.2f}|"
+        f"WMKEYS|classifier|{WRONG_KEYS} wrong keys on marked (blind): min log10 FPP {worst_marked:.2f}|"
+        f"{WRONG_KEYS} random keys on unmarked (message): min log10 FPP {worst_clean:.2f}|"
         f"own key on unmarked: log10 FPP {own_on_clean.log10_false_positive_probability:.2f}"
     )
     assert worst_marked > -6 and worst_clean > -6 and not own_on_clean.detected
@@ -240,13 +237,13 @@ def test_minilm_second_mark(minilm: Marked, tmp_path: Path) -> None:
 def test_minilm_wrong_keys(minilm: Marked) -> None:
     rng = np.random.default_rng(7)
     worst = 0.0
-    for _ in range(200):
+    for _ in range(MINILM_WRONG_KEYS):
         r = detect(minilm.marked, WatermarkKey.from_bytes(rng.bytes(32)))
         assert not r.detected
         worst = min(worst, r.log10_false_positive_probability)
     clean = detect(minilm.clean, minilm.key, message=minilm.message)
     print(
-        f"WMKEYS|minilm|200 wrong keys on marked (blind): min log10 FPP {worst:.2f}|own key on unmarked: "
-        f"log10 FPP {clean.log10_false_positive_probability:.2f}"
+        f"WMKEYS|minilm|{MINILM_WRONG_KEYS} wrong keys on marked (blind): min log10 FPP {worst:.2f}|"
+        f"own key on unmarked: log10 FPP {clean.log10_false_positive_probability:.2f}"
     )
     assert worst > -6 and not clean.detected and clean.log10_false_positive_probability > -6

@@ -308,13 +308,13 @@ def test_certificate_is_reloaded_when_it_changes_on_disk(webhook: Webhook, tmp_p
 def test_cli_serve_refuses_bad_tls_material(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    from modelsec._cli_webhook import webhook
+    from modelsec.cli.webhook import webhook
 
     (tmp_path / "store").mkdir()
     (tmp_path / "tls.crt").write_text("not a certificate")
     (tmp_path / "tls.key").write_text("not a key")
     args = ["serve", "--policy", str(ADM01 / "policy.json"), "--store", str(tmp_path / "store")]
-    args += ["--cert", str(tmp_path / "tls.crt"), "--key", str(tmp_path / "tls.key"), "--port", "0"]
+    args += ["--tls-cert", str(tmp_path / "tls.crt"), "--tls-key", str(tmp_path / "tls.key"), "--port", "0"]
     result = CliRunner().invoke(webhook, args)
     assert result.exit_code == 1
     assert "cannot load the serving certificate" in result.output

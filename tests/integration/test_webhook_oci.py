@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from modelsec._oci_model import bound_root_digests, push_model
-from modelsec._oci_registry import RegistryOptions
+from modelsec.distribution.push_pull import bound_root_digests, push_model
 from modelsec.policy import Policy, PolicySet
+from modelsec.registry.client import RegistryOptions
 from modelsec.signer import load_private_key_file, sign_model
 from modelsec.verifier.stores import open_store
 from modelsec.verifier.stores.directory import DirectoryStore

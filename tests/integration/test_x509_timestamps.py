@@ -25,7 +25,7 @@ from modelsec.attestations.bundle import add_timestamps, parse_bundle
 from modelsec.errors import SignatureError
 from modelsec.policy import Policy, PolicySet
 from modelsec.verifier import verify_model
-from modelsec.verifier.timestamps import request_timestamp
+from modelsec.verifier.trust.timestamps import request_timestamp
 from tests.conftest import run_cli
 from tests.integration.test_certificate_trust import _sign, pki
 from tests.integration.test_rfc3161 import _make_tsa, pytestmark, tsa

@@ -20,7 +20,8 @@ from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
 from modelsec.policy import Policy
 from modelsec.signer import load_private_key_file, sign_model
 from modelsec.signer.keys import generate_private_key_pem
-from modelsec.signer.signing import MODEL_IGNORE_PATHS, compute_manifests
+from modelsec.signer.layout import MODEL_IGNORE_PATHS
+from modelsec.signer.signing import compute_manifests
 from modelsec.verifier import verify_model
 
 ms_signing = pytest.importorskip("model_signing.signing")

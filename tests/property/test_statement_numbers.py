@@ -15,9 +15,11 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from modelsec.attestations.oms_predicate import OMS_PREDICATE_TYPE, parse_manifest
 from modelsec.attestations.predicates import check_predicate_numbers
-from modelsec.attestations.statement import GATE_PREDICATE_TYPE, WATERMARK_PREDICATE_TYPE, parse_statement
+from modelsec.attestations.predicates.gate import GATE_PREDICATE_TYPE
+from modelsec.attestations.predicates.oms import OMS_PREDICATE_TYPE, parse_manifest
+from modelsec.attestations.predicates.watermark import WATERMARK_PREDICATE_TYPE
+from modelsec.attestations.statement import parse_statement
 from modelsec.errors import Error
 from modelsec.policy import RobustnessRequirement, WatermarkRequirement
 from modelsec.verifier._statement_checks import check_gate, check_watermark

@@ -89,7 +89,6 @@ SURFACE: dict[str, list[str]] = {
         "check_digests",
         "check_file_set",
         "find_attestation_bundles",
-        "find_default_bundles",
         "load_model",
         "load_signed_model",
         "open_model",

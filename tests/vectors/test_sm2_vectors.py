@@ -6,9 +6,11 @@ import hashlib
 
 import pytest
 
-from modelsec.signer import _sm2_core, _sm2_gmssl, sm2
 from modelsec.signer.der import encode_signature
-from modelsec.signer.sm2 import Sm2PrivateKey, Sm2PublicKey
+from modelsec.signer.schemes.sm2 import _core as _sm2_core
+from modelsec.signer.schemes.sm2 import _gmssl as _sm2_gmssl
+from modelsec.signer.schemes.sm2 import api as sm2
+from modelsec.signer.schemes.sm2.api import Sm2PrivateKey, Sm2PublicKey
 from tests.conftest import CORPUS
 
 # --- GB/T 32905-2016 (SM3) annex A --------------------------------------------------------------------------

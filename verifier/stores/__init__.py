@@ -8,24 +8,30 @@ every bundle it gets, and a bundle that is not trusted evidence about the model 
 |---|---|
 | a plain path, `file:///abs/dir` | `DirectoryStore`: `<dir>/sha256/<digest>/<sha256 of the bundle>.sig` |
 | `sqlite:///abs/file.db`, `sqlite://rel.db` | `SqliteAttestationStore` (the service's embedded default) |
-| `grpc://HOST:PORT`, `grpcs://HOST:PORT` | `GrpcAttestationStore`: the service's AttestationService |
+| `oci://REGISTRY/REPOSITORY` | `OciStore`: referrers of the model's manifests |
+| `grpc://HOST:PORT`, `grpcs://HOST:PORT` | `GrpcAttestationStore`: the service's API (an entry point) |
 
-A new store (e.g. `oci://`, issue 17) is one module beside these with a class implementing
-`AttestationStore` and one line in `_OPENERS`.
+A store of this package is one module beside these with a class implementing `AttestationStore` and one line
+in `_OPENERS`. A store that lives above the verifier (the service's gRPC client) or in another
+distribution registers an opener `(target, StoreOptions) -> AttestationStore` under the entry-point group
+`modelsec.attestation_stores`, named by its URI scheme (`grpc = "modelsec.service.grpc_store:open_plaintext"`
+in pyproject.toml): the verifier never imports it, it is loaded when a store of its scheme is opened.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Protocol
 
 from modelsec.errors import PolicyError
 from modelsec.limits import Limits
 
-__all__ = ["AttestationStore", "StoreOptions", "StoredBundle", "open_store"]
+__all__ = ["ENTRY_POINT_GROUP", "AttestationStore", "StoreOptions", "StoredBundle", "open_store"]
+
+ENTRY_POINT_GROUP = "modelsec.attestation_stores"
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,24 +167,33 @@ def _open_sqlite(target: str, options: StoreOptions) -> AttestationStore:
     )
 
 
-def _open_grpc(target: str, options: StoreOptions, *, plaintext: bool) -> AttestationStore:
-    # The gRPC store is the service's client (a front door's transport, above this layer): it is looked up
-    # by module name when such a store is opened, as a plugin would be, so the verifier never imports it.
-    grpc_store: Any = importlib.import_module("modelsec.service.grpc_store")
-    store: AttestationStore = grpc_store.GrpcAttestationStore.connect(
-        target, options.channel, plaintext=plaintext
-    )
-    return store
+def _open_oci(target: str, options: StoreOptions) -> AttestationStore:
+    from modelsec.verifier.stores.oci import open_store as open_oci_store
+
+    return open_oci_store(target, options)
 
 
 _OPENERS: dict[str, Callable[[str, StoreOptions], AttestationStore]] = {
     "": _open_directory,
     "file": _open_directory,
     "sqlite": _open_sqlite,
-    "grpc": lambda target, options: _open_grpc(target, options, plaintext=True),
-    "grpcs": lambda target, options: _open_grpc(target, options, plaintext=False),
-    "oci": lambda t, options: importlib.import_module("modelsec.verifier.stores.oci").open_store(t, options),
+    "oci": _open_oci,
 }
+
+
+def _registered_opener(scheme: str) -> Callable[[str, StoreOptions], AttestationStore] | None:
+    """The opener a distribution registered for `scheme` (entry-point group `modelsec.attestation_stores`).
+
+    Loading it imports its module: a missing extra surfaces as that module's `ModuleNotFoundError`.
+    """
+    for entry_point in entry_points(group=ENTRY_POINT_GROUP, name=scheme):
+        opener: Callable[[str, StoreOptions], AttestationStore] = entry_point.load()
+        return opener
+    return None
+
+
+def _known_schemes() -> list[str]:
+    return sorted({s for s in _OPENERS if s} | {e.name for e in entry_points(group=ENTRY_POINT_GROUP)})
 
 
 def _split(reference: str) -> tuple[str, str]:
@@ -203,9 +218,9 @@ def open_store(reference: str, options: StoreOptions | None = None) -> Attestati
         BackendUnavailableError: The store cannot be opened (SQLite), or the grpc extra is missing.
     """
     scheme, target = _split(reference)
-    opener = _OPENERS.get(scheme)
+    opener = _OPENERS.get(scheme) or _registered_opener(scheme)
     if opener is None:
-        known = ", ".join(f"{s}://" for s in sorted(_OPENERS) if s)
+        known = ", ".join(f"{s}://" for s in _known_schemes())
         raise PolicyError(f"attestation store {reference!r}: unknown scheme {scheme!r} (use a path, {known})")
     if not target:
         raise PolicyError(f"attestation store {reference!r} names no directory, file or server")

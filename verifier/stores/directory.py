@@ -29,9 +29,9 @@ from modelsec.errors import (
     PolicyViolationError,
     SignatureError,
 )
-from modelsec.signer.signing import write_bundle_file
-from modelsec.verifier.bundles import read_bundle_bytes
+from modelsec.signer.layout import write_bundle_file
 from modelsec.verifier.stores import StoredBundle
+from modelsec.verifier.trust.bundles import read_bundle_bytes
 
 __all__ = ["DirectoryStore", "subject_root_digest"]
 

@@ -22,16 +22,6 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from modelsec._oci_referrers import attach_bundle, read_referrer_bundle
-from modelsec._oci_registry import (
-    BINDING_PREDICATE_TYPE,
-    BUNDLE_ARTIFACT_TYPE,
-    OciReference,
-    RegistryClient,
-    RegistryOptions,
-    parse_reference,
-    root_tag,
-)
 from modelsec.attestations.bundle import parse_bundle
 from modelsec.attestations.statement import is_sha256_hex, parse_statement
 from modelsec.errors import (
@@ -42,6 +32,16 @@ from modelsec.errors import (
     MalformedArtifactError,
     NotFoundError,
 )
+from modelsec.registry.client import (
+    BINDING_PREDICATE_TYPE,
+    BUNDLE_ARTIFACT_TYPE,
+    OciReference,
+    RegistryClient,
+    RegistryOptions,
+    parse_reference,
+    root_tag,
+)
+from modelsec.registry.referrers import attach_bundle, read_referrer_bundle
 from modelsec.verifier.stores import StoredBundle, StoreOptions
 from modelsec.verifier.stores.directory import subject_root_digest
 

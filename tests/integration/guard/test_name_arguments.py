@@ -70,7 +70,7 @@ from transformers.utils import cached_file
 from transformers.utils.hub import cached_files
 import torch
 torch.set_num_threads(1)
-from modelsec.verifier import hook
+from modelsec.verifier.guard import hook
 assert hook.installed()
 tiny, nested, tig, unsigned, gen = sys.argv[1:6]
 results = {}

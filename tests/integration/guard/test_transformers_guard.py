@@ -23,7 +23,8 @@ import pytest
 from modelsec.errors import DigestMismatchError, PolicyViolationError, SignatureError, VerificationError
 from modelsec.policy import Policy
 from modelsec.signer import load_private_key_file, sign_model
-from modelsec.verifier import hook, open_model
+from modelsec.verifier import open_model
+from modelsec.verifier.guard import hook
 from tests.conftest import REPO, SHARED
 from tests.integration.guard.models import CHAT_TEMPLATE, write_tiny_decoder
 
@@ -151,7 +152,7 @@ def test_files_replaced_after_verification_are_never_read(decoder: Path, guard: 
 def test_snapshot_is_private_read_only_memory_and_logged(
     decoder: Path, guard: Callable[..., None], caplog: pytest.LogCaptureFixture
 ) -> None:
-    from modelsec.verifier.snapshot import snapshot_containing
+    from modelsec.verifier.guard.snapshot import snapshot_containing
 
     guard()
     with caplog.at_level(logging.INFO, logger="modelsec.audit"):

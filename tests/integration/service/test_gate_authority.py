@@ -21,7 +21,8 @@ torch = pytest.importorskip("torch")
 import numpy as np  # noqa: E402
 
 from modelsec.attestations.bundle import parse_bundle  # noqa: E402
-from modelsec.attestations.statement import GATE_PREDICATE_TYPE, parse_statement  # noqa: E402
+from modelsec.attestations.predicates.gate import GATE_PREDICATE_TYPE  # noqa: E402
+from modelsec.attestations.statement import parse_statement  # noqa: E402
 from modelsec.errors import PermissionDeniedError, VerificationError  # noqa: E402
 from modelsec.policy import Policy  # noqa: E402
 from modelsec.service.client import ChannelOptions, ModelsecClient  # noqa: E402

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from modelsec.attestations.statement import GATE_PREDICATE_TYPE, WATERMARK_PREDICATE_TYPE
+from modelsec.attestations.predicates.gate import GATE_PREDICATE_TYPE
+from modelsec.attestations.predicates.watermark import WATERMARK_PREDICATE_TYPE
 from modelsec.errors import MalformedArtifactError
 from modelsec.service.client import ChannelOptions, ModelsecClient
 from tests.service_support import InThreadServer, write_server_config

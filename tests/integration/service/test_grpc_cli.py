@@ -40,12 +40,14 @@ def test_remote_signing_is_verified_like_local_signing(
     signed = json.loads(r.stdout)
     assert [b["algorithm"] for b in signed["bundles"]] == ["ecdsa-p256", "sm2"]
     r = run_cli(
-        "sign", local, "--key", key_dir / "ecdsa-p256.key.pem", "--key", key_dir / "sm2.key.pem", "--json"
+        "sign", local, "--signing-key", key_dir / "ecdsa-p256.key.pem", "--signing-key",
+        key_dir / "sm2.key.pem", "--json"
     )
     assert json.loads(r.stdout)["rootDigest"] == signed["rootDigest"]
     for model in (remote, local):
         r = run_cli(
-            "verify", model, "--key", key_dir / "ecdsa-p256.pub.pem", "--key", key_dir / "sm2.pub.pem",
+            "verify", model, "--trusted-key", key_dir / "ecdsa-p256.pub.pem", "--trusted-key",
+            key_dir / "sm2.pub.pem",
             "--require", "ecdsa-p256,sm2", "--json",
         )  # fmt: skip
         assert r.returncode == 0, r.stderr
@@ -132,13 +134,14 @@ def test_unknown_key_version_and_unreachable_server(tmp_path: Path, server: InTh
 
 def test_attest_push_and_pull(tmp_path: Path, server: InThreadServer, key_dir: Path) -> None:
     model = write_tiny_model(tmp_path / "m")
-    r = run_cli("sign", model, "--key", key_dir / "ecdsa-p256.key.pem", "--json")
+    r = run_cli("sign", model, "--signing-key", key_dir / "ecdsa-p256.key.pem", "--json")
     digest = json.loads(r.stdout)["rootDigest"].removeprefix("sha256:")
     r = run_cli("attest", "push", model / "model.sig", "--server", server.target, "--plaintext")
     assert r.returncode == 0 and r.stdout.startswith("stored "), r.stderr
     r = run_cli("attest", "push", model / "model.sig", "--server", server.target, "--plaintext", "--json")
     assert json.loads(r.stdout)["stored"][0]["created"] is False
-    run_cli("sign", model, "--key", key_dir / "other.key.pem", "--signature", tmp_path / "untrusted.sig")
+    run_cli("sign", model, "--signing-key", key_dir / "other.key.pem", "--signature",
+        tmp_path / "untrusted.sig")
     r = run_cli("attest", "push", tmp_path / "untrusted.sig", "--server", server.target, "--plaintext")
     assert r.returncode == 1 and "untrusted.sig" in r.stderr and "not stored" in r.stderr, r.stderr
     out = tmp_path / "pulled"

@@ -22,13 +22,14 @@ from grpc_status import rpc_status
 from modelsec import errors
 from modelsec.algorithms import HashAlgorithm
 from modelsec.attestations import Statement, Subject, sign_statement
-from modelsec.attestations.oms_predicate import manifest_statement
+from modelsec.attestations.predicates.oms import manifest_statement
 from modelsec.attestations.statement import serialize_statement
 from modelsec.service.client import ChannelOptions, ModelsecClient
 from modelsec.service.status import DOMAIN, trailing_metadata_for
 from modelsec.service.store import StoreFullError
 from modelsec.signer import load_private_key_file
-from modelsec.signer.signing import MODEL_IGNORE_PATHS, compute_manifests
+from modelsec.signer.layout import MODEL_IGNORE_PATHS
+from modelsec.signer.signing import compute_manifests
 from modelsec.v1 import signing_pb2
 from modelsec.verifier.attestations import GATE_PREDICATE_TYPE
 from tests.conftest import write_tiny_model

@@ -13,7 +13,7 @@ import pytest
 
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
 from modelsec.attestations.bundle import parse_bundle
-from modelsec.attestations.oms_predicate import manifest_statement
+from modelsec.attestations.predicates.oms import manifest_statement
 from modelsec.attestations.statement import serialize_statement
 from modelsec.errors import (
     AuthenticationError,
@@ -28,7 +28,8 @@ from modelsec.policy import Policy
 from modelsec.service.client import ChannelOptions, ModelsecClient
 from modelsec.signer import load_private_key_file, sign_model
 from modelsec.signer.keys import load_trusted_key_file
-from modelsec.signer.signing import MODEL_IGNORE_PATHS, compute_manifests
+from modelsec.signer.layout import MODEL_IGNORE_PATHS
+from modelsec.signer.signing import compute_manifests
 from modelsec.v1 import signing_pb2
 from modelsec.verifier import verify_attestations, verify_bundle_signature, verify_model
 from tests.conftest import write_tiny_model

@@ -56,7 +56,7 @@ def test_webhook_store_spec_is_checked(tmp_path: Path, key_dir: Path) -> None:
     from tests.service_support import write_policy
 
     policy = write_policy(tmp_path, key_dir)
-    args = ["webhook", "serve", "--policy", policy, "--cert", tmp_path / "c", "--key", tmp_path / "k"]
+    args = ["webhook", "serve", "--policy", policy, "--tls-cert", tmp_path / "c", "--tls-key", tmp_path / "k"]
     r = run_cli(*args, "--store", "ftp://store:1")
     assert r.returncode == 2 and "use a directory, grpcs://HOST:PORT or grpc://HOST:PORT" in r.stderr, (
         r.stderr

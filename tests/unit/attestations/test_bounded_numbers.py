@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from modelsec._strict_json import strict_loads
 from modelsec.attestations.predicates import check_gate_predicate, check_watermark_predicate
 from modelsec.errors import MalformedArtifactError
 from modelsec.policy import RobustnessRequirement
+from modelsec.strict_json import strict_loads
 from modelsec.verifier import verify_attestations
 from modelsec.watermark.attestation import detection_hints
 from tests.unit.verifier.test_joint_verification import _bundles, gate_predicate, setup  # noqa: F401
@@ -175,7 +175,7 @@ def test_trusted_watermark_with_huge_confidence_is_refused(setup: dict[str, Any]
 
 def test_model_json_files_keep_large_integers() -> None:
     # transformers writes `model_max_length: 1000000000000000019884624838656` (10**30) into tokenizer configs.
-    from modelsec._strict_json import strict_loads
+    from modelsec.strict_json import strict_loads
 
     doc = strict_loads(b'{"model_max_length": 1000000000000000019884624838656}', what="t", bounded_ints=False)
     assert doc["model_max_length"] == 1000000000000000019884624838656

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from modelsec.attestations.gate_predicate import parse_gate_predicate
-from modelsec.attestations.watermark_predicate import parse_recorded_parameters, parse_watermark_predicate
+from modelsec.attestations.predicates.gate import parse_gate_predicate
+from modelsec.attestations.predicates.watermark import parse_recorded_parameters, parse_watermark_predicate
 from modelsec.errors import AttestationError, MalformedArtifactError, UnsupportedAlgorithmError
 from modelsec.verifier import verify_attestations
 from modelsec.watermark.attestation import detection_hints, verify_watermark_attestation

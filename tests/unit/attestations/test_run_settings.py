@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from modelsec.attestations.gate_predicate import check_gate_run, gate_statement, parse_gate_predicate
-from modelsec.attestations.run_by import RunBy, parse_run_by
-from modelsec.attestations.watermark_predicate import (
+from modelsec.attestations.predicates.gate import check_gate_run, gate_statement, parse_gate_predicate
+from modelsec.attestations.predicates.run_by import RunBy, parse_run_by
+from modelsec.attestations.predicates.watermark import (
     check_watermark_run,
     parse_watermark_predicate,
     watermark_statement,

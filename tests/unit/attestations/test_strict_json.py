@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from modelsec._strict_json import strict_loads
 from modelsec.errors import MalformedArtifactError
+from modelsec.strict_json import strict_loads
 
 
 @pytest.mark.parametrize(

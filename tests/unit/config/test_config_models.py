@@ -16,8 +16,8 @@ import yaml
 
 from modelsec import policy as policy_module
 from modelsec import release as release_module
-from modelsec._config import validate
-from modelsec._config_models import GateSpecModel, PolicyFileModel, ServerConfigModel
+from modelsec.config import validate
+from modelsec.config_models import GateSpecModel, PolicyFileModel, ServerConfigModel
 from modelsec.errors import PolicyError
 from modelsec.policy import PolicySet
 from modelsec.release import load_gate_spec
@@ -50,9 +50,9 @@ def _heredocs(text: str) -> list[str]:
 
 def _examples() -> list[tuple[str, str, dict[str, Any]]]:
     sources = {
-        "core/policy.py": _yaml_blocks(policy_module.__doc__ or ""),
+        "core/policy/policies.py": _yaml_blocks(policy_module.__doc__ or ""),
         "core/service/config.py": _yaml_blocks(config_module.__doc__ or ""),
-        "core/release.py": _yaml_blocks(release_module.__doc__ or ""),
+        "core/release/pipeline.py": _yaml_blocks(release_module.__doc__ or ""),
         "scripts/demo.sh": _heredocs((REPO / "scripts/demo.sh").read_text()),
     }
     for doc in ("README.md", "deploy/README.md"):
@@ -231,7 +231,7 @@ def test_server_config_null_and_numbers(tmp_path: Path) -> None:
 def test_model_constants_match_the_policy_module() -> None:
     from typing import get_args
 
-    from modelsec import _config_models
+    from modelsec import config_models as _config_models
     from modelsec.policy import API_VERSION, ROLES
 
     assert _config_models.API_VERSION == API_VERSION and set(get_args(_config_models.Role)) == ROLES

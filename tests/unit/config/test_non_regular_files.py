@@ -12,16 +12,16 @@ from types import FrameType
 
 import pytest
 
-from modelsec._policy_trust import read_pem_certificates
 from modelsec.errors import Error, KeyMaterialError, PolicyError
 from modelsec.policy import PolicySet
+from modelsec.policy.trust import read_pem_certificates
 from modelsec.release import load_gate_spec
 from modelsec.service.config import load_server_config
 from modelsec.signer.keys import load_trusted_key_file
 
 
 def _load_tsa(path: Path) -> object:
-    timestamps = pytest.importorskip("modelsec.verifier.timestamps")
+    timestamps = pytest.importorskip("modelsec.verifier.trust.timestamps")
     return timestamps.load_timestamp_authority(path)
 
 

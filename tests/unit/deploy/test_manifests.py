@@ -135,9 +135,9 @@ def test_serve_deployment_is_safe_and_consistent(overlay: str) -> None:
 def test_serve_args_and_config_map_load_with_the_cli() -> None:
     import yaml
 
-    from modelsec._cli_service import serve
-    from modelsec._config import validate
-    from modelsec._config_models import ServerConfigModel
+    from modelsec.cli.service import serve
+    from modelsec.config import validate
+    from modelsec.config_models import ServerConfigModel
 
     docs = render(SERVE / "overlays" / "self-signed")
     spec = one(docs, "Deployment")["spec"]["template"]["spec"]

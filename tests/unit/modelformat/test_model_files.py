@@ -9,7 +9,8 @@ import pytest
 
 from modelsec.errors import MalformedArtifactError, PolicyViolationError
 from modelsec.limits import Limits
-from modelsec.modelformat.model_files import DEFAULT_IGNORE_PATHS, validate_resource_name, walk_model
+from modelsec.modelformat.model_files import validate_resource_name, walk_model
+from modelsec.signer.layout import DEFAULT_IGNORE_PATHS
 
 
 @pytest.mark.parametrize(

@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 
 from modelsec.errors import MalformedArtifactError, PolicyViolationError
-from modelsec.modelformat import _openat2
+from modelsec.modelformat import openat2
 from modelsec.modelformat.model_files import open_dir_beneath, walk_model
 
 
 @pytest.fixture(params=["openat2", "walk"])
 def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == "openat2" and _openat2._unavailable:
+    if request.param == "openat2" and openat2._unavailable:
         pytest.skip("openat2 is unavailable here")
-    monkeypatch.setattr(_openat2, "FORCE_FALLBACK", request.param == "walk")
+    monkeypatch.setattr(openat2, "FORCE_FALLBACK", request.param == "walk")
     return str(request.param)
 
 
@@ -48,17 +48,17 @@ def tree(tmp_path: Path) -> Iterator[int]:
 )
 def test_refusals_agree(tree: int, mode: str, path: str, flags: int, err: int) -> None:
     with pytest.raises(OSError) as caught:
-        os.close(_openat2.open_beneath_fd(tree, path, flags))
+        os.close(openat2.open_beneath_fd(tree, path, flags))
     assert caught.value.errno == err
 
 
 def test_opens(tree: int, mode: str) -> None:
-    fd = _openat2.open_beneath_fd(tree, "d/f", os.O_RDONLY)
+    fd = openat2.open_beneath_fd(tree, "d/f", os.O_RDONLY)
     try:
         assert os.read(fd, 10) == b"x"
     finally:
         os.close(fd)
-    assert _openat2.openat2_available() is (mode == "openat2")
+    assert openat2.openat2_available() is (mode == "openat2")
 
 
 def test_modelsec_errors(tree: int, mode: str) -> None:

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 import numpy as np  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
-from modelsec._cli import main  # noqa: E402
+from modelsec.cli.main import main  # noqa: E402
 from tests.unit.robustness import _helpers as h  # noqa: E402
 
 
@@ -42,9 +42,9 @@ def _args(model: Path, data: Path, key_dir: Path, out: Path) -> list[str]:
         "5",
         "--sanity-samples",
         "10",
-        "--key",
+        "--signing-key",
         str(key_dir / "ecdsa-p256.key.pem"),
-        "--trust",
+        "--trusted-key",
         str(key_dir / "ecdsa-p256.pub.pem"),
         "--out",
         str(out),
@@ -102,11 +102,11 @@ def test_refusals_name_a_specific_error(
     out = tmp_path / "o.sig"
     args = _args(model, data, key_dir, out)
     if case == "untrusted":
-        args = _replace(args, "--trust", str(key_dir / "other.pub.pem"))
+        args = _replace(args, "--trusted-key", str(key_dir / "other.pub.pem"))
     elif case == "bad-arch":
         args = _replace(args, "--arch", "digits_models:digits_mlp")
     elif case == "missing-key":
-        args = _replace(args, "--key", str(tmp_path / "absent.pem"))
+        args = _replace(args, "--signing-key", str(tmp_path / "absent.pem"))
     result = CliRunner().invoke(main, [*args, *extra])
     code, doc, output = result.exit_code, json.loads(result.stdout), result.output
     assert code == (2 if kind == "UsageError" else 1), output  # a value wrong by itself is a usage error

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 import numpy as np  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
-from modelsec._cli import main  # noqa: E402
+from modelsec.cli.main import main  # noqa: E402
 from tests.unit.robustness import _helpers as h  # noqa: E402
 from tests.unit.robustness.test_cli_gate import _args, _replace  # noqa: E402
 

@@ -8,13 +8,13 @@ import sys
 
 def test_package_and_cli_module_do_not_import_torch() -> None:
     code = (
-        "import sys, modelsec.robustness as r, modelsec._cli_gate as g\n"
+        "import sys, modelsec.robustness as r, modelsec.cli.gate as g\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
         "assert r.PREDICATE_TYPE == 'https://modelsec.dev/robustness-gate/v1'\n"
         "assert r.wilson_interval(1, 2)[0] > 0 and 'torch' not in sys.modules\n"
         "assert g.gate.name == 'gate' and 'pgd' in g.gate.commands\n"
-        "import modelsec._cli\n"
-        "assert 'gate' in modelsec._cli.main.commands and 'torch' not in sys.modules\n"
+        "import modelsec.cli.main\n"
+        "assert 'gate' in modelsec.cli.main.main.commands and 'torch' not in sys.modules\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr

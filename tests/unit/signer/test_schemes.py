@@ -11,7 +11,6 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
 from modelsec.attestations.bundle import Bundle, parse_bundle, sign_payload
 from modelsec.errors import KeyMaterialError, SignatureError, UnsupportedAlgorithmError
-from modelsec.signer import _sm2_asn1
 from modelsec.signer.keys import (
     PemFileKeySource,
     generate_private_key_pem,
@@ -19,9 +18,10 @@ from modelsec.signer.keys import (
     load_private_key,
     load_trusted_key,
 )
+from modelsec.signer.layout import SIGNATURE_FILE_NAMES
 from modelsec.signer.schemes import all_schemes, scheme_for, scheme_for_bundle_name
-from modelsec.signer.signing import SIGNATURE_FILE_NAMES
-from modelsec.verifier.bundles import has_key_for_bundle
+from modelsec.signer.schemes.sm2 import _asn1 as _sm2_asn1
+from modelsec.verifier.trust.bundles import has_key_for_bundle
 
 
 def test_every_spelling_has_exactly_one_scheme() -> None:

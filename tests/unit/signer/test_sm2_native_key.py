@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 from modelsec.errors import BackendUnavailableError, SignatureError, UnsupportedAlgorithmError
-from modelsec.signer import _sm2_openssl, sm2
 from modelsec.signer.keys import load_private_key
-from modelsec.signer.sm2 import Sm2PrivateKey
+from modelsec.signer.schemes.sm2 import _openssl as _sm2_openssl
+from modelsec.signer.schemes.sm2 import api as sm2
+from modelsec.signer.schemes.sm2.api import Sm2PrivateKey
 
 D1 = 0x6B2A4E5D1F0C3B8A79E6D5C4B3A29180F7E6D5C4B3A291807F6E5D4C3B2A1908
 

@@ -30,5 +30,6 @@ def test_colliding_bundles_error_names_no_cli_option(tiny_model: Path, key_dir: 
 
 
 def test_cli_adds_its_own_hint(tiny_model: Path, key_dir: Path) -> None:
-    r = run_cli("sign", tiny_model, "-k", key_dir / f"{P256}.key.pem", "-k", key_dir / "other.key.pem")
+    r = run_cli("sign", tiny_model, "--signing-key", key_dir / f"{P256}.key.pem", "--signing-key",
+        key_dir / "other.key.pem")
     assert r.returncode == 2 and "give --signature for each key" in r.stderr, r.stderr

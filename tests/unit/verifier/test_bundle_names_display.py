@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from modelsec._cli import main
+from modelsec.cli.main import main
 from modelsec.signer import load_private_key_file, sign_model
 
 COMMANDS = [["inspect"], ["attest", "list"], ["attest", "show"]]
@@ -48,11 +48,11 @@ def test_a_misnamed_bundle_is_refused_with_verifys_words(
 ) -> None:
     alg = _misnamed(tiny_model, key_dir, case)
     key = key_dir / f"{alg}.pub.pem"
-    code, verified = _invoke("verify", tiny_model, "-k", key, "--json")
+    code, verified = _invoke("verify", tiny_model, "--trusted-key", key, "--json")
     assert code == 1 and verified["error"]["kind"] == "SignatureError"  # type: ignore[index]
     assert "a default-named bundle must be of its name's algorithm" in verified["error"]["message"]  # type: ignore[index]
 
-    code, shown = _invoke(*command, tiny_model, "-k", key, "--json")
+    code, shown = _invoke(*command, tiny_model, "--trusted-key", key, "--json")
     assert code == 1, shown
     assert shown["error"] == verified["error"]
 
@@ -72,8 +72,8 @@ def test_a_p384_bundle_at_model_sig_is_shown_as_verify_accepts_it(
 ) -> None:
     _sign(tiny_model, key_dir, "ecdsa-p384", to="model.sig")
     key = key_dir / "ecdsa-p384.pub.pem"
-    assert _invoke("verify", tiny_model, "-k", key, "--json")[0] == 0
-    code, shown = _invoke(*command, tiny_model, "-k", key, "--json")
+    assert _invoke("verify", tiny_model, "--trusted-key", key, "--json")[0] == 0
+    code, shown = _invoke(*command, tiny_model, "--trusted-key", key, "--json")
     assert code == 0, shown
     assert [b["signer"]["algorithm"] for b in shown["bundles"]] == ["ecdsa-p384"]  # type: ignore[attr-defined]
 
@@ -85,7 +85,7 @@ def test_inspect_applies_the_rule_to_an_explicit_default_name_as_verify_does(
     elsewhere = tmp_path / "model.sm2.sig"
     shutil.copy(tiny_model / "model.sig", elsewhere)
     key = key_dir / "ecdsa-p256.pub.pem"
-    _, verified = _invoke("verify", tiny_model, "-k", key, "--signature", elsewhere, "--json")
-    code, shown = _invoke("inspect", tiny_model, "-k", key, "--signature", elsewhere, "--json")
+    _, verified = _invoke("verify", tiny_model, "--trusted-key", key, "--signature", elsewhere, "--json")
+    code, shown = _invoke("inspect", tiny_model, "--trusted-key", key, "--signature", elsewhere, "--json")
     assert code == 1 and shown["error"] == verified["error"]
     assert "model.sm2.sig" in shown["error"]["message"]  # type: ignore[index]

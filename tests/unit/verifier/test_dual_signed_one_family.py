@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from modelsec._cli import main
+from modelsec.cli.main import main
 from modelsec.signer import load_private_key_file, sign_model
 from tests.conftest import write_tiny_model
 
@@ -104,7 +104,7 @@ def test_a_policy_requiring_both_still_needs_both(
         "dsseEnvelope"
     ]["signatures"][0]["sig"]
     (model / second_name).write_text(json.dumps(bundle))
-    code, out, _ = _invoke("verify", model, "-k", keys[0], "-k", keys[1], "--json")
+    code, out, _ = _invoke("verify", model, "--trusted-key", keys[0], "--trusted-key", keys[1], "--json")
     assert code == 1 and second_name in out["error"]["message"], out
 
 
@@ -133,7 +133,7 @@ def test_a_key_of_another_curve_is_named_as_such(
         dual["ecdsa"],
         "-s",
         dual["ecdsa"] / "model.sig",
-        "-k",
+        "--trusted-key",
         key_dir / "ecdsa-p384.pub.pem",
         "--json",
     )
@@ -143,7 +143,8 @@ def test_a_key_of_another_curve_is_named_as_such(
 def test_a_key_of_another_parameter_set_is_named_as_such(dual: dict[str, Path], key_dir: Path) -> None:
     model = dual["ml-dsa"]
     code, out, _ = _invoke(
-        "verify", model, "-s", model / "model.ml-dsa-44.sig", "-k", key_dir / "ml-dsa-65.pub.pem", "--json"
+        "verify", model, "-s", model / "model.ml-dsa-44.sig", "--trusted-key",
+        key_dir / "ml-dsa-65.pub.pem", "--json"
     )
     assert code == 1
     message = out["error"]["message"]

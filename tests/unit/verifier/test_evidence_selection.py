@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from modelsec._cli import main
 from modelsec.attestations import Statement, Subject, sign_statement
+from modelsec.cli.main import main
 from modelsec.errors import NotFoundError
 from modelsec.policy import PolicySet
 from modelsec.signer import load_private_key_file

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from modelsec._cli import main
+from modelsec.cli.main import main
 from modelsec.signer import load_private_key_file, sign_model
 from tests.conftest import write_tiny_model
 
@@ -44,7 +44,7 @@ def test_p256_key_checks_ecdsa_and_skips_sm2(both_signed: Path, key_dir: Path, c
     assert rows["model.sm2.sig"]["signer"] is None
     assert rows["model.sm2.sig"]["skipped"] is True
     # Text output: the same verdicts, and verify's note on stderr for the skipped bundle.
-    code, out, err = _invoke(*command, both_signed, "-k", p256)
+    code, out, err = _invoke(*command, both_signed, "--trusted-key", p256)
     assert code == 0, out + err
     assert "model.sm2.sig not checked (no configured key of its algorithm)" in err
     assert "model.sig not checked" not in err
@@ -59,7 +59,8 @@ def test_p256_key_checks_ecdsa_and_skips_sm2(both_signed: Path, key_dir: Path, c
 @pytest.mark.parametrize("command", [["inspect"], ["attest", "list"]])
 def test_both_keys_check_both(both_signed: Path, key_dir: Path, command: list[str]) -> None:
     code, out, err = _invoke(
-        *command, both_signed, "-k", key_dir / "ecdsa-p256.pub.pem", "-k", key_dir / "sm2.pub.pem", "--json"
+        *command, both_signed, "--trusted-key", key_dir / "ecdsa-p256.pub.pem", "--trusted-key",
+        key_dir / "sm2.pub.pem", "--json"
     )
     assert code == 0, out + err
     signers = sorted(b["signer"]["algorithm"] for b in json.loads(out)["bundles"])
@@ -70,7 +71,7 @@ def test_both_keys_check_both(both_signed: Path, key_dir: Path, command: list[st
 def test_wrong_key_of_a_checkable_scheme_is_still_refused(
     both_signed: Path, key_dir: Path, command: list[str]
 ) -> None:
-    code, out, _ = _invoke(*command, both_signed, "-k", key_dir / "other.pub.pem", "--json")
+    code, out, _ = _invoke(*command, both_signed, "--trusted-key", key_dir / "other.pub.pem", "--json")
     assert code == 1
     assert json.loads(out)["error"]["kind"] == "SignatureError"
 
@@ -81,7 +82,7 @@ def test_explicit_sm2_signature_is_checked_not_skipped(both_signed: Path, key_di
         both_signed,
         "--signature",
         both_signed / "model.sm2.sig",
-        "-k",
+        "--trusted-key",
         key_dir / "ecdsa-p256.pub.pem",
         "--json",
     )
@@ -95,7 +96,7 @@ def test_nothing_checkable_is_refused(
     only_sm2 = tmp_path / "only-sm2"
     shutil.copytree(both_signed, only_sm2)
     (only_sm2 / "model.sig").unlink()
-    code, out, _ = _invoke(*command, only_sm2, "-k", key_dir / "ecdsa-p256.pub.pem", "--json")
+    code, out, _ = _invoke(*command, only_sm2, "--trusted-key", key_dir / "ecdsa-p256.pub.pem", "--json")
     assert code == 1
     error = json.loads(out)["error"]
     assert error["kind"] == "SignatureError" and "no bundle can be checked" in error["message"]

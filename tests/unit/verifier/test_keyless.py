@@ -22,7 +22,7 @@ pytest.importorskip(
 from modelsec.attestations.bundle import parse_bundle
 from modelsec.errors import MalformedArtifactError, PolicyError, SignatureError
 from modelsec.policy import IdentityRule, PolicySet, SigstoreAuthority
-from modelsec.verifier.bundles import verify_bundle_signature
+from modelsec.verifier.trust.bundles import verify_bundle_signature
 
 VECTOR = (
     Path(__file__).resolve().parents[2] / "vectors" / "sigstore" / "a.dsse.staging-rekor-v2.txt.sigstore.json"

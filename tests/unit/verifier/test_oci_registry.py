@@ -18,7 +18,13 @@ from typing import Any
 
 import pytest
 
-from modelsec._oci_registry import (
+from modelsec.errors import (
+    BackendUnavailableError,
+    DigestMismatchError,
+    KeyMaterialError,
+    MalformedArtifactError,
+)
+from modelsec.registry.client import (
     BUNDLE_ARTIFACT_TYPE,
     INDEX_MEDIA_TYPE,
     MANIFEST_MEDIA_TYPE,
@@ -27,12 +33,6 @@ from modelsec._oci_registry import (
     canonical_json,
     descriptor,
     parse_reference,
-)
-from modelsec.errors import (
-    BackendUnavailableError,
-    DigestMismatchError,
-    KeyMaterialError,
-    MalformedArtifactError,
 )
 
 SUBJECT = "sha256:" + "a" * 64

@@ -14,7 +14,7 @@ from types import ModuleType
 
 import pytest
 
-from modelsec.verifier._postimport import _Finder, when_imported
+from modelsec.verifier.guard.postimport import _Finder, when_imported
 
 
 @pytest.fixture
@@ -112,7 +112,7 @@ def test_callback_registered_while_the_module_executes_runs_after_it(tmp_path: P
     (tmp_path / f"{name}.py").write_text(
         textwrap.dedent(
             """
-            from modelsec.verifier._postimport import when_imported
+            from modelsec.verifier.guard.postimport import when_imported
             SEEN = []
             when_imported(__name__, lambda m: SEEN.append(m.LAST))
             LAST = 'end of module'

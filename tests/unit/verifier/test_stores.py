@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from modelsec._cli import main
 from modelsec.attestations import Statement, Subject, sign_statement
+from modelsec.cli.main import main
 from modelsec.errors import (
     BackendUnavailableError,
     MalformedArtifactError,
@@ -124,7 +124,7 @@ def test_attest_list_refuses_an_unknown_predicate_type_like_the_verifier(
     signer = load_private_key_file(key_dir / "ecdsa-p256.key.pem")
     (tiny_model / "model.gate.sig").write_bytes(sign_statement(statement, signer))
     key = str(key_dir / "ecdsa-p256.pub.pem")
-    result = CliRunner().invoke(main, ["attest", "list", str(tiny_model), "--key", key, "--json"])
+    result = CliRunner().invoke(main, ["attest", "list", str(tiny_model), "--trusted-key", key, "--json"])
     assert result.exit_code == 1, result.output
     assert "unknown predicateType 'https://example.com/other/v1'" in result.output
     # Without keys nothing is verified, and the listing says so.

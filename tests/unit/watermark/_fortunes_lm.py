@@ -1,4 +1,4 @@
-"""A small causal language model trained in the test set-up on real English text from a Debian package.
+"""A small causal language model trained on real English text from a Debian package, shipped as a fixture.
 
 Data: the `fortunes` Debian package (fortune-mod 1.99.1 cookie files under /usr/share/games/fortunes,
 installed by the Makefile's `.test` target), BSD licence (3-clause: Copyright (c) 1991 The Regents of the
@@ -7,40 +7,33 @@ no offensive set). Every 10th fortune is held out: the prompts and the perplexit
 
 Model: a byte-level BPE tokenizer (1024 tokens, trained on the training fortunes with `tokenizers`) and a
 3-layer `LlamaForCausalLM` (hidden 96, 0.53M parameters) trained with AdamW for a fixed number of steps on
-one thread (deterministic for a given torch build). Cached under the virtual environment
-(`<sys.prefix>/modelsec-test-data/fortunes-llama-<version>/`), so only the first run trains.
+one thread (deterministic for a given torch build). Nothing trains in a test: `fixtures/make_fixtures.py`
+ran `_train` once and the result is committed under `fixtures/fortunes-llama/` (2.1 MB; digests in
+`fixtures/SHA256SUMS`). The fortunes text is still read for the held-out prompts and the perplexity.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import shutil
-import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
+
+from tests.unit.watermark._helpers import fixture_dir
 
 FORTUNES = Path("/usr/share/games/fortunes")
 FILES = (
     "fortunes", "wisdom", "literature", "people", "humorists", "science", "education", "work",
     "love", "platitudes", "politics", "law", "food", "medicine", "sports", "pets", "men-women",
 )  # fmt: skip
-VERSION = "v1"
 VOCAB = 1024
 SEQ = 96
 BATCH = 16
-STEPS = int(os.environ.get("MODELSEC_FORTUNES_STEPS", "300"))
+STEPS = 300
 SEED = 1234
 
 
 def available() -> bool:
     return all((FORTUNES / f).is_file() for f in FILES)
-
-
-def cache_dir() -> Path:
-    return Path(sys.prefix) / "modelsec-test-data" / f"fortunes-llama-{VERSION}-{STEPS}"
 
 
 def fortunes() -> tuple[list[str], list[str]]:
@@ -62,7 +55,8 @@ def held_out_prompts(n: int = 50, words: int = 6) -> list[str]:
     return out[:n]
 
 
-def _train(dst: Path) -> None:
+def _train(dst: Path, steps: int = STEPS) -> None:
+    """Train the model and write it to `dst` (run by `fixtures/make_fixtures.py`, never by a test)."""
     import torch
     import transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -101,10 +95,10 @@ def _train(dst: Path) -> None:
     )
     model = transformers.LlamaForCausalLM(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=STEPS, pct_start=0.1)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=steps, pct_start=0.1)
     gen = torch.Generator().manual_seed(SEED)
     model.train()
-    for _ in range(STEPS):
+    for _ in range(steps):
         starts = torch.randint(0, len(data) - SEQ - 1, (BATCH,), generator=gen)
         batch = torch.stack([data[s : s + SEQ] for s in starts.tolist()])
         loss = model(input_ids=batch, labels=batch).loss
@@ -119,26 +113,9 @@ def _train(dst: Path) -> None:
     fast.save_pretrained(str(dst))
 
 
-def trained_model() -> tuple[Path, float]:
-    """The cached model directory (training it first if needed), and the seconds spent training (0 cached)."""
-    import torch
-
-    final = cache_dir()
-    if (final / "model.safetensors").is_file():
-        return final, 0.0
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".train-", dir=final.parent))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    t0 = time.perf_counter()
-    try:
-        _train(tmp)
-        os.replace(tmp, final) if not final.exists() else shutil.rmtree(tmp)
-    finally:
-        torch.set_num_threads(threads)
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return final, time.perf_counter() - t0
+def model_dir() -> Path:
+    """The shipped model directory (config, safetensors weights, tokenizer), its digests checked."""
+    return fixture_dir("fortunes-llama")
 
 
 def perplexity(model_dir: Path, texts: list[str] | None = None) -> float:

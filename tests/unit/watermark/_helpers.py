@@ -3,6 +3,8 @@ and the attacks of the issue-4 robustness matrix (all on numpy state dicts, dete
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib.util
 import itertools
 import json
@@ -14,6 +16,25 @@ from pathlib import Path
 import numpy as np
 
 Arrays = dict[str, np.ndarray]
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+@functools.cache
+def fixture_dir(name: str) -> Path:
+    """A trained model shipped under `fixtures/` (made by `fixtures/make_fixtures.py`), its files checked
+    against `fixtures/SHA256SUMS` so that a changed fixture fails here rather than as a drifted figure."""
+    expected = {}
+    for line in (FIXTURES / "SHA256SUMS").read_text().splitlines():
+        digest, rel = line.split(maxsplit=1)
+        if rel.startswith(name + "/"):
+            expected[rel] = digest
+    root = FIXTURES / name
+    found = {f.relative_to(FIXTURES).as_posix() for f in root.rglob("*") if f.is_file()}
+    assert expected and found == set(expected), (name, sorted(found ^ set(expected)))
+    for rel, digest in expected.items():
+        actual = hashlib.sha256((FIXTURES / rel).read_bytes()).hexdigest()
+        assert actual == digest, f"{rel}: sha256 {actual}, SHA256SUMS says {digest}"
+    return root
 
 
 # --- real MiniLM -------------------------------------------------------------------------------------------
@@ -206,7 +227,9 @@ def accuracy(state: Arrays, x: np.ndarray, y: np.ndarray) -> float:
 
 
 def train_digits_mlp(hidden: int = 512, steps: int = 1500, seed: int = 0) -> Arrays:
-    """An MLP 64-H-H-10 (ReLU) trained with Adam on scikit-learn digits; returns a numpy state dict."""
+    """An MLP 64-H-H-10 (ReLU) trained with Adam on scikit-learn digits; returns a numpy state dict.
+
+    Run by `fixtures/make_fixtures.py`; tests load the result with `digits_mlp()`."""
     import torch
 
     torch.manual_seed(seed)
@@ -228,6 +251,11 @@ def train_digits_mlp(hidden: int = 512, steps: int = 1500, seed: int = 0) -> Arr
         loss.backward()  # type: ignore[no-untyped-call]
         opt.step()
     return {f"net.{k}": v.detach().numpy().copy() for k, v in net.state_dict().items()}
+
+
+def digits_mlp() -> Arrays:
+    """The shipped classifier: `train_digits_mlp(hidden=512, steps=1000, seed=0)`."""
+    return load_state(fixture_dir("digits-mlp"))
 
 
 def finetune(state: Arrays, steps: int = 1000, lr: float = 1e-4, seed: int = 1) -> Arrays:
@@ -401,3 +429,17 @@ def load_state(root: Path) -> Arrays:
     for f in sorted(root.glob("*.safetensors")):
         out.update(load_file(str(f)))
     return out
+
+
+#: Issue 4's attacks and their message bit error rate bounds (the robustness tests and bench).
+ATTACKS: list[tuple[str, Callable[[Arrays], Arrays], float]] = [
+    ("none", lambda s: s, 0.0),
+    ("fp16 cast", cast_fp16, 0.0),
+    ("bf16 cast", cast_bf16, 0.0),
+    ("int8 per-channel", quant_int8, 0.0),
+    ("int4 group 32", quant_int4, 0.02),
+    ("noise 0.1 rms", lambda s: gaussian_noise(s, 0.1), 0.0),
+    ("noise 0.5 rms", lambda s: gaussian_noise(s, 0.5), 0.001),
+    ("noise 1.0 rms", lambda s: gaussian_noise(s, 1.0), 0.02),
+    ("prune 50% magnitude", prune_magnitude, 0.01),
+]

@@ -170,7 +170,7 @@ def test_a_mark_whose_message_did_not_read_back_does_not_count_as_detected(
 ) -> None:
     # Presence is decided on the pilot bits alone: an attestation recording `detected: true` beside
     # `messageMatched: false` does not vouch for the message it commits to, and a policy must not accept it.
-    from modelsec.attestations.watermark_predicate import parse_watermark_predicate
+    from modelsec.attestations.predicates.watermark import parse_watermark_predicate
 
     _, path, digest = _embed(toy_model, tmp_path, ecdsa)
     trusted = load_trusted_key(ecdsa[1], name="ci")

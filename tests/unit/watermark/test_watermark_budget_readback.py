@@ -23,7 +23,7 @@ torch = pytest.importorskip("torch")
 from modelsec.errors import GateFailedError  # noqa: E402
 from modelsec.watermark import WatermarkKey, detect, embed_model  # noqa: E402
 from modelsec.watermark.budget import embed_within_budget  # noqa: E402
-from modelsec.watermark.scheme import WatermarkParams  # noqa: E402
+from modelsec.watermark.spread_spectrum import WatermarkParams  # noqa: E402
 from tests.unit.watermark import _helpers as H  # noqa: E402
 
 torch.set_num_threads(1)

@@ -107,10 +107,12 @@ def test_impossible_budget_is_refused_saying_which(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["bert"]  # no candidate left behind
 
 
+@pytest.mark.slow  # a budget search over greedy first tokens of a 4M-parameter Llama
 def test_causal_lm_probe_and_budget(tmp_path: Path) -> None:
     """A seeded random 4M-parameter Llama is chaotic: every weight moves ~1 % at kappa 1 (a 96-bit code over
-    4M weights), and 16-token greedy continuations diverge for 15 of 16 prompts, so the default budget
-    (all continuations identical) is refused; the first greedy token is kept within a loose budget."""
+    4M weights), so the first greedy token is kept within a loose budget only. (That the default budget, all
+    16-token continuations identical, is refused on a causal LM is held on the real fortunes Llama by
+    `test_watermark_fidelity_lm.test_default_budget_refused_saying_which`.)"""
     import shutil
 
     if H.minilm_dir() is None:
@@ -121,8 +123,6 @@ def test_causal_lm_probe_and_budget(tmp_path: Path) -> None:
     probe.prepare(src)
     shutil.copytree(src, tmp_path / "copy")
     assert probe.loss(tmp_path / "copy") == (0.0, 0.0)  # an identical model: identical continuations
-    with pytest.raises(GateFailedError, match="fidelity budget cannot be met: 1-greedy-agreement"):
-        embed_within_budget(src, tmp_path / "refused", KEY, b"acme", probe=probe, steps=0)
     one = CausalLMProbe(new_tokens=1)
     r = embed_within_budget(src, tmp_path / "out", KEY, b"acme", probe=one, max_fidelity_loss=0.5, steps=1)
     assert r.fidelity is not None and r.fidelity.value <= 0.5 and r.fidelity.logit_drift is not None
@@ -185,7 +185,7 @@ def test_policy_max_fidelity_loss(
 
 
 def test_fidelity_object_must_be_complete() -> None:
-    from modelsec.attestations.watermark_predicate import parse_watermark_predicate
+    from modelsec.attestations.predicates.watermark import parse_watermark_predicate
 
     predicate = watermark_predicate()
     predicate["fidelity"] = {"metric": "m", "value": 0.0, "budget": 1e-4}

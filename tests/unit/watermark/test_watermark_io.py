@@ -19,7 +19,7 @@ from safetensors.torch import save_file  # noqa: E402
 from modelsec.errors import MalformedArtifactError, PolicyError, PolicyViolationError  # noqa: E402
 from modelsec.watermark import WatermarkKey, WatermarkParams, detect, embed_model  # noqa: E402
 from modelsec.watermark.io import decode, encode  # noqa: E402
-from modelsec.watermark.scheme import carrier_plan  # noqa: E402
+from modelsec.watermark.spread_spectrum import carrier_plan  # noqa: E402
 
 KEY = WatermarkKey.from_bytes(bytes(range(1, 33)))
 MSG = b"modelsec"

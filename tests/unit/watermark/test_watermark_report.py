@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from modelsec._cli import main
 from modelsec.algorithms import SignatureAlgorithm
+from modelsec.cli.main import main
 from modelsec.signer import generate_private_key_pem, load_private_key
 from modelsec.watermark import WatermarkKey, embed_model, write_watermark_attestation
 

@@ -13,7 +13,7 @@ import pytest
 
 from modelsec.errors import KeyMaterialError, PolicyError
 from modelsec.watermark.detection import DetectionThresholds, binomial_tail
-from modelsec.watermark.scheme import (
+from modelsec.watermark.spread_spectrum import (
     WatermarkKey,
     WatermarkParams,
     block_statistics,
@@ -244,7 +244,7 @@ def test_import_is_light() -> None:
     import sys
 
     code = (
-        "import sys, modelsec.watermark as w, modelsec._cli_watermark\n"
+        "import sys, modelsec.watermark as w, modelsec.cli.watermark\n"
         "w.detect, w.embed_model, w.WatermarkKey\n"
         "print(sorted(m for m in ('torch', 'numpy', 'scipy') if m in sys.modules))"
     )

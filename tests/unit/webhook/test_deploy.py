@@ -172,7 +172,7 @@ def test_webhook_configuration_covers_every_kind_and_the_deployment_is_safe() ->
 
 
 def test_deployment_args_parse_with_the_cli() -> None:
-    from modelsec._cli_webhook import webhook
+    from modelsec.cli.webhook import webhook
 
     docs = render(DEPLOY / "overlays" / "cert-manager")
     (container,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]

@@ -1,0 +1,142 @@
+"""The predicate types modelsec writes and reads: one registry from type URI to what modelsec knows of it.
+
+Each predicate has one module that parses, builds and checks it: `modelsec.attestations.predicates.oms`
+(the OMS weights manifest, `https://model_signing/signature/v1.0`), `modelsec.attestations.predicates.gate`
+(`https://modelsec.dev/robustness-gate/v1`) and `modelsec.attestations.predicates.watermark`
+(`https://modelsec.dev/watermark/v1`). `PREDICATE_KINDS` maps each type URI to a `PredicateKind`: the role
+a key must hold to sign it, its parser, its builder and its number checker. Every caller that depends on
+the predicate type (the verifier choosing the signing role, `inspect`, the service's SignStatement and its
+key roles, `check_predicate_numbers`) looks the type up here instead of comparing URIs, and a type that is
+not registered is refused by name (`predicate_kind`).
+
+A new predicate touches: its module here (parse, build, check), one entry in `_KINDS`, and its requirement
+in `modelsec.policy` (with its role among the roles a policy key may hold). Nothing else compares type URIs;
+what its evidence must show is judged, per role, by `modelsec.verifier.attestations` (one handler there).
+
+What the number checkers check: the type and range of every numeric field of the predicate *that is present*
+(and `finishedAt` / `embeddedAt` as RFC 3339 with a zone, years 1970-9998), and `correct <= total`. What is
+not: which fields are required (the parsers) and what values a policy accepts
+(`modelsec.verifier.attestations`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Protocol
+
+from modelsec.attestations._numbers import parse_rfc3339
+from modelsec.attestations.predicates import gate, oms, watermark
+from modelsec.attestations.predicates.gate import check_gate_predicate
+from modelsec.attestations.predicates.watermark import check_watermark_predicate
+from modelsec.attestations.statement import Statement
+from modelsec.errors import AttestationError
+from modelsec.limits import Limits
+
+__all__ = [
+    "PREDICATE_KINDS",
+    "NumberChecker",
+    "PredicateKind",
+    "PredicateParser",
+    "check_gate_predicate",
+    "check_predicate_numbers",
+    "check_watermark_predicate",
+    "parse_rfc3339",
+    "predicate_kind",
+]
+
+
+class PredicateParser(Protocol):
+    """Parses a statement's predicate strictly into its typed form (e.g. `parse_gate_statement`)."""
+
+    def __call__(self, statement: Statement, *, what: str, limits: Limits) -> Any:
+        """The typed predicate; raises `MalformedArtifactError` or `AttestationError` naming the field."""
+        ...
+
+
+class NumberChecker(Protocol):
+    """Checks the type and range of every number present in a predicate (e.g. `check_gate_predicate`)."""
+
+    def __call__(self, predicate: Mapping[str, Any], *, what: str) -> None:
+        """Raises `MalformedArtifactError` naming the first field out of its range."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class PredicateKind:
+    """What modelsec knows of one predicate type.
+
+    Attributes:
+        predicate_type: The predicateType URI.
+        role: The role a trusted key (or authority) must hold to sign it: `weights`, `watermark` or `gate`.
+        parse: Its strict parser, from the statement (not from any trust decision: a verifier calls it on
+            a statement whose signature and subject it checked).
+        build: Its builder of the unsigned statement (arguments per predicate: `manifest_statement`,
+            `gate_statement`, `watermark_statement`).
+        check_numbers: Its number checker, or None where the parser alone reads the numbers (the OMS
+            manifest: digests and names, no measurements).
+        records_run: Whether the predicate may record `runBy` (a run a modelsec server performed:
+            `modelsec.attestations.predicates.run_by`).
+    """
+
+    predicate_type: str
+    role: str
+    parse: PredicateParser
+    build: Callable[..., Statement]
+    check_numbers: NumberChecker | None = None
+    records_run: bool = False
+
+
+_KINDS = (
+    PredicateKind(oms.OMS_PREDICATE_TYPE, "weights", oms.parse_manifest, oms.manifest_statement),
+    PredicateKind(
+        gate.GATE_PREDICATE_TYPE,
+        "gate",
+        gate.parse_gate_statement,
+        gate.gate_statement,
+        gate.check_gate_predicate,
+        records_run=True,
+    ),
+    PredicateKind(
+        watermark.WATERMARK_PREDICATE_TYPE,
+        "watermark",
+        watermark.parse_watermark_statement,
+        watermark.watermark_statement,
+        watermark.check_watermark_predicate,
+        records_run=True,
+    ),
+)
+
+PREDICATE_KINDS: Mapping[str, PredicateKind] = MappingProxyType({k.predicate_type: k for k in _KINDS})
+"""Every predicate type modelsec reads and writes, by type URI (read-only)."""
+
+
+def predicate_kind(predicate_type: str, *, what: str) -> PredicateKind:
+    """The registered kind of `predicate_type`.
+
+    Args:
+        predicate_type: The statement's predicateType URI.
+        what: Names the bundle or request in errors.
+
+    Returns:
+        Its `PredicateKind`.
+
+    Raises:
+        AttestationError: The type is not one modelsec knows (`{what}: unknown predicateType '...'`).
+    """
+    kind = PREDICATE_KINDS.get(predicate_type)
+    if kind is None:
+        raise AttestationError(f"{what}: unknown predicateType {predicate_type!r}")
+    return kind
+
+
+def check_predicate_numbers(statement: Statement, *, what: str) -> None:
+    """The number checker of the statement's predicate type; other types pass unchecked.
+
+    Raises:
+        MalformedArtifactError: As the checker for the statement's predicate type.
+    """
+    kind = PREDICATE_KINDS.get(statement.predicate_type)
+    if kind is not None and kind.check_numbers is not None:
+        kind.check_numbers(statement.predicate, what=what)

@@ -1,0 +1,1 @@
+"""The `modelsec` command line: one module per command group over `common` (shared options, replies)."""

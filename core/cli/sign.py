@@ -1,0 +1,217 @@
+"""`modelsec sign`: hash a model once and write one signature bundle per key (local PEM or a signing service).
+
+Registered on the root group by `modelsec.cli.main`; `modelsec.signer` loads inside the command.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from modelsec.algorithms import HashAlgorithm
+from modelsec.cli.common import (
+    digest_str,
+    fail,
+    ignore_paths_option,
+    json_option,
+    key_password_option,
+    key_password_sources,
+    open_signing_key,
+    progress_bar,
+    quiet_option,
+    reply,
+    server_client,
+    server_options,
+    signatures_option,
+    signing_keys_option,
+    timestamp_option,
+    timestamper,
+)
+from modelsec.errors import Error, KeyMaterialError
+
+__all__ = ["sign"]
+
+
+_TENSOR_DIGESTS = [HashAlgorithm.BLAKE3.value, HashAlgorithm.SHA256.value, HashAlgorithm.SM3.value, "none"]
+
+
+@click.command(name="sign")
+@click.argument("model_dir", type=click.Path(path_type=Path))
+@signing_keys_option(
+    "Private key PEM (repeatable: one bundle per key). An encrypted key's "
+    "password: see --key-password."
+)
+@key_password_option
+@click.option(
+    "--key-version",
+    "key_versions",
+    multiple=True,
+    metavar="NAME/VERSION",
+    help="A key version held by the --server (repeatable): hash here, sign there; the key never leaves it.",
+)
+@click.option(
+    "--pin-key",
+    "pins",
+    type=click.Path(path_type=Path, dir_okay=False),
+    multiple=True,
+    help="Expected public key PEM of each --key-version, in the same order (refuse any other key).",
+)
+@server_options(required=False)
+@signatures_option(
+    "Bundle output path, one per key (local --signing-key first, then --key-version, in order; default: "
+    "model.sig, model.p384.sig, model.sm2.sig, model.ml-dsa-{44,65,87}.sig in MODEL_DIR, by the key's "
+    "algorithm)."
+)
+@click.option(
+    "--tensor-digest",
+    type=click.Choice(_TENSOR_DIGESTS),
+    default="blake3",
+    show_default=True,
+    help="Per-tensor digest algorithm recorded in the modelsec extension ('none': plain OMS).",
+)
+@click.option(
+    "--hash-type",
+    type=click.Choice([HashAlgorithm.SHA256.value, HashAlgorithm.BLAKE3.value]),
+    default="sha256",
+    show_default=True,
+    help="File digests of the manifest ECDSA/ML-DSA keys sign (OMS hash_type; 'blake3' as model_signing's "
+    "hashing_algorithm='blake3': faster, no SHA-256 pass; SM2 keys refuse it).",
+)
+@click.option(
+    "--allow-unverifiable",
+    is_flag=True,
+    help="Sign even when MODEL_DIR holds what verification under the default policy always refuses "
+    "(refused here by default): pickle files (pytorch_model.bin, *.pt, ...); *.py code; and *.json files "
+    "(config, tokenizer, at any depth) that name code (auto_map, custom_pipelines), are not strict JSON "
+    "(syntax errors, duplicate keys, NaN/Infinity) or exceed the JSON side-file size limit; and a "
+    "model.safetensors.index.json whose weight_map names a file that is not a shard of the model or a "
+    "tensor its shard does not hold.",
+)
+@ignore_paths_option(
+    "Leave this path (a file, or a directory with everything below it) out of the signature and record it "
+    "in the signed ignore list (repeatable). As model_signing's --ignore-paths: a relative path is taken "
+    "from the current directory, not from MODEL_DIR (e.g. MODEL_DIR/README.md). A path outside MODEL_DIR, "
+    "or one that does not exist, is refused (usage error)."
+)
+@timestamp_option
+@json_option
+@quiet_option
+def sign(
+    model_dir: Path,
+    keys: tuple[Path, ...],
+    key_passwords: tuple[str, ...],
+    key_versions: tuple[str, ...],
+    pins: tuple[Path, ...],
+    server: str | None,
+    server_ca: Path | None,
+    client_cert: Path | None,
+    client_key: Path | None,
+    token_env: str,
+    plaintext: bool,
+    signatures: tuple[Path, ...],
+    tensor_digest: str,
+    hash_type: str,
+    allow_unverifiable: bool,
+    ignore_paths: tuple[Path, ...],
+    timestamp_url: str | None,
+    as_json: bool,
+    quiet: bool,
+) -> None:
+    """Hash every file of MODEL_DIR once and write one signature bundle per key.
+
+    Keys are local PEM files (--signing-key) or key versions held by a modelsec signing service (--server with
+    --key-version): the manifest is built here and only the statement (digests, no weights) is sent; each
+    returned bundle is checked to sign exactly that statement with the server's (or the pinned) key.
+
+    Without a terminal (CI), unencrypted keys need nothing; each encrypted key takes its password from its
+    own --key-password source, else from $MODELSEC_KEY_PASSWORD, e.g.
+    `sign M --signing-key ci-p256.key.pem --signing-key ci-sm2.key.pem
+    --key-password ci-sm2.key.pem=env:SM2_KEY_PASSWORD`.
+    """
+    from modelsec.signer import sign_model
+    from modelsec.signer.layout import relative_ignore_paths
+
+    if not keys and not key_versions:
+        raise click.UsageError("give --signing-key, or --server with --key-version")
+    if key_versions and not server:
+        raise click.UsageError("--key-version needs --server")
+    if pins and len(pins) != len(key_versions):
+        raise click.UsageError("give one --pin-key per --key-version, or none")
+    if signatures and len(signatures) != len(keys) + len(key_versions):
+        raise click.UsageError("give one --signature per key, or none")
+    try:
+        ignored = relative_ignore_paths(model_dir, ignore_paths, strict=True)
+    except Error as e:
+        raise click.UsageError(f"--ignore-paths: {e.diagnostics()}") from e
+    sources = key_password_sources(key_passwords, list(keys))
+    client = None
+    try:
+        pinned = [_read_pinned_key(p) for p in pins]
+        signers: list[Any] = [open_signing_key(k, sources) for k in keys]
+        if key_versions:
+            from modelsec.service.client import RemoteSigner
+
+            client = server_client(str(server), server_ca, client_cert, client_key, token_env, plaintext)
+            signers += [
+                RemoteSigner(client, v, expected_public_key_pem=pinned[i] if pinned else None)
+                for i, v in enumerate(key_versions)
+            ]
+        if not signatures and len({s.algorithm for s in signers}) < len(signers):
+            raise click.UsageError(
+                "two keys of one algorithm would write the same bundle; give --signature for each key"
+            )
+        with progress_bar(model_dir, "hashing", not (quiet or as_json)) as progress:
+            result = sign_model(
+                model_dir,
+                signers,
+                signature_paths=dict(enumerate(signatures)) or None,
+                tensor_hash=None if tensor_digest == "none" else HashAlgorithm(tensor_digest),
+                progress=progress,
+                refuse_unverifiable=not allow_unverifiable,
+                ignore_paths=ignored,
+                timestamper=timestamper(timestamp_url),
+                hash_type=HashAlgorithm(hash_type),
+            )
+    except Error as e:
+        fail(e, as_json)
+    except OSError as e:
+        raise click.UsageError(f"cannot read {e.filename}: {e.strerror}") from e
+    finally:
+        if client is not None:
+            client.close()
+    if as_json:
+        reply(
+            {
+                "rootDigest": digest_str(result.root_digest),
+                "files": result.files,
+                "tensors": result.tensors,
+                "bundles": [
+                    {"path": str(b.path), "algorithm": b.algorithm.value, "keyid": b.keyid}
+                    for b in result.bundles
+                ],
+            }
+        )
+        return
+    click.echo(
+        f"signed {result.files} files, {result.tensors} tensors; "
+        f"model root digest sha256:{result.root_digest}"
+    )
+    for b in result.bundles:
+        click.echo(f"  {b.algorithm.value:<10} -> {b.path}")
+
+
+def _read_pinned_key(path: Path) -> bytes:
+    """A `--pin-key` file's PEM, checked to be a public key before any hashing or server call.
+
+    Raises:
+        KeyMaterialError: Missing, unreadable, not a regular file (a FIFO never blocks), larger than 64 KiB,
+            or not a public key.
+    """
+    from modelsec.safe_io import read_regular_file
+    from modelsec.signer.keys import load_trusted_key
+
+    pem = read_regular_file(path, "pinned public key file", max_bytes=2**16, error=KeyMaterialError)
+    load_trusted_key(pem, name=str(path))
+    return pem

@@ -1,0 +1,224 @@
+"""Reading the operator's configuration files: bounded read, strict YAML, then a typed pydantic model.
+
+Every configuration file (`kind: ModelPolicy`, `kind: ServerConfig`, the release gate spec) goes through
+the same three steps, each failing closed with a `PolicyError` that names the file and the field path
+(`policies[0].keys[1].path`):
+
+1. `read_config` reads at most `MAX_CONFIG_BYTES` of a regular file (`modelsec.safe_io.read_regular_file`);
+2. `load_yaml` parses YAML (a superset of JSON) with a SafeLoader that refuses duplicate and non-string keys;
+3. `validate` checks the parsed document against a `ConfigModel`: unknown fields are refused, values are
+   checked strictly (no string-to-number or number-to-bool coercion, no inf/NaN), and pydantic's
+   `ValidationError` is turned into one `PolicyError` (it never escapes).
+
+The models only check shapes, types, ranges and per-field syntax; each loader then converts the model into
+the frozen dataclasses the rest of modelsec uses (resolving paths against the file's directory, loading
+keys) and applies the checks that need more than one field. `ConfigModel.model_json_schema(by_alias=True)`
+is the JSON Schema published under `schemas/` for editors.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic.alias_generators import to_camel
+
+from modelsec.errors import PolicyError
+from modelsec.safe_io import read_regular_file
+
+__all__ = ["MAX_CONFIG_BYTES", "ConfigModel", "load_yaml", "read_config", "validate"]
+
+MAX_CONFIG_BYTES = 1 << 20
+_MAX_SHOWN = 80  # characters of an offending value quoted in a message
+
+M = TypeVar("M", bound="ConfigModel")
+
+
+class ConfigModel(BaseModel):
+    """Base of the configuration file models: camelCase names, unknown fields and inf/NaN refused.
+
+    Validation is strict (a YAML string is never read as a number or a boolean); fields holding enum
+    values opt into lax mode one by one, since YAML gives their values as strings.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        allow_inf_nan=False,
+        frozen=True,
+        alias_generator=to_camel,
+        populate_by_name=False,
+        hide_input_in_errors=False,
+        defer_build=True,  # a process builds only the validators of the files it reads
+    )
+
+
+def read_config(path: Path, what: str, *, max_bytes: int = MAX_CONFIG_BYTES) -> tuple[bytes, object]:
+    """Read and parse a YAML/JSON configuration file of at most `max_bytes` bytes.
+
+    Args:
+        path: The file.
+        what: What the file is, for messages (`policy file`, `server configuration`).
+        max_bytes: Largest accepted size.
+
+    Returns:
+        The bytes read and the parsed document (not yet validated).
+
+    Raises:
+        PolicyError: Unreadable, not a regular file (a FIFO or device is refused without blocking), too
+            large, or not YAML/JSON (see `load_yaml`).
+    """
+    raw = read_regular_file(path, what, max_bytes=max_bytes, error=PolicyError)
+    return raw, load_yaml(raw, str(path))
+
+
+def load_yaml(raw: bytes, source: str) -> object:
+    """YAML (a superset of JSON) with string keys only, no duplicates and no arbitrary tags (SafeLoader).
+
+    Raises:
+        PolicyError: Not YAML, a duplicate or non-string mapping key (with its line and column), or nesting
+            deeper than the interpreter's recursion limit.
+    """
+    import yaml
+
+    class _StrictLoader(yaml.SafeLoader):
+        pass
+
+    def construct_mapping(
+        loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False
+    ) -> dict[Any, Any]:
+        seen = set()
+        for key_node, _ in node.value:
+            at = f"line {key_node.start_mark.line + 1}, column {key_node.start_mark.column + 1}"
+            # Every key of a configuration document is a field name: a list or mapping as a key
+            # (`{[a]: 1}`, `? [a, b]`) is unhashable in Python, and a number or boolean key is a typo.
+            key = loader.construct_object(key_node) if isinstance(key_node, yaml.ScalarNode) else None
+            if not isinstance(key, str):
+                shown = type(key).__name__ if isinstance(key_node, yaml.ScalarNode) else key_node.id
+                raise PolicyError(f"{source}: {at}: a mapping key must be a string, not {shown}")
+            if key in seen:
+                raise PolicyError(f"{source}: duplicate key {key!r} ({at})")
+            seen.add(key)
+        return loader.construct_mapping(node, deep=deep)
+
+    _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
+    try:
+        return yaml.load(raw, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as e:
+        raise PolicyError(f"{source}: {_yaml_problem(e)}") from e
+    except RecursionError:  # PyYAML composes and constructs recursively: `[[[[...` exhausts the stack
+        raise PolicyError(f"{source}: not valid YAML/JSON: nested too deeply") from None
+
+
+def _yaml_problem(error: Exception) -> str:
+    """One line: `line L, column C: not valid YAML/JSON: <problem> (<context> at line L, column C)`."""
+    import yaml
+
+    def at(mark: Any) -> str:
+        return f"line {mark.line + 1}, column {mark.column + 1}"
+
+    def one_line(text: object) -> str:
+        return " ".join(str(text).split())
+
+    if not isinstance(error, yaml.MarkedYAMLError) or error.problem_mark is None:
+        return f"not valid YAML/JSON: {one_line(error)}"
+    text = f"{at(error.problem_mark)}: not valid YAML/JSON: {one_line(error.problem)}"
+    if error.context:
+        started = f" started at {at(error.context_mark)}" if error.context_mark is not None else ""
+        text += f" ({one_line(error.context)}{started})"
+    return text
+
+
+def validate(model: type[M], doc: object, source: str) -> M:
+    """Validate a parsed document against `model`.
+
+    Args:
+        model: The file's model.
+        doc: What `load_yaml` returned.
+        source: The file (or other origin), first in every message.
+
+    Returns:
+        The validated model. Nothing outside the document (paths, keys) has been checked.
+
+    Raises:
+        PolicyError: The document does not fit the model; the message names every offending field path.
+    """
+    try:
+        return model.model_validate(doc)
+    except ValidationError as e:
+        raise PolicyError(f"{source}: " + "; ".join(_messages(e))) from None
+    except RecursionError:  # a document nested deeper than any model, e.g. inside a free-form field
+        raise PolicyError(f"{source}: nested too deeply") from None
+
+
+def field_path(loc: tuple[int | str, ...]) -> str:
+    """`('policies', 0, 'keys', 1, 'path')` -> `policies[0].keys[1].path` (union tags left out)."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif not part.startswith("_"):
+            out += f".{part}" if out else part
+    return out
+
+
+def _messages(error: ValidationError) -> list[str]:
+    """One message per offending field; unknown and missing fields grouped per mapping."""
+    entries: dict[tuple[str, str], list[str]] = {}  # insertion order is the order of the messages
+    for err in error.errors(include_url=False):
+        loc = tuple(err["loc"])
+        if err["type"] in ("extra_forbidden", "missing") and loc:
+            what = "unknown field(s)" if err["type"] == "extra_forbidden" else "missing field(s)"
+            entries.setdefault((field_path(loc[:-1]), what), []).append(str(loc[-1]))
+            continue
+        where, text = field_path(loc), _describe(err)
+        if text.startswith(":"):  # a check about a whole mapping
+            entries.setdefault((f"{where}{text}" if where else text[1:].lstrip(), ""), [])
+        else:
+            entries.setdefault((f"{where} {text}" if where else text, ""), [])
+    return [
+        f"{where + ': ' if where else ''}{what} {sorted(names)}" if what else where
+        for (where, what), names in entries.items()
+    ]
+
+
+def _describe(err: Any) -> str:
+    """The part of a message after the field path, in the project's wording."""
+    kind, ctx, value = err["type"], err.get("ctx") or {}, err.get("input")
+    if kind in ("value_error", "assertion_error"):
+        # Custom checks raise ValueError("must ...") for a field, or ValueError(": ...") for a mapping.
+        return str(ctx.get("error", err["msg"]))
+    if kind == "bool_type":
+        return "must be true or false"
+    if kind in ("model_type", "dict_type", "model_attributes_type"):
+        return "must be a mapping"
+    if kind == "list_type":
+        return "must be a list"
+    if kind == "string_too_short":
+        return "must be a non-empty string"
+    if kind == "too_short":
+        return "must not be empty"
+    if kind == "float_type" and isinstance(value, str) and _looks_numeric(value):
+        # PyYAML follows YAML 1.1, where an exponent needs a dot in the mantissa: `1e-9` is text.
+        return f"must be a number, not the text {value!r} (YAML reads 1e-9 as text: write 1.0e-9)"
+    if kind == "finite_number":
+        return f"must be a finite number, got {_shown(value)}"
+    text = re.sub(r"^\w+ should ", "must ", err["msg"])  # "Input should be", "String should match", ...
+    if kind.endswith("_type"):
+        return f"{text}, not {type(value).__name__}"
+    return f"{text}, got {_shown(value)}"
+
+
+def _looks_numeric(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= _MAX_SHOWN else text[: _MAX_SHOWN - 3] + "..."

@@ -1,0 +1,1 @@
+"""Models through OCI registries (a front door): push, pull, and the signed binding of manifest to model."""

@@ -1,0 +1,534 @@
+"""Models as OCI artifacts (CNCF ModelPack) with their evidence attached as referrers (DESIGN.md decision 15).
+
+`push_model` verifies a signed model directory, uploads each signed file as one raw layer (its digest is
+the file's SHA-256; its path is in `org.cncf.model.filepath`), the ModelPack config and an image manifest
+with `artifactType: application/vnd.cncf.model.manifest.v1+json`; it then attaches the directory's bundles
+and a signed *binding* statement as referrers. The binding (predicate `https://modelsec.dev/oci-artifact/v1`)
+has the model root digest as subject and names the OCI manifest digest: the OMS root digest stays the
+model's identity, and the relation between the two digests is signed evidence that a reader checks with a
+policy key holding the `weights` role.
+
+`pull_model` trusts nothing the registry says until it is verified, in this order:
+
+1. the manifest is fetched by digest (or tag, then hashed), strictly parsed, and every layer path is a
+   plain relative path (no `..`, no absolute path, no duplicate, no reserved bundle name);
+2. referrers are listed, each fetched by digest and kept only if its own subject is this manifest;
+3. a binding signed by a trusted key names this manifest digest (else nothing is downloaded);
+4. the layers are downloaded into a staging directory next to the destination, each checked against its
+   size and digest, and the weights bundles about a bound root digest are written under their default
+   names;
+5. `verify_model` verifies the staging directory against the policy, pinned to the bound root digests
+   (file set, every digest, pickle and remote-code rules), and the policy's attestation requirements are
+   checked with the referrer bundles;
+6. only then is the staging directory renamed to the destination (one `rename`); on any error it is
+   removed and the destination does not exist.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from modelsec.attestations.bundle import Bundle, parse_bundle, sign_statement
+from modelsec.attestations.predicates.oms import OMS_PREDICATE_TYPE
+from modelsec.attestations.statement import Statement, Subject, is_sha256_hex, parse_statement
+from modelsec.errors import (
+    DigestMismatchError,
+    Error,
+    MalformedArtifactError,
+    PolicyError,
+    SignatureError,
+)
+from modelsec.modelformat.model_files import WEIGHT_SUFFIXES
+from modelsec.policy import Policy
+from modelsec.registry.client import (
+    BINDING_ARTIFACT_TYPE,
+    BINDING_PREDICATE_TYPE,
+    BUNDLE_ARTIFACT_TYPE,
+    MANIFEST_MEDIA_TYPE,
+    OciReference,
+    RegistryClient,
+    RegistryOptions,
+    canonical_json,
+    descriptor,
+    parse_reference,
+    root_tag,
+)
+from modelsec.registry.referrers import attach_bundle, read_referrer_bundle
+from modelsec.signer.keys import KeyBackend, TrustedKey
+from modelsec.signer.layout import (
+    GATE_BUNDLE_NAME,
+    MODEL_IGNORE_PATHS,
+    WATERMARK_BUNDLE_NAME,
+    find_attestation_files,
+    find_default_bundles,
+    write_bundle_file,
+)
+from modelsec.signer.schemes import scheme_for
+from modelsec.verifier import verify_attestations, verify_bundle_signature, verify_model
+from modelsec.verifier.stores import StoredBundle
+from modelsec.verifier.trust.bundles import check_signature_time, read_bundle_bytes
+
+__all__ = [
+    "MODEL_ARTIFACT_TYPE",
+    "PullResult",
+    "PushResult",
+    "bound_root_digests",
+    "pull_model",
+    "push_model",
+]
+
+MODEL_ARTIFACT_TYPE = "application/vnd.cncf.model.manifest.v1+json"
+MODEL_CONFIG_MEDIA_TYPE = "application/vnd.cncf.model.config.v1+json"
+WEIGHT_RAW = "application/vnd.cncf.model.weight.v1.raw"
+WEIGHT_CONFIG_RAW = "application/vnd.cncf.model.weight.config.v1.raw"
+DOC_RAW = "application/vnd.cncf.model.doc.v1.raw"
+FILEPATH_ANNOTATION = "org.cncf.model.filepath"
+TITLE_ANNOTATION = "org.opencontainers.image.title"
+ROOT_DIGEST_ANNOTATION = "dev.modelsec.model.root-digest"  # informational: the binding is the evidence
+_DOC_NAMES = re.compile(r"^(readme|license|licence|notice)(\.[a-z]+)?$", re.IGNORECASE)
+_MAX_REFERRERS = 256
+
+
+def _chunks(path: Path) -> Iterator[bytes]:
+    """A file's bytes in 1 MiB chunks (for hashing before an upload)."""
+    with open(path, "rb") as f:
+        while chunk := f.read(2**20):
+            yield chunk
+
+
+def _layer_media_type(name: str) -> str:
+    base = PurePosixPath(name).name
+    if base.endswith(WEIGHT_SUFFIXES):
+        return WEIGHT_RAW
+    return DOC_RAW if _DOC_NAMES.match(base) else WEIGHT_CONFIG_RAW
+
+
+@dataclass(frozen=True, slots=True)
+class PushResult:
+    """What `push_model` pushed: the manifest digest, the model root digest and the referrers attached."""
+
+    reference: str
+    manifest_digest: str
+    root_digest: str
+    layers: int
+    referrers: tuple[str, ...]
+
+
+def _file_layer(model_dir: Path, name: str) -> tuple[dict[str, Any], Path]:
+    path = model_dir / name
+    h, size = hashlib.sha256(), 0
+    try:
+        for chunk in _chunks(path):
+            h.update(chunk)
+            size += len(chunk)
+    except OSError as e:
+        raise MalformedArtifactError(f"{path}: cannot be read: {e.strerror}") from e
+    annotations = {FILEPATH_ANNOTATION: name, TITLE_ANNOTATION: name}
+    desc = {"mediaType": _layer_media_type(name), "digest": f"sha256:{h.hexdigest()}", "size": size}
+    return {**desc, "annotations": annotations}, path
+
+
+def _bundle_files(model_dir: Path, policy: Policy) -> list[tuple[str, bytes]]:
+    out = []
+    for path in (*find_default_bundles(model_dir), *find_attestation_files(model_dir)):
+        data = read_bundle_bytes(path, policy.limits.max_bundle_bytes)
+        if len(data) > policy.limits.max_bundle_bytes:
+            raise MalformedArtifactError(f"{path}: larger than {policy.limits.max_bundle_bytes} bytes")
+        out.append((path.name, data))
+    return out
+
+
+def push_model(
+    model_dir: Path,
+    reference: str,
+    policy: Policy,
+    binding_key: KeyBackend,
+    *,
+    options: RegistryOptions | None = None,
+) -> PushResult:
+    """Verify a signed model directory and push it as a ModelPack artifact with its evidence as referrers.
+
+    The directory is verified with `verify_model` first (a model the policy refuses is not pushed); each
+    signed file then becomes one raw layer. The bundles in the directory (`model.sig`, `model.sm2.sig`, …,
+    `model.gate.sig`, `model.watermark.sig`) and a binding of the manifest digest to the root digest,
+    signed with `binding_key`, are attached as referrers. The manifest is tagged with the reference's tag
+    and with `root_tag(root digest)`. A file changed between verification and upload is not detected here;
+    `pull` refuses it.
+
+    Args:
+        model_dir: A signed model directory.
+        reference: `oci://REGISTRY/REPOSITORY[:TAG]` (default tag `latest`; a digest cannot be pushed to).
+        policy: Verifies the directory before it is pushed.
+        binding_key: Signs the binding statement (readers need its public key with the `weights` role).
+        options: Registry connection and credentials (default: from the environment).
+
+    Returns:
+        The manifest digest, the root digest and the referrer digests.
+
+    Raises:
+        MalformedArtifactError: A bad reference, a single-file model, or an unreadable file.
+        SignatureError, DigestMismatchError, FileSetMismatchError, PolicyViolationError: From verification.
+        BackendUnavailableError: The registry refused or could not be reached.
+    """
+    ref = parse_reference(reference)
+    if ref.digest:
+        raise MalformedArtifactError(f"{reference}: push to a tag, not a digest")
+    verified = verify_model(model_dir, policy)
+    names = [r.name for r in verified.manifest.resources]
+    if names == ["."]:
+        raise MalformedArtifactError(f"{model_dir}: a single-file model cannot be pushed; push its directory")
+    bundles = _bundle_files(model_dir, policy)
+    client = RegistryClient(ref.registry, options or RegistryOptions.from_env())
+    try:
+        layers = []
+        for name in names:
+            layer, path = _file_layer(model_dir, name)
+            with open(path, "rb") as f:
+                client.put_blob(ref.repository, layer["digest"], layer["size"], f)
+            layers.append(layer)
+        config = canonical_json(
+            {
+                "descriptor": {"name": model_dir.name},
+                "config": {"format": "safetensors"},
+                "modelfs": {"type": "layers", "diffIds": [layer["digest"] for layer in layers]},
+            }
+        )
+        config_desc = descriptor(MODEL_CONFIG_MEDIA_TYPE, config)
+        client.put_blob(ref.repository, config_desc["digest"], len(config), config)
+        manifest = canonical_json(
+            {
+                "schemaVersion": 2,
+                "mediaType": MANIFEST_MEDIA_TYPE,
+                "artifactType": MODEL_ARTIFACT_TYPE,
+                "config": config_desc,
+                "layers": layers,
+                "annotations": {ROOT_DIGEST_ANNOTATION: f"sha256:{verified.root_digest}"},
+            }
+        )
+        subject = descriptor(MANIFEST_MEDIA_TYPE, manifest)
+        for tag in (ref.tag or "latest", root_tag(verified.root_digest)):
+            client.put_manifest(ref.repository, tag, manifest, MANIFEST_MEDIA_TYPE)
+        binding = _binding_bundle(model_dir.name, verified.root_digest, subject["digest"], binding_key)
+        attached = [attach_bundle(client, ref.repository, subject, binding, BINDING_ARTIFACT_TYPE)[0]]
+        for _, data in bundles:
+            attached.append(attach_bundle(client, ref.repository, subject, data, BUNDLE_ARTIFACT_TYPE)[0])
+    finally:
+        client.close()
+    return PushResult(
+        f"{ref.repository_uri}@{subject['digest']}",
+        subject["digest"],
+        verified.root_digest,
+        len(layers),
+        tuple(attached),
+    )
+
+
+def _binding_bundle(name: str, root_digest: str, manifest_digest: str, key: KeyBackend) -> bytes:
+    statement = Statement(
+        (Subject(name, {"sha256": root_digest}),),
+        BINDING_PREDICATE_TYPE,
+        {
+            "manifestDigest": manifest_digest,
+            "mediaType": MANIFEST_MEDIA_TYPE,
+            "artifactType": MODEL_ARTIFACT_TYPE,
+        },
+    )
+    return sign_statement(statement, key)
+
+
+@dataclass(frozen=True, slots=True)
+class PullResult:
+    """What `pull_model` verified and placed.
+
+    Attributes:
+        path: The destination directory (it exists only after everything verified).
+        manifest_digest: The OCI manifest digest pulled.
+        root_digest: The verified model root digest.
+        files: Number of files placed.
+        ignored: Referrers that were not evidence (unparseable, another subject, untrusted), with reasons.
+    """
+
+    path: Path
+    manifest_digest: str
+    root_digest: str
+    files: int
+    ignored: tuple[str, ...] = field(default=())
+
+
+def _safe_path(value: object, what: str) -> str:
+    """A layer's file path: relative, POSIX, no `..`/`.`/empty component, no backslash or control char."""
+    if not isinstance(value, str) or not value or len(value) > 4096:
+        raise MalformedArtifactError(f"{what}: {FILEPATH_ANNOTATION} is missing or not a path")
+    parts = value.split("/")
+    if (
+        value.startswith("/")
+        or "\\" in value
+        or any(ord(c) < 0x20 or c == "\x7f" for c in value)
+        or any(p in ("", ".", "..") for p in parts)
+    ):
+        raise MalformedArtifactError(f"{what}: {FILEPATH_ANNOTATION} {value!r} is not a plain relative path")
+    if value in MODEL_IGNORE_PATHS or parts[0] in MODEL_IGNORE_PATHS:
+        raise MalformedArtifactError(f"{what}: {FILEPATH_ANNOTATION} {value!r} is a reserved name")
+    return value
+
+
+def _parse_model_manifest(data: bytes, what: str, max_files: int) -> list[tuple[str, str, int]]:
+    """`(path, digest, size)` of every layer of a ModelPack manifest (strict; see the module docstring)."""
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        raise MalformedArtifactError(f"{what}: manifest is not JSON") from None
+    if not isinstance(doc, dict) or doc.get("mediaType") != MANIFEST_MEDIA_TYPE:
+        raise MalformedArtifactError(f"{what}: not an OCI image manifest")
+    config = doc.get("config")
+    if doc.get("artifactType") != MODEL_ARTIFACT_TYPE and not (
+        isinstance(config, dict) and config.get("mediaType") == MODEL_CONFIG_MEDIA_TYPE
+    ):
+        raise MalformedArtifactError(f"{what}: not a ModelPack artifact ({MODEL_ARTIFACT_TYPE})")
+    layers = doc.get("layers")
+    if not isinstance(layers, list) or not layers or len(layers) > max_files:
+        raise MalformedArtifactError(f"{what}: layers must be a list of 1 to {max_files} descriptors")
+    out: list[tuple[str, str, int]] = []
+    seen: set[str] = set()
+    for i, layer in enumerate(layers):
+        where = f"{what} layer {i}"
+        if not isinstance(layer, dict) or not isinstance(layer.get("annotations"), dict):
+            raise MalformedArtifactError(f"{where}: not a descriptor with annotations")
+        media_type, digest, size = layer.get("mediaType"), layer.get("digest"), layer.get("size")
+        if not isinstance(media_type, str) or not media_type.endswith(".raw"):
+            raise MalformedArtifactError(f"{where}: media type {media_type!r} is not a raw file layer")
+        if (
+            not isinstance(digest, str)
+            or not is_sha256_hex(digest.removeprefix("sha256:"))
+            or digest[:7] != "sha256:"
+        ):
+            raise MalformedArtifactError(f"{where}: digest {digest!r} is not sha256:<hex>")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise MalformedArtifactError(f"{where}: size {size!r} is not a byte count")
+        path = _safe_path(layer["annotations"].get(FILEPATH_ANNOTATION), where)
+        folded = path.casefold()
+        if folded in seen or any(folded.startswith(s + "/") or s.startswith(folded + "/") for s in seen):
+            raise MalformedArtifactError(f"{where}: path {path!r} repeats or nests inside another layer's")
+        seen.add(folded)
+        out.append((path, digest, size))
+    return out
+
+
+@dataclass(slots=True)
+class _Evidence:
+    bound: set[str] = field(default_factory=set)
+    weights: dict[str, bytes] = field(default_factory=dict)
+    other: list[StoredBundle] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+
+
+def _verify_weights_signature(bundle: Bundle, policy: Policy) -> TrustedKey:
+    """The policy key or authority (`weights` role) that signed `bundle`, at a time its window allows.
+
+    The same checks `verify_signatures` makes: pinned keys, then certificate and keyless authorities, then
+    the bundle's RFC 3161 timestamps and the key's validity window (`check_signature_time`).
+    """
+    key = verify_bundle_signature(
+        bundle,
+        policy.keys,
+        role="weights",
+        authorities=policy.authorities,
+        timestamp_authorities=policy.timestamp_authorities,
+    )
+    check_signature_time(bundle, key, policy)
+    return key
+
+
+def _collect(client: RegistryClient, ref: OciReference, manifest_digest: str, policy: Policy) -> _Evidence:
+    """Read every referrer, keep the verified bindings of this manifest and the bundles about them."""
+    found = _Evidence()
+    listed = client.referrers(ref.repository, manifest_digest)
+    if len(listed) > _MAX_REFERRERS:
+        raise MalformedArtifactError(f"{ref}: {len(listed)} referrers, more than {_MAX_REFERRERS}")
+    raw: list[tuple[str, bytes]] = []
+    for desc in listed:
+        source = f"{ref.repository_uri}@{desc.get('digest')}"
+        try:
+            raw.append(
+                (
+                    source,
+                    read_referrer_bundle(
+                        client, ref.repository, desc, manifest_digest, policy.limits.max_bundle_bytes
+                    ),
+                )
+            )
+        except (MalformedArtifactError, DigestMismatchError) as e:
+            found.ignored.append(f"{source}: {e.diagnostics()}")
+    statements = []
+    for source, data in raw:
+        try:
+            bundle = parse_bundle(data, source=source)
+            statement = parse_statement(bundle.envelope.payload, what=source)
+        except Error as e:
+            found.ignored.append(f"{source}: {e.diagnostics()}")
+            continue
+        if statement.predicate_type == BINDING_PREDICATE_TYPE:
+            try:
+                _verify_weights_signature(bundle, policy)
+            except Error as e:
+                found.ignored.append(f"{source}: binding: {e.diagnostics()}")
+                continue
+            named = statement.predicate.get("manifestDigest")
+            if isinstance(named, str) and hmac.compare_digest(named.encode(), manifest_digest.encode()):
+                found.bound.update(s.digest.get("sha256", "") for s in statement.subjects)
+            else:
+                found.ignored.append(f"{source}: binding of another manifest ({named!r})")
+        else:
+            statements.append((source, data, bundle, statement))
+    for source, data, bundle, statement in statements:
+        root = statement.subjects[0].digest.get("sha256", "")
+        if root not in found.bound:
+            found.ignored.append(f"{source}: about model {root or '?'}, which no trusted binding names")
+        elif statement.predicate_type == OMS_PREDICATE_TYPE:
+            try:
+                key = _verify_weights_signature(bundle, policy)
+            except Error as e:
+                found.ignored.append(f"{source}: {e.diagnostics()}")
+                continue
+            found.weights.setdefault(scheme_for(key.algorithm).default_bundle_name, data)
+        else:
+            found.other.append(StoredBundle(hashlib.sha256(data).hexdigest(), root, data, source))
+    return found
+
+
+def bound_root_digests(reference: str, policy: Policy, *, options: RegistryOptions | None = None) -> set[str]:
+    """The model root digests a trusted binding attaches to an OCI manifest (admission by OCI digest).
+
+    Only bindings whose signature verifies under a policy key with the `weights` role and which name the
+    manifest's digest count; nothing about the model files is checked (admission then checks the root
+    digest's evidence, and `pull` verifies the files).
+
+    Raises:
+        MalformedArtifactError, DigestMismatchError: A bad reference, manifest or listing.
+        NotFoundError: No such manifest.
+        BackendUnavailableError: The registry cannot be reached.
+    """
+    ref = parse_reference(reference)
+    client = RegistryClient(ref.registry, options or RegistryOptions.from_env())
+    try:
+        _, _, digest = client.get_manifest(ref.repository, ref.ref)
+        return _collect(client, ref, digest, policy).bound
+    finally:
+        client.close()
+
+
+def _open_new(root: Path, relative: str) -> Any:
+    """Create `root/relative` (and its directories) without following links: only new entries are made."""
+    directory = root
+    for part in relative.split("/")[:-1]:
+        directory = directory / part
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(directory, 0o755)
+        if not directory.is_dir() or directory.is_symlink():
+            raise MalformedArtifactError(f"{relative}: {part} is not a directory")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    return os.fdopen(os.open(directory / relative.split("/")[-1], flags, 0o644), "wb")
+
+
+def pull_model(
+    reference: str,
+    destination: Path,
+    policy: Policy,
+    *,
+    options: RegistryOptions | None = None,
+) -> PullResult:
+    """Download a ModelPack artifact, verify it and its evidence, and only then place it at `destination`.
+
+    See the module docstring for the order of checks. The destination must not exist; it is created by
+    renaming the verified staging directory (same file system), so it either holds the verified model or
+    does not exist.
+
+    Args:
+        reference: `oci://REGISTRY/REPOSITORY@sha256:HEX` (a tag is resolved, and the digest it resolves to
+            is what the binding must name).
+        destination: The directory to create.
+        policy: Trusted keys (`weights` role for signatures and bindings), algorithms, attestations, limits.
+        options: Registry connection and credentials (default: from the environment).
+
+    Returns:
+        The verified digests and the number of files placed.
+
+    Raises:
+        PolicyError: `destination` exists, or its parent cannot hold a staging directory.
+        MalformedArtifactError: A bad reference or manifest, a layer path that escapes, a wrong size.
+        DigestMismatchError: A manifest or layer differs from its digest, or a file from the signed
+            manifest.
+        SignatureError: No trusted binding of this manifest, or no trusted signature of the model.
+        FileSetMismatchError, PolicyViolationError: From `verify_model`.
+        AttestationError: The policy's attestation requirements are not met.
+        NotFoundError, BackendUnavailableError: The artifact or registry is missing.
+    """
+    ref = parse_reference(reference)
+    destination = Path(destination)
+    if os.path.lexists(destination):
+        raise PolicyError(f"{destination}: exists; pull creates the directory")
+    client = RegistryClient(ref.registry, options or RegistryOptions.from_env())
+    try:
+        data, _, manifest_digest = client.get_manifest(ref.repository, ref.ref)
+        what = f"{ref.repository_uri}@{manifest_digest}"
+        layers = _parse_model_manifest(data, what, policy.limits.max_files)
+        evidence = _collect(client, ref, manifest_digest, policy)
+        if not evidence.bound:
+            reasons = "; ".join(evidence.ignored) or "no referrers"
+            raise SignatureError(
+                f"{what}: no binding to a model root digest signed by a trusted key ({reasons})"
+            )
+        try:
+            staging = Path(tempfile.mkdtemp(prefix=".modelsec-pull-", dir=destination.parent))
+        except OSError as e:
+            raise PolicyError(f"{destination.parent}: cannot create a staging directory: {e.strerror}") from e
+        try:
+            root = _stage(client, ref, layers, evidence, staging, policy)
+            os.rename(staging, destination)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    finally:
+        client.close()
+    return PullResult(destination, manifest_digest, root, len(layers), tuple(evidence.ignored))
+
+
+def _stage(
+    client: RegistryClient,
+    ref: OciReference,
+    layers: Sequence[tuple[str, str, int]],
+    evidence: _Evidence,
+    staging: Path,
+    policy: Policy,
+) -> str:
+    for path, digest, size in layers:
+        with _open_new(staging, path) as sink:
+            client.stream_blob(ref.repository, digest, size, sink, what=f"{ref.repository_uri}: {path}")
+    for name, data in evidence.weights.items():
+        (staging / name).write_bytes(data)
+    verified = verify_model(staging, policy, expected_digests=sorted(evidence.bound))
+    verdict = verify_attestations(verified.root_digest, evidence.other, policy, require_signatures=False)
+    verdict.raise_for_policy()
+    _place_attestations(staging, verdict.evidence, evidence.other)
+    return verified.root_digest
+
+
+def _place_attestations(staging: Path, accepted: Sequence[Any], bundles: Sequence[StoredBundle]) -> None:
+    """Write the first accepted gate and watermark attestation under their reserved names."""
+    by_source: Mapping[str, bytes] = {b.source: b.data for b in bundles}
+    names = {"robustness": GATE_BUNDLE_NAME, "watermark": WATERMARK_BUNDLE_NAME}
+    for item in accepted:
+        name = names.get(item.kind)
+        if name and item.source in by_source and not (staging / name).exists():
+            write_bundle_file(staging / name, by_source[item.source], what="attestation")

@@ -1,0 +1,141 @@
+"""What a policy requires of attestations: robustness-gate and watermark requirements, from the policy file.
+
+Loaded by `modelsec.policy` while it converts a policy file (which re-exports both requirement types); checked
+by `modelsec.verifier.attestations`. A watermark `message` is committed to here, under the policy's `keyFile`,
+so the verifier compares commitments and the key itself never leaves this module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from modelsec.errors import Error
+from modelsec.signer.watermark_keys import load_key_file, parse_message
+
+if TYPE_CHECKING:
+    from modelsec.config_models import RobustnessModel, WatermarkModel
+
+__all__ = [
+    "RobustnessRequirement",
+    "WatermarkRequirement",
+    "robustness_requirement",
+    "watermark_requirement",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class RobustnessRequirement:
+    """What a robustness-gate attestation must show (predicate `https://modelsec.dev/robustness-gate/v1`).
+
+    Attributes:
+        attack: The attack name the gate must have run (`pgd-linf`).
+        min_eps: Smallest accepted perturbation budget ε (input units, L∞).
+        min_robust_accuracy: Threshold on robust accuracy (fraction in [0, 1]).
+        rule: `point` (the measured accuracy) or `strict` (the lower end of its 95% Wilson interval).
+        min_samples: Fewest evaluated examples accepted.
+        max_age_seconds: Oldest accepted `finishedAt`, or None for no freshness rule.
+        min_steps: Fewest PGD iterations per restart accepted (`parameters.steps`).
+        min_restarts: Fewest PGD random restarts accepted (`parameters.restarts`).
+        datasets: Accepted evaluation-set digests (hex SHA-256 of `dataset.digest.sha256`); empty: any.
+        require_server_run: Only gates a modelsec server ran for a requester (`runBy`) count; trust, for
+            the `gate` role, only keys that modelsec servers hold (see
+            `modelsec.attestations.predicates.run_by`).
+    """
+
+    attack: str = "pgd-linf"
+    min_eps: float = 0.0
+    min_robust_accuracy: float = 0.0
+    rule: str = "point"
+    min_samples: int = 1
+    max_age_seconds: float | None = None
+    min_steps: int = 1
+    min_restarts: int = 1
+    datasets: frozenset[str] = frozenset()
+    require_server_run: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class WatermarkRequirement:
+    """What a watermark attestation must show (predicate `https://modelsec.dev/watermark/v1`).
+
+    Attributes:
+        min_confidence: Lowest accepted detection confidence recorded at embed time (default 0.92).
+        max_false_positive: Highest accepted false-positive probability at embed time (default 1e-9).
+        key_file: The owner's watermark key file, for nodes that hold it. It is read (when the policy is
+            loaded) only to compute `message_commitment`; the mark is not re-detected in the weights: the
+            signed embed-time detection is trusted.
+        max_fidelity_loss: Highest accepted fidelity loss measured at embedding (`fidelity.value`, in the
+            probe's own metric); an attestation without a fidelity measurement is refused (None: not
+            required).
+        require_server_run: Only embeds a modelsec server performed for a requester (`runBy`) count.
+        message_commitment: The `messageCommitment.value` an attestation must carry (hex): the policy's
+            `message`, encoded as `modelsec watermark embed -m` encodes it, committed under `key_file`'s key
+            (`WatermarkKey.message_commitment`); an attestation of another message or key is ignored (None:
+            any message).
+    """
+
+    min_confidence: float = 0.92
+    max_false_positive: float = 1e-9
+    key_file: Path | None = None
+    max_fidelity_loss: float | None = None
+    require_server_run: bool = False
+    message_commitment: str | None = None
+
+
+def robustness_requirement(r: RobustnessModel | None) -> RobustnessRequirement | None:
+    """A validated `attestations.robustness` section as a requirement (None: not required)."""
+    if r is None:
+        return None
+    return RobustnessRequirement(
+        attack=r.attack,
+        min_eps=r.min_eps,
+        min_robust_accuracy=r.min_robust_accuracy,
+        rule=r.rule,
+        min_samples=r.min_samples,
+        max_age_seconds=r.max_age,
+        min_steps=r.min_steps,
+        min_restarts=r.min_restarts,
+        datasets=frozenset(r.dataset_digests or ()),
+        require_server_run=r.require_server_run,
+    )
+
+
+def watermark_requirement(
+    w: WatermarkModel | None, where: str, base_dir: Path
+) -> WatermarkRequirement | None:
+    """A validated `attestations.watermark` section as a requirement (None: not required).
+
+    Args:
+        w: The section.
+        where: Its field path in the policy file, for errors.
+        base_dir: The policy file's directory; a relative `keyFile` is resolved against it.
+
+    Returns:
+        The requirement; with `message`, its `message_commitment` under the key of `keyFile`.
+
+    Raises:
+        PolicyError: `message` is invalid hex (`hex:`/`0x`) or encodes no bytes.
+        KeyMaterialError: With `message`, the `keyFile` cannot be read or is not a watermark key.
+    """
+    if w is None or not w.required:
+        return None
+    key_file = (base_dir / w.key_file) if w.key_file else None
+    commitment = None
+    if w.message is not None and key_file is not None:  # the model refuses a message without keyFile
+        field = "message"
+        try:
+            message = parse_message(w.message)
+            field = "keyFile"
+            commitment = load_key_file(key_file).message_commitment(message)
+        except Error as e:
+            raise type(e)(f"{where}.{field}: {e.diagnostics()}") from e
+    return WatermarkRequirement(
+        min_confidence=w.min_confidence,
+        max_false_positive=w.max_false_positive,
+        key_file=key_file,
+        max_fidelity_loss=w.max_fidelity_loss,
+        require_server_run=w.require_server_run,
+        message_commitment=commitment,
+    )
