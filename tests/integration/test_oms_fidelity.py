@@ -163,7 +163,7 @@ def test_model_signing_ecdsa_plus_modelsec_sm2(tmp_path: Path, key_dir: Path) ->
     _ms_verify(model, model / "model.sig", key_dir / "ecdsa-p256.pub.pem")
     r = run_cli("sign", model, "--signing-key", key_dir / "sm2.key.pem")
     assert r.returncode == 0, r.stderr
-    args = ["--signing-key", key_dir / "ecdsa-p256.pub.pem", "--signing-key", key_dir / "sm2.pub.pem"]
+    args = ["--trusted-key", key_dir / "ecdsa-p256.pub.pem", "--trusted-key", key_dir / "sm2.pub.pem"]
     r = run_cli("verify", model, *args, "--require", "ecdsa-p256,sm2", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)

@@ -16,6 +16,7 @@ from modelsec.policy import PolicySet
 from modelsec.signer import load_private_key_file, sign_model
 from modelsec.verifier.attestations import verify_attestations
 from tests.conftest import run_cli
+from tests.integration._lenet_release import ENV, release_inputs
 from tests.integration.test_rfc3161 import _gen_time, _policy_file, pytestmark, tsa
 
 __all__ = ["pytestmark", "tsa"]  # the TSA fixture and its skip marker (no openssl CLI) come with it
@@ -64,39 +65,12 @@ def test_attestation_bundles_are_held_to_windows_and_timestamps(
     assert verdict(plain, timestampAuthorities=tsas) == (True, "")
 
 
-# 100 samples, 20 steps of 2.5 eps / steps: the gate is not under test here, so PGD must be clearly stronger
-# than FGSM (this VM: 0.91 vs 0.95). At 0.03 x 10 the two tie here (0.95 / 0.95), and on CI's host the
-# fgsm_weaker sanity check failed the release (FGSM 0.93 vs PGD 0.96): float results differ across CPUs.
-GATE = (
-    "architecture: lenet5:lenet5\ndata: mnist.npz\neps: 0.3\nstepSize: 0.0375\nsteps: 20\n"
-    "minRobustAccuracy: 0.5\n"
-)
-
-
-def release_inputs(tmp_path: Path) -> None:
-    """The real LeNet5 (`advtrained/`), 100 real digits (`mnist.npz`), `gate.yaml` (GATE) and `wm.key`."""
-    import subprocess
-    import sys
-
-    from tests.conftest import REPO
-
-    subprocess.run(
-        [sys.executable, str(REPO / "examples/prepare_lenet5.py"), str(tmp_path / "advtrained"),
-         str(tmp_path / "mnist.npz"), "--which", "advtrained", "--stride", "50"],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    (tmp_path / "gate.yaml").write_text(GATE)
-    assert run_cli("watermark", "keygen", "-o", tmp_path / "wm.key").returncode == 0
-
-
-def test_release_timestamps_every_bundle(key_dir: Path, tsa: tuple[str, Path], tmp_path: Path) -> None:
-    pytest.importorskip("torch")
-    pytest.importorskip("advertorch_examples", reason="pip install --no-deps advertorch")
-    pytest.importorskip("mlxtend", reason="pip install --no-deps mlxtend")
-    from tests.integration.test_release import ENV
-
+@pytest.mark.slow
+def test_release_timestamps_every_bundle(
+    key_dir: Path, tsa: tuple[str, Path], tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     url, root = tsa
-    release_inputs(tmp_path)
+    release_inputs(tmp_path_factory, tmp_path)  # the real LeNet5, 20 real digits: the gate is not under test
     out = tmp_path / "released"
     r = run_cli(
         "release", tmp_path / "advtrained", "--out", out, "--signing-key", key_dir / "ecdsa-p256.key.pem",

