@@ -281,14 +281,18 @@ OLD_SPELLINGS = [
     (("sign", "{model}", "{OPT}", "{priv}"), "-k", "--signing-key"),
     ((*_RELEASE, "{OPT}", "{priv}"), "--key", "--signing-key"),
     ((*_RELEASE, "{OPT}", "{priv}"), "-k", "--signing-key"),
-    ((*_RELEASE, "-k", "{priv}", "{OPT}", "{priv}"), "--attestation-key", "--attestation-signing-key"),
+    (
+        (*_RELEASE, "--signing-key", "{priv}", "{OPT}", "{priv}"),
+        "--attestation-key",
+        "--attestation-signing-key",
+    ),
     ((*_GATE, "{OPT}", "{priv}", "--trusted-key", "{pub}"), "--key", "--signing-key"),
     ((*_GATE, "{OPT}", "{priv}", "--trusted-key", "{pub}"), "-k", "--signing-key"),
     ((*_GATE, "--signing-key", "{priv}", "{OPT}", "{pub}"), "--trust", "--trusted-key"),
     ((*_EMBED, "{OPT}", "{wm_key}"), "--key-file", "--watermark-key"),
     ((*_EMBED, "{OPT}", "{wm_key}"), "-k", "--watermark-key"),
     (
-        (*_EMBED, "-k", "{wm_key}", "{OPT}", "{priv}", "--attestation", "{OUT}.sig"),
+        (*_EMBED, "--watermark-key", "{wm_key}", "{OPT}", "{priv}", "--attestation", "{OUT}.sig"),
         "--sign-key",
         "--signing-key",
     ),
@@ -322,6 +326,6 @@ def test_old_spellings_are_usage_errors(
 
     code_old, message_old = run(old)
     assert code_old == 2
-    assert f"No such option: {old}" in message_old
+    assert f"No such option '{old}'" in message_old
     _, message_new = run(new)
     assert "No such option" not in message_new
