@@ -29,7 +29,7 @@ SUBPACKAGES = [
     "service",
     "webhook",
 ]
-PTH = REPO / "verifier" / "modelsec-guard.pth.in"
+PTH = REPO / "verifier" / "guard" / "modelsec-guard.pth.in"
 GROUP = "vllm.general_plugins"
 # What a build needs (pyproject.toml's package-dir), copied so that builds never write into the checkout.
 SOURCES = [
@@ -186,7 +186,7 @@ def test_sdist_carries_what_the_pth_build_needs(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     names = tarfile.open(tmp_path / "dist" / out.stdout.strip().splitlines()[-1]).getnames()
     root = names[0].split("/")[0]
-    assert f"{root}/setup.py" in names and f"{root}/verifier/modelsec-guard.pth.in" in names
+    assert f"{root}/setup.py" in names and f"{root}/verifier/guard/modelsec-guard.pth.in" in names
 
 
 def _site_with(tmp_path: Path, pth: bytes, code: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -116,7 +116,7 @@ def test_digest_and_verify_refuse_a_path_outside_the_model(
     (tmp_path / "config.json").write_text("{}")
     r = _run("modelsec", "sign", "m", "--signing-key", key_dir / "ecdsa-p256.key.pem", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    extra = ["--signing-key", key_dir / "ecdsa-p256.pub.pem"] if command == "verify" else []
+    extra = ["--trusted-key", key_dir / "ecdsa-p256.pub.pem"] if command == "verify" else []
     r = _run("modelsec", command, "m", *extra, "--ignore-paths", given, cwd=tmp_path)
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert f"--ignore-paths: ignore path '{given}'" in r.stderr and needle in r.stderr
