@@ -105,7 +105,7 @@ def test_python_m_hook_without_code_changes(
     script.write_text(
         "import sys, safetensors.torch\n"
         f"t = safetensors.torch.load_file({str(model_dir / 'model-00003-of-00003.safetensors')!r})\n"
-        "from modelsec.verifier import hook\n"
+        "from modelsec.verifier.guard import hook\n"
         "print(len(t), hook.installed())\n"
     )
     env = {"MODELSEC_POLICY": str(policy_file), "PATH": "/usr/bin:/bin"}

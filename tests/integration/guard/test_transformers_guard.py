@@ -237,7 +237,7 @@ def test_digest_pin_from_the_annotation_in_the_environment(
     }.items():
         env = {**os.environ, "MODELSEC_POLICY": str(policy_file), "MODELSEC_MODEL_DIGEST": pin}
         results[label] = subprocess.run(
-            [sys.executable, "-c", "from modelsec.verifier import hook; hook.install(); " + script],
+            [sys.executable, "-c", "from modelsec.verifier.guard import hook; hook.install(); " + script],
             capture_output=True,
             text=True,
             env=env,
