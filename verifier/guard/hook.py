@@ -56,6 +56,7 @@ from typing import Any
 
 from modelsec.errors import Error, PolicyViolationError, UnsupportedAlgorithmError
 from modelsec.policy import Policy, PolicySet, model_uri
+from modelsec.verifier.admission import admit_model, report_warnings
 from modelsec.verifier.guard.postimport import when_imported
 from modelsec.verifier.guard.snapshot import (
     VerifiedSnapshot,
@@ -184,8 +185,10 @@ def preflight(model_dir: Path, policy: Policy | PolicySet | None = None) -> None
     """
     from modelsec.modelformat.hashing import is_safetensors_name
 
-    resolved = resolve_policy(model_dir, policy if policy is not None else _policy)
-    signed = verify_signatures(model_dir, resolved)
+    admission = admit_model(model_dir, policy if policy is not None else _policy)
+    resolved = admission.policy
+    signed = verify_signatures(model_dir, admission)
+    report_warnings(signed.warnings)
     names = check_file_set(signed, resolved)
     side = [n for n in names if not is_safetensors_name(n)]
     verify_files(signed, side, resolved, tensor_hash=None, whole_model=False)
