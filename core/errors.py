@@ -11,9 +11,6 @@ Errors are grouped by who must act (the python-tuf habit):
 * `AuthenticationError`, `PermissionDeniedError`, `NotFoundError`: the gRPC service's caller is unknown, is
   not allowed, or named something (a key version) that does not exist.
 
-`PolicyWarning` is no error: a matching policy in `mode: warn` refused a model that was used nonetheless
-(the loader and the runtime guard issue it with `warnings.warn`; `verify` prints it).
-
 Front doors map these uniformly: the CLI exits 1 with `diagnostics()` on stderr, the gRPC interceptor maps
 them to status codes, the webhook denies on any of them.
 """
@@ -34,7 +31,6 @@ __all__ = [
     "PermissionDeniedError",
     "PolicyError",
     "PolicyViolationError",
-    "PolicyWarning",
     "SignatureError",
     "UnsupportedAlgorithmError",
     "VerificationError",
@@ -147,7 +143,3 @@ class PermissionDeniedError(Error):
 
 class NotFoundError(Error):
     """A named resource (a key version, a watermark key) does not exist."""
-
-
-class PolicyWarning(UserWarning):
-    """A matching policy in `mode: warn` refused the model; it was verified and used nonetheless."""

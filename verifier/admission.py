@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from modelsec.algorithms import SignatureAlgorithm
-from modelsec.errors import BackendUnavailableError, Error, PolicyError, PolicyViolationError, PolicyWarning
+from modelsec.errors import BackendUnavailableError, Error, PolicyError, PolicyViolationError
 from modelsec.limits import Limits
 from modelsec.policy import Policy, PolicySet, model_uri
 
@@ -46,6 +46,7 @@ __all__ = [
     "DigestRequiredError",
     "ModelAdmission",
     "PolicyOutcome",
+    "PolicyWarning",
     "admit",
     "admit_model",
     "evaluate",
@@ -54,6 +55,13 @@ __all__ = [
 
 ENFORCE = "enforce"
 WARN = "warn"
+
+
+class PolicyWarning(UserWarning):
+    """A matching policy in `mode: warn` refused a model that was verified and used nonetheless.
+
+    Issued with `warnings.warn` by the loader and the runtime guard; `verify` prints the same message.
+    """
 
 
 class DigestRequiredError(PolicyViolationError):

@@ -115,7 +115,7 @@ def test_the_loader_warns_about_a_failing_warn_policy_and_loads(
 
 
 def test_the_guard_warns_about_a_failing_warn_policy(tiny_model: Path, key_dir: Path, tmp_path: Path) -> None:
-    from modelsec.errors import PolicyWarning
+    from modelsec.verifier.admission import PolicyWarning
     from modelsec.verifier.guard import hook
 
     _sign_ecdsa_only(tiny_model, key_dir)
