@@ -67,7 +67,7 @@ from modelsec.policy import PolicySet
 from modelsec.verifier import load_model
 import safetensors.torch
 shards = sorted(model.glob("*.safetensors"))
-policy = PolicySet.from_file(Path(policy_file)).for_model(model) if policy_file != "-" else None
+policy = PolicySet.from_file(Path(policy_file)) if policy_file != "-" else None
 def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime

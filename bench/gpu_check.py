@@ -45,7 +45,7 @@ import safetensors.torch
 from modelsec.policy import PolicySet
 from modelsec.verifier import load_model
 shards = sorted(model.glob("*.safetensors"))
-policy = PolicySet.from_file(Path(policy_file)).for_model(model) if policy_file != "-" else None
+policy = PolicySet.from_file(Path(policy_file)) if policy_file != "-" else None
 t0 = time.perf_counter()
 if mode == "load_file":
     out = {}

@@ -26,6 +26,7 @@ from torch import nn
 from modelsec.errors import MalformedArtifactError, PolicyError
 from modelsec.policy import Policy
 from modelsec.robustness.imports import resolve_import_path
+from modelsec.verifier.admission import ModelAdmission
 
 __all__ = ["VerifiedClassifier", "build_classifier", "load_verified_model"]
 
@@ -91,7 +92,7 @@ def build_classifier(
 
 def load_verified_model(
     model_dir: Path,
-    policy: Policy,
+    policy: Policy | ModelAdmission,
     architecture: str,
     *,
     bundles: Sequence[Path] | None = None,

@@ -24,6 +24,7 @@ from modelsec.robustness.gate import GateConfig, GateProgress, GateResult, Sanit
 from modelsec.robustness.gate_config import default_step_size
 from modelsec.robustness.model_loading import load_verified_model
 from modelsec.robustness.stats import Accuracy
+from modelsec.verifier.admission import ModelAdmission
 
 __all__ = ["GateOutcome", "run_pgd_gate"]
 
@@ -55,7 +56,7 @@ class GateOutcome:
 def run_pgd_gate(
     model_dir: Path,
     *,
-    policy: Policy,
+    policy: Policy | ModelAdmission,
     architecture: str,
     data: str | Path,
     config: GateConfig,

@@ -48,6 +48,7 @@ from modelsec.modelformat.safetensors_header import (
 )
 from modelsec.policy import Policy, PolicySet
 from modelsec.verifier import _shard_buffers as shard_io
+from modelsec.verifier.admission import ModelAdmission, admit_model, report_warnings
 from modelsec.verifier.audit import record_verified_model
 from modelsec.verifier.verification import (
     INDEX_NAME,
@@ -73,20 +74,17 @@ __all__ = [
 ]
 
 
-def resolve_policy(model_path: Path, policy: Policy | PolicySet | None) -> Policy:
-    """The `Policy` for `model_path`: as given, matched from a `PolicySet`, or from `$MODELSEC_POLICY`.
+def resolve_policy(model_path: Path, policy: Policy | PolicySet | ModelAdmission | None) -> Policy:
+    """The `Policy` that verifies the bytes of `model_path` (`ModelAdmission.policy` of `admit_model`).
 
-    From a set, every policy matching `file://<real path>` must pass (`PolicySet.for_uri`: the others ride
-    in `Policy.also` and are checked with the signatures).
+    For the checks made before the signatures are read (a single file's prechecks); the other matching
+    policies are checked when the admission is passed to `verify_signatures`.
 
     Raises:
         PolicyError: No policy given and `$MODELSEC_POLICY` is unset or invalid.
         PolicyViolationError: No policy of the set matches `file://<real path>`.
     """
-    if isinstance(policy, Policy):
-        return policy
-    policy_set = policy if policy is not None else PolicySet.from_env()
-    return policy_set.for_model(model_path)
+    return admit_model(model_path, policy).policy
 
 
 def _split_path(model_path: Path) -> tuple[Path, str | None]:
@@ -267,7 +265,7 @@ def _shards_for_without_digests(signed: SignedModel, tensors: Sequence[str], pol
 
 def load_model(
     model_path: str | os.PathLike[str],
-    policy: Policy | PolicySet | None = None,
+    policy: Policy | PolicySet | ModelAdmission | None = None,
     *,
     device: str = "cpu",
     tensors: Sequence[str] | None = None,
@@ -285,7 +283,9 @@ def load_model(
 
     Args:
         model_path: A model directory, or one `*.safetensors` shard inside it.
-        policy: A `Policy`, a `PolicySet` (matched as `file://<real path>`), or None for `$MODELSEC_POLICY`.
+        policy: A `Policy`, a `PolicySet` (every policy matching `file://<real path>` must pass, a failure of
+            one in `mode: warn` is issued as a `PolicyWarning` instead; `modelsec.verifier.admission`), an
+            admission, or None for `$MODELSEC_POLICY`.
         device: `"cpu"` or `"cuda[:N]"`: verified bytes are staged in pinned host memory for CUDA and copied
             to the device only after verification.
         tensors: Only these tensor names (e.g. one pipeline stage); None for all.
@@ -313,10 +313,12 @@ def load_model(
     model_path = Path(os.fspath(model_path))
     device = shard_io.check_device(device)
     model_dir, single = _split_path(model_path)
-    resolved = resolve_policy(model_path, policy)
+    admission = admit_model(model_path, policy)
+    resolved = admission.policy
     if single is not None:
         precheck_file(model_path, resolved)
-    signed = verify_signatures(model_dir, resolved, bundles=bundles, expected_digests=expected_digests)
+    signed = verify_signatures(model_dir, admission, bundles=bundles, expected_digests=expected_digests)
+    report_warnings(signed.warnings)
     pinned = device.startswith("cuda")
     model = str(model_dir)
     if tensors is not None:
@@ -386,7 +388,7 @@ def _load_whole(signed: SignedModel, single: str | None, policy: Policy, device:
 
 def load_signed_model(
     model_path: str | os.PathLike[str],
-    policy: Policy | PolicySet | None = None,
+    policy: Policy | PolicySet | ModelAdmission | None = None,
     *,
     device: str = "cpu",
     bundles: Sequence[Path] | None = None,
@@ -400,10 +402,12 @@ def load_signed_model(
     model_path = Path(os.fspath(model_path))
     device = shard_io.check_device(device)
     model_dir, single = _split_path(model_path)
-    resolved = resolve_policy(model_path, policy)
+    admission = admit_model(model_path, policy)
+    resolved = admission.policy
     if single is not None:
         precheck_file(model_path, resolved)
-    signed = verify_signatures(model_dir, resolved, bundles=bundles, expected_digests=expected_digests)
+    signed = verify_signatures(model_dir, admission, bundles=bundles, expected_digests=expected_digests)
+    report_warnings(signed.warnings)
     return _load_whole(signed, single, resolved, device)
 
 
@@ -438,7 +442,7 @@ class VerifiedSafeOpen:
     def __init__(
         self,
         model_path: str | os.PathLike[str],
-        policy: Policy | PolicySet | None = None,
+        policy: Policy | PolicySet | ModelAdmission | None = None,
         *,
         device: str = "cpu",
         bundles: Sequence[Path] | None = None,
@@ -450,13 +454,15 @@ class VerifiedSafeOpen:
             # A file in a subfolder of the signed model (e.g. `text_encoder/model.safetensors`).
             self._dir = signed.model_dir
             self._single = os.path.relpath(model_path, signed.model_dir)
-        self._policy = resolve_policy(model_path, policy)
+        admission = admit_model(model_path, policy)
+        self._policy = admission.policy
         self._device = shard_io.check_device(device)
         if self._single is not None:
             precheck_file(model_path, self._policy)
-        self._signed = (
-            signed if signed is not None else verify_signatures(self._dir, self._policy, bundles=bundles)
-        )
+        if signed is None:
+            signed = verify_signatures(self._dir, admission, bundles=bundles)
+            report_warnings(signed.warnings)
+        self._signed = signed
         names = check_file_set(self._signed, self._policy, only=[self._single] if self._single else None)
         if self._single is None:
             # A directory gets the directory checks up front, as `load_model` makes them: every side file's
@@ -544,7 +550,7 @@ class VerifiedSafeOpen:
 
 def open_model(
     model_path: str | os.PathLike[str],
-    policy: Policy | PolicySet | None = None,
+    policy: Policy | PolicySet | ModelAdmission | None = None,
     *,
     device: str = "cpu",
     bundles: Sequence[Path] | None = None,

@@ -42,6 +42,7 @@ from modelsec.errors import MalformedArtifactError, PolicyViolationError
 from modelsec.modelformat.hashing import ProgressCallback
 from modelsec.modelformat.model_files import PICKLE_SUFFIXES, open_beneath, open_model_root
 from modelsec.policy import Policy
+from modelsec.verifier.admission import ModelAdmission
 from modelsec.verifier.attestations import AttestationVerdict
 from modelsec.verifier.files import (
     check_digests,
@@ -99,6 +100,8 @@ class VerifiedModel:
         whole_model: Every signed file was checked (the directory, or an OMS single-file model). False when
             only some signed files were (a shard path, `files`): then the others, and hence the root digest,
             were not checked against the files; the signature over the root digest was.
+        warnings: Failures of matching policies in `mode: warn` (`modelsec.verifier.admission`): reported,
+            not fatal.
     """
 
     root_digest: str
@@ -111,6 +114,7 @@ class VerifiedModel:
     manifest: Manifest
     attestations: AttestationVerdict | None = None
     whole_model: bool = True
+    warnings: tuple[str, ...] = ()
 
     @property
     def algorithms(self) -> tuple[SignatureAlgorithm, ...]:
@@ -120,7 +124,7 @@ class VerifiedModel:
 
 def verify_model(
     model_path: Path,
-    policy: Policy,
+    policy: Policy | ModelAdmission,
     *,
     bundles: Sequence[Path] | None = None,
     files: Sequence[str] | None = None,
@@ -141,7 +145,9 @@ def verify_model(
             must be listed in the manifest; pickle formats are refused before anything else). A Hugging
             Face hub cache snapshot (`models--org--name/snapshots/<rev>/`) or one of its blob links is
             accepted; its links are followed only into that cache entry's `blobs/`.
-        policy: Trusted keys, required algorithms, remote-code rule and limits.
+        policy: Trusted keys, required algorithms, remote-code rule and limits; or the admission of every
+            policy matching the model (`modelsec.verifier.admission.admit_model`): its `policy` verifies
+            the bytes, each other one its own signatures and attestations over the same root digest.
         files: Verify only these signed files of the directory (e.g. the shards a node holds).
         bundles: Bundle paths; default: `model.sig`, `model.p384.sig`, `model.sm2.sig` in the model
             directory (a default bundle of an algorithm no policy key has is skipped and reported; an
@@ -180,13 +186,14 @@ def verify_model(
         >>> policy = Policy.from_key_files([Path("trust/ci.pub.pem")])  # doctest: +SKIP
         >>> verify_model(Path("model"), policy).root_digest  # doctest: +SKIP
     """
-    root_fd, single, model_dir = _open_model(model_path, policy, dir_fd)
+    admission = ModelAdmission.of(policy)
+    root_fd, single, model_dir = _open_model(model_path, admission.policy, dir_fd)
     try:
         return _verify_open_model(
             root_fd,
             model_dir,
             single,
-            policy,
+            admission,
             bundles=bundles,
             files=files,
             progress=progress,
@@ -201,7 +208,7 @@ def _verify_open_model(
     root_fd: int,
     model_dir: Path,
     single: str | None,
-    policy: Policy,
+    admission: ModelAdmission,
     *,
     bundles: Sequence[Path] | None,
     files: Sequence[str] | None,
@@ -210,9 +217,10 @@ def _verify_open_model(
     ignore_paths: Sequence[str],
 ) -> VerifiedModel:
     model_path = model_dir / single if single is not None else model_dir
+    policy = admission.policy
     signed = verify_signatures(
         model_dir,
-        policy,
+        admission,
         bundles=bundles,
         expected_digests=expected_digests,
         ignore_paths=ignore_paths,
@@ -256,6 +264,7 @@ def _verify_open_model(
         manifest=signed.manifest,
         attestations=signed.attestations,
         whole_model=whole,
+        warnings=signed.warnings,
     )
 
 

@@ -53,7 +53,7 @@ class IdentityOptions:
         Raises:
             click.UsageError: With `--policy`, or a combination that means nothing.
             PolicyError: A `--certificate-chain` file holds no readable certificate, or no key or the
-                authority can make a `required` signature (`Policy.requiring`).
+                authority can make a `required` signature (`ModelAdmission.requiring`).
             KeyMaterialError: A `--trusted-key` cannot be read or parsed.
         """
         if not self.given:
@@ -65,13 +65,15 @@ class IdentityOptions:
             )
         from modelsec.policy import Policy
         from modelsec.signer.keys import load_trusted_key_file
+        from modelsec.verifier.admission import ModelAdmission
 
         authority = self._authority()
-        return Policy(
+        policy = Policy(
             keys=tuple(load_trusted_key_file(p) for p in keys),
             authorities=(authority,),
             allow_remote_code=allow_remote_code,
-        ).requiring(required)
+        )
+        return ModelAdmission.of(policy).requiring(required)
 
     def _authority(self) -> Any:
         from modelsec.policy import IdentityRule, SigstoreAuthority, X509Authority

@@ -56,13 +56,14 @@ def _policy_options(f: Any) -> Any:
 def _policy(keys: tuple[Path, ...], policy_file: Path | None, reference: str) -> Any:
     from modelsec.policy import Policy, PolicySet
     from modelsec.registry.client import parse_reference
+    from modelsec.verifier.admission import admit
 
     if keys and policy_file:
         raise click.UsageError("give --trusted-key or --policy, not both")
     if keys:
         return Policy.from_key_files(keys)
     policy_set = PolicySet.from_file(policy_file) if policy_file else PolicySet.from_env()
-    return policy_set.for_uri(parse_reference(reference).repository_uri)
+    return admit(policy_set, parse_reference(reference).repository_uri)
 
 
 def _options(registry_ca: Path | None, plain_http: bool) -> Any:

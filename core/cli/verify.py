@@ -54,10 +54,12 @@ def _policy_from_options(
     allow_remote_code: bool,
     identity: IdentityOptions | None = None,
 ) -> Any:
-    """A Policy from --trusted-key options, or from --policy / $MODELSEC_POLICY (options only tighten it).
+    """The model's admission from --trusted-key, or from --policy / $MODELSEC_POLICY (options only tighten).
 
-    `required` (--require) is applied by `Policy.requiring`: to every matching policy able to make each
-    algorithm's signatures, in any file order.
+    From a policy file, every policy matching the model must pass (`modelsec.verifier.admission.admit_model`).
+
+    `required` (--require) is applied by `ModelAdmission.requiring`: to every matching policy able to make
+    each algorithm's signatures, in any file order.
 
     Raises:
         click.UsageError: Contradicting options, or no policy source.
@@ -66,6 +68,7 @@ def _policy_from_options(
         KeyMaterialError: A key cannot be read or parsed.
     """
     from modelsec.policy import Policy, PolicySet
+    from modelsec.verifier.admission import ModelAdmission, admit_model
 
     if identity is not None and (
         by_identity := identity.policy(keys, policy_file, required, allow_remote_code)
@@ -74,14 +77,15 @@ def _policy_from_options(
     if keys and policy_file:
         raise click.UsageError("give --trusted-key or --policy, not both")
     if keys:
-        return Policy.from_key_files(keys, allow_remote_code=allow_remote_code).requiring(required)
+        policy = Policy.from_key_files(keys, allow_remote_code=allow_remote_code)
+        return ModelAdmission.of(policy).requiring(required)
     if not policy_file and not os.environ.get(POLICY_ENV):
         raise click.UsageError(f"give --trusted-key, --policy, or set ${POLICY_ENV}")
     policy_set = PolicySet.from_file(policy_file) if policy_file else PolicySet.from_env()
-    policy = policy_set.for_model(model_path)
-    if allow_remote_code and not policy.allow_remote_code:
+    admission = admit_model(model_path, policy_set)
+    if allow_remote_code and not admission.policy.allow_remote_code:
         raise click.UsageError("--allow-remote-code cannot loosen a policy file; set allowRemoteCode there")
-    return policy.requiring(required)
+    return admission.requiring(required)
 
 
 def _expected_digests(model_dir: Path, options: tuple[str, ...]) -> frozenset[str] | None:
@@ -210,8 +214,9 @@ def verify(
 
     Exit 0 when every signed file and tensor matches and a trusted key signed; exit 1 otherwise. Pickle
     checkpoints and remote code are refused even when signed. Every policy of the file that matches
-    MODEL_PATH must pass; --require tightens each of them that trusts a key able to meet it. An older
-    release signed by the same key verifies too, unless the root digest is pinned (--expected-digest).
+    MODEL_PATH must pass, except that a failing one in `mode: warn` only prints a warning; --require
+    tightens each of them that trusts a key able to meet it. An older release signed by the same key
+    verifies too, unless the root digest is pinned (--expected-digest).
     """
     from modelsec.signer.layout import relative_ignore_paths
     from modelsec.verifier import verify_model
@@ -237,7 +242,7 @@ def verify(
             )
     except Error as e:
         fail(e, as_json, hint=_signature_hint(e, model_path, signatures))
-    warnings = _verify_warnings(result, model_path)
+    warnings = [*result.warnings, *_verify_warnings(result, model_path)]
     if as_json:
         reply(
             {
@@ -342,8 +347,7 @@ def digest(
 @click.argument("model_dir", type=click.Path(path_type=Path))
 @signatures_option("Bundle to show (repeatable; default: the default names in MODEL_DIR).")
 @trusted_keys_option(
-    "Trusted public key PEM (repeatable): check each bundle's signature and name "
-    "the key that verifies."
+    "Trusted public key PEM (repeatable): check each bundle's signature and name the key that verifies."
 )
 @json_option
 def inspect(model_dir: Path, signatures: tuple[Path, ...], keys: tuple[Path, ...], as_json: bool) -> None:

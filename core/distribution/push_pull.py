@@ -76,6 +76,7 @@ from modelsec.signer.layout import (
 )
 from modelsec.signer.schemes import scheme_for
 from modelsec.verifier import verify_attestations, verify_bundle_signature, verify_model
+from modelsec.verifier.admission import ModelAdmission
 from modelsec.verifier.stores import StoredBundle
 from modelsec.verifier.trust.bundles import check_signature_time, read_bundle_bytes
 
@@ -152,7 +153,7 @@ def _bundle_files(model_dir: Path, policy: Policy) -> list[tuple[str, bytes]]:
 def push_model(
     model_dir: Path,
     reference: str,
-    policy: Policy,
+    policy: Policy | ModelAdmission,
     binding_key: KeyBackend,
     *,
     options: RegistryOptions | None = None,
@@ -169,7 +170,8 @@ def push_model(
     Args:
         model_dir: A signed model directory.
         reference: `oci://REGISTRY/REPOSITORY[:TAG]` (default tag `latest`; a digest cannot be pushed to).
-        policy: Verifies the directory before it is pushed.
+        policy: Verifies the directory before it is pushed (an admission: every policy matching the
+            reference).
         binding_key: Signs the binding statement (readers need its public key with the `weights` role).
         options: Registry connection and credentials (default: from the environment).
 
@@ -188,7 +190,7 @@ def push_model(
     names = [r.name for r in verified.manifest.resources]
     if names == ["."]:
         raise MalformedArtifactError(f"{model_dir}: a single-file model cannot be pushed; push its directory")
-    bundles = _bundle_files(model_dir, policy)
+    bundles = _bundle_files(model_dir, ModelAdmission.of(policy).policy)
     client = RegistryClient(ref.registry, options or RegistryOptions.from_env())
     try:
         layers = []
@@ -444,7 +446,7 @@ def _open_new(root: Path, relative: str) -> Any:
 def pull_model(
     reference: str,
     destination: Path,
-    policy: Policy,
+    policy: Policy | ModelAdmission,
     *,
     options: RegistryOptions | None = None,
 ) -> PullResult:
@@ -458,7 +460,9 @@ def pull_model(
         reference: `oci://REGISTRY/REPOSITORY@sha256:HEX` (a tag is resolved, and the digest it resolves to
             is what the binding must name).
         destination: The directory to create.
-        policy: Trusted keys (`weights` role for signatures and bindings), algorithms, attestations, limits.
+        policy: Trusted keys (`weights` role for signatures and bindings), algorithms, attestations, limits;
+            an admission (`modelsec.verifier.admission.admit`) is verified as `verify_model` verifies it, its
+            `policy` reading the bindings and the referrers' attestations.
         options: Registry connection and credentials (default: from the environment).
 
     Returns:
@@ -475,6 +479,8 @@ def pull_model(
         NotFoundError, BackendUnavailableError: The artifact or registry is missing.
     """
     ref = parse_reference(reference)
+    admission = ModelAdmission.of(policy)
+    policy = admission.policy
     destination = Path(destination)
     if os.path.lexists(destination):
         raise PolicyError(f"{destination}: exists; pull creates the directory")
@@ -494,7 +500,7 @@ def pull_model(
         except OSError as e:
             raise PolicyError(f"{destination.parent}: cannot create a staging directory: {e.strerror}") from e
         try:
-            root = _stage(client, ref, layers, evidence, staging, policy)
+            root = _stage(client, ref, layers, evidence, staging, admission)
             os.rename(staging, destination)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
@@ -510,14 +516,15 @@ def _stage(
     layers: Sequence[tuple[str, str, int]],
     evidence: _Evidence,
     staging: Path,
-    policy: Policy,
+    admission: ModelAdmission,
 ) -> str:
+    policy = admission.policy
     for path, digest, size in layers:
         with _open_new(staging, path) as sink:
             client.stream_blob(ref.repository, digest, size, sink, what=f"{ref.repository_uri}: {path}")
     for name, data in evidence.weights.items():
         (staging / name).write_bytes(data)
-    verified = verify_model(staging, policy, expected_digests=sorted(evidence.bound))
+    verified = verify_model(staging, admission, expected_digests=sorted(evidence.bound))
     verdict = verify_attestations(verified.root_digest, evidence.other, policy, require_signatures=False)
     verdict.raise_for_policy()
     _place_attestations(staging, verdict.evidence, evidence.other)

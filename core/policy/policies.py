@@ -54,7 +54,7 @@ policies:
     attestationStore: /var/lib/modelsec/attestations  # besides model.watermark.sig / model.gate.sig; a
                                                       # path or file:// | sqlite:// | grpc(s):// URI
                                                       # (`attestationDir`: the older name, a path)
-    mode: enforce                          # admission: enforce | warn, per policy
+    mode: enforce                          # enforce | warn (a failure is reported, never fatal), per policy
     namespaces: ["ml-*"]                   # admission: where the policy applies (default: everywhere)
 noMatch: deny
 namespaceRules:                            # admission: the first rule whose glob matches the namespace
@@ -62,8 +62,15 @@ namespaceRules:                            # admission: the first rule whose glo
   - {namespaces: ["prod-*"], requireModel: true}          # a workload there must name a model
 ```
 
-Every matching policy must pass (policy-controller and Kyverno semantics): at admission those that apply in
-the namespace (`PolicySet.matching`); for `verify` and the loader all of them (`PolicySet.for_uri`).
+Every matching policy must pass (policy-controller and Kyverno semantics), at every front door alike:
+`verify`, the loader, the runtime guard, gRPC `VerifyModel`, `pull` and the admission webhook all use the
+one evaluation of `modelsec.verifier.admission`. At admission the policies that apply in the namespace
+match (`PolicySet.matching`); elsewhere there is no namespace and all of them do. A failing policy in
+`mode: enforce` (the default) refuses the model; one in `mode: warn` is reported (a webhook warning, a
+`verify` warning, a `PolicyWarning` from the loader and the guard) and refuses nothing. A model that only
+`warn` policies match is still verified locally by the first of them (the loader hands out verified bytes
+only), so that one's failure refuses a local load. `requireDigest` refuses references that pin no model
+root digest.
 """
 
 from __future__ import annotations
@@ -79,7 +86,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
-from modelsec.errors import Error, PolicyError, PolicyViolationError
+from modelsec.errors import Error, PolicyError
 from modelsec.limits import Limits
 from modelsec.policy import trust
 from modelsec.policy.authorities import (
@@ -148,15 +155,14 @@ class Policy:
             directory: a directory path or a store URI (`modelsec.verifier.stores.open_store`), relative
             paths already resolved against the policy file's directory.
         require_digest: References (admission) must pin the model root digest.
-        mode: Admission only: `enforce` (a failure denies) or `warn` (a failure is a warning).
+        mode: `enforce` (a failure refuses the model) or `warn` (a failure is reported, never fatal), at
+            every front door alike (`modelsec.verifier.admission`).
         namespaces: Admission only: namespace globs this policy applies in (empty: every namespace).
         timestamp_authorities: RFC 3161 TSAs whose timestamps in a weights bundle are verified and place its
             signature in time (`modelsec.verifier.trust.timestamps`); with none, timestamps are not read.
         require_timestamp: Every weights signature must carry a timestamp of one of them.
         key_windows: Validity windows of pinned keys: a signature counts only if every trusted timestamp,
             or without one the verification time, lies inside its key's window.
-        also: Further policies that must each pass on their own (keys, required algorithms, attestations),
-            over the same model root digest (`PolicySet.for_uri`; `verify_signatures` applies them).
     """
 
     keys: tuple[TrustedKey, ...]
@@ -177,8 +183,6 @@ class Policy:
     require_timestamp: bool = False
     key_windows: tuple[KeyWindow, ...] = ()
 
-    also: tuple[Policy, ...] = ()
-
     def window_for(self, key: TrustedKey) -> KeyWindow | None:
         """The validity window of `key`, or None when it has none."""
         return next((w for w in self.key_windows if w.key == key), None)
@@ -198,39 +202,11 @@ class Policy:
         """Whether a weights signature of `algorithm` can verify under this policy's own keys or authorities.
 
         A pinned key makes signatures of its own algorithm only; an authority can vouch for the algorithms
-        whose scheme is `certified` (all but SM2: the ecosystem's certificates carry no SM2 keys). `also` is
-        not consulted.
+        whose scheme is `certified` (all but SM2: the ecosystem's certificates carry no SM2 keys).
         """
         if any(k.algorithm is algorithm and k.may("weights") for k in self.keys):
             return True
         return scheme_for(algorithm).certified and any(a.may("weights") for a in self.authorities)
-
-    def requiring(self, algorithms: Iterable[SignatureAlgorithm]) -> Policy:
-        """This policy and each policy in `also`, tightened to require `algorithms` (`verify --require`).
-
-        The result does not depend on the order of the matching policies: each algorithm is required of every
-        one of them (this one and those in `also`) that `can_sign` it, so each must verify a signature of that
-        algorithm with its own keys or authorities. A policy that cannot is left as it is, rather than
-        required to do the impossible.
-
-        Raises:
-            PolicyError: No policy here can sign one of `algorithms`: the requirement could never be met.
-        """
-        wanted = frozenset(algorithms)
-        members = (self, *self.also)
-        for algorithm in sorted(wanted):
-            if not any(p.can_sign(algorithm) for p in members):
-                names = ", ".join(repr(p.name) for p in members)
-                raise PolicyError(
-                    f"required algorithm {algorithm} can never be met: no matching policy ({names}) trusts a "
-                    f"key or authority that makes {algorithm} weights signatures"
-                )
-
-        def tightened(p: Policy) -> Policy:
-            extra = {a for a in wanted if p.can_sign(a)}
-            return dataclasses.replace(p, require_algorithms=p.require_algorithms | extra)
-
-        return dataclasses.replace(tightened(self), also=tuple(tightened(p) for p in self.also))
 
     def __post_init__(self) -> None:
         if not self.keys and not self.authorities:
@@ -319,8 +295,11 @@ class _Entry:
 class PolicySet:
     """A validated policy file: named policies matched by model reference; no match means deny.
 
+    Which policies decide about a model, and what their outcomes add up to, is
+    `modelsec.verifier.admission`'s (every matching policy must pass).
+
     Attributes:
-        entries: The policies in file order (the first match wins).
+        entries: The policies in file order.
         source: Where the policy came from (path or `$MODELSEC_POLICY`), for diagnostics.
         digest: Hex SHA-256 of the file bytes that were parsed ("" when built from a mapping): identifies
             this policy version (e.g. in the webhook's cache keys).
@@ -336,35 +315,6 @@ class PolicySet:
     def policies(self) -> tuple[Policy, ...]:
         """The policies in file order."""
         return tuple(e.policy for e in self.entries)
-
-    def for_uri(self, uri: str) -> Policy:
-        """Every policy whose `match` globs cover `uri`, as one policy that passes only if each passes.
-
-        The first match is returned with the others in `also` (each verifies its own signatures and
-        attestations over the same root digest) and the strictest local rules of all: remote code only if
-        every one allows it, pickle refused if any refuses it, each limit the smallest.
-
-        Raises:
-            PolicyViolationError: No policy matches (`noMatch: deny`).
-        """
-        found = [e.policy for e in self.entries if any(r.match(uri) for r in e.regexes)]
-        if not found:
-            raise PolicyViolationError(
-                f"{uri}: no policy in {self.source} matches this model (noMatch: deny)"
-            )
-        first, rest = found[0], tuple(found[1:])
-        if not rest:
-            return first
-        limits = Limits(
-            **{f.name: min(getattr(p.limits, f.name) for p in found) for f in dataclasses.fields(Limits)}
-        )
-        return dataclasses.replace(
-            first,
-            allow_remote_code=all(p.allow_remote_code for p in found),
-            refuse_pickle=any(p.refuse_pickle for p in found),
-            limits=limits,
-            also=rest,
-        )
 
     def matching(self, uri: str, namespace: str | None = None) -> tuple[Policy, ...]:
         """Every policy whose `match` globs cover `uri` and that applies in `namespace` (admission).
@@ -384,10 +334,6 @@ class PolicySet:
             if any(fnmatch.fnmatchcase(namespace, p) for p in rule.namespaces):
                 return rule
         return NamespaceRule()
-
-    def for_model(self, path: Path) -> Policy:
-        """The policy for a local model directory or file, matched as `file://<real path>`."""
-        return self.for_uri(model_uri(path))
 
     @classmethod
     def from_file(cls, path: Path) -> PolicySet:

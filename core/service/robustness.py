@@ -1,9 +1,10 @@
 """`modelsec.v1.RobustnessService`: PGD robustness gates on server-side models, with streamed progress.
 
-`RunGate` is `modelsec gate pgd` behind an RPC: the model is verified under the policy matching its path
-(`PolicySet.for_model`) before any weight is loaded, the architecture comes from the server's allow-list
-(`architectures`), never from the request alone, and the result is signed with a server-held key holding the
-`gate` role and the `gateResult` operation when the caller asks for an attestation. The statement is built
+`RunGate` is `modelsec gate pgd` behind an RPC: the model is verified under every policy matching its path
+(`modelsec.verifier.admission.admit_model`) before any weight is loaded, the architecture comes from the
+server's allow-list (`architectures`), never from the request alone, and the result is signed with a
+server-held key holding the `gate` role and the `gateResult` operation when the caller asks for an
+attestation. The statement is built
 here from this run's own result, and records who ran it (`runBy`: this server's `serverIdentity` and the
 caller's identity) next to the caller's choices (dataset digest, steps, restarts, eps), which a policy then
 judges (`minSteps`, `minRestarts`, `datasetDigests`, `requireServerRun`). A FAILED verdict is a result, not
@@ -34,6 +35,7 @@ from modelsec.service.attestation import store_produced, storer_for
 from modelsec.service.state import ServiceState
 from modelsec.service.work import CancelledWorkError, Check, run_blocking
 from modelsec.v1 import robustness_pb2, robustness_pb2_grpc
+from modelsec.verifier.admission import admit_model
 
 if TYPE_CHECKING:
     from modelsec.robustness.gate import GateConfig
@@ -115,7 +117,7 @@ class RobustnessServicer(robustness_pb2_grpc.RobustnessServiceServicer):
             )
         model_dir = self.state.readable_path(request.model_path, "model_path")
         data = self.state.readable_path(request.data_path, "data_path")
-        policy = self.state.policies.for_model(model_dir.path)
+        policy = admit_model(model_dir.path, self.state.policies)
         key = (
             self.state.signing_key_for(request.attestation_key_version, PREDICATE_TYPE, "gateResult")
             if request.attestation_key_version

@@ -18,6 +18,7 @@ from modelsec.service.state import ServerPath, ServiceState
 from modelsec.service.work import run_blocking
 from modelsec.v1 import verification_pb2, verification_pb2_grpc
 from modelsec.verifier import verify_attestations, verify_model
+from modelsec.verifier.admission import admit_model
 
 __all__ = ["MAX_BUNDLES_PER_REQUEST", "VerificationServicer", "check_root_digest"]
 
@@ -90,11 +91,11 @@ def _verify(state: ServiceState, where: ServerPath, progress: Any) -> verificati
     name = ""
     path = where.path
     try:
-        policy = state.policies.for_model(path)
-        name = policy.name
+        admission = admit_model(path, state.policies)
+        name = ", ".join(p.name for p in admission.policies)
         parent_fd = where.open_parent()
         try:
-            verified = verify_model(path, policy, progress=progress, dir_fd=parent_fd)
+            verified = verify_model(path, admission, progress=progress, dir_fd=parent_fd)
         finally:
             os.close(parent_fd)
     except BackendUnavailableError:

@@ -63,9 +63,16 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from modelsec.errors import BackendUnavailableError, Error, MalformedArtifactError, PolicyViolationError
+from modelsec.errors import (
+    AttestationError,
+    BackendUnavailableError,
+    Error,
+    MalformedArtifactError,
+    PolicyViolationError,
+)
 from modelsec.policy import Policy, PolicySet
 from modelsec.strict_json import strict_loads
+from modelsec.verifier.admission import AdmissionVerdict, DigestRequiredError, evaluate
 from modelsec.verifier.pinning import MODELS_ANNOTATION, split_reference
 from modelsec.verifier.stores import AttestationStore, StoredBundle
 from modelsec.verifier.stores.directory import DirectoryStore
@@ -110,7 +117,15 @@ API_V1BETA1 = "admission.k8s.io/v1beta1"
 _UID_MAX = 256
 
 
+class _PolicyRefusedError(AttestationError):
+    """The evidence filed for a reference does not satisfy one matching policy (bindings included)."""
+
+
 def _reason_for(e: BaseException) -> str:
+    if isinstance(e, _PolicyRefusedError):
+        return "attestation"
+    if isinstance(e, DigestRequiredError):
+        return "digest-required"
     if isinstance(e, DeadlineExceededError):
         return "deadline"
     if isinstance(e, BackendUnavailableError):
@@ -120,6 +135,11 @@ def _reason_for(e: BaseException) -> str:
     if isinstance(e, MalformedArtifactError):
         return "malformed-reference"
     return "error"
+
+
+def _unreachable(policy: Policy) -> str:
+    """The check of a reference that pins no digest or that no policy matches: never called."""
+    raise MalformedArtifactError(f"policy {policy.name!r} cannot be checked without a model root digest")
 
 
 def _oci_repository(uri: str) -> str:
@@ -156,14 +176,26 @@ def _bound(
     return bound
 
 
-def _refusal(raw: str, reason: str, detail: str, matched: Sequence[Policy]) -> ReferenceResult:
-    """A failure of every policy in `matched`: a deny unless all of them are in `mode: warn`."""
-    names = ", ".join(p.name for p in matched) or None
-    if matched and all(p.mode == "warn" for p in matched):
-        return ReferenceResult(
-            raw, True, reason, detail, names, warnings=(f"model {raw}: {detail} (mode: warn)",)
-        )
-    return ReferenceResult(raw, False, reason, detail, names)
+def _result(raw: str, verdict: AdmissionVerdict) -> ReferenceResult:
+    """The decision about one reference, from the admission verdict of its matching policies."""
+    warnings = tuple(f"model {raw}: {w}" for w in verdict.warnings())
+    if not verdict.outcomes:
+        return ReferenceResult(raw, verdict.allowed, "no-policy", verdict.no_match_detail, warnings=warnings)
+    names = ", ".join(p.name for p in verdict.matched)
+    cause = verdict.outcomes[0].error
+    if cause is not None and all(o.error is cause for o in verdict.outcomes):
+        # One cause refused every policy (no digest, a store outage, the deadline): it is said once.
+        detail = verdict.outcomes[0].detail
+        return ReferenceResult(raw, verdict.allowed, _reason_for(cause), detail, names, warnings=warnings)
+    enforced = verdict.enforced_failures
+    if enforced:
+        detail = "; ".join(f"policy {o.policy.name!r}: {o.detail}" for o in enforced)
+        reason = _reason_for(enforced[0].error) if enforced[0].error is not None else "error"
+        return ReferenceResult(raw, False, reason, detail, enforced[0].policy.name, warnings=warnings)
+    satisfied = [f"{o.policy.name}: {o.detail}" for o in verdict.outcomes if o.passed]
+    cached = len(satisfied) == len(verdict.outcomes) and all(s.endswith("(cached)") for s in satisfied)
+    detail = "; ".join(satisfied) or "no enforcing policy failed"
+    return ReferenceResult(raw, True, "verified", detail, names, cached, warnings)
 
 
 class Reviewer:
@@ -418,68 +450,36 @@ class Reviewer:
         deadline: float,
         dry_run: bool,
     ) -> ReferenceResult:
+        """Step 6: one admission evaluation of the reference (`modelsec.verifier.admission.evaluate`)."""
         raw = pending.raw
-        matched: tuple[Policy, ...] = ()
+        uri, matched = raw, ()  # type: tuple[str, tuple[Policy, ...]]
         try:
             self._check_deadline(deadline)
             ref = parse_reference(raw, pending.where)
-            matched = policies.matching(ref.uri, namespace)
-            if not matched:
-                return self._no_match(raw, policies, namespace)
-            if ref.digest is None:
-                names = ", ".join(repr(p.name) for p in matched)
-                detail = f"policy {names} requires a pinned @sha256:<model root digest> (tags are mutable)"
-                if not all(p.require_digest for p in matched):
-                    detail = "no model root digest to verify"
-                return _refusal(raw, "digest-required", detail, matched)
-            return self._verify(raw, ref.digest, matched, generation, deadline, dry_run)
+            uri, matched = ref.uri, policies.matching(ref.uri, namespace)
+            if ref.digest is None or not matched:
+                verdict = evaluate(policies, uri, _unreachable, namespace=namespace, pinned=False)
+                return _result(raw, verdict)
+            return self._verify(raw, ref.uri, ref.digest, policies, namespace, generation, deadline, dry_run)
         except Error as e:
-            return _refusal(raw, _reason_for(e), e.diagnostics(), matched)
+            if not matched:  # a malformed reference: no policy's mode applies to it
+                return ReferenceResult(raw, False, _reason_for(e), e.diagnostics())
+            return _result(raw, AdmissionVerdict.refused(uri, namespace, matched, e, policies.source))
         except Exception as e:  # noqa: BLE001 - fail closed: a bug while verifying is a deny, never an allow
             return ReferenceResult(raw, False, "error", f"internal error: {type(e).__name__}: {e}")
-
-    @staticmethod
-    def _no_match(raw: str, policies: PolicySet, namespace: str) -> ReferenceResult:
-        action = policies.rule_for(namespace).no_match
-        detail = (
-            f"no policy in {policies.source} matches this model in namespace {namespace!r} "
-            f"(noMatch: {action})"
-        )
-        if action == "allow":
-            return ReferenceResult(raw, True, "no-policy", detail)
-        if action == "warn":
-            return ReferenceResult(raw, True, "no-policy", detail, warnings=(f"model {raw}: {detail}",))
-        return ReferenceResult(raw, False, "no-policy", detail)
 
     def _verify(
         self,
         raw: str,
+        uri: str,
         digest: str,
-        matched: tuple[Policy, ...],
+        policies: PolicySet,
+        namespace: str,
         generation: str,
         deadline: float,
         dry_run: bool,
     ) -> ReferenceResult:
-        """Every policy in `matched` checked against the bundles filed for `digest` (read once)."""
-        names = ", ".join(p.name for p in matched)
-        keys = [(generation, p.name, digest) for p in matched]
-        try:
-            return self._verify_policies(raw, digest, matched, keys, deadline, dry_run)
-        except BackendUnavailableError:
-            if self.config.cache_on_outage is CacheOnOutage.SERVE and all(self.cache.get(k) for k in keys):
-                detail = "verified (cached; the attestation store is unavailable, cacheOnOutage: serve)"
-                return ReferenceResult(raw, True, "verified", detail, names, True)
-            raise
-
-    def _verify_policies(
-        self,
-        raw: str,
-        digest: str,
-        matched: tuple[Policy, ...],
-        keys: list[tuple[str, str, str]],
-        deadline: float,
-        dry_run: bool,
-    ) -> ReferenceResult:
+        """Every matching policy checked against the bundles filed for `digest` (read once)."""
         read: dict[str, tuple[list[StoredBundle], str]] = {}
 
         def evidence(root: str) -> tuple[list[StoredBundle], str]:
@@ -489,26 +489,21 @@ class Reviewer:
                 read[root] = (entries, _fingerprint(root, entries))
             return read[root]
 
-        evidence(digest)
-        satisfied: list[str] = []
-        failures: list[tuple[Policy, str]] = []
-        for policy, key in zip(matched, keys, strict=True):
-            ok, outcome = self._verify_policy(raw, digest, policy, key, evidence, deadline, dry_run)
-            if ok:
-                satisfied.append(f"{policy.name}: {outcome}")
-            else:
-                failures.append((policy, outcome))
-        warnings = tuple(
-            f"model {raw}: policy {p.name!r} (mode: warn): {why}" for p, why in failures if p.mode == "warn"
-        )
-        enforced = [(p, why) for p, why in failures if p.mode != "warn"]
-        if enforced:
-            detail = "; ".join(f"policy {p.name!r}: {why}" for p, why in enforced)
-            return ReferenceResult(raw, False, "attestation", detail, enforced[0][0].name, warnings=warnings)
-        cached = len(satisfied) == len(matched) and all(s.endswith("(cached)") for s in satisfied)
-        detail = "; ".join(satisfied) or "no enforcing policy failed"
-        names = ", ".join(p.name for p in matched)
-        return ReferenceResult(raw, True, "verified", detail, names, cached, warnings)
+        def check(policy: Policy) -> str:
+            key = (generation, policy.name, digest)
+            return self._verify_policy(raw, digest, policy, key, evidence, deadline, dry_run)
+
+        try:
+            evidence(digest)
+            return _result(raw, evaluate(policies, uri, check, namespace=namespace))
+        except BackendUnavailableError:
+            matched = policies.matching(uri, namespace)
+            keys = [(generation, p.name, digest) for p in matched]
+            if self.config.cache_on_outage is CacheOnOutage.SERVE and all(self.cache.get(k) for k in keys):
+                names = ", ".join(p.name for p in matched)
+                detail = "verified (cached; the attestation store is unavailable, cacheOnOutage: serve)"
+                return ReferenceResult(raw, True, "verified", detail, names, True)
+            raise
 
     def _verify_policy(
         self,
@@ -519,8 +514,13 @@ class Reviewer:
         evidence: Callable[[str], tuple[list[StoredBundle], str]],
         deadline: float,
         dry_run: bool,
-    ) -> tuple[bool, str]:
-        """(True, what satisfied `policy`), or (False, why it refuses the reference, bindings included)."""
+    ) -> str:
+        """What satisfied `policy`, bindings included.
+
+        Raises:
+            _PolicyRefusedError: Why `policy` refuses the reference.
+            BackendUnavailableError: The store or the registry cannot be read, or the deadline passed.
+        """
         from modelsec.verifier.attestations import verify_attestations
 
         roots = [digest]
@@ -530,20 +530,20 @@ class Reviewer:
             entries, fingerprint = evidence(root)
             via = "" if root == digest else f" through a signed binding to model root digest {root}"
             if self.cache.hit(key, fingerprint):
-                return True, f"verified{via} (cached)"
+                return f"verified{via} (cached)"
             verdict = verify_attestations(root, entries, policy, require_signatures=True)
             self._check_deadline(deadline)
             if verdict.ok:
                 if not dry_run:
                     self.cache.put(key, fingerprint)
-                return True, f"verified{via}: " + "; ".join(verdict.satisfied)
+                return f"verified{via}: " + "; ".join(verdict.satisfied)
             why = "; ".join(verdict.reasons())
             reasons.append(why if root == digest else f"bound model root digest {root}: {why}")
             if root == digest and raw.startswith("oci://") and self.bindings is not None:
                 roots = _bound(self.bindings, raw, policy, reasons)
                 self._check_deadline(deadline)
         self.cache.discard(key)
-        return False, "; ".join(reasons)
+        raise _PolicyRefusedError("; ".join(reasons))
 
     def _check_deadline(self, deadline: float) -> None:
         if self._clock() > deadline:

@@ -61,11 +61,11 @@ from typing import Any
 
 from modelsec.errors import Error
 from modelsec.policy import Policy, PolicySet
+from modelsec.verifier.admission import admit_model, report_warnings
 from modelsec.verifier.guard import patching
 from modelsec.verifier.guard.frameworks import safetensors, sentence_transformers, transformers
 from modelsec.verifier.guard.patching import Patcher, guarded_path
 from modelsec.verifier.guard.postimport import when_imported
-from modelsec.verifier.loader import resolve_policy
 from modelsec.verifier.pinning import DigestPin, digest_pins_from_env, expected_digest_set
 from modelsec.verifier.verification import check_file_set, verify_files, verify_signatures
 
@@ -96,8 +96,10 @@ def preflight(model_dir: Path, policy: Policy | PolicySet | None = None) -> None
     """
     from modelsec.modelformat.hashing import is_safetensors_name
 
-    resolved = resolve_policy(model_dir, policy if policy is not None else patching.current_policy())
-    signed = verify_signatures(model_dir, resolved)
+    admission = admit_model(model_dir, policy if policy is not None else patching.current_policy())
+    resolved = admission.policy
+    signed = verify_signatures(model_dir, admission)
+    report_warnings(signed.warnings)
     names = check_file_set(signed, resolved)
     side = [n for n in names if not is_safetensors_name(n)]
     verify_files(signed, side, resolved, tensor_hash=None, whole_model=False)

@@ -38,9 +38,9 @@ from modelsec.modelformat.hashing import FileDigests, hash_files, hash_source, i
 from modelsec.modelformat.model_files import open_beneath, open_model_root
 from modelsec.policy import Policy, PolicySet
 from modelsec.signer.layout import SIGNATURE_FILE_NAMES, find_default_bundles
+from modelsec.verifier.admission import admit_model, report_warnings
 from modelsec.verifier.audit import record_verified_model
 from modelsec.verifier.guard.private_files import PrivateTree
-from modelsec.verifier.loader import resolve_policy
 from modelsec.verifier.verification import SignedModel, check_digests, check_file_set, verify_signatures
 
 __all__ = [
@@ -130,7 +130,7 @@ _by_key: dict[tuple[str, str, object], VerifiedSnapshot] = {}
 _by_tree: dict[str, VerifiedSnapshot] = {}
 
 
-def _policy_key(policy: Policy) -> object:
+def _policy_key(policy: object) -> object:
     try:
         hash(policy)
     except TypeError:
@@ -254,9 +254,11 @@ def open_snapshot(
         BackendUnavailableError: No writable place for the private tree.
     """
     model_dir = Path(os.fspath(model_dir))
-    resolved = resolve_policy(model_dir, policy)
-    signed = verify_signatures(model_dir, resolved, expected_digests=expected_digests)
-    key = (os.path.realpath(model_dir), signed.root_digest, _policy_key(resolved))
+    admission = admit_model(model_dir, policy)
+    resolved = admission.policy
+    signed = verify_signatures(model_dir, admission, expected_digests=expected_digests)
+    report_warnings(signed.warnings)
+    key = (os.path.realpath(model_dir), signed.root_digest, _policy_key(admission))
     with _lock:
         hit = _by_key.get(key)
         if hit is not None:

@@ -42,6 +42,7 @@ from modelsec.signer.layout import (
     find_default_bundles,
 )
 from modelsec.signer.schemes import scheme_for
+from modelsec.verifier.admission import ModelAdmission
 from modelsec.verifier.attestations import AttestationVerdict, find_attestation_bundles, verify_attestations
 from modelsec.verifier.pinning import expected_digest_set
 from modelsec.verifier.stores import StoredBundle
@@ -90,6 +91,7 @@ class SignedModel:
         excluded: Relative paths never part of the file set: every bundle file in the directory (those
             read, and modelsec's reserved signature and attestation names) and the operator's ignore paths.
         attestations: The attestation verdict when the policy requires attestations, else None.
+        warnings: Failures of the other matching policies in `mode: warn` (`ModelAdmission.vouch`).
     """
 
     model_dir: Path
@@ -100,6 +102,7 @@ class SignedModel:
     tensor_hash: HashAlgorithm | None
     excluded: tuple[str, ...] = ()
     attestations: AttestationVerdict | None = None
+    warnings: tuple[str, ...] = ()
 
     @property
     def root_digest(self) -> str:
@@ -120,7 +123,7 @@ class SignedModel:
 
 def verify_signatures(
     model_dir: Path,
-    policy: Policy,
+    policy: Policy | ModelAdmission,
     *,
     bundles: Sequence[Path] | None = None,
     expected_digests: Collection[str] | None = None,
@@ -135,7 +138,10 @@ def verify_signatures(
 
     Args:
         model_dir: The model directory.
-        policy: Trusted keys, required algorithms, limits.
+        policy: Trusted keys, required algorithms, limits; an admission (`modelsec.verifier.admission`) is
+            verified under its `policy`, and each of its other matching policies then verifies its own
+            signatures and attestations over the same root digest (an enforcing one's failure is raised, a
+            warn one's is returned in `SignedModel.warnings`).
         bundles: Explicit bundle paths (each must verify), or None for the default names.
         expected_digests: Model root digests the signed model may have (`sha256:<hex>` or hex; e.g. the
             pins of `MODELSEC_MODEL_DIGEST`), checked as soon as the signatures verified; None: no pin.
@@ -153,6 +159,8 @@ def verify_signatures(
         DigestMismatchError: The signed model root digest is not one of `expected_digests`.
         PolicyError: `expected_digests` is empty or malformed.
     """
+    admission = ModelAdmission.of(policy)
+    policy = admission.policy
     limits = policy.limits
     pins = None if expected_digests is None else expected_digest_set(expected_digests)
     model = str(model_dir)
@@ -232,16 +240,19 @@ def verify_signatures(
             found = [*_attestations_at(root_fd, model_dir, root, limits), *found]
         verdict = verify_attestations(root, found, policy, require_signatures=False)
         verdict.raise_for_policy()
-    for extra in policy.also:  # every matching policy must pass, over this same root digest
-        root = first.subject_digest["sha256"]
-        verify_signatures(
+    root = first.subject_digest["sha256"]
+    # Every other matching policy must pass too, over this same root digest, before any model file is read.
+    warnings = admission.vouch(
+        root,
+        lambda other: verify_signatures(
             model_dir,
-            extra,
+            other,
             bundles=bundles,
             expected_digests=[root],
             ignore_paths=ignore_paths,
             root_fd=root_fd,
-        )
+        ),
+    )
     checked = [b for b in verified if not policy.check_hashes or b.manifest.hash_type in policy.check_hashes]
     if not checked:
         wanted = ", ".join(sorted(h.value for h in policy.check_hashes))
@@ -255,6 +266,7 @@ def verify_signatures(
         tensor_hash=next((b.manifest.tensor_hash for b in verified if b.manifest.tensor_hash), None),
         excluded=_excluded_paths(model_dir, bundle_paths, ignore_paths),
         attestations=verdict,
+        warnings=warnings,
     )
 
 

@@ -14,6 +14,7 @@ import pytest
 from modelsec.errors import PolicyError
 from modelsec.policy import PolicySet
 from modelsec.service.config import is_loopback_listen, load_server_config
+from modelsec.verifier.admission import admit
 from tests.support.policies import write_policy_file
 
 TOKEN = {"identity": "ci", "sha256": "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"}
@@ -64,7 +65,7 @@ def test_globs_treat_a_newline_like_any_character(tmp_path: Path, key_dir: Path,
     policies = PolicySet.from_file(
         write_policy_file(tmp_path / "policy.yaml", match=[pattern], keys=[key_dir / "ecdsa-p256.pub.pem"])
     )
-    assert policies.for_uri("file:///models/a\nb").name == "p"
+    assert admit(policies, "file:///models/a\nb").policy.name == "p"
 
 
 @pytest.mark.parametrize("pattern", ["file:///models/a\nb", "file:///m/\x00*", "file:///m/\x1b[2J*"])

@@ -17,6 +17,7 @@ from modelsec.errors import AttestationError
 from modelsec.policy import Policy, RobustnessRequirement, WatermarkRequirement
 from modelsec.signer import load_private_key_file, load_trusted_key_file, sign_model
 from modelsec.verifier import verify_attestations, verify_model
+from modelsec.verifier.admission import admit
 from modelsec.verifier.attestations import GATE_PREDICATE_TYPE, WATERMARK_PREDICATE_TYPE
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -288,7 +289,7 @@ policies:
 """
     p = tmp_path / "p.yaml"
     p.write_text(body)
-    policy = PolicySet.from_file(p).for_uri("file:///models/llm")
+    policy = admit(PolicySet.from_file(p), "file:///models/llm").policy
     assert policy.robustness == RobustnessRequirement("pgd-linf", 0.03, 0.85, "strict", 500, 30 * 86400.0)
     assert policy.watermark == WatermarkRequirement()
     p.write_text(body.replace("maxAge: 30d", "maxAge: soon"))

@@ -23,6 +23,7 @@ from modelsec.errors import (
 from modelsec.policy import Policy, PolicySet
 from modelsec.signer import load_private_key_file, sign_model
 from modelsec.verifier import load_model, open_model
+from modelsec.verifier.admission import admit, admit_model
 
 torch = pytest.importorskip("torch")
 torch.set_num_threads(1)
@@ -275,12 +276,12 @@ def test_policy_file_and_environment(tiny_model: Path, key_dir: Path, tmp_path: 
     _sign(tiny_model, key_dir)
     p = _write_policy(tmp_path, key_dir, GOOD.replace("ROOT", os.path.realpath(tiny_model.parent)))
     ps = PolicySet.from_file(p)
-    assert ps.for_model(tiny_model).require_algorithms == {SignatureAlgorithm.ECDSA_P256}
+    assert admit_model(tiny_model, ps).policy.require_algorithms == {SignatureAlgorithm.ECDSA_P256}
     assert load_model(tiny_model, ps)
     monkeypatch.setenv("MODELSEC_POLICY", str(p))
     assert load_model(tiny_model)  # policy from the environment
     with pytest.raises(PolicyViolationError, match="noMatch"):
-        PolicySet.from_file(p).for_uri("oci://elsewhere/model")
+        admit(PolicySet.from_file(p), "oci://elsewhere/model")
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,7 @@ from modelsec.policy import IdentityRule, Policy, PolicySet, X509Authority
 from modelsec.signer import load_private_key_file, sign_model
 from modelsec.signer.keys import load_trusted_key_file
 from modelsec.verifier import verify_model
+from modelsec.verifier.admission import ModelAdmission, admit_model
 
 TWO_POLICIES = """
 apiVersion: modelsec.dev/v1alpha1
@@ -52,29 +53,29 @@ def test_a_second_matching_policy_must_pass_too(tiny_model: Path, key_dir: Path,
     ps = _policies(tmp_path, key_dir, tiny_model)
     _sign(tiny_model, key_dir, "ecdsa-p256")  # what the first policy asks for, not the second
     with pytest.raises(SignatureError):
-        verify_model(tiny_model, ps.for_model(tiny_model))
+        verify_model(tiny_model, admit_model(tiny_model, ps))
     _sign(tiny_model, key_dir, "ecdsa-p256", "sm2")
-    result = verify_model(tiny_model, ps.for_model(tiny_model))
+    result = verify_model(tiny_model, admit_model(tiny_model, ps))
     assert {b.algorithm.value for b in result.bundles} == {"ecdsa-p256"}  # the first policy's bundles hash
     # A model only the first policy matches is verified under that one alone.
     other = tiny_model.parent / "other-model"
     tiny_model.rename(other)
     _sign(other, key_dir, "ecdsa-p256")
-    assert verify_model(other, ps.for_model(other)).root_digest
+    assert verify_model(other, admit_model(other, ps)).root_digest
 
 
 def test_the_strictest_local_rules_apply(tiny_model: Path, key_dir: Path, tmp_path: Path) -> None:
     ps = _policies(tmp_path, key_dir, tiny_model)
     relaxed = ps.entries[0].policy
-    assert ps.for_model(tiny_model.parent / "other").also == ()
+    assert admit_model(tiny_model.parent / "other", ps).others == ()
     text = (tmp_path / "policy.yaml").read_text()
     (tmp_path / "policy.yaml").write_text(
         text.replace("  - name: ci\n", "  - name: ci\n    allowRemoteCode: true\n    limits: {maxFiles: 8}\n")
     )
     ps = PolicySet.from_file(tmp_path / "policy.yaml")
-    both = ps.for_model(tiny_model)
-    assert ps.entries[0].policy.allow_remote_code and not both.allow_remote_code
-    assert both.limits.max_files == 8 and both.limits.max_depth == relaxed.limits.max_depth
+    both = admit_model(tiny_model, ps)
+    assert ps.entries[0].policy.allow_remote_code and not both.policy.allow_remote_code
+    assert both.policy.limits.max_files == 8 and both.policy.limits.max_depth == relaxed.limits.max_depth
     (tiny_model / "modeling.py").write_text("print('remote code')\n")
     _sign(tiny_model, key_dir, "ecdsa-p256", "sm2")
     verify_model(tiny_model, ps.entries[0].policy)  # the first policy alone allows it
@@ -124,8 +125,8 @@ def _ordered(tmp_path: Path, key_dir: Path, model: Path, order: tuple[tuple[str,
     return path
 
 
-def _required_by_name(policy: Policy) -> dict[str, set[str]]:
-    return {p.name: {a.value for a in p.require_algorithms} for p in (policy, *policy.also)}
+def _required_by_name(admission: ModelAdmission) -> dict[str, set[str]]:
+    return {p.name: {a.value for a in p.require_algorithms} for p in admission.policies}
 
 
 @ORDERS
@@ -144,7 +145,7 @@ def test_require_tightens_each_policy_able_to_meet_it_in_any_order(
     assert out.returncode == 0, out.stdout + out.stderr
     assert json.loads(out.stdout)["ok"] is True
     wanted = [SignatureAlgorithm(a) for a in require.split(",")]
-    policy = PolicySet.from_file(path).for_model(tiny_model).requiring(wanted)
+    policy = admit_model(tiny_model, PolicySet.from_file(path)).requiring(wanted)
     # Each algorithm lands on the policy whose key makes it, wherever that policy sits in the file.
     assert _required_by_name(policy) == {
         "ci": {"ecdsa-p256"} & set(require.split(",")),
@@ -166,7 +167,7 @@ def test_require_is_still_enforced_on_the_policy_that_can_meet_it(
     path = _ordered(tmp_path, key_dir, tiny_model, order)
     _sign(tiny_model, key_dir, "ecdsa-p256", "sm2")
     assert cli("verify", tiny_model, "--policy", path).returncode == 0
-    policy = PolicySet.from_file(path).for_model(tiny_model).requiring([SignatureAlgorithm.ML_DSA_65])
+    policy = admit_model(tiny_model, PolicySet.from_file(path)).requiring([SignatureAlgorithm.ML_DSA_65])
     assert _required_by_name(policy) == {"ci": set(), "release-board": {"ml-dsa-65"}}
     with pytest.raises(SignatureError, match="ml-dsa-65"):
         verify_model(tiny_model, policy)
@@ -189,7 +190,7 @@ def test_require_no_matching_policy_can_meet_is_refused(
     error = json.loads(out.stdout)["error"]
     assert error["kind"] == "PolicyError", error
     assert all(word in error["message"] for word in ("ecdsa-p384", "'ci'", "'release-board'"))
-    both = PolicySet.from_file(path).for_model(tiny_model)
+    both = admit_model(tiny_model, PolicySet.from_file(path))
     with pytest.raises(PolicyError, match=r"ecdsa-p384.*'(ci|release-board)'.*'(ci|release-board)'"):
         both.requiring([SignatureAlgorithm.SM2, SignatureAlgorithm.ECDSA_P384])
 
@@ -198,12 +199,12 @@ def test_require_counts_only_weights_keys_and_no_sm2_authority(key_dir: Path) ->
     p256, sm2 = SignatureAlgorithm.ECDSA_P256, SignatureAlgorithm.SM2
     gate_only = dataclasses.replace(load_trusted_key_file(key_dir / "sm2.pub.pem"), roles=frozenset({"gate"}))
     with pytest.raises(PolicyError, match="sm2"):
-        Policy(keys=(gate_only,)).requiring([sm2])
+        ModelAdmission.of(Policy(keys=(gate_only,))).requiring([sm2])
     with pytest.raises(PolicyError, match="sm2"):  # the command line's own policy (--trusted-key)
-        Policy.from_key_files([key_dir / "ecdsa-p256.pub.pem"]).requiring([sm2])
+        ModelAdmission.of(Policy.from_key_files([key_dir / "ecdsa-p256.pub.pem"])).requiring([sm2])
     authority = X509Authority("corp-ca", (b"root",), (IdentityRule(identity="ci@example.com"),))
-    by_ca = Policy(keys=(), authorities=(authority,))
-    assert by_ca.requiring([p256]).require_algorithms == {p256}
+    by_ca = ModelAdmission.of(Policy(keys=(), authorities=(authority,)))
+    assert by_ca.requiring([p256]).policy.require_algorithms == {p256}
     with pytest.raises(PolicyError, match="sm2"):
         by_ca.requiring([sm2])
     assert by_ca.requiring([]) == by_ca
@@ -241,4 +242,4 @@ def test_a_missing_required_signature_names_the_policy_that_wanted_it(
     with pytest.raises(
         SignatureError, match=r"required signature\(s\) missing: sm2 \(policy 'release-board'\)"
     ):
-        verify_model(tiny_model, ps.for_model(tiny_model))
+        verify_model(tiny_model, admit_model(tiny_model, ps))
