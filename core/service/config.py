@@ -60,27 +60,46 @@ operations follow its roles: `weights` -> `signStatement`, `gate` -> `gateResult
 `operations: [signStatement]` and the role).
 
 Relative paths are relative to the configuration file's directory. The file is validated strictly
-(`modelsec.config_models.ServerConfigModel`, published as `schemas/server-config.schema.json`).
+(`ServerConfigModel`, published as `schemas/server-config.schema.json`).
 """
 
 from __future__ import annotations
 
 import fnmatch
 import os
+import re
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Literal
 
-from modelsec.config import read_config, validate
-from modelsec.config_models import AccessModel, ServerConfigModel
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
+
+from modelsec.config import (
+    NAME_PATTERN,
+    PRINTABLE_SCHEMA,
+    SHA256_HEX_PATTERN,
+    ConfigModel,
+    Listen,
+    Name,
+    Role,
+    Text,
+    all_roles,
+    no_control,
+    read_config,
+    validate,
+)
 from modelsec.errors import PolicyError
 
 __all__ = [
     "ACCESS_DEFAULTS",
     "OPERATIONS",
+    "AccessModel",
     "KeyConfig",
     "ServerConfig",
+    "ServerConfigModel",
+    "ServerKeyModel",
     "TlsConfig",
     "TokenConfig",
     "WatermarkKeyConfig",
@@ -110,6 +129,116 @@ _OPERATION_FOR_ROLE: Mapping[str, str] = {
     "gate": "gateResult",
     "watermark": "watermarkRecord",
 }
+
+
+# --- The file's models (published as schemas/server-config.schema.json) -----------------------------------
+
+Operation = Literal["signStatement", "gateResult", "watermarkRecord"]
+# As `runBy.server` in the predicates (modelsec.attestations.predicates.run_by).
+Identity = Annotated[
+    str,
+    Field(min_length=1, max_length=1024),
+    AfterValidator(no_control),
+    WithJsonSchema({**PRINTABLE_SCHEMA, "maxLength": 1024}),
+]
+
+
+def _sha256_hex(value: str) -> str:
+    if not re.fullmatch(SHA256_HEX_PATTERN[1:-1], value):
+        raise ValueError("must be the token's SHA-256 as 64 lowercase hex digits")
+    return value
+
+
+class TlsModel(ConfigModel):
+    """Server certificate chain and key (PEM); `clientCA` turns on mutual TLS."""
+
+    cert: Text
+    key: Text
+    client_ca: Text | None = Field(default=None, alias="clientCA")
+
+
+class TokenModel(ConfigModel):
+    """A bearer token kept as its SHA-256."""
+
+    identity: Text
+    sha256: Annotated[
+        str, AfterValidator(_sha256_hex), WithJsonSchema({"type": "string", "pattern": SHA256_HEX_PATTERN})
+    ]
+
+
+class ServerKeyModel(ConfigModel):
+    """A server-held signing key version."""
+
+    name: Text
+    # Read as text whatever its YAML type (`version: 2` means "2").
+    version: Annotated[str, BeforeValidator(str), WithJsonSchema({"type": ["string", "integer"]})] = "1"
+    path: Text
+    password_env: str | None = None
+    roles: list[Role] = Field(default_factory=all_roles, min_length=1)
+    # Left out: one operation per role (weights -> signStatement, gate -> gateResult, watermark ->
+    # watermarkRecord), so a key of an older configuration never signs a client-made gate or watermark
+    # statement through SignStatement.
+    operations: list[Operation] | None = Field(default=None, min_length=1)
+    allow: list[Text] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _names(self) -> ServerKeyModel:
+        name = NAME_PATTERN[1:-1]
+        if not (re.fullmatch(name, self.name) and re.fullmatch(name, self.version)):
+            raise ValueError(f": name and version must match {NAME_PATTERN}")
+        for operation, role in (("gateResult", "gate"), ("watermarkRecord", "watermark")):
+            if self.operations is not None and operation in self.operations and role not in self.roles:
+                raise ValueError(f": operation {operation} needs the role {role}")
+        return self
+
+
+class WatermarkKeyModel(ConfigModel):
+    """A server-held watermark key file."""
+
+    name: Name
+    path: Text
+    allow: list[Text] = Field(default_factory=list)
+
+
+class AccessModel(ConfigModel):
+    """Identity globs per operation; an operation left out keeps its default (`ACCESS_DEFAULTS`)."""
+
+    verify: list[Text] | None = None
+    read_attestations: list[Text] | None = None
+    list_keys: list[Text] | None = None
+    put_attestation: list[Text] | None = None
+    delete_attestation: list[Text] | None = None
+    supersede_attestation: list[Text] | None = None
+    verify_model: list[Text] | None = None
+    watermark: list[Text] | None = None
+    robustness: list[Text] | None = None
+
+
+class ServerConfigModel(ConfigModel):
+    """A server configuration: `apiVersion: modelsec.dev/v1alpha1`, `kind: ServerConfig`."""
+
+    model_config = ConfigDict(title="ServerConfig")
+
+    api_version: Literal["modelsec.dev/v1alpha1"]
+    kind: Literal["ServerConfig"]
+    listen: Listen
+    metrics_listen: Listen | None = None
+    server_identity: Identity | None = None
+    data_dir: Text
+    policy: Text
+    default_policy: Text | None = None
+    tls: TlsModel | None = None
+    tokens: list[TokenModel] = Field(default_factory=list)
+    allow_anonymous: bool = False
+    keys: list[ServerKeyModel] = Field(default_factory=list)
+    watermark_keys: list[WatermarkKeyModel] = Field(default_factory=list)
+    access: AccessModel = Field(default_factory=AccessModel)
+    read_roots: list[Text] = Field(default_factory=list)
+    write_roots: list[Text] = Field(default_factory=list)
+    architectures: list[Text] = Field(default_factory=list)
+    grace_period: float = Field(default=30.0, ge=0, le=3600)
+    max_concurrent_rpcs: int = Field(default=256, ge=1, le=100_000)
+    max_concurrent_gates: int = Field(default=1, ge=1, le=64)
 
 
 @dataclass(frozen=True, slots=True)

@@ -138,7 +138,7 @@ def test_serve_args_and_config_map_load_with_the_cli() -> None:
 
     from modelsec.cli.service import serve
     from modelsec.config import validate
-    from modelsec.config_models import ServerConfigModel
+    from modelsec.service.config import ServerConfigModel
 
     docs = render(SERVE / "overlays" / "self-signed")
     spec = one(docs, "Deployment")["spec"]["template"]["spec"]
