@@ -26,8 +26,10 @@ generator.
 
 from __future__ import annotations
 
+import os
 import re
-from pathlib import Path
+from collections.abc import Callable
+from pathlib import Path, PurePath
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
@@ -35,6 +37,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    GetCoreSchemaHandler,
     ValidationError,
     WithJsonSchema,
     model_validator,
@@ -54,9 +57,11 @@ __all__ = [
     "PRINTABLE_SCHEMA",
     "SHA256_HEX_PATTERN",
     "ConfigModel",
+    "ConfigPath",
     "Fraction",
     "Listen",
     "Name",
+    "ReadAs",
     "Role",
     "Text",
     "all_roles",
@@ -138,6 +143,44 @@ Role = Literal["weights", "watermark", "gate"]
 Listen = Annotated[str, AfterValidator(check_listen), WithJsonSchema({"type": "string", "pattern": _LISTEN})]
 Name = Annotated[str, AfterValidator(_name), WithJsonSchema({"type": "string", "pattern": NAME_PATTERN})]
 Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+class ReadAs:
+    """Field metadata: validate a value as `shape` (its JSON Schema and messages), then convert it.
+
+    For a field whose value in the code differs from its shape in the file, such as a list of roles used
+    as a frozenset: `Annotated[frozenset[Role], ReadAs(list[Role], frozenset)]`.
+    """
+
+    def __init__(self, shape: Any, convert: Callable[[Any], Any]) -> None:
+        self.shape, self.convert = shape, convert
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(self.convert, handler.generate_schema(self.shape))
+
+
+def _path_text(value: object) -> object:
+    return str(value) if isinstance(value, PurePath) else value
+
+
+def _resolve(value: str, info: core_schema.ValidationInfo) -> Path:
+    """A relative path is relative to the configuration file's directory (`validate(..., base_dir=)`)."""
+    base = (info.context or {}).get("base_dir")
+    return Path(value) if base is None or os.path.isabs(value) else Path(base) / value
+
+
+class _ConfigPathSchema:
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        text = core_schema.with_info_after_validator_function(_resolve, handler.generate_schema(Text))
+        return core_schema.no_info_before_validator_function(_path_text, text)
+
+
+# A path in a file: a non-empty string, relative to the file's directory; in Python also a `Path`.
+ConfigPath = Annotated[Path, _ConfigPathSchema()]
 
 
 def all_roles() -> list[Role]:
@@ -252,13 +295,14 @@ def _yaml_problem(error: Exception) -> str:
     return text
 
 
-def validate(model: type[M], doc: object, source: str) -> M:
+def validate(model: type[M], doc: object, source: str, *, base_dir: Path | None = None) -> M:
     """Validate a parsed document against `model`.
 
     Args:
         model: The file's model.
         doc: What `load_yaml` returned.
         source: The file (or other origin), first in every message.
+        base_dir: The directory relative `ConfigPath` fields are resolved against (the file's).
 
     Returns:
         The validated model. Nothing outside the document (paths, keys) has been checked.
@@ -267,7 +311,7 @@ def validate(model: type[M], doc: object, source: str) -> M:
         PolicyError: The document does not fit the model; the message names every offending field path.
     """
     try:
-        return model.model_validate(doc)
+        return model.model_validate(doc, context={"base_dir": base_dir, "source": source})
     except ValidationError as e:
         raise PolicyError(f"{source}: " + "; ".join(_messages(e))) from None
     except RecursionError:  # a document nested deeper than any model, e.g. inside a free-form field

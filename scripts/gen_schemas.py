@@ -14,14 +14,14 @@ from pathlib import Path
 
 from modelsec.config import json_schema
 from modelsec.policy.models import PolicyFileModel
-from modelsec.release.gate_spec import GateSpecModel
+from modelsec.release.gate_spec import GateSpec
 from modelsec.service.config import ServerConfigModel
 
 BASE_URL = "https://modelsec.dev/schemas/v1alpha1/"
 SCHEMAS = {
     "model-policy.schema.json": PolicyFileModel,
     "server-config.schema.json": ServerConfigModel,
-    "gate-spec.schema.json": GateSpecModel,
+    "gate-spec.schema.json": GateSpec,
 }
 
 

@@ -21,30 +21,31 @@ seed: 0
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
-from modelsec.config import ConfigModel, Fraction, Text, read_config, validate
+from modelsec.config import API_VERSION, ConfigModel, ConfigPath, Fraction, Text, read_config, validate
 
-__all__ = ["GateSpec", "GateSpecModel", "load_gate_spec"]
+__all__ = ["GateSpec", "load_gate_spec"]
 
 
-class GateSpecModel(ConfigModel):
+class GateSpec(ConfigModel):
     """The release pipeline's PGD gate (`modelsec release --gate-config`).
 
     `apiVersion` and `kind` may be left out (gate files written before they existed); when given they must
     be `modelsec.dev/v1alpha1` and `GateSpec`.
     """
 
+    # The docstring above is the schema's description: further notes are comments. A left-out `apiVersion`
+    # or `kind` reads as the one accepted value; `data` is resolved against the file's directory.
     model_config = ConfigDict(title="GateSpec")
 
-    api_version: Literal["modelsec.dev/v1alpha1"] | None = None
-    kind: Literal["GateSpec"] | None = None
+    api_version: Literal["modelsec.dev/v1alpha1"] = Field(default=None, validate_default=True)
+    kind: Literal["GateSpec"] = Field(default=None, validate_default=True)
     architecture: Text
-    data: Text
+    data: ConfigPath
     eps: float = Field(ge=0.0)
     step_size: float = Field(gt=0.0)
     steps: int = Field(ge=1)
@@ -56,48 +57,24 @@ class GateSpecModel(ConfigModel):
     batch_size: int = Field(default=256, ge=1)
     device: Annotated[str, Field(pattern=r"^(cpu|cuda|cuda:\d+)$")] = "cpu"
 
-
-@dataclass(frozen=True, slots=True)
-class GateSpec:
-    """The PGD gate of a release: architecture factory, dataset, and the attack and threshold."""
-
-    architecture: str
-    data: Path
-    eps: float
-    step_size: float
-    steps: int
-    min_robust_accuracy: float
-    restarts: int = 1
-    rule: str = "point"
-    min_samples: int = 100
-    seed: int = 0
-    batch_size: int = 256
-    device: str = "cpu"
+    @field_validator("api_version", "kind", mode="before")
+    @classmethod
+    def _current_when_left_out(cls, value: Any, info: ValidationInfo) -> Any:
+        # Only a left-out field reaches here as None: a `null` in the file is refused before.
+        if value is None:
+            return API_VERSION if info.field_name == "api_version" else "GateSpec"
+        return value
 
 
 def load_gate_spec(path: Path) -> GateSpec:
     """Read and validate a gate configuration file (YAML or JSON); `data` is relative to the file.
 
-    The file is checked against `GateSpecModel` (published as
-    `schemas/gate-spec.schema.json`); the dataset and the architecture are not opened here.
+    The file is checked against `GateSpec` (published as `schemas/gate-spec.schema.json`); the dataset and
+    the architecture are not opened here.
 
     Raises:
         PolicyError: Unreadable file, larger than 1 MiB, not YAML/JSON, unknown or missing fields, wrong
             types or values out of range (the message names the file and the field).
     """
     _, doc = read_config(path, "gate configuration")
-    spec = validate(GateSpecModel, doc, str(path))
-    return GateSpec(
-        architecture=spec.architecture,
-        data=path.parent / spec.data,
-        eps=spec.eps,
-        step_size=spec.step_size,
-        steps=spec.steps,
-        min_robust_accuracy=spec.min_robust_accuracy,
-        restarts=spec.restarts,
-        rule=spec.rule,
-        min_samples=spec.min_samples,
-        seed=spec.seed,
-        batch_size=spec.batch_size,
-        device=spec.device,
-    )
+    return validate(GateSpec, doc, str(path), base_dir=path.parent)

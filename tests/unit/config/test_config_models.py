@@ -17,9 +17,8 @@ from modelsec.config import validate
 from modelsec.errors import PolicyError
 from modelsec.policy import PolicySet
 from modelsec.policy.models import PolicyFileModel
+from modelsec.release import GateSpec, load_gate_spec
 from modelsec.release import gate_spec as gate_spec_module
-from modelsec.release import load_gate_spec
-from modelsec.release.gate_spec import GateSpecModel
 from modelsec.service import config as config_module
 from modelsec.service.config import ServerConfigModel, load_server_config
 
@@ -27,7 +26,7 @@ REPO = Path(__file__).resolve().parents[3]
 SCHEMAS = {
     "ModelPolicy": ("model-policy.schema.json", PolicyFileModel),
     "ServerConfig": ("server-config.schema.json", ServerConfigModel),
-    "GateSpec": ("gate-spec.schema.json", GateSpecModel),
+    "GateSpec": ("gate-spec.schema.json", GateSpec),
 }
 
 
