@@ -10,15 +10,14 @@ the same three steps, each failing closed with a `PolicyError` that names the fi
    checked strictly (no string-to-number or number-to-bool coercion, no inf/NaN), and pydantic's
    `ValidationError` is turned into one `PolicyError` (it never escapes).
 
-The models only check shapes, types, ranges and per-field syntax; each loader then converts the model into
-the frozen dataclasses the rest of modelsec uses (resolving paths against the file's directory, loading
-keys) and applies the checks that need more than one field. `json_schema(model, id)` is the JSON Schema
-published under `schemas/` for editors (`scripts/gen_schemas.py`).
-
-Each file's models live beside its reader: `modelsec.policy.models` (`ModelPolicy`),
-`modelsec.service.config` (`ServerConfig`), `modelsec.release.gate_spec` (`GateSpec`). This module holds
-what they share: the base model, the field types and validators used by more than one file, and the schema
-generator.
+Each file has one model, beside its reader: `modelsec.service.config.ServerConfig` and
+`modelsec.release.gate_spec.GateSpec` are the frozen values the code uses (paths resolved against the
+file's directory by `ConfigPath`, through `validate(..., base_dir=)`; checks across fields in model
+validators); `modelsec.policy.models` holds the policy file's shape, which `modelsec.policy` turns into
+`Policy` values (loaded keys, compiled patterns). This module holds what the models share: the base model,
+the field types and validators used by more than one file (`ReadAs` for a field whose value differs from
+its shape in the file), and `json_schema(model, id)`, the JSON Schema published under `schemas/` for
+editors (`scripts/gen_schemas.py`; the models' docstrings are the schemas' descriptions).
 
 `null` is never a value: a field given as `null` (in YAML also a key with nothing after it, such as an
 `attestations.robustness:` whose body was mis-indented) is refused instead of being read as "left out".
@@ -70,6 +69,7 @@ __all__ = [
     "load_yaml",
     "no_control",
     "read_config",
+    "relative_to_file",
     "validate",
 ]
 
@@ -149,38 +149,37 @@ class ReadAs:
     """Field metadata: validate a value as `shape` (its JSON Schema and messages), then convert it.
 
     For a field whose value in the code differs from its shape in the file, such as a list of roles used
-    as a frozenset: `Annotated[frozenset[Role], ReadAs(list[Role], frozenset)]`.
+    as a frozenset: `Annotated[frozenset[Role], ReadAs(list[Role], frozenset)]`. With `with_info`,
+    `convert` also gets pydantic's `ValidationInfo` (whose `context` holds `base_dir` and `source`).
+    A Python caller may pass a `Path` where the file has a string.
     """
 
-    def __init__(self, shape: Any, convert: Callable[[Any], Any]) -> None:
-        self.shape, self.convert = shape, convert
+    def __init__(self, shape: Any, convert: Callable[..., Any], *, with_info: bool = False) -> None:
+        self.shape, self.convert, self.with_info = shape, convert, with_info
 
     def __get_pydantic_core_schema__(
         self, source: Any, handler: GetCoreSchemaHandler
     ) -> core_schema.CoreSchema:
-        return core_schema.no_info_after_validator_function(self.convert, handler.generate_schema(self.shape))
+        inner = handler.generate_schema(self.shape)
+        if self.with_info:
+            converted = core_schema.with_info_after_validator_function(self.convert, inner)
+        else:
+            converted = core_schema.no_info_after_validator_function(self.convert, inner)
+        return core_schema.no_info_before_validator_function(_path_text, converted)
 
 
 def _path_text(value: object) -> object:
     return str(value) if isinstance(value, PurePath) else value
 
 
-def _resolve(value: str, info: core_schema.ValidationInfo) -> Path:
-    """A relative path is relative to the configuration file's directory (`validate(..., base_dir=)`)."""
+def relative_to_file(value: str, info: core_schema.ValidationInfo) -> Path:
+    """`value` as a path; a relative one is relative to the file's directory (`validate(..., base_dir=)`)."""
     base = (info.context or {}).get("base_dir")
     return Path(value) if base is None or os.path.isabs(value) else Path(base) / value
 
 
-class _ConfigPathSchema:
-    def __get_pydantic_core_schema__(
-        self, source: Any, handler: GetCoreSchemaHandler
-    ) -> core_schema.CoreSchema:
-        text = core_schema.with_info_after_validator_function(_resolve, handler.generate_schema(Text))
-        return core_schema.no_info_before_validator_function(_path_text, text)
-
-
 # A path in a file: a non-empty string, relative to the file's directory; in Python also a `Path`.
-ConfigPath = Annotated[Path, _ConfigPathSchema()]
+ConfigPath = Annotated[Path, ReadAs(Text, relative_to_file, with_info=True)]
 
 
 def all_roles() -> list[Role]:

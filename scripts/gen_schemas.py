@@ -15,12 +15,12 @@ from pathlib import Path
 from modelsec.config import json_schema
 from modelsec.policy.models import PolicyFileModel
 from modelsec.release.gate_spec import GateSpec
-from modelsec.service.config import ServerConfigModel
+from modelsec.service.config import ServerConfig
 
 BASE_URL = "https://modelsec.dev/schemas/v1alpha1/"
 SCHEMAS = {
     "model-policy.schema.json": PolicyFileModel,
-    "server-config.schema.json": ServerConfigModel,
+    "server-config.schema.json": ServerConfig,
     "gate-spec.schema.json": GateSpec,
 }
 

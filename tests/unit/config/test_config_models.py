@@ -20,12 +20,12 @@ from modelsec.policy.models import PolicyFileModel
 from modelsec.release import GateSpec, load_gate_spec
 from modelsec.release import gate_spec as gate_spec_module
 from modelsec.service import config as config_module
-from modelsec.service.config import ServerConfigModel, load_server_config
+from modelsec.service.config import ServerConfig, load_server_config
 
 REPO = Path(__file__).resolve().parents[3]
 SCHEMAS = {
     "ModelPolicy": ("model-policy.schema.json", PolicyFileModel),
-    "ServerConfig": ("server-config.schema.json", ServerConfigModel),
+    "ServerConfig": ("server-config.schema.json", ServerConfig),
     "GateSpec": ("gate-spec.schema.json", GateSpec),
 }
 
