@@ -10,28 +10,76 @@ the same three steps, each failing closed with a `PolicyError` that names the fi
    checked strictly (no string-to-number or number-to-bool coercion, no inf/NaN), and pydantic's
    `ValidationError` is turned into one `PolicyError` (it never escapes).
 
-The models only check shapes, types, ranges and per-field syntax; each loader then converts the model into
-the frozen dataclasses the rest of modelsec uses (resolving paths against the file's directory, loading
-keys) and applies the checks that need more than one field. `ConfigModel.model_json_schema(by_alias=True)`
-is the JSON Schema published under `schemas/` for editors.
+Each file has one model, beside its reader: `modelsec.service.config.ServerConfig` and
+`modelsec.release.gate_spec.GateSpec` are the frozen values the code uses (paths resolved against the
+file's directory by `ConfigPath`, through `validate(..., base_dir=)`; checks across fields in model
+validators); `modelsec.policy.models` holds the policy file's shape, which `modelsec.policy` turns into
+`Policy` values (loaded keys, compiled patterns). This module holds what the models share: the base model,
+the field types and validators used by more than one file (`ReadAs` for a field whose value differs from
+its shape in the file), and `json_schema(model, id)`, the JSON Schema published under `schemas/` for
+editors (`scripts/gen_schemas.py`; the models' docstrings are the schemas' descriptions).
+
+`null` is never a value: a field given as `null` (in YAML also a key with nothing after it, such as an
+`attestations.robustness:` whose body was mis-indented) is refused instead of being read as "left out".
 """
 
 from __future__ import annotations
 
+import os
 import re
-from pathlib import Path
-from typing import Any, TypeVar
+from collections.abc import Callable
+from pathlib import Path, PurePath
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    ValidationError,
+    WithJsonSchema,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
+from pydantic_core import core_schema
 
 from modelsec.errors import PolicyError
 from modelsec.safe_io import read_regular_file
 
-__all__ = ["MAX_CONFIG_BYTES", "ConfigModel", "load_yaml", "read_config", "validate"]
+__all__ = [
+    "API_VERSION",
+    "CONTROL_CHARACTERS",
+    "MAX_CONFIG_BYTES",
+    "NAME_PATTERN",
+    "PRINTABLE_SCHEMA",
+    "SHA256_HEX_PATTERN",
+    "ConfigModel",
+    "ConfigPath",
+    "Fraction",
+    "Listen",
+    "Name",
+    "ReadAs",
+    "Role",
+    "Text",
+    "all_roles",
+    "check_listen",
+    "json_schema",
+    "load_yaml",
+    "no_control",
+    "read_config",
+    "relative_to_file",
+    "validate",
+]
 
 MAX_CONFIG_BYTES = 1 << 20
 _MAX_SHOWN = 80  # characters of an offending value quoted in a message
+API_VERSION = "modelsec.dev/v1alpha1"  # equal to modelsec.policy.API_VERSION (a test checks)
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_LISTEN = r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+):\d{1,5}$"
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+SHA256_HEX_PATTERN = r"^[0-9a-f]{64}$"
 
 M = TypeVar("M", bound="ConfigModel")
 
@@ -53,6 +101,121 @@ class ConfigModel(BaseModel):
         hide_input_in_errors=False,
         defer_build=True,  # a process builds only the validators of the files it reads
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nulls(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            nulls = sorted(str(k) for k, v in data.items() if v is None)
+            if nulls:
+                raise ValueError(f": {', '.join(nulls)} must not be null (leave a field out for its default)")
+        return data
+
+
+# --- Field types and validators shared by the configuration files ------------------------------------------
+
+
+def no_control(value: str) -> str:
+    """`value` if it holds no control character, else ValueError."""
+    if CONTROL_CHARACTERS.search(value):
+        raise ValueError(f"{value!r} holds a control character")
+    return value
+
+
+def check_listen(value: str) -> str:
+    """`value` if it is `HOST:PORT` with a port up to 65535, else ValueError."""
+    if not re.fullmatch(_LISTEN[1:-1], value):
+        raise ValueError(f"must be HOST:PORT, got {value!r}")
+    if int(value.rsplit(":", 1)[1]) > 65535:
+        raise ValueError(f"port out of range in {value!r}")
+    return value
+
+
+def _name(value: str) -> str:
+    if not re.fullmatch(NAME_PATTERN[1:-1], value):
+        raise ValueError(f"must match {NAME_PATTERN}")
+    return value
+
+
+PRINTABLE_SCHEMA = {"type": "string", "minLength": 1, "pattern": r"^[^\x00-\x1f\x7f-\x9f]+$"}
+Text = Annotated[str, Field(min_length=1)]
+Role = Literal["weights", "watermark", "gate"]
+Listen = Annotated[str, AfterValidator(check_listen), WithJsonSchema({"type": "string", "pattern": _LISTEN})]
+Name = Annotated[str, AfterValidator(_name), WithJsonSchema({"type": "string", "pattern": NAME_PATTERN})]
+Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+class ReadAs:
+    """Field metadata: validate a value as `shape` (its JSON Schema and messages), then convert it.
+
+    For a field whose value in the code differs from its shape in the file, such as a list of roles used
+    as a frozenset: `Annotated[frozenset[Role], ReadAs(list[Role], frozenset)]`. With `with_info`,
+    `convert` also gets pydantic's `ValidationInfo` (whose `context` holds `base_dir` and `source`).
+    A Python caller may pass a `Path` where the file has a string.
+    """
+
+    def __init__(self, shape: Any, convert: Callable[..., Any], *, with_info: bool = False) -> None:
+        self.shape, self.convert, self.with_info = shape, convert, with_info
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        inner = handler.generate_schema(self.shape)
+        if self.with_info:
+            converted = core_schema.with_info_after_validator_function(self.convert, inner)
+        else:
+            converted = core_schema.no_info_after_validator_function(self.convert, inner)
+        return core_schema.no_info_before_validator_function(_path_text, converted)
+
+
+def _path_text(value: object) -> object:
+    return str(value) if isinstance(value, PurePath) else value
+
+
+def relative_to_file(value: str, info: core_schema.ValidationInfo) -> Path:
+    """`value` as a path; a relative one is relative to the file's directory (`validate(..., base_dir=)`)."""
+    base = (info.context or {}).get("base_dir")
+    return Path(value) if base is None or os.path.isabs(value) else Path(base) / value
+
+
+# A path in a file: a non-empty string, relative to the file's directory; in Python also a `Path`.
+ConfigPath = Annotated[Path, ReadAs(Text, relative_to_file, with_info=True)]
+
+
+def all_roles() -> list[Role]:
+    """Every role, the default of a key's or an authority's `roles`."""
+    return ["gate", "watermark", "weights"]
+
+
+class _NoNullSchema(GenerateJsonSchema):
+    """Optional fields are "may be left out", never "may be null" (see the module docstring)."""
+
+    def nullable_schema(self, schema: core_schema.NullableSchema) -> JsonSchemaValue:
+        return self.generate_inner(schema["schema"])
+
+
+def json_schema(model: type[ConfigModel], schema_id: str) -> dict[str, Any]:
+    """The published JSON Schema of a configuration file model (draft 2020-12, aliases as field names)."""
+    schema = model.model_json_schema(by_alias=True, schema_generator=_NoNullSchema)
+    _tidy(schema)
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": schema_id, **schema}
+
+
+def _tidy(node: object) -> None:
+    """Drop the generated per-field titles (`Minrobustaccuracy`) and optional fields' `null` defaults."""
+    if isinstance(node, dict):
+        for prop in (node.get("properties") or {}).values():
+            prop.pop("title", None)
+            if "default" in prop and prop["default"] is None:
+                del prop["default"]
+        for value in node.values():
+            _tidy(value)
+    elif isinstance(node, list):
+        for value in node:
+            _tidy(value)
+
+
+# --- Reading and validating --------------------------------------------------------------------------------
 
 
 def read_config(path: Path, what: str, *, max_bytes: int = MAX_CONFIG_BYTES) -> tuple[bytes, object]:
@@ -131,13 +294,14 @@ def _yaml_problem(error: Exception) -> str:
     return text
 
 
-def validate(model: type[M], doc: object, source: str) -> M:
+def validate(model: type[M], doc: object, source: str, *, base_dir: Path | None = None) -> M:
     """Validate a parsed document against `model`.
 
     Args:
         model: The file's model.
         doc: What `load_yaml` returned.
         source: The file (or other origin), first in every message.
+        base_dir: The directory relative `ConfigPath` fields are resolved against (the file's).
 
     Returns:
         The validated model. Nothing outside the document (paths, keys) has been checked.
@@ -146,7 +310,7 @@ def validate(model: type[M], doc: object, source: str) -> M:
         PolicyError: The document does not fit the model; the message names every offending field path.
     """
     try:
-        return model.model_validate(doc)
+        return model.model_validate(doc, context={"base_dir": base_dir, "source": source})
     except ValidationError as e:
         raise PolicyError(f"{source}: " + "; ".join(_messages(e))) from None
     except RecursionError:  # a document nested deeper than any model, e.g. inside a free-form field

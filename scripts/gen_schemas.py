@@ -1,6 +1,7 @@
 """Write the JSON Schemas of the configuration files into schemas/ (or the directory given as argv[1]).
 
-The schemas are generated from the pydantic models in `modelsec.config_models`; a test checks that
+The schemas are generated from the pydantic models of each file (`modelsec.policy.models`,
+`modelsec.service.config`, `modelsec.release.gate_spec`); a test checks that
 regenerating them leaves the committed files byte-identical. Editors pick them up through a first line
 `# yaml-language-server: $schema=<url or path of the schema>`.
 """
@@ -11,13 +12,16 @@ import json
 import sys
 from pathlib import Path
 
-from modelsec.config_models import GateSpecModel, PolicyFileModel, ServerConfigModel, json_schema
+from modelsec.config import json_schema
+from modelsec.policy.models import PolicyFileModel
+from modelsec.release.gate_spec import GateSpec
+from modelsec.service.config import ServerConfig
 
 BASE_URL = "https://modelsec.dev/schemas/v1alpha1/"
 SCHEMAS = {
     "model-policy.schema.json": PolicyFileModel,
-    "server-config.schema.json": ServerConfigModel,
-    "gate-spec.schema.json": GateSpecModel,
+    "server-config.schema.json": ServerConfig,
+    "gate-spec.schema.json": GateSpec,
 }
 
 

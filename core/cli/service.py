@@ -60,7 +60,6 @@ def serve(config_path: Path, listen: str | None, log_level: str, workers: int, a
     `{"ok": true, "command": "serve", "listen": "HOST:PORT", "metricsListen": ...}`.
     """
     import asyncio
-    import dataclasses
 
     from modelsec.cli.common import fail
     from modelsec.errors import BackendUnavailableError, Error
@@ -90,7 +89,7 @@ def serve(config_path: Path, listen: str | None, log_level: str, workers: int, a
     try:
         config = load_server_config(config_path)
         if listen is not None:
-            config = dataclasses.replace(config, listen=listen)  # checked by `listen_value`
+            config = config.replace(listen=listen)  # checked by `listen_value`
         if workers > 1:
             from modelsec.service.workers import serve_workers
 

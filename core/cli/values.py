@@ -162,7 +162,7 @@ timestamp_url_value = checked_by(_timestamp_url)
 
 def listen_value(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """`serve --listen`: HOST:PORT with a port up to 65535 (the configuration file's rule)."""
-    from modelsec.config_models import check_listen
+    from modelsec.config import check_listen
 
     if value is None:
         return None

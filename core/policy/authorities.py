@@ -16,7 +16,7 @@ from modelsec.errors import PolicyError
 from modelsec.policy.trust import read_root_ders
 
 if TYPE_CHECKING:  # pydantic is imported when a file is parsed
-    from modelsec.config_models import AuthorityModel, IdentityModel
+    from modelsec.policy.models import AuthorityModel, IdentityModel
 
 __all__ = ["Authority", "IdentityRule", "SigstoreAuthority", "X509Authority", "authority_from_model"]
 

@@ -8,7 +8,7 @@ Two levels:
 * `PolicySet` is the policy *file* (YAML or JSON, `apiVersion: modelsec.dev/v1alpha1`, `kind: ModelPolicy`):
   named policies, each matching model references by glob (`oci://registry/models/**`,
   `file:///models/**`; a local directory is matched as `file://<real path>`), and `noMatch: deny`. It is
-  validated strictly (`modelsec.config_models.PolicyFileModel`, published as
+  validated strictly (`modelsec.policy.models.PolicyFileModel`, published as
   `schemas/model-policy.schema.json`): unknown fields, duplicate keys, wrong types, `null` values and
   unreadable keys are `PolicyError`s naming the file and the field path. Loaded from a path or from
   `$MODELSEC_POLICY`.
@@ -107,7 +107,7 @@ from modelsec.signer.keys import TrustedKey, load_trusted_key_file
 from modelsec.signer.schemes import scheme_for
 
 if TYPE_CHECKING:  # pydantic is imported when a file is parsed, not by every `import modelsec.policy`
-    from modelsec.config_models import KeyRefModel, PolicyModel
+    from modelsec.policy.models import KeyRefModel, PolicyModel
 
 __all__ = [
     "API_VERSION",
@@ -365,14 +365,14 @@ class PolicySet:
 
     @classmethod
     def from_mapping(cls, doc: object, *, base_dir: Path, source: str) -> PolicySet:
-        """Validate a parsed policy document (`modelsec.config_models.PolicyFileModel`).
+        """Validate a parsed policy document (`modelsec.policy.models.PolicyFileModel`).
 
         Raises:
             PolicyError: Invalid document (the message names the field path).
             KeyMaterialError: A listed key, or the watermark keyFile of a `message`, cannot be read or parsed.
         """
         from modelsec.config import validate
-        from modelsec.config_models import PolicyFileModel
+        from modelsec.policy.models import PolicyFileModel
 
         model = validate(PolicyFileModel, doc, source)
         entries = []

@@ -15,7 +15,7 @@ from modelsec.errors import Error
 from modelsec.signer.watermark_keys import load_key_file, parse_message
 
 if TYPE_CHECKING:
-    from modelsec.config_models import RobustnessModel, WatermarkModel
+    from modelsec.policy.models import RobustnessModel, WatermarkModel
 
 __all__ = [
     "RobustnessRequirement",

@@ -20,7 +20,7 @@ from modelsec.safe_io import read_regular_file
 from modelsec.signer.keys import TrustedKey
 
 if TYPE_CHECKING:
-    from modelsec.config_models import KeyRefModel, TimestampAuthorityModel
+    from modelsec.policy.models import KeyRefModel, TimestampAuthorityModel
 
 __all__ = [
     "KeyWindow",

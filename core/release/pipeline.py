@@ -19,23 +19,7 @@ A release is all or nothing: every stage works in a staging directory beside `--
 (`.<name>.release-<random>`), renamed to `--out` only after the final verification. A release that fails at
 any stage leaves `--out` as it was (absent or empty) and removes the staging directory, so a rerun works.
 
-The gate configuration is a small YAML/JSON file (validated strictly; `apiVersion` and `kind` may be left
-out, as in files written before they existed; JSON Schema: `schemas/gate-spec.schema.json`):
-
-```yaml
-apiVersion: modelsec.dev/v1alpha1
-kind: GateSpec
-architecture: lenet5:lenet5        # import path of the architecture factory
-data: mnist.npz                    # .npz / .safetensors with `inputs` and `labels` (relative to this file)
-eps: 0.3
-stepSize: 0.01
-steps: 40
-restarts: 1
-minRobustAccuracy: 0.85
-rule: point                        # or strict (Wilson 95% lower bound)
-minSamples: 100
-seed: 0
-```
+The gate configuration file (`--gate-config`, `kind: GateSpec`) is read by `modelsec.release.gate_spec`.
 """
 
 from __future__ import annotations
@@ -49,59 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from modelsec.config import read_config, validate
-from modelsec.config_models import GateSpecModel
 from modelsec.errors import Error, GateFailedError, PolicyError
 from modelsec.policy import Policy, RobustnessRequirement, WatermarkRequirement
+from modelsec.release.gate_spec import GateSpec
 from modelsec.signer.keys import KeyBackend, TrustedKey, load_trusted_key
 
-__all__ = ["GateSpec", "ReleaseResult", "check_release_report", "load_gate_spec", "release_model"]
-
-
-@dataclass(frozen=True, slots=True)
-class GateSpec:
-    """The PGD gate of a release: architecture factory, dataset, and the attack and threshold."""
-
-    architecture: str
-    data: Path
-    eps: float
-    step_size: float
-    steps: int
-    min_robust_accuracy: float
-    restarts: int = 1
-    rule: str = "point"
-    min_samples: int = 100
-    seed: int = 0
-    batch_size: int = 256
-    device: str = "cpu"
-
-
-def load_gate_spec(path: Path) -> GateSpec:
-    """Read and validate a gate configuration file (YAML or JSON); `data` is relative to the file.
-
-    The file is checked against `modelsec.config_models.GateSpecModel` (published as
-    `schemas/gate-spec.schema.json`); the dataset and the architecture are not opened here.
-
-    Raises:
-        PolicyError: Unreadable file, larger than 1 MiB, not YAML/JSON, unknown or missing fields, wrong
-            types or values out of range (the message names the file and the field).
-    """
-    _, doc = read_config(path, "gate configuration")
-    spec = validate(GateSpecModel, doc, str(path))
-    return GateSpec(
-        architecture=spec.architecture,
-        data=path.parent / spec.data,
-        eps=spec.eps,
-        step_size=spec.step_size,
-        steps=spec.steps,
-        min_robust_accuracy=spec.min_robust_accuracy,
-        restarts=spec.restarts,
-        rule=spec.rule,
-        min_samples=spec.min_samples,
-        seed=spec.seed,
-        batch_size=spec.batch_size,
-        device=spec.device,
-    )
+__all__ = ["ReleaseResult", "check_release_report", "release_model"]
 
 
 @dataclass(frozen=True, slots=True)

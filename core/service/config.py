@@ -60,30 +60,58 @@ operations follow its roles: `weights` -> `signStatement`, `gate` -> `gateResult
 `operations: [signStatement]` and the role).
 
 Relative paths are relative to the configuration file's directory. The file is validated strictly
-(`modelsec.config_models.ServerConfigModel`, published as `schemas/server-config.schema.json`).
+(`ServerConfig`, published as `schemas/server-config.schema.json`) and used as it is by the server.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import os
+import re
 import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Any, Literal
 
-from modelsec.config import read_config, validate
-from modelsec.config_models import AccessModel, ServerConfigModel
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+
+from modelsec.config import (
+    NAME_PATTERN,
+    PRINTABLE_SCHEMA,
+    SHA256_HEX_PATTERN,
+    ConfigModel,
+    ConfigPath,
+    Listen,
+    Name,
+    ReadAs,
+    Role,
+    Text,
+    all_roles,
+    no_control,
+    read_config,
+    relative_to_file,
+    validate,
+)
 from modelsec.errors import PolicyError
 
 __all__ = [
     "ACCESS_DEFAULTS",
     "OPERATIONS",
-    "KeyConfig",
+    "AccessModel",
     "ServerConfig",
-    "TlsConfig",
-    "TokenConfig",
-    "WatermarkKeyConfig",
+    "ServerKeyModel",
+    "TlsModel",
+    "TokenModel",
+    "WatermarkKeyModel",
     "identity_allowed",
     "is_loopback_listen",
     "load_server_config",
@@ -112,38 +140,100 @@ _OPERATION_FOR_ROLE: Mapping[str, str] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class TlsConfig:
-    """Server TLS: certificate chain and key (PEM); `client_ca` turns on mutual TLS (client cert required)."""
+# --- The file's models (published as schemas/server-config.schema.json) -----------------------------------
 
-    cert: Path
-    key: Path
-    client_ca: Path | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class TokenConfig:
-    """A bearer token, kept only as its SHA-256 (hex), and the identity it authenticates."""
-
-    identity: str
-    sha256: str
+Operation = Literal["signStatement", "gateResult", "watermarkRecord"]
+# As `runBy.server` in the predicates (modelsec.attestations.predicates.run_by).
+Identity = Annotated[
+    str,
+    Field(min_length=1, max_length=1024),
+    AfterValidator(no_control),
+    WithJsonSchema({**PRINTABLE_SCHEMA, "maxLength": 1024}),
+]
 
 
-@dataclass(frozen=True, slots=True)
-class KeyConfig:
-    """A server-held signing key version (`<name>/<version>`), its roles, operations and who may use it.
+def _sha256_hex(value: str) -> str:
+    if not re.fullmatch(SHA256_HEX_PATTERN[1:-1], value):
+        raise ValueError("must be the token's SHA-256 as 64 lowercase hex digits")
+    return value
 
-    Attributes:
-        operations: The RPCs that may sign with it (`OPERATIONS`; see the module docstring).
-    """
 
-    name: str
-    version: str
-    path: Path | str  # a PEM file, or a key-source URI such as `pkcs11:…` (`modelsec.signer.keys.key_source`)
-    password_env: str | None
-    roles: frozenset[str]
-    allow: tuple[str, ...]
-    operations: frozenset[str] = frozenset()
+class TlsModel(ConfigModel):
+    """Server certificate chain and key (PEM); `clientCA` turns on mutual TLS."""
+
+    cert: ConfigPath
+    key: ConfigPath
+    client_ca: ConfigPath | None = Field(default=None, alias="clientCA")
+
+
+class TokenModel(ConfigModel):
+    """A bearer token kept as its SHA-256."""
+
+    identity: Text
+    sha256: Annotated[
+        str, AfterValidator(_sha256_hex), WithJsonSchema({"type": "string", "pattern": SHA256_HEX_PATTERN})
+    ]
+
+
+def _key_ref(value: str, info: ValidationInfo) -> Path | str:
+    """A signing key's `path`: a key-source URI (`pkcs11:…`) as written, else a path relative to the file."""
+    from modelsec.errors import KeyMaterialError
+    from modelsec.signer.keys import PemFileKeySource, key_source
+
+    try:
+        pem = isinstance(key_source(value), PemFileKeySource)
+    except KeyMaterialError as e:
+        raise ValueError(f": {e}") from None  # `keys[0].path: <why>`
+    return relative_to_file(value, info) if pem else value
+
+
+def _all_operations() -> frozenset[Operation]:
+    return frozenset(("signStatement", "gateResult", "watermarkRecord"))
+
+
+class ServerKeyModel(ConfigModel):
+    """A server-held signing key version."""
+
+    # The code uses this model as it is (`ServiceState.keys`): roles and operations are frozensets, and a
+    # `path` is a PEM file resolved against the configuration's directory or a key-source URI as written
+    # (`modelsec.signer.keys.key_source`).
+    name: Text
+    # Read as text whatever its YAML type (`version: 2` means "2").
+    version: Annotated[str, BeforeValidator(str), WithJsonSchema({"type": ["string", "integer"]})] = "1"
+    path: Annotated[Path | str, ReadAs(Text, _key_ref, with_info=True)]
+    password_env: str | None = None
+    roles: Annotated[frozenset[Role], ReadAs(Annotated[list[Role], Field(min_length=1)], frozenset)] = Field(
+        default_factory=lambda: frozenset(all_roles())
+    )
+    # Left out: one operation per role (weights -> signStatement, gate -> gateResult, watermark ->
+    # watermarkRecord), so a key of an older configuration never signs a client-made gate or watermark
+    # statement through SignStatement (`_operations_follow_roles`).
+    operations: Annotated[
+        frozenset[Operation], ReadAs(Annotated[list[Operation], Field(min_length=1)], frozenset)
+    ] = Field(default_factory=_all_operations)
+    allow: list[Text] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _operations_follow_roles(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "operations" not in data:
+            roles = data.get("roles", all_roles())
+            # Invalid roles are reported as such; the operations then stay at their unused default.
+            if isinstance(roles, list) and all(
+                isinstance(r, str) and r in _OPERATION_FOR_ROLE for r in roles
+            ):
+                return {**data, "operations": sorted({_OPERATION_FOR_ROLE[r] for r in roles})}
+        return data
+
+    @model_validator(mode="after")
+    def _names(self) -> ServerKeyModel:
+        name = NAME_PATTERN[1:-1]
+        if not (re.fullmatch(name, self.name) and re.fullmatch(name, self.version)):
+            raise ValueError(f": name and version must match {NAME_PATTERN}")
+        for operation, role in (("gateResult", "gate"), ("watermarkRecord", "watermark")):
+            if operation in self.operations and role not in self.roles:
+                raise ValueError(f": operation {operation} needs the role {role}")
+        return self
 
     @property
     def key_version(self) -> str:
@@ -151,61 +241,132 @@ class KeyConfig:
         return f"{self.name}/{self.version}"
 
 
-@dataclass(frozen=True, slots=True)
-class WatermarkKeyConfig:
-    """A server-held watermark key file and who may use it."""
+class WatermarkKeyModel(ConfigModel):
+    """A server-held watermark key file."""
 
-    name: str
-    path: Path
-    allow: tuple[str, ...]
+    name: Name
+    path: ConfigPath
+    allow: list[Text] = Field(default_factory=list)
 
 
-@dataclass(frozen=True, slots=True)
-class ServerConfig:
-    """A validated server configuration (see the module docstring for the file format)."""
+class AccessModel(ConfigModel):
+    """Identity globs per operation; an operation left out keeps its default (`ACCESS_DEFAULTS`)."""
 
-    listen: str
-    data_dir: Path
-    policy: Path
-    server_identity: str = "modelsec"
-    default_policy: str | None = None
-    metrics_listen: str | None = None
-    tls: TlsConfig | None = None
-    tokens: tuple[TokenConfig, ...] = ()
+    verify: list[Text] | None = None
+    read_attestations: list[Text] | None = None
+    list_keys: list[Text] | None = None
+    put_attestation: list[Text] | None = None
+    delete_attestation: list[Text] | None = None
+    supersede_attestation: list[Text] | None = None
+    verify_model: list[Text] | None = None
+    watermark: list[Text] | None = None
+    robustness: list[Text] | None = None
+
+
+def _access(model: AccessModel) -> Mapping[str, tuple[str, ...]]:
+    """`access` with `ACCESS_DEFAULTS` for each operation left out, keyed by the file's operation names."""
+    access = dict(ACCESS_DEFAULTS)
+    for name, info in AccessModel.model_fields.items():
+        patterns = getattr(model, name)
+        if patterns is not None:
+            access[info.alias or name] = tuple(patterns)
+    return access
+
+
+class ServerConfig(ConfigModel):
+    """A server configuration: `apiVersion: modelsec.dev/v1alpha1`, `kind: ServerConfig`."""
+
+    # The docstring above is the schema's description. The code uses this model as it is: paths are
+    # resolved against the file's directory (`load_server_config`), `access` holds every operation (its
+    # defaults filled in), `serverIdentity` defaults to this host's name, and the checks that involve
+    # several fields run once every field is valid (`_consistent`).
+    model_config = ConfigDict(title="ServerConfig")
+
+    api_version: Literal["modelsec.dev/v1alpha1"]
+    kind: Literal["ServerConfig"]
+    listen: Listen
+    metrics_listen: Listen | None = None
+    server_identity: Identity = Field(default=None, validate_default=True)
+    data_dir: ConfigPath
+    policy: ConfigPath
+    default_policy: Text | None = None
+    tls: TlsModel | None = None
+    tokens: list[TokenModel] = Field(default_factory=list)
     allow_anonymous: bool = False
-    keys: tuple[KeyConfig, ...] = ()
-    watermark_keys: tuple[WatermarkKeyConfig, ...] = ()
-    access: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: dict(ACCESS_DEFAULTS))
-    read_roots: tuple[Path, ...] = ()
-    write_roots: tuple[Path, ...] = ()
-    architectures: tuple[str, ...] = ()
-    grace_period: float = 30.0
-    max_concurrent_rpcs: int = 256
-    max_concurrent_gates: int = 1
-    source: str = "<config>"
+    keys: list[ServerKeyModel] = Field(default_factory=list)
+    watermark_keys: list[WatermarkKeyModel] = Field(default_factory=list)
+    access: Annotated[Mapping[str, tuple[str, ...]], ReadAs(AccessModel, _access)] = Field(
+        default_factory=lambda: dict(ACCESS_DEFAULTS)
+    )
+    read_roots: list[ConfigPath] = Field(default_factory=list)
+    write_roots: list[ConfigPath] = Field(default_factory=list)
+    architectures: list[Text] = Field(default_factory=list)
+    grace_period: float = Field(default=30.0, ge=0, le=3600)
+    max_concurrent_rpcs: int = Field(default=256, ge=1, le=100_000)
+    max_concurrent_gates: int = Field(default=1, ge=1, le=64)
+    _source: str = PrivateAttr(default="<config>")
 
-    def __post_init__(self) -> None:
+    @field_validator("server_identity", mode="before")
+    @classmethod
+    def _this_host(cls, value: Any) -> Any:
+        # Only a left-out field reaches here as None: a `null` in the file is refused before.
+        return (socket.gethostname() or "modelsec") if value is None else value
+
+    @model_validator(mode="after")
+    def _consistent(self, info: ValidationInfo) -> ServerConfig:
+        self._source = (info.context or {}).get("source") or "<config>"
+        self._check_consistent()
+        return self
+
+    def _check_consistent(self) -> None:
+        """The checks that involve several fields; ValueError(": <why>") on the first one failed."""
         client_certificates = self.tls is not None and self.tls.client_ca is not None
+        if self.allow_anonymous and self.tls is not None:
+            raise ValueError(": allowAnonymous is for plaintext development only; remove it or tls")
+        if len({k.key_version for k in self.keys}) != len(self.keys):
+            raise ValueError(": keys: a key version is listed twice")
+        if len({k.name for k in self.watermark_keys}) != len(self.watermark_keys):
+            raise ValueError(": watermarkKeys: a watermark key name is listed twice")
         if not client_certificates and not self.tokens and not self.allow_anonymous:
-            raise PolicyError(
-                f"{self.source}: no way to authenticate clients: configure tls.clientCA (mutual TLS), "
+            raise ValueError(
+                ": no way to authenticate clients: configure tls.clientCA (mutual TLS), "
                 "tokens, or allowAnonymous: true (plaintext development only)"
             )
         # A bearer token sent in plaintext is a credential handed to anyone on the path; on loopback the
         # path is this host, which development setups rely on.
         if self.tokens and self.tls is None and not is_loopback_listen(self.listen):
-            raise PolicyError(
-                f"{self.source}: bearer tokens over plaintext on {self.listen}: every token would cross the "
+            raise ValueError(
+                f": bearer tokens over plaintext on {self.listen}: every token would cross the "
                 "network readable by anyone on the path; configure tls (cert, key), or listen on a loopback "
                 "address (127.0.0.1, [::1], localhost) for development"
             )
         # Anonymous callers get whatever `access` grants `*`: acceptable only where every caller is local.
         if self.allow_anonymous and not is_loopback_listen(self.listen):
-            raise PolicyError(
-                f"{self.source}: allowAnonymous on {self.listen}: any host that reaches the address would be "
+            raise ValueError(
+                f": allowAnonymous on {self.listen}: any host that reaches the address would be "
                 "served as `anonymous`; it is for local development only: listen on a loopback address "
                 "(127.0.0.1, [::1], localhost), or authenticate clients (tls.clientCA or tokens)"
             )
+
+    def replace(self, **changes: Any) -> ServerConfig:
+        """A copy with `changes` (field names), whose checks across fields run again (`serve --listen`).
+
+        As with `dataclasses.replace`, the new values themselves are not validated again.
+
+        Raises:
+            PolicyError: The copy fails a check across fields (the message names the file).
+        """
+        copy = self.model_copy(update=changes)
+        try:
+            copy._check_consistent()
+        except ValueError as e:
+            raise PolicyError(f"{self.source}: {str(e).removeprefix(':').lstrip()}") from None
+        return copy
+
+    @property
+    def source(self) -> str:
+        """The file the configuration was read from, first in messages about it."""
+        return self._source
 
     def may(self, operation: str, identity: str) -> bool:
         """Whether `identity` may perform `operation` (a key of `ACCESS_DEFAULTS`)."""
@@ -234,98 +395,14 @@ def identity_allowed(identity: str, patterns: Sequence[str]) -> bool:
     return any(fnmatch.fnmatchcase(identity, p) for p in patterns)
 
 
-def _path(value: str, base: Path) -> Path:
-    return Path(value) if os.path.isabs(value) else base / value
-
-
-def _key_ref(value: str, base: Path, where: str) -> Path | str:
-    """A signing key's `path`: a key-source URI (`pkcs11:…`) as written, else a path like `_path`.
-
-    Raises:
-        PolicyError: A malformed URI (the message starts with `where`).
-    """
-    from modelsec.errors import KeyMaterialError
-    from modelsec.signer.keys import PemFileKeySource, key_source
-
-    try:
-        pem = isinstance(key_source(value), PemFileKeySource)
-    except KeyMaterialError as e:
-        raise PolicyError(f"{where}: {e}") from None
-    return _path(value, base) if pem else value
-
-
 def load_server_config(path: Path) -> ServerConfig:
     """Load and validate a server configuration file (YAML or JSON).
 
+    Relative paths are resolved against the file's directory.
+
     Raises:
         PolicyError: Unreadable, larger than 1 MiB, not YAML/JSON, or invalid (the message names the file
-            and the field path).
+            and the field path), e.g. a malformed `pkcs11:` key URI.
     """
     _, doc = read_config(path, "server configuration")
-    return server_config_from_mapping(doc, base_dir=path.parent, source=str(path))
-
-
-def server_config_from_mapping(doc: object, *, base_dir: Path, source: str) -> ServerConfig:
-    """Validate a parsed server configuration document (relative paths resolved against `base_dir`).
-
-    Raises:
-        PolicyError: Invalid document (the message names the field path), e.g. a malformed `pkcs11:` key URI.
-    """
-    top = validate(ServerConfigModel, doc, source)
-    tls = None
-    if top.tls is not None:
-        ca = top.tls.client_ca
-        tls = TlsConfig(
-            _path(top.tls.cert, base_dir),
-            _path(top.tls.key, base_dir),
-            _path(ca, base_dir) if ca is not None else None,
-        )
-    if top.allow_anonymous and tls is not None:
-        raise PolicyError(f"{source}: allowAnonymous is for plaintext development only; remove it or tls")
-    access = dict(ACCESS_DEFAULTS)
-    for name, info in AccessModel.model_fields.items():
-        patterns = getattr(top.access, name)
-        if patterns is not None:
-            access[info.alias or name] = tuple(patterns)
-    keys = tuple(
-        KeyConfig(
-            k.name,
-            k.version,
-            _key_ref(k.path, base_dir, f"{source}: keys[{i}].path"),
-            k.password_env,
-            frozenset(k.roles),
-            tuple(k.allow),
-            frozenset(
-                k.operations if k.operations is not None else (_OPERATION_FOR_ROLE[r] for r in k.roles)
-            ),
-        )
-        for i, k in enumerate(top.keys)
-    )
-    if len({k.key_version for k in keys}) != len(keys):
-        raise PolicyError(f"{source}: keys: a key version is listed twice")
-    watermark_keys = tuple(
-        WatermarkKeyConfig(k.name, _path(k.path, base_dir), tuple(k.allow)) for k in top.watermark_keys
-    )
-    if len({k.name for k in watermark_keys}) != len(watermark_keys):
-        raise PolicyError(f"{source}: watermarkKeys: a watermark key name is listed twice")
-    return ServerConfig(
-        listen=top.listen,
-        server_identity=top.server_identity or socket.gethostname() or "modelsec",
-        metrics_listen=top.metrics_listen,
-        data_dir=_path(top.data_dir, base_dir),
-        policy=_path(top.policy, base_dir),
-        default_policy=top.default_policy,
-        tls=tls,
-        tokens=tuple(TokenConfig(t.identity, t.sha256) for t in top.tokens),
-        allow_anonymous=top.allow_anonymous,
-        keys=keys,
-        watermark_keys=watermark_keys,
-        access=access,
-        read_roots=tuple(_path(p, base_dir) for p in top.read_roots),
-        write_roots=tuple(_path(p, base_dir) for p in top.write_roots),
-        architectures=tuple(top.architectures),
-        grace_period=top.grace_period,
-        max_concurrent_rpcs=top.max_concurrent_rpcs,
-        max_concurrent_gates=top.max_concurrent_gates,
-        source=source,
-    )
+    return validate(ServerConfig, doc, str(path), base_dir=path.parent)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +28,7 @@ from modelsec.errors import (
 )
 from modelsec.modelformat.model_files import open_dir_beneath
 from modelsec.policy import Policy, PolicySet
-from modelsec.service.config import KeyConfig, ServerConfig, WatermarkKeyConfig, identity_allowed
+from modelsec.service.config import ServerConfig, ServerKeyModel, WatermarkKeyModel, identity_allowed
 from modelsec.signer.keys import KeyBackend, key_source
 from modelsec.verifier.stores.sqlite import SqliteAttestationStore
 
@@ -118,7 +118,7 @@ def _open_dir(path: Path) -> int:
 class LoadedKey:
     """A signing key version held in server memory."""
 
-    config: KeyConfig
+    config: ServerKeyModel
     backend: KeyBackend
     keyid: str
     public_key_pem: bytes
@@ -156,7 +156,7 @@ class ServiceState:
                 raise e.add_context(where) from None
             pem = backend.public_key_pem()
             self.keys[k.key_version] = LoadedKey(k, backend, key_hint(pem), pem)
-        self.watermark_keys: dict[str, WatermarkKeyConfig] = {k.name: k for k in config.watermark_keys}
+        self.watermark_keys: dict[str, WatermarkKeyModel] = {k.name: k for k in config.watermark_keys}
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self.store = SqliteAttestationStore(config.data_dir / "attestations.sqlite3")
 
@@ -267,7 +267,7 @@ class ServiceState:
         identity = self.identity()
         return [k for _, k in sorted(self.keys.items()) if identity_allowed(identity, k.config.allow)]
 
-    def watermark_key(self, name: str) -> WatermarkKeyConfig:
+    def watermark_key(self, name: str) -> WatermarkKeyModel:
         """A watermark key the caller may use.
 
         Raises:
@@ -309,7 +309,7 @@ def _check_name(value: str, what: str) -> None:
         raise MalformedArtifactError(f"{what} is longer than {_MAX_NAME_CHARS} characters")
 
 
-def _under(raw: str, roots: tuple[Path, ...], what: str, verb: str) -> ServerPath:
+def _under(raw: str, roots: Sequence[Path], what: str, verb: str) -> ServerPath:
     # Placed by spelling only: `..` is folded lexically, which is what the kernel does too once no link
     # below the root is followed (links are refused when the path is opened). The roots themselves are
     # operator configuration, matched as written and as their real paths.

@@ -24,7 +24,7 @@ from grpc import aio
 from modelsec.errors import KeyMaterialError
 from modelsec.limits import Limits
 from modelsec.service.attestation import store_produced, storer_for
-from modelsec.service.config import WatermarkKeyConfig
+from modelsec.service.config import WatermarkKeyModel
 from modelsec.service.state import ServiceState
 from modelsec.service.work import Check, run_blocking
 from modelsec.signer.layout import WATERMARK_BUNDLE_NAME, write_bundle_at
@@ -163,7 +163,7 @@ class WatermarkServicer(watermark_pb2_grpc.WatermarkServiceServicer):
         return await run_blocking(work, context)
 
 
-def _load_key(wm: WatermarkKeyConfig) -> WatermarkKey:
+def _load_key(wm: WatermarkKeyModel) -> WatermarkKey:
     """Load a configured key file; the caller learns only the key's name, the log gets the reason."""
     from modelsec.watermark.spread_spectrum import load_key_file
 

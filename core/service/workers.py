@@ -31,7 +31,6 @@ import socket
 import tempfile
 import threading
 from collections.abc import Callable
-from dataclasses import replace
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
@@ -165,7 +164,7 @@ def serve_workers(
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     host = config.listen.rpartition(":")[0]
-    pool = _Workers(replace(config, listen=f"{host}:{port}", metrics_listen=None), workers)
+    pool = _Workers(config.replace(listen=f"{host}:{port}", metrics_listen=None), workers)
     view = AggregateMetrics(metrics_dir)
     metrics_server: MetricsServer | None = None
     try:

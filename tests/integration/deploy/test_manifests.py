@@ -138,7 +138,7 @@ def test_serve_args_and_config_map_load_with_the_cli() -> None:
 
     from modelsec.cli.service import serve
     from modelsec.config import validate
-    from modelsec.config_models import ServerConfigModel
+    from modelsec.service.config import ServerConfig
 
     docs = render(SERVE / "overlays" / "self-signed")
     spec = one(docs, "Deployment")["spec"]["template"]["spec"]
@@ -152,13 +152,13 @@ def test_serve_args_and_config_map_load_with_the_cli() -> None:
     volumes = {v["name"]: v for v in spec["volumes"]}
     config_map = volumes[mounts[str(config_path.parent)]]["configMap"]["name"]
     rendered = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == config_map)
-    config = validate(ServerConfigModel, yaml.safe_load(rendered["data"][config_path.name]), "server.yaml")
+    config = validate(ServerConfig, yaml.safe_load(rendered["data"][config_path.name]), "server.yaml")
     # Every file the configuration names is in a mounted volume; the TLS files are the certificate's.
     for path in (config.policy, config.tls.cert, config.tls.key, config.tls.client_ca):  # type: ignore[union-attr]
         assert str(Path(path).parent) in mounts, path
     assert mounts[str(Path(config.tls.cert).parent)] == "tls"  # type: ignore[union-attr]
     assert volumes[mounts[str(Path(config.policy).parent)]]["configMap"]["name"] == "modelsec-policy"
-    assert volumes[mounts[config.data_dir]].get("emptyDir") is not None
+    assert volumes[mounts[str(config.data_dir)]].get("emptyDir") is not None
     listen_port = int(config.listen.rsplit(":", 1)[1])
     metrics_port = int((config.metrics_listen or "").rsplit(":", 1)[1])
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}

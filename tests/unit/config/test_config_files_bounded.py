@@ -128,8 +128,6 @@ def test_tokens_with_tls_on_any_address_are_allowed(tmp_path: Path) -> None:
 
 def test_anonymous_callers_only_on_loopback(tmp_path: Path) -> None:
     """User trial 2: `allowAnonymous` on 0.0.0.0 answered VerifyModel for any host that reached it."""
-    import dataclasses
-
     assert load_server_config(
         _server(tmp_path, listen="127.0.0.1:50051", allowAnonymous=True)
     ).allow_anonymous
@@ -138,16 +136,14 @@ def test_anonymous_callers_only_on_loopback(tmp_path: Path) -> None:
             load_server_config(_server(tmp_path, listen=listen, allowAnonymous=True))
     config = load_server_config(_server(tmp_path, listen="127.0.0.1:0", allowAnonymous=True))
     with pytest.raises(PolicyError, match=r"allowAnonymous on 0\.0\.0\.0:0"):
-        dataclasses.replace(config, listen="0.0.0.0:0")  # `serve --listen`
+        config.replace(listen="0.0.0.0:0")  # `serve --listen`
 
 
 def test_a_listen_override_is_checked_too(tmp_path: Path) -> None:
-    """`modelsec serve --listen` replaces the address with dataclasses.replace: the check runs again."""
-    import dataclasses
-
+    """`modelsec serve --listen` replaces the address with `ServerConfig.replace`: the check runs again."""
     config = load_server_config(_server(tmp_path, listen="127.0.0.1:0", tokens=[TOKEN]))
     with pytest.raises(PolicyError, match="bearer tokens over plaintext"):
-        dataclasses.replace(config, listen="0.0.0.0:0")
+        config.replace(listen="0.0.0.0:0")
 
 
 @pytest.mark.parametrize(

@@ -13,20 +13,20 @@ import pytest
 import yaml
 
 from modelsec import policy as policy_module
-from modelsec import release as release_module
 from modelsec.config import validate
-from modelsec.config_models import GateSpecModel, PolicyFileModel, ServerConfigModel
 from modelsec.errors import PolicyError
 from modelsec.policy import PolicySet
-from modelsec.release import load_gate_spec
+from modelsec.policy.models import PolicyFileModel
+from modelsec.release import GateSpec, load_gate_spec
+from modelsec.release import gate_spec as gate_spec_module
 from modelsec.service import config as config_module
-from modelsec.service.config import load_server_config
+from modelsec.service.config import ServerConfig, load_server_config
 
 REPO = Path(__file__).resolve().parents[3]
 SCHEMAS = {
     "ModelPolicy": ("model-policy.schema.json", PolicyFileModel),
-    "ServerConfig": ("server-config.schema.json", ServerConfigModel),
-    "GateSpec": ("gate-spec.schema.json", GateSpecModel),
+    "ServerConfig": ("server-config.schema.json", ServerConfig),
+    "GateSpec": ("gate-spec.schema.json", GateSpec),
 }
 
 
@@ -44,7 +44,7 @@ def _examples() -> list[tuple[str, str, dict[str, Any]]]:
     sources = {
         "core/policy/policies.py": _yaml_blocks(policy_module.__doc__ or ""),
         "core/service/config.py": _yaml_blocks(config_module.__doc__ or ""),
-        "core/release/pipeline.py": _yaml_blocks(release_module.__doc__ or ""),
+        "core/release/gate_spec.py": _yaml_blocks(gate_spec_module.__doc__ or ""),
         "scripts/demo.sh": _heredocs((REPO / "scripts/demo.sh").read_text()),
     }
     for doc in ("README.md", "deploy/README.md"):
@@ -223,10 +223,10 @@ def test_server_config_null_and_numbers(tmp_path: Path) -> None:
 def test_model_constants_match_the_policy_module() -> None:
     from typing import get_args
 
-    from modelsec import config_models as _config_models
+    from modelsec import config as _config
     from modelsec.policy import API_VERSION, ROLES
 
-    assert _config_models.API_VERSION == API_VERSION and set(get_args(_config_models.Role)) == ROLES
+    assert _config.API_VERSION == API_VERSION and set(get_args(_config.Role)) == ROLES
     for name, _ in SCHEMAS.values():
         schema = json.loads((REPO / "schemas" / name).read_text())
         assert schema["properties"]["apiVersion"]["const"] == API_VERSION

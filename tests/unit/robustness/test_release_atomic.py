@@ -48,14 +48,16 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Pat
 
 
 def _gate(data: Path, min_robust_accuracy: float) -> GateSpec:
-    return GateSpec(
-        architecture="release_atomic_arch:wide_mlp",
-        data=data,
-        eps=0.03,
-        step_size=0.01,
-        steps=3,
-        min_robust_accuracy=min_robust_accuracy,
-        min_samples=5,
+    return GateSpec.model_validate(
+        {
+            "architecture": "release_atomic_arch:wide_mlp",
+            "data": data,
+            "eps": 0.03,
+            "stepSize": 0.01,
+            "steps": 3,
+            "minRobustAccuracy": min_robust_accuracy,
+            "minSamples": 5,
+        }
     )
 
 
@@ -129,9 +131,7 @@ def test_failed_architecture_import_leaves_nothing(
             signers=[load_private_key_file(key_dir / "ecdsa-p256.key.pem")],
             watermark_key=parse_key(generate_key_file_text(), source="test key"),
             message=b"r1",
-            gate=GateSpec(
-                **{**{f: getattr(gate, f) for f in GateSpec.__slots__}, "architecture": "nope_mod:f"}
-            ),
+            gate=gate.model_copy(update={"architecture": "nope_mod:f"}),
         )
     assert _listing(tmp_path) == []
 
