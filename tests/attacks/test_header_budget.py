@@ -105,6 +105,7 @@ def _child_peak_kib(header_bytes: int, mode: str) -> tuple[int, int]:
     return int(out[0]), int(out[1])
 
 
+@pytest.mark.slow
 def test_parse_memory_is_bounded_per_header_byte() -> None:
     """A large-but-allowed worst-case header (8 MiB) parses within 40 bytes of peak RSS per header byte.
 

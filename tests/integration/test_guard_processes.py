@@ -66,6 +66,7 @@ def run(
     )
 
 
+@pytest.mark.slow
 def test_plain_child_loads_signed_and_refuses_tampered_shard(
     models: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:
@@ -76,6 +77,7 @@ def test_plain_child_loads_signed_and_refuses_tampered_shard(
     assert "modelsec.errors.DigestMismatchError" in out.stderr and SHARD in out.stderr.splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_without_the_variable_nothing_is_imported_or_checked(
     models: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:
@@ -147,6 +149,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
 def test_multiprocessing_children_are_guarded(
     models: tuple[Path, Path, Path], tmp_path: Path, method: str
@@ -213,6 +216,7 @@ safetensors.torch.load_file(sys.argv[3])
 """
 
 
+@pytest.mark.slow
 def test_vllm_plugin_entry_point_installs_the_guard(models: tuple[Path, Path, Path], tmp_path: Path) -> None:
     good, bad, policy = models
     out = run([sys.executable, "-c", VLLM, policy, good, bad], environ(), tmp_path)

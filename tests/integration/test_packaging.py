@@ -143,6 +143,7 @@ def start(python: Path, code: str, **env: str) -> subprocess.CompletedProcess[st
     ],
     ids=["regular", "editable", "editable-strict"],
 )
+@pytest.mark.slow
 def test_install_puts_the_guard_pth_into_site_packages(tmp_path: Path, install: list[str]) -> None:
     src = copy_sources(tmp_path / "src")
     python = make_venv(tmp_path / "venv")

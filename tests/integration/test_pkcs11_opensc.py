@@ -131,6 +131,7 @@ def _tampered(model: Path, tmp: Path) -> Path:
     return copy
 
 
+@pytest.mark.slow
 def test_model_signing_pkcs11_signer_and_modelsec_agree(opensc_key: OpenscKey, tmp_path: Path) -> None:
     python = _model_signing_with_pykcs11()
     token = opensc_key.token

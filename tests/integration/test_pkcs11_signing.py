@@ -70,6 +70,7 @@ def test_cli_signs_in_the_token_and_verify_accepts_the_exported_keys(
     assert r.returncode == 1
 
 
+@pytest.mark.slow
 def test_cli_token_errors_are_one_clear_line(token: Token, tmp_path: Path) -> None:
     model = write_tiny_model(tmp_path / "model")
     wrong_pin = tmp_path / "wrong-pin"

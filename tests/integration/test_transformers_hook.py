@@ -91,6 +91,7 @@ def test_hook_refuses_remote_code_request(minilm: tuple[Path, Policy]) -> None:
         hook.uninstall()
 
 
+@pytest.mark.slow
 def test_python_m_hook_without_code_changes(
     minilm: tuple[Path, Policy], key_dir: Path, tmp_path: Path
 ) -> None:

@@ -91,6 +91,7 @@ def _slow_client(port: int, context: ssl.SSLContext, result: dict[str, object], 
         sock.close()
 
 
+@pytest.mark.slow
 def test_slow_bodies_are_dropped_within_the_deadline_and_memory_stays_bounded(tmp_path: Path) -> None:
     ca = CA.create()
     cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"

@@ -153,6 +153,7 @@ REFUSED = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", REFUSED)
 def test_a_name_that_leaves_the_signed_model_is_refused_before_reading(
     results: dict[str, dict[str, Any]], case: str

@@ -216,6 +216,7 @@ def test_digest_pin(decoder: Path, policy: Policy, guard: Callable[..., None]) -
     assert transformers.AutoConfig.from_pretrained(str(decoder)).num_hidden_layers == 2
 
 
+@pytest.mark.slow
 def test_digest_pin_from_the_annotation_in_the_environment(
     decoder: Path, policy: Policy, key_dir: Path, tmp_path: Path
 ) -> None:

@@ -191,6 +191,7 @@ def _run(c: ModelsecClient, setup: Setup, data: Path, steps: int, restarts: int)
     return last.result
 
 
+@pytest.mark.slow
 def test_weak_or_unlisted_runs_are_denied_and_a_strong_run_counts(setup: Setup) -> None:
     with _client(setup.server, setup.pki) as c:
         few_steps = _run(c, setup, setup.listed, steps=3, restarts=MIN_RESTARTS)

@@ -130,6 +130,7 @@ def test_health_and_reflection_with_the_standard_clients(
         assert method.name == "modelsec/v1/signing.proto"
 
 
+@pytest.mark.slow
 def test_sigterm_restart_keeps_the_store(tmp_path: Path, key_dir: Path) -> None:
     model = write_tiny_model(tmp_path / "model")
     result = sign_model(model, [load_private_key_file(key_dir / "ecdsa-p256.key.pem")])

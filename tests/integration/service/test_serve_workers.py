@@ -32,6 +32,7 @@ def _scrape(port: int, path: str = "/metrics") -> str:
     return urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5).read().decode()
 
 
+@pytest.mark.slow
 def test_two_workers_share_the_port_and_the_metrics(tmp_path: Path, key_dir: Path) -> None:
     # Its own server, a child process with two workers (multiprocess metrics).
     config = write_server_config(tmp_path / "srv", key_dir, metricsListen="127.0.0.1:0")
@@ -65,6 +66,7 @@ def test_two_workers_share_the_port_and_the_metrics(tmp_path: Path, key_dir: Pat
         _list_keys_on_a_new_connection(server.target)
 
 
+@pytest.mark.slow
 def test_a_worker_that_dies_stops_the_service(tmp_path: Path, key_dir: Path) -> None:
     # Its own server, a child process with two workers, one of which the test kills.
     config = write_server_config(tmp_path / "srv", key_dir)

@@ -65,6 +65,7 @@ def _load_in_child(model: Path, key: Path, tensor: str = "") -> dict[str, object
     return outcome
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tensor_hash", [HashAlgorithm.BLAKE3, None], ids=["per-tensor", "plain-oms"])
 def test_a_sparse_64_gib_shard_is_refused_by_its_length(
     tmp_path: Path, key_dir: Path, tensor_hash: HashAlgorithm | None
@@ -82,6 +83,7 @@ def test_a_sparse_64_gib_shard_is_refused_by_its_length(
     assert int(str(outcome["peak_kib"])) < MAX_PEAK_RSS_KIB
 
 
+@pytest.mark.slow
 def test_the_length_check_passes_an_untouched_model(tmp_path: Path, key_dir: Path) -> None:
     model = write_tiny_model(tmp_path / "m")
     sign_model(model, [load_private_key_file(key_dir / "ecdsa-p256.key.pem")], tensor_hash=None)

@@ -115,6 +115,7 @@ def _split_hash(path: Path, size: int, chunk: int, **kw):  # type: ignore[no-unt
         os.close(fd)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunk", [1, 100, 4096, 2**20])
 def test_work_split_over_two_threads_gives_the_same_digests(tmp_path: Path, chunk: int) -> None:
     """A single large file hashed by two threads (helper reads + per-tensor, own thread file digest)."""
