@@ -140,6 +140,7 @@ def test_json_beyond_limit_refused_not_skipped(tiny_model: Path, key_dir: Path) 
         verify_model(tiny_model, key_policy(key_dir, limits=Limits(max_json_side_file_bytes=4096)))
 
 
+@pytest.mark.slow
 def test_llama3_sized_tokenizer_fits_default_limit(tiny_model: Path, key_dir: Path) -> None:
     # A Llama-3 tokenizer.json is about 9 MB (128,256 vocabulary entries, 280,147 merges).
     vocab = {f"tok{i:06d}\\u0120": i for i in range(128_256)}

@@ -105,6 +105,7 @@ def test_fuzz_bundle_json(edits: list[tuple[int, int]], value: object) -> None:
 # --- in-toto statement ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @FUZZ
 @given(edits=EDITS, predicate=JSON, subject=JSON)
 def test_fuzz_statement(edits: list[tuple[int, int]], predicate: object, subject: object) -> None:
@@ -172,6 +173,7 @@ def _yaml_inputs(base: bytes, edits: list[tuple[int, int]], inserts: list[tuple[
     return [_mutate(base, edits), bytes(inserted)]
 
 
+@pytest.mark.slow
 @FUZZ
 @given(edits=EDITS, inserts=st.lists(st.tuples(st.integers(0, 10**4), YAML_NOISE), max_size=5))
 def test_fuzz_policy_yaml(edits: list[tuple[int, int]], inserts: list[tuple[int, bytes]]) -> None:
@@ -183,6 +185,7 @@ def test_fuzz_policy_yaml(edits: list[tuple[int, int]], inserts: list[tuple[int,
             _accepts_or_modelsec_error(lambda: PolicySet.from_file(path))
 
 
+@pytest.mark.slow
 @FUZZ
 @given(edits=EDITS, inserts=st.lists(st.tuples(st.integers(0, 10**4), YAML_NOISE), max_size=5))
 def test_fuzz_server_config(edits: list[tuple[int, int]], inserts: list[tuple[int, bytes]]) -> None:

@@ -190,6 +190,7 @@ def test_sign_json_reports_the_bundles_own_hint_for_ml_dsa(tiny_model: Path, key
     assert hint.startswith("ML_DSA_65:") and reported["keyid"] == hint
 
 
+@pytest.mark.slow
 def test_the_console_script_answers_as_the_in_process_runner(tiny_model: Path, key_dir: Path) -> None:
     """Smoke test of the real process: its exit codes 0, 1 and 2 and its outputs are the in-process ones."""
     assert run_cli("sign", tiny_model, "-q", "--signing-key", key_dir / "ecdsa-p256.key.pem").returncode == 0

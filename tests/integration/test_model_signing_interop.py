@@ -21,6 +21,7 @@ def _ms(*args: str | Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([MS, *map(str, args)], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 @needs_ms
 def test_model_signing_verifies_our_bundle(tmp_path: Path, key_dir: Path) -> None:
     model = write_tiny_model(tmp_path / "m")

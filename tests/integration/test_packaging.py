@@ -45,6 +45,7 @@ SOURCES = [
 SOURCES += ["robustness", "proto"]
 
 
+@pytest.mark.slow
 def test_wheel_contains_every_subpackage_and_nothing_else(tmp_path: Path) -> None:
     subprocess.run(
         [

@@ -127,6 +127,7 @@ def test_openssl_generated_key_round_trips_byte_for_byte(tmp_path: Path, openssl
     assert Sm2PrivateKey.from_pem(sec1) == ours
 
 
+@pytest.mark.slow
 def test_openssl_reads_our_encrypted_key(tmp_path: Path, key: Sm2PrivateKey) -> None:
     (tmp_path / "enc.pem").write_bytes(key.to_pem(PASSWORD))
     out = _openssl("pkey", "-in", tmp_path / "enc.pem", "-passin", "pass:" + PASSWORD.decode()).stdout

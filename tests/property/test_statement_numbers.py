@@ -164,6 +164,7 @@ def test_gate_statements(changes: dict[str, object]) -> None:
         )
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(changes=st.dictionaries(st.sampled_from(WM_PATHS), EXTREME, min_size=1, max_size=4))
 def test_watermark_statements(changes: dict[str, object]) -> None:

@@ -62,6 +62,7 @@ def with_monitor(tmp_path: Path, tree: Path, overlay: str) -> Path:
     return tmp_path / "overlay"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tree", [SERVE, WEBHOOK], ids=["serve", "webhook"])
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_document_validates_custom_kinds_included(tree: Path, overlay: str, tmp_path: Path) -> None:

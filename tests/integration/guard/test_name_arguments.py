@@ -21,7 +21,7 @@ import pytest
 from modelsec.signer import load_private_key_file, sign_model
 from tests.integration.guard.models import CHAT_TEMPLATE, write_tiny_decoder
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # one child process builds every case (~15 s)
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
@@ -153,7 +153,6 @@ REFUSED = {
 }
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("case", REFUSED)
 def test_a_name_that_leaves_the_signed_model_is_refused_before_reading(
     results: dict[str, dict[str, Any]], case: str

@@ -428,6 +428,7 @@ def minilm_st(tmp_path_factory: pytest.TempPathFactory, key_dir: Path) -> Path:
     return _sign(out, key_dir)
 
 
+@pytest.mark.slow
 def test_sentence_transformers_through_the_guard(
     minilm_st: Path, tmp_path: Path, guard: Callable[..., None]
 ) -> None:

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.integration
 MS = shutil.which("model_signing", path=str(Path(sys.executable).parent))
 
 
+@pytest.mark.slow
 def test_remote_signing_is_verified_like_local_signing(
     tmp_path: Path, grpc_server: InThreadServer, key_dir: Path
 ) -> None:

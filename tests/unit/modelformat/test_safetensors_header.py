@@ -356,6 +356,7 @@ def mutated(draw: st.DrawFn) -> bytes:
     return bytes(blob)
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=500)
 @given(mutated())
 def test_mutations_parse_consistently_or_raise_malformed(blob: bytes) -> None:
