@@ -8,8 +8,10 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -33,6 +35,17 @@ pytest_plugins = ["tests.support.fixtures"]
 def pytest_configure(config: pytest.Config) -> None:
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _sigint_as_it_was() -> object:
+    """A test (or a library it runs in-process) that leaves SIGINT ignored must not pass that on: an ignored
+    signal is inherited by every child process, which then ignores Ctrl-C (the Ctrl-C tests saw exit 0)."""
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    main_thread = threading.current_thread() is threading.main_thread()
+    if main_thread and before is not None and signal.getsignal(signal.SIGINT) != before:
+        signal.signal(signal.SIGINT, before)
 
 
 @pytest.fixture(autouse=True)

@@ -48,8 +48,24 @@ def bytes_read(pid: int) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
 
 
+def has_open(pid: int, path: str) -> bool:
+    """Whether process `pid` holds a descriptor of `path` (its links under /proc/PID/fd)."""
+    fds = f"/proc/{pid}/fd"
+    try:
+        names = os.listdir(fds)
+    except OSError:
+        return False
+    for name in names:
+        try:
+            if os.readlink(f"{fds}/{name}") == path:
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def interrupt_while_hashing(*args: str | Path) -> tuple[subprocess.CompletedProcess[str], float]:
-    """Start the CLI, send SIGINT once it has read 32 MiB; return its result and how long it took to exit.
+    """Start the CLI, send SIGINT once it has read 32 MiB of the model; return its result and its exit time.
 
     A real process: the signal and the exit status are what is tested."""
     proc = subprocess.Popen(
@@ -58,10 +74,19 @@ def interrupt_while_hashing(*args: str | Path) -> tuple[subprocess.CompletedProc
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
         text=True,
+        # As from a shell: SIGINT at its default. An ignored SIGINT is inherited across exec, and a library
+        # that a test before this one ran in the pytest process may have left it ignored.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
+    # rchar counts every read, the interpreter's own imports included: count from when the model file is open,
+    # so that the signal lands while the model is hashed (not during start-up, however slow a cold start is).
+    model_file = str(Path(str(args[1])).resolve() / "model.safetensors")
     deadline = time.monotonic() + 60
-    while proc.poll() is None and bytes_read(proc.pid) < 32 * 2**20 and time.monotonic() < deadline:
-        time.sleep(0.005)
+    while proc.poll() is None and not has_open(proc.pid, model_file) and time.monotonic() < deadline:
+        time.sleep(0.002)
+    start = bytes_read(proc.pid) if proc.poll() is None else 0
+    while proc.poll() is None and bytes_read(proc.pid) - start < 32 * 2**20 and time.monotonic() < deadline:
+        time.sleep(0.002)
     assert proc.poll() is None, "finished before it could be interrupted"
     proc.send_signal(signal.SIGINT)
     sent = time.monotonic()
