@@ -121,10 +121,10 @@ def json_option(f: F) -> F:
     )(f)
 
 
-def signing_keys_option(help_text: str, *, required: bool = False) -> Callable[[F], F]:
-    """`--signing-key PATH` (private key), repeatable, into `keys`."""
+def _key_files_option(name: str, help_text: str, required: bool) -> Callable[[F], F]:
+    """A repeatable `name PATH` option into the parameter `keys` (one shape for both kinds of key)."""
     return click.option(
-        "--signing-key",
+        name,
         "keys",
         type=click.Path(path_type=Path),
         multiple=True,
@@ -132,19 +132,16 @@ def signing_keys_option(help_text: str, *, required: bool = False) -> Callable[[
         metavar="PATH",
         help=help_text,
     )
+
+
+def signing_keys_option(help_text: str, *, required: bool = False) -> Callable[[F], F]:
+    """`--signing-key PATH` (private key), repeatable, into `keys`."""
+    return _key_files_option("--signing-key", help_text, required)
 
 
 def trusted_keys_option(help_text: str, *, required: bool = False) -> Callable[[F], F]:
     """`--trusted-key PATH` (public key a verdict relies on), repeatable, into `keys`."""
-    return click.option(
-        "--trusted-key",
-        "keys",
-        type=click.Path(path_type=Path),
-        multiple=True,
-        required=required,
-        metavar="PATH",
-        help=help_text,
-    )
+    return _key_files_option("--trusted-key", help_text, required)
 
 
 def signatures_option(help_text: str) -> Callable[[F], F]:

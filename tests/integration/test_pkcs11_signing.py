@@ -44,8 +44,8 @@ def test_cli_signs_in_the_token_and_verify_accepts_the_exported_keys(
 ) -> None:
     token = softhsm_token
     model = write_tiny_model(tmp_path / "model")
-    # A token of its own needs a process of its own: SoftHSM2 reads SOFTHSM2_CONF once per process.
-    r = run_cli_process(
+    # The session token is the one this process loaded SoftHSM2 for: the CLI runs in-process.
+    r = run_cli(
         "sign", model, "--signing-key", token.uri(), "--signing-key", token.uri("release384"), "--json",
         env=token.env,
     )  # fmt: skip
@@ -72,6 +72,8 @@ def test_cli_signs_in_the_token_and_verify_accepts_the_exported_keys(
 
 @pytest.mark.slow
 def test_cli_token_errors_are_one_clear_line(token: Token, tmp_path: Path) -> None:
+    # A token of its own (it is deleted and changed here), so a process of its own: SoftHSM2 reads
+    # SOFTHSM2_CONF once per process.
     model = write_tiny_model(tmp_path / "model")
     wrong_pin = tmp_path / "wrong-pin"
     wrong_pin.write_text("0000\n")
