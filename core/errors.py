@@ -27,6 +27,7 @@ __all__ = [
     "GateFailedError",
     "KeyMaterialError",
     "MalformedArtifactError",
+    "ModelMovedError",
     "NotFoundError",
     "PermissionDeniedError",
     "PolicyError",
@@ -109,6 +110,23 @@ class MalformedArtifactError(VerificationError):
 
 class PolicyViolationError(VerificationError):
     """The artifact is well formed but refused by policy (pickle, remote code, missing evidence)."""
+
+
+class ModelMovedError(PolicyViolationError):
+    """A model's path named another directory or file than the one opened (renamed or swapped meanwhile).
+
+    The policy that decides about a local model is chosen from the opened descriptor; this is raised when
+    the path that descriptor was reached by, the policy's match and the opened object disagree, e.g. while
+    someone who can write the folder above the model exchanges it with a link. Retrying is not advised: the
+    folder above the model is being changed.
+
+    Attributes:
+        path: The model path as given.
+    """
+
+    def __init__(self, path: str, detail: str) -> None:
+        super().__init__(f"{path}: {detail}; refused (the model path changed while it was opened)")
+        self.path = path
 
 
 class PolicyError(Error):

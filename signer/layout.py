@@ -25,7 +25,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from modelsec.errors import Error, MalformedArtifactError, PolicyError
+from modelsec.errors import Error, MalformedArtifactError, ModelMovedError, PolicyError
 from modelsec.limits import Limits
 from modelsec.modelformat.model_files import open_beneath, open_model_root
 from modelsec.signer.schemes import all_schemes
@@ -163,6 +163,13 @@ def find_bundle_files(model_dir: Path, names: Sequence[str], limits: Limits | No
     return found
 
 
+def _resolved(path: Path) -> Path:
+    try:
+        return path.resolve()
+    except OSError as e:  # a link exchanged between its lstat and its readlink
+        raise ModelMovedError(str(path), f"cannot resolve its real path: {e.strerror}") from e
+
+
 def relative_ignore_paths(
     model_path: Path, paths: Sequence[Path | str], *, strict: bool = False, missing_ok: bool = False
 ) -> list[str]:
@@ -188,14 +195,17 @@ def relative_ignore_paths(
 
     Raises:
         MalformedArtifactError: A path names the model root itself.
+        ModelMovedError: A path changed while it was resolved (a link exchanged meanwhile).
         PolicyError: With `strict`: a path lands outside the model directory or (without `missing_ok`) does
             not exist (the message names the path as given and where it resolved).
     """
-    root = model_path.resolve()
+    if not paths:
+        return []
+    root = _resolved(model_path)
     result: list[str] = []
     for p in paths:
         candidate = Path(p)
-        full = (candidate if candidate.is_absolute() else Path.cwd() / candidate).resolve()
+        full = _resolved(candidate if candidate.is_absolute() else Path.cwd() / candidate)
         try:
             rel = full.relative_to(root)
         except ValueError:

@@ -3,8 +3,9 @@
 One evaluation serves every front door: `modelsec verify`, the loader (`load_model`, `open_model`), the
 runtime guard, gRPC `VerifyModel`, `pull` and the admission webhook. Its order is an invariant:
 
-1. **Matching.** Every policy whose `match` globs cover the model reference (a local path is matched as
-   `file://<real path>`) and that applies in the namespace (`namespaces:`; outside Kubernetes there is no
+1. **Matching.** Every policy whose `match` globs cover the model reference (a local model is matched as
+   `file://<real path>`, that path derived from the descriptor of the directory or file that was opened, never
+   from the path resolved before the open: `admit_opened`; DESIGN decision 20) and that applies in the namespace (`namespaces:`; outside Kubernetes there is no
    namespace and every policy applies) is a matching policy. Every one of them must pass (policy-controller
    and Kyverno semantics); file order only picks which one verifies a local model's bytes (below).
 2. **No match.** A reference no policy matches follows its namespace's `noMatch` (`namespaceRules`:
@@ -31,14 +32,22 @@ read of the bytes; its evidence is checked and a failure reported.
 from __future__ import annotations
 
 import dataclasses
+import os
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from modelsec.algorithms import SignatureAlgorithm
-from modelsec.errors import BackendUnavailableError, Error, PolicyError, PolicyViolationError
+from modelsec.errors import (
+    BackendUnavailableError,
+    Error,
+    ModelMovedError,
+    PolicyError,
+    PolicyViolationError,
+)
 from modelsec.limits import Limits
+from modelsec.modelformat.model_files import open_beneath
 from modelsec.policy import Policy, PolicySet, model_uri
 
 __all__ = [
@@ -49,6 +58,8 @@ __all__ = [
     "PolicyWarning",
     "admit",
     "admit_model",
+    "admit_opened",
+    "opened_model_uri",
     "evaluate",
     "report_warnings",
 ]
@@ -353,7 +364,11 @@ def admit(policies: PolicySet, uri: str) -> ModelAdmission:
 
 
 def admit_model(model_path: Path, policy: Policy | PolicySet | ModelAdmission | None) -> ModelAdmission:
-    """The admission of a local model directory or file, matched as `file://<real path>`.
+    """The admission of a local model directory or file, matched as `file://<real path>` before it is opened.
+
+    For options and messages that come before the model is opened (`verify --require`, a service's policy
+    names). The path can change before the open: whatever reads the model passes this admission to
+    `admit_opened` with the opened descriptor, which refuses it unless the same real path was opened.
 
     Args:
         model_path: The model directory, or one file of it.
@@ -370,6 +385,92 @@ def admit_model(model_path: Path, policy: Policy | PolicySet | ModelAdmission | 
         return ModelAdmission(model_uri(model_path), policy)
     policy_set = policy if policy is not None else PolicySet.from_env()
     return admit(policy_set, model_uri(model_path))
+
+
+def opened_real_path(fd: int, path: Path) -> str:
+    """The real path of the directory or file open on `fd`, derived from the descriptor.
+
+    Read as `/proc/self/fd/<fd>` (the kernel's name of the open object; Linux), else `os.path.realpath(path)`.
+    Either way the name must still be that object (`lstat` of it has the `fstat` identity of `fd`): a name
+    that now holds something else, or none, is refused.
+
+    Args:
+        fd: An open descriptor.
+        path: The path it was opened by, for the fallback and for messages.
+
+    Raises:
+        ModelMovedError: The name no longer holds the opened object (it was renamed, exchanged or removed).
+    """
+    opened = os.fstat(fd)
+    try:
+        real = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        real = os.path.realpath(path)
+    try:
+        named = os.lstat(real)
+    except OSError as e:
+        raise ModelMovedError(str(path), f"the opened model is no longer at {real!r} ({e.strerror})") from e
+    if not real.startswith("/") or (named.st_dev, named.st_ino) != (opened.st_dev, opened.st_ino):
+        raise ModelMovedError(str(path), f"{real!r} no longer names the directory or file that was opened")
+    return real
+
+
+def opened_model_uri(model_path: Path, root_fd: int, single: str | None) -> str:
+    """`file://<real path>` of an opened model: its root directory, or its one file `single` below it.
+
+    The single file is opened beneath `root_fd` as the verifier opens it (no link followed but a hub
+    snapshot's link into its own `blobs/`), so the path is the file that would be read.
+
+    Raises:
+        ModelMovedError: The path no longer names what was opened.
+        PolicyViolationError: `single` is a link (other than a hub snapshot's blob link).
+        MalformedArtifactError: `single` cannot be opened.
+    """
+    if single is None:
+        return "file://" + opened_real_path(root_fd, model_path)
+    fd = open_beneath(root_fd, single, what=str(model_path.parent))
+    try:
+        return "file://" + opened_real_path(fd, model_path)
+    finally:
+        os.close(fd)
+
+
+def admit_opened(
+    model_path: Path,
+    root_fd: int,
+    single: str | None,
+    policy: Policy | PolicySet | ModelAdmission | None,
+) -> ModelAdmission:
+    """The admission of an opened local model: matched as `file://<real path of what was opened>`.
+
+    Every front door that reads a local model (`verify_model`, the loader, the guard, gRPC `VerifyModel`)
+    opens the model root once and decides here, from the descriptor, which policies verify it; each later
+    read goes through that descriptor. So the policy is chosen for the bytes that are read, even if someone
+    who can write the folder above the model exchanges it with a link meanwhile (DESIGN decision 20).
+
+    Args:
+        model_path: The model path as given (messages; the `/proc` fallback).
+        root_fd: A descriptor of the model directory (the directory holding `single`).
+        single: One file's name below `root_fd`, or None for the directory itself.
+        policy: A `PolicySet` to match (None: `$MODELSEC_POLICY`), one `Policy`, or an admission matched
+            before the open (`admit_model`), which must have matched the same real path.
+
+    Raises:
+        ModelMovedError: The path no longer names what was opened, or an admission matched before the open
+            names another path than the one opened (the model path changed in between).
+        PolicyError: `policy` is None and `$MODELSEC_POLICY` is unset or invalid.
+        PolicyViolationError: No policy of the set matches the model.
+    """
+    uri = opened_model_uri(model_path, root_fd, single)
+    if isinstance(policy, ModelAdmission):
+        if policy.uri and policy.uri != uri:
+            raise ModelMovedError(
+                str(model_path), f"the policy was chosen for {policy.uri} but {uri} was opened"
+            )
+        return policy
+    if isinstance(policy, Policy):
+        return ModelAdmission(uri, policy)
+    return admit(policy if policy is not None else PolicySet.from_env(), uri)
 
 
 def report_warnings(messages: Iterable[str]) -> None:

@@ -59,7 +59,8 @@ def check_file_set(
         signed: The verified bundles.
         policy: Remote-code rule and limits.
         only: Check just these signed names (single-shard verification) instead of the whole directory.
-        root_fd: The model directory's descriptor to walk (not closed here); default: opened by path.
+        root_fd: The model directory's descriptor to walk (not closed here); default: `signed.root_fd`,
+            else opened by path.
 
     Returns:
         The names to hash, in manifest order.
@@ -70,6 +71,8 @@ def check_file_set(
             `*.pyo`) unless remote code is allowed; symlinks.
     """
     model = str(signed.model_dir)
+    if root_fd is None:
+        root_fd = signed.root_fd
     signed_names = set(signed.manifest.names)
     if signed.manifest.single_file:
         raise MalformedArtifactError(
@@ -138,7 +141,7 @@ def verify_files(
         DigestMismatchError, MalformedArtifactError, PolicyViolationError: As `check_digests`.
     """
     if root_fd is None:
-        fd = open_model_root(signed.model_dir)
+        fd = signed.open_root()
         try:
             return verify_files(
                 signed,
@@ -229,7 +232,7 @@ def read_verified_index(signed: SignedModel, computed: FileDigests, policy: Poli
     for b in signed.bundles:
         if b.manifest.hash_type in signed.file_hashes:
             _compare(b.manifest, {INDEX_NAME: computed}, None, model)
-    root_fd = open_model_root(signed.model_dir)
+    root_fd = signed.open_root()
     try:
         raw = read_verified_side_file(root_fd, INDEX_NAME, computed, policy.limits, model)
     finally:

@@ -23,12 +23,13 @@ torch is imported only by the functions that build tensors (`modelsec.verifier` 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hmac
 import os
 import threading
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,20 +42,21 @@ from modelsec.errors import (
     MalformedArtifactError,
 )
 from modelsec.modelformat.hashing import FileDigests, hash_files, is_safetensors_name, new_hasher
-from modelsec.modelformat.model_files import open_beneath, open_model_root
+from modelsec.modelformat.model_files import open_beneath
 from modelsec.modelformat.safetensors_header import (
     SafetensorsHeader,
     read_header,
 )
 from modelsec.policy import Policy, PolicySet
 from modelsec.verifier import _shard_buffers as shard_io
-from modelsec.verifier.admission import ModelAdmission, admit_model, report_warnings
+from modelsec.verifier.admission import ModelAdmission, admit_model, admit_opened, report_warnings
 from modelsec.verifier.audit import record_verified_model
 from modelsec.verifier.verification import (
     INDEX_NAME,
     SignedModel,
     check_digests,
     check_file_set,
+    open_model_path,
     precheck_file,
     read_verified_index,
     verify_files,
@@ -103,7 +105,7 @@ def _verify_whole_shards(
     model, limits = str(signed.model_dir), policy.limits
     shards = [n for n in names if is_safetensors_name(n)]
     side_names = [n for n in names if not is_safetensors_name(n)]
-    root_fd = open_model_root(signed.model_dir)
+    root_fd = signed.open_root()
     try:
         side: dict[str, FileDigests] = dict(
             hash_files(
@@ -174,7 +176,7 @@ def _load_tensors_by_digest(
     pool = (
         ThreadPoolExecutor(max_workers=workers, thread_name_prefix="modelsec-tensor") if workers > 1 else None
     )
-    root_fd = open_model_root(signed.model_dir)
+    root_fd = signed.open_root()
     try:
         for file, tnames in by_file.items():
             what = f"{model}/{file}"
@@ -241,7 +243,7 @@ def _shards_for_without_digests(signed: SignedModel, tensors: Sequence[str], pol
     shard_names = [n for n in signed.manifest.names if is_safetensors_name(n)]
     if INDEX_NAME not in signed.manifest.names:
         return shard_names  # no index: verify every shard (still correct, only slower)
-    root_fd = open_model_root(signed.model_dir)
+    root_fd = signed.open_root()
     try:
         index_digest = hash_files(
             root_fd,
@@ -312,13 +314,41 @@ def load_model(
     """
     model_path = Path(os.fspath(model_path))
     device = shard_io.check_device(device)
-    model_dir, single = _split_path(model_path)
-    admission = admit_model(model_path, policy)
-    resolved = admission.policy
-    if single is not None:
-        precheck_file(model_path, resolved)
-    signed = verify_signatures(model_dir, admission, bundles=bundles, expected_digests=expected_digests)
-    report_warnings(signed.warnings)
+    with _opened(model_path, policy, bundles, expected_digests) as (signed, single, resolved):
+        return _load_selected(signed, single, resolved, device, tensors)
+
+
+@contextlib.contextmanager
+def _opened(
+    model_path: Path,
+    policy: Policy | PolicySet | ModelAdmission | None,
+    bundles: Sequence[Path] | None,
+    expected_digests: Collection[str] | None,
+) -> Iterator[tuple[SignedModel, str | None, Policy]]:
+    """The model root opened once, its policy chosen from the descriptor, its signatures verified.
+
+    Yields the signed model (its `root_fd` open for as long as the context lasts: every read goes through
+    it), the single file's name or None, and the policy that verifies the bytes.
+    """
+    root_fd, single, model_dir = open_model_path(model_path)
+    try:
+        admission = admit_opened(model_path, root_fd, single, policy)
+        resolved = admission.policy
+        if single is not None:
+            precheck_file(model_dir / single, resolved, root_fd=root_fd)
+        signed = verify_signatures(
+            model_dir, admission, bundles=bundles, expected_digests=expected_digests, root_fd=root_fd
+        )
+        report_warnings(signed.warnings)
+        yield signed, single, resolved
+    finally:
+        os.close(root_fd)
+
+
+def _load_selected(
+    signed: SignedModel, single: str | None, resolved: Policy, device: str, tensors: Sequence[str] | None
+) -> dict[str, Any]:
+    model_dir = signed.model_dir
     pinned = device.startswith("cuda")
     model = str(model_dir)
     if tensors is not None:
@@ -401,14 +431,8 @@ def load_signed_model(
     """
     model_path = Path(os.fspath(model_path))
     device = shard_io.check_device(device)
-    model_dir, single = _split_path(model_path)
-    admission = admit_model(model_path, policy)
-    resolved = admission.policy
-    if single is not None:
-        precheck_file(model_path, resolved)
-    signed = verify_signatures(model_dir, admission, bundles=bundles, expected_digests=expected_digests)
-    report_warnings(signed.warnings)
-    return _load_whole(signed, single, resolved, device)
+    with _opened(model_path, policy, bundles, expected_digests) as (signed, single, resolved):
+        return _load_whole(signed, single, resolved, device)
 
 
 class _VerifiedSlice:
@@ -449,19 +473,31 @@ class VerifiedSafeOpen:
         signed: SignedModel | None = None,
     ) -> None:
         model_path = Path(os.fspath(model_path))
-        self._dir, self._single = _split_path(model_path)
-        if signed is not None and self._dir != signed.model_dir:
-            # A file in a subfolder of the signed model (e.g. `text_encoder/model.safetensors`).
-            self._dir = signed.model_dir
-            self._single = os.path.relpath(model_path, signed.model_dir)
-        admission = admit_model(model_path, policy)
-        self._policy = admission.policy
         self._device = shard_io.check_device(device)
-        if self._single is not None:
-            precheck_file(model_path, self._policy)
-        if signed is None:
-            signed = verify_signatures(self._dir, admission, bundles=bundles)
-            report_warnings(signed.warnings)
+        self._root_fd: int | None = None
+        if signed is not None:
+            # The runtime guard's snapshot: verified already, through the root descriptor it holds.
+            self._dir, self._single = _split_path(model_path)
+            if self._dir != signed.model_dir:
+                # A file in a subfolder of the signed model (e.g. `text_encoder/model.safetensors`).
+                self._dir = signed.model_dir
+                self._single = os.path.relpath(model_path, signed.model_dir)
+            self._policy = admit_model(model_path, policy).policy
+            if self._single is not None:
+                precheck_file(model_path, self._policy)
+        else:
+            # Opened once; the policy is chosen from the descriptor, which every later read goes through.
+            self._root_fd, self._single, self._dir = open_model_path(model_path)
+            try:
+                admission = admit_opened(model_path, self._root_fd, self._single, policy)
+                self._policy = admission.policy
+                if self._single is not None:
+                    precheck_file(self._dir / self._single, self._policy, root_fd=self._root_fd)
+                signed = verify_signatures(self._dir, admission, bundles=bundles, root_fd=self._root_fd)
+                report_warnings(signed.warnings)
+            except BaseException:
+                self.close()
+                raise
         self._signed = signed
         names = check_file_set(self._signed, self._policy, only=[self._single] if self._single else None)
         if self._single is None:
@@ -489,6 +525,19 @@ class VerifiedSafeOpen:
 
     def __exit__(self, *exc: object) -> None:
         self._shards.clear()
+        self.close()
+
+    def close(self) -> None:
+        """Close the model root's descriptor (tensors not yet read can no longer be read)."""
+        fd, self._root_fd = getattr(self, "_root_fd", None), None
+        if fd is not None:
+            # Later reads open the directory by path again: never a descriptor number that was closed.
+            if getattr(self, "_signed", None) is not None and self._signed.root_fd == fd:
+                self._signed = dataclasses.replace(self._signed, root_fd=None)
+            os.close(fd)
+
+    def __del__(self) -> None:
+        self.close()
 
     def _shard(self, name: str) -> shard_io.VerifiedShard:
         with self._lock:

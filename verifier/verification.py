@@ -41,8 +41,8 @@ from modelsec.attestations.predicates.oms import Manifest
 from modelsec.errors import MalformedArtifactError, PolicyViolationError
 from modelsec.modelformat.hashing import ProgressCallback
 from modelsec.modelformat.model_files import PICKLE_SUFFIXES, open_beneath, open_model_root
-from modelsec.policy import Policy
-from modelsec.verifier.admission import ModelAdmission
+from modelsec.policy import Policy, PolicySet
+from modelsec.verifier.admission import ModelAdmission, admit_opened
 from modelsec.verifier.attestations import AttestationVerdict
 from modelsec.verifier.files import (
     check_digests,
@@ -76,6 +76,7 @@ __all__ = [
     "read_verified_index",
     "remote_code_references",
     "verify_bundle_signature",
+    "open_model_path",
     "verify_files",
     "verify_model",
     "verify_signatures",
@@ -124,7 +125,7 @@ class VerifiedModel:
 
 def verify_model(
     model_path: Path,
-    policy: Policy | ModelAdmission,
+    policy: Policy | PolicySet | ModelAdmission,
     *,
     bundles: Sequence[Path] | None = None,
     files: Sequence[str] | None = None,
@@ -145,9 +146,11 @@ def verify_model(
             must be listed in the manifest; pickle formats are refused before anything else). A Hugging
             Face hub cache snapshot (`models--org--name/snapshots/<rev>/`) or one of its blob links is
             accepted; its links are followed only into that cache entry's `blobs/`.
-        policy: Trusted keys, required algorithms, remote-code rule and limits; or the admission of every
-            policy matching the model (`modelsec.verifier.admission.admit_model`): its `policy` verifies
-            the bytes, each other one its own signatures and attestations over the same root digest.
+        policy: Trusted keys, required algorithms, remote-code rule and limits; a `PolicySet`, matched as
+            `file://<real path>` of the directory (or file) that was opened; or the admission of every
+            policy matching the model (`modelsec.verifier.admission.admit_model`), which must have matched
+            the real path that was opened: its `policy` verifies the bytes, each other one its own
+            signatures and attestations over the same root digest.
         files: Verify only these signed files of the directory (e.g. the shards a node holds).
         bundles: Bundle paths; default: `model.sig`, `model.p384.sig`, `model.sm2.sig` in the model
             directory (a default bundle of an algorithm no policy key has is skipped and reported; an
@@ -165,7 +168,8 @@ def verify_model(
 
     The model directory is opened once; its default bundles, the walk and every file read go through that
     descriptor, so the directory whose bundles verified is the one walked and the one hashed, even if its
-    path is renamed or exchanged meanwhile. Explicit `bundles` paths are read by path.
+    path is renamed or exchanged meanwhile. The policy is chosen from that descriptor too
+    (`modelsec.verifier.admission.admit_opened`). Explicit `bundles` paths are read by path.
 
     A bundle whose one resource is `.` signs a single-file model (OMS): `model_path` must then be that
     file, and its digest is compared with the resource whatever the file is called.
@@ -179,16 +183,22 @@ def verify_model(
         FileSetMismatchError: Files were added, removed or renamed.
         DigestMismatchError: A file or tensor differs from the manifest, or the signed root digest is not one
             of `expected_digests`.
-        PolicyViolationError: Symlinks, special files, pickle formats, or remote code (by default).
+        PolicyViolationError: Symlinks, special files, pickle formats, or remote code (by default); no
+            policy of a `PolicySet` matches.
+        ModelMovedError: The path named another directory than the one opened, or than the one the
+            admission was matched for (it was renamed or exchanged meanwhile).
         PolicyError: `expected_digests` is empty or malformed.
 
     Example:
         >>> policy = Policy.from_key_files([Path("trust/ci.pub.pem")])  # doctest: +SKIP
         >>> verify_model(Path("model"), policy).root_digest  # doctest: +SKIP
     """
-    admission = ModelAdmission.of(policy)
-    root_fd, single, model_dir = _open_model(model_path, admission.policy, dir_fd)
+    root_fd, single, model_dir = open_model_path(model_path, dir_fd)
     try:
+        # The policy is chosen from what was opened, and every later read goes through `root_fd`.
+        admission = admit_opened(model_path, root_fd, single, policy)
+        if single is not None:
+            precheck_file(model_dir / single, admission.policy, root_fd=root_fd)
         return _verify_open_model(
             root_fd,
             model_dir,
@@ -268,10 +278,24 @@ def _verify_open_model(
     )
 
 
-def _open_model(model_path: Path, policy: Policy, dir_fd: int | None) -> tuple[int, str | None, Path]:
-    """Open the model directory once: (its descriptor, the single file's name or None, its path)."""
+def open_model_path(model_path: Path, dir_fd: int | None = None) -> tuple[int, str | None, Path]:
+    """Open a model directory once: (its descriptor, the single file's name or None, the directory's path).
+
+    A path to a file opens the directory holding it (the file is checked to be a regular file or a hub
+    snapshot's blob link, and opened again beneath the descriptor whenever it is read). The final component
+    is never followed when it is a link (but for a hub snapshot's blob link); the caller closes the
+    descriptor and chooses the policy from it (`admit_opened`).
+
+    Args:
+        model_path: A model directory, or one file of it.
+        dir_fd: A descriptor of the directory holding `model_path` to look its name up in (see `verify_model`).
+
+    Raises:
+        MalformedArtifactError: Missing, or neither a directory nor a regular file.
+        PolicyViolationError: A symlink.
+    """
     if dir_fd is not None:
-        return _open_model_at(model_path, policy, dir_fd)
+        return _open_model_at(model_path, dir_fd)
     try:
         st = os.lstat(model_path)
     except OSError as e:
@@ -286,14 +310,14 @@ def _open_model(model_path: Path, policy: Policy, dir_fd: int | None) -> tuple[i
         raise MalformedArtifactError(f"{model_path}: neither a model directory nor a regular file")
     root_fd = open_model_root(model_path.parent)
     try:
-        precheck_file(model_path, policy, root_fd=root_fd)
+        os.close(open_beneath(root_fd, model_path.name, what=str(model_path.parent)))
     except BaseException:
         os.close(root_fd)
         raise
     return root_fd, model_path.name, model_path.parent
 
 
-def _open_model_at(model_path: Path, policy: Policy, dir_fd: int) -> tuple[int, str | None, Path]:
+def _open_model_at(model_path: Path, dir_fd: int) -> tuple[int, str | None, Path]:
     name = model_path.name
     if not name:
         raise MalformedArtifactError(f"{model_path}: no file or directory name to look up")
@@ -308,13 +332,7 @@ def _open_model_at(model_path: Path, policy: Policy, dir_fd: int) -> tuple[int, 
             raise MalformedArtifactError(f"{model_path}: neither a model directory nor a regular file") from e
         # A regular file (or a hub snapshot's blob link, else refused) of the directory `dir_fd`.
         os.close(open_beneath(dir_fd, name, what=str(model_path.parent)))
-        root_fd = os.dup(dir_fd)
-        try:
-            precheck_file(model_path, policy, root_fd=root_fd)
-        except BaseException:
-            os.close(root_fd)
-            raise
-        return root_fd, name, model_path.parent
+        return os.dup(dir_fd), name, model_path.parent
     return root_fd, None, model_path
 
 

@@ -86,7 +86,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
-from modelsec.errors import Error, PolicyError
+from modelsec.errors import Error, ModelMovedError, PolicyError
 from modelsec.limits import Limits
 from modelsec.policy import trust
 from modelsec.policy.authorities import (
@@ -241,8 +241,19 @@ class Policy:
 
 
 def model_uri(path: Path) -> str:
-    """The reference a local model directory or file is matched as: `file://<real path>`."""
-    return "file://" + os.path.realpath(path)
+    """The reference a local model directory or file is matched as: `file://<real path>`.
+
+    Resolved by path, before anything is opened: what reads the model matches again from the descriptor it
+    opened (`modelsec.verifier.admission.admit_opened`).
+
+    Raises:
+        ModelMovedError: A component changed between a link's `lstat` and its `readlink` (renamed or
+            exchanged while the path was resolved).
+    """
+    try:
+        return "file://" + os.path.realpath(path)
+    except OSError as e:
+        raise ModelMovedError(str(path), f"cannot resolve its real path: {e.strerror}") from e
 
 
 def _glob_regex(pattern: str) -> re.Pattern[str]:

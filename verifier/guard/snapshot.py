@@ -38,7 +38,7 @@ from modelsec.modelformat.hashing import FileDigests, hash_files, hash_source, i
 from modelsec.modelformat.model_files import open_beneath, open_model_root
 from modelsec.policy import Policy, PolicySet
 from modelsec.signer.layout import SIGNATURE_FILE_NAMES, find_default_bundles
-from modelsec.verifier.admission import admit_model, report_warnings
+from modelsec.verifier.admission import admit_opened, report_warnings
 from modelsec.verifier.audit import record_verified_model
 from modelsec.verifier.guard.private_files import PrivateTree
 from modelsec.verifier.verification import SignedModel, check_digests, check_file_set, verify_signatures
@@ -254,11 +254,23 @@ def open_snapshot(
         BackendUnavailableError: No writable place for the private tree.
     """
     model_dir = Path(os.fspath(model_dir))
-    admission = admit_model(model_dir, policy)
+    # Opened once: the policy is chosen from the descriptor, and the snapshot keeps it for the tensor files
+    # it serves later (a cached snapshot lives as long as the process).
+    root_fd = open_model_root(model_dir)
+    try:
+        return _open_snapshot(model_dir, root_fd, policy, expected_digests)
+    finally:
+        os.close(root_fd)
+
+
+def _open_snapshot(
+    model_dir: Path, opened_fd: int, policy: Policy | PolicySet | None, expected_digests: Collection[str] | None
+) -> VerifiedSnapshot:
+    admission = admit_opened(model_dir, opened_fd, None, policy)
     resolved = admission.policy
-    signed = verify_signatures(model_dir, admission, expected_digests=expected_digests)
+    signed = verify_signatures(model_dir, admission, expected_digests=expected_digests, root_fd=opened_fd)
     report_warnings(signed.warnings)
-    key = (os.path.realpath(model_dir), signed.root_digest, _policy_key(admission))
+    key = (admission.uri, signed.root_digest, _policy_key(admission))
     with _lock:
         hit = _by_key.get(key)
         if hit is not None:
@@ -269,7 +281,12 @@ def open_snapshot(
             hit = _by_key.get(key)
         if hit is not None:
             return hit
-        snap = _build(model_dir, resolved, signed)
+        own_fd = os.dup(opened_fd)  # the snapshot's own: it serves tensor files through it later
+        try:
+            snap = _build(model_dir, resolved, dataclasses.replace(signed, root_fd=own_fd))
+        except BaseException:
+            os.close(own_fd)
+            raise
         with _lock:
             _by_key[key] = snap
             _by_tree[os.path.abspath(snap.path)] = snap
@@ -287,7 +304,7 @@ def _build(model_dir: Path, policy: Policy, signed: SignedModel) -> VerifiedSnap
     shards = [n for n in names if is_safetensors_name(n)]
     side = [n for n in names if not is_safetensors_name(n)]
     copies: dict[str, bytes] = {}
-    root_fd = open_model_root(model_dir)
+    root_fd = signed.open_root()
     try:
         computed: dict[str, FileDigests] = dict(
             hash_files(

@@ -32,7 +32,7 @@ from modelsec.errors import (
     SignatureError,
 )
 from modelsec.limits import Limits
-from modelsec.modelformat.model_files import open_beneath
+from modelsec.modelformat.model_files import open_beneath, open_model_root
 from modelsec.policy import Policy
 from modelsec.signer.keys import TrustedKey
 from modelsec.signer.layout import (
@@ -92,6 +92,8 @@ class SignedModel:
             read, and modelsec's reserved signature and attestation names) and the operator's ignore paths.
         attestations: The attestation verdict when the policy requires attestations, else None.
         warnings: Failures of the other matching policies in `mode: warn` (`ModelAdmission.vouch`).
+        root_fd: The descriptor of `model_dir` the bundles were read through (owned by the caller, open for as
+            long as this value is used), or None: every later read then opens `model_dir` by path.
     """
 
     model_dir: Path
@@ -103,6 +105,18 @@ class SignedModel:
     excluded: tuple[str, ...] = ()
     attestations: AttestationVerdict | None = None
     warnings: tuple[str, ...] = ()
+    root_fd: int | None = None
+
+    def open_root(self) -> int:
+        """A new descriptor of the model directory (the caller closes it): `root_fd` again when there is one.
+
+        Raises:
+            MalformedArtifactError: Without `root_fd`: `model_dir` is missing or not a directory.
+            PolicyViolationError: Without `root_fd`: `model_dir` is a symlink.
+        """
+        if self.root_fd is not None:
+            return os.dup(self.root_fd)
+        return open_model_root(self.model_dir)
 
     @property
     def root_digest(self) -> str:
@@ -267,6 +281,7 @@ def verify_signatures(
         excluded=_excluded_paths(model_dir, bundle_paths, ignore_paths),
         attestations=verdict,
         warnings=warnings,
+        root_fd=root_fd,
     )
 
 
