@@ -4,10 +4,10 @@ One evaluation serves every front door: `modelsec verify`, the loader (`load_mod
 runtime guard, gRPC `VerifyModel`, `pull` and the admission webhook. Its order is an invariant:
 
 1. **Matching.** Every policy whose `match` globs cover the model reference (a local model is matched as
-   `file://<real path>`, that path derived from the descriptor of the directory or file that was opened, never
-   from the path resolved before the open: `admit_opened`; DESIGN decision 20) and that applies in the namespace (`namespaces:`; outside Kubernetes there is no
-   namespace and every policy applies) is a matching policy. Every one of them must pass (policy-controller
-   and Kyverno semantics); file order only picks which one verifies a local model's bytes (below).
+   `file://<real path>`, that path derived from the descriptor of the directory or file that was opened,
+   never from the path resolved before the open: `admit_opened`; DESIGN decision 20) and that applies in
+   the namespace (`namespaces:`; outside Kubernetes there is no namespace and every policy applies) is a
+   matching policy. Every one of them must pass (policy-controller and Kyverno semantics); file order only picks which one verifies a local model's bytes (below).
 2. **No match.** A reference no policy matches follows its namespace's `noMatch` (`namespaceRules`:
    `deny`, `warn` or `allow`); outside a namespace it is denied (`noMatch: deny`).
 3. **The digest requirement.** A reference that pins no model root digest (`oci://…:tag`) fails every
@@ -59,8 +59,8 @@ __all__ = [
     "admit",
     "admit_model",
     "admit_opened",
-    "opened_model_uri",
     "evaluate",
+    "opened_model_uri",
     "report_warnings",
 ]
 

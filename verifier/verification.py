@@ -71,12 +71,12 @@ __all__ = [
     "check_digests",
     "check_file_set",
     "check_remote_code",
+    "open_model_path",
     "precheck_file",
     "read_bundle",
     "read_verified_index",
     "remote_code_references",
     "verify_bundle_signature",
-    "open_model_path",
     "verify_files",
     "verify_model",
     "verify_signatures",
@@ -288,7 +288,7 @@ def open_model_path(model_path: Path, dir_fd: int | None = None) -> tuple[int, s
 
     Args:
         model_path: A model directory, or one file of it.
-        dir_fd: A descriptor of the directory holding `model_path` to look its name up in (see `verify_model`).
+        dir_fd: A descriptor of the directory holding `model_path`, to look its name up in (`verify_model`).
 
     Raises:
         MalformedArtifactError: Missing, or neither a directory nor a regular file.

@@ -45,7 +45,8 @@ class Setup:
         self.base = base
         self.prod, self.sandbox, self.link = base / "prod", base / "sandbox", base / "link"
         attacker = write_tiny_model(self.prod, seed=7)
-        (attacker / "config.json").write_text('{"model_type": "tiny", "auto_map": {"AutoModel": "modeling.M"}}')
+        config = '{"model_type": "tiny", "auto_map": {"AutoModel": "modeling.M"}}'
+        (attacker / "config.json").write_text(config)
         (attacker / "modeling.py").write_text("import os\nos.system('touch pwned')\n")
         sign_model(attacker, [load_private_key_file(key_dir / f"{P256}.key.pem")])
         shutil.copytree(attacker, self.sandbox)
@@ -127,7 +128,7 @@ def test_cli_verify_race(setup: Setup, cli: Callable[..., object]) -> None:
     def attempt() -> str:
         done = cli("verify", str(setup.prod), "--policy", str(setup.policy_file))
         code, err = done.returncode, done.stderr  # type: ignore[attr-defined]
-        assert code in (0, 1) and err.startswith("modelsec: error: ") or code == 0, err
+        assert (code in (0, 1) and err.startswith("modelsec: error: ")) or code == 0, err
         return "ok" if code == 0 else "refused"
 
     outcomes = setup.race(attempt, attempts=400)

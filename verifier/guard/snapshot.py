@@ -264,7 +264,10 @@ def open_snapshot(
 
 
 def _open_snapshot(
-    model_dir: Path, opened_fd: int, policy: Policy | PolicySet | None, expected_digests: Collection[str] | None
+    model_dir: Path,
+    opened_fd: int,
+    policy: Policy | PolicySet | None,
+    expected_digests: Collection[str] | None,
 ) -> VerifiedSnapshot:
     admission = admit_opened(model_dir, opened_fd, None, policy)
     resolved = admission.policy

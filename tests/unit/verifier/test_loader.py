@@ -354,5 +354,5 @@ def test_a_symlinked_or_missing_shard_is_a_modelsec_error(tiny_model: Path, key_
     os.symlink(tiny_model / "model-00001-of-00002.safetensors", link)
     with pytest.raises(PolicyViolationError, match="symlink"):
         load_model(link, policy)
-    with pytest.raises(MalformedArtifactError, match="cannot open"):
+    with pytest.raises(MalformedArtifactError, match=r"cannot (open|read)"):
         load_model(tiny_model / "missing.safetensors", policy)
