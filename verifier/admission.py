@@ -7,7 +7,8 @@ runtime guard, gRPC `VerifyModel`, `pull` and the admission webhook. Its order i
    `file://<real path>`, that path derived from the descriptor of the directory or file that was opened,
    never from the path resolved before the open: `admit_opened`; DESIGN decision 20) and that applies in
    the namespace (`namespaces:`; outside Kubernetes there is no namespace and every policy applies) is a
-   matching policy. Every one of them must pass (policy-controller and Kyverno semantics); file order only picks which one verifies a local model's bytes (below).
+   matching policy. Every one of them must pass (policy-controller and Kyverno semantics); file order only
+   picks which one verifies a local model's bytes (below).
 2. **No match.** A reference no policy matches follows its namespace's `noMatch` (`namespaceRules`:
    `deny`, `warn` or `allow`); outside a namespace it is denied (`noMatch: deny`).
 3. **The digest requirement.** A reference that pins no model root digest (`oci://…:tag`) fails every
