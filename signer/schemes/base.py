@@ -105,7 +105,7 @@ class SignatureScheme(Protocol):
         ...
 
     def signature_form_error(self, signature: bytes) -> str | None:
-        """Why `signature` cannot be one of this scheme's signatures, read from its encoding alone; None if it can.
+        """Why `signature` cannot be this scheme's signature, from its encoding alone; None if it can be.
 
         The scheme's strict decoding, nothing verified: DER `SEQUENCE { r, s }` with r and s in [1, n-1] of
         the scheme's curve (ECDSA, SM2), or the parameter set's fixed length (ML-DSA, FIPS 204 table 2). A

@@ -84,7 +84,7 @@ class EcdsaScheme:
         return key.public_bytes(*_SPKI), _EcdsaVerifier(self, key)
 
     def signature_form_error(self, signature: bytes) -> str | None:
-        """Why `signature` is not a strict DER ECDSA signature on this curve (r, s in [1, n-1]); None if it is."""
+        """Why `signature` is not strict DER ECDSA on this curve (r, s in [1, n-1]); None if it is."""
         try:
             decode_signature(signature, self.order)
         except SignatureError as e:

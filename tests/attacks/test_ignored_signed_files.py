@@ -33,7 +33,9 @@ SIGNED = ["config.json", "sub/extra.json", "model-00001-of-00002.safetensors"]
 def _sign_with_ignore_list(model: Path, key_dir: Path, ignored: list[str]) -> None:
     """Hash every file and sign a manifest whose ignore list is `ignored` (`sign_model` never writes one)."""
     names = sorted(
-        str(p.relative_to(model)) for p in model.rglob("*") if p.is_file() and p.name not in SIGNATURE_FILE_NAMES
+        str(p.relative_to(model))
+        for p in model.rglob("*")
+        if p.is_file() and p.name not in SIGNATURE_FILE_NAMES
     )
     root_fd = open_model_root(model)
     try:

@@ -299,9 +299,9 @@ def signature_algorithms(signature: bytes) -> frozenset[SignatureAlgorithm] | No
     Never verified. A scheme counts only when its own strict decoding accepts the signature
     (`SignatureScheme.signature_form_error`: strict DER with r and s in [1, n-1] of its curve, or an ML-DSA
     parameter set's fixed length, FIPS 204 table 2): a 256-bit-wide signature with s >= n or r = 0 fits no
-    scheme and says nothing, so the key that checks it describes it. Among the ECDSA-shaped schemes, every 256-bit
-    curve's signature is also in range for P-384, so the width separates them: r and s both of at most 256
-    bits fit a 256-bit curve (P-256, SM2: r, s < n < 2^256), and both wider fit P-384 (each of a P-384
+    scheme and says nothing, so the key that checks it describes it. Among the ECDSA-shaped schemes, every
+    256-bit curve's signature is also in range for P-384, so the width separates them: r and s both of at most
+    256 bits fit a 256-bit curve (P-256, SM2: r, s < n < 2^256), and both wider fit P-384 (each of a P-384
     signature's r and s is below 2^256 with probability about 2^-128). One of each width fits neither.
     """
     fits = frozenset(x.algorithm for x in all_schemes() if x.signature_form_error(signature) is None)

@@ -17,7 +17,8 @@ Two kinds of authority (DESIGN.md decision 12; `modelsec.policy.X509Authority`, 
   the code-signing EKU and, when it has a key usage, `digitalSignature`; it must name one of the
   authority's identities. A leaf that asserts `CA:TRUE` is refused by the end-entity profile unless the
   authority sets `allowCaLeaf` (model_signing's own test certificates are such leaves); it then must have a
-  key usage with `digitalSignature` as well as the code-signing EKU. Then the DSSE signature is checked with the leaf's public key.
+  key usage with `digitalSignature` as well as the code-signing EKU. Then the DSSE signature is checked with
+  the leaf's public key.
 * **Sigstore keyless** (`model_signing sign sigstore`): verified offline by the `sigstore` package against a
   trusted root (the package's embedded production or staging root, or a `trusted_root.json`): Fulcio chain,
   SCT, Rekor inclusion proof with its checkpoint or SET, RFC 3161 timestamps, signing time inside the
@@ -180,8 +181,9 @@ def _verify_x509(
     if ca_leaf and not authority.allow_ca_leaf:
         raise SignatureError(
             "the signing certificate asserts CA:TRUE (basicConstraints), which the end-entity profile "
-            f"refuses; to accept such a leaf, set `allowCaLeaf: true` in the x509 of authority {authority.name!r} "
-            "(it must still have keyUsage digitalSignature and extendedKeyUsage codeSigning)"
+            "refuses; to accept such a leaf, set `allowCaLeaf: true` in the x509 of authority "
+            f"{authority.name!r} (it must still have keyUsage digitalSignature and extendedKeyUsage "
+            "codeSigning)"
         )
     verify_chain(leaf, intermediates, roots, times, allow_ca_leaf=ca_leaf)
     _check_signing_usage(leaf, ca_leaf=ca_leaf)
@@ -208,8 +210,10 @@ def _asserts_ca(leaf: x509.Certificate) -> bool:
 
 
 def _check_signing_usage(leaf: x509.Certificate, *, ca_leaf: bool) -> None:
-    """The leaf may sign code: EKU codeSigning, and digitalSignature in its key usage (required for a CA leaf)."""
-    what = "the signing certificate (CA:TRUE, accepted by allowCaLeaf)" if ca_leaf else "the signing certificate"
+    """The leaf may sign code: EKU codeSigning; digitalSignature in its key usage (a CA leaf needs one)."""
+    what = "the signing certificate"
+    if ca_leaf:
+        what += " (CA:TRUE, accepted by allowCaLeaf)"
     try:
         eku = leaf.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     except x509.ExtensionNotFound:

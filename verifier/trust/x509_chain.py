@@ -83,9 +83,8 @@ def verify_chain(
     eku_any = (x509.ExtendedKeyUsage, Criticality.AGNOSTIC, None)
     ee_policy = ExtensionPolicy.webpki_defaults_ee().may_be_present(*eku_any)
     if allow_ca_leaf:
-        ee_policy = ee_policy.may_be_present(x509.BasicConstraints, Criticality.AGNOSTIC, None).may_be_present(
-            x509.KeyUsage, Criticality.AGNOSTIC, None
-        )
+        ee_policy = ee_policy.may_be_present(x509.BasicConstraints, Criticality.AGNOSTIC, None)
+        ee_policy = ee_policy.may_be_present(x509.KeyUsage, Criticality.AGNOSTIC, None)
     builder = PolicyBuilder().extension_policies(
         ca_policy=ExtensionPolicy.webpki_defaults_ca().may_be_present(*eku_any), ee_policy=ee_policy
     )

@@ -36,7 +36,7 @@ class Sm2Scheme:
         return self.curve_oid_der in der
 
     def signature_form_error(self, signature: bytes) -> str | None:
-        """Why `signature` is not a strict DER SM2 signature (r, s in [1, n-1], (r + s) mod n != 0); None if it is.
+        """Why `signature` is not strict DER SM2 (r, s in [1, n-1], (r + s) mod n != 0); None if it is.
 
         GB/T 32918.2-2016 section 7.1, steps B1-B2 and B5.
         """

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from modelsec.errors import KeyMaterialError
-from modelsec.signer.keys import load_trusted_key, load_trusted_key_file
+from modelsec.signer.keys import load_trusted_key_file
 from tests.conftest import run_cli
 from tests.support.policies import write_policy_file
 
@@ -33,7 +33,8 @@ def test_two_public_keys_in_one_file_are_refused(key_dir: Path, tmp_path: Path) 
 
 
 @pytest.mark.parametrize(
-    "extra", [b"-----END PUBLIC KEY-----\n", b"-----BEGIN PUBLIC KEY-----\n", b"x -----END CERTIFICATE-----\n"]
+    "extra",
+    [b"-----END PUBLIC KEY-----\n", b"-----BEGIN PUBLIC KEY-----\n", b"x -----END CERTIFICATE-----\n"],
 )
 @pytest.mark.parametrize("where", ["before", "after"])
 def test_a_stray_pem_boundary_outside_the_block_is_refused(
@@ -42,7 +43,8 @@ def test_a_stray_pem_boundary_outside_the_block_is_refused(
     pem = (key_dir / "ecdsa-p256.pub.pem").read_bytes()
     path = tmp_path / "trail.pub.pem"
     path.write_bytes(extra + pem if where == "before" else pem + extra)
-    with pytest.raises(KeyMaterialError, match=rf"^{path}: (holds 2 PEM blocks|the PEM block is not terminated)"):
+    refused = rf"^{path}: (holds 2 PEM blocks|the PEM block is not terminated)"
+    with pytest.raises(KeyMaterialError, match=refused):
         load_trusted_key_file(path)
 
 

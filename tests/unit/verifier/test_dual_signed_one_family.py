@@ -4,9 +4,9 @@ User trial 2, finding 4: `model.p384.sig` can only hold ECDSA P-384 and `model.m
 (`check_bundle_name`), so with only a P-256 (or ML-DSA-65) key they are skipped and reported, as a bundle of
 another family is; `model.sig` may hold any ECDSA curve, and is skipped only when its signature's encoding
 rules out every configured key (a P-256 signature with only a P-384 key). A policy that requires both
-algorithms still refuses. The key that checks a signature describes it ("an ecdsa-p256 key cannot have made this
-signature"), with its reason; a hint names the other scheme only when the signature has that scheme's strict,
-in-range form (issue 27, 8).
+algorithms still refuses. The key that checks a signature describes it ("an ecdsa-p256 key cannot have made
+this signature"), with its reason; a hint names the other scheme only when the signature has that scheme's
+strict, in-range form (issue 27, 8).
 """
 
 from __future__ import annotations
@@ -114,7 +114,9 @@ def test_a_key_of_another_curve_is_named_as_such(
     )
     assert code == 1
     message = out["error"]["message"]
-    assert "ecdsa-p256.pub.pem: invalid signature: an ecdsa-p256 key cannot have made this signature" in message
+    assert "ecdsa-p256.pub.pem: invalid signature: an ecdsa-p256 key cannot have made this signature" in (
+        message
+    )
     assert "(it has the form of an ecdsa-p384 signature)" in message
     # ...and the other way round: a P-384 key, the P-256 bundle.
     code, out, _ = _invoke(

@@ -1,4 +1,4 @@
-"""A malformed ECDSA signature is described by the key that checks it, not by its integers' width (issue 27, 8).
+"""A malformed ECDSA signature is described by the key checking it, not by its integers' width (issue 27, 8).
 
 An ECDSA signature whose s (or r) is out of range was called "an ecdsa-p384 signature" because one of its
 integers had more than 256 bits, and `model.sig` holding it was then skipped as "no configured key of its
@@ -58,7 +58,8 @@ def test_out_of_range_signature_is_described_by_the_p256_key(
     error = json.loads(r.stdout)["error"]
     assert error["kind"] == "SignatureError"
     message = error["message"]
-    assert "ecdsa-p256.pub.pem: invalid signature: an ecdsa-p256 key cannot have made this signature (" in message
+    described = "ecdsa-p256.pub.pem: invalid signature: an ecdsa-p256 key cannot have made this signature ("
+    assert described in message
     assert "outside [1, n-1]" in message
     assert "p384" not in message and "it has the form of" not in message
     assert "not checked" not in message  # refused by the key that checks it, not skipped as another's
