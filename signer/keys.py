@@ -50,7 +50,8 @@ __all__ = [
 
 _MAX_PEM_BYTES = 64 * 1024
 _PEM_BODY = re.compile(rb"-----BEGIN ([A-Z0-9 ]{1,40})-----(.*?)-----END ", re.S)
-_PEM_BLOCK = re.compile(rb"-----BEGIN ([A-Z0-9 ]{1,40})-----.*?-----END \1-----", re.S)
+_PEM_BLOCK = re.compile(rb"-----BEGIN ([A-Z0-9 ]{1,40})-----(.*?)-----END \1-----", re.S)
+_PEM_BASE64 = re.compile(rb"[A-Za-z0-9+/=\s]*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +121,8 @@ def load_trusted_key(pem: bytes, *, name: str, roles: frozenset[str] = frozenset
 
     Raises:
         KeyMaterialError: Not a PEM public key (a private key is refused too), more than one PEM block, or
-            anything but whitespace around the block.
+            anything but base64 inside the block. Text around the one block is ignored (RFC 7468 section 2;
+            GnuTLS `certtool --pubkey-info` output).
         UnsupportedAlgorithmError: Another key type or curve.
     """
     return _load_trusted_key(pem, name, roles, where=name)
@@ -130,9 +132,9 @@ def _load_trusted_key(pem: bytes, name: str, roles: frozenset[str], *, where: st
     """`load_trusted_key`; the PEM-shape refusals name `where` (a file's full path) instead of `name`."""
     if len(pem) > _MAX_PEM_BYTES:
         raise KeyMaterialError(f"{name}: key file is too large to be a PEM public key")
-    _check_single_pem_block(pem, where)
     if b"PRIVATE KEY-----" in pem:
         raise KeyMaterialError(f"{name}: is a private key; give the public key (keygen writes *.pub.pem)")
+    pem = _single_pem_block(pem, where)
     first: UnsupportedAlgorithmError | None = None
     for scheme in _candidates(pem):
         try:
@@ -146,28 +148,43 @@ def _load_trusted_key(pem: bytes, name: str, roles: frozenset[str], *, where: st
     raise first or UnsupportedAlgorithmError(f"{name}: no signature scheme is registered")
 
 
-def _check_single_pem_block(pem: bytes, name: str) -> None:
-    """Refuse PEM text holding several blocks, or anything but whitespace around its one block.
+def _single_pem_block(pem: bytes, name: str) -> bytes:
+    """The one PEM block of a public key file, without the text around it (RFC 7468 section 2).
 
-    A file of two public keys would otherwise be read as its first (PEM parsers stop there), and the
-    operator who concatenated them trusts a key they did not mean to. Text without a BEGIN line is left to
-    the schemes (a raw FIPS 204 ML-DSA key).
+    Text before and after the block is explanatory and ignored, as OpenSSL, `cryptography` and
+    model_signing ignore it: GnuTLS `certtool --pubkey-info` writes the key's curve, coordinates and IDs
+    above the block (model_signing's own test key is such a file). What stays refused: a second PEM
+    boundary anywhere (two keys, or a stray BEGIN/END line: PEM parsers read the first block and ignore the
+    rest, so the operator who concatenated two keys would trust one they did not mean to), and anything but
+    base64 and whitespace inside the block (headers, comments). Text without a BEGIN line is returned
+    as it is, for the schemes (a raw FIPS 204 ML-DSA key).
+
+    Returns:
+        The block alone, from its BEGIN line to its END line.
 
     Raises:
-        KeyMaterialError: More than one BEGIN line, or data before or after the block.
+        KeyMaterialError: More than one PEM boundary pair, an unterminated block, or text inside the block;
+            the message names `name`.
     """
-    if b"PRIVATE KEY-----" in pem:
-        return  # refused as a private key, a plainer reason
-    count = pem.count(b"-----BEGIN ")
-    if count > 1:
+    begins = pem.count(b"-----BEGIN ")
+    if begins > 1:
         raise KeyMaterialError(
-            f"{name}: holds {count} PEM blocks; a trusted key file holds exactly one public key"
+            f"{name}: holds {begins} PEM blocks; a trusted key file holds exactly one public key"
         )
+    if begins == 0:
+        return pem
     block = _PEM_BLOCK.search(pem)
-    if block is not None and (pem[: block.start()].strip() or pem[block.end() :].strip()):
+    if block is None or pem.count(b"-----END ") != 1:
         raise KeyMaterialError(
-            f"{name}: data outside the PEM block; a trusted key file holds exactly one public key"
+            f"{name}: the PEM block is not terminated by one matching END line; a trusted key file holds "
+            "exactly one public key"
         )
+    if not _PEM_BASE64.fullmatch(block.group(2)):
+        raise KeyMaterialError(
+            f"{name}: text inside the PEM block (only base64 and whitespace may stand between its BEGIN "
+            "and END lines)"
+        )
+    return block.group(0) + b"\n"
 
 
 def _read_key_file(path: Path) -> bytes:

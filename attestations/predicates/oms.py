@@ -306,6 +306,31 @@ def _parse_resources(
     return resources
 
 
+def _check_ignored_not_signed(ignore: Sequence[str], resources: Mapping[str, Resource], what: str) -> None:
+    """Refuse an ignore list that names a signed file, or a directory holding one (OMS semantics).
+
+    Such a manifest contradicts itself: which one wins would differ between verifiers (modelsec checks every
+    listed resource, another implementation might skip it), so it is refused as malformed. Names compare as
+    the file system would see them (`ambiguity_key`: NFC, case folded).
+    """
+    if not ignore:
+        return
+    covered: dict[str, str] = {}  # the key of each resource and of each folder above it -> the resource
+    for name in resources:
+        if name == SINGLE_FILE_NAME:
+            continue
+        parts = name.split("/")
+        for depth in range(1, len(parts) + 1):
+            covered.setdefault(ambiguity_key("/".join(parts[:depth])), name)
+    for path in ignore:
+        signed = covered.get(ambiguity_key(path))
+        if signed is not None:
+            raise MalformedArtifactError(
+                f"{what}: predicate.serialization.ignore_paths names {path!r}, but the manifest signs "
+                f"{signed!r}: a signed file cannot be ignored"
+            )
+
+
 def parse_manifest(statement: Statement, *, what: str, limits: Limits | None = None) -> Manifest:
     """Interpret a verified statement as a weights manifest, strictly, before any file is opened.
 
@@ -314,7 +339,8 @@ def parse_manifest(statement: Statement, *, what: str, limits: Limits | None = N
     corpus MAN01), duplicate names, names equal after Unicode NFC normalisation or case folding (so a
     single-file verify or load refuses them as the directory walk does), at least one resource, a
     single subject whose digest equals the root digest of the resources in the order they are listed (as
-    OMS verifies; module docstring), and the extension's shape when present. A manifest whose one
+    OMS verifies; module docstring), an ignore list that names no signed file nor a folder holding one
+    (compared as `ambiguity_key` compares), and the extension's shape when present. A manifest whose one
     resource is named `.` is a single-file model (OMS names a signed file so); `.` anywhere else is refused.
 
     Not verified (refused, naming model_signing's option): the `shards` serialization
@@ -343,6 +369,7 @@ def parse_manifest(statement: Statement, *, what: str, limits: Limits | None = N
     pred = statement.predicate
     hash_type, allow_symlinks, ignore = _parse_serialization(pred.get("serialization"), what, limits)
     resources = _parse_resources(pred.get("resources"), hash_type, what, limits)
+    _check_ignored_not_signed(ignore, resources, what)
     # Kept in the signed order: the subject digest is checked over exactly this order (module docstring).
     ordered = tuple(resources.values())
 

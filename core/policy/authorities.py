@@ -57,12 +57,16 @@ class X509Authority:
         roots: The trusted root certificates (DER), read from the policy's PEM files.
         identities: The leaf must match at least one.
         roles: What signers it vouches for may sign (`weights`, `watermark`, `gate`); empty means all.
+        allow_ca_leaf: Accept a signing certificate that asserts `CA:TRUE` (policy `allowCaLeaf`), only with
+            a key usage that has digitalSignature and an extended key usage that has codeSigning. Default:
+            refused by the end-entity profile (RFC 5280 section 4.2.1.9; CA/B Forum).
     """
 
     name: str
     roots: tuple[bytes, ...] = field(repr=False)
     identities: tuple[IdentityRule, ...]
     roles: frozenset[str] = frozenset()
+    allow_ca_leaf: bool = False
 
     def may(self, role: str) -> bool:
         """Whether identities of this authority may sign statements of `role`."""
@@ -105,7 +109,7 @@ def authority_from_model(item: AuthorityModel, where: str, base_dir: Path) -> Au
             _identity_rule(r.san, r.san_regexp, r, f"{where}.x509.identities[{k}]")
             for k, r in enumerate(item.x509.identities)
         )
-        return X509Authority(item.name, tuple(roots), rules, roles)
+        return X509Authority(item.name, tuple(roots), rules, roles, allow_ca_leaf=item.x509.allow_ca_leaf)
     if item.sigstore is None:  # refused by the model already; kept as a fail-closed guard
         raise PolicyError(f"{where}: give x509 or sigstore")
     root = item.sigstore.trusted_root

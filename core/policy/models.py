@@ -289,6 +289,11 @@ class X509Model(ConfigModel):
 
     roots: list[Text] = Field(min_length=1)
     identities: list[X509IdentityModel] = Field(min_length=1)
+    allow_ca_leaf: bool = Field(
+        default=False,
+        description="accept a signing certificate that asserts CA:TRUE (as model_signing's test certificates "
+        "do) if its keyUsage has digitalSignature and its extendedKeyUsage codeSigning; default: refused",
+    )
 
 
 class SigstoreModel(ConfigModel):

@@ -104,6 +104,15 @@ class SignatureScheme(Protocol):
         """
         ...
 
+    def signature_form_error(self, signature: bytes) -> str | None:
+        """Why `signature` cannot be this scheme's signature, from its encoding alone; None if it can be.
+
+        The scheme's strict decoding, nothing verified: DER `SEQUENCE { r, s }` with r and s in [1, n-1] of
+        the scheme's curve (ECDSA, SM2), or the parameter set's fixed length (ML-DSA, FIPS 204 table 2). A
+        key's verifier refuses with this reason before any arithmetic.
+        """
+        ...
+
     def generate_private_key_pem(self, password: bytes | None) -> tuple[bytes, bytes]:
         """Generate a key pair: `(private PKCS#8 PEM, encrypted when password is set; public SPKI PEM)`."""
         ...

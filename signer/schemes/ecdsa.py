@@ -83,6 +83,14 @@ class EcdsaScheme:
             raise KeyMaterialError(f"{name}: not a public key")
         return key.public_bytes(*_SPKI), _EcdsaVerifier(self, key)
 
+    def signature_form_error(self, signature: bytes) -> str | None:
+        """Why `signature` is not strict DER ECDSA on this curve (r, s in [1, n-1]); None if it is."""
+        try:
+            decode_signature(signature, self.order)
+        except SignatureError as e:
+            return str(e).removeprefix("invalid signature: ")
+        return None
+
     def _check_curve(self, key: object, name: str) -> None:
         if not isinstance(key, ec.EllipticCurvePrivateKey | ec.EllipticCurvePublicKey):
             from modelsec.signer.schemes import supported_names
@@ -126,7 +134,12 @@ class _EcdsaVerifier:
     _key: ec.EllipticCurvePublicKey
 
     def verify(self, signature: bytes, message: bytes, *, name: str) -> None:
-        decode_signature(signature, self._scheme.order)
+        problem = self._scheme.signature_form_error(signature)
+        if problem is not None:
+            raise SignatureError(
+                f"invalid signature: an {self._scheme.algorithm} key cannot have made this signature "
+                f"({problem})"
+            )
         try:
             self._key.verify(signature, message, ec.ECDSA(self._scheme.hash()))
         except InvalidSignature:

@@ -129,6 +129,12 @@ class MlDsaScheme:
             raise self._other_type(key, name)
         return key.public_bytes(*_SPKI), _MlDsaVerifier(self, key)
 
+    def signature_form_error(self, signature: bytes) -> str | None:
+        """Why `signature` is not of this parameter set's fixed length (FIPS 204 table 2); None if it is."""
+        if len(signature) != self.signature_size:
+            return f"an {self.algorithm} signature is {self.signature_size} bytes, got {len(signature)}"
+        return None
+
     def key_hint(self, public_key: _PublicKey) -> str:
         """model_signing's hint: `ML_DSA_65:` + hex(SHA-256(raw FIPS 204 public key))."""
         return f"{self.upstream_name}:{hashlib.sha256(public_key.public_bytes_raw()).hexdigest()}"
@@ -186,10 +192,11 @@ class _MlDsaVerifier:
     _key: _PublicKey
 
     def verify(self, signature: bytes, message: bytes, *, name: str) -> None:
-        if len(signature) != self._scheme.signature_size:
+        problem = self._scheme.signature_form_error(signature)
+        if problem is not None:
             raise SignatureError(
-                f"invalid signature: an {self._scheme.algorithm} signature is {self._scheme.signature_size} "
-                f"bytes, got {len(signature)} (key {name!r})"
+                f"invalid signature: an {self._scheme.algorithm} key cannot have made this signature "
+                f"({problem}; key {name!r})"
             )
         try:
             self._key.verify(signature, message)

@@ -72,6 +72,12 @@ def make_ca(cn: str, issuer: Issued | None = None) -> Issued:
     return Issued(key, builder.sign(issuer.key if issuer else key, hashes.SHA256()))
 
 
+# KeyUsage(digital_signature, content_commitment, key_encipherment, data_encipherment, key_agreement,
+# key_cert_sign, crl_sign, encipher_only, decipher_only)
+DIGITAL_SIGNATURE = x509.KeyUsage(True, False, False, False, False, False, False, False, False)
+KEY_USAGE_NONE = x509.KeyUsage(False, False, False, False, False, False, False, False, False)
+
+
 def make_leaf(
     issuer: Issued,
     *,
@@ -80,12 +86,15 @@ def make_leaf(
     not_after: datetime.datetime | None = None,
     not_before: datetime.datetime | None = None,
     key: ec.EllipticCurvePrivateKey | None = None,
+    ca: bool = False,
+    key_usage: x509.KeyUsage | None = None,
 ) -> Issued:
     """A code-signing leaf (P-256, a new key unless `key`) naming `san` (a URI when it holds `://`, else an
-    email)."""
+    email); `ca` adds basicConstraints `CA:TRUE` (as model_signing's own test leaves have), `key_usage`
+    replaces digitalSignature alone (`KEY_USAGE_NONE`: no keyUsage extension)."""
     key = key or ec.generate_private_key(ec.SECP256R1())
     general: x509.GeneralName = x509.UniformResourceIdentifier(san) if "://" in san else x509.RFC822Name(san)
-    cert = (
+    builder = (
         x509.CertificateBuilder()
         .subject_name(_name("release signer"))
         .issuer_name(issuer.cert.subject)
@@ -96,14 +105,14 @@ def make_leaf(
         .add_extension(x509.SubjectAlternativeName([general]), critical=False)
         .add_extension(x509.ExtendedKeyUsage(list(eku)), critical=False)
         .add_extension(
-            x509.KeyUsage(True, False, False, False, False, False, False, False, False), critical=True
-        )
-        .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer.key.public_key()), critical=False
         )
-        .sign(issuer.key, hashes.SHA256())
     )
-    return Issued(key, cert)
+    if key_usage is not KEY_USAGE_NONE:
+        builder = builder.add_extension(key_usage or DIGITAL_SIGNATURE, critical=True)
+    if ca:
+        builder = builder.add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+    return Issued(key, builder.sign(issuer.key, hashes.SHA256()))
 
 
 def write_pem(path: Path, *certs: x509.Certificate) -> Path:

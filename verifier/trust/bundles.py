@@ -23,7 +23,6 @@ from modelsec.policy import Authority, Policy, TimestampAuthority
 from modelsec.signer.keys import TrustedKey
 from modelsec.signer.layout import OMS_BUNDLE_NAME
 from modelsec.signer.schemes import all_schemes, scheme_for, scheme_for_bundle_name
-from modelsec.signer.schemes.mldsa import MlDsaScheme
 from modelsec.verifier.trust.identity import verify_with_authorities
 from modelsec.verifier.trust.timestamp_backend import check_bundle_timestamps
 
@@ -157,14 +156,12 @@ def verify_bundle_signature(
         try:
             key.verify(bundle.signature.sig, message)
         except SignatureError as e:
+            # The key that checked the signature describes it; the encoding only adds a hint, and only
+            # when the signature is well formed, in range, for another scheme (`signature_algorithms`).
+            reason = f"{key.name}: {e}"
             if shape is not None and key.algorithm not in shape:
-                # The key's own complaint ("r is outside [1, n-1]", a length) hides the plain cause.
-                made_by = " or ".join(sorted(a.value for a in shape))
-                reasons.append(
-                    f"{key.name}: an {key.algorithm.value} key cannot have made this {made_by} signature"
-                )
-            else:
-                reasons.append(f"{key.name}: {e}")
+                reason += f" (it has the form of an {' or '.join(sorted(a.value for a in shape))} signature)"
+            reasons.append(reason)
             continue
         return key
     if authorities:
@@ -289,6 +286,7 @@ def has_key_for_bundle(
     )
 
 
+# The curves whose DER signatures have r and s of at most this many bits (and more than the row above's).
 _ECDSA_WIDTHS: tuple[tuple[int, frozenset[SignatureAlgorithm]], ...] = (
     (256, frozenset({SignatureAlgorithm.ECDSA_P256, SignatureAlgorithm.SM2})),
     (384, frozenset({SignatureAlgorithm.ECDSA_P384})),
@@ -296,20 +294,25 @@ _ECDSA_WIDTHS: tuple[tuple[int, frozenset[SignatureAlgorithm]], ...] = (
 
 
 def signature_algorithms(signature: bytes) -> frozenset[SignatureAlgorithm] | None:
-    """The algorithms whose signatures have the encoding of `signature`, or None when it says nothing.
+    """The algorithms whose signatures `signature` can be, from its encoding alone; None when it says nothing.
 
-    Read from the encoding alone, never verified: an ML-DSA signature has its parameter set's fixed length
-    (FIPS 204 table 2); a DER `SEQUENCE { r, s }` whose larger integer has more than 256 bits cannot be a
-    256-bit curve's (P-256, SM2: r, s < n < 2^256), and one of at most 256 bits is not ECDSA P-384's but with
-    probability 2^-256 (its r and s are uniform below a 384-bit order). Anything else (malformed DER, wider
-    integers) says nothing.
+    Never verified. A scheme counts only when its own strict decoding accepts the signature
+    (`SignatureScheme.signature_form_error`: strict DER with r and s in [1, n-1] of its curve, or an ML-DSA
+    parameter set's fixed length, FIPS 204 table 2): a 256-bit-wide signature with s >= n or r = 0 fits no
+    scheme and says nothing, so the key that checks it describes it. Among the ECDSA-shaped schemes, every
+    256-bit curve's signature is also in range for P-384, so the width separates them: r and s both of at most
+    256 bits fit a 256-bit curve (P-256, SM2: r, s < n < 2^256), and both wider fit P-384 (each of a P-384
+    signature's r and s is below 2^256 with probability about 2^-128). One of each width fits neither.
     """
-    for scheme in all_schemes():
-        if isinstance(scheme, MlDsaScheme) and scheme.signature_size == len(signature):
-            return frozenset({scheme.algorithm})
+    fits = frozenset(x.algorithm for x in all_schemes() if x.signature_form_error(signature) is None)
     try:
         r, s = decode_dss_signature(signature)
     except ValueError:
-        return None
-    width = max(r.bit_length(), s.bit_length())
-    return next((algs for bits, algs in _ECDSA_WIDTHS if width <= bits), None)
+        return fits or None
+    narrow, wide = sorted((r.bit_length(), s.bit_length()))
+    lower = 0
+    for bits, algs in _ECDSA_WIDTHS:
+        if lower < narrow and wide <= bits:  # both integers in (lower, bits] bits
+            return (fits & algs) or None
+        lower = bits
+    return None

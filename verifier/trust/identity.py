@@ -15,7 +15,10 @@ Two kinds of authority (DESIGN.md decision 12; `modelsec.policy.X509Authority`, 
   `modelsec.verifier.trust.bundles.check_signature_time` then refuses the bundle for it). (model_signing
   itself checks at the leaf's notBefore.) The leaf must have
   the code-signing EKU and, when it has a key usage, `digitalSignature`; it must name one of the
-  authority's identities. Then the DSSE signature is checked with the leaf's public key.
+  authority's identities. A leaf that asserts `CA:TRUE` is refused by the end-entity profile unless the
+  authority sets `allowCaLeaf` (model_signing's own test certificates are such leaves); it then must have a
+  key usage with `digitalSignature` as well as the code-signing EKU. Then the DSSE signature is checked with
+  the leaf's public key.
 * **Sigstore keyless** (`model_signing sign sigstore`): verified offline by the `sigstore` package against a
   trusted root (the package's embedded production or staging root, or a `trusted_root.json`): Fulcio chain,
   SCT, Rekor inclusion proof with its checkpoint or SET, RFC 3161 timestamps, signing time inside the
@@ -174,8 +177,16 @@ def _verify_x509(
         roots = [x509.load_der_x509_certificate(r) for r in authority.roots]
     except ValueError as e:
         raise SignatureError(f"a certificate cannot be parsed: {e}") from e
-    verify_chain(leaf, intermediates, roots, times)
-    _check_signing_usage(leaf)
+    ca_leaf = _asserts_ca(leaf)
+    if ca_leaf and not authority.allow_ca_leaf:
+        raise SignatureError(
+            "the signing certificate asserts CA:TRUE (basicConstraints), which the end-entity profile "
+            "refuses; to accept such a leaf, set `allowCaLeaf: true` in the x509 of authority "
+            f"{authority.name!r} (it must still have keyUsage digitalSignature and extendedKeyUsage "
+            "codeSigning)"
+        )
+    verify_chain(leaf, intermediates, roots, times, allow_ca_leaf=ca_leaf)
+    _check_signing_usage(leaf, ca_leaf=ca_leaf)
     rule = _match_identity(leaf, authority.identities)
     name = f"{authority.name}: {_named(rule, leaf)}"
     if times:
@@ -190,21 +201,33 @@ def _named(rule: IdentityRule, leaf: x509.Certificate) -> str:
     return f"any identity ({', '.join(_sans(leaf)) or leaf.subject.rfc4514_string()})"
 
 
-def _check_signing_usage(leaf: x509.Certificate) -> None:
+def _asserts_ca(leaf: x509.Certificate) -> bool:
+    """Whether the signing certificate's basicConstraints says `CA:TRUE`."""
+    try:
+        return bool(leaf.extensions.get_extension_for_class(x509.BasicConstraints).value.ca)
+    except x509.ExtensionNotFound:
+        return False
+
+
+def _check_signing_usage(leaf: x509.Certificate, *, ca_leaf: bool) -> None:
+    """The leaf may sign code: EKU codeSigning; digitalSignature in its key usage (a CA leaf needs one)."""
+    what = "the signing certificate"
+    if ca_leaf:
+        what += " (CA:TRUE, accepted by allowCaLeaf)"
     try:
         eku = leaf.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     except x509.ExtensionNotFound:
-        raise SignatureError(
-            "the signing certificate has no extended key usage (code signing needed)"
-        ) from None
+        raise SignatureError(f"{what} has no extended key usage (code signing needed)") from None
     if ExtendedKeyUsageOID.CODE_SIGNING not in eku:
-        raise SignatureError("the signing certificate's extended key usage does not include code signing")
+        raise SignatureError(f"{what}: its extended key usage does not include code signing")
     try:
         usage = leaf.extensions.get_extension_for_class(x509.KeyUsage).value
     except x509.ExtensionNotFound:
+        if ca_leaf:
+            raise SignatureError(f"{what} has no key usage (digitalSignature needed)") from None
         return
     if not usage.digital_signature:
-        raise SignatureError("the signing certificate's key usage does not include digitalSignature")
+        raise SignatureError(f"{what}: its key usage does not include digitalSignature")
 
 
 def _sans(cert: x509.Certificate) -> list[str]:

@@ -57,12 +57,15 @@ def verify_chain(
     intermediates: Sequence[x509.Certificate],
     roots: Sequence[x509.Certificate],
     times: Sequence[datetime.datetime],
+    *,
+    allow_ca_leaf: bool = False,
 ) -> None:
     """Build a path from `leaf` to one of `roots` at each of `times` (empty: at the current time).
 
     The bundle's other certificates are only untrusted intermediates. Every certificate of the path must be
     valid at the time (RFC 5280 / CA/B Forum profile; any extended key usage is accepted here, the caller
-    checks code signing).
+    checks code signing). With `allow_ca_leaf`, the leaf's basicConstraints and keyUsage are not held to the
+    end-entity profile (`CA:TRUE`, keyCertSign); the caller then checks its key usage itself.
 
     Raises:
         SignatureError: No path verifies at one of the times; the message names the time (a timestamp's or
@@ -78,9 +81,12 @@ def verify_chain(
 
     # Client verifiers require the client-auth EKU; a signing certificate has code signing, checked after.
     eku_any = (x509.ExtendedKeyUsage, Criticality.AGNOSTIC, None)
+    ee_policy = ExtensionPolicy.webpki_defaults_ee().may_be_present(*eku_any)
+    if allow_ca_leaf:
+        ee_policy = ee_policy.may_be_present(x509.BasicConstraints, Criticality.AGNOSTIC, None)
+        ee_policy = ee_policy.may_be_present(x509.KeyUsage, Criticality.AGNOSTIC, None)
     builder = PolicyBuilder().extension_policies(
-        ca_policy=ExtensionPolicy.webpki_defaults_ca().may_be_present(*eku_any),
-        ee_policy=ExtensionPolicy.webpki_defaults_ee().may_be_present(*eku_any),
+        ca_policy=ExtensionPolicy.webpki_defaults_ca().may_be_present(*eku_any), ee_policy=ee_policy
     )
     store = Store(list(roots))
     checks = [(t, f"the RFC 3161 timestamp's time {t.isoformat()}") for t in times]

@@ -35,6 +35,21 @@ class Sm2Scheme:
         """Whether `der` carries the sm2p256v1 namedCurve OID."""
         return self.curve_oid_der in der
 
+    def signature_form_error(self, signature: bytes) -> str | None:
+        """Why `signature` is not strict DER SM2 (r, s in [1, n-1], (r + s) mod n != 0); None if it is.
+
+        GB/T 32918.2-2016 section 7.1, steps B1-B2 and B5.
+        """
+        from modelsec.errors import SignatureError
+        from modelsec.signer.der import decode_signature
+        from modelsec.signer.schemes.sm2._core import SM2_ORDER
+
+        try:
+            r, s = decode_signature(signature, SM2_ORDER)
+        except SignatureError as e:
+            return str(e).removeprefix("invalid signature: ")
+        return "(r + s) mod n = 0" if (r + s) % SM2_ORDER == 0 else None
+
     def generate_private_key_pem(self, password: bytes | None) -> tuple[bytes, bytes]:
         """A new key pair; the PKCS#8 private key is PBES2-encrypted when `password` is set."""
         from modelsec.signer.schemes.sm2 import api as sm2
@@ -97,8 +112,12 @@ class _Sm2Verifier:
     _key: Sm2PublicKey
 
     def verify(self, signature: bytes, message: bytes, *, name: str) -> None:
+        from modelsec.errors import SignatureError
         from modelsec.signer.schemes.sm2 import api as sm2
 
+        problem = SM2.signature_form_error(signature)
+        if problem is not None:
+            raise SignatureError(f"invalid signature: an sm2 key cannot have made this signature ({problem})")
         sm2.default_backend().verify(self._key, message, signature)
 
 

@@ -4,8 +4,9 @@ User trial 2, finding 4: `model.p384.sig` can only hold ECDSA P-384 and `model.m
 (`check_bundle_name`), so with only a P-256 (or ML-DSA-65) key they are skipped and reported, as a bundle of
 another family is; `model.sig` may hold any ECDSA curve, and is skipped only when its signature's encoding
 rules out every configured key (a P-256 signature with only a P-384 key). A policy that requires both
-algorithms still refuses, and a key of another curve or parameter set is named as such, not as "r is outside
-[1, n-1]".
+algorithms still refuses. The key that checks a signature describes it ("an ecdsa-p256 key cannot have made
+this signature"), with its reason; a hint names the other scheme only when the signature has that scheme's
+strict, in-range form (issue 27, 8).
 """
 
 from __future__ import annotations
@@ -113,8 +114,10 @@ def test_a_key_of_another_curve_is_named_as_such(
     )
     assert code == 1
     message = out["error"]["message"]
-    assert "ecdsa-p256.pub.pem: an ecdsa-p256 key cannot have made this ecdsa-p384 signature" in message
-    assert "outside [1, n-1]" not in message
+    assert "ecdsa-p256.pub.pem: invalid signature: an ecdsa-p256 key cannot have made this signature" in (
+        message
+    )
+    assert "(it has the form of an ecdsa-p384 signature)" in message
     # ...and the other way round: a P-384 key, the P-256 bundle.
     code, out, _ = _invoke(
         "verify",
@@ -125,7 +128,10 @@ def test_a_key_of_another_curve_is_named_as_such(
         key_dir / "ecdsa-p384.pub.pem",
         "--json",
     )
-    assert "an ecdsa-p384 key cannot have made this ecdsa-p256 or sm2 signature" in out["error"]["message"]
+    message = out["error"]["message"]
+    assert "an ecdsa-p384 key cannot have made this signature" not in message  # in range for P-384: it checks
+    assert "does not verify under key" in message
+    assert "(it has the form of an ecdsa-p256 or sm2 signature)" in message
 
 
 def test_a_key_of_another_parameter_set_is_named_as_such(dual: dict[str, Path], key_dir: Path) -> None:
@@ -136,4 +142,5 @@ def test_a_key_of_another_parameter_set_is_named_as_such(dual: dict[str, Path], 
     )
     assert code == 1
     message = out["error"]["message"]
-    assert "ml-dsa-65.pub.pem: an ml-dsa-65 key cannot have made this ml-dsa-44 signature" in message
+    assert "ml-dsa-65.pub.pem: invalid signature: an ml-dsa-65 key cannot have made this signature" in message
+    assert "(it has the form of an ml-dsa-44 signature)" in message
