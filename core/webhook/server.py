@@ -106,7 +106,9 @@ class ConnectionLimits:
         if not self.header_timeout > 0 or min(self.max_idle_per_client, self.max_idle) < 1:
             raise ValueError("header_timeout, max_idle_per_client and max_idle must be positive")
         if self.max_connections <= self.max_idle:
-            raise ValueError("max_connections must exceed max_idle, or idle connections could take every slot")
+            raise ValueError(
+                "max_connections must exceed max_idle, or idle connections could take every slot"
+            )
 
 
 def _client_key(client: tuple[str, int] | None) -> str:

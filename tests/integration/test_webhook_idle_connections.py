@@ -176,8 +176,12 @@ def test_a_clients_oldest_idle_connections_beyond_its_cap_are_closed(setup: Setu
     limits = ConnectionLimits(header_timeout=60, max_idle_per_client=8)
     extra = 5
     with running(setup.reviewer, setup.cert, setup.key, limits=limits) as (port, _):
-        flood = [_idle_tls(port, setup.client_context, "127.0.0.2") for _ in range(limits.max_idle_per_client)]
-        other = [_idle_tls(port, setup.client_context, "127.0.0.3") for _ in range(limits.max_idle_per_client)]
+        flood = [
+            _idle_tls(port, setup.client_context, "127.0.0.2") for _ in range(limits.max_idle_per_client)
+        ]
+        other = [
+            _idle_tls(port, setup.client_context, "127.0.0.3") for _ in range(limits.max_idle_per_client)
+        ]
         try:
             time.sleep(0.3)
             assert not any(_closed(s) for s in flood + other)  # at the cap: nothing closed
