@@ -162,7 +162,7 @@ class _IdleConnections:
 
 
 def _protocol_class(limits: ConnectionLimits) -> type[Any]:
-    """uvicorn's h11 protocol, with the header deadline and the idle bounds of `limits` added.
+    """The h11 protocol of uvicorn, with the header deadline and the idle bounds of `limits` added.
 
     uvicorn arms no timer before the first request and counts idle connections against its concurrency
     limit, so idle TLS connections alone could take every slot. The protocol is created at the accept,
@@ -511,7 +511,7 @@ def build_server(
     """
     import uvicorn
 
-    limits = limits or ConnectionLimits()
+    bounds = limits or ConnectionLimits()
     certificates = CertificateReloader(cert, key)
     app = create_app(
         reviewer,
@@ -531,10 +531,10 @@ def build_server(
         server_header=False,
         timeout_graceful_shutdown=5,
         timeout_keep_alive=int(timeout_keep_alive),
-        limit_concurrency=limits.max_connections,
+        limit_concurrency=bounds.max_connections,
         h11_max_incomplete_event_size=MAX_HEADER_BYTES,
         # The bounds live in our h11 protocol and in asyncio's loop: never httptools or uvloop.
-        http=_protocol_class(limits),
+        http=_protocol_class(bounds),
         loop="asyncio",
     )
     config.load()
@@ -547,7 +547,7 @@ def build_server(
             # never finishes its handshake outlast the header deadline; the handshake gets the same bound.
             loop = asyncio.get_running_loop()
             create_server = loop.create_server
-            bounded = functools.partial(create_server, ssl_handshake_timeout=limits.header_timeout)
+            bounded = functools.partial(create_server, ssl_handshake_timeout=bounds.header_timeout)
             setattr(loop, "create_server", bounded)  # noqa: B010 - shadows the method on this loop only
             try:
                 await super().startup(sockets=sockets)

@@ -16,7 +16,8 @@ Two kinds of source are returned:
   logs are written, not a model: it is not read;
 * OCI images (`ImageSource`): every container, init container and ephemeral container image and every image
   volume (`spec.volumes[].image.reference`, Kubernetes 1.31+) of the pod spec (for KServe: of each
-  component, its framework specs and its `workerSpec`). Whether an image is a model is decided by the policies, not here.
+  component, its framework specs and its `workerSpec`). Whether an image is a model is decided by the
+  policies, not here.
 """
 
 from __future__ import annotations

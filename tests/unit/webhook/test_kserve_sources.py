@@ -127,7 +127,7 @@ def _walk(
             volumes = [{"name": "w", "image": {"reference": IMAGE}}]
             yield Case(kind, here, volumes, f"{where}.image.reference", image=IMAGE)
         elif name == "image" and inner == "str":
-            yield Case(kind, steps + ((name, False),), IMAGE, where, image=IMAGE)
+            yield Case(kind, here, IMAGE, where, image=IMAGE)
         elif name == "env" and inner == "V1EnvVar":
             env = [{"name": "STORAGE_URI", "value": REF}]
             yield Case(kind, here, env, f"{where}(STORAGE_URI)", raw=REF)
