@@ -15,11 +15,24 @@ previous one kept), so a rotated Kubernetes Secret takes effect without a restar
 re-read the same way when it changes (`modelsec.webhook.reload`: an updated ConfigMap takes effect without a
 restart; a file that does not load is logged and the previous policy kept).
 
-Connection bounds (`build_server`): at most `limit_concurrency` connections at once (uvicorn answers 503
-beyond), idle keep-alive connections closed after `timeout_keep_alive` seconds, request line and headers at
-most `MAX_HEADER_BYTES`. A request's memory is thus bounded by its body limit, and the process's by
-`limit_concurrency` times that. Not bounded: how long a client may take to send its headers (uvicorn has
-no such timeout); such a connection holds one of the `limit_concurrency` slots.
+Connection bounds (`build_server`, `ConnectionLimits`), so that neither idle nor slow clients can take the
+API server's place:
+
+* every request's headers must be complete within `header_timeout` seconds: for the first request counted
+  from the accept (the TLS handshake included: asyncio's `ssl_handshake_timeout` is set to the same value),
+  for later ones from the end of the previous response. A connection that misses it is closed (no reply);
+* a connection waiting for a request is *idle*; each client (source IPv4 address, or IPv6 /64) keeps at most
+  `max_idle_per_client` idle connections and the server at most `max_idle`: beyond either, the client's (or
+  the server's) oldest idle connection is closed. New connections are never refused for being new, so the
+  API server always gets in, and it sends its review at once;
+* at most `max_connections` connections at once (uvicorn answers 503 beyond); since at most `max_idle` of
+  them are idle, at least `max_connections - max_idle` reviews can always run;
+* request line and headers at most `MAX_HEADER_BYTES`, a body within the decision deadline (above).
+
+A request's memory is thus bounded by its body limit, and the process's by `max_connections` times that.
+Not bounded here: how many TCP connections wait in their TLS handshake (each at most `header_timeout`; they
+hold a file descriptor, not a slot). The NetworkPolicy in `deploy/webhook/components/apiserver-only`
+admits only the API server where the cluster allows it (see deploy/README.md).
 """
 
 from __future__ import annotations
@@ -27,11 +40,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
+import ipaddress
 import json
 import logging
 import os
 import ssl
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -48,13 +64,167 @@ from modelsec.errors import BackendUnavailableError, Error, KeyMaterialError
 from modelsec.webhook.reload import PolicyReloader
 from modelsec.webhook.review import BadRequestError, Decision, Reviewer
 
-__all__ = ["AUDIT_LOGGER", "MAX_HEADER_BYTES", "CertificateReloader", "build_server", "create_app", "serve"]
+__all__ = [
+    "AUDIT_LOGGER",
+    "MAX_HEADER_BYTES",
+    "CertificateReloader",
+    "ConnectionLimits",
+    "build_server",
+    "create_app",
+    "serve",
+]
 
 MAX_HEADER_BYTES = 64 * 1024  # request line and headers (uvicorn's h11 limit); the apiserver sends a few
 
 AUDIT_LOGGER = "modelsec.webhook.audit"
 _log = logging.getLogger("modelsec.webhook")
 _audit = logging.getLogger(AUDIT_LOGGER)
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """Bounds on the server's connections (the idle-flood and slow-header defences; module docstring).
+
+    Attributes:
+        header_timeout: Seconds from the accept (TLS handshake included), or from the end of the previous
+            response, to a request's complete headers; then the connection is closed. The API server sends
+            its review at once, so a few seconds is generous.
+        max_idle_per_client: Idle connections (waiting for a request) one client keeps; its oldest beyond are
+            closed. Above the API server's own pool of idle connections to a webhook (25 per host: Kubernetes
+            `utilnet.SetTransportDefaults`), so it never loses one to this bound.
+        max_idle: Idle connections the server keeps; the oldest beyond are closed.
+        max_connections: Connections at once (uvicorn answers 503 beyond); must exceed `max_idle`.
+    """
+
+    header_timeout: float = 5.0
+    max_idle_per_client: int = 32
+    max_idle: int = 128
+    max_connections: int = 256
+
+    def __post_init__(self) -> None:
+        """Refuse limits that would leave no room for a review (a programming error: ValueError)."""
+        if not self.header_timeout > 0 or min(self.max_idle_per_client, self.max_idle) < 1:
+            raise ValueError("header_timeout, max_idle_per_client and max_idle must be positive")
+        if self.max_connections <= self.max_idle:
+            raise ValueError(
+                "max_connections must exceed max_idle, or idle connections could take every slot"
+            )
+
+
+def _client_key(client: tuple[str, int] | None) -> str:
+    """The unit a client is counted in: its IPv4 address, or its IPv6 /64 (one host's usual allocation)."""
+    if client is None:
+        return ""
+    try:
+        address = ipaddress.ip_address(client[0])
+    except ValueError:
+        return client[0]
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)
+
+
+class _IdleConnections:
+    """Connections waiting for a request, oldest first, overall and per client (event-loop thread only)."""
+
+    def __init__(self, limits: ConnectionLimits) -> None:
+        self._limits = limits
+        self._all: OrderedDict[Any, str] = OrderedDict()
+        self._by_client: dict[str, OrderedDict[Any, None]] = {}
+
+    def add(self, connection: Any, client: str) -> list[Any]:
+        """Record `connection` as idle; return the connections to close (the oldest beyond the bounds)."""
+        self._all[connection] = client
+        self._by_client.setdefault(client, OrderedDict())[connection] = None
+        excess: list[Any] = []
+        mine = self._by_client[client]
+        while len(mine) > self._limits.max_idle_per_client:
+            oldest = next(iter(mine))
+            self.discard(oldest)
+            excess.append(oldest)
+        while len(self._all) > self._limits.max_idle:
+            oldest = next(iter(self._all))
+            self.discard(oldest)
+            excess.append(oldest)
+        return excess
+
+    def discard(self, connection: Any) -> None:
+        """Forget `connection` (it sent a request, or closed); unknown connections are ignored."""
+        client = self._all.pop(connection, None)
+        if client is None:
+            return
+        mine = self._by_client[client]
+        del mine[connection]
+        if not mine:
+            del self._by_client[client]
+
+
+def _protocol_class(limits: ConnectionLimits) -> type[Any]:
+    """The h11 protocol of uvicorn, with the header deadline and the idle bounds of `limits` added.
+
+    uvicorn arms no timer before the first request and counts idle connections against its concurrency
+    limit, so idle TLS connections alone could take every slot. The protocol is created at the accept,
+    before the TLS handshake, which is where the first request's header deadline starts.
+    """
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    idle = _IdleConnections(limits)
+
+    class _Protocol(H11Protocol):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._idle_since: float | None = self.loop.time()  # the accept
+            self._header_timer: asyncio.TimerHandle | None = None
+            self._client_key = ""
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            super().connection_made(transport)  # type: ignore[arg-type]
+            self._client_key = _client_key(self.client)
+            self._track()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._idle_since = None
+            self._stop_waiting()
+            super().connection_lost(exc)
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            self._track()
+
+        def on_response_complete(self) -> None:
+            self._idle_since = self.loop.time()  # the next request's headers are due from now
+            super().on_response_complete()
+            self._track()
+
+        def _track(self) -> None:
+            if self.transport is None or self.transport.is_closing():
+                self._stop_waiting()
+            elif self.conn.their_state is h11.IDLE:  # no request line and headers complete yet
+                if self._header_timer is None:
+                    since = self.loop.time() if self._idle_since is None else self._idle_since
+                    self._header_timer = self.loop.call_at(since + limits.header_timeout, self._drop)
+                    for connection in idle.add(self, self._client_key):
+                        connection._drop()
+            else:
+                self._idle_since = None
+                self._stop_waiting()
+
+        def _stop_waiting(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+            idle.discard(self)
+
+        def _drop(self) -> None:
+            # abort, not close: a TLS close waits up to 30 s for the client's close_notify, a slot held.
+            self._stop_waiting()
+            if self.transport is not None:
+                self.transport.abort()
+
+    return _Protocol
 
 
 def _stamp(path: Path) -> tuple[int, int, int]:
@@ -313,7 +483,7 @@ def build_server(
     port: int = 8443,
     reload_interval: float = 10.0,
     workers: int = 4,
-    limit_concurrency: int = 128,
+    limits: ConnectionLimits | None = None,
     timeout_keep_alive: float = 5.0,
     policy_file: Path | None = None,
 ) -> tuple[Any, CertificateReloader]:
@@ -327,12 +497,13 @@ def build_server(
         port: Port to listen on (0: any free port).
         reload_interval: Seconds between certificate checks.
         workers: Threads that run decisions.
-        limit_concurrency: Most connections (and requests) at once; uvicorn answers 503 beyond.
-        timeout_keep_alive: Seconds an idle keep-alive connection stays open.
+        limits: Header deadline and connection bounds (module docstring); defaults to `ConnectionLimits()`.
+        timeout_keep_alive: Seconds an idle keep-alive connection stays open (at most
+            `limits.header_timeout` in effect: the next request's headers are due by then).
         policy_file: The file `reviewer.policies` came from, reloaded when it changes (None: never).
 
     Returns:
-        The server (`run()` / `serve()`) and the certificate reloader.
+        The server (`run()` / `serve()`; it listens with the handshake bound) and the certificate reloader.
 
     Raises:
         KeyMaterialError: The certificate or key cannot be loaded.
@@ -340,6 +511,7 @@ def build_server(
     """
     import uvicorn
 
+    bounds = limits or ConnectionLimits()
     certificates = CertificateReloader(cert, key)
     app = create_app(
         reviewer,
@@ -359,13 +531,30 @@ def build_server(
         server_header=False,
         timeout_graceful_shutdown=5,
         timeout_keep_alive=int(timeout_keep_alive),
-        limit_concurrency=limit_concurrency,
+        limit_concurrency=bounds.max_connections,
         h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+        # The bounds live in our h11 protocol and in asyncio's loop: never httptools or uvloop.
+        http=_protocol_class(bounds),
+        loop="asyncio",
     )
     config.load()
     # Serve from the reloader's context, not the one uvicorn built, so that rotations take effect.
     config.ssl = certificates.context
-    return uvicorn.Server(config), certificates
+
+    class _Server(uvicorn.Server):
+        async def startup(self, sockets: list[Any] | None = None) -> None:
+            # uvicorn passes no `ssl_handshake_timeout`, and asyncio's default (60 s) would let a client that
+            # never finishes its handshake outlast the header deadline; the handshake gets the same bound.
+            loop = asyncio.get_running_loop()
+            create_server = loop.create_server
+            bounded = functools.partial(create_server, ssl_handshake_timeout=bounds.header_timeout)
+            setattr(loop, "create_server", bounded)  # noqa: B010 - shadows the method on this loop only
+            try:
+                await super().startup(sockets=sockets)
+            finally:
+                delattr(loop, "create_server")
+
+    return _Server(config), certificates
 
 
 def serve(
@@ -376,12 +565,17 @@ def serve(
     host: str = "0.0.0.0",  # noqa: S104 - a webhook Pod serves the cluster network
     port: int = 8443,
     policy_file: Path | None = None,
+    limits: ConnectionLimits | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT (graceful stop: in-flight reviews finish, at most 5 s).
+
+    `limits` bounds idle and slow connections (`ConnectionLimits`; its defaults when None).
 
     Raises:
         KeyMaterialError: The certificate or key cannot be loaded.
         PolicyError: `policy_file` cannot be stat'ed.
     """
-    server, _ = build_server(reviewer, cert, key, host=host, port=port, policy_file=policy_file)
+    server, _ = build_server(
+        reviewer, cert, key, host=host, port=port, policy_file=policy_file, limits=limits
+    )
     server.run()

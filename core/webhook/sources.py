@@ -4,15 +4,20 @@ Pure reading of a Kubernetes object, no policy and no verification (`modelsec.we
 Two kinds of source are returned:
 
 * model references (`PendingReference`, `<uri>[@sha256:<digest>]`): the annotation `modelsec.dev/models` on a
-  Pod, on a workload and on its pod template, on a KServe InferenceService and on each of its components
-  (`predictor`, `explainer`, `transformer`), and every KServe storage field of those components:
-  `storageUri`, `<framework>.storageUri` (including `model.storageUri`), `storage` and `<framework>.storage`
-  (a `StorageSpec` names no URI, only a storage key and a path: it is the reference
-  `kserve-storage://<key or default>/<path>`, which pins no digest), and a container's `STORAGE_URI`
-  environment variable (a `valueFrom` there is refused: its value cannot be read here);
+  Pod, on a workload and on its pod template, on a KServe InferenceService or TrainedModel and on each
+  InferenceService component (`predictor`, `explainer`, `transformer`, and the predictor of every
+  `canary[]` entry), and every KServe storage field, as the `kserve` SDK's models name them (the list is
+  checked against kserve 0.21.0's in tests/unit/webhook/test_kserve_sources.py): `storageUri`,
+  `<framework>.storageUri` (including `model.storageUri`), each `storageUris[].uri` (KServe 0.15+, on a
+  component and on its framework spec), `storage` and `<framework>.storage` (a `StorageSpec` names no URI,
+  only a storage key and a path: it is the reference `kserve-storage://<key or default>/<path>`, which pins
+  no digest), a TrainedModel's `spec.model.storageUri`, and a container's `STORAGE_URI` environment variable
+  (a `valueFrom` there is refused: its value cannot be read here). A component's `logger` is where request
+  logs are written, not a model: it is not read;
 * OCI images (`ImageSource`): every container, init container and ephemeral container image and every image
   volume (`spec.volumes[].image.reference`, Kubernetes 1.31+) of the pod spec (for KServe: of each
-  component). Whether an image is a model is decided by the policies, not here.
+  component, its framework specs and its `workerSpec`). Whether an image is a model is decided by the
+  policies, not here.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from modelsec.webhook.decision import InvalidReviewError
 
 __all__ = [
     "KSERVE",
+    "KSERVE_TRAINED_MODEL",
     "WORKLOAD_KINDS",
     "ImageSource",
     "PendingReference",
@@ -44,7 +50,11 @@ WORKLOAD_KINDS = {
     ("batch", "CronJob"): ("spec", "jobTemplate", "spec", "template"),
 }
 KSERVE = ("serving.kserve.io", "InferenceService")
+KSERVE_TRAINED_MODEL = ("serving.kserve.io", "TrainedModel")
 _KSERVE_COMPONENTS = ("predictor", "explainer", "transformer")
+# Mappings in a component that are not a framework or model spec: `logger` names where request logs are
+# written (its `storage` is an output, not a model), `workerSpec` is a pod spec read as one.
+_KSERVE_NOT_MODEL_SPECS = frozenset({"logger", "workerSpec"})
 _CONTAINER_LISTS = ("initContainers", "containers", "ephemeralContainers")
 _STORAGE_ENV = "STORAGE_URI"
 _IMAGE_DIGEST = re.compile(r"sha256:[0-9a-f]{64}\Z")
@@ -210,24 +220,41 @@ class _Collector:
                 raise InvalidReviewError(f"{vwhere} is not a non-empty string")
             self.images.append(parse_image(ref, vwhere))
 
+    def model_source(self, spec: Mapping[str, Any], where: str) -> None:
+        """The KServe storage fields of a component or of a framework/model spec."""
+        self.uri(spec.get("storageUri"), f"{where}.storageUri")
+        self.storage_spec(spec.get("storage"), f"{where}.storage")
+        for i, item in enumerate(_list(spec.get("storageUris"), f"{where}.storageUris")):
+            entry = _mapping(item, f"{where}.storageUris[{i}]")
+            if entry is None or entry.get("uri") is None:
+                # The CRD requires `uri`; an entry without one must not pass as "no reference".
+                raise InvalidReviewError(f"{where}.storageUris[{i}].uri is missing")
+            self.uri(entry.get("uri"), f"{where}.storageUris[{i}].uri")
+
     def kserve_component(self, value: object, where: str) -> None:
         component = _mapping(value, where)
         if component is None:
             return
         self.annotations(component.get("annotations"), f"{where}.annotations")
-        self.uri(component.get("storageUri"), f"{where}.storageUri")
-        self.storage_spec(component.get("storage"), f"{where}.storage")
+        self.model_source(component, where)
         self.pod_spec(component, where)
+        self.pod_spec(component.get("workerSpec"), f"{where}.workerSpec")
         for key, sub in sorted(component.items()):
             # Framework and model specs (`sklearn`, `huggingface`, `model`, ...) embed a container.
-            if key not in _CONTAINER_LISTS and isinstance(sub, Mapping) and _is_container_like(sub):
-                self.uri(sub.get("storageUri"), f"{where}.{key}.storageUri")
-                self.storage_spec(sub.get("storage"), f"{where}.{key}.storage")
+            if (
+                key not in _CONTAINER_LISTS
+                and key not in _KSERVE_NOT_MODEL_SPECS
+                and isinstance(sub, Mapping)
+                and _is_container_like(sub)
+            ):
+                self.model_source(sub, f"{where}.{key}")
                 self.container(sub, f"{where}.{key}")
 
 
 def _is_container_like(value: Mapping[str, Any]) -> bool:
-    return any(k in value for k in ("storageUri", "storage", "image", "env", "modelFormat", "runtime"))
+    return any(
+        k in value for k in ("storageUri", "storageUris", "storage", "image", "env", "modelFormat", "runtime")
+    )
 
 
 def collect(
@@ -262,6 +289,14 @@ def collect(
         c.annotations(_get(obj, ("metadata", "annotations"), kind), "metadata.annotations")
         for component in _KSERVE_COMPONENTS:
             c.kserve_component(_get(obj, ("spec", component), kind), f"spec.{component}")
+        for i, canary in enumerate(_list(_get(obj, ("spec", "canary"), kind), "spec.canary")):
+            entry = _mapping(canary, f"spec.canary[{i}]") or {}
+            c.kserve_component(entry.get("predictor"), f"spec.canary[{i}].predictor")
+    elif (group, kind) == KSERVE_TRAINED_MODEL:
+        c.annotations(_get(obj, ("metadata", "annotations"), kind), "metadata.annotations")
+        model = _mapping(_get(obj, ("spec", "model"), kind), "spec.model")
+        if model is not None:
+            c.model_source(model, "spec.model")
     else:
         raise InvalidReviewError(f"kind {group or 'core'}/{kind} is not covered by modelsec")
     return c.refs, c.images

@@ -157,9 +157,14 @@ def webhook(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Webhook]:
 
 
 @contextlib.contextmanager
-def running(reviewer: Reviewer, cert: Path, key: Path) -> Iterator[tuple[int, CertificateReloader]]:
-    """The real uvicorn server on 127.0.0.1, an ephemeral port, in a background thread."""
-    server, certificates = build_server(reviewer, cert, key, reload_interval=3600)
+def running(
+    reviewer: Reviewer, cert: Path, key: Path, **options: Any
+) -> Iterator[tuple[int, CertificateReloader]]:
+    """The real uvicorn server on 127.0.0.1, an ephemeral port, in a background thread.
+
+    `options` go to `build_server` (e.g. `limits`).
+    """
+    server, certificates = build_server(reviewer, cert, key, reload_interval=3600, **options)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))

@@ -204,3 +204,29 @@ def test_servicemonitor_component_scrapes_the_metrics_port(tmp_path: Path) -> No
     assert (
         endpoint["port"] in {p["name"] for p in service["spec"]["ports"]} and endpoint["path"] == "/metrics"
     )
+
+
+def test_apiserver_only_component_admits_only_the_control_plane(tmp_path: Path) -> None:
+    """The documented overlay (deploy/README.md, "Only the API server") renders and validates strictly."""
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    shutil.copytree(DEPLOY, tmp_path / "webhook")
+    readme = (DEPLOY.parent / "README.md").read_text()
+    documented = readme.split("# my-overlay/kustomization.yaml\n", 1)[1].split("```", 1)[0]
+    (overlay / "kustomization.yaml").write_text(documented.replace("../deploy/webhook/", "../webhook/"))
+    docs = render(overlay)
+    policy = one(docs, "NetworkPolicy")
+    kubernetes_validate.validate(policy, "1.30.0", strict=True)
+    labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert selected(policy["spec"]["podSelector"], labels)
+    assert policy["spec"]["ingress"] == [
+        {"from": [{"ipBlock": {"cidr": "10.0.0.0/28"}}], "ports": [{"port": 8443, "protocol": "TCP"}]}
+    ]
+    # The component alone keeps its placeholder, a documentation range (RFC 5737) that admits no one.
+    (overlay / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        "resources: [../webhook/overlays/self-signed]\ncomponents: [../webhook/components/apiserver-only]\n"
+    )
+    (rule,) = one(render(overlay), "NetworkPolicy")["spec"]["ingress"]
+    assert rule["from"] == [{"ipBlock": {"cidr": "192.0.2.0/24"}}]

@@ -144,6 +144,18 @@ def workload(kind: str, models: str | None) -> tuple[dict[str, str], dict[str, s
         }
         gvk = {"group": "serving.kserve.io", "version": "v1beta1", "kind": kind}
         return gvk, {"group": "serving.kserve.io", "version": "v1beta1", "resource": "inferenceservices"}, obj
+    if kind == "TrainedModel":
+        model: dict[str, Any] = {"framework": "pytorch", "memory": "1Gi"}
+        if models is not None:
+            model["storageUri"] = models
+        obj = {
+            "apiVersion": "serving.kserve.io/v1alpha1",
+            "kind": kind,
+            "metadata": plain,
+            "spec": {"inferenceService": "isvc", "model": model},
+        }
+        gvk = {"group": "serving.kserve.io", "version": "v1alpha1", "kind": kind}
+        return gvk, {"group": "serving.kserve.io", "version": "v1alpha1", "resource": "trainedmodels"}, obj
     raise AssertionError(kind)
 
 
@@ -535,6 +547,7 @@ RESOURCE_KINDS = {
     ("batch", "jobs"): "Job",
     ("batch", "cronjobs"): "CronJob",
     ("serving.kserve.io", "inferenceservices"): "InferenceService",
+    ("serving.kserve.io", "trainedmodels"): "TrainedModel",
 }
 
 
