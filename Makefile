@@ -36,7 +36,7 @@ $(VENV)/.test: $(BIN)/python $(INSTALL_INPUTS)
 	# TSA whose clock runs ahead, tests/integration/test_future_timestamps.py) and PostgreSQL (the shared record store of
 	# `modelsec serve`, tests/support/postgres.py). Without them those tests skip,
 	# saying why. `apt-get update` once, then install.
-	if command -v apt-get >/dev/null && ! { command -v softhsm2-util && command -v pkcs11-tool && command -v docker-registry && test -f /usr/share/games/fortunes/wisdom && command -v faketime && ls /usr/lib/postgresql/*/bin/initdb; } >/dev/null; then \
+	if command -v apt-get >/dev/null && ! { command -v softhsm2-util && command -v pkcs11-tool && command -v docker-registry && test -f /usr/share/games/fortunes/wisdom && command -v faketime && ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null; } >/dev/null; then \
 	  { apt-get update -qq && apt-get install -y -qq softhsm2 opensc docker-registry fortunes faketime postgresql; } || \
 	  echo "softhsm2/opensc/docker-registry/fortunes/faketime/postgresql not installed: the PKCS#11, OCI registry, causal-LM fidelity, future-timestamp and PostgreSQL store tests will skip"; fi
 	npm install --prefix $(VENV)/buf --no-save --no-audit --no-fund --silent @bufbuild/buf@$(BUF_VERSION)

@@ -405,9 +405,9 @@ class ServerConfig(ConfigModel):
     def _check_consistent(self) -> None:
         """The checks that involve several fields; ValueError(": <why>") on the first one failed."""
         client_certificates = self.tls is not None and self.tls.client_ca is not None
-        if self.data_dir is None and self.store is None:
+        if (self.data_dir is None) == (self.store is None):
             raise ValueError(
-                ": no attestation store: set dataDir (SQLite, one process) or store (PostgreSQL, replicas)"
+                ": set one attestation store: dataDir (SQLite, one host) or store (PostgreSQL, replicas)"
             )
         if self.allow_anonymous and self.tls is not None:
             raise ValueError(": allowAnonymous is for plaintext development only; remove it or tls")
