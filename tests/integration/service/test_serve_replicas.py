@@ -1,4 +1,4 @@
-"""Two `modelsec serve` replicas on one PostgreSQL database hold one state, and it survives a kill -9 of either.
+"""Two `modelsec serve` replicas on one PostgreSQL database hold one state that survives a kill -9 of either.
 
 Real processes, since the death of a process is under test; one real PostgreSQL server (`postgres`) with a
 database of this test's own, its password given to the replicas as a file (as a mounted Secret would).
@@ -120,11 +120,11 @@ def test_store_urls_that_would_leak_the_password_are_refused(
     def config(**store: str) -> Path:
         return write_server_config(tmp_path, key_dir, dataDir=None, store=store)
 
-    with pytest.raises(PolicyError, match="store.url holds a password"):
+    with pytest.raises(PolicyError, match=r"store\.url holds a password"):
         load_server_config(config(url="postgresql://modelsec:hunter2@127.0.0.1/db"))
-    with pytest.raises(PolicyError, match="reaches db.example.org with sslmode=require"):
+    with pytest.raises(PolicyError, match=r"reaches db\.example\.org with sslmode=require"):
         load_server_config(config(url="postgresql://modelsec@db.example.org/db?sslmode=require"))
-    with pytest.raises(PolicyError, match="reaches db.example.org with sslmode=prefer"):
+    with pytest.raises(PolicyError, match=r"reaches db\.example\.org with sslmode=prefer"):
         load_server_config(config(url="postgresql://modelsec@db.example.org/db"))
     with pytest.raises(PolicyError, match="one attestation store"):
         load_server_config(write_server_config(tmp_path, key_dir, store={"url": "postgresql://u@[::1]/db"}))
