@@ -269,12 +269,10 @@ class PostgresAttestationStore(RecordStoreBase):
         with self._lock:
             try:
                 if self._db is None or self._db.closed:
-                    self._db = psycopg.connect(
-                        self._conninfo,
-                        autocommit=True,
-                        **_connect_defaults(self._conninfo),
-                        **({"password": self._password} if self._password is not None else {}),
-                    )
+                    params = _connect_defaults(self._conninfo)
+                    if self._password is not None:
+                        params["password"] = self._password
+                    self._db = psycopg.connect(self._conninfo, autocommit=True, **params)
                 with self._db.transaction(), self._db.cursor() as cur:
                     yield cur
             except psycopg.Error as e:

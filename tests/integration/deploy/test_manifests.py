@@ -103,7 +103,7 @@ def test_serve_deployment_is_safe_and_consistent(overlay: str) -> None:
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
     assert container["resources"]["requests"]["cpu"] and container["resources"]["limits"]["memory"]
-    # Writable places are volumes: the guard's snapshot directory, caches, /tmp (serve's state is in PostgreSQL).
+    # Writable places are volumes: the guard's snapshot directory, caches, /tmp (serve's state: PostgreSQL).
     volumes = {v["name"]: v for v in spec["volumes"]}
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
     env = {e["name"]: e for e in container["env"]}
