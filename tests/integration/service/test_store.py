@@ -18,7 +18,9 @@ import pytest
 
 from modelsec.errors import BackendUnavailableError, MalformedArtifactError, NotFoundError
 from modelsec.service.store import RecordStore, StoreFullError
+from modelsec.verifier.stores import open_store
 from modelsec.verifier.stores.records import open_record_store
+from tests.support.postgres import Postgres
 
 pytestmark = pytest.mark.integration
 
@@ -185,3 +187,18 @@ def test_unopenable_database_is_unavailable(tmp_path: Path) -> None:
     (tmp_path / "dir.db").mkdir()
     with pytest.raises(BackendUnavailableError, match="cannot open the attestation store"):
         open_record_store(f"sqlite://{tmp_path / 'dir.db'}")
+
+
+def test_open_store_reaches_postgresql_with_libpq_credentials_and_never_shows_the_password(
+    postgres: Postgres, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from modelsec.verifier.stores.postgres import PostgresAttestationStore  # needs psycopg, as `postgres`
+
+    url = postgres.new_database()
+    with pytest.raises(BackendUnavailableError, match="cannot create the schema of") as refused:
+        open_record_store(url, password="not-the-password")
+    assert "not-the-password" not in str(refused.value) and postgres.password not in str(refused.value)
+    monkeypatch.setenv("PGPASSWORD", postgres.password)  # what `verify --store postgresql://…` relies on
+    store = open_store(url)
+    assert isinstance(store, PostgresAttestationStore) and postgres.password not in store.uri
+    assert _put(store, b"one") is True and store.bundles(D1) == [b"one"]
