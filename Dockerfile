@@ -10,7 +10,7 @@
 ARG PYTHON_IMAGE=python:3.12-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
-ARG MODELSEC_EXTRAS=grpc,webhook,oci,sigstore,timestamp
+ARG MODELSEC_EXTRAS=grpc,webhook,oci,sigstore,timestamp,postgres
 COPY . /src
 RUN MODELSEC_EXTRAS="${MODELSEC_EXTRAS}" sh /src/deploy/image/install.sh /src /opt/modelsec
 

@@ -15,6 +15,7 @@ _EXTRA_MODULES: Final[dict[str, frozenset[str]]] = {
     "webhook": frozenset({"uvicorn", "starlette", "prometheus_client"}),
     "watermark": frozenset({"torch", "numpy", "scipy"}),
     "pkcs11": frozenset({"pkcs11"}),
+    "postgres": frozenset({"psycopg"}),
 }
 # The extra that gives a command everything it needs, where one does.
 _COMMAND_EXTRA: Final[dict[str, str]] = {

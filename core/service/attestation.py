@@ -30,7 +30,7 @@ from modelsec.service.state import ServiceState
 from modelsec.service.verification import check_root_digest
 from modelsec.v1 import attestation_pb2, attestation_pb2_grpc
 from modelsec.verifier.attestations import admit_to_store
-from modelsec.verifier.stores.sqlite import StoredRecord
+from modelsec.verifier.stores.records import StoredRecord
 
 __all__ = ["AttestationServicer", "admit_attestation", "store_produced", "storer_for"]
 
@@ -38,7 +38,7 @@ _MAX_PAGE = 1000
 
 
 class AttestationServicer(attestation_pb2_grpc.AttestationServiceServicer):
-    """Put, Get, List, Delete and SupersedeAttestation over the SQLite store in the data directory."""
+    """Put, Get, List, Delete and SupersedeAttestation over the record store (SQLite or PostgreSQL)."""
 
     def __init__(self, state: ServiceState) -> None:
         self.state = state

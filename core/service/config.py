@@ -7,7 +7,11 @@ kind: ServerConfig
 listen: 127.0.0.1:50051
 serverIdentity: signer.example.org   # runBy.server in the gates and watermarks it runs (default: hostname)
 metricsListen: 127.0.0.1:9464        # /metrics and /healthz over plain HTTP; omit to disable
-dataDir: /var/lib/modelsec           # the attestation store (attestations.sqlite3) lives here
+dataDir: /var/lib/modelsec           # the embedded attestation store (attestations.sqlite3), one process
+# store:                             # or a PostgreSQL database that every replica shares (instead of dataDir)
+#   url: postgresql://modelsec@db.example.org:5432/modelsec?sslmode=verify-full&sslrootcert=/etc/modelsec/db/ca.pem
+#   passwordFile: /etc/modelsec/db/password   # or passwordEnv: MODELSEC_DB_PASSWORD
+#   # urlEnv: MODELSEC_STORE_URL     # the whole URL (password included) from the environment, e.g. a Secret
 policy: policy.yaml                  # ModelPolicy file (keys, requirements; see modelsec.policy)
 defaultPolicy: internal-models       # for VerifyBundle and PutAttestation (default: the first policy)
 tls:
@@ -59,6 +63,14 @@ operations follow its roles: `weights` -> `signStatement`, `gate` -> `gateResult
 `watermarkRecord` (a client-made gate or watermark statement is signed only by a key configured with
 `operations: [signStatement]` and the role).
 
+The attestation store (attestations, withdrawals, the record ids that make puts idempotent) is SQLite in
+`dataDir` for one process (`--workers` share it on one host), or with `store` a PostgreSQL database that
+replicas on several hosts share (`modelsec.verifier.stores.postgres`; the `postgres` extra). A password
+written in `store.url` is refused (the file is usually a ConfigMap): give it as `passwordFile` or
+`passwordEnv`, or the whole URL as `urlEnv`. A database that is not on this host (a host other than a
+loopback address or a Unix socket directory) must be reached with `sslmode=verify-ca` or `verify-full`,
+since the password and the evidence would otherwise cross the network to whoever answers.
+
 Relative paths are relative to the configuration file's directory. The file is validated strictly
 (`ServerConfig`, published as `schemas/server-config.schema.json`) and used as it is by the server.
 """
@@ -71,6 +83,7 @@ import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -109,9 +122,11 @@ __all__ = [
     "AccessModel",
     "ServerConfig",
     "ServerKeyModel",
+    "StoreModel",
     "TlsModel",
     "TokenModel",
     "WatermarkKeyModel",
+    "check_store_url",
     "identity_allowed",
     "is_loopback_listen",
     "load_server_config",
@@ -249,6 +264,74 @@ class WatermarkKeyModel(ConfigModel):
     allow: list[Text] = Field(default_factory=list)
 
 
+_VERIFYING_SSLMODES = frozenset({"verify-ca", "verify-full"})
+
+
+def check_store_url(url: str, *, allow_password: bool = False) -> str:
+    """`url` if it is a PostgreSQL URI that `store` may use, else ValueError(": <why>").
+
+    Refused: another scheme; no database host; a remote host (not loopback, not a Unix socket directory)
+    without `sslmode=verify-ca` or `verify-full`; and, unless `allow_password` (a URL from `urlEnv`, i.e. a
+    Secret), a password in the URI.
+    """
+    import ipaddress
+
+    parts = urlsplit(url)
+    if parts.scheme.lower() not in ("postgresql", "postgres"):
+        raise ValueError(f": store URL must start with postgresql:// (got {parts.scheme or 'no'} scheme)")
+    query = parse_qs(parts.query, keep_blank_values=True)
+    if not allow_password and (parts.password is not None or "password" in query):
+        raise ValueError(
+            ": store.url holds a password, which would sit in the configuration file; give it as "
+            "passwordFile or passwordEnv, or the whole URL as urlEnv"
+        )
+    # libpq takes comma-separated host lists in the authority and in `host=`; a socket directory may be
+    # percent-encoded in the authority.
+    named = [unquote(parts.hostname or ""), *query.get("host", [])]
+    hosts = [h.strip() for spec in named for h in spec.split(",") if h.strip()]
+    if not hosts:
+        raise ValueError(": store URL names no host (postgresql://USER@HOST:PORT/DATABASE)")
+    sslmode = (query.get("sslmode") or [""])[-1]
+
+    def local(host: str) -> bool:
+        if host.startswith("/") or host == "localhost":  # a Unix socket directory, or this host
+            return True
+        try:
+            return ipaddress.ip_address(host.strip("[]")).is_loopback
+        except ValueError:
+            return False
+
+    remote = [h for h in hosts if not local(h)]
+    if remote and sslmode not in _VERIFYING_SSLMODES:
+        raise ValueError(
+            f": store URL reaches {remote[0]} with sslmode={sslmode or 'prefer (libpq default)'}: the "
+            "password and the evidence would go to whoever answers; set sslmode=verify-full (and "
+            "sslrootcert=CA file)"
+        )
+    return url
+
+
+def _store_url(url: str) -> str:
+    return check_store_url(url)
+
+
+class StoreModel(ConfigModel):
+    """A PostgreSQL database shared by every replica (instead of the SQLite file in `dataDir`)."""
+
+    url: Annotated[str, AfterValidator(no_control), AfterValidator(_store_url)] | None = None
+    url_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None
+    password_file: ConfigPath | None = None
+    password_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> StoreModel:
+        if (self.url is None) == (self.url_env is None):
+            raise ValueError(": give exactly one of url and urlEnv")
+        if self.password_file is not None and self.password_env is not None:
+            raise ValueError(": give at most one of passwordFile and passwordEnv")
+        return self
+
+
 class AccessModel(ConfigModel):
     """Identity globs per operation; an operation left out keeps its default (`ACCESS_DEFAULTS`)."""
 
@@ -287,7 +370,8 @@ class ServerConfig(ConfigModel):
     listen: Listen
     metrics_listen: Listen | None = None
     server_identity: Identity = Field(default=None, validate_default=True)
-    data_dir: ConfigPath
+    data_dir: ConfigPath | None = None
+    store: StoreModel | None = None
     policy: ConfigPath
     default_policy: Text | None = None
     tls: TlsModel | None = None
@@ -321,6 +405,10 @@ class ServerConfig(ConfigModel):
     def _check_consistent(self) -> None:
         """The checks that involve several fields; ValueError(": <why>") on the first one failed."""
         client_certificates = self.tls is not None and self.tls.client_ca is not None
+        if (self.data_dir is None) == (self.store is None):
+            raise ValueError(
+                ": set one attestation store: dataDir (SQLite, one host) or store (PostgreSQL, replicas)"
+            )
         if self.allow_anonymous and self.tls is not None:
             raise ValueError(": allowAnonymous is for plaintext development only; remove it or tls")
         if len({k.key_version for k in self.keys}) != len(self.keys):

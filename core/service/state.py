@@ -28,8 +28,16 @@ from modelsec.errors import (
 )
 from modelsec.modelformat.model_files import open_dir_beneath
 from modelsec.policy import Policy, PolicySet
-from modelsec.service.config import ServerConfig, ServerKeyModel, WatermarkKeyModel, identity_allowed
+from modelsec.safe_io import read_regular_file
+from modelsec.service.config import (
+    ServerConfig,
+    ServerKeyModel,
+    WatermarkKeyModel,
+    check_store_url,
+    identity_allowed,
+)
 from modelsec.signer.keys import KeyBackend, key_source
+from modelsec.verifier.stores.records import RecordStore, open_record_store
 from modelsec.verifier.stores.sqlite import SqliteAttestationStore
 
 __all__ = ["LoadedKey", "ServerPath", "ServiceState", "current_identity"]
@@ -128,8 +136,12 @@ class ServiceState:
     """Start-up state of a server: read-only after construction.
 
     Raises (constructor):
-        PolicyError: The policy file is invalid or `defaultPolicy` names no policy in it.
+        PolicyError: The policy file is invalid or `defaultPolicy` names no policy in it; `store.urlEnv`
+            or `store.passwordEnv` is unset, `store.passwordFile` unreadable, or the URL from the
+            environment is refused (`check_store_url`).
         KeyMaterialError: A signing key cannot be read or decrypted.
+        BackendUnavailableError: The attestation store cannot be opened (PostgreSQL: unreachable,
+            authentication, TLS).
     """
 
     def __init__(self, config: ServerConfig) -> None:
@@ -157,8 +169,7 @@ class ServiceState:
             pem = backend.public_key_pem()
             self.keys[k.key_version] = LoadedKey(k, backend, key_hint(pem), pem)
         self.watermark_keys: dict[str, WatermarkKeyModel] = {k.name: k for k in config.watermark_keys}
-        config.data_dir.mkdir(parents=True, exist_ok=True)
-        self.store = SqliteAttestationStore(config.data_dir / "attestations.sqlite3")
+        self.store: RecordStore = _open_store(config)
 
     def close(self) -> None:
         """Release the store."""
@@ -302,6 +313,42 @@ class ServiceState:
             MalformedArtifactError: Longer than PATH_MAX.
         """
         return _under(raw, self.config.write_roots, what, "write")
+
+
+_MAX_PASSWORD_FILE_BYTES = 4096
+
+
+def _open_store(config: ServerConfig) -> RecordStore:
+    """The configured record store: SQLite in `dataDir`, or the shared PostgreSQL database of `store`."""
+    if config.store is None:
+        if config.data_dir is None:  # refused when the configuration is read; kept for a model built in code
+            raise PolicyError(f"{config.source}: no attestation store: set dataDir or store")
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        return SqliteAttestationStore(config.data_dir / "attestations.sqlite3")
+    store, where = config.store, f"{config.source}: store"
+    url = store.url
+    if url is None:
+        url = os.environ.get(store.url_env or "", "")
+        if not url:
+            raise PolicyError(f"{where}.urlEnv ${store.url_env} is unset or empty")
+        try:
+            check_store_url(url, allow_password=True)
+        except ValueError as e:
+            raise PolicyError(f"{where}.urlEnv ${store.url_env}{e}") from None
+    password = None
+    if store.password_env is not None:
+        password = os.environ.get(store.password_env)
+        if not password:
+            raise PolicyError(f"{where}.passwordEnv ${store.password_env} is unset or empty")
+    elif store.password_file is not None:
+        raw = read_regular_file(
+            store.password_file, "store password file", max_bytes=_MAX_PASSWORD_FILE_BYTES, error=PolicyError
+        )
+        # A Secret written with `echo` ends in a newline that is not part of the password.
+        password = raw.decode("utf-8", "replace").removesuffix("\n").removesuffix("\r")
+        if not password:
+            raise PolicyError(f"{where}.passwordFile {store.password_file} is empty")
+    return open_record_store(url, password=password)
 
 
 def _check_name(value: str, what: str) -> None:

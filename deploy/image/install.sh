@@ -10,7 +10,7 @@
 set -eu
 SRC=${1:?usage: install.sh SRC PREFIX}
 PREFIX=${2:?usage: install.sh SRC PREFIX}
-EXTRAS=${MODELSEC_EXTRAS:-grpc,webhook,oci,sigstore,timestamp}
+EXTRAS=${MODELSEC_EXTRAS:-grpc,webhook,oci,sigstore,timestamp,postgres}
 PYTHON=${PYTHON:-python3}
 
 "$PYTHON" -m venv "$PREFIX"

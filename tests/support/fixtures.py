@@ -6,6 +6,8 @@
   test keys `ci-p256/1` and `ci-sm2/1`, read and write roots `/`), which also lets anyone delete and supersede
   attestations. Tests share its store: each stores bundles of its own model (a distinct seed or name).
   A test that needs a differently configured server starts its own and says why.
+- `postgres`: a PostgreSQL server (Debian `postgresql`, as the `postgres` user under root) on a loopback port
+  with password authentication; each test creates a database of its own (`postgres.new_database()`).
 - `pki` (`tls`, its TLS files): CAs and certificates, read-only.
 - `softhsm_token`: a SoftHSM2 token with the keys `release` (P-256) and `release384` (P-384); this process
   loads SoftHSM2 for it (SOFTHSM2_CONF points at it), with a second token `doomed` for a removal test.
@@ -24,6 +26,7 @@ import pytest
 
 from tests.support.oci import Registry, registry_missing_reason, run_registry
 from tests.support.pki import Pki, make_pki
+from tests.support.postgres import Postgres, postgres_missing_reason, run_postgres
 from tests.support.service import InThreadServer, write_server_config
 from tests.support.softhsm import PIN, Token, make_token
 
@@ -34,6 +37,15 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
     if reason:
         pytest.skip(reason)
     with run_registry(tmp_path_factory.mktemp("registry")) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Postgres]:
+    reason = postgres_missing_reason()
+    if reason:
+        pytest.skip(reason)
+    with run_postgres() as running:
         yield running
 
 

@@ -31,7 +31,7 @@ def write_server_config(directory: Path, key_dir: Path, **fields: Any) -> Path:
     """A ServerConfig (JSON is YAML) with the test keys as `ci-p256/1` and `ci-sm2/1`, open to `*`.
 
     Defaults: listen 127.0.0.1:0, anonymous plaintext, data dir `<directory>/data`, read roots `[/]`;
-    `fields` override or add top-level fields (camelCase, as in the file).
+    `fields` override or add top-level fields (camelCase, as in the file); a field given as None is left out.
     """
     directory.mkdir(parents=True, exist_ok=True)
     doc: dict[str, Any] = {
@@ -52,6 +52,7 @@ def write_server_config(directory: Path, key_dir: Path, **fields: Any) -> Path:
     if ("tls" in fields or "tokens" in fields) and "allowAnonymous" not in fields:
         del doc["allowAnonymous"]  # real authentication configured: no anonymous fallback
     doc.update(fields)
+    doc = {k: v for k, v in doc.items() if v is not None}
     path = directory / "server.yaml"
     path.write_text(json.dumps(doc, indent=2))
     return path

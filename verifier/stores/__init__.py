@@ -8,14 +8,17 @@ every bundle it gets, and a bundle that is not trusted evidence about the model 
 |---|---|
 | a plain path, `file:///abs/dir` | `DirectoryStore`: `<dir>/sha256/<digest>/<sha256 of the bundle>.sig` |
 | `sqlite:///abs/file.db`, `sqlite://rel.db` | `SqliteAttestationStore` (the service's embedded default) |
+| `postgresql://USER@HOST/DB?…` | `PostgresAttestationStore` (replicas share it; the `postgres` extra) |
 | `oci://REGISTRY/REPOSITORY` | `OciStore`: referrers of the model's manifests |
 | `grpc://HOST:PORT`, `grpcs://HOST:PORT` | `GrpcAttestationStore`: the service's API (an entry point) |
 
 A store of this package is one module beside these with a class implementing `AttestationStore` and one line
-in `_OPENERS`. A store that lives above the verifier (the service's gRPC client) or in another
-distribution registers an opener `(target, StoreOptions) -> AttestationStore` under the entry-point group
+in `_OPENERS`. A store that lives above the verifier (the service's gRPC client) or in another distribution
+registers an opener `(target, StoreOptions) -> AttestationStore` under the entry-point group
 `modelsec.attestation_stores`, named by its URI scheme (`grpc = "modelsec.service.grpc_store:open_plaintext"`
 in pyproject.toml): the verifier never imports it, it is loaded when a store of its scheme is opened.
+A PostgreSQL store opened here takes its password from libpq (`PGPASSWORD`, `PGPASSFILE`); the service
+reads it from a file or a variable of its own (`modelsec.service.config`).
 """
 
 from __future__ import annotations
@@ -167,6 +170,16 @@ def _open_sqlite(target: str, options: StoreOptions) -> AttestationStore:
     )
 
 
+def _open_postgres(target: str, options: StoreOptions) -> AttestationStore:
+    from modelsec.verifier.stores.records import open_record_store
+
+    return open_record_store(
+        f"postgresql://{target}",
+        max_bundles_per_digest=options.max_bundles,
+        max_bundle_bytes=options.limits.max_bundle_bytes,
+    )
+
+
 def _open_oci(target: str, options: StoreOptions) -> AttestationStore:
     from modelsec.verifier.stores.oci import open_store as open_oci_store
 
@@ -177,6 +190,8 @@ _OPENERS: dict[str, Callable[[str, StoreOptions], AttestationStore]] = {
     "": _open_directory,
     "file": _open_directory,
     "sqlite": _open_sqlite,
+    "postgresql": _open_postgres,
+    "postgres": _open_postgres,
     "oci": _open_oci,
 }
 
@@ -207,15 +222,19 @@ def open_store(reference: str, options: StoreOptions | None = None) -> Attestati
     """Open the attestation store a reference names (see the module docstring for the URI forms).
 
     Args:
-        reference: A plain directory path or a store URI (`file://`, `sqlite://`, `grpc://`, `grpcs://`).
+        reference: A plain directory path or a store URI (`file://`, `sqlite://`, `postgresql://`, `oci://`,
+            `grpc://`, `grpcs://`).
         options: Limits and connection options (default: `StoreOptions()`).
 
     Returns:
-        The store. Nothing is read yet, except that SQLite opens (or creates) its file.
+        The store. Nothing is read yet, except that SQLite opens (or creates) its file and PostgreSQL
+        connects and creates its schema.
 
     Raises:
         PolicyError: An unknown scheme or an empty target.
-        BackendUnavailableError: The store cannot be opened (SQLite), or the grpc extra is missing.
+        BackendUnavailableError: The store cannot be opened (SQLite, PostgreSQL), or the grpc extra is
+            missing.
+        ModuleNotFoundError: `psycopg`, for a PostgreSQL store without the `postgres` extra.
     """
     scheme, target = _split(reference)
     opener = _OPENERS.get(scheme) or _registered_opener(scheme)

@@ -7,28 +7,31 @@ verifies again what it reads. Durability: WAL journal with `synchronous=FULL` (a
 crash or restart); concurrent writers (threads or several server processes on one data directory) are
 serialised by SQLite's lock with a busy timeout; a record id (the service's: the signed statement and the
 verifying key; default: SHA-256 of the bytes) is stored once, so a put is idempotent. Implements
-`modelsec.verifier.stores.AttestationStore`; the service uses `put_record` to keep the admitting
-verification's metadata with each bundle. `supersede` marks a record so that readers no longer get it (kept
-for audit); `delete` removes it.
+`modelsec.verifier.stores.records.RecordStore` with the PostgreSQL store's semantics (replicas on several
+hosts share that one; SQLite serves the processes of one host); the service uses `put_record` to keep the
+admitting verification's metadata with each bundle. `supersede` marks a record so that readers no longer
+get it (kept for audit); `delete` removes it.
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import re
 import sqlite3
 import threading
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from dataclasses import astuple
 from pathlib import Path
 from typing import Any
 
-from modelsec.attestations.bundle import parse_bundle
-from modelsec.attestations.statement import is_sha256_hex, parse_statement
-from modelsec.errors import BackendUnavailableError, Error, MalformedArtifactError, NotFoundError
+from modelsec.errors import BackendUnavailableError, NotFoundError
 from modelsec.verifier.stores import StoredBundle
-from modelsec.verifier.stores.directory import subject_root_digest
+from modelsec.verifier.stores.records import (
+    RecordStoreBase,
+    StoredRecord,
+    StoreFullError,
+    decode_page_token,
+    encode_page_token,
+    utc_now,
+)
 
 __all__ = ["SqliteAttestationStore", "StoreFullError", "StoredRecord"]
 
@@ -50,24 +53,7 @@ _COLUMNS = "id, root_digest, predicate_type, signer, algorithm, stored_at, store
 _CURRENT = "superseded_at IS NULL"
 
 
-class StoreFullError(Error):
-    """A model already has as many stored bundles as the store allows (status RESOURCE_EXHAUSTED)."""
-
-
-@dataclass(frozen=True, slots=True)
-class StoredRecord:
-    """Metadata of one stored bundle (`id` = hex SHA-256 of the bundle bytes; `stored_at` RFC 3339 UTC)."""
-
-    id: str
-    root_digest: str
-    predicate_type: str
-    signer: str
-    algorithm: str
-    stored_at: str
-    stored_by: str
-
-
-class SqliteAttestationStore:
+class SqliteAttestationStore(RecordStoreBase):
     """A durable, concurrency-safe bundle store in one SQLite file.
 
     Raises (every method):
@@ -114,23 +100,6 @@ class SqliteAttestationStore:
         with self._lock:
             self._db.close()
 
-    def put(self, data: bytes) -> tuple[StoredBundle, bool]:
-        """File a bundle under its subject's root digest (the protocol's put; no verification metadata).
-
-        Raises:
-            MalformedArtifactError: Too large, not a bundle, or no sha256 subject.
-            StoreFullError: The model already has `max_bundles_per_digest` bundles.
-            BackendUnavailableError: The write failed.
-        """
-        digest = subject_root_digest(data, self.max_bundle_bytes)
-        ptype = parse_statement(
-            parse_bundle(data, source="bundle").envelope.payload, what="bundle"
-        ).predicate_type
-        record, created = self.put_record(
-            data, root_digest=digest, predicate_type=ptype, signer="", algorithm="", stored_by=""
-        )
-        return StoredBundle(record.id, digest, data, f"{self.uri}#{record.id}"), created
-
     def put_record(
         self,
         bundle: bytes,
@@ -159,7 +128,7 @@ class SqliteAttestationStore:
             BackendUnavailableError: The write failed.
         """
         bundle_id = record_id or hashlib.sha256(bundle).hexdigest()
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        now = utc_now()
         try:
             with self._lock:
                 self._db.execute("BEGIN IMMEDIATE")
@@ -184,7 +153,7 @@ class SqliteAttestationStore:
                     )
                     self._db.execute(
                         f"INSERT INTO attestations ({_COLUMNS}, bundle) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",  # noqa: S608 - constant SQL; values bound
-                        (*_values(record), bundle),
+                        (*astuple(record), bundle),
                     )
                     self._db.execute("COMMIT")
                     return record, True
@@ -202,21 +171,6 @@ class SqliteAttestationStore:
             (root_digest, self.max_bundles_per_digest),
         )
         return [(StoredRecord(*r[:7]), bytes(r[7])) for r in rows]
-
-    def bundles(self, digest: str) -> list[bytes]:
-        """The stored bundles about a model root digest, oldest first."""
-        return [b for _, b in self.records(digest)]
-
-    def entries(self, digest: str) -> list[StoredBundle]:
-        """`bundles` with each bundle's record id and source (`sqlite://<path>#<id>`).
-
-        Raises:
-            MalformedArtifactError: `digest` is not 64 lowercase hex digits.
-            BackendUnavailableError: The database cannot be read.
-        """
-        if not is_sha256_hex(digest):
-            raise MalformedArtifactError(f"{digest!r} is not a hex SHA-256 digest")
-        return [StoredBundle(r.id, digest, b, f"{self.uri}#{r.id}") for r, b in self.records(digest)]
 
     def get(self, digest: str, bundle_id: str) -> StoredBundle:
         """One stored bundle by record id.
@@ -241,7 +195,7 @@ class SqliteAttestationStore:
         Raises:
             MalformedArtifactError: The page token is not one this store issued.
         """
-        before = _decode_token(page_token)
+        before = decode_page_token(page_token)
         where, args = f"WHERE seq < ? AND {_CURRENT}", list[object]([before])
         if root_digest:
             where += " AND root_digest = ?"
@@ -251,7 +205,7 @@ class SqliteAttestationStore:
             (*args, page_size + 1),
         )
         page = rows[:page_size]
-        token = _encode_token(page[-1][0]) if len(rows) > page_size else ""
+        token = encode_page_token(page[-1][0]) if len(rows) > page_size else ""
         return [StoredRecord(*r[1:]) for r in page], token
 
     def delete(self, digest: str, bundle_id: str) -> None:
@@ -273,7 +227,7 @@ class SqliteAttestationStore:
             NotFoundError: No such current record.
             BackendUnavailableError: The write failed.
         """
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        now = utc_now()
         self._change(
             f"UPDATE attestations SET superseded_at = ? WHERE id = ? AND root_digest = ? AND {_CURRENT}",  # noqa: S608 - constant SQL
             (now, bundle_id, digest),
@@ -295,28 +249,3 @@ class SqliteAttestationStore:
                 return self._db.execute(sql, args).fetchall()
         except sqlite3.Error as e:
             raise BackendUnavailableError(f"{self.path}: cannot read the attestation store: {e}") from e
-
-
-def _values(r: StoredRecord) -> tuple[str, ...]:
-    return (r.id, r.root_digest, r.predicate_type, r.signer, r.algorithm, r.stored_at, r.stored_by)
-
-
-def _encode_token(seq: object) -> str:
-    return base64.urlsafe_b64encode(f"seq:{seq}".encode()).decode()
-
-
-def _decode_token(token: str) -> int:
-    if not token:
-        return 2**63 - 1
-    seq = None
-    if len(token) <= 64:
-        try:
-            match = re.fullmatch(
-                r"seq:([1-9][0-9]{0,17})", base64.urlsafe_b64decode(token.encode()).decode("ascii")
-            )
-        except (ValueError, UnicodeDecodeError):
-            match = None
-        seq = int(match.group(1)) if match else None
-    if seq is None:
-        raise MalformedArtifactError(f"page_token {token[:80]!r} is not a token this server issued")
-    return seq

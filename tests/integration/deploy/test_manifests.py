@@ -103,7 +103,7 @@ def test_serve_deployment_is_safe_and_consistent(overlay: str) -> None:
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
     assert container["resources"]["requests"]["cpu"] and container["resources"]["limits"]["memory"]
-    # Writable places are volumes: the guard's snapshot directory, caches, /tmp, the data directory.
+    # Writable places are volumes: the guard's snapshot directory, caches, /tmp (serve's state: PostgreSQL).
     volumes = {v["name"]: v for v in spec["volumes"]}
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
     env = {e["name"]: e for e in container["env"]}
@@ -159,7 +159,11 @@ def test_serve_args_and_config_map_load_with_the_cli() -> None:
         assert str(Path(path).parent) in mounts, path
     assert mounts[str(Path(config.tls.cert).parent)] == "tls"  # type: ignore[union-attr]
     assert volumes[mounts[str(Path(config.policy).parent)]]["configMap"]["name"] == "modelsec-policy"
-    assert volumes[mounts[str(config.data_dir)]].get("emptyDir") is not None
+    # Replicas keep no state of their own: the record store is one PostgreSQL, its URL from a Secret.
+    assert config.data_dir is None and config.store is not None and config.store.url_env
+    (url_env,) = [e for e in container["env"] if e["name"] == config.store.url_env]
+    db_secret = url_env["valueFrom"]["secretKeyRef"]["name"]
+    assert volumes[mounts["/etc/modelsec/db"]]["secret"]["secretName"] == db_secret
     listen_port = int(config.listen.rsplit(":", 1)[1])
     metrics_port = int((config.metrics_listen or "").rsplit(":", 1)[1])
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}

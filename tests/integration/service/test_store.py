@@ -1,28 +1,58 @@
-"""The SQLite attestation store: idempotent, durable across reopen, safe with concurrent writers."""
+"""The record stores, SQLite and PostgreSQL, under one contract: idempotent, durable, safe when writers race.
+
+Every test runs against both (`backend`): the embedded SQLite file and a PostgreSQL database of its own on
+the session's server (`postgres` fixture), opened through `open_record_store` as the service opens them.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import multiprocessing
 import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from modelsec.errors import BackendUnavailableError, MalformedArtifactError
-from modelsec.service.store import SqliteAttestationStore, StoreFullError
+from modelsec.errors import BackendUnavailableError, MalformedArtifactError, NotFoundError
+from modelsec.service.store import RecordStore, StoreFullError
+from modelsec.verifier.stores import open_store
+from modelsec.verifier.stores.records import open_record_store
+from tests.support.postgres import Postgres
+
+pytestmark = pytest.mark.integration
 
 D1, D2 = "a" * 64, "b" * 64
 
+Opener = Callable[..., RecordStore]
 
-def _put(store: SqliteAttestationStore, bundle: bytes, digest: str = D1, who: str = "ci") -> bool:
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str | None]:
+    """(store URI, password) of an empty store of this test's own."""
+    if request.param == "sqlite":
+        return f"sqlite://{tmp_path / 's.db'}", None
+    server = request.getfixturevalue("postgres")
+    return server.new_database(), server.password
+
+
+@pytest.fixture
+def make_store(backend: tuple[str, str | None]) -> Opener:
+    """Open (again) this test's store, as the service does."""
+    uri, password = backend
+    return lambda **limits: open_record_store(uri, password=password, **limits)
+
+
+def _put(store: RecordStore, bundle: bytes, digest: str = D1, who: str = "ci") -> bool:
     return store.put_record(
         bundle, root_digest=digest, predicate_type="p", signer="k", algorithm="ecdsa-p256", stored_by=who
     )[1]
 
 
-def test_put_is_idempotent_and_keyed_by_bundle_hash(tmp_path: Path) -> None:
-    store = SqliteAttestationStore(tmp_path / "s.db")
+def test_put_is_idempotent_and_keyed_by_bundle_hash(make_store: Opener) -> None:
+    store = make_store()
     assert _put(store, b"one") is True
     assert _put(store, b"one", who="someone else") is False
     ((record, data),) = store.records(D1)
@@ -30,17 +60,17 @@ def test_put_is_idempotent_and_keyed_by_bundle_hash(tmp_path: Path) -> None:
     assert store.bundles(D2) == []
 
 
-def test_records_survive_reopening(tmp_path: Path) -> None:
-    store = SqliteAttestationStore(tmp_path / "s.db")
+def test_records_survive_reopening(make_store: Opener) -> None:
+    store = make_store()
     _put(store, b"one")
     _put(store, b"two", D2)
     store.close()
-    again = SqliteAttestationStore(tmp_path / "s.db")
+    again = make_store()
     assert again.bundles(D1) == [b"one"] and again.bundles(D2) == [b"two"]
 
 
-def test_pages_newest_first_with_tokens(tmp_path: Path) -> None:
-    store = SqliteAttestationStore(tmp_path / "s.db")
+def test_pages_newest_first_with_tokens(make_store: Opener) -> None:
+    store = make_store()
     for i in range(5):
         _put(store, f"b{i}".encode(), D1 if i % 2 else D2)
     page, token = store.page(page_size=2)
@@ -66,11 +96,11 @@ def test_pages_newest_first_with_tokens(tmp_path: Path) -> None:
 )
 def test_foreign_page_tokens_are_refused(tmp_path: Path, token: str) -> None:
     with pytest.raises(MalformedArtifactError, match="page_token"):
-        SqliteAttestationStore(tmp_path / "s.db").page(page_token=token)
+        open_record_store(f"sqlite://{tmp_path / 's.db'}").page(page_token=token)
 
 
-def test_per_model_limit(tmp_path: Path) -> None:
-    store = SqliteAttestationStore(tmp_path / "s.db", max_bundles_per_digest=2)
+def test_per_model_limit(make_store: Opener) -> None:
+    store = make_store(max_bundles_per_digest=2)
     _put(store, b"1")
     _put(store, b"2")
     with pytest.raises(StoreFullError, match="already has 2 stored bundles"):
@@ -78,8 +108,27 @@ def test_per_model_limit(tmp_path: Path) -> None:
     assert _put(store, b"1") is False  # an existing bundle is still found
 
 
-def test_concurrent_threads(tmp_path: Path) -> None:
-    store = SqliteAttestationStore(tmp_path / "s.db", max_bundles_per_digest=1000)
+def test_supersede_withdraws_keeps_and_frees_the_slot(make_store: Opener) -> None:
+    store = make_store(max_bundles_per_digest=1)
+    _put(store, b"old")
+    old = hashlib.sha256(b"old").hexdigest()
+    store.supersede(D1, old)
+    assert store.bundles(D1) == [] and store.page()[0] == []
+    with pytest.raises(NotFoundError):
+        store.get(D1, old)
+    with pytest.raises(NotFoundError):
+        store.supersede(D1, old)  # only a current record can be superseded
+    assert _put(store, b"old") is False and store.bundles(D1) == []  # a second put stays superseded
+    assert _put(store, b"new") is True and store.bundles(D1) == [b"new"]  # the slot is free again
+    store.delete(D1, old)  # delete forgets a superseded record too
+    with pytest.raises(NotFoundError):
+        store.delete(D1, old)
+    with pytest.raises(StoreFullError):
+        _put(store, b"old")  # forgotten: a new put again, which the current record's slot refuses
+
+
+def test_concurrent_threads(make_store: Opener) -> None:
+    store = make_store(max_bundles_per_digest=1000)
     threads = [
         threading.Thread(target=lambda t=t: [_put(store, f"{t}-{i}".encode()) for i in range(50)])
         for t in range(8)
@@ -91,26 +140,65 @@ def test_concurrent_threads(tmp_path: Path) -> None:
     assert len(store.bundles(D1)) == 400
 
 
-def _writer(path: str, tag: int) -> None:
-    store = SqliteAttestationStore(Path(path), max_bundles_per_digest=1000)
+def test_racing_puts_of_one_record_through_separate_connections_store_it_once(make_store: Opener) -> None:
+    """Replicas racing one idempotency key: exactly one put is new, one record, and the limit holds."""
+    stores = [make_store(max_bundles_per_digest=3) for _ in range(4)]
+    _put(stores[0], b"first")
+    barrier = threading.Barrier(len(stores))
+
+    def race(store: RecordStore) -> list[Any]:
+        barrier.wait()
+        out: list[Any] = []
+        for i in range(10):
+            try:
+                out.append(_put(store, b"shared"))
+                out.append(_put(store, f"other-{i}".encode()))
+            except StoreFullError:
+                out.append("full")
+        return out
+
+    with ThreadPoolExecutor(len(stores)) as pool:
+        results = [r for rs in pool.map(race, stores) for r in rs]
+    assert results.count(True) == 2  # "shared" once, one "other-*" in the last slot
+    assert len(stores[1].bundles(D1)) == 3 and stores[2].bundles(D1).count(b"shared") == 1
+
+
+def _writer(uri: str, password: str | None, tag: int) -> None:
+    store = open_record_store(uri, password=password, max_bundles_per_digest=1000)
     for i in range(40):
         _put(store, f"{tag}-{i}".encode())
         _put(store, b"shared")
 
 
-def test_concurrent_processes_share_one_database(tmp_path: Path) -> None:
+@pytest.mark.slow  # spawned interpreters
+def test_concurrent_processes_share_one_database(backend: tuple[str, str | None], make_store: Opener) -> None:
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_writer, args=(str(tmp_path / "s.db"), t)) for t in range(3)]
+    procs = [ctx.Process(target=_writer, args=(*backend, t)) for t in range(3)]
     for p in procs:
         p.start()
     for p in procs:
         p.join(60)
         assert p.exitcode == 0
-    bundles = SqliteAttestationStore(tmp_path / "s.db").bundles(D1)
+    bundles = make_store(max_bundles_per_digest=1000).bundles(D1)
     assert len(bundles) == 121 and bundles.count(b"shared") == 1
 
 
 def test_unopenable_database_is_unavailable(tmp_path: Path) -> None:
     (tmp_path / "dir.db").mkdir()
     with pytest.raises(BackendUnavailableError, match="cannot open the attestation store"):
-        SqliteAttestationStore(tmp_path / "dir.db")
+        open_record_store(f"sqlite://{tmp_path / 'dir.db'}")
+
+
+def test_open_store_reaches_postgresql_with_libpq_credentials_and_never_shows_the_password(
+    postgres: Postgres, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from modelsec.verifier.stores.postgres import PostgresAttestationStore  # needs psycopg, as `postgres`
+
+    url = postgres.new_database()
+    with pytest.raises(BackendUnavailableError, match="cannot create the schema of") as refused:
+        open_record_store(url, password="not-the-password")
+    assert "not-the-password" not in str(refused.value) and postgres.password not in str(refused.value)
+    monkeypatch.setenv("PGPASSWORD", postgres.password)  # what `verify --store postgresql://…` relies on
+    store = open_store(url)
+    assert isinstance(store, PostgresAttestationStore) and postgres.password not in store.uri
+    assert _put(store, b"one") is True and store.bundles(D1) == [b"one"]
