@@ -24,6 +24,7 @@ __all__ = [
     "DigestMismatchError",
     "Error",
     "FileSetMismatchError",
+    "InvalidReferenceError",
     "GateFailedError",
     "KeyMaterialError",
     "MalformedArtifactError",
@@ -105,6 +106,17 @@ class AttestationError(VerificationError):
 
 class MalformedArtifactError(VerificationError):
     """A file, bundle, header or manifest cannot be parsed within the limits (parse failures fail closed)."""
+
+
+class InvalidReferenceError(MalformedArtifactError):
+    """An image or `oci://` reference is not valid under the distribution reference grammar.
+
+    A container runtime refuses it too; `reason` says which rule it breaks (e.g. an upper-case repository).
+    """
+
+    def __init__(self, reference: str, reason: str) -> None:
+        super().__init__(f"{reference!r} is not a valid image reference: {reason}")
+        self.reference, self.reason = reference, reason
 
 
 class PolicyViolationError(VerificationError):
