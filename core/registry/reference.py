@@ -1,4 +1,4 @@
-"""Image and `oci://` references, normalised once, as a container runtime resolves them (DESIGN.md decision 20).
+"""Image and `oci://` references, normalised once, as a container runtime resolves them (DESIGN.md 20).
 
 Every image a workload names, every `oci://` model reference and every `oci://` pattern of a policy is read
 here and only here, and only the normalised form is compared (policy match, which references a policy
