@@ -25,6 +25,7 @@ __all__ = [
     "Error",
     "FileSetMismatchError",
     "GateFailedError",
+    "InvalidReferenceError",
     "KeyMaterialError",
     "MalformedArtifactError",
     "ModelMovedError",
@@ -106,6 +107,17 @@ class AttestationError(VerificationError):
 
 class MalformedArtifactError(VerificationError):
     """A file, bundle, header or manifest cannot be parsed within the limits (parse failures fail closed)."""
+
+
+class InvalidReferenceError(MalformedArtifactError):
+    """An image or `oci://` reference is not valid under the distribution reference grammar.
+
+    A container runtime refuses it too; `reason` says which rule it breaks (e.g. an upper-case repository).
+    """
+
+    def __init__(self, reference: str, reason: str) -> None:
+        super().__init__(f"{reference!r} is not a valid image reference: {reason}")
+        self.reference, self.reason = reference, reason
 
 
 class PolicyViolationError(VerificationError):

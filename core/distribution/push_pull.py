@@ -12,7 +12,10 @@ policy key holding the `weights` role.
 
 1. the manifest is fetched by digest (or tag, then hashed), strictly parsed, and every layer path is a
    plain relative path (no `..`, no absolute path, no duplicate, no reserved bundle name);
-2. referrers are listed, each fetched by digest and kept only if its own subject is this manifest;
+2. referrers are listed (`modelsec.registry.referrers.read_evidence`): those that are not evidence
+   (another `artifactType`) are skipped unread, the rest are read within a budget (256 referrers,
+   64 MiB, 20 s; past it they are listed as ignored, never a refusal: a writer cannot veto), each
+   fetched by digest and kept only if its own subject is this manifest;
 3. a binding signed by a trusted key names this manifest digest (else nothing is downloaded);
 4. the layers are downloaded into a staging directory next to the destination, each checked against its
    size and digest, and the weights bundles about a bound root digest are written under their default
@@ -43,7 +46,6 @@ from modelsec.attestations.bundle import Bundle, parse_bundle, sign_statement
 from modelsec.attestations.predicates.oms import OMS_PREDICATE_TYPE
 from modelsec.attestations.statement import Statement, Subject, is_sha256_hex, parse_statement
 from modelsec.errors import (
-    DigestMismatchError,
     Error,
     MalformedArtifactError,
     PolicyError,
@@ -64,7 +66,7 @@ from modelsec.registry.client import (
     parse_reference,
     root_tag,
 )
-from modelsec.registry.referrers import attach_bundle, read_referrer_bundle
+from modelsec.registry.referrers import ReferrerBudget, attach_bundle, read_evidence
 from modelsec.signer.keys import KeyBackend, TrustedKey
 from modelsec.signer.layout import (
     GATE_BUNDLE_NAME,
@@ -98,7 +100,7 @@ FILEPATH_ANNOTATION = "org.cncf.model.filepath"
 TITLE_ANNOTATION = "org.opencontainers.image.title"
 ROOT_DIGEST_ANNOTATION = "dev.modelsec.model.root-digest"  # informational: the binding is the evidence
 _DOC_NAMES = re.compile(r"^(readme|license|licence|notice)(\.[a-z]+)?$", re.IGNORECASE)
-_MAX_REFERRERS = 256
+_MAX_REFERRERS = 256  # evidence referrers read per manifest (more are listed unread, never refused)
 
 
 def _chunks(path: Path) -> Iterator[bytes]:
@@ -355,23 +357,17 @@ def _verify_weights_signature(bundle: Bundle, policy: Policy) -> TrustedKey:
 def _collect(client: RegistryClient, ref: OciReference, manifest_digest: str, policy: Policy) -> _Evidence:
     """Read every referrer, keep the verified bindings of this manifest and the bundles about them."""
     found = _Evidence()
-    listed = client.referrers(ref.repository, manifest_digest)
-    if len(listed) > _MAX_REFERRERS:
-        raise MalformedArtifactError(f"{ref}: {len(listed)} referrers, more than {_MAX_REFERRERS}")
+    budget = ReferrerBudget(max_referrers=_MAX_REFERRERS, max_bundle_bytes=policy.limits.max_bundle_bytes)
+    reads, skipped = read_evidence(client, ref.repository, manifest_digest, budget)
+    if skipped:
+        found.ignored.append(f"{ref.repository_uri}: {skipped} referrers that are not evidence (not read)")
     raw: list[tuple[str, bytes]] = []
-    for desc in listed:
-        source = f"{ref.repository_uri}@{desc.get('digest')}"
-        try:
-            raw.append(
-                (
-                    source,
-                    read_referrer_bundle(
-                        client, ref.repository, desc, manifest_digest, policy.limits.max_bundle_bytes
-                    ),
-                )
-            )
-        except (MalformedArtifactError, DigestMismatchError) as e:
-            found.ignored.append(f"{source}: {e.diagnostics()}")
+    for read in reads:
+        source = f"{ref.repository_uri}@{read.digest}"
+        if read.note:
+            found.ignored.append(f"{source}: {read.note}")
+        else:
+            raw.append((source, read.data))
     statements = []
     for source, data in raw:
         try:

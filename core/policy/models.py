@@ -37,7 +37,9 @@ from modelsec.config import (
     all_roles,
     no_control,
 )
+from modelsec.errors import PolicyError
 from modelsec.limits import SAFETENSORS_MAX_HEADER_SIZE, Limits
+from modelsec.registry.reference import normalize_pattern
 
 __all__ = [
     "MAX_AGE_SECONDS",
@@ -66,14 +68,21 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def _model_pattern(value: str) -> str:
-    """A `match` glob must name a scheme: models are matched as `file://<real path>` or `oci://...` URIs."""
+    """A `match` glob must name a scheme: models are matched as `file://<real path>` or `oci://...` URIs.
+
+    An `oci://` glob is returned normalised (`modelsec.registry.reference.normalize_pattern`).
+    """
     if "://" not in value and not value.startswith(("*", "?", "[")):
         local = f"file://{value}" if value.startswith("/") else "file://<absolute path>"
         raise ValueError(
             f"{value!r} has no scheme and can never match: a local model is matched as file://<real path>, "
             f"a registry one as oci://REGISTRY/REPOSITORY (write {local!r})"
         )
-    return value
+    try:
+        # References are compared normalised (modelsec.registry.reference): so are the patterns.
+        return normalize_pattern(value)
+    except PolicyError as e:
+        raise ValueError(str(e)) from None
 
 
 def _store(value: str) -> str:

@@ -103,6 +103,7 @@ from modelsec.policy.requirements import (
     watermark_requirement,
 )
 from modelsec.policy.trust import KeyWindow, TimestampAuthority, check_validity_window
+from modelsec.registry.reference import normalize_model_uri
 from modelsec.signer.keys import TrustedKey, load_trusted_key_file
 from modelsec.signer.schemes import scheme_for
 
@@ -331,8 +332,13 @@ class PolicySet:
         """Every policy whose `match` globs cover `uri` and that applies in `namespace` (admission).
 
         Like policy-controller and Kyverno, the admission webhook requires every one of them to pass; an
-        empty result means the reference follows `rule_for(namespace).no_match`.
+        empty result means the reference follows `rule_for(namespace).no_match`. An `oci://` URI is
+        compared normalised (`modelsec.registry.reference.normalize_model_uri`), as the patterns are.
+
+        Raises:
+            InvalidReferenceError: `uri` is an `oci://` URI that is not a valid reference.
         """
+        uri = normalize_model_uri(uri)
         return tuple(
             e.policy
             for e in self.entries

@@ -41,6 +41,7 @@ from modelsec.errors import (
     MalformedArtifactError,
     NotFoundError,
 )
+from modelsec.registry.reference import DOCKER_HUB, DOCKER_HUB_ENDPOINT, OciReference, parse_reference
 
 __all__ = [
     "BINDING_ARTIFACT_TYPE",
@@ -71,58 +72,7 @@ EMPTY_CONFIG = {
 _MAX_MANIFEST_BYTES = 4 * 2**20  # containerd's and distribution's limit on a manifest
 _CHUNK = 2**20
 
-_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
-_HOST = rf"(?:{_LABEL}(?:\.{_LABEL})*|\[[0-9a-fA-F:]+\])"
-_REPO = r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*)*"
-_REFERENCE = re.compile(
-    rf"^(?P<registry>{_HOST}(?::[0-9]{{1,5}})?)/(?P<repository>{_REPO})"
-    r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9._-]{0,127}))?(?:@(?P<digest>sha256:[0-9a-f]{64}))?$"
-)
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
-
-
-@dataclass(frozen=True, slots=True)
-class OciReference:
-    """A parsed `oci://REGISTRY/REPOSITORY[:TAG][@sha256:HEX]` reference."""
-
-    registry: str
-    repository: str
-    tag: str | None = None
-    digest: str | None = None
-
-    @property
-    def ref(self) -> str:
-        """What a manifest request names: the digest if pinned, else the tag."""
-        return self.digest or self.tag or "latest"
-
-    @property
-    def repository_uri(self) -> str:
-        """`oci://REGISTRY/REPOSITORY` (what policies match)."""
-        return f"oci://{self.registry}/{self.repository}"
-
-    def __str__(self) -> str:
-        return (
-            self.repository_uri
-            + (f":{self.tag}" if self.tag else "")
-            + (f"@{self.digest}" if self.digest else "")
-        )
-
-
-def parse_reference(uri: str) -> OciReference:
-    """Parse an `oci://` reference (the scheme may be omitted).
-
-    Raises:
-        MalformedArtifactError: Not `REGISTRY/REPOSITORY[:TAG][@sha256:HEX]` (lowercase repository, a
-            registry host that has a dot, a port or is `localhost`).
-    """
-    target = uri[6:] if uri.startswith("oci://") else uri
-    m = _REFERENCE.fullmatch(target)
-    registry = m.group("registry") if m else ""
-    if m is None or not ("." in registry or ":" in registry or registry == "localhost"):
-        raise MalformedArtifactError(
-            f"{uri!r} is not an OCI reference oci://REGISTRY/REPOSITORY[:TAG][@sha256:HEX]"
-        )
-    return OciReference(registry, m.group("repository"), m.group("tag"), m.group("digest"))
 
 
 def root_tag(root_digest: str) -> str:
@@ -211,9 +161,16 @@ def _docker_credentials(path: Path | None, registry: str) -> str | None:
     if not os.path.lexists(path):
         return None
     data = read_regular_file(path, "Docker config file", max_bytes=2**20, error=KeyMaterialError)
-    try:
-        auth = json.loads(data)["auths"][registry]["auth"]
-    except (ValueError, KeyError, TypeError):
+    # The Docker CLI files Docker Hub's credentials under its legacy index URL.
+    keys = (registry, "https://index.docker.io/v1/") if registry == DOCKER_HUB else (registry,)
+    auth = None
+    for key in keys:
+        try:
+            auth = json.loads(data)["auths"][key]["auth"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        break
+    else:
         return None
     return auth if isinstance(auth, str) and auth else None
 
@@ -237,7 +194,9 @@ class RegistryClient:
         self._session = requests.Session()
         self._session.trust_env = False  # no proxies or netrc credentials from the environment
         self._verify: bool | str = str(self.options.ca_file) if self.options.ca_file else True
-        self._base = ("http" if self.options.plain_http else "https") + f"://{registry}/v2/"
+        # Docker Hub is named `docker.io` (what references normalise to) and served at its API host.
+        endpoint = DOCKER_HUB_ENDPOINT if registry == DOCKER_HUB else registry
+        self._base = ("http" if self.options.plain_http else "https") + f"://{endpoint}/v2/"
         if self.options.username:
             raw = f"{self.options.username}:{self.options.password or ''}".encode()
             self._basic: str | None = base64.b64encode(raw).decode()

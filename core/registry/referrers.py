@@ -1,17 +1,27 @@
 """Referrers: bundles attached to a manifest, and read back only if they are about it (OCI 1.1 `subject`).
 
-The shapes `modelsec push` and the `oci://` store write and read; `_oci_registry` is the transport.
+The shapes `modelsec push` and the `oci://` store write and read; `modelsec.registry.client` is the
+transport. `read_evidence` is the one reader of a manifest's evidence (the `oci://` store, `pull` and the
+webhook's binding lookup), and it holds DESIGN.md decision 13 for registries: whoever can push to the
+repository can attach referrers, so referrers never veto. What is not evidence (another `artifactType` or
+media type, a repeated descriptor) is skipped before anything is counted or fetched; the work on the rest
+is bounded (`ReferrerBudget`: referrers read, bytes, seconds; one listing page of at most 4 MiB), and a
+referrer over the budget is left unread and reported, never an error: the verdict is the verifier's, on
+what was read.
 """
 
 from __future__ import annotations
 
 import hmac
 import json
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Collection, Mapping, MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
-from modelsec.errors import MalformedArtifactError
+from modelsec.errors import DigestMismatchError, MalformedArtifactError, NotFoundError
 from modelsec.registry.client import (
+    BINDING_ARTIFACT_TYPE,
     BUNDLE_ARTIFACT_TYPE,
     EMPTY_CONFIG,
     MANIFEST_MEDIA_TYPE,
@@ -20,7 +30,161 @@ from modelsec.registry.client import (
     descriptor,
 )
 
-__all__ = ["attach_bundle", "read_referrer_bundle"]
+__all__ = [
+    "EVIDENCE_ARTIFACT_TYPES",
+    "ReferrerBudget",
+    "ReferrerRead",
+    "attach_bundle",
+    "evidence_descriptors",
+    "read_evidence",
+    "read_referrer_bundle",
+]
+
+# The referrers that can be evidence: sigstore bundles (signatures, attestations) and modelsec bindings.
+EVIDENCE_ARTIFACT_TYPES = frozenset({BUNDLE_ARTIFACT_TYPE, BINDING_ARTIFACT_TYPE})
+
+
+@dataclass(frozen=True, slots=True)
+class ReferrerBudget:
+    """The most work reading one manifest's evidence may cost (the rest is listed unread, never refused).
+
+    Attributes:
+        max_referrers: Evidence referrers read (each costs a manifest and a blob request).
+        max_bundle_bytes: Bytes of one bundle (a larger one is not evidence).
+        max_total_bytes: Bundle bytes read in all.
+        max_seconds: Seconds spent reading, from the listing on (each request also has its own timeout).
+    """
+
+    max_referrers: int = 256
+    max_bundle_bytes: int = 16 * 2**20
+    max_total_bytes: int = 64 * 2**20
+    max_seconds: float = 20.0
+
+
+@dataclass(frozen=True, slots=True)
+class ReferrerRead:
+    """One evidence referrer of a manifest: its bundle, or why it was not read (untrusted either way).
+
+    Attributes:
+        digest: The referrer manifest's digest (`sha256:<hex>`).
+        artifact_type: Its `artifactType` as listed.
+        data: The bundle bytes, checked against their digest; empty when `note` is set.
+        note: Why the bundle was not read (over the budget, not a one-layer referrer of this subject, a
+            digest mismatch, gone); empty when it was.
+    """
+
+    digest: str
+    artifact_type: str
+    data: bytes
+    note: str = ""
+
+
+def evidence_descriptors(
+    client: RegistryClient,
+    repository: str,
+    subject: str,
+    artifact_types: Collection[str] = EVIDENCE_ARTIFACT_TYPES,
+) -> tuple[list[Mapping[str, Any]], int]:
+    """The listed referrers of `subject` that can be evidence, in listing order, and how many were not.
+
+    A descriptor is kept when it is an image manifest whose `artifactType` is one of `artifact_types`, the
+    first time its digest is listed. The listing is the registry's (untrusted): the fallback index keeps
+    the order pushers appended in, so the evidence `modelsec push` attached comes before what is added
+    later.
+
+    Raises:
+        MalformedArtifactError: The listing is not an image index of sha256 descriptors.
+        BackendUnavailableError: See `RegistryClient.request`.
+    """
+    kept: list[Mapping[str, Any]] = []
+    seen: set[str] = set()
+    listed = client.referrers(repository, subject)
+    for desc in listed:
+        digest = desc["digest"]
+        if (
+            desc.get("mediaType", MANIFEST_MEDIA_TYPE) != MANIFEST_MEDIA_TYPE
+            or desc.get("artifactType") not in artifact_types
+            or digest in seen
+        ):
+            continue
+        seen.add(digest)
+        kept.append(desc)
+    return kept, len(listed) - len(kept)
+
+
+def read_evidence(
+    client: RegistryClient,
+    repository: str,
+    subject: str,
+    budget: ReferrerBudget,
+    *,
+    artifact_types: Collection[str] = EVIDENCE_ARTIFACT_TYPES,
+    cache: MutableMapping[tuple[str, str], bytes] | None = None,
+    cache_bundle_bytes: int = 64 * 2**10,
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[list[ReferrerRead], int]:
+    """Read the evidence attached to `subject` within `budget` (see the module docstring).
+
+    Each descriptor `evidence_descriptors` keeps is read with `read_referrer_bundle` while the budget lasts;
+    one that cannot be read as a bundle about `subject`, and every one past the budget, is returned with
+    a `note` instead of data. Reads from `cache` (content-addressed: referrer and subject digests) count
+    against the budget as network reads do, so the result does not depend on what is cached.
+
+    Args:
+        client: The registry.
+        repository: The repository holding `subject`.
+        subject: The manifest digest the evidence is about (`sha256:<hex>`).
+        budget: The most work to do.
+        artifact_types: Which `artifactType`s are evidence for the caller.
+        cache: Bundles already read, by (referrer digest, subject); filled with what is read.
+        cache_bundle_bytes: Larger bundles are not put in `cache` (its caller bounds its entries).
+        clock: Monotonic seconds (tests inject one).
+
+    Returns:
+        One `ReferrerRead` per evidence descriptor, in listing order, and the number of listed referrers
+        that were not evidence (skipped unread).
+
+    Raises:
+        MalformedArtifactError: The listing is not an image index of sha256 descriptors.
+        BackendUnavailableError: The registry cannot be reached or refuses the credentials.
+    """
+    started = clock()
+    listed, skipped = evidence_descriptors(client, repository, subject, artifact_types)
+    out: list[ReferrerRead] = []
+    count, total = 0, 0
+    for desc in listed:
+        digest, artifact_type = str(desc["digest"]), str(desc.get("artifactType"))
+        over = (
+            f"{budget.max_referrers} referrers"
+            if count >= budget.max_referrers
+            else f"{budget.max_total_bytes} bytes"
+            if total >= budget.max_total_bytes
+            else f"{budget.max_seconds:g} s"
+            if clock() - started > budget.max_seconds
+            else ""
+        )
+        if over:
+            out.append(ReferrerRead(digest, artifact_type, b"", f"not read: over the budget of {over}"))
+            continue
+        count += 1
+        key = (digest, subject)
+        data = cache.get(key) if cache is not None else None
+        if data is None:
+            limit = min(budget.max_bundle_bytes, budget.max_total_bytes - total)
+            try:
+                data = read_referrer_bundle(client, repository, desc, subject, limit)
+            except (MalformedArtifactError, DigestMismatchError, NotFoundError) as e:
+                out.append(ReferrerRead(digest, artifact_type, b"", e.diagnostics()))
+                continue
+            if cache is not None and len(data) <= cache_bundle_bytes:
+                cache[key] = data
+        if len(data) > budget.max_total_bytes - total:  # a cached bundle larger than what is left
+            note = f"not read: over the budget of {budget.max_total_bytes} bytes"
+            out.append(ReferrerRead(digest, artifact_type, b"", note))
+            continue
+        total += len(data)
+        out.append(ReferrerRead(digest, artifact_type, data))
+    return out, skipped
 
 
 def attach_bundle(

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from modelsec.errors import BackendUnavailableError, MalformedArtifactError
+from modelsec.registry.reference import normalize_model_uri
 from modelsec.verifier.pinning import split_reference
 
 __all__ = [
@@ -87,7 +88,8 @@ class ModelReference:
 
     Attributes:
         raw: The reference as written.
-        uri: The part matched against the policies (everything before `@sha256:`).
+        uri: The part matched against the policies: everything before `@sha256:`, an `oci://` URI
+            normalised to its repository (`modelsec.registry.reference.normalize_model_uri`).
         digest: The model root digest (64 hex), or None when the reference pins none.
         source: Where it was found (e.g. `spec.template.metadata.annotations`).
     """
@@ -111,9 +113,11 @@ def parse_reference(raw: str, source: str) -> ModelReference:
     Raises:
         MalformedArtifactError: The URI has no scheme, contains whitespace, `,` or `@`, or the part after
             the last `@` is not `sha256:` and 64 lowercase hex digits.
+        InvalidReferenceError: An `oci://` URI that is not a valid image reference (e.g. an upper-case
+            repository).
     """
     uri, digest = split_reference(raw)
-    return ModelReference(raw, uri, digest, source)
+    return ModelReference(raw, normalize_model_uri(uri), digest, source)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,10 @@ counts. Order, failing closed at every step (any error is a deny naming the refe
 3. model sources are collected (`modelsec.webhook.sources`): references in the annotation
    `modelsec.dev/models` and in every KServe storage field, and the OCI images of every container, init
    container, ephemeral container and image volume;
-4. an image is a model when a policy applying in the namespace matches `oci://<repository>`, or when a model
+4. every image and `oci://` reference is compared normalised, as the runtime pulls it
+   (`modelsec.registry.reference`: Docker Hub spellings, `library/`, host case, `:443`), and so are the
+   policies' patterns; an image that is not a valid reference is refused (its repository is unknown). An
+   image is a model when a policy applying in the namespace matches `oci://<repository>`, or when a model
    reference names that repository; other images (the runtime, a non-model image volume) are not reviewed.
    A model image must be pinned by digest (a tag is mutable: refused), and when a reference names its
    repository, the image's digest must be one that reference names (a volume mounting `evil:latest`, or
@@ -73,7 +76,7 @@ from modelsec.errors import (
 from modelsec.policy import Policy, PolicySet
 from modelsec.strict_json import strict_loads
 from modelsec.verifier.admission import AdmissionVerdict, DigestRequiredError, evaluate
-from modelsec.verifier.pinning import MODELS_ANNOTATION, split_reference
+from modelsec.verifier.pinning import MODELS_ANNOTATION
 from modelsec.verifier.stores import AttestationStore, StoredBundle
 from modelsec.verifier.stores.directory import DirectoryStore
 from modelsec.webhook.cache import PositiveCache, bundles_fingerprint
@@ -140,14 +143,6 @@ def _reason_for(e: BaseException) -> str:
 def _unreachable(policy: Policy) -> str:
     """The check of a reference that pins no digest or that no policy matches: never called."""
     raise MalformedArtifactError(f"policy {policy.name!r} cannot be checked without a model root digest")
-
-
-def _oci_repository(uri: str) -> str:
-    """`oci://registry/path[:tag]` without its tag (other URIs unchanged)."""
-    if not uri.startswith("oci://"):
-        return uri
-    last = uri.rsplit("/", 1)[-1]
-    return uri[: len(uri) - len(last)] + last.split(":", 1)[0] if ":" in last else uri
 
 
 def _fingerprint(root: str, entries: Sequence[StoredBundle]) -> str:
@@ -411,12 +406,18 @@ class Reviewer:
         named: dict[str, set[str | None]] = {}
         for pending in refs:
             try:
-                uri, digest = split_reference(pending.raw)
+                ref = parse_reference(pending.raw, pending.where)
             except MalformedArtifactError:
                 continue  # refused when the reference itself is decided
-            named.setdefault(_oci_repository(uri), set()).add(digest)
+            named.setdefault(ref.uri, set()).add(ref.digest)
         out, seen, refused = list(refs), {p.raw for p in refs}, []
         for image in images:
+            if image.invalid is not None:
+                # Which repository it names cannot be known, so whether it is a model cannot either; the
+                # runtime would refuse to pull it anyway.
+                detail = f"{image.where}: invalid image reference: {image.invalid}"
+                refused.append(ReferenceResult(image.image, False, "malformed-reference", detail))
+                continue
             uri = image.uri
             if uri not in named and not policies.matching(uri, namespace):
                 continue  # not a model: runtime images and other image volumes are not reviewed here

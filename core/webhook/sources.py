@@ -22,12 +22,12 @@ Two kinds of source are returned:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from modelsec.errors import MalformedArtifactError
+from modelsec.errors import InvalidReferenceError, MalformedArtifactError
+from modelsec.registry.reference import parse_image_reference
 from modelsec.verifier.pinning import MODELS_ANNOTATION, split_models_annotation
 from modelsec.webhook.decision import InvalidReviewError
 
@@ -57,7 +57,6 @@ _KSERVE_COMPONENTS = ("predictor", "explainer", "transformer")
 _KSERVE_NOT_MODEL_SPECS = frozenset({"logger", "workerSpec"})
 _CONTAINER_LISTS = ("initContainers", "containers", "ephemeralContainers")
 _STORAGE_ENV = "STORAGE_URI"
-_IMAGE_DIGEST = re.compile(r"sha256:[0-9a-f]{64}\Z")
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,10 +73,14 @@ class ImageSource:
 
     Attributes:
         image: The reference as written.
-        repository: Registry and path without tag or digest (`docker.io/library/` added to short names).
-        digest: The pinned manifest digest (64 hex), or None for a tag-only reference.
-        malformed: The part after `@` is not `sha256:` and 64 lowercase hex digits (or the name is empty).
+        repository: `REGISTRY/REPOSITORY` normalised (`modelsec.registry.reference`: Docker Hub spellings
+            as `docker.io`, `library/` for a one-component Docker Hub name, the host in lower case, no
+            `:443`); empty when the reference is invalid.
+        digest: The pinned sha256 manifest digest (64 hex), or None for a tag-only reference.
+        malformed: Invalid under the reference grammar, or pinned by a digest other than sha256.
         where: The field it came from (e.g. `spec.volumes[weights].image.reference`).
+        invalid: Why the reference is invalid under the grammar (None when it parses): nothing can be said
+            about which repository it names.
     """
 
     image: str
@@ -85,6 +88,7 @@ class ImageSource:
     digest: str | None
     malformed: bool
     where: str
+    invalid: str | None = None
 
     @property
     def uri(self) -> str:
@@ -93,26 +97,19 @@ class ImageSource:
 
 
 def parse_image(image: str, where: str) -> ImageSource:
-    """Split an image reference `[registry[:port]/]path[:tag][@sha256:<hex>]` (never raises).
+    """Read an image reference `[registry[:port]/]path[:tag][@digest]` (never raises).
 
-    A first component without `.` or `:` that is not `localhost` is a Docker Hub path, as the container
-    runtime reads it: `llama` is `docker.io/library/llama`, `org/llama` is `docker.io/org/llama`. Without
-    this, a policy naming `oci://docker.io/org/**` could be bypassed by the short form.
+    Parsed and normalised by `modelsec.registry.reference.parse_image_reference`, the one reader of
+    image references: `llama` is `docker.io/library/llama`, `INDEX.DOCKER.IO:443/org/llama` is
+    `docker.io/org/llama`. Without this, a policy naming `oci://docker.io/org/**` could be bypassed by
+    another spelling of the same repository.
     """
-    name, at, digest_text = image.partition("@")
-    last = name.rsplit("/", 1)[-1]
-    if ":" in last:  # a tag, not a registry port
-        name = name[: len(name) - len(last)] + last.split(":", 1)[0]
-    first, slash, _ = name.partition("/")
-    if not slash:
-        name = "docker.io/library/" + name
-    elif "." not in first and ":" not in first and first != "localhost":
-        name = "docker.io/" + name
-    malformed = (
-        bool(at and not _IMAGE_DIGEST.match(digest_text)) or not last or any(c.isspace() for c in image)
-    )
-    digest = digest_text.removeprefix("sha256:") if at and not malformed else None
-    return ImageSource(image, name, digest, malformed, where)
+    try:
+        ref = parse_image_reference(image)
+    except InvalidReferenceError as e:
+        return ImageSource(image, "", None, True, where, e.reason)
+    digest = ref.digest.removeprefix("sha256:") if ref.digest and ref.digest.startswith("sha256:") else None
+    return ImageSource(image, ref.name, digest, ref.digest is not None and digest is None, where)
 
 
 def _get(doc: object, path: Sequence[str], where: str) -> object:

@@ -21,6 +21,7 @@ SURFACE: dict[str, list[str]] = {
         "Error",
         "FileSetMismatchError",
         "GateFailedError",
+        "InvalidReferenceError",
         "KeyMaterialError",
         "MalformedArtifactError",
         "NotFoundError",

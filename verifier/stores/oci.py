@@ -27,7 +27,6 @@ from modelsec.attestations.statement import is_sha256_hex, parse_statement
 from modelsec.errors import (
     AttestationError,
     BackendUnavailableError,
-    DigestMismatchError,
     Error,
     MalformedArtifactError,
     NotFoundError,
@@ -41,7 +40,7 @@ from modelsec.registry.client import (
     parse_reference,
     root_tag,
 )
-from modelsec.registry.referrers import attach_bundle, read_referrer_bundle
+from modelsec.registry.referrers import ReferrerBudget, attach_bundle, read_evidence
 from modelsec.verifier.stores import StoredBundle, StoreOptions
 from modelsec.verifier.stores.directory import subject_root_digest
 
@@ -66,7 +65,7 @@ class OciAttestationStore:
     Attributes:
         reference: The repository, optionally pinned to one manifest digest.
         max_bundle_bytes: Bytes read per bundle at most.
-        max_bundles: Most referrers read for one manifest (more is an error).
+        max_bundles: Most bundle referrers read for one manifest (more are listed unread, with a note).
     """
 
     reference: OciReference
@@ -76,7 +75,7 @@ class OciAttestationStore:
     _client: Any = field(default=None, repr=False)
     # Referrer manifests and their bundle blobs are content-addressed (fetched by digest and checked), so
     # what one read yields never changes: only the tag and the listing, which can move, are read each time.
-    _read_cache: dict[tuple[str, str], tuple[bytes, bool]] = field(default_factory=dict, repr=False)
+    _read_cache: dict[tuple[str, str], bytes] = field(default_factory=dict, repr=False)
 
     @classmethod
     def open(cls, target: str, *, max_bundle_bytes: int, max_bundles: int) -> OciAttestationStore:
@@ -121,52 +120,53 @@ class OciAttestationStore:
 
     def bundles(self, digest: str) -> list[bytes]:
         """The bundles attached to the model's manifest (untrusted; see `entries` for the errors)."""
-        return [e.data for e in self.entries(digest)]
+        return [e.data for e in self.entries(digest) if not e.note]
 
     def entries(self, digest: str) -> list[StoredBundle]:
         """Every sigstore-bundle referrer of the model's manifest, with its referrer digest as source.
 
         Raises:
-            MalformedArtifactError: `digest` is not hex SHA-256, the listing is malformed, or it holds more
-                than `max_bundles` bundles.
+            MalformedArtifactError: `digest` is not hex SHA-256, or the listing is malformed (more than
+                `max_bundles` bundles is no error: the rest are listed unread, with a note).
             BackendUnavailableError: The registry cannot be reached or refuses the credentials.
         """
         return [entry for _, entry in self._referrers(digest)[1]]
 
     def _referrers(self, digest: str) -> tuple[str, list[tuple[str, StoredBundle]]]:
-        """The model's manifest digest ("" when none) and its bundles with their referrer digests."""
+        """The model's manifest digest ("" when none) and its bundles with their referrer digests.
+
+        Read by `modelsec.registry.referrers.read_evidence`: referrers that are not sigstore bundles are
+        skipped before counting, and those past the budget (`max_bundles` referrers, 64 MiB, 20 s) are
+        returned unread with a note, never as an error: a writer of the repository cannot veto a model.
+        """
         if not is_sha256_hex(digest):
             raise MalformedArtifactError(f"{digest!r} is not a hex SHA-256 digest")
         manifest = self._manifest(digest)
         if manifest is None:
             return "", []
-        repository = self.reference.repository
-        listed = self._client.referrers(repository, manifest["digest"], BUNDLE_ARTIFACT_TYPE)
-        if len(listed) > self.max_bundles:
-            raise MalformedArtifactError(
-                f"{self.uri}: {len(listed)} referrers of {manifest['digest']}, more than {self.max_bundles}"
-            )
+        budget = ReferrerBudget(max_referrers=self.max_bundles, max_bundle_bytes=self.max_bundle_bytes)
+        if len(self._read_cache) >= _READ_CACHE_ENTRIES:
+            self._read_cache.clear()
+        reads, _ = read_evidence(
+            self._client,
+            self.reference.repository,
+            manifest["digest"],
+            budget,
+            artifact_types=(BUNDLE_ARTIFACT_TYPE,),
+            cache=self._read_cache,
+            cache_bundle_bytes=_READ_CACHE_BUNDLE_BYTES,
+        )
         out = []
-        for desc in listed:
-            key = (str(desc.get("digest")), str(manifest["digest"]))
-            read = self._read_cache.get(key)
-            if read is None:
-                try:
-                    data = read_referrer_bundle(
-                        self._client, repository, desc, manifest["digest"], self.max_bundle_bytes
-                    )
-                except (MalformedArtifactError, DigestMismatchError, NotFoundError):
-                    continue  # a listing entry that is not a bundle about this manifest is not evidence
-                read = (data, _is_binding(data))
-                if len(self._read_cache) >= _READ_CACHE_ENTRIES:
-                    self._read_cache.clear()
-                if len(data) <= _READ_CACHE_BUNDLE_BYTES:
-                    self._read_cache[key] = read
-            data, binding = read
-            if not binding:
-                source = f"{self.reference.repository_uri}@{desc['digest']}"
-                entry = StoredBundle(hashlib.sha256(data).hexdigest(), digest, data, source)
-                out.append((str(desc["digest"]), entry))
+        for read in reads:
+            source = f"{self.reference.repository_uri}@{read.digest}"
+            if read.note:
+                if read.note.startswith("not read:"):  # over the budget: listed, for the verifier's record
+                    entry = StoredBundle(read.digest.removeprefix("sha256:"), digest, b"", source, read.note)
+                    out.append((read.digest, entry))
+                continue  # a listing entry that is not a bundle about this manifest is not evidence
+            if not _is_binding(read.data):
+                entry = StoredBundle(hashlib.sha256(read.data).hexdigest(), digest, read.data, source)
+                out.append((read.digest, entry))
         return str(manifest["digest"]), out
 
     def get(self, digest: str, bundle_id: str) -> StoredBundle:

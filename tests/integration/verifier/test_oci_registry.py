@@ -185,6 +185,8 @@ def test_docker_config_credentials_and_what_is_refused(fake: _Fake, tmp_path: Pa
         ("oci://registry.example/models/llama:v1", ("registry.example", "models/llama", "v1", None)),
         ("oci://localhost:5000/a@sha256:" + "0" * 64, ("localhost:5000", "a", None, "sha256:" + "0" * 64)),
         ("127.0.0.1:5000/a/b-c:t@sha256:" + "1" * 64, ("127.0.0.1:5000", "a/b-c", "t", "sha256:" + "1" * 64)),
+        # No registry (no dot, port or localhost): Docker Hub, as a container runtime reads the name.
+        ("oci://docker/models/x", ("docker.io", "docker/models/x", None, None)),
     ],
 )
 def test_reference_parsing(uri: str, expected: tuple[Any, ...]) -> None:
@@ -195,7 +197,6 @@ def test_reference_parsing(uri: str, expected: tuple[Any, ...]) -> None:
 @pytest.mark.parametrize(
     "uri",
     [
-        "oci://docker/models/x",  # a registry must have a dot, a port or be localhost
         "oci://registry.example/Models/x",
         "oci://registry.example/models/../x",
         "oci://registry.example/x@sha256:short",
