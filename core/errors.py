@@ -29,6 +29,7 @@ __all__ = [
     "MalformedArtifactError",
     "NotFoundError",
     "PermissionDeniedError",
+    "PickleContentError",
     "PolicyError",
     "PolicyViolationError",
     "SignatureError",
@@ -109,6 +110,28 @@ class MalformedArtifactError(VerificationError):
 
 class PolicyViolationError(VerificationError):
     """The artifact is well formed but refused by policy (pickle, remote code, missing evidence)."""
+
+
+class PickleContentError(PolicyViolationError):
+    """A file's bytes are, or may hold, a pickle, and the policy refuses pickles (`refusePickle`).
+
+    Attributes:
+        path: The file (model directory / relative name).
+        finding: What its bytes are (`modelsec.modelformat.content.pickle_finding`), e.g.
+            "a gzip-compressed pickle (protocol 4)".
+    """
+
+    def __init__(self, path: str, finding: str) -> None:
+        remedy = (
+            "sign the unpacked files instead (each is then verified)"
+            if "may hold pickles" in finding
+            else "convert the weights to safetensors"
+        )
+        super().__init__(
+            f"{path}: pickle content not allowed: the file is {finding}, whatever its name (unpickling runs "
+            f"code even when signed); {remedy}, or verify under a policy with refusePickle: false"
+        )
+        self.path, self.finding = path, finding
 
 
 class PolicyError(Error):
