@@ -1,4 +1,4 @@
-"""Pickles recognised by their bytes, not by their names: the one content classification of modelsec.
+r"""Pickles recognised by their bytes, not by their names: the one content classification of modelsec.
 
 A file's name says nothing about how a consumer reads it: `torch.load` accepts any name (`checkpoint.pth.tar`
 is a torch zip), `joblib.load` unwraps gzip, xz, bz2, lzma and zlib by their magic bytes
@@ -14,7 +14,7 @@ packed into it. So the refusal of pickles (`refusePickle`) is decided on the byt
   opcodes), and so do the magic numbers of other binary formats; text fails at its first space or newline
   where an opcode must stand. Safetensors files are not sniffed here (their strict header parse defines
   them).
-* **A torch zip or any zip archive** (`PK\\x03\\x04` at offset 0, as `torch.load` and `numpy.load`
+* **A torch zip or any zip archive** (`PK\x03\x04` at offset 0, as `torch.load` and `numpy.load`
   recognise them): its central directory is read, every member named like a pickle (`*/data.pkl`,
   `PICKLE_SUFFIXES`) is one, and every member's first bytes are classified in turn.
 * **A tar archive** (a valid first header): every member header, name and first bytes, likewise.
@@ -58,11 +58,25 @@ _MAX_OPCODES = 2048
 # The inspected decompressed output of all streams of one file together, in units of the window.
 _TOTAL_BUDGET_WINDOWS = 4
 _ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
+_OPCODE_CHARS = frozenset(op.code for op in pickletools.opcodes)
 # Opcodes that import or call something (or hand an id to the consumer's `persistent_load`): a pickle
 # without them only builds plain values.
 _CODE_OPCODES = frozenset(
-    {"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "REDUCE", "NEWOBJ", "NEWOBJ_EX", "BUILD", "EXT1", "EXT2",
-     "EXT4", "PERSID", "BINPERSID"}
+    {
+        "GLOBAL",
+        "STACK_GLOBAL",
+        "INST",
+        "OBJ",
+        "REDUCE",
+        "NEWOBJ",
+        "NEWOBJ_EX",
+        "BUILD",
+        "EXT1",
+        "EXT2",
+        "EXT4",
+        "PERSID",
+        "BINPERSID",
+    }
 )
 # Bounded decompression: (data, most output bytes) -> (output, the stream ended with nothing after it).
 _Decompress = Callable[[bytes, int], tuple[bytes, bool]]
@@ -147,11 +161,11 @@ class _OpcodeCounter:
 
 def _pickle_protocol(data: bytes, size: int) -> str | None:
     """Describe `data` (the first bytes of `size`) as a pickle, or None when it is not one."""
-    if not data or pickletools.code2op.get(chr(data[0])) is None:
+    if not data or chr(data[0]) not in _OPCODE_CHARS:
         return None
     window, names, count, stopped = _Window(data, size), set(), 0, True
     try:
-        for opcode, _arg, _pos in pickletools.genops(window):
+        for opcode, _arg, _pos in pickletools.genops(window):  # type: ignore[arg-type]
             names.add(opcode.name)
             count += 1
             if count >= _MAX_OPCODES:
@@ -245,7 +259,7 @@ class _Inspector:
 
     def _tar(self, data: bytes, size: int, depth: int) -> str | None:
         try:
-            archive = tarfile.open(fileobj=_Window(data, size), mode="r:")  # noqa: SIM115 - closed below
+            archive = tarfile.open(fileobj=_Window(data, size), mode="r:")
         except tarfile.TarError:
             return None
         with archive:
@@ -332,7 +346,7 @@ def _zstd() -> _Decompress | None:
         from compression import zstd  # type: ignore[import-not-found]  # Python 3.14
     except ImportError:
         try:
-            from backports import zstd  # type: ignore[import-not-found,no-redef]
+            from backports import zstd  # type: ignore[import-not-found]
         except ImportError:
             zstd = None
     if zstd is not None:

@@ -77,7 +77,7 @@ def _torch_zip(marker: Path) -> bytes:
 
 
 def _zstd(data: bytes) -> bytes:
-    """A zstd frame (RFC 8878) holding `data` in raw blocks: valid for every zstd reader, no library needed."""
+    """A zstd frame (RFC 8878) holding `data` in raw blocks: valid for any zstd reader, no library needed."""
     frame = b"\x28\xb5\x2f\xfd" + bytes([0x00]) + bytes([0x58])  # no checksum, window 2^(10+11) bytes
     for i in range(0, max(len(data), 1), 1 << 17):
         block = data[i : i + (1 << 17)]
@@ -94,12 +94,18 @@ CASES: dict[str, tuple[Callable[[Path], bytes], str]] = {
     ),
     "weights.tar": (
         lambda m: _tar({"config.json": b"{}", "weights": _torch_zip(m)}),
-        "a tar archive whose member 'weights' is a zip archive whose member 'checkpoint/data.pkl' is a pickle",
+        "a tar archive whose member 'weights' is a zip archive whose member 'checkpoint/data.pkl' is a",
     ),
-    "checkpoint.ckpt.zip": (_torch_zip, "a zip archive whose member 'checkpoint/data.pkl' is a pickle by its"),
+    "checkpoint.ckpt.zip": (
+        _torch_zip,
+        "a zip archive whose member 'checkpoint/data.pkl' is a pickle by its",
+    ),
     "classifier.pkl.gz": (lambda m: gzip.compress(_payload(m)), "a gzip-compressed pickle (protocol 4)"),
     "model.joblib.xz": (lambda m: lzma.compress(_payload(m, 3)), "an xz-compressed pickle (protocol 3)"),
-    "model.bz2": (lambda m: __import__("bz2").compress(_payload(m)), "a bzip2-compressed pickle (protocol 4)"),
+    "model.bz2": (
+        lambda m: __import__("bz2").compress(_payload(m)),
+        "a bzip2-compressed pickle (protocol 4)",
+    ),
     "model.zst": (lambda m: _zstd(_payload(m)), "zstd"),
     "weights.tar.gz": (
         lambda m: gzip.compress(_tar({"w": _payload(m, 5)})),
@@ -129,7 +135,9 @@ def _model_with(tiny_model: Path, name: str, data: bytes, key_dir: Path) -> Path
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_pickle_content_refused_by_verify_model(tiny_model: Path, key_dir: Path, tmp_path: Path, name: str) -> None:
+def test_pickle_content_refused_by_verify_model(
+    tiny_model: Path, key_dir: Path, tmp_path: Path, name: str
+) -> None:
     make, found = CASES[name]
     marker = tmp_path / "ran"
     model = _model_with(tiny_model, name, make(marker), key_dir)
@@ -146,7 +154,11 @@ def test_pickle_content_refused_by_verify_model(tiny_model: Path, key_dir: Path,
 
 @pytest.mark.parametrize("name", ["classifier.pkl.gz", "checkpoint.pth.tar", "notes.txt"])
 def test_pickle_content_refused_by_loader_guard_and_cli(
-    tiny_model: Path, key_dir: Path, tmp_path: Path, name: str, cli: Callable[..., subprocess.CompletedProcess[str]]
+    tiny_model: Path,
+    key_dir: Path,
+    tmp_path: Path,
+    name: str,
+    cli: Callable[..., subprocess.CompletedProcess[str]],
 ) -> None:
     pytest.importorskip("torch")
     make, found = CASES[name]
@@ -166,7 +178,7 @@ def test_pickle_content_refused_by_loader_guard_and_cli(
 
 
 def test_single_file_signed_as_one_opaque_file(tmp_path: Path, key_dir: Path) -> None:
-    """`modelsec sign classifier.pkl.gz`: the one-file bundle verifies the bytes, then refuses what they are."""
+    """`modelsec sign classifier.pkl.gz`: its bundle verifies the bytes, then refuses what they are."""
     marker = tmp_path / "ran"
     f = tmp_path / "classifier.pkl.gz"
     f.write_bytes(gzip.compress(_payload(marker)))
@@ -187,7 +199,7 @@ def test_sign_refuses_pickle_content_unless_told(tiny_model: Path, key_dir: Path
 
 
 def test_renamed_safetensors_pickle_is_malformed(tiny_model: Path, key_dir: Path, tmp_path: Path) -> None:
-    """A pickle named `*.safetensors` is held to the strict header parse: refused by sign and by every verifier."""
+    """A pickle named `*.safetensors` is held to the strict header parse: refused by sign and verifiers."""
     marker = tmp_path / "ran"
     name = "model-00001-of-00002.safetensors"
     pickled = _payload(marker)
@@ -205,12 +217,17 @@ def test_renamed_safetensors_pickle_is_malformed(tiny_model: Path, key_dir: Path
 
 def test_archive_too_large_to_inspect_is_refused_as_may_hold_pickles(tiny_model: Path, key_dir: Path) -> None:
     """The documented decision: an opaque archive is accepted only when inspected whole within the limits."""
-    members = {"config.json": b"{}", "model.safetensors": (tiny_model / "model-00001-of-00002.safetensors").read_bytes()}
+    members = {
+        "config.json": b"{}",
+        "model.safetensors": (tiny_model / "model-00001-of-00002.safetensors").read_bytes(),
+    }
     model = _model_with(tiny_model, "model.tar", _tar(members), key_dir)
     policy = _policy(key_dir, max_content_inspect_bytes=4096)
     with pytest.raises(PickleContentError) as e:
         verify_model(model, policy)
-    assert e.value.finding.startswith("a tar archive that could not be inspected completely within the first 4096")
+    assert e.value.finding.startswith(
+        "a tar archive that could not be inspected completely within the first 4096"
+    )
     assert "sign the unpacked files instead" in str(e.value)
     # The same archive inspected whole within the default limits holds no pickle and verifies.
     assert verify_model(model, key_policy(key_dir)).files >= 1
@@ -224,7 +241,10 @@ def test_clean_models_and_archives_pass(tiny_model: Path, key_dir: Path) -> None
     (tiny_model / "data.zip").write_bytes(_zip_clean())
     (tiny_model / "image.bmp").write_bytes(b"BM" + struct.pack("<I", 1 << 30) + os.urandom(64))
     _sign(tiny_model, key_dir)
-    assert verify_model(tiny_model, key_policy(key_dir)).files == len([p for p in tiny_model.rglob("*") if p.is_file()]) - 1
+    assert (
+        verify_model(tiny_model, key_policy(key_dir)).files
+        == len([p for p in tiny_model.rglob("*") if p.is_file()]) - 1
+    )
 
 
 def _zip_clean() -> bytes:
@@ -261,6 +281,8 @@ def test_payloads_are_live(tmp_path: Path) -> None:
     assert marker.exists()
     if shutil.which("zstd"):
         marker.unlink()
-        out = subprocess.run(["zstd", "-dc"], input=CASES["model.zst"][0](marker), capture_output=True, check=True)
+        out = subprocess.run(
+            ["zstd", "-dc"], input=CASES["model.zst"][0](marker), capture_output=True, check=True
+        )
         pickle.loads(out.stdout)
         assert marker.exists()
