@@ -42,19 +42,27 @@ import lzma
 import os
 import pickletools
 import tarfile
+import warnings
 import zipfile
 import zlib
 from collections.abc import Callable
-from typing import Any
+from typing import IO, Any
 
 from modelsec.limits import Limits
 from modelsec.modelformat.model_files import PICKLE_SUFFIXES
 
 __all__ = ["ContentSniffer", "pickle_finding"]
 
+# Parsing arbitrary bytes as protocol 0 strings makes pickletools' escape decoding warn ("invalid escape
+# sequence") on the user's terminal; the bytes are judged here, not reported as Python source. A filter
+# (not `catch_warnings`, which is not thread-safe: the hashing engine classifies in several threads).
+warnings.filterwarnings("ignore", category=DeprecationWarning, module="pickletools")
+
 # Opcodes `pickletools.dis` may accept before the data counts as a pickle without reaching STOP: bounds the
 # CPU spent on one file (about a millisecond), far beyond what any text or binary format survives.
 _MAX_OPCODES = 2048
+# Read size for an archive member's first bytes (the part inside the window is used).
+_PREFIX_STEP = 4096
 # The inspected decompressed output of all streams of one file together, in units of the window.
 _TOTAL_BUDGET_WINDOWS = 4
 _ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
@@ -277,7 +285,7 @@ class _Inspector:
     def _tar_head(self, archive: tarfile.TarFile, member: tarfile.TarInfo) -> Callable[[], _Head]:
         def head() -> _Head:
             f = archive.extractfile(member) if member.isreg() and member.size else None
-            return None if f is None else (f.read(self._take(member.size)), member.size)
+            return None if f is None else (_read_prefix(f, self._take(member.size)), member.size)
 
         return head
 
@@ -302,7 +310,7 @@ class _Inspector:
                 return None
             try:
                 with archive.open(info) as f:
-                    return f.read(self._take(info.file_size)), info.file_size
+                    return _read_prefix(f, self._take(info.file_size)), info.file_size
             except (RuntimeError, NotImplementedError, zipfile.BadZipFile, zlib.error, OSError, EOFError):
                 raise _OutOfWindow from None  # encrypted, an unknown method, or corrupt: not inspectable
 
@@ -313,6 +321,22 @@ class _Inspector:
             return "a pickle by its name"
         got = head()
         return None if got is None else self.classify(got[0], got[1], depth + 1)
+
+
+def _read_prefix(f: IO[bytes], n: int) -> bytes:
+    """Up to `n` first bytes of an archive member: as many as lie inside the inspected window.
+
+    A member that starts inside the window but runs past it is judged by its start (as a file is); one
+    whose start lies outside cannot be judged at all.
+    """
+    data = bytearray()
+    try:
+        while len(data) < n and (part := f.read(min(_PREFIX_STEP, n - len(data)))):
+            data += part
+    except _OutOfWindow:
+        if not data:
+            raise
+    return bytes(data)
 
 
 def _without_article(text: str) -> str:
@@ -442,9 +466,14 @@ class ContentSniffer:
                 self.tail = bytearray()
         if self.keep_tail is not False:
             # Until the head says otherwise, and then only for a zip, the last `window` bytes are kept.
-            self.tail += chunk[-self.window :]
-            if len(self.tail) > self.window:
-                del self.tail[: len(self.tail) - self.window]
+            if len(chunk) >= self.window:
+                self.tail = bytearray(
+                    chunk[-self.window :]
+                )  # one copy per chunk (the chunk's buffer is reused)
+            else:
+                self.tail += chunk
+                if len(self.tail) > self.window:
+                    del self.tail[: len(self.tail) - self.window]
 
     def finding(self) -> str | None:
         """`pickle_finding` over the absorbed bytes."""
