@@ -31,6 +31,7 @@ __all__ = [
     "ModelMovedError",
     "NotFoundError",
     "PermissionDeniedError",
+    "PickleContentError",
     "PolicyError",
     "PolicyViolationError",
     "SignatureError",
@@ -139,6 +140,28 @@ class ModelMovedError(PolicyViolationError):
     def __init__(self, path: str, detail: str) -> None:
         super().__init__(f"{path}: {detail}; refused (the model path changed while it was opened)")
         self.path = path
+
+
+class PickleContentError(PolicyViolationError):
+    """A file's bytes are, or may hold, a pickle, and the policy refuses pickles (`refusePickle`).
+
+    Attributes:
+        path: The file (model directory / relative name).
+        finding: What its bytes are (`modelsec.modelformat.content.pickle_finding`), e.g.
+            "a gzip-compressed pickle (protocol 4)".
+    """
+
+    def __init__(self, path: str, finding: str) -> None:
+        remedy = (
+            "sign the unpacked files instead (each is then verified)"
+            if "may hold pickles" in finding
+            else "convert the weights to safetensors"
+        )
+        super().__init__(
+            f"{path}: pickle content not allowed: the file is {finding}, whatever its name (unpickling runs "
+            f"code even when signed); {remedy}, or verify under a policy with refusePickle: false"
+        )
+        self.path, self.finding = path, finding
 
 
 class PolicyError(Error):

@@ -35,6 +35,14 @@ class Limits:
         max_json_side_file_bytes: Largest `config.json` / index JSON read into memory for policy checks.
         max_path_bytes: Longest relative resource name, in UTF-8 bytes.
         hash_chunk_bytes: Read size of the hashing engine (memory per worker thread).
+        max_content_inspect_bytes: Bytes of a file inspected for pickles by content
+            (`modelsec.modelformat.content`): its first bytes (for a zip also its last bytes, where the
+            directory is), and the most output decompressed from one compressed stream (four times this
+            for all streams of one file together). 1 MiB: a torch zip's `data.pkl` name and every
+            compressor's first block fit; an archive that does not fit is refused under `refusePickle`.
+        max_content_nesting: Most archives and compressed streams nested in one another that are
+            inspected (`checkpoint.tar.gz` holding a torch zip is 3); deeper nesting is refused under
+            `refusePickle`.
     """
 
     max_files: int = 65_536
@@ -47,3 +55,5 @@ class Limits:
     # 1 MiB: every hasher re-reads each chunk, so it should stay near the L2 cache (measured: SHA-256 +8%
     # and SHA-256+BLAKE3 +9% CPU at 8 MiB compared with 1 MiB on this machine; bench/bench_sign_verify.py).
     hash_chunk_bytes: int = 2**20
+    max_content_inspect_bytes: int = 2**20
+    max_content_nesting: int = 4

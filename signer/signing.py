@@ -199,7 +199,8 @@ def compute_manifests(
         limits: Limits; defaults to `Limits()`.
         progress: Byte-count callback for a progress bar.
         refuse_unverifiable: Refuse, before hashing, a directory holding files that `verify` refuses under
-            the default policy (see `unverifiable_files` and `refuse_unverifiable_json`).
+            the default policy (see `unverifiable_files` and `refuse_unverifiable_json`), and after hashing
+            one whose bytes are or may hold pickles (`modelsec.modelformat.content`), whatever their names.
 
     Returns:
         Manifest by hash type.
@@ -252,6 +253,15 @@ def compute_manifests(
         )
     finally:
         os.close(root_fd)
+    if refuse_unverifiable:
+        pickles = [f"{n} ({d.pickle})" for n, d in sorted(digests.items()) if d.pickle is not None]
+        if pickles:
+            raise PolicyViolationError(
+                f"{root_dir}: verification under the default policy will always refuse pickle content, "
+                f"whatever the file names: {', '.join(pickles)}; convert pickles to safetensors and sign "
+                "unpacked files rather than archives, or sign anyway (--allow-unverifiable; a policy with "
+                "refusePickle: false accepts them)"
+            )
     if single is not None:
         digests = {SINGLE_FILE_NAME: dataclasses.replace(digests[single.name], name=SINGLE_FILE_NAME)}
     name = model_dir.resolve().name

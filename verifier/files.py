@@ -18,6 +18,7 @@ from modelsec.errors import (
     DigestMismatchError,
     FileSetMismatchError,
     MalformedArtifactError,
+    PickleContentError,
     PolicyViolationError,
 )
 from modelsec.limits import Limits
@@ -25,6 +26,7 @@ from modelsec.modelformat.hashing import FileDigests, ProgressCallback, hash_fil
 from modelsec.modelformat.model_files import (
     CODE_SUFFIXES,
     PICKLE_SUFFIXES,
+    oms_order,
     open_beneath,
     open_model_root,
     walk_model,
@@ -46,6 +48,7 @@ __all__ = [
     "precheck_file",
     "read_verified_index",
     "refuse_pickle",
+    "refuse_pickle_content",
     "verify_files",
 ]
 
@@ -193,6 +196,7 @@ def check_digests(
         DigestMismatchError: A file, tensor or the root digest differs.
         MalformedArtifactError: Per-tensor digests missing, a bad index, or a JSON file that is not strict
             JSON or exceeds `Limits.max_json_side_file_bytes`.
+        PickleContentError: A file's bytes are or may hold a pickle, under `refuse_pickle`.
         PolicyViolationError: Code references in a JSON file (`check_remote_code`).
     """
     model, limits = str(signed.model_dir), policy.limits
@@ -200,6 +204,8 @@ def check_digests(
     for b in signed.bundles:
         if b.manifest.hash_type in signed.file_hashes:
             checked = max(checked, _compare(b.manifest, computed, signed.tensor_hash, model))
+    if policy.refuse_pickle:
+        refuse_pickle_content(computed, model)
     if whole_model and HashAlgorithm.SHA256 in signed.file_hashes:
         root = root_digest([computed[n].digests[HashAlgorithm.SHA256] for n in signed.manifest.names]).hex()
         for b in signed.bundles:
@@ -288,6 +294,23 @@ def refuse_pickle(names: Sequence[str], model: str) -> None:
             f"{model}: pickle format not allowed: {', '.join(pickles)} (unpickling runs code even when "
             "signed; convert the weights to safetensors)"
         )
+
+
+def refuse_pickle_content(computed: Mapping[str, FileDigests], model: str) -> None:
+    """Refuse files whose hashed bytes are, or may hold, a pickle, whatever their names.
+
+    The verdict is the hashing engine's (`FileDigests.pickle`, from `modelsec.modelformat.content`), made on
+    the very bytes that were hashed: a torch zip named `checkpoint.pth.tar`, a `classifier.pkl.gz`, a
+    pickle renamed `weights.bin.json`, and an archive or compressed file that could not be inspected
+    completely within `Limits.max_content_inspect_bytes` (it may hold pickles).
+
+    Raises:
+        PickleContentError: The first such file in OMS order, with what its bytes are.
+    """
+    for name in sorted(computed, key=oms_order):
+        finding = computed[name].pickle
+        if finding is not None:
+            raise PickleContentError(f"{model}/{name}", finding)
 
 
 def _compare(

@@ -13,8 +13,10 @@ opened before step 4):
 3. The directory is walked (no symlinks, no special files, signed ignore list applied exactly) and must
    hold exactly the signed files; default-policy refusals by name follow (pickle formats; `*.py` unless
    remote code is allowed).
-4. Every file is hashed once (all needed digests in one pass, safetensors headers parsed strictly) and
-   compared in constant time; per-tensor digests are compared when the manifest carries them.
+4. Every file is hashed once (all needed digests in one pass, safetensors headers parsed strictly, every
+   other file's bytes classified by `modelsec.modelformat.content`) and compared in constant time;
+   per-tensor digests are compared when the manifest carries them. Then, under `refusePickle`, a file whose
+   hashed bytes are or may hold a pickle is refused whatever its name (`PickleContentError`).
 5. Side files are interpreted only after their bytes matched: every `*.json` file at any depth is read
    again (bounded by `Limits.max_json_side_file_bytes`; a larger one is refused, never skipped), re-hashed
    and searched for code references (`auto_map` at any nesting depth, `custom_pipelines`): refused unless

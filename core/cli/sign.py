@@ -83,7 +83,9 @@ _TENSOR_DIGESTS = [HashAlgorithm.BLAKE3.value, HashAlgorithm.SHA256.value, HashA
     "--allow-unverifiable",
     is_flag=True,
     help="Sign even when MODEL_DIR holds what verification under the default policy always refuses "
-    "(refused here by default): pickle files (pytorch_model.bin, *.pt, ...); *.py code; and *.json files "
+    "(refused here by default): pickle files, by name (pytorch_model.bin, *.pt, ...) or by content (a "
+    "torch zip, a gzip/xz/bz2/zstd or tar-wrapped pickle, an archive too large to inspect); *.py code; "
+    "and *.json files "
     "(config, tokenizer, at any depth) that name code (auto_map, custom_pipelines), are not strict JSON "
     "(syntax errors, duplicate keys, NaN/Infinity) or exceed the JSON side-file size limit; and a "
     "model.safetensors.index.json whose weight_map names a file that is not a shard of the model or a "

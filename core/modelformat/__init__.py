@@ -4,6 +4,8 @@
 - `modelsec.modelformat.model_files`: the file walk beneath one directory descriptor, file-name rules, ignore
   rules and the OMS path order.
 - `modelsec.modelformat.hashing`: the hashing engine (each file read once; SHA-256, SM3, BLAKE3 per tensor).
+- `modelsec.modelformat.content`: pickles recognised by their bytes (pickle opcodes, torch zips, tar and
+  zip archives, compressed wrappers), fed by the hashing engine, bounded by `Limits`.
 - `modelsec.modelformat.side_json` and `modelsec.modelformat.shard_index`: the rules JSON side files and
   `model.safetensors.index.json` are held to, shared by the signer (refused before hashing) and the verifier.
 

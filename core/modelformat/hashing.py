@@ -5,7 +5,9 @@ For each file the engine computes, from the same bytes in one pass:
 * the file digests requested (SHA-256 for ECDSA manifests, SM3 for SM2 manifests, both at once when both
   are signed), through OpenSSL via `hashlib` (SM3: `hashlib.new("sm3")`, else `cryptography`'s SM3), and
 * for `*.safetensors` files, the strictly parsed header (`modelsec.modelformat.safetensors_header`) and one
-  digest per tensor over exactly its byte range of the data section.
+  digest per tensor over exactly its byte range of the data section, and
+* for every other file, whether its bytes are or may hold a pickle (`modelsec.modelformat.content`, fed the
+  same chunks), so that the pickle verdict is about the bytes that were hashed and compared.
 
 Per-tensor digests default to BLAKE3 (the `blake3` package, C/SIMD, GIL released): they cover the same
 bytes as the file digest again, so their algorithm decides what the second pass costs. Measured here per
@@ -39,6 +41,7 @@ from typing import Protocol
 from modelsec.algorithms import HashAlgorithm
 from modelsec.errors import BackendUnavailableError, MalformedArtifactError
 from modelsec.limits import Limits
+from modelsec.modelformat.content import ContentSniffer
 from modelsec.modelformat.model_files import open_beneath
 from modelsec.modelformat.safetensors_header import SafetensorsHeader, parse_header, parse_header_length
 
@@ -62,6 +65,14 @@ _PIPELINE_MIN_CHUNKS = 8
 # Relative cost per byte (measured per core: SM3 0.27, SHA-256 1.36, BLAKE3 3.5 GB/s); the costliest file
 # digest stays on the file's own thread.
 _COST = {"sm3": 13, "sha256": 3, "blake3": 1}
+
+
+class _Absorber(Protocol):
+    """What the engine feeds each chunk to: a hasher, or the content sniffer."""
+
+    def update(self, data: bytes | memoryview, /) -> object:
+        """Absorb more bytes."""
+        ...
 
 
 class Hasher(Protocol):
@@ -173,6 +184,9 @@ class FileDigests:
         digests: File digest per requested algorithm.
         header: The parsed safetensors header, for `*.safetensors` files.
         tensors: Per-tensor digests by tensor name (when requested and the file is safetensors).
+        pickle: Why the bytes are, or may hold, a pickle (`modelsec.modelformat.content.pickle_finding`:
+            "a gzip-compressed pickle (protocol 4)", ...), or None; always None for safetensors files,
+            which the strict header parse defines.
     """
 
     name: str
@@ -180,6 +194,7 @@ class FileDigests:
     digests: Mapping[HashAlgorithm, bytes]
     header: SafetensorsHeader | None
     tensors: Mapping[str, TensorDigest] | None
+    pickle: str | None = None
 
 
 def is_safetensors_name(name: str) -> bool:
@@ -273,7 +288,7 @@ def hash_source(
             of `source` must stay valid until `_PIPELINE_SLOTS` more chunks are read. None: one thread.
 
     Returns:
-        The file's digests, parsed header and per-tensor digests.
+        The file's digests, parsed header and per-tensor digests, or (not safetensors) its pickle finding.
 
     Raises:
         MalformedArtifactError: Malformed safetensors header, or the source yields more or fewer bytes.
@@ -293,13 +308,19 @@ def hash_source(
         if progress:
             progress(8 + n)
     walker = _TensorWalker(header, tensor_hash) if header is not None and tensor_hash is not None else None
+    sniffer = ContentSniffer(size, limits) if header is None else None
     if helper is not None and (walker is not None or len(file_hashers) > 1):
         by_cost = sorted(zip(algorithms, file_hashers, strict=True), key=lambda p: -_COST.get(p[0].value, 3))
-        _split_pass(source, walker, [by_cost[0][1]], [h for _, h in by_cost[1:]], progress, helper)
+        side: list[_Absorber] = [h for _, h in by_cost[1:]]
+        if sniffer is not None:
+            side.append(sniffer)
+        _split_pass(source, walker, [by_cost[0][1]], side, progress, helper)
     else:
         for chunk in source.chunks():
             for h in file_hashers:
                 h.update(chunk)
+            if sniffer is not None:
+                sniffer.update(chunk)
             if walker is not None:
                 walker.feed(chunk)
             if progress:
@@ -312,6 +333,7 @@ def hash_source(
         digests={a: h.digest() for a, h in zip(algorithms, file_hashers, strict=True)},
         header=header,
         tensors=tensor_digests,
+        pickle=sniffer.finding() if sniffer is not None else None,
     )
 
 
@@ -382,7 +404,7 @@ def _split_pass(
     source: ChunkSource,
     walker: _TensorWalker | None,
     own: list[Hasher],
-    side: list[Hasher],
+    side: list[_Absorber],
     progress: ProgressCallback | None,
     helper: Executor,
 ) -> None:

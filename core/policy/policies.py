@@ -144,8 +144,10 @@ class Policy:
             bundle is believed only through one of them (DESIGN.md decision 12).
         require_algorithms: Every one of these must have produced a valid signature.
         allow_remote_code: Accept `*.py` files and `auto_map` in config files (default: refuse).
-        refuse_pickle: Refuse pickle formats (`.bin`, `.pt`, ...) in a model (default: refuse). Even when
-            False, modelsec never unpickles anything: the files are only verified as opaque bytes.
+        refuse_pickle: Refuse pickle formats in a model (default: refuse): by name (`.bin`, `.pt`, ...) and
+            by content (`modelsec.modelformat.content`: pickles, torch zips, compressed pickles, and
+            archives that hold or may hold pickles). Even when False, modelsec never unpickles anything:
+            the files are only verified as opaque bytes.
         check_hashes: File digest algorithms the verifier/loader recomputes; empty means every hash type
             of every verified bundle.
         limits: Parsing and size limits.

@@ -9,7 +9,7 @@ whole — in this order, each step only if the earlier ones passed:
    pickle formats and, unless the policy allows remote code, `*.py` refused);
 3. every file's digests and the model root digest (each file read once: tensor files streamed through the
    hashing engine, every other file read into private memory and hashed there), then the side-file rules
-   over the verified bytes (remote code in any JSON file, the index).
+   over the verified bytes (pickle content under `refusePickle`, remote code in any JSON file, the index).
 
 It then builds a private read-only tree (`modelsec.verifier.guard.private_files`): every non-tensor file
 holds the bytes that were hashed in step 3 — never a second read of the original path — and every
