@@ -155,7 +155,7 @@ def refuse_unverifiable_json(model_dir: Path, names: Sequence[str], limits: Limi
         PolicyViolationError: A JSON file names code, an index maps to a pickle shard, or a JSON file is
             a link or special file.
     """
-    json_names = [n for n in names if is_json_side_file(n)]
+    json_names = [n for n in names if is_json_side_file(n) or is_index_name(n)]
     if not json_names:
         return
     model = str(model_dir)
