@@ -6,7 +6,8 @@ that verification will always refuse, unless told to sign anyway).
 
 Which files are indexes (`is_index_name`): every `*.index.json` and `*.index.<variant>.json` at any depth,
 in any letter case — `model.safetensors.index.json`, `pytorch_model.bin.index.json`,
-`model.safetensors.index.fp16.json` (transformers' `_add_variant`), `text_encoder/model.safetensors.index.json`,
+`model.safetensors.index.fp16.json` (transformers' `_add_variant`),
+`text_encoder/model.safetensors.index.json`,
 `diffusion_pytorch_model.safetensors.index.json`. A loader finds shards by joining each target onto the
 index's folder (transformers' `get_checkpoint_shard_files` uses `os.path.join`, where an absolute target
 replaces the folder), so each index is held to these rules:
@@ -57,7 +58,9 @@ def is_index_name(name: str) -> bool:
     return _INDEX_PATTERN.fullmatch(name.rpartition("/")[2].lower()) is not None
 
 
-def _shard_name(index: str, tensor: str, target: object, names: Collection[str], refuse_pickle: bool, what: str) -> str:
+def _shard_name(
+    index: str, tensor: str, target: object, names: Collection[str], refuse_pickle: bool, what: str
+) -> str:
     """One weight_map target resolved to a model-relative name, or the refusal naming the entry."""
     entry = f"{what}: weight_map[`{tensor}`] -> {target!r}"
     if not isinstance(target, str):
@@ -73,11 +76,13 @@ def _shard_name(index: str, tensor: str, target: object, names: Collection[str],
     if name.lower().endswith(PICKLE_SUFFIXES):
         if refuse_pickle:
             raise PolicyViolationError(
-                f"{entry} is a pickle format, refused by policy (refusePickle: unpickling runs code even when "
-                "signed; convert the weights to safetensors)"
+                f"{entry} is a pickle format, refused by policy (refusePickle: unpickling runs code even "
+                "when signed; convert the weights to safetensors)"
             )
     elif not is_safetensors_name(name):
-        raise MalformedArtifactError(f"{entry} is not a weight file (*.safetensors, or a pickle format where allowed)")
+        raise MalformedArtifactError(
+            f"{entry} is not a weight file (*.safetensors, or a pickle format where allowed)"
+        )
     if name not in names:
         raise MalformedArtifactError(f"{entry} is not a signed file of the model")
     return name

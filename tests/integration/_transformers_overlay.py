@@ -53,11 +53,17 @@ def path_for(version: str, *, timeout: float = 600) -> Path:
         if r.returncode != 0:
             out = r.stdout + r.stderr
             shutil.rmtree(target, ignore_errors=True)
-            if any(s in out for s in ("No matching distribution", "Could not find a version", "NewConnection")):
+            if any(
+                s in out for s in ("No matching distribution", "Could not find a version", "NewConnection")
+            ):
                 raise OverlayUnavailable(f"transformers=={version} cannot be installed: {out[-400:]}")
             raise RuntimeError(f"pip install transformers=={version} failed:\n{out[-4000:]}")
         r = subprocess.run(
-            [sys.executable, "-c", f"import {_IMPORTS.get(version, '')}transformers; print(transformers.__version__)"],
+            [
+                sys.executable,
+                "-c",
+                f"import {_IMPORTS.get(version, '')}transformers; print(transformers.__version__)",
+            ],
             capture_output=True,
             text=True,
             timeout=120,

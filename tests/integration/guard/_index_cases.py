@@ -84,7 +84,9 @@ def write_models(root: Path, sign: Callable[[Path], None], marker: Path) -> dict
     _bert(pickle_abs, 0, "unused.safetensors", None)
     (pickle_abs / "unused.safetensors").unlink()
     (pickle_abs / PICKLE_INDEX).write_text(
-        json.dumps({"metadata": {}, "weight_map": {CHECKED: str(payload), "pooler.dense.weight": str(payload)}})
+        json.dumps(
+            {"metadata": {}, "weight_map": {CHECKED: str(payload), "pooler.dense.weight": str(payload)}}
+        )
     )
     sign(pickle_abs)
     # (b) text_encoder/model.safetensors.index.json naming the other signed model's shard.
@@ -181,7 +183,7 @@ def run_case(name: str, models: dict[str, Any]) -> dict[str, Any]:
     """Run one case: `{"value": ...}` or `{"error": "module.Class", "message": ...}`."""
     try:
         value = CASES[name](models)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - every failure is the case's result, reported by class
         return {"error": f"{type(e).__module__}.{type(e).__name__}", "message": str(e)}
     return {"value": value}
 

@@ -3,7 +3,8 @@
 transformers loads a local sharded checkpoint through `get_checkpoint_shard_files`, which joins each
 `weight_map` value onto the folder (an absolute value replaces it) without passing through `cached_files`.
 Three signed models that verified before: (a) `pytorch_model.bin.index.json` naming an absolute pickle
-outside the model, whose unpickling would create a marker file; (b) `text_encoder/model.safetensors.index.json`
+outside the model, whose unpickling would create a marker file; (b)
+`text_encoder/model.safetensors.index.json`
 naming another signed model's shard; (c) the same through `model.safetensors.index.fp16.json` and
 `variant="fp16"`. Each is refused when the model is verified, with `MalformedArtifactError` naming the
 index and the entry, before any shard is read. The cases live in `_index_cases.py`: they run here in-process
@@ -93,7 +94,10 @@ def test_verify_refuses_the_same_models(
     with pytest.raises(MalformedArtifactError) as refused:
         verify_model(Path(models[case]), policy)
     _assert_refused(
-        {"error": "modelsec.errors.MalformedArtifactError", "message": str(refused.value)}, case, models, marker
+        {"error": "modelsec.errors.MalformedArtifactError", "message": str(refused.value)},
+        case,
+        models,
+        marker,
     )
 
 

@@ -96,7 +96,10 @@ def test_a_malformed_shard_is_refused_for_itself_not_for_the_index(tiny_model: P
 def test_check_index_skips_shards_the_caller_does_not_know() -> None:
     raw = json.dumps({"weight_map": {"a": SHARD1, "b": SHARD2}}).encode()
     held = {SHARD1: {"a"}}
-    assert check_index(raw, "i.index.json", {SHARD1, SHARD2}, held.get, model="m") == {"a": SHARD1, "b": SHARD2}
+    assert check_index(raw, "i.index.json", {SHARD1, SHARD2}, held.get, model="m") == {
+        "a": SHARD1,
+        "b": SHARD2,
+    }
     with pytest.raises(MalformedArtifactError, match=r"m/i.index.json: weight_map names `a`, which .*00001"):
         check_index(raw, "i.index.json", {SHARD1, SHARD2}, {SHARD1: set(), SHARD2: {"b"}}.get, model="m")
 
@@ -131,10 +134,10 @@ def _tensors(model: Path) -> list[str]:
 
 # (index file, target, error class, words in the refusal): each index at any depth and in any naming.
 OTHER_INDEXES = [
-    pytest.param("pytorch_model.bin.index.json", "/abs/pytorch_model.bin", MalformedArtifactError, "is absolute",
-                 id="pickle-index-absolute"),
-    pytest.param("pytorch_model.bin.index.json", "pytorch_model-00001.bin", PolicyViolationError, "pickle format",
-                 id="pickle-index-pickle-shard"),
+    pytest.param("pytorch_model.bin.index.json", "/abs/pytorch_model.bin", MalformedArtifactError,
+                 "is absolute", id="pickle-index-absolute"),
+    pytest.param("pytorch_model.bin.index.json", "pytorch_model-00001.bin", PolicyViolationError,
+                 "pickle format", id="pickle-index-pickle-shard"),
     pytest.param("text_encoder/model.safetensors.index.json", "/abs/other/model.safetensors",
                  MalformedArtifactError, "is absolute", id="subfolder-absolute"),
     pytest.param("text_encoder/model.safetensors.index.json", f"../{SHARD1}", MalformedArtifactError,
@@ -177,12 +180,39 @@ def test_a_subfolder_index_naming_its_own_shard_verifies(tiny_model: Path, key_d
     sub = tiny_model / "text_encoder"
     sub.mkdir()
     (sub / SHARD1).write_bytes((tiny_model / SHARD1).read_bytes())
-    held = [t for t, s in json.loads((tiny_model / INDEX_NAME).read_text())["weight_map"].items() if s == SHARD1]
+    held = [
+        t for t, s in json.loads((tiny_model / INDEX_NAME).read_text())["weight_map"].items() if s == SHARD1
+    ]
     _write_index(sub / "model.safetensors.index.fp16.json", SHARD1, held)
     sign_model(tiny_model, [_signer(key_dir)], refuse_unverifiable=True)
     verify_model(tiny_model, key_policy(key_dir))
     # The same index naming a tensor its shard lacks is refused, as at the top level.
     _write_index(sub / "model.safetensors.index.fp16.json", SHARD1, [*held, "ghost"])
-    with pytest.raises(MalformedArtifactError, match=r"text_encoder/model\.safetensors\.index\.fp16\.json: "
-                       r"weight_map names `ghost`, which 'text_encoder/model-00001"):
+    with pytest.raises(
+        MalformedArtifactError,
+        match=r"text_encoder/model\.safetensors\.index\.fp16\.json: "
+        r"weight_map names `ghost`, which 'text_encoder/model-00001",
+    ):
         sign_model(tiny_model, [_signer(key_dir)], refuse_unverifiable=True)
+
+
+def test_modelsec_verify_and_the_loader_refuse_a_subfolder_index_naming_another_model(
+    tiny_model: Path, key_dir: Path, tmp_path: Path, cli: Any
+) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / SHARD1).write_bytes((tiny_model / SHARD1).read_bytes())
+    _write_index(tiny_model / "text_encoder" / "model.safetensors.index.json", str(other / SHARD1), ["x"])
+    sign_model(tiny_model, [_signer(key_dir)])
+    r = cli("verify", tiny_model, "--trusted-key", key_dir / "ecdsa-p256.pub.pem")
+    assert r.returncode == 1
+    assert f"text_encoder/model.safetensors.index.json: weight_map[`x`] -> '{other / SHARD1}'" in r.stderr
+    assert "is absolute" in r.stderr
+    torch = pytest.importorskip("torch")
+    torch.set_num_threads(1)
+    from modelsec.verifier import load_model
+
+    with pytest.raises(
+        MalformedArtifactError, match=r"text_encoder/model\.safetensors\.index\.json: weight_map"
+    ):
+        load_model(tiny_model, key_policy(key_dir))

@@ -130,7 +130,8 @@ def _guarded_shard_files(original: Callable[..., Any]) -> Callable[..., Any]:
             if served is None or served[0] is not snap or served[1] not in snap.signed.manifest.names:
                 raise PolicyViolationError(
                     f"{snap.source / index_rel}: names the shard {os.fspath(shard)!r}, which is not a signed "
-                    f"file of {snap.source}; the modelsec runtime guard serves only the verified model's shards"
+                    f"file of {snap.source}; the modelsec runtime guard serves only the verified model's "
+                    "shards"
                 )
         return shards, metadata
 
