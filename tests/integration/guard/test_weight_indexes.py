@@ -159,3 +159,17 @@ def test_the_guard_holds_under_transformers_5_25(
     assert results["good"] == {"value": models["checksums"]["good"]}
     assert results["good_variant"] == {"value": models["checksums"]["good_variant"]}
     _assert_served_from_snapshot(results["shard_files_direct"], models)
+
+
+def test_shard_resolution_refuses_shards_outside_the_indexs_snapshot(
+    models: dict[str, Any], guard: None
+) -> None:
+    from transformers.utils.hub import get_checkpoint_shard_files
+
+    from modelsec.errors import PolicyViolationError
+
+    other_index = os.path.join(models["other"], cases.INDEX)
+    with pytest.raises(PolicyViolationError) as refused:
+        get_checkpoint_shard_files(models["good"], other_index)  # another model's index onto this folder
+    assert f"{models['other']}/{cases.INDEX}: names the shard" in str(refused.value)
+    assert "is not a signed file of" in str(refused.value)
