@@ -35,7 +35,7 @@ from modelsec.modelformat.model_files import (
     validate_resource_name,
     walk_model,
 )
-from modelsec.modelformat.shard_index import INDEX_NAME, check_index, shard_tensors_on_disk
+from modelsec.modelformat.shard_index import check_index, is_index_name, shard_tensors_on_disk
 from modelsec.modelformat.side_json import check_json_side_file, is_json_side_file, read_json_side_file
 from modelsec.signer.keys import KeyBackend
 from modelsec.signer.layout import MODEL_IGNORE_PATHS, find_bundle_files, write_bundle_file
@@ -137,9 +137,11 @@ def refuse_unverifiable_json(model_dir: Path, names: Sequence[str], limits: Limi
     Each `*.json` file among `names` (at any depth) is read (bounded) and held to the verifier's own rules
     (`modelsec.modelformat.side_json.check_json_side_file` without remote code): at most
     `limits.max_json_side_file_bytes`, strict JSON (no duplicate keys, no NaN), and no code reference
-    (`auto_map`, `custom_pipelines`). `model.safetensors.index.json` is also held to the verifier's index
-    rules (`modelsec.modelformat.shard_index.check_index`: a weight_map object whose every target is a
-    safetensors file among `names` that holds the tensor), reading each named shard's header.
+    (`auto_map`, `custom_pipelines`). Every weight index (`*.index.json`, `*.index.<variant>.json`, any
+    depth) is also held to the verifier's index rules (`modelsec.modelformat.shard_index.check_index`: a
+    weight_map object whose every target is a safetensors file among `names` inside the index's folder
+    that holds the tensor; a pickle target is refused as the default policy refuses it), reading each
+    named shard's header.
 
     Args:
         model_dir: The model directory.
@@ -148,11 +150,12 @@ def refuse_unverifiable_json(model_dir: Path, names: Sequence[str], limits: Limi
 
     Raises:
         MalformedArtifactError: A JSON file is too large or not strict JSON, or a broken index (no
-            weight_map object, a target that is not a shard of the model, a tensor its shard does not
-            hold).
-        PolicyViolationError: A JSON file names code, or a JSON file is a link or special file.
+            weight_map object, a target outside the index's folder or that is not a shard of the model, a
+            tensor its shard does not hold).
+        PolicyViolationError: A JSON file names code, an index maps to a pickle shard, or a JSON file is
+            a link or special file.
     """
-    json_names = [n for n in names if is_json_side_file(n)]
+    json_names = [n for n in names if is_json_side_file(n) or is_index_name(n)]
     if not json_names:
         return
     model = str(model_dir)
@@ -162,9 +165,9 @@ def refuse_unverifiable_json(model_dir: Path, names: Sequence[str], limits: Limi
             try:
                 raw = read_json_side_file(root_fd, name, limits, model)
                 check_json_side_file(name, raw, names, allow_remote_code=False, model=model)
-                if name == INDEX_NAME:
+                if is_index_name(name):
                     tensors_of = shard_tensors_on_disk(root_fd, limits, model)
-                    check_index(raw, names, tensors_of, f"{model}/{INDEX_NAME}")
+                    check_index(raw, name, names, tensors_of, model=model)
             except (MalformedArtifactError, PolicyViolationError) as e:
                 raise type(e)(
                     f"{e.diagnostics()} (verification under the default policy will always refuse this; fix "

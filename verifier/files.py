@@ -35,7 +35,7 @@ from modelsec.modelformat.safetensors_header import read_header
 from modelsec.policy import Policy
 from modelsec.verifier.side_files import (
     INDEX_NAME,
-    check_index,
+    check_indexes,
     check_json_code,
     parse_index,
     read_verified_side_file,
@@ -194,12 +194,14 @@ def check_digests(
 
     Raises:
         DigestMismatchError: A file, tensor or the root digest differs.
-        MalformedArtifactError: Per-tensor digests missing, a bad index, or a JSON file that is not strict
-            JSON or exceeds `Limits.max_json_side_file_bytes`.
+        MalformedArtifactError: Per-tensor digests missing, a bad weight index at any depth
+            (`side_files.check_indexes`), or a JSON file that is not strict JSON or exceeds
+            `Limits.max_json_side_file_bytes`.
         PickleContentError: A file's bytes are or may hold a pickle, under `refuse_pickle`.
-        PolicyViolationError: Code references in a JSON file (`check_remote_code`).
+        PolicyViolationError: Code references in a JSON file (`check_remote_code`), or a weight index that
+            maps to a pickle shard while the policy refuses pickles.
     """
-    model, limits = str(signed.model_dir), policy.limits
+    model = str(signed.model_dir)
     checked = 0
     for b in signed.bundles:
         if b.manifest.hash_type in signed.file_hashes:
@@ -214,8 +216,7 @@ def check_digests(
                 raise DigestMismatchError(f"{model} (model root)", expected, root)
     unchecked = {n: d for n, d in computed.items() if n not in json_checked}
     check_json_code(root_fd, unchecked, set(signed.manifest.names), policy, model)
-    if INDEX_NAME in computed:
-        check_index(root_fd, computed, set(signed.manifest.names), limits, model)
+    check_indexes(root_fd, computed, set(signed.manifest.names), policy, model)
     return checked
 
 
@@ -243,7 +244,8 @@ def read_verified_index(signed: SignedModel, computed: FileDigests, policy: Poli
         raw = read_verified_side_file(root_fd, INDEX_NAME, computed, policy.limits, model)
     finally:
         os.close(root_fd)
-    return parse_index(raw, set(signed.manifest.names), f"{model}/{INDEX_NAME}")
+    # The loader builds tensors from safetensors only: a pickle target is refused whatever the policy says.
+    return parse_index(raw, INDEX_NAME, set(signed.manifest.names), refuse_pickle=True, model=model)
 
 
 def precheck_file(path: Path, policy: Policy, *, root_fd: int | None = None) -> None:

@@ -505,7 +505,6 @@ class VerifiedSafeOpen:
             # digests, remote code in any JSON file, and the index; tensor files are checked as they are read.
             side = [n for n in names if not is_safetensors_name(n)]
             verify_files(self._signed, side, self._policy, tensor_hash=None, whole_model=False)
-        self._entries = self._signed.tensor_entries()
         self._shards: dict[str, shard_io.VerifiedShard] = {}
         self._headers: dict[str, SafetensorsHeader] = {}  # parsed once per file for per-tensor reads
         self._lock = threading.Lock()
@@ -515,6 +514,7 @@ class VerifiedSafeOpen:
             else [n for n in self._signed.manifest.names if is_safetensors_name(n)]
         )
         self._files = files
+        self._entries = self._signed.tensor_entries(files)
         if self._single is not None:
             # One shard opened explicitly (as loaders do): verify it whole now, so a tampered shard is
             # refused before any of its tensors is built, and serve every tensor from that buffer.

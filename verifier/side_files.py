@@ -2,7 +2,8 @@
 
 Code references (`auto_map`, `custom_pipelines`) are refused unless the policy allows remote code, and then
 only local references to signed modules pass (the rules live in `modelsec.modelformat.side_json`, shared
-with the signer); `model.safetensors.index.json` must name signed shards that hold the tensors it maps
+with the signer); every weight index at any depth (`*.index.json`, `*.index.<variant>.json`) must name
+signed shards of a permitted format inside its own folder that hold the tensors it maps
 (`modelsec.modelformat.shard_index`, also shared with the signer).
 """
 
@@ -18,7 +19,7 @@ from modelsec.limits import Limits
 from modelsec.modelformat import shard_index
 from modelsec.modelformat.hashing import FileDigests, new_hasher
 from modelsec.modelformat.model_files import open_beneath
-from modelsec.modelformat.shard_index import INDEX_NAME, parse_index
+from modelsec.modelformat.shard_index import INDEX_NAME, is_index_name, parse_index
 from modelsec.modelformat.side_json import (
     check_json_side_file,
     check_json_side_file_size,
@@ -30,7 +31,7 @@ from modelsec.policy import Policy
 
 __all__ = [
     "INDEX_NAME",
-    "check_index",
+    "check_indexes",
     "check_json_code",
     "check_remote_code",
     "parse_index",
@@ -80,19 +81,22 @@ def check_json_code(
         check_json_side_file(name, raw, signed_names, allow_remote_code=policy.allow_remote_code, model=model)
 
 
-def check_index(
-    root_fd: int, computed: Mapping[str, FileDigests], signed: set[str], limits: Limits, model: str
+def check_indexes(
+    root_fd: int, computed: Mapping[str, FileDigests], signed: set[str], policy: Policy, model: str
 ) -> None:
-    """Re-read the verified index and hold it to `modelsec.modelformat.shard_index.check_index`.
+    """Re-read every verified weight index and hold it to `modelsec.modelformat.shard_index.check_index`.
 
-    Each tensor it maps must be held by its shard, as the header read while hashing that shard says
+    Every hashed file that `shard_index.is_index_name` names an index (any depth, any variant, safetensors
+    or pickle) is checked: targets inside its folder, signed, a permitted format under `policy`'s pickle
+    rule, and each tensor held by its safetensors shard, as the header read while hashing that shard says
     (shards not hashed by this call are not checked).
 
     Raises:
-        DigestMismatchError: The index changed since it was hashed.
-        MalformedArtifactError: A bad index, or a tensor its shard does not hold.
+        DigestMismatchError: An index changed since it was hashed.
+        MalformedArtifactError: A bad index, a target outside its folder, unsigned or not a weight file, or
+            a tensor its shard does not hold.
+        PolicyViolationError: A pickle target while the policy refuses pickles.
     """
-    raw = read_verified_side_file(root_fd, INDEX_NAME, computed[INDEX_NAME], limits, model)
 
     def tensors_of(name: str) -> set[str] | None:
         if name not in computed:
@@ -100,4 +104,8 @@ def check_index(
         header = computed[name].header
         return {t.name for t in header.tensors} if header is not None else set()
 
-    shard_index.check_index(raw, signed, tensors_of, f"{model}/{INDEX_NAME}")
+    for index in sorted(n for n in computed if is_index_name(n)):
+        raw = read_verified_side_file(root_fd, index, computed[index], policy.limits, model)
+        shard_index.check_index(
+            raw, index, signed, tensors_of, refuse_pickle=policy.refuse_pickle, model=model
+        )

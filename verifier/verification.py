@@ -21,7 +21,8 @@ opened before step 4):
    again (bounded by `Limits.max_json_side_file_bytes`; a larger one is refused, never skipped), re-hashed
    and searched for code references (`auto_map` at any nesting depth, `custom_pipelines`): refused unless
    the policy allows remote code, and even then only local references to signed modules pass; then
-   `model.safetensors.index.json` (targets must be signed shards that hold the named tensors).
+   every weight index at any depth and in any naming (`*.index.json`, `*.index.<variant>.json`): targets
+   must be signed shards inside the index's folder, of a permitted format, that hold the named tensors.
 
 Metadata inside safetensors headers never influences any decision.
 

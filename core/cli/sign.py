@@ -87,9 +87,9 @@ _TENSOR_DIGESTS = [HashAlgorithm.BLAKE3.value, HashAlgorithm.SHA256.value, HashA
     "torch zip, a gzip/xz/bz2/zstd or tar-wrapped pickle, an archive too large to inspect); *.py code; "
     "and *.json files "
     "(config, tokenizer, at any depth) that name code (auto_map, custom_pipelines), are not strict JSON "
-    "(syntax errors, duplicate keys, NaN/Infinity) or exceed the JSON side-file size limit; and a "
-    "model.safetensors.index.json whose weight_map names a file that is not a shard of the model or a "
-    "tensor its shard does not hold.",
+    "(syntax errors, duplicate keys, NaN/Infinity) or exceed the JSON side-file size limit; and a weight "
+    "index at any depth (*.index.json, *.index.<variant>.json) whose weight_map names a file outside its "
+    "folder, a pickle shard, a file that is not a shard of the model, or a tensor its shard does not hold.",
 )
 @ignore_paths_option(
     "Leave this path (a file, or a directory with everything below it) out of the signature and record it "

@@ -237,3 +237,39 @@ def test_vllm_plugin_fails_closed(tmp_path: Path) -> None:
     assert out.stdout.strip() == (
         "runtime guard not installed: /nonexistent: cannot read the policy file: No such file or directory"
     )
+
+
+REMOTE_CODE = """
+import os, sys, transformers, transformers.dynamic_module_utils as dynamic
+config = transformers.AutoConfig.from_pretrained(sys.argv[1], trust_remote_code=True)
+copy = dynamic.HF_MODULES_CACHE  # the guard's private copy the signed module was imported from
+print(type(config).__name__, os.path.isdir(copy), copy, flush=True)
+"""
+
+
+@pytest.mark.slow  # one child that imports transformers (~5 s)
+def test_the_remote_code_copy_is_removed_when_the_process_exits(tmp_path: Path, key_dir: Path) -> None:
+    pytest.importorskip("transformers")
+    model = tmp_path / "models" / "custom"
+    model.mkdir(parents=True)
+    (model / "configuration_custom.py").write_text(
+        "from transformers import PretrainedConfig\n"
+        "class CustomConfig(PretrainedConfig):\n"
+        "    model_type = 'custom'\n"
+    )
+    config = {"model_type": "custom", "auto_map": {"AutoConfig": "configuration_custom.CustomConfig"}}
+    (model / "config.json").write_text(json.dumps(config))
+    sign_model(model, [load_private_key_file(key_dir / "ecdsa-p256.key.pem")])
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        "apiVersion: modelsec.dev/v1alpha1\nkind: ModelPolicy\npolicies:\n"
+        f"  - name: test\n    match: ['file://{tmp_path / 'models'}/**']\n"
+        f"    keys: ['{key_dir / 'ecdsa-p256.pub.pem'}']\n    allowRemoteCode: true\n"
+    )
+    env = environ(MODELSEC_POLICY=str(policy), HF_HUB_OFFLINE="1")
+    out = run([sys.executable, "-c", REMOTE_CODE, model], env, tmp_path)
+    assert out.returncode == 0, out.stderr[-4000:]
+    name, existed, copy = out.stdout.split()
+    assert (name, existed) == ("CustomConfig", "True")
+    assert copy.startswith("/dev/shm/modelsec-modules-")  # the default place of the guard's private copies
+    assert not os.path.lexists(copy)  # removed when the process exited

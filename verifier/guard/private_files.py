@@ -14,7 +14,9 @@ original path. Two storages, chosen once per process:
   (an operator-named, preferably memory-backed, writable volume), else the temporary directory.
 
 The directory is created by this process with `mkdtemp` (mode 0700, unpredictable name) and removed at exit
-by the process that made it (a forked child never removes its parent's copy).
+by the process that made it (a forked child never removes its parent's copy). `private_directory` gives other
+per-process copies (the guard's remote-code module directory, `modelsec-modules-*`) the same place, mode and
+removal at exit.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from pathlib import Path
 
 from modelsec.errors import BackendUnavailableError
 
-__all__ = ["PrivateTree", "snapshot_base_dir"]
+__all__ = ["PrivateTree", "private_directory", "snapshot_base_dir"]
 
 _SEALS = (
     getattr(fcntl, "F_SEAL_SEAL", 0)
@@ -39,6 +41,7 @@ _SEALS = (
 )
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _trees: list[PrivateTree] = []
+_directories: list[tuple[Path, int]] = []  # (directory, pid of the process that made it)
 _trees_lock = threading.Lock()
 
 
@@ -56,6 +59,35 @@ def snapshot_base_dir() -> Path:
     if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK | os.X_OK):  # noqa: S108 - a tmpfs
         return Path("/dev/shm")  # noqa: S108
     return Path(tempfile.gettempdir())
+
+
+def _make_directory(prefix: str) -> Path:
+    base = snapshot_base_dir()
+    try:
+        return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+    except OSError as e:
+        raise BackendUnavailableError(
+            f"{base}: cannot create the runtime guard's private copy ({e.strerror}); "
+            "set MODELSEC_SNAPSHOT_DIR to a writable directory"
+        ) from e
+
+
+def private_directory(prefix: str) -> Path:
+    """A fresh mode-0700 directory under `snapshot_base_dir()`, removed at exit by this process.
+
+    For private copies a framework writes itself (transformers copies remote code into the guard's
+    module directory). A forked child that exits does not remove it.
+
+    Args:
+        prefix: The start of the directory's name (`modelsec-modules-`); the rest is unpredictable.
+
+    Raises:
+        BackendUnavailableError: No writable place for it.
+    """
+    path = _make_directory(prefix)
+    with _trees_lock:
+        _directories.append((path, os.getpid()))
+    return path
 
 
 def _memfd_usable() -> bool:
@@ -90,14 +122,7 @@ class PrivateTree:
         Raises:
             BackendUnavailableError: No writable place for the tree.
         """
-        base = snapshot_base_dir()
-        try:
-            self._top = Path(tempfile.mkdtemp(prefix="modelsec-", dir=base))
-        except OSError as e:
-            raise BackendUnavailableError(
-                f"{base}: cannot create the runtime guard's private copy ({e.strerror}); "
-                "set MODELSEC_SNAPSHOT_DIR to a writable directory"
-            ) from e
+        self._top = _make_directory("modelsec-")
         self.path = self._top / (name or "model")
         self.path.mkdir(mode=0o700)
         self.storage = "memfd" if _memfd_usable() else "directory"
@@ -171,3 +196,7 @@ def _remove_trees() -> None:
         for tree in _trees:
             tree.close()
         _trees.clear()
+        for path, pid in _directories:
+            if pid == os.getpid():
+                shutil.rmtree(path, ignore_errors=True)
+        _directories.clear()

@@ -123,13 +123,20 @@ class SignedModel:
         """The model root digest (hex)."""
         return self.manifest.subject_digest["sha256"]
 
-    def tensor_entries(self) -> dict[str, tuple[str, TensorEntry]]:
-        """Signed tensor name -> (file, entry) from the extension (empty for plain OMS manifests)."""
+    def tensor_entries(self, files: Collection[str] | None = None) -> dict[str, tuple[str, TensorEntry]]:
+        """Signed tensor name -> (file, entry) from the extension (empty for plain OMS manifests).
+
+        Tensor names are unique within a file, not within a model (a variant's shards, or two subfolders,
+        hold the same names): `files` restricts the map to those files, so that a shard is never given
+        another file's entries; None takes every file (the first file naming a tensor wins).
+        """
         result: dict[str, tuple[str, TensorEntry]] = {}
         for b in self.bundles:
             if b.manifest.tensor_hash is not self.tensor_hash:
                 continue
             for file, entries in b.manifest.tensors.items():
+                if files is not None and file not in files:
+                    continue
                 for name, entry in entries.items():
                     result.setdefault(name, (file, entry))
         return result

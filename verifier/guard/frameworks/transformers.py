@@ -3,6 +3,12 @@
 * **File resolution** (`transformers.utils.hub.cached_files`, under `cached_file`: the layer every config,
   tokenizer and generation config load shares): the model reference goes through `guarded_path`, and every
   file name and `subfolder` is checked to stay inside the tree and to be signed.
+* **Sharded checkpoints** (`transformers.utils.hub.get_checkpoint_shard_files`): for a local folder it joins
+  each `weight_map` value of the index onto the folder with `os.path.join` and never reaches `cached_files`
+  (an absolute value replaces the folder; transformers 5.24 does not check, 5.25 does). The model and the
+  index go through `guarded_path` (the index read is the verified copy, held to the index rules of
+  `modelsec.modelformat.shard_index` when the model was verified), and every shard path it returns must
+  be a signed file of that same snapshot: anything else is refused before a shard is opened.
 * **`from_pretrained`** of `AutoConfig`, the `AutoModel*` classes, `AutoTokenizer`, `AutoProcessor`,
   `AutoImageProcessor`, `AutoFeatureExtractor`, `PreTrainedConfig`, `PreTrainedModel`, tokenizers,
   processors, image processors, feature extractors and `GenerationConfig`, each patched on the class that
@@ -17,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import os
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
@@ -107,8 +112,42 @@ def _guarded_cached_files(original: Callable[..., Any]) -> Callable[..., Any]:
     return cached_files
 
 
+def _guarded_shard_files(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def get_checkpoint_shard_files(
+        pretrained_model_name_or_path: Any, index_filename: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        check_relative_name(kwargs.get("subfolder"), "subfolder", pretrained_model_name_or_path)
+        model = guarded_path(pretrained_model_name_or_path)
+        index = guarded_path(index_filename)
+        shards, metadata = original(model, index, *args, **kwargs)
+        hit = snapshot_containing(index) if isinstance(index, str | os.PathLike) else None
+        if hit is None:  # guarded_path always maps a path into a snapshot; anything else is not served
+            raise PolicyViolationError(f"{index_filename}: not a verified weight index; refused")
+        snap, index_rel = hit
+        for shard in shards:
+            served = snapshot_containing(shard)
+            if served is None or served[0] is not snap or served[1] not in snap.signed.manifest.names:
+                raise PolicyViolationError(
+                    f"{snap.source / index_rel}: names the shard {os.fspath(shard)!r}, which is not a signed "
+                    f"file of {snap.source}; the modelsec runtime guard serves only the verified model's "
+                    "shards"
+                )
+        return shards, metadata
+
+    return get_checkpoint_shard_files
+
+
 def _patch_hub(module: ModuleType) -> None:
-    patch_functions(module, {"cached_files": _guarded_cached_files(module.cached_files)})
+    patch_functions(
+        module,
+        {
+            "cached_files": _guarded_cached_files(module.cached_files),
+            "get_checkpoint_shard_files": _guarded_shard_files(
+                unpatched(module, "get_checkpoint_shard_files", module.get_checkpoint_shard_files)
+            ),
+        },
+    )
 
 
 def _patch_modeling_utils(module: ModuleType) -> None:
@@ -120,9 +159,9 @@ def _patch_modeling_utils(module: ModuleType) -> None:
 def _private_modules_dir() -> Path:
     global _modules_dir
     if _modules_dir is None:
-        from modelsec.verifier.guard.private_files import snapshot_base_dir
+        from modelsec.verifier.guard.private_files import private_directory
 
-        _modules_dir = Path(tempfile.mkdtemp(prefix="modelsec-modules-", dir=snapshot_base_dir()))
+        _modules_dir = private_directory("modelsec-modules-")
     return _modules_dir
 
 
