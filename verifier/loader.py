@@ -46,10 +46,11 @@ from modelsec.modelformat.safetensors_header import (
     SafetensorsHeader,
     read_header,
 )
-from modelsec.policy import Policy, PolicySet
+from modelsec.policy import Policy, PolicySet, model_uri
 from modelsec.verifier import _shard_buffers as shard_io
 from modelsec.verifier.admission import ModelAdmission, admit_model, report_warnings
 from modelsec.verifier.audit import record_verified_model
+from modelsec.verifier.pinning import pinned_root_digests
 from modelsec.verifier.verification import (
     INDEX_NAME,
     SignedModel,
@@ -91,6 +92,14 @@ def _split_path(model_path: Path) -> tuple[Path, str | None]:
     if model_path.is_dir() and not model_path.is_symlink():
         return model_path, None
     return model_path.parent, model_path.name
+
+
+def _pins(model_dir: Path, expected_digests: Collection[str] | None) -> frozenset[str] | None:
+    """The root digests the model may have: `expected_digests` and `$MODELSEC_MODEL_DIGEST` together.
+
+    Read before the model is opened, so a malformed or contradictory pin refuses the load before any read.
+    """
+    return pinned_root_digests(model_uri(model_dir), expected_digests)
 
 
 def _verify_whole_shards(
@@ -291,7 +300,12 @@ def load_model(
         tensors: Only these tensor names (e.g. one pipeline stage); None for all.
         bundles: Explicit bundle paths; default names in the model directory otherwise.
         expected_digests: The model root digests (`sha256:<hex>`, as in the admission annotation) the
-            signed model must have, checked right after the signatures; None: no pin.
+            signed model must have, checked right after the signatures and before any model file is
+            opened. `$MODELSEC_MODEL_DIGEST` (a bare `sha256:<hex>` or the `modelsec.dev/models`
+            annotation value; the entry naming `file://<real path of the model directory>` decides, else
+            any) is always read as well, as `modelsec verify` and the runtime guard read it: when both are
+            given both pin (the root must be one of each; an argument never widens or replaces the
+            variable). None and the variable unset: no pin.
 
     Returns:
         Tensor name -> tensor on `device` (dtype and shape as in the safetensors header).
@@ -299,11 +313,13 @@ def load_model(
     Raises:
         SignatureError: No trusted or required signature.
         DigestMismatchError: A file, tensor or the root digest differs from the manifest, or the root
-            digest is not one of `expected_digests`.
+            digest is not pinned (`expected_digests`, `$MODELSEC_MODEL_DIGEST`); `compared` is
+            `"root digest"` then and no model file was opened.
         FileSetMismatchError: Files added, removed or renamed.
         MalformedArtifactError: Malformed bundle, manifest, header or index; an unknown tensor name.
         PolicyViolationError: Pickle, remote code, symlinks; no policy matches.
-        PolicyError: No usable policy.
+        PolicyError: No usable policy; `expected_digests` or `$MODELSEC_MODEL_DIGEST` is malformed (the
+            message names which), or the two pin no digest in common (nothing is read).
         BackendUnavailableError: torch is not installed, or `device` is a CUDA device this node lacks.
         UnsupportedAlgorithmError: `device` is neither CPU nor CUDA.
 
@@ -313,11 +329,12 @@ def load_model(
     model_path = Path(os.fspath(model_path))
     device = shard_io.check_device(device)
     model_dir, single = _split_path(model_path)
+    pins = _pins(model_dir, expected_digests)
     admission = admit_model(model_path, policy)
     resolved = admission.policy
     if single is not None:
         precheck_file(model_path, resolved)
-    signed = verify_signatures(model_dir, admission, bundles=bundles, expected_digests=expected_digests)
+    signed = verify_signatures(model_dir, admission, bundles=bundles, expected_digests=pins)
     report_warnings(signed.warnings)
     pinned = device.startswith("cuda")
     model = str(model_dir)
@@ -396,17 +413,18 @@ def load_signed_model(
 ) -> LoadedModel:
     """`load_model` of a whole model (or one shard) that also returns the verified root digest.
 
-    Same checks, errors and single read pass as `load_model`; for callers that attest about what they
-    loaded (the robustness gate), so that the subject is the digest the loaded bytes were verified under.
+    Same checks (`$MODELSEC_MODEL_DIGEST` included), errors and single read pass as `load_model`; for
+    callers that attest about what they loaded (the robustness gate), so that the subject is the digest the loaded bytes were verified under.
     """
     model_path = Path(os.fspath(model_path))
     device = shard_io.check_device(device)
     model_dir, single = _split_path(model_path)
+    pins = _pins(model_dir, expected_digests)
     admission = admit_model(model_path, policy)
     resolved = admission.policy
     if single is not None:
         precheck_file(model_path, resolved)
-    signed = verify_signatures(model_dir, admission, bundles=bundles, expected_digests=expected_digests)
+    signed = verify_signatures(model_dir, admission, bundles=bundles, expected_digests=pins)
     report_warnings(signed.warnings)
     return _load_whole(signed, single, resolved, device)
 
@@ -447,9 +465,12 @@ class VerifiedSafeOpen:
         device: str = "cpu",
         bundles: Sequence[Path] | None = None,
         signed: SignedModel | None = None,
+        expected_digests: Collection[str] | None = None,
     ) -> None:
         model_path = Path(os.fspath(model_path))
         self._dir, self._single = _split_path(model_path)
+        # `signed` comes from the guard's snapshot, which applied its own pins (`hook.install`) already.
+        pins = _pins(self._dir, expected_digests) if signed is None else None
         if signed is not None and self._dir != signed.model_dir:
             # A file in a subfolder of the signed model (e.g. `text_encoder/model.safetensors`).
             self._dir = signed.model_dir
@@ -460,7 +481,7 @@ class VerifiedSafeOpen:
         if self._single is not None:
             precheck_file(model_path, self._policy)
         if signed is None:
-            signed = verify_signatures(self._dir, admission, bundles=bundles)
+            signed = verify_signatures(self._dir, admission, bundles=bundles, expected_digests=pins)
             report_warnings(signed.warnings)
         self._signed = signed
         names = check_file_set(self._signed, self._policy, only=[self._single] if self._single else None)
@@ -554,6 +575,7 @@ def open_model(
     *,
     device: str = "cpu",
     bundles: Sequence[Path] | None = None,
+    expected_digests: Collection[str] | None = None,
 ) -> VerifiedSafeOpen:
     """Open a model directory or shard lazily; every tensor it returns was verified first.
 
@@ -562,6 +584,8 @@ def open_model(
         policy: A `Policy`, a `PolicySet`, or None for `$MODELSEC_POLICY`.
         device: Where returned tensors go.
         bundles: Explicit bundle paths.
+        expected_digests: Model root digests the signed model must have, pinned together with
+            `$MODELSEC_MODEL_DIGEST` as `load_model` pins them.
 
     Returns:
         A `safe_open`-like object (`keys()`, `get_tensor()`, `get_slice()`, `metadata()`).
@@ -569,4 +593,6 @@ def open_model(
     Raises:
         The errors of `load_model`, at open (signatures, file set, refusals) or at access (digests).
     """
-    return VerifiedSafeOpen(model_path, policy, device=device, bundles=bundles)
+    return VerifiedSafeOpen(
+        model_path, policy, device=device, bundles=bundles, expected_digests=expected_digests
+    )
