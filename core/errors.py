@@ -21,6 +21,7 @@ __all__ = [
     "AttestationError",
     "AuthenticationError",
     "BackendUnavailableError",
+    "BundleExistsError",
     "DigestMismatchError",
     "Error",
     "FileSetMismatchError",
@@ -113,6 +114,19 @@ class PolicyViolationError(VerificationError):
 
 class PolicyError(Error):
     """The policy file (or the options that stand for it) is invalid."""
+
+
+class BundleExistsError(PolicyError):
+    """Signing would replace, or leave beside its new bundle, a signature bundle that exists already.
+
+    Nothing was written. `path` is the bundle in the way; `reason` says why (it would be replaced, or it is
+    a default-named bundle that signs another model than the one just signed); `option` names what replaces
+    it (`sign --force`, `sign_model(force=True)`).
+    """
+
+    def __init__(self, path: str, reason: str, *, option: str = "--force") -> None:
+        super().__init__(f"{path}: {reason}; nothing was written (pass {option} to replace it)")
+        self.path, self.reason, self.option = path, reason, option
 
 
 class KeyMaterialError(Error):
