@@ -41,8 +41,8 @@ from modelsec.modelformat.model_files import (
 )
 from modelsec.modelformat.shard_index import INDEX_NAME, check_index, shard_tensors_on_disk
 from modelsec.modelformat.side_json import check_json_side_file, is_json_side_file, read_json_side_file
-from modelsec.signer.keys import KeyBackend
 from modelsec.safe_io import read_regular_file
+from modelsec.signer.keys import KeyBackend
 from modelsec.signer.layout import (
     MODEL_IGNORE_PATHS,
     RESERVED_BUNDLE_NAMES,
@@ -466,21 +466,31 @@ def _bundle_paths(
             name (`RESERVED_BUNDLE_NAMES`) of its own folder.
     """
     if not single:
-        return [explicit.get(i, model_dir / scheme_for(s.algorithm).default_bundle_name) for i, s in enumerate(signers)]
+        return [
+            explicit.get(i, model_dir / scheme_for(s.algorithm).default_bundle_name)
+            for i, s in enumerate(signers)
+        ]
     folder = os.path.realpath(model_dir.parent)
-    suggestion = f"e.g. {model_dir}.sig, or a path outside the folder"
-    if len(explicit) < len(signers) or any(i not in explicit for i in range(len(signers))):
+    if any(i not in explicit for i in range(len(signers))):
         raise PolicyError(
-            f"{model_dir}: a single file has no default bundle name: the default names in its folder are that "
-            f"folder's own signature, which `verify {model_dir.parent}` reads; give each key a bundle path "
-            f"(sign --signature, {suggestion}) and verify with the same --signature"
+            f"{model_dir}: a single file has no default bundle name (the default names in its folder are the "
+            f"folder's own signature, which `verify {model_dir.parent}` reads); give each key a bundle path "
+            f"(sign --signature, e.g. {model_dir}.sig) and verify with the same --signature"
         )
     paths = [explicit[i] for i in range(len(signers))]
+    signed_folder = find_default_bundles(model_dir.parent)
     for p in paths:
-        if p.name in RESERVED_BUNDLE_NAMES and os.path.realpath(p.parent or ".") == folder:
+        parent = os.path.realpath(p.parent)
+        if p.name in RESERVED_BUNDLE_NAMES and parent == folder:
             raise PolicyError(
                 f"{p}: a single file's bundle may not take the reserved name {p.name!r} of its own folder "
-                f"(verify of the folder reads it as the folder's signature); write it elsewhere, {suggestion}"
+                "(verify of the folder reads it as the folder's signature); give another --signature path"
+            )
+        if signed_folder and os.path.commonpath([parent, folder]) == folder:
+            raise PolicyError(
+                f"{p}: {model_dir.parent} is a signed model ({signed_folder[0].name}), and a new file in it "
+                f"would be an unsigned extra file for `verify {model_dir.parent}`; write the single file's "
+                "bundle outside that folder"
             )
     return paths
 
@@ -504,7 +514,10 @@ def _stale_default_bundles(
             continue
         try:
             data = read_regular_file(
-                path, "signature bundle", max_bytes=limits.max_bundle_bytes, error=MalformedArtifactError,
+                path,
+                "signature bundle",
+                max_bytes=limits.max_bundle_bytes,
+                error=MalformedArtifactError,
                 follow_symlinks=False,
             )
             statement = parse_statement(parse_bundle(data, source=str(path)).envelope.payload, what=str(path))

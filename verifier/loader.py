@@ -414,7 +414,8 @@ def load_signed_model(
     """`load_model` of a whole model (or one shard) that also returns the verified root digest.
 
     Same checks (`$MODELSEC_MODEL_DIGEST` included), errors and single read pass as `load_model`; for
-    callers that attest about what they loaded (the robustness gate), so that the subject is the digest the loaded bytes were verified under.
+    callers that attest about what they loaded (the robustness gate), so that the subject is the digest
+    the loaded bytes were verified under.
     """
     model_path = Path(os.fspath(model_path))
     device = shard_io.check_device(device)

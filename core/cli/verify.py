@@ -31,7 +31,7 @@ from modelsec.cli.common import (
 )
 from modelsec.cli.identity import IdentityOptions, identity_options
 from modelsec.cli.values import expected_digests_value
-from modelsec.errors import Error, PolicyError, SignatureError
+from modelsec.errors import Error, SignatureError
 
 __all__ = ["digest", "inspect", "verify"]
 
@@ -89,7 +89,7 @@ def _policy_from_options(
 
 
 def _expected_digests(model_dir: Path, options: tuple[str, ...]) -> frozenset[str] | None:
-    """The root digests the model may have: --expected-digest and $MODELSEC_MODEL_DIGEST (`pinned_root_digests`).
+    """The root digests the model may have: --expected-digest and $MODELSEC_MODEL_DIGEST, both pinning.
 
     Raises:
         PolicyError: A digest is malformed, or the two pins have no digest in common.
