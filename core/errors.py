@@ -5,7 +5,8 @@ Errors are grouped by who must act (the python-tuf habit):
 * `VerificationError` and its subclasses: the model, signature or attestation must not be trusted.
   Never retry; never "fall back". Every instance names the file, tensor or field at fault.
 * `PolicyError`, `KeyMaterialError`, `UnsupportedAlgorithmError`, `GateFailedError`: fix the setup
-  (policy file, key, algorithm choice, release threshold), not the artifact.
+  (policy file, key, algorithm choice, release threshold, an output path: `BundleExistsError`), not the
+  artifact.
 * `BackendUnavailableError`: the environment lacks something (e.g. an OpenSSL without SM2); the only
   retryable kind.
 * `AuthenticationError`, `PermissionDeniedError`, `NotFoundError`: the gRPC service's caller is unknown, is
