@@ -146,6 +146,7 @@ def main() -> None:
             modelsec,
             "sign",
             str(model),
+            "--force",  # the model is cached in the work directory and may be signed already
             "--signing-key",
             str(keys / "ecdsa-p256.key.pem"),
             "--signing-key",

@@ -232,12 +232,13 @@ def main(argv: list[str] | None = None) -> int:
     (tiny / "config.json").write_text("{}\n")
     tiny_sig = str(sigs / "tiny.sig")
     warm: list[tuple[str, list[str]]] = [
-        ("modelsec", [modelsec, "sign", str(tiny), "-q", "--signing-key", ec_key, "--signature", tiny_sig]),
+        # --force: the bench signs to the same paths on every run (sign refuses to replace a bundle).
+        ("modelsec", [modelsec, "sign", str(tiny), "-q", "--force", "--signing-key", ec_key, "-s", tiny_sig]),
         ("modelsec", [modelsec, "verify", str(tiny), "-q", "--trusted-key", ec_pub, "--signature", tiny_sig]),
     ]
     if have_sm2:
         tiny_sm2 = str(sigs / "tiny.sm2.sig")
-        warm.append(("sm2", [modelsec, "sign", str(tiny), "-q", "--signing-key", sm2_key, "--signature",
+        warm.append(("sm2", [modelsec, "sign", str(tiny), "-q", "--force", "--signing-key", sm2_key, "-s",
             tiny_sm2]))
         warm.append(("sm2", [modelsec, "verify", str(tiny), "-q", "--trusted-key", sm2_pub,
             "--signature", tiny_sm2]))
@@ -290,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     wi = f"hash_chunk_bytes={args.what_if_chunk_kib} KiB"
 
     def api_sign(d: Path, sig: Path) -> Measure:
-        return in_process(lambda: sign_model(d, [ec_signer], signature_paths={0: sig}))
+        return in_process(lambda: sign_model(d, [ec_signer], signature_paths={0: sig}, force=True))
 
     def api_verify(d: Path, sig: Path) -> Measure:
         return in_process(lambda: verify_model(d, ec_policy, bundles=[sig]))
@@ -302,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
             str(d),
             "--quiet",
             "--json",
+            "--force",
             "--tensor-digest",
             tensor,
             "--signing-key",

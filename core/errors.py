@@ -5,7 +5,8 @@ Errors are grouped by who must act (the python-tuf habit):
 * `VerificationError` and its subclasses: the model, signature or attestation must not be trusted.
   Never retry; never "fall back". Every instance names the file, tensor or field at fault.
 * `PolicyError`, `KeyMaterialError`, `UnsupportedAlgorithmError`, `GateFailedError`: fix the setup
-  (policy file, key, algorithm choice, release threshold), not the artifact.
+  (policy file, key, algorithm choice, release threshold, an output path: `BundleExistsError`), not the
+  artifact.
 * `BackendUnavailableError`: the environment lacks something (e.g. an OpenSSL without SM2); the only
   retryable kind.
 * `AuthenticationError`, `PermissionDeniedError`, `NotFoundError`: the gRPC service's caller is unknown, is
@@ -21,6 +22,7 @@ __all__ = [
     "AttestationError",
     "AuthenticationError",
     "BackendUnavailableError",
+    "BundleExistsError",
     "DigestMismatchError",
     "Error",
     "FileSetMismatchError",
@@ -166,6 +168,19 @@ class PickleContentError(PolicyViolationError):
 
 class PolicyError(Error):
     """The policy file (or the options that stand for it) is invalid."""
+
+
+class BundleExistsError(PolicyError):
+    """Signing would replace, or leave beside its new bundle, a signature bundle that exists already.
+
+    Nothing was written. `path` is the bundle in the way; `reason` says why (it would be replaced, or it is
+    a default-named bundle that signs another model than the one just signed); `option` names what replaces
+    it (`sign --force`, `sign_model(force=True)`).
+    """
+
+    def __init__(self, path: str, reason: str, *, option: str = "--force") -> None:
+        super().__init__(f"{path}: {reason}; nothing was written (pass {option} to replace it)")
+        self.path, self.reason, self.option = path, reason, option
 
 
 class KeyMaterialError(Error):

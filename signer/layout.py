@@ -25,7 +25,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from modelsec.errors import Error, MalformedArtifactError, ModelMovedError, PolicyError
+from modelsec.errors import BundleExistsError, Error, MalformedArtifactError, ModelMovedError, PolicyError
 from modelsec.limits import Limits
 from modelsec.modelformat.model_files import open_beneath, open_model_root
 from modelsec.signer.schemes import all_schemes
@@ -229,12 +229,15 @@ def relative_ignore_paths(
     return result
 
 
-def write_bundle_file(path: Path, data: bytes, *, what: str = "bundle") -> Path:
+def write_bundle_file(path: Path, data: bytes, *, what: str = "bundle", replace: bool = True) -> Path:
     """Write a bundle (or attestation) file atomically: a temporary file in the same directory, fsync, rename.
 
-    Never writes through a symlink; the file ends up mode 0644. Returns `path`.
+    Never writes through a symlink; the file ends up mode 0644. With `replace` false an existing `path` is
+    never replaced, not even one created after the caller looked: the finished file is linked onto `path`
+    (`link(2)` fails on an existing name) instead of renamed over it. Returns `path`.
 
     Raises:
+        BundleExistsError: `replace` is false and `path` exists (nothing is written).
         PolicyError: `path` is a symlink, or cannot be written (missing directory, permissions, disk full;
             the message names the file and the reason): the output option must change.
     """
@@ -248,9 +251,20 @@ def write_bundle_file(path: Path, data: bytes, *, what: str = "bundle") -> Path:
                 f.flush()
                 os.fsync(f.fileno())
             os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
+            if replace:
+                os.replace(tmp, path)
+            else:
+                try:
+                    os.link(tmp, path, follow_symlinks=False)
+                except FileExistsError:
+                    raise BundleExistsError(
+                        str(path), f"a {what} exists already and would be replaced"
+                    ) from None
+                finally:
+                    os.unlink(tmp)
         except BaseException:
-            os.unlink(tmp)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
             raise
     except OSError as e:
         raise PolicyError(f"{path}: cannot write the {what}: {e.strerror}") from e

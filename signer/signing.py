@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import stat
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -17,11 +17,15 @@ from modelsec.attestations.predicates.oms import (
     Manifest,
     build_manifest,
     manifest_statement,
+    parse_manifest,
 )
-from modelsec.attestations.statement import Statement
+from modelsec.attestations.statement import Statement, parse_statement
 from modelsec.errors import (
+    BundleExistsError,
+    Error,
     KeyMaterialError,
     MalformedArtifactError,
+    PolicyError,
     PolicyViolationError,
     UnsupportedAlgorithmError,
 )
@@ -37,8 +41,15 @@ from modelsec.modelformat.model_files import (
 )
 from modelsec.modelformat.shard_index import check_index, is_index_name, shard_tensors_on_disk
 from modelsec.modelformat.side_json import check_json_side_file, is_json_side_file, read_json_side_file
+from modelsec.safe_io import read_regular_file
 from modelsec.signer.keys import KeyBackend
-from modelsec.signer.layout import MODEL_IGNORE_PATHS, find_bundle_files, write_bundle_file
+from modelsec.signer.layout import (
+    MODEL_IGNORE_PATHS,
+    RESERVED_BUNDLE_NAMES,
+    find_bundle_files,
+    find_default_bundles,
+    write_bundle_file,
+)
 from modelsec.signer.schemes import scheme_for
 
 __all__ = [
@@ -100,12 +111,15 @@ class SigningResult:
         files: Number of signed files.
         tensors: Number of signed tensors (per-tensor digests).
         bundles: The bundles written.
+        removed: Default-named bundles of the model directory that signed another model, deleted with
+            `force` (see `sign_model`).
     """
 
     root_digest: str
     files: int
     tensors: int
     bundles: tuple[SignedBundle, ...]
+    removed: tuple[Path, ...] = ()
 
 
 def unverifiable_files(names: Sequence[str]) -> list[str]:
@@ -297,16 +311,35 @@ def sign_model(
     ignore_paths: Sequence[str] = (),
     timestamper: Callable[[bytes], Sequence[bytes]] | None = None,
     hash_type: HashAlgorithm = HashAlgorithm.SHA256,
+    force: bool = False,
 ) -> SigningResult:
     """Sign a model directory with one or more keys, writing one sigstore bundle per key.
 
     ECDSA keys sign the SHA-256 (or, with `hash_type`, BLAKE3) manifest (OMS interop profile); SM2 keys sign
     the SM3 manifest. All files are hashed once, with every needed digest in the same pass. Bundles go to
-    `model.sig` (P-256), `model.p384.sig` (P-384) and `model.sm2.sig` (SM2) in the model directory unless
-    `signature_paths` maps the signer's index to another path. All default signature names are recorded as
-    ignored, so signing again with another key leaves earlier bundles valid; so are bundles found under
-    other names (`find_bundle_files`). A single file may be signed instead of a directory (OMS single-file
-    model, resource `.`); its default bundles go next to it.
+    `model.sig` (P-256), `model.p384.sig` (P-384), `model.sm2.sig` (SM2) and `model.ml-dsa-{44,65,87}.sig`
+    in the model directory unless `signature_paths` maps the signer's index to another path. All default
+    signature names are recorded as ignored, so signing the same files again with another key (a
+    co-signature) leaves earlier bundles valid; so are bundles found under other names (`find_bundle_files`).
+
+    An existing bundle is never replaced silently (model_signing overwrites; ssh-keygen and cosign refuse,
+    as this does): without `force`,
+
+    * a bundle path that exists is refused before any file is hashed (`BundleExistsError`), and the write
+      itself never replaces a file that appeared meanwhile (`write_bundle_file(replace=False)`);
+    * when a bundle lands in the model directory, every other default-named bundle there must sign the
+      files just hashed (the same model root digest and file names, read without verifying its signature):
+      `verify` reads every default-named bundle and refuses bundles that disagree, or checks only those of
+      its keys' algorithms, so a stale `model.sm2.sig` left beside a new `model.sig` is refused here.
+
+    With `force`, the bundle paths are replaced and those stale default-named bundles are deleted
+    (`SigningResult.removed`); co-signatures of the same files stay.
+
+    A single file may be signed instead of a directory (OMS single-file model, resource `.`). It has no
+    default bundle name: the default names in its folder are that folder's own signature, which `verify`
+    of the folder reads, so every key needs a `signature_paths` entry (e.g. `FILE.sig`), and a reserved
+    bundle name in the file's own folder is refused even with `force`. `verify FILE --signature PATH`
+    verifies it.
 
     Args:
         model_dir: The model directory (safetensors shards, index, config, tokenizer files), or one file.
@@ -329,17 +362,23 @@ def sign_model(
             default) or `blake3` (OMS/model_signing `hashing_algorithm="blake3"`: resources with BLAKE3
             digests, subject digest SHA-256 over them; no SHA-256 pass over the files). SM2 keys always
             sign the SM3 manifest, whose subject carries the SHA-256 model root, so they refuse `blake3`.
+        force: Replace existing bundle paths and delete stale default-named bundles (see above); the
+            `sign --force` option.
 
     Returns:
-        The model root digest, counts, and the bundles written.
+        The model root digest, counts, the bundles written and the stale bundles removed.
 
     Raises:
+        BundleExistsError: Without `force`: a bundle path exists, or a default-named bundle left in the
+            model directory signs another model (or cannot be read as a weights signature); nothing is
+            written.
         KeyMaterialError: No signer, or two signers would write the same bundle.
         UnsupportedAlgorithmError: `hash_type` is neither SHA-256 nor BLAKE3, or a signer's scheme cannot
             sign a `hash_type` manifest (SM2 with BLAKE3).
         MalformedArtifactError: The directory is empty, or a file is malformed, or a bundle would be larger
             than `limits.max_bundle_bytes` (what verifiers accept; nothing is written).
-        PolicyError: A bundle path is a symlink or cannot be written.
+        PolicyError: A bundle path is a symlink or cannot be written; a single file is signed without a
+            bundle path for every key, or onto a reserved bundle name of its own folder.
         PolicyViolationError: A symlink or special file is present, or (with `refuse_unverifiable`) a
             pickle or `*.py` file, or a JSON file naming code.
         MalformedArtifactError: Also (with `refuse_unverifiable`): a JSON file too large or not strict JSON.
@@ -350,13 +389,14 @@ def sign_model(
     """
     if not signers:
         raise KeyMaterialError("no signing key given")
-    bundle_dir = model_dir.parent if _single_file(model_dir) is not None else model_dir
-    paths = [
-        (signature_paths or {}).get(i, bundle_dir / scheme_for(s.algorithm).default_bundle_name)
-        for i, s in enumerate(signers)
-    ]
+    single = _single_file(model_dir) is not None
+    paths = _bundle_paths(model_dir, signers, signature_paths or {}, single=single)
     if len({os.path.abspath(p) for p in paths}) != len(paths):
         raise KeyMaterialError("two keys would write the same bundle; map each key to its own signature path")
+    if not force:
+        for p in paths:
+            if os.path.lexists(p):
+                raise BundleExistsError(str(p), "a signature bundle exists already and would be replaced")
     ignore = list(MODEL_IGNORE_PATHS)
     for extra in ignore_paths:
         if validate_resource_name(extra, what=f"{model_dir}: ignore path") not in ignore:
@@ -395,8 +435,25 @@ def sign_model(
         _check_bundle_size(bundle, path, manifest, max_bundle_bytes)
         hint = parsed.hint or parsed.signature.keyid
         signed.append((bundle, SignedBundle(signer.algorithm, path, hint, len(tokens))))
+    lands_inside = not single and any(os.path.dirname(os.path.abspath(p)) == root for p in paths)
+    stale = _stale_default_bundles(model_dir, paths, manifests.values(), limits) if lands_inside else []
+    if stale and not force:
+        path, why = stale[0]
+        raise BundleExistsError(
+            str(path),
+            f"this default-named bundle {why}, and would be left beside the new one (verify reads every "
+            "default-named bundle: it refuses the two together, or checks only the one of its key's "
+            "algorithm); remove it, or sign the model it signs",
+        )
     for bundle, result in signed:
-        write_bundle_file(result.path, bundle)
+        write_bundle_file(result.path, bundle, replace=force)
+    for path, _ in stale:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise PolicyError(f"{path}: cannot remove the stale bundle: {e.strerror}") from e
     written = [result for _, result in signed]
     sha = manifests.get(HashAlgorithm.SHA256) or next(iter(manifests.values()))
     return SigningResult(
@@ -404,7 +461,94 @@ def sign_model(
         files=len(sha.resources),
         tensors=sum(len(t) for t in sha.tensors.values()),
         bundles=tuple(written),
+        removed=tuple(p for p, _ in stale),
     )
+
+
+def _bundle_paths(
+    model_dir: Path,
+    signers: Sequence[KeyBackend | BundleSigner],
+    explicit: Mapping[int, Path],
+    *,
+    single: bool,
+) -> list[Path]:
+    """Each signer's bundle path: the explicit one, else its scheme's default name in the model directory.
+
+    Raises:
+        PolicyError: A single file is signed without an explicit path for a key, or onto a reserved bundle
+            name (`RESERVED_BUNDLE_NAMES`) of its own folder.
+    """
+    if not single:
+        return [
+            explicit.get(i, model_dir / scheme_for(s.algorithm).default_bundle_name)
+            for i, s in enumerate(signers)
+        ]
+    folder = os.path.realpath(model_dir.parent)
+    if any(i not in explicit for i in range(len(signers))):
+        raise PolicyError(
+            f"{model_dir}: a single file has no default bundle name (the default names in its folder are the "
+            f"folder's own signature, which `verify {model_dir.parent}` reads); give each key a bundle path "
+            f"(sign --signature, e.g. {model_dir}.sig) and verify with the same --signature"
+        )
+    paths = [explicit[i] for i in range(len(signers))]
+    signed_folder = find_default_bundles(model_dir.parent)
+    for p in paths:
+        parent = os.path.realpath(p.parent)
+        if p.name in RESERVED_BUNDLE_NAMES and parent == folder:
+            raise PolicyError(
+                f"{p}: a single file's bundle may not take the reserved name {p.name!r} of its own folder "
+                "(verify of the folder reads it as the folder's signature); give another --signature path"
+            )
+        if signed_folder and os.path.commonpath([parent, folder]) == folder:
+            raise PolicyError(
+                f"{p}: {model_dir.parent} is a signed model ({signed_folder[0].name}), and a new file in it "
+                f"would be an unsigned extra file for `verify {model_dir.parent}`; write the single file's "
+                "bundle outside that folder"
+            )
+    return paths
+
+
+def _stale_default_bundles(
+    model_dir: Path, paths: Sequence[Path], manifests: Iterable[Manifest], limits: Limits | None
+) -> list[tuple[Path, str]]:
+    """The default-named bundles of `model_dir` other than `paths` that sign none of `manifests`, with why.
+
+    A bundle signs a manifest when its subject's SHA-256 model root and its file names are the manifest's,
+    as `verify_signatures` requires of bundles read together. Its signature is not verified (nothing is
+    trusted here: a bundle that only claims the same files stays, and `verify` checks it); one that cannot
+    be read or parsed as a weights signature counts as stale, since `verify` would refuse it.
+    """
+    limits = limits or Limits()
+    targets = {os.path.abspath(p) for p in paths}
+    new = [(m.subject_digest.get("sha256"), set(m.names)) for m in manifests]
+    stale: list[tuple[Path, str]] = []
+    for path in find_default_bundles(model_dir):
+        if os.path.abspath(path) in targets:
+            continue
+        try:
+            data = read_regular_file(
+                path,
+                "signature bundle",
+                max_bytes=limits.max_bundle_bytes,
+                error=MalformedArtifactError,
+                follow_symlinks=False,
+            )
+            statement = parse_statement(parse_bundle(data, source=str(path)).envelope.payload, what=str(path))
+            old = parse_manifest(statement, what=str(path), limits=limits)
+        except Error as e:
+            stale.append((path, f"cannot be read as a weights signature ({e.diagnostics()})"))
+            continue
+        old_root = old.subject_digest.get("sha256")
+        if any(root == old_root and names == set(old.names) for root, names in new):
+            continue
+        if old.single_file:
+            why = "signs a single file, not this directory"
+        elif all(root != old_root for root, _ in new):
+            why = f"signs another model (root digest sha256:{old_root}, not sha256:{new[0][0]})"
+        else:
+            why = "signs other file names than the model just signed"
+        stale.append((path, why))
+    return stale
 
 
 def _manifest_hash(algorithm: SignatureAlgorithm, hash_type: HashAlgorithm) -> HashAlgorithm:

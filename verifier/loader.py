@@ -49,8 +49,15 @@ from modelsec.modelformat.safetensors_header import (
 )
 from modelsec.policy import Policy, PolicySet
 from modelsec.verifier import _shard_buffers as shard_io
-from modelsec.verifier.admission import ModelAdmission, admit_model, admit_opened, report_warnings
+from modelsec.verifier.admission import (
+    ModelAdmission,
+    admit_model,
+    admit_opened,
+    opened_model_uri,
+    report_warnings,
+)
 from modelsec.verifier.audit import record_verified_model
+from modelsec.verifier.pinning import pinned_root_digests
 from modelsec.verifier.verification import (
     INDEX_NAME,
     SignedModel,
@@ -293,7 +300,12 @@ def load_model(
         tensors: Only these tensor names (e.g. one pipeline stage); None for all.
         bundles: Explicit bundle paths; default names in the model directory otherwise.
         expected_digests: The model root digests (`sha256:<hex>`, as in the admission annotation) the
-            signed model must have, checked right after the signatures; None: no pin.
+            signed model must have, checked right after the signatures and before any model file is
+            opened. `$MODELSEC_MODEL_DIGEST` (a bare `sha256:<hex>` or the `modelsec.dev/models`
+            annotation value; the entry naming `file://<real path of the model directory>` decides, else
+            any) is always read as well, as `modelsec verify` and the runtime guard read it: when both are
+            given both pin (the root must be one of each; an argument never widens or replaces the
+            variable). None and the variable unset: no pin.
 
     Returns:
         Tensor name -> tensor on `device` (dtype and shape as in the safetensors header).
@@ -301,11 +313,13 @@ def load_model(
     Raises:
         SignatureError: No trusted or required signature.
         DigestMismatchError: A file, tensor or the root digest differs from the manifest, or the root
-            digest is not one of `expected_digests`.
+            digest is not pinned (`expected_digests`, `$MODELSEC_MODEL_DIGEST`); `compared` is
+            `"root digest"` then and no model file was opened.
         FileSetMismatchError: Files added, removed or renamed.
         MalformedArtifactError: Malformed bundle, manifest, header or index; an unknown tensor name.
         PolicyViolationError: Pickle, remote code, symlinks; no policy matches.
-        PolicyError: No usable policy.
+        PolicyError: No usable policy; `expected_digests` or `$MODELSEC_MODEL_DIGEST` is malformed (the
+            message names which), or the two pin no digest in common (nothing is read).
         BackendUnavailableError: torch is not installed, or `device` is a CUDA device this node lacks.
         UnsupportedAlgorithmError: `device` is neither CPU nor CUDA.
 
@@ -332,12 +346,13 @@ def _opened(
     """
     root_fd, single, model_dir = open_model_path(model_path)
     try:
+        pins = pinned_root_digests(opened_model_uri(model_dir, root_fd, None), expected_digests)
         admission = admit_opened(model_path, root_fd, single, policy)
         resolved = admission.policy
         if single is not None:
             precheck_file(model_dir / single, resolved, root_fd=root_fd)
         signed = verify_signatures(
-            model_dir, admission, bundles=bundles, expected_digests=expected_digests, root_fd=root_fd
+            model_dir, admission, bundles=bundles, expected_digests=pins, root_fd=root_fd
         )
         report_warnings(signed.warnings)
         yield signed, single, resolved
@@ -426,8 +441,9 @@ def load_signed_model(
 ) -> LoadedModel:
     """`load_model` of a whole model (or one shard) that also returns the verified root digest.
 
-    Same checks, errors and single read pass as `load_model`; for callers that attest about what they
-    loaded (the robustness gate), so that the subject is the digest the loaded bytes were verified under.
+    Same checks (`$MODELSEC_MODEL_DIGEST` included), errors and single read pass as `load_model`; for
+    callers that attest about what they loaded (the robustness gate), so that the subject is the digest
+    the loaded bytes were verified under.
     """
     model_path = Path(os.fspath(model_path))
     device = shard_io.check_device(device)
@@ -471,6 +487,7 @@ class VerifiedSafeOpen:
         device: str = "cpu",
         bundles: Sequence[Path] | None = None,
         signed: SignedModel | None = None,
+        expected_digests: Collection[str] | None = None,
     ) -> None:
         model_path = Path(os.fspath(model_path))
         self._device = shard_io.check_device(device)
@@ -489,11 +506,14 @@ class VerifiedSafeOpen:
             # Opened once; the policy is chosen from the descriptor, which every later read goes through.
             self._root_fd, self._single, self._dir = open_model_path(model_path)
             try:
+                pins = pinned_root_digests(opened_model_uri(self._dir, self._root_fd, None), expected_digests)
                 admission = admit_opened(model_path, self._root_fd, self._single, policy)
                 self._policy = admission.policy
                 if self._single is not None:
                     precheck_file(self._dir / self._single, self._policy, root_fd=self._root_fd)
-                signed = verify_signatures(self._dir, admission, bundles=bundles, root_fd=self._root_fd)
+                signed = verify_signatures(
+                    self._dir, admission, bundles=bundles, expected_digests=pins, root_fd=self._root_fd
+                )
                 report_warnings(signed.warnings)
             except BaseException:
                 self.close()
@@ -603,6 +623,7 @@ def open_model(
     *,
     device: str = "cpu",
     bundles: Sequence[Path] | None = None,
+    expected_digests: Collection[str] | None = None,
 ) -> VerifiedSafeOpen:
     """Open a model directory or shard lazily; every tensor it returns was verified first.
 
@@ -611,6 +632,8 @@ def open_model(
         policy: A `Policy`, a `PolicySet`, or None for `$MODELSEC_POLICY`.
         device: Where returned tensors go.
         bundles: Explicit bundle paths.
+        expected_digests: Model root digests the signed model must have, pinned together with
+            `$MODELSEC_MODEL_DIGEST` as `load_model` pins them.
 
     Returns:
         A `safe_open`-like object (`keys()`, `get_tensor()`, `get_slice()`, `metadata()`).
@@ -618,4 +641,6 @@ def open_model(
     Raises:
         The errors of `load_model`, at open (signatures, file set, refusals) or at access (digests).
     """
-    return VerifiedSafeOpen(model_path, policy, device=device, bundles=bundles)
+    return VerifiedSafeOpen(
+        model_path, policy, device=device, bundles=bundles, expected_digests=expected_digests
+    )

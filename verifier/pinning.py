@@ -28,6 +28,7 @@ __all__ = [
     "digests_for_model",
     "expected_digest_set",
     "parse_digest_pins",
+    "pinned_root_digests",
     "split_models_annotation",
     "split_reference",
 ]
@@ -154,6 +155,50 @@ def expected_digest_set(digests: Collection[str]) -> frozenset[str]:
     if not result:
         raise PolicyError("expected_digests is empty (pass None to pin no digest)")
     return frozenset(result)
+
+
+def pinned_root_digests(
+    uri: str,
+    expected_digests: Collection[str] | None,
+    *,
+    option: str = "expected_digests",
+    environ: Mapping[str, str] | None = None,
+) -> frozenset[str] | None:
+    """The root digests the model `uri` may have: the caller's pin and `$MODELSEC_MODEL_DIGEST` together.
+
+    What `modelsec verify` and the loader (`load_model`, `load_signed_model`, `open_model`) pin. Both pins
+    apply when both are given: an argument only tightens the variable, it never widens or replaces what
+    admission pinned, so the digest must be one of each, and two pins with no digest in common are refused
+    before anything is read. The variable is read with `digest_pins_from_env` (as the runtime guard reads
+    it) and its entries are chosen with `digests_for_model`. Syntax only; the root digest compared with the
+    result is the one the verified bundles sign (`verify_signatures(..., expected_digests=...)`).
+
+    Args:
+        uri: The model's reference, `file://<real path of the model directory>` (`modelsec.policy.model_uri`).
+        expected_digests: The caller's pin (`sha256:<hex>` or hex), or None.
+        option: How the caller's pin is named in errors (`--expected-digest` for the CLI).
+        environ: The environment to read; default `os.environ`.
+
+    Returns:
+        The 64-hex digests the signed model root may have, or None when neither pins anything.
+
+    Raises:
+        PolicyError: `expected_digests` is empty or malformed, `$MODELSEC_MODEL_DIGEST` is set but empty or
+            malformed, or the two pin no digest in common.
+    """
+    pinned = expected_digest_set(expected_digests) if expected_digests is not None else None
+    env_pins = digest_pins_from_env(environ)
+    if env_pins is None:
+        return pinned
+    from_env = digests_for_model(env_pins, uri)
+    if pinned is None:
+        return from_env
+    if not pinned & from_env:
+        raise PolicyError(
+            f"{option} ({', '.join(f'sha256:{d}' for d in sorted(pinned))}) and ${MODEL_DIGEST_ENV} "
+            f"({', '.join(f'sha256:{d}' for d in sorted(from_env))}) pin no digest in common"
+        )
+    return pinned & from_env
 
 
 def digests_for_model(pins: Collection[DigestPin], uri: str) -> frozenset[str]:

@@ -62,7 +62,15 @@ _TENSOR_DIGESTS = [HashAlgorithm.BLAKE3.value, HashAlgorithm.SHA256.value, HashA
 @signatures_option(
     "Bundle output path, one per key (local --signing-key first, then --key-version, in order; default: "
     "model.sig, model.p384.sig, model.sm2.sig, model.ml-dsa-{44,65,87}.sig in MODEL_DIR, by the key's "
-    "algorithm)."
+    "algorithm). Required when MODEL_DIR is a single file (e.g. FILE.sig): the default names in its "
+    "folder are the folder's own signature."
+)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace existing bundles at the output paths, and delete the default-named bundles in MODEL_DIR "
+    "that sign other files (a stale model.sm2.sig beside a new model.sig). Without it both are refused and "
+    "nothing is written; co-signatures of the same files are always kept.",
 )
 @click.option(
     "--tensor-digest",
@@ -113,6 +121,7 @@ def sign(
     token_env: str,
     plaintext: bool,
     signatures: tuple[Path, ...],
+    force: bool,
     tensor_digest: str,
     hash_type: str,
     allow_unverifiable: bool,
@@ -131,6 +140,9 @@ def sign(
     own --key-password source, else from $MODELSEC_KEY_PASSWORD, e.g.
     `sign M --signing-key ci-p256.key.pem --signing-key ci-sm2.key.pem
     --key-password ci-sm2.key.pem=env:SM2_KEY_PASSWORD`.
+
+    An existing bundle is never replaced without --force (exit 1, nothing written), and neither is a
+    default-named bundle of another key left signing other files beside the new one.
     """
     from modelsec.signer import sign_model
     from modelsec.signer.layout import relative_ignore_paths
@@ -175,6 +187,7 @@ def sign(
                 ignore_paths=ignored,
                 timestamper=timestamper(timestamp_url),
                 hash_type=HashAlgorithm(hash_type),
+                force=force,
             )
     except Error as e:
         fail(e, as_json)
@@ -193,6 +206,7 @@ def sign(
                     {"path": str(b.path), "algorithm": b.algorithm.value, "keyid": b.keyid}
                     for b in result.bundles
                 ],
+                "removed": [str(p) for p in result.removed],
             }
         )
         return
@@ -202,6 +216,8 @@ def sign(
     )
     for b in result.bundles:
         click.echo(f"  {b.algorithm.value:<10} -> {b.path}")
+    for p in result.removed:
+        click.echo(f"  removed {p} (it signed other files)")
 
 
 def _read_pinned_key(path: Path) -> bytes:

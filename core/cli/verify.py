@@ -31,7 +31,7 @@ from modelsec.cli.common import (
 )
 from modelsec.cli.identity import IdentityOptions, identity_options
 from modelsec.cli.values import expected_digests_value
-from modelsec.errors import Error, PolicyError, SignatureError
+from modelsec.errors import Error, SignatureError
 
 __all__ = ["digest", "inspect", "verify"]
 
@@ -89,29 +89,15 @@ def _policy_from_options(
 
 
 def _expected_digests(model_dir: Path, options: tuple[str, ...]) -> frozenset[str] | None:
-    """The root digests the model may have: --expected-digest, $MODELSEC_MODEL_DIGEST (as the guard reads it).
-
-    Both pin when both are given (options only tighten): the digest must be one of each. None: no pin.
+    """The root digests the model may have: --expected-digest and $MODELSEC_MODEL_DIGEST, both pinning.
 
     Raises:
         PolicyError: A digest is malformed, or the two pins have no digest in common.
     """
     from modelsec.policy import model_uri
-    from modelsec.verifier.pinning import (
-        MODEL_DIGEST_ENV,
-        digest_pins_from_env,
-        digests_for_model,
-        expected_digest_set,
-    )
+    from modelsec.verifier.pinning import pinned_root_digests
 
-    pinned = expected_digest_set(options) if options else None
-    env_pins = digest_pins_from_env()
-    if env_pins is not None:
-        from_env = digests_for_model(env_pins, model_uri(model_dir))
-        if pinned is not None and not pinned & from_env:
-            raise PolicyError(f"--expected-digest and ${MODEL_DIGEST_ENV} pin no digest in common")
-        pinned = from_env if pinned is None else pinned & from_env
-    return pinned
+    return pinned_root_digests(model_uri(model_dir), options or None, option="--expected-digest")
 
 
 def _count(n: int, noun: str) -> str:

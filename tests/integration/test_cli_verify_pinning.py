@@ -22,7 +22,7 @@ def rolled_back(tiny_model: Path, key_dir: Path, tmp_path: Path) -> tuple[Path, 
     shutil.copy(tiny_model / "model.sig", tmp_path / "old.sig")
     shutil.copy(tiny_model / "config.json", tmp_path / "old.json")
     (tiny_model / "config.json").write_text('{"hidden": 999}')
-    assert run_cli("sign", tiny_model, "--signing-key", key, "-q").returncode == 0
+    assert run_cli("sign", tiny_model, "--signing-key", key, "-q", "--force").returncode == 0
     new = run_cli("digest", tiny_model).stdout.strip()
     shutil.copy(tmp_path / "old.sig", tiny_model / "model.sig")
     shutil.copy(tmp_path / "old.json", tiny_model / "config.json")

@@ -85,7 +85,7 @@ def test_legacy_byte_order_bundle_keeps_verifying(tmp_path: Path, key_dir: Path)
         verify_model(model, policy)
 
     # Signing again gives the OMS root, equal to `digest`.
-    new = sign_model(model, [key], tensor_hash=None)
+    new = sign_model(model, [key], tensor_hash=None, force=True)
     assert new.root_digest == m.subject_digest["sha256"] != legacy_root
     r = run_cli("digest", model, "--json")
     assert json.loads(r.stdout)["rootDigest"] == f"sha256:{new.root_digest}"

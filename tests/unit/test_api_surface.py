@@ -17,6 +17,7 @@ SURFACE: dict[str, list[str]] = {
         "AttestationError",
         "AuthenticationError",
         "BackendUnavailableError",
+        "BundleExistsError",
         "DigestMismatchError",
         "Error",
         "FileSetMismatchError",

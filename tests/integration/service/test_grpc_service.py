@@ -201,7 +201,7 @@ def test_verify_model_on_server_paths(
     setup: tuple[InThreadServer, Path], client: ModelsecClient, key_dir: Path
 ) -> None:
     _, model = setup
-    sign_model(model, [load_private_key_file(key_dir / "ecdsa-p256.key.pem")])
+    sign_model(model, [load_private_key_file(key_dir / "ecdsa-p256.key.pem")], force=True)
     local = verify_model(model, Policy.from_key_files([key_dir / "ecdsa-p256.pub.pem"]))
     ok = client.verify_model(str(model))
     assert ok.ok and ok.policy == "default"

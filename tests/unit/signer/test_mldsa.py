@@ -26,7 +26,7 @@ P256, MLDSA65 = SignatureAlgorithm.ECDSA_P256, SignatureAlgorithm.ML_DSA_65
 
 
 def _sign(model: Path, key_dir: Path, *algs: SignatureAlgorithm) -> None:
-    sign_model(model, [load_private_key_file(key_dir / f"{a.value}.key.pem") for a in algs])
+    sign_model(model, [load_private_key_file(key_dir / f"{a.value}.key.pem") for a in algs], force=True)
 
 
 def _upstream_bundle(payload: bytes, pk: bytes, signature: bytes, variant: str = "ML_DSA_65") -> bytes:

@@ -247,7 +247,7 @@ def test_remote_code_and_pickle_refused_by_loader(tiny_model: Path, key_dir: Pat
         load_model(tiny_model, policy)
     (tiny_model / "modeling_x.py").unlink()
     (tiny_model / "pytorch_model.bin").write_bytes(b"\x80\x02}q\x00.")
-    policy = _sign(tiny_model, key_dir)
+    policy = _sign(tiny_model, key_dir, force=True)
     with pytest.raises(PolicyViolationError, match="pickle"):
         load_model(tiny_model, policy)
 

@@ -46,7 +46,7 @@ def _policies(tmp_path: Path, key_dir: Path, model: Path, extra: str = "") -> Po
 
 
 def _sign(model: Path, key_dir: Path, *algs: str) -> None:
-    sign_model(model, [load_private_key_file(key_dir / f"{a}.key.pem") for a in algs])
+    sign_model(model, [load_private_key_file(key_dir / f"{a}.key.pem") for a in algs], force=True)
 
 
 def test_a_second_matching_policy_must_pass_too(tiny_model: Path, key_dir: Path, tmp_path: Path) -> None:
