@@ -47,7 +47,7 @@ from modelsec.modelformat.safetensors_header import (
     SafetensorsHeader,
     read_header,
 )
-from modelsec.policy import Policy, PolicySet
+from modelsec.policy import Policy, PolicySet, model_uri
 from modelsec.verifier import _shard_buffers as shard_io
 from modelsec.verifier.admission import (
     ModelAdmission,
@@ -100,6 +100,16 @@ def _split_path(model_path: Path) -> tuple[Path, str | None]:
     if model_path.is_dir() and not model_path.is_symlink():
         return model_path, None
     return model_path.parent, model_path.name
+
+
+def _check_pins(model_path: Path, expected_digests: Collection[str] | None) -> None:
+    """Refuse a malformed or contradictory pin before the model is opened.
+
+    The pins that apply are chosen again from the opened descriptor (`_opened`): the path may name another
+    folder by then.
+    """
+    model_dir = model_path if model_path.is_dir() else model_path.parent
+    pinned_root_digests(model_uri(model_dir), expected_digests)
 
 
 def _verify_whole_shards(
@@ -344,6 +354,7 @@ def _opened(
     Yields the signed model (its `root_fd` open for as long as the context lasts: every read goes through
     it), the single file's name or None, and the policy that verifies the bytes.
     """
+    _check_pins(model_path, expected_digests)
     root_fd, single, model_dir = open_model_path(model_path)
     try:
         pins = pinned_root_digests(opened_model_uri(model_dir, root_fd, None), expected_digests)
@@ -504,6 +515,7 @@ class VerifiedSafeOpen:
                 precheck_file(model_path, self._policy)
         else:
             # Opened once; the policy is chosen from the descriptor, which every later read goes through.
+            _check_pins(model_path, expected_digests)
             self._root_fd, self._single, self._dir = open_model_path(model_path)
             try:
                 pins = pinned_root_digests(opened_model_uri(self._dir, self._root_fd, None), expected_digests)
