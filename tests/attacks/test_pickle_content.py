@@ -124,8 +124,9 @@ def _policy(key_dir: Path, **limits: int) -> Policy:
     return key_policy(key_dir, limits=Limits(**limits)) if limits else key_policy(key_dir)
 
 
-def _sign(model: Path, key_dir: Path) -> None:
-    sign_model(model, [load_private_key_file(key_dir / f"{P256}.key.pem")])
+def _sign(model: Path, key_dir: Path, bundle: Path | None = None) -> None:
+    paths = {0: bundle} if bundle is not None else None
+    sign_model(model, [load_private_key_file(key_dir / f"{P256}.key.pem")], signature_paths=paths)
 
 
 def _model_with(tiny_model: Path, name: str, data: bytes, key_dir: Path) -> Path:
@@ -182,9 +183,10 @@ def test_single_file_signed_as_one_opaque_file(tmp_path: Path, key_dir: Path) ->
     marker = tmp_path / "ran"
     f = tmp_path / "classifier.pkl.gz"
     f.write_bytes(gzip.compress(_payload(marker)))
-    _sign(f, key_dir)
+    bundle = tmp_path / "classifier.pkl.gz.sig"  # a single file has no default bundle name
+    _sign(f, key_dir, bundle)
     with pytest.raises(PickleContentError) as e:
-        verify_model(f, key_policy(key_dir))
+        verify_model(f, key_policy(key_dir), bundles=[bundle])
     assert e.value.finding == "a gzip-compressed pickle (protocol 4)"
     assert not marker.exists()
 
@@ -205,7 +207,7 @@ def test_renamed_safetensors_pickle_is_malformed(tiny_model: Path, key_dir: Path
     pickled = _payload(marker)
     (tmp_path / name).write_bytes(pickled)
     with pytest.raises(MalformedArtifactError, match=rf"{name}: header length"):
-        sign_model(tmp_path / name, [load_private_key_file(key_dir / f"{P256}.key.pem")])
+        _sign(tmp_path / name, key_dir, tmp_path / f"{name}.sig")
     _sign(tiny_model, key_dir)
     (tiny_model / name).write_bytes(pickled)  # swapped in after signing
     policy = key_policy(key_dir)
