@@ -99,7 +99,7 @@ BAD_VALUES = [
     (("attest", "pull", "zz", "--server", "localhost:1", "--plaintext"), "ROOT_DIGEST"),
     (("sign", "m", "--signing-key", "k.pem", "--timestamp-url", "ftp://tsa.example"), "--timestamp-url"),
     (("serve", "--config", "c.yaml", "--listen", "nonsense"), "--listen"),
-    (("pull", "notaref", "dest", "--trusted-key", "k.pub"), "oci://"),
+    (("pull", "/not/a/ref", "dest", "--trusted-key", "k.pub"), "oci://"),
     (
         (
             "webhook",

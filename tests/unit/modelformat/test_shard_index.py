@@ -193,7 +193,7 @@ def test_a_subfolder_index_naming_its_own_shard_verifies(tiny_model: Path, key_d
         match=r"text_encoder/model\.safetensors\.index\.fp16\.json: "
         r"weight_map names `ghost`, which 'text_encoder/model-00001",
     ):
-        sign_model(tiny_model, [_signer(key_dir)], refuse_unverifiable=True)
+        sign_model(tiny_model, [_signer(key_dir)], refuse_unverifiable=True, force=True)
 
 
 def test_modelsec_verify_and_the_loader_refuse_a_subfolder_index_naming_another_model(
