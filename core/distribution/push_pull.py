@@ -261,6 +261,7 @@ class PullResult:
         root_digest: The verified model root digest.
         files: Number of files placed.
         ignored: Referrers that were not evidence (unparseable, another subject, untrusted), with reasons.
+        signers: The names of the policy keys whose weights signatures verified (one per bundle).
     """
 
     path: Path
@@ -268,6 +269,7 @@ class PullResult:
     root_digest: str
     files: int
     ignored: tuple[str, ...] = field(default=())
+    signers: tuple[str, ...] = field(default=())
 
 
 def _safe_path(value: object, what: str) -> str:
@@ -496,14 +498,14 @@ def pull_model(
         except OSError as e:
             raise PolicyError(f"{destination.parent}: cannot create a staging directory: {e.strerror}") from e
         try:
-            root = _stage(client, ref, layers, evidence, staging, admission)
+            root, signers = _stage(client, ref, layers, evidence, staging, admission)
             os.rename(staging, destination)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
     finally:
         client.close()
-    return PullResult(destination, manifest_digest, root, len(layers), tuple(evidence.ignored))
+    return PullResult(destination, manifest_digest, root, len(layers), tuple(evidence.ignored), signers)
 
 
 def _stage(
@@ -513,7 +515,8 @@ def _stage(
     evidence: _Evidence,
     staging: Path,
     admission: ModelAdmission,
-) -> str:
+) -> tuple[str, tuple[str, ...]]:
+    """Download, place the evidence and verify `staging`: the root digest and the signing keys' names."""
     policy = admission.policy
     for path, digest, size in layers:
         with _open_new(staging, path) as sink:
@@ -524,7 +527,7 @@ def _stage(
     verdict = verify_attestations(verified.root_digest, evidence.other, policy, require_signatures=False)
     verdict.raise_for_policy()
     _place_attestations(staging, verdict.evidence, evidence.other)
-    return verified.root_digest
+    return verified.root_digest, tuple(b.key.name for b in verified.bundles)
 
 
 def _place_attestations(staging: Path, accepted: Sequence[Any], bundles: Sequence[StoredBundle]) -> None:
