@@ -30,6 +30,7 @@ policy key holding the `weights` role.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -523,7 +524,11 @@ def _stage(
             client.stream_blob(ref.repository, digest, size, sink, what=f"{ref.repository_uri}: {path}")
     for name, data in evidence.weights.items():
         (staging / name).write_bytes(data)
-    verified = verify_model(staging, admission, expected_digests=sorted(evidence.bound))
+    # The policies were chosen for the OCI reference, not for the staging directory's own file:// path (a
+    # name of pull's choosing): the admission is handed on without a URI, so verify_model does not compare
+    # it with the path it opens (DESIGN decision 20 guards local models, whose path is what was matched).
+    unbound = dataclasses.replace(admission, uri="")
+    verified = verify_model(staging, unbound, expected_digests=sorted(evidence.bound))
     verdict = verify_attestations(verified.root_digest, evidence.other, policy, require_signatures=False)
     verdict.raise_for_policy()
     _place_attestations(staging, verdict.evidence, evidence.other)

@@ -1,8 +1,10 @@
 """`modelsec storage-initializer`, KServe's calling convention, against a real registry (issue 28, item 3).
 
 KServe appends `SRC DEST` to the ClusterStorageContainer's command and mounts an emptyDir at DEST; these tests
-do the same into fresh directories, with the policy in `$MODELSEC_POLICY` and the registry credentials in a
-Docker `config.json` (`$DOCKER_CONFIG`, as a mounted `dockerconfigjson` Secret provides them). A refused model
+do the same into fresh directories, with the registry credentials in a Docker `config.json` (`$DOCKER_CONFIG`,
+as a mounted `dockerconfigjson` Secret provides them). In-process runs name the policy with `--policy`
+(`$MODELSEC_POLICY` is read once per process, by the runtime guard's start-up hook); the real process gets
+it from `$MODELSEC_POLICY`, as the ClusterStorageContainer sets it. A refused model
 leaves the destination as it was: empty, and no staging directory behind.
 """
 
@@ -56,7 +58,7 @@ def env(tmp_path: Path, registry: Registry, key_dir: Path) -> dict[str, str]:
         keys=[key_dir / "ecdsa-p256.pub.pem"],
     )
     return {
-        "MODELSEC_POLICY": str(policy),
+        "POLICY": str(policy),  # not an environment variable: see the module docstring
         "DOCKER_CONFIG": str(docker),
         "MODELSEC_OCI_CA": str(registry.ca),
         "MODELSEC_OCI_USERNAME": None,  # type: ignore[dict-item]  # run_cli: None unsets
@@ -78,6 +80,12 @@ def _push(
 
 def _uri(registry: Registry, repo: str, digest: str) -> str:
     return f"modelsec+oci://{registry.address}/models/{repo}@{digest}"
+
+
+def _run(cli, env: dict[str, str], *args: str | Path) -> Any:
+    """`modelsec storage-initializer --policy P ARGS` in-process, with the rest of `env`."""
+    rest = {k: v for k, v in env.items() if k != "POLICY"}
+    return cli("storage-initializer", "--policy", env["POLICY"], *args, env=rest)
 
 
 def _log(stderr: str) -> dict[str, Any]:
@@ -104,7 +112,7 @@ def test_signed_model_lands_verified_in_the_empty_dir(
 ) -> None:
     model, pushed = _push(tmp_path, key_dir, registry, options, "init-ok", seed=31)
     dest = _empty_dir(tmp_path)
-    result = cli("storage-initializer", _uri(registry, "init-ok", pushed.manifest_digest), dest, env=env)
+    result = _run(cli, env, _uri(registry, "init-ok", pushed.manifest_digest), dest)
     assert result.returncode == 0, result.stderr
     signed = sorted(p.name for p in model.iterdir() if p.name != "model.sig")
     assert sorted(p.name for p in dest.iterdir()) == sorted([*signed, "model.sig"])  # no staging left
@@ -115,7 +123,7 @@ def test_signed_model_lands_verified_in_the_empty_dir(
     assert record["ok"] is True
     assert record["manifestDigest"] == pushed.manifest_digest
     assert record["rootDigest"] == f"sha256:{pushed.root_digest}"
-    assert record["policy"] == {"file": env["MODELSEC_POLICY"], "names": ["internal-models"]}
+    assert record["policy"] == {"file": env["POLICY"], "names": ["internal-models"]}
     assert record["signers"] == ["ecdsa-p256.pub.pem"]
     assert record["destination"] == str(dest)
 
@@ -126,7 +134,7 @@ def test_tag_is_resolved_to_the_digest_that_was_verified_and_logged(
     _, pushed = _push(tmp_path, key_dir, registry, options, "init-tag", seed=32)
     dest = tmp_path / "models" / "base"  # a storageUris[].mountPath below the volume: created by the pull
     dest.parent.mkdir()
-    result = cli("storage-initializer", f"modelsec+oci://{registry.address}/models/init-tag:v1", dest, env=env)
+    result = _run(cli, env, f"modelsec+oci://{registry.address}/models/init-tag:v1", dest)
     assert result.returncode == 0, result.stderr
     record = _log(result.stderr)
     assert record["manifestDigest"] == pushed.manifest_digest
@@ -149,7 +157,7 @@ def test_tampered_layer_is_refused_and_nothing_lands(
     data[-1] ^= 1
     blob.write_bytes(bytes(data))
     dest = _empty_dir(tmp_path)
-    result = cli("storage-initializer", _uri(registry, "init-tampered", pushed.manifest_digest), dest, env=env)
+    result = _run(cli, env, _uri(registry, "init-tampered", pushed.manifest_digest), dest)
     assert result.returncode == 1
     record = _log(result.stderr)
     assert record["ok"] is False and record["error"]["kind"] == "DigestMismatchError"
@@ -178,7 +186,7 @@ def test_untrusted_signer_and_unsigned_model_are_refused_and_nothing_lands(
     for repo, digest in (("init-stranger", stranger.manifest_digest), ("init-unsigned", unsigned_digest)):
         (tmp_path / repo).mkdir()
         dest = _empty_dir(tmp_path / repo)
-        result = cli("storage-initializer", _uri(registry, repo, digest), dest, env=env)
+        result = _run(cli, env, _uri(registry, repo, digest), dest)
         assert result.returncode == 1, repo
         record = _log(result.stderr)
         assert record["error"]["kind"] == "SignatureError", record
@@ -194,7 +202,7 @@ def test_a_destination_that_holds_files_is_refused_and_left_untouched(
     (dest / "config.json").write_text('{"planted": true}')
     stale = dest / ".modelsec-pull-0123"  # what a killed earlier run leaves: removed, as it is ours
     (stale / "sub").mkdir(parents=True)
-    result = cli("storage-initializer", _uri(registry, "init-full", pushed.manifest_digest), dest, env=env)
+    result = _run(cli, env, _uri(registry, "init-full", pushed.manifest_digest), dest)
     assert result.returncode == 1
     record = _log(result.stderr)
     assert record["error"]["kind"] == "PolicyError" and "holds 1 entries (config.json)" in record["error"]["message"]
@@ -203,7 +211,7 @@ def test_a_destination_that_holds_files_is_refused_and_left_untouched(
     # with only a stale staging directory in it, the destination counts as empty
     (dest / "config.json").unlink()
     stale.mkdir()
-    result = cli("storage-initializer", _uri(registry, "init-full", pushed.manifest_digest), dest, env=env)
+    result = _run(cli, env, _uri(registry, "init-full", pushed.manifest_digest), dest)
     assert result.returncode == 0, result.stderr
     assert not stale.exists()
     assert verify_model(dest, key_policy(key_dir)).root_digest == pushed.root_digest
@@ -219,7 +227,7 @@ def test_a_destination_that_holds_files_is_refused_and_left_untouched(
     ],
 )
 def test_usage_errors_name_what_is_wrong(tmp_path: Path, cli, args: tuple[str, ...], named: str) -> None:
-    result = cli("storage-initializer", *args, env={"MODELSEC_POLICY": str(tmp_path / "unread.yaml")})
+    result = cli("storage-initializer", *args, "--policy", tmp_path / "unread.yaml")
     assert result.returncode == 2
     assert named in result.stderr
     assert not (tmp_path / "mnt").exists()
@@ -236,7 +244,8 @@ def test_the_cluster_storage_container_command_runs_kserves_arguments_in_a_real_
     assert exe is not None, command
     _, pushed = _push(tmp_path, key_dir, registry, options, "init-process", seed=36)
     process_env = {k: v for k, v in os.environ.items() if not k.startswith("MODELSEC_OCI_")}
-    process_env.update({k: v for k, v in env.items() if v is not None})
+    process_env.update({k: v for k, v in env.items() if v is not None and k != "POLICY"})
+    process_env["MODELSEC_POLICY"] = env["POLICY"]
     ok, refused = _empty_dir(tmp_path), tmp_path / "refused"
     refused.mkdir()
     runs = [

@@ -75,7 +75,6 @@ def _pod(storage: dict[str, Any], isvc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-@pytest.mark.slow
 def test_storage_container_and_inference_service_validate() -> None:
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
     storage, isvc = _docs()
@@ -104,7 +103,6 @@ def test_storage_container_and_inference_service_validate() -> None:
             check_fields(bad, "V1alpha1ClusterStorageContainer", STORAGE_SCHEMA["models"], "csc")
 
 
-@pytest.mark.slow
 def test_storage_container_claims_only_our_prefix_and_runs_locked_down(cli) -> None:
     storage, isvc = _docs()
     spec = storage["spec"]
