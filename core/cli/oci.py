@@ -168,7 +168,9 @@ def pull(
         click.echo(f"  note: ignored {reason}", err=True)
 
 
-def _storage_pairs(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> list[tuple[str, Path]]:
+def _storage_pairs(
+    ctx: click.Context, param: click.Parameter, value: tuple[str, ...]
+) -> list[tuple[str, Path]]:
     """KServe's arguments `SRC DEST [SRC DEST]...` as pairs, each SRC a `modelsec+oci://` reference."""
     from modelsec.distribution.initializer import SCHEME, oci_reference
 
@@ -195,8 +197,13 @@ def _log(record: dict[str, Any]) -> None:
 
 
 @click.command(name="storage-initializer")
-@click.argument("pairs", nargs=-1, required=True, metavar="SRC_URI DEST_PATH [SRC_URI DEST_PATH]...",
-                callback=_storage_pairs)
+@click.argument(
+    "pairs",
+    nargs=-1,
+    required=True,
+    metavar="SRC_URI DEST_PATH [SRC_URI DEST_PATH]...",
+    callback=_storage_pairs,
+)
 @click.option(
     "--policy",
     "policy_file",
@@ -204,8 +211,13 @@ def _log(record: dict[str, Any]) -> None:
     help="Policy file (default: $MODELSEC_POLICY); the artifact is matched as oci://REGISTRY/REPOSITORY.",
 )
 @_registry_options
+@json_option
 def storage_initializer(
-    pairs: list[tuple[str, Path]], policy_file: Path | None, registry_ca: Path | None, plain_http: bool
+    pairs: list[tuple[str, Path]],
+    policy_file: Path | None,
+    registry_ca: Path | None,
+    plain_http: bool,
+    as_json: bool,
 ) -> None:
     """KServe storage initializer: pull each modelsec+oci:// SRC_URI into DEST_PATH after it verifies.
 
@@ -219,31 +231,36 @@ def storage_initializer(
     Configuration from the environment: $MODELSEC_POLICY (the policy file), registry credentials from
     $MODELSEC_OCI_USERNAME/$MODELSEC_OCI_PASSWORD or a Docker config.json in $DOCKER_CONFIG, the
     registry's CA in $MODELSEC_OCI_CA. One JSON line per model on stderr says what was verified (or
-    refused). Exit codes: 0 every model placed, 1 a model refused (nothing of it placed), 2 usage.
+    refused; with --json, the same records are also the reply on stdout). Exit codes: 0 every model placed,
+    1 a model refused (nothing of it placed; the pairs after it are not tried), 2 usage.
     """
     from modelsec.distribution.initializer import initialize_model, oci_reference
     from modelsec.registry.client import parse_reference
 
+    placed: list[dict[str, Any]] = []
     for src, dest in pairs:
         reference = oci_reference(src)
         try:
             admission = _policy((), policy_file, reference)
             result = initialize_model(src, dest, admission, options=_options(registry_ca, plain_http))
         except Error as e:
-            _log({"ok": False, "source": src, "destination": str(dest), "error": {"kind": type(e).__name__,
-                  "message": e.diagnostics()}})
+            where = {"source": src, "destination": str(dest)}
+            _log({"ok": False, **where, "error": {"kind": type(e).__name__, "message": e.diagnostics()}})
+            if as_json:
+                reply({"models": placed, **where}, ok=False, kind=type(e).__name__, message=e.diagnostics())
             sys.exit(1)
-        _log(
-            {
-                "ok": True,
-                "source": src,
-                "destination": str(dest),
-                "reference": f"{parse_reference(reference).repository_uri}@{result.manifest_digest}",
-                "manifestDigest": result.manifest_digest,
-                "rootDigest": f"sha256:{result.root_digest}",
-                "files": result.files,
-                "policy": {"file": admission.source, "names": [p.name for p in admission.policies]},
-                "signers": list(result.signers),
-                "ignored": list(result.ignored),
-            }
-        )
+        record = {
+            "source": src,
+            "destination": str(dest),
+            "reference": f"{parse_reference(reference).repository_uri}@{result.manifest_digest}",
+            "manifestDigest": result.manifest_digest,
+            "rootDigest": f"sha256:{result.root_digest}",
+            "files": result.files,
+            "policy": {"file": admission.source, "names": [p.name for p in admission.policies]},
+            "signers": list(result.signers),
+            "ignored": list(result.ignored),
+        }
+        _log({"ok": True, **record})
+        placed.append(record)
+    if as_json:
+        reply({"models": placed})

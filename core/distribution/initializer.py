@@ -67,7 +67,9 @@ def oci_reference(uri: str) -> str:
 def _remove_stale_staging(destination: Path) -> None:
     """Remove the staging directories an interrupted run left in `destination` (directories only)."""
     with os.scandir(destination) as entries:
-        stale = [e.path for e in entries if e.name.startswith(STAGING_PREFIX) and e.is_dir(follow_symlinks=False)]
+        stale = [
+            e.path for e in entries if e.name.startswith(STAGING_PREFIX) and e.is_dir(follow_symlinks=False)
+        ]
     for path in stale:
         shutil.rmtree(path)
 

@@ -67,7 +67,13 @@ def env(tmp_path: Path, registry: Registry, key_dir: Path) -> dict[str, str]:
 
 
 def _push(
-    root: Path, key_dir: Path, registry: Registry, options: RegistryOptions, repo: str, *, seed: int,
+    root: Path,
+    key_dir: Path,
+    registry: Registry,
+    options: RegistryOptions,
+    repo: str,
+    *,
+    seed: int,
     signer: str = "ecdsa-p256",
 ) -> tuple[Path, PushResult]:
     model = write_tiny_model(root / f"model-{repo}", seed=seed)
@@ -205,7 +211,10 @@ def test_a_destination_that_holds_files_is_refused_and_left_untouched(
     result = _run(cli, env, _uri(registry, "init-full", pushed.manifest_digest), dest)
     assert result.returncode == 1
     record = _log(result.stderr)
-    assert record["error"]["kind"] == "PolicyError" and "holds 1 entries (config.json)" in record["error"]["message"]
+    assert (
+        record["error"]["kind"] == "PolicyError"
+        and "holds 1 entries (config.json)" in record["error"]["message"]
+    )
     assert sorted(p.name for p in dest.iterdir()) == ["config.json"]
     assert (dest / "config.json").read_text() == '{"planted": true}'
     # with only a stale staging directory in it, the destination counts as empty
@@ -251,7 +260,11 @@ def test_the_cluster_storage_container_command_runs_kserves_arguments_in_a_real_
     runs = [
         subprocess.run(
             [exe, *command[1:], _uri(registry, "init-process", digest), str(dest)],
-            capture_output=True, text=True, timeout=120, env=process_env, stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=process_env,
+            stdin=subprocess.DEVNULL,
         )
         for digest, dest in ((pushed.manifest_digest, ok), ("sha256:" + "0" * 64, refused))
     ]

@@ -23,17 +23,23 @@ from tests.integration.webhook.test_deploy import one, render
 
 ROOT = Path(__file__).resolve().parents[3]
 KSERVE = ROOT / "deploy" / "kserve"
-STORAGE_SCHEMA = json.loads((Path(__file__).parent / "fixtures" / "kserve-storage-container-schema.json").read_text())
+STORAGE_SCHEMA = json.loads(
+    (Path(__file__).parent / "fixtures" / "kserve-storage-container-schema.json").read_text()
+)
 ISVC_SCHEMA = json.loads((ROOT / "tests/unit/webhook/fixtures/kserve-schema.json").read_text())
 _PRIMITIVES = {"str": str, "bool": bool, "int": int, "object": object}
 
 
-def check_fields(value: Any, type_name: str, models: dict[str, Any], where: str) -> list[tuple[str, str, Any]]:
+def check_fields(
+    value: Any, type_name: str, models: dict[str, Any], where: str
+) -> list[tuple[str, str, Any]]:
     """Errors raise; returns the `(where, Kubernetes type, value)` leaves the KServe models do not describe."""
     inner = re.fullmatch(r"list\[(.*)\]", type_name)
     if inner:
         assert isinstance(value, list), f"{where}: {type_name} expected"
-        return [leaf for i, v in enumerate(value) for leaf in check_fields(v, inner[1], models, f"{where}[{i}]")]
+        return [
+            leaf for i, v in enumerate(value) for leaf in check_fields(v, inner[1], models, f"{where}[{i}]")
+        ]
     if type_name in _PRIMITIVES:
         assert isinstance(value, _PRIMITIVES[type_name]), f"{where}: {type_name} expected, got {value!r}"
         return []
@@ -50,7 +56,9 @@ def check_fields(value: Any, type_name: str, models: dict[str, Any], where: str)
 
 
 def _docs() -> tuple[dict[str, Any], dict[str, Any]]:
-    return one(render(KSERVE / "base"), "ClusterStorageContainer"), one(render(KSERVE / "example"), "InferenceService")
+    return one(render(KSERVE / "base"), "ClusterStorageContainer"), one(
+        render(KSERVE / "example"), "InferenceService"
+    )
 
 
 def _pod(storage: dict[str, Any], isvc: dict[str, Any]) -> dict[str, Any]:
@@ -58,11 +66,17 @@ def _pod(storage: dict[str, Any], isvc: dict[str, Any]) -> dict[str, Any]:
     predictor = isvc["spec"]["predictor"]
     init = copy.deepcopy(storage["spec"]["container"])
     init["args"] = [predictor["model"]["storageUri"], "/mnt/models"]
-    init["volumeMounts"] = [*init["volumeMounts"], {"name": "kserve-provision-location", "mountPath": "/mnt/models"}]
+    init["volumeMounts"] = [
+        *init["volumeMounts"],
+        {"name": "kserve-provision-location", "mountPath": "/mnt/models"},
+    ]
     server = {"name": "kserve-container", "image": "kserve/huggingfaceserver:v0.15.0"}
     for key in ("env", "volumeMounts"):
         server[key] = predictor["model"].get(key, [])
-    server["volumeMounts"] = [*server["volumeMounts"], {"name": "kserve-provision-location", "mountPath": "/mnt/models", "readOnly": True}]
+    server["volumeMounts"] = [
+        *server["volumeMounts"],
+        {"name": "kserve-provision-location", "mountPath": "/mnt/models", "readOnly": True},
+    ]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
