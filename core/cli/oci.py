@@ -1,4 +1,4 @@
-"""`modelsec push` / `pull` / `storage-initializer`: models as OCI artifacts (CNCF ModelPack), evidence as referrers.
+"""`modelsec push` / `pull` / `storage-initializer`: models as OCI artifacts with evidence as referrers.
 
 Only click is imported at module level; `modelsec.distribution.push_pull` (and `requests`, the `oci` extra)
 loads inside the commands. No trust decision is taken here: the commands convert options and call

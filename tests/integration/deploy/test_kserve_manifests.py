@@ -33,7 +33,7 @@ _PRIMITIVES = {"str": str, "bool": bool, "int": int, "object": object}
 def check_fields(
     value: Any, type_name: str, models: dict[str, Any], where: str
 ) -> list[tuple[str, str, Any]]:
-    """Errors raise; returns the `(where, Kubernetes type, value)` leaves the KServe models do not describe."""
+    """Assert `value` fits `type_name`; return the `(where, type, value)` leaves of Kubernetes types."""
     inner = re.fullmatch(r"list\[(.*)\]", type_name)
     if inner:
         assert isinstance(value, list), f"{where}: {type_name} expected"
@@ -62,7 +62,7 @@ def _docs() -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _pod(storage: dict[str, Any], isvc: dict[str, Any]) -> dict[str, Any]:
-    """The Pod KServe makes: the initializer with `SRC DEST` appended, the model emptyDir, the ISVC's volumes."""
+    """The Pod KServe makes: the initializer with `SRC DEST` appended, the emptyDir, the ISVC's volumes."""
     predictor = isvc["spec"]["predictor"]
     init = copy.deepcopy(storage["spec"]["container"])
     init["args"] = [predictor["model"]["storageUri"], "/mnt/models"]
