@@ -1,4 +1,4 @@
-"""`modelsec push` / `modelsec pull`: models as OCI artifacts (CNCF ModelPack) with evidence as referrers.
+"""`modelsec push` / `pull` / `storage-initializer`: models as OCI artifacts with evidence as referrers.
 
 Only click is imported at module level; `modelsec.distribution.push_pull` (and `requests`, the `oci` extra)
 loads inside the commands. No trust decision is taken here: the commands convert options and call
@@ -8,6 +8,8 @@ loads inside the commands. No trust decision is taken here: the commands convert
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,7 @@ from modelsec.cli.common import (
 from modelsec.cli.values import oci_reference_value
 from modelsec.errors import Error
 
-__all__ = ["pull", "push"]
+__all__ = ["pull", "push", "storage_initializer"]
 
 
 def _registry_options(f: Any) -> Any:
@@ -164,3 +166,101 @@ def pull(
     )
     for reason in result.ignored:
         click.echo(f"  note: ignored {reason}", err=True)
+
+
+def _storage_pairs(
+    ctx: click.Context, param: click.Parameter, value: tuple[str, ...]
+) -> list[tuple[str, Path]]:
+    """KServe's arguments `SRC DEST [SRC DEST]...` as pairs, each SRC a `modelsec+oci://` reference."""
+    from modelsec.distribution.initializer import SCHEME, oci_reference
+
+    if not value or len(value) % 2:
+        raise click.BadParameter("give SRC_URI DEST_PATH pairs (KServe appends them to the command)")
+    pairs = []
+    for src, dest in zip(value[::2], value[1::2], strict=True):
+        if not src.startswith(SCHEME):
+            raise click.BadParameter(
+                f"{src!r} is not a {SCHEME} URI: the storage initializer serves the {SCHEME} prefix only "
+                "(KServe pulls oci:// itself, as a modelcar)"
+            )
+        try:
+            oci_reference(src)
+        except Error as e:
+            raise click.BadParameter(e.diagnostics()) from e
+        pairs.append((src, Path(dest)))
+    return pairs
+
+
+def _log(record: dict[str, Any]) -> None:
+    """The one JSON line of the initializer's log (stderr: KServe keeps an init container's log)."""
+    sys.stderr.write(json.dumps({"component": "modelsec.storage-initializer", **record}, default=str) + "\n")
+
+
+@click.command(name="storage-initializer")
+@click.argument(
+    "pairs",
+    nargs=-1,
+    required=True,
+    metavar="SRC_URI DEST_PATH [SRC_URI DEST_PATH]...",
+    callback=_storage_pairs,
+)
+@click.option(
+    "--policy",
+    "policy_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Policy file (default: $MODELSEC_POLICY); the artifact is matched as oci://REGISTRY/REPOSITORY.",
+)
+@_registry_options
+@json_option
+def storage_initializer(
+    pairs: list[tuple[str, Path]],
+    policy_file: Path | None,
+    registry_ca: Path | None,
+    plain_http: bool,
+    as_json: bool,
+) -> None:
+    """KServe storage initializer: pull each modelsec+oci:// SRC_URI into DEST_PATH after it verifies.
+
+    KServe runs it as the init container of a ClusterStorageContainer whose supportedUriFormats prefix is
+    modelsec+oci:// and appends SRC_URI DEST_PATH (one pair per storage URI; DEST_PATH is /mnt/models).
+    SRC_URI is modelsec+oci://REGISTRY/REPOSITORY@sha256:HEX (a tag is resolved and the digest logged).
+    The model, its binding and its evidence are verified in a staging directory on DEST_PATH's file
+    system, and only then renamed into DEST_PATH: a directory to create, or an empty one (the emptyDir);
+    one that holds files is refused and left untouched.
+
+    Configuration from the environment: $MODELSEC_POLICY (the policy file), registry credentials from
+    $MODELSEC_OCI_USERNAME/$MODELSEC_OCI_PASSWORD or a Docker config.json in $DOCKER_CONFIG, the
+    registry's CA in $MODELSEC_OCI_CA. One JSON line per model on stderr says what was verified (or
+    refused; with --json, the same records are also the reply on stdout). Exit codes: 0 every model placed,
+    1 a model refused (nothing of it placed; the pairs after it are not tried), 2 usage.
+    """
+    from modelsec.distribution.initializer import initialize_model, oci_reference
+    from modelsec.registry.client import parse_reference
+
+    placed: list[dict[str, Any]] = []
+    for src, dest in pairs:
+        reference = oci_reference(src)
+        try:
+            admission = _policy((), policy_file, reference)
+            result = initialize_model(src, dest, admission, options=_options(registry_ca, plain_http))
+        except Error as e:
+            where = {"source": src, "destination": str(dest)}
+            _log({"ok": False, **where, "error": {"kind": type(e).__name__, "message": e.diagnostics()}})
+            if as_json:
+                reply({"models": placed, **where}, ok=False, kind=type(e).__name__, message=e.diagnostics())
+            sys.exit(1)
+        record = {
+            "source": src,
+            "destination": str(dest),
+            "reference": f"{parse_reference(reference).repository_uri}@{result.manifest_digest}",
+            "manifestDigest": result.manifest_digest,
+            "rootDigest": f"sha256:{result.root_digest}",
+            "files": result.files,
+            "policy": {"file": admission.source, "names": [p.name for p in admission.policies]},
+            "signers": list(result.signers),
+            "ignored": list(result.ignored),
+        }
+        _log({"ok": True, **record})
+        placed.append(record)
+    if as_json:
+        reply({"models": placed})

@@ -30,6 +30,7 @@ policy key holding the `weights` role.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -261,6 +262,7 @@ class PullResult:
         root_digest: The verified model root digest.
         files: Number of files placed.
         ignored: Referrers that were not evidence (unparseable, another subject, untrusted), with reasons.
+        signers: The names of the policy keys whose weights signatures verified (one per bundle).
     """
 
     path: Path
@@ -268,6 +270,7 @@ class PullResult:
     root_digest: str
     files: int
     ignored: tuple[str, ...] = field(default=())
+    signers: tuple[str, ...] = field(default=())
 
 
 def _safe_path(value: object, what: str) -> str:
@@ -496,14 +499,14 @@ def pull_model(
         except OSError as e:
             raise PolicyError(f"{destination.parent}: cannot create a staging directory: {e.strerror}") from e
         try:
-            root = _stage(client, ref, layers, evidence, staging, admission)
+            root, signers = _stage(client, ref, layers, evidence, staging, admission)
             os.rename(staging, destination)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
     finally:
         client.close()
-    return PullResult(destination, manifest_digest, root, len(layers), tuple(evidence.ignored))
+    return PullResult(destination, manifest_digest, root, len(layers), tuple(evidence.ignored), signers)
 
 
 def _stage(
@@ -513,18 +516,23 @@ def _stage(
     evidence: _Evidence,
     staging: Path,
     admission: ModelAdmission,
-) -> str:
+) -> tuple[str, tuple[str, ...]]:
+    """Download, place the evidence and verify `staging`: the root digest and the signing keys' names."""
     policy = admission.policy
     for path, digest, size in layers:
         with _open_new(staging, path) as sink:
             client.stream_blob(ref.repository, digest, size, sink, what=f"{ref.repository_uri}: {path}")
     for name, data in evidence.weights.items():
         (staging / name).write_bytes(data)
-    verified = verify_model(staging, admission, expected_digests=sorted(evidence.bound))
+    # The policies were chosen for the OCI reference, not for the staging directory's own file:// path (a
+    # name of pull's choosing): the admission is handed on without a URI, so verify_model does not compare
+    # it with the path it opens (DESIGN decision 20 guards local models, whose path is what was matched).
+    unbound = dataclasses.replace(admission, uri="")
+    verified = verify_model(staging, unbound, expected_digests=sorted(evidence.bound))
     verdict = verify_attestations(verified.root_digest, evidence.other, policy, require_signatures=False)
     verdict.raise_for_policy()
     _place_attestations(staging, verdict.evidence, evidence.other)
-    return verified.root_digest
+    return verified.root_digest, tuple(b.key.name for b in verified.bundles)
 
 
 def _place_attestations(staging: Path, accepted: Sequence[Any], bundles: Sequence[StoredBundle]) -> None:
