@@ -1,4 +1,4 @@
-"""The OCI binding predicate (`https://modelsec.dev/oci-binding/v2`): an OCI manifest carries a model root digest.
+"""The OCI binding predicate (`https://modelsec.dev/oci-binding/v2`): this OCI manifest carries this model.
 
 `modelsec push` signs one binding per pushed manifest (DESIGN.md decision 15): the model root digest stays
 the model's identity, and the binding is the signed evidence that this OCI manifest carries that model. Its
@@ -88,7 +88,9 @@ def binding_statement(
     """
     hex_ = manifest_digest.removeprefix("sha256:")
     if not manifest_digest.startswith("sha256:") or not is_sha256_hex(hex_) or not is_sha256_hex(root_digest):
-        raise MalformedArtifactError(f"binding of {manifest_digest!r} to {root_digest!r}: not SHA-256 digests")
+        raise MalformedArtifactError(
+            f"binding of {manifest_digest!r} to {root_digest!r}: not SHA-256 digests"
+        )
     return Statement(
         (Subject(repository, {"sha256": hex_}),),
         OCI_BINDING_PREDICATE_TYPE,

@@ -213,7 +213,9 @@ def copy(
             destination,
             policy=policy,
             source_options=options,
-            destination_options=_options(destination_registry_ca, plain_http) if destination_registry_ca else None,
+            destination_options=_options(destination_registry_ca, plain_http)
+            if destination_registry_ca
+            else None,
             progress=lambda line: click.echo(f"  {line}", err=True),
         )
     except Error as e:

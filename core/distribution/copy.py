@@ -13,8 +13,9 @@ digest, the three things a reader needs:
    layout (`attach_bundle`: the referrers API where the destination has it, the fallback tag index where
    it does not). The bundle bytes, hence their signatures, are unchanged; a referrer written by another tool
    gets the manifest `attach_bundle` writes, so its referrer digest may differ;
-3. the tags: the destination's tag (default: the source's tag; none when both name no tag) and `oms-sha256-<root digest>`
-   when the manifest names its root digest (the tag the `oci://` store finds a model by).
+3. the tags: the destination's tag (default: the source's tag; none when neither names one) and
+   `oms-sha256-<root digest>` when the manifest names its root digest (the tag the `oci://` store finds a
+   model by).
 
 Nothing is trusted by copying: the destination's readers verify as they would at the source. With a
 `policy`, the model is first pulled from the source into a temporary directory and verified whole (as

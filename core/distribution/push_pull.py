@@ -53,7 +53,7 @@ from modelsec.attestations.predicates.oci_binding import (
     parse_binding_statement,
 )
 from modelsec.attestations.predicates.oms import OMS_PREDICATE_TYPE
-from modelsec.attestations.statement import Statement, Subject, is_sha256_hex, parse_statement
+from modelsec.attestations.statement import is_sha256_hex, parse_statement
 from modelsec.errors import (
     Error,
     MalformedArtifactError,

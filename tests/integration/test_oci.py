@@ -252,7 +252,9 @@ def test_manifest_whose_files_differ_from_the_signed_manifest_is_refused(
     client.put_manifest("models/differ", subject["digest"], body, MANIFEST_MEDIA_TYPE)
     # even with a binding a trusted key signed for the new manifest, the files must match the OMS manifest
     binder = load_private_key_file(key_dir / "ecdsa-p256.key.pem")
-    statement = binding_statement("m", subject["digest"], pushed.root_digest, model_name="m", artifact_type="x")
+    statement = binding_statement(
+        "m", subject["digest"], pushed.root_digest, model_name="m", artifact_type="x"
+    )
     attach_bundle(client, "models/differ", subject, sign_statement(statement, binder))
     attach_bundle(client, "models/differ", subject, (model / "model.sig").read_bytes())
     dest = tmp_path / "pulled"

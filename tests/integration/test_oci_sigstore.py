@@ -63,7 +63,9 @@ def second_registry(registry: Registry, tmp_path_factory: pytest.TempPathFactory
         yield running
 
 
-def _push(tmp_path: Path, key_dir: Path, registry: Registry, options: RegistryOptions, repo: str) -> PushResult:
+def _push(
+    tmp_path: Path, key_dir: Path, registry: Registry, options: RegistryOptions, repo: str
+) -> PushResult:
     model = write_tiny_model(tmp_path / f"model-{repo}", seed=28)
     sign_model(model, [load_private_key_file(key_dir / "ecdsa-p256.key.pem")])
     policy = Policy.from_key_files([key_dir / "ecdsa-p256.pub.pem"])
@@ -123,10 +125,14 @@ def test_referrers_follow_sigstores_oci_bundle_layout_and_bundle_spec(
             layer["digest"].replace(":", "-") + ".sigstore.json"
         )
         statement = _statement(bundle)
-        assert manifest["annotations"] == desc["annotations"] == {
-            "dev.sigstore.bundle.content": "dsse-envelope",
-            "dev.sigstore.bundle.predicateType": statement["predicateType"],
-        }
+        assert (
+            manifest["annotations"]
+            == desc["annotations"]
+            == {
+                "dev.sigstore.bundle.content": "dsse-envelope",
+                "dev.sigstore.bundle.predicateType": statement["predicateType"],
+            }
+        )
         predicate_types.add(statement["predicateType"])
         # sigstore_bundle.proto, as sigstore-python models it: every field known, a v0.3 bundle
         parsed = ProtoBundle.from_json(bundle)
@@ -278,13 +284,15 @@ def test_copy_to_another_registry_keeps_the_digest_and_the_evidence(
     mirror = f"oci://{second_registry.address}/models/mirror@{pushed.manifest_digest}"
     result = pull_model(mirror, tmp_path / "from-b", policy, options=b_options)
     assert result.root_digest == pushed.root_digest and result.manifest_digest == pushed.manifest_digest
-    assert bound_root_digests(f"oci://{second_registry.address}/models/mirror:v1", policy, options=b_options) == {
-        pushed.root_digest
-    }
+    assert bound_root_digests(
+        f"oci://{second_registry.address}/models/mirror:v1", policy, options=b_options
+    ) == {pushed.root_digest}
 
     # the CLI: one JSON object on stdout, progress on stderr; each registry with its own CA
     dest = f"oci://{second_registry.address}/models/cli:v2"
-    run = cli("copy", source, dest, "--destination-registry-ca", second_registry.ca, "--json", env=registry.env())
+    run = cli(
+        "copy", source, dest, "--destination-registry-ca", second_registry.ca, "--json", env=registry.env()
+    )
     assert run.returncode == 0, run.stderr
     doc = json.loads(run.stdout)
     assert doc["ok"] and doc["manifestDigest"] == pushed.manifest_digest and doc["verified"] is False

@@ -4,9 +4,10 @@
 that `modelsec push` sets; `oci://REGISTRY/REPOSITORY@sha256:HEX` reads the referrers of that one manifest.
 Bundles are the referrers whose `artifactType` is a sigstore bundle, each fetched by digest and kept only if
 its own `subject` is the manifest (a listing is untrusted); the signed manifest bindings that `push` also
-attaches (sigstore bundles too, since sigstore's OCI bundle layout; `modelsec.attestations.predicates.oci_binding`)
-are not evidence about the model and are left out. Nothing is trusted here: readers verify
-every bundle, and a moved tag can hide evidence (as deleting it would) but never forge it.
+attaches (sigstore bundles too, in sigstore's OCI bundle layout; see
+`modelsec.attestations.predicates.oci_binding`) are not evidence about the model and are left out. Nothing
+is trusted here: readers verify every bundle, and a moved tag can hide evidence (as deleting it would) but
+never forge it.
 
 Writes (`put`, from `modelsec attest put|push oci://...`) attach a bundle to the manifest tagged for its
 subject's root digest (the model must be pushed first); `delete` (and `supersede`, the same here: a

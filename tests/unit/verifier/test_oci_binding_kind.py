@@ -39,16 +39,24 @@ def test_a_trusted_binding_whose_subject_is_the_root_digest_is_not_a_signature(k
 def test_binding_statements_parse_strictly_in_both_forms() -> None:
     built = binding_statement("r/m", f"sha256:{MANIFEST}", ROOT, model_name="m", artifact_type="a")
     parsed = parse_binding_statement(built, what="t")
-    assert (parsed.manifest_digest, parsed.root_digest, parsed.deprecated) == (f"sha256:{MANIFEST}", ROOT, False)
+    assert (parsed.manifest_digest, parsed.root_digest, parsed.deprecated) == (
+        f"sha256:{MANIFEST}",
+        ROOT,
+        False,
+    )
     legacy = Statement(
-        (Subject("m", {"sha256": ROOT}),), LEGACY_OCI_BINDING_PREDICATE_TYPE, {"manifestDigest": f"sha256:{MANIFEST}"}
+        (Subject("m", {"sha256": ROOT}),),
+        LEGACY_OCI_BINDING_PREDICATE_TYPE,
+        {"manifestDigest": f"sha256:{MANIFEST}"},
     )
     assert parse_binding_statement(legacy, what="t").deprecated
     for bad in (
         Statement((Subject("a", {"sha256": MANIFEST}),) * 2, OCI_BINDING_PREDICATE_TYPE, built.predicate),
         Statement((Subject("a", {"sha512": MANIFEST * 2}),), OCI_BINDING_PREDICATE_TYPE, built.predicate),
         Statement((Subject("a", {"sha256": MANIFEST}),), OCI_BINDING_PREDICATE_TYPE, {"model": {}}),
-        Statement((Subject("a", {"sha256": ROOT}),), LEGACY_OCI_BINDING_PREDICATE_TYPE, {"manifestDigest": MANIFEST}),
+        Statement(
+            (Subject("a", {"sha256": ROOT}),), LEGACY_OCI_BINDING_PREDICATE_TYPE, {"manifestDigest": MANIFEST}
+        ),
     ):
-        with pytest.raises(MalformedArtifactError, match="^t: "):
+        with pytest.raises(MalformedArtifactError, match=r"^t: "):
             parse_binding_statement(bad, what="t")
