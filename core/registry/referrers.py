@@ -8,6 +8,11 @@ media type, a repeated descriptor) is skipped before anything is counted or fetc
 is bounded (`ReferrerBudget`: referrers read, bytes, seconds; one listing page of at most 4 MiB), and a
 referrer over the budget is left unread and reported, never an error: the verdict is the verifier's, on
 what was read.
+
+Writing follows sigstore's OCI bundle layout (cosign `specs/BUNDLE_SPEC.md`; `attach_bundle`), so cosign,
+oras, sigstore-go and GitHub's tools find and label modelsec's bundles; reading accepts that layout and the
+referrers earlier releases wrote (bindings under their own `artifactType`, no annotations). Annotations are
+labels: nothing is selected or trusted by them.
 """
 
 from __future__ import annotations
