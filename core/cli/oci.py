@@ -1,8 +1,8 @@
-"""`modelsec push` / `pull` / `storage-initializer`: models as OCI artifacts with evidence as referrers.
+"""`modelsec push` / `pull` / `copy` / `storage-initializer`: models as OCI artifacts, evidence as referrers.
 
 Only click is imported at module level; `modelsec.distribution.push_pull` (and `requests`, the `oci` extra)
 loads inside the commands. No trust decision is taken here: the commands convert options and call
-`push_model` / `pull_model`. Registry credentials come from `$MODELSEC_OCI_USERNAME` /
+`push_model` / `pull_model` / `copy_model`. Registry credentials come from `$MODELSEC_OCI_USERNAME` /
 `$MODELSEC_OCI_PASSWORD` or a Docker `config.json` (`$DOCKER_CONFIG`), never from the command line.
 """
 
@@ -28,7 +28,7 @@ from modelsec.cli.common import (
 from modelsec.cli.values import oci_reference_value
 from modelsec.errors import Error
 
-__all__ = ["pull", "push", "storage_initializer"]
+__all__ = ["copy", "pull", "push", "storage_initializer"]
 
 
 def _registry_options(f: Any) -> Any:
@@ -157,6 +157,7 @@ def pull(
                 "rootDigest": digest_str(result.root_digest),
                 "files": result.files,
                 "ignored": list(result.ignored),
+                "notes": list(result.notes),
             }
         )
         return
@@ -166,6 +167,81 @@ def pull(
     )
     for reason in result.ignored:
         click.echo(f"  note: ignored {reason}", err=True)
+    for note in result.notes:
+        click.echo(f"  note: {note}", err=True)
+
+
+@click.command(name="copy")
+@click.argument("source", metavar="oci://REGISTRY/REPOSITORY(:TAG|@sha256:HEX)", callback=oci_reference_value)
+@click.argument("destination", metavar="oci://REGISTRY/REPOSITORY[:TAG]", callback=oci_reference_value)
+@click.option(
+    "--verify",
+    "verify_first",
+    is_flag=True,
+    help="Verify the model at the source first, as pull does, under --trusted-key, --policy or "
+    "$MODELSEC_POLICY (implied by --trusted-key and --policy).",
+)
+@click.option(
+    "--destination-registry-ca",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="CA bundle of the destination registry's TLS certificate (default: that of the source).",
+)
+@_policy_options
+@_registry_options
+@json_option
+def copy(
+    source: str,
+    destination: str,
+    verify_first: bool,
+    destination_registry_ca: Path | None,
+    keys: tuple[Path, ...],
+    policy_file: Path | None,
+    registry_ca: Path | None,
+    plain_http: bool,
+    as_json: bool,
+) -> None:
+    """Copy a model, its blobs and its evidence referrers from SOURCE to DESTINATION, by digest.
+
+    The manifest keeps its digest, so the bindings copied with it stay valid; a copy without its
+    referrers (skopeo, crane) is refused by pull. One progress line per step goes to stderr.
+    """
+    from modelsec.distribution.copy import copy_model
+
+    try:
+        policy = _policy(keys, policy_file, source) if verify_first or keys or policy_file else None
+        options = _options(registry_ca, plain_http)
+        result = copy_model(
+            source,
+            destination,
+            policy=policy,
+            source_options=options,
+            destination_options=_options(destination_registry_ca, plain_http)
+            if destination_registry_ca
+            else None,
+            progress=lambda line: click.echo(f"  {line}", err=True),
+        )
+    except Error as e:
+        fail(e, as_json)
+    if as_json:
+        reply(
+            {
+                "reference": result.reference,
+                "manifestDigest": result.manifest_digest,
+                "blobs": result.blobs,
+                "bytes": result.bytes,
+                "referrers": list(result.referrers),
+                "tags": list(result.tags),
+                "skipped": list(result.skipped),
+                "verified": result.verified,
+            }
+        )
+        return
+    click.echo(
+        f"copied {result.reference} ({result.blobs} blobs, {result.bytes} bytes, "
+        f"{len(result.referrers)} referrers{', verified first' if result.verified else ''})"
+    )
+    for reason in result.skipped:
+        click.echo(f"  note: not copied {reason}", err=True)
 
 
 def _storage_pairs(

@@ -3,10 +3,12 @@
 `push_model` verifies a signed model directory, uploads each signed file as one raw layer (its digest is
 the file's SHA-256; its path is in `org.cncf.model.filepath`), the ModelPack config and an image manifest
 with `artifactType: application/vnd.cncf.model.manifest.v1+json`; it then attaches the directory's bundles
-and a signed *binding* statement as referrers. The binding (predicate `https://modelsec.dev/oci-artifact/v1`)
-has the model root digest as subject and names the OCI manifest digest: the OMS root digest stays the
-model's identity, and the relation between the two digests is signed evidence that a reader checks with a
-policy key holding the `weights` role.
+and a signed *binding* statement as referrers, each in sigstore's OCI bundle layout
+(`modelsec.registry.referrers.attach_bundle`). The binding (`modelsec.attestations.predicates.oci_binding`)
+is an in-toto statement whose subject is the OCI manifest digest and whose predicate names the model root
+digest: the OMS root digest stays the model's identity, tools that verify attestations about an image digest
+(cosign `verify-attestation`, `@sigstore/verify`, policy-controller, Kyverno) can check it, and modelsec
+readers check it with a policy key holding the `weights` role.
 
 `pull_model` trusts nothing the registry says until it is verified, in this order:
 
@@ -16,7 +18,9 @@ policy key holding the `weights` role.
    (another `artifactType`) are skipped unread, the rest are read within a budget (256 referrers,
    64 MiB, 20 s; past it they are listed as ignored, never a refusal: a writer cannot veto), each
    fetched by digest and kept only if its own subject is this manifest;
-3. a binding signed by a trusted key names this manifest digest (else nothing is downloaded);
+3. a binding signed by a trusted key has this manifest digest as its subject, and its predicate names the
+   model root digest (else nothing is downloaded); a binding of the deprecated v1 form (subject = root
+   digest, `manifestDigest` in the predicate) still counts, with a deprecation note in `PullResult.notes`;
 4. the layers are downloaded into a staging directory next to the destination, each checked against its
    size and digest, and the weights bundles about a bound root digest are written under their default
    names;
@@ -44,8 +48,13 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from modelsec.attestations.bundle import Bundle, parse_bundle, sign_statement
+from modelsec.attestations.predicates.oci_binding import (
+    binding_statement,
+    is_binding_type,
+    parse_binding_statement,
+)
 from modelsec.attestations.predicates.oms import OMS_PREDICATE_TYPE
-from modelsec.attestations.statement import Statement, Subject, is_sha256_hex, parse_statement
+from modelsec.attestations.statement import is_sha256_hex, parse_statement
 from modelsec.errors import (
     Error,
     MalformedArtifactError,
@@ -55,9 +64,6 @@ from modelsec.errors import (
 from modelsec.modelformat.model_files import WEIGHT_SUFFIXES
 from modelsec.policy import Policy
 from modelsec.registry.client import (
-    BINDING_ARTIFACT_TYPE,
-    BINDING_PREDICATE_TYPE,
-    BUNDLE_ARTIFACT_TYPE,
     MANIFEST_MEDIA_TYPE,
     OciReference,
     RegistryClient,
@@ -224,10 +230,17 @@ def push_model(
         subject = descriptor(MANIFEST_MEDIA_TYPE, manifest)
         for tag in (ref.tag or "latest", root_tag(verified.root_digest)):
             client.put_manifest(ref.repository, tag, manifest, MANIFEST_MEDIA_TYPE)
-        binding = _binding_bundle(model_dir.name, verified.root_digest, subject["digest"], binding_key)
-        attached = [attach_bundle(client, ref.repository, subject, binding, BINDING_ARTIFACT_TYPE)[0]]
+        statement = binding_statement(
+            f"{ref.registry}/{ref.repository}",
+            subject["digest"],
+            verified.root_digest,
+            model_name=model_dir.name,
+            artifact_type=MODEL_ARTIFACT_TYPE,
+        )
+        binding = sign_statement(statement, binding_key)
+        attached = [attach_bundle(client, ref.repository, subject, binding)[0]]
         for _, data in bundles:
-            attached.append(attach_bundle(client, ref.repository, subject, data, BUNDLE_ARTIFACT_TYPE)[0])
+            attached.append(attach_bundle(client, ref.repository, subject, data)[0])
     finally:
         client.close()
     return PushResult(
@@ -237,19 +250,6 @@ def push_model(
         len(layers),
         tuple(attached),
     )
-
-
-def _binding_bundle(name: str, root_digest: str, manifest_digest: str, key: KeyBackend) -> bytes:
-    statement = Statement(
-        (Subject(name, {"sha256": root_digest}),),
-        BINDING_PREDICATE_TYPE,
-        {
-            "manifestDigest": manifest_digest,
-            "mediaType": MANIFEST_MEDIA_TYPE,
-            "artifactType": MODEL_ARTIFACT_TYPE,
-        },
-    )
-    return sign_statement(statement, key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +263,7 @@ class PullResult:
         files: Number of files placed.
         ignored: Referrers that were not evidence (unparseable, another subject, untrusted), with reasons.
         signers: The names of the policy keys whose weights signatures verified (one per bundle).
+        notes: Evidence that counted but is deprecated (a v1 binding), with what to do.
     """
 
     path: Path
@@ -271,6 +272,7 @@ class PullResult:
     files: int
     ignored: tuple[str, ...] = field(default=())
     signers: tuple[str, ...] = field(default=())
+    notes: tuple[str, ...] = field(default=())
 
 
 def _safe_path(value: object, what: str) -> str:
@@ -338,6 +340,7 @@ class _Evidence:
     weights: dict[str, bytes] = field(default_factory=dict)
     other: list[StoredBundle] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
 def _verify_weights_signature(bundle: Bundle, policy: Policy) -> TrustedKey:
@@ -379,17 +382,23 @@ def _collect(client: RegistryClient, ref: OciReference, manifest_digest: str, po
         except Error as e:
             found.ignored.append(f"{source}: {e.diagnostics()}")
             continue
-        if statement.predicate_type == BINDING_PREDICATE_TYPE:
+        if is_binding_type(statement.predicate_type):
             try:
+                binding = parse_binding_statement(statement, what=source)
                 _verify_weights_signature(bundle, policy)
             except Error as e:
                 found.ignored.append(f"{source}: binding: {e.diagnostics()}")
                 continue
-            named = statement.predicate.get("manifestDigest")
-            if isinstance(named, str) and hmac.compare_digest(named.encode(), manifest_digest.encode()):
-                found.bound.update(s.digest.get("sha256", "") for s in statement.subjects)
-            else:
-                found.ignored.append(f"{source}: binding of another manifest ({named!r})")
+            named = binding.manifest_digest
+            if not hmac.compare_digest(named.encode(), manifest_digest.encode()):
+                found.ignored.append(f"{source}: binding of another manifest ({named})")
+                continue
+            found.bound.add(binding.root_digest)
+            if binding.deprecated:
+                found.notes.append(
+                    f"{source}: deprecated binding ({statement.predicate_type}, subject = the model root "
+                    "digest): other tools cannot read it; push the model again to attach a current one"
+                )
         else:
             statements.append((source, data, bundle, statement))
     for source, data, bundle, statement in statements:
@@ -506,7 +515,15 @@ def pull_model(
             raise
     finally:
         client.close()
-    return PullResult(destination, manifest_digest, root, len(layers), tuple(evidence.ignored), signers)
+    return PullResult(
+        destination,
+        manifest_digest,
+        root,
+        len(layers),
+        tuple(evidence.ignored),
+        signers,
+        tuple(evidence.notes),
+    )
 
 
 def _stage(

@@ -45,7 +45,6 @@ from modelsec.registry.reference import DOCKER_HUB, DOCKER_HUB_ENDPOINT, OciRefe
 
 __all__ = [
     "BINDING_ARTIFACT_TYPE",
-    "BINDING_PREDICATE_TYPE",
     "BUNDLE_ARTIFACT_TYPE",
     "EMPTY_CONFIG",
     "INDEX_MEDIA_TYPE",
@@ -61,8 +60,8 @@ __all__ = [
 MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
 INDEX_MEDIA_TYPE = "application/vnd.oci.image.index.v1+json"
 BUNDLE_ARTIFACT_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
-# The signed statement that binds an OCI manifest digest to a model root digest (`_oci_model`).
-BINDING_PREDICATE_TYPE = "https://modelsec.dev/oci-artifact/v1"
+# The `artifactType` bindings were attached under before they became sigstore-bundle referrers like every
+# other bundle (`modelsec.registry.referrers`): read, never written.
 BINDING_ARTIFACT_TYPE = "application/vnd.modelsec.oci-binding.v1+json"
 EMPTY_CONFIG = {
     "mediaType": "application/vnd.oci.empty.v1+json",

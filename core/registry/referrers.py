@@ -8,10 +8,17 @@ media type, a repeated descriptor) is skipped before anything is counted or fetc
 is bounded (`ReferrerBudget`: referrers read, bytes, seconds; one listing page of at most 4 MiB), and a
 referrer over the budget is left unread and reported, never an error: the verdict is the verifier's, on
 what was read.
+
+Writing follows sigstore's OCI bundle layout (cosign `specs/BUNDLE_SPEC.md`; `attach_bundle`), so cosign,
+oras, sigstore-go and GitHub's tools find and label modelsec's bundles; reading accepts that layout and the
+referrers earlier releases wrote (bindings under their own `artifactType`, no annotations). Annotations are
+labels: nothing is selected or trusted by them.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hmac
 import json
 import time
@@ -31,16 +38,21 @@ from modelsec.registry.client import (
 )
 
 __all__ = [
+    "CONTENT_ANNOTATION",
     "EVIDENCE_ARTIFACT_TYPES",
+    "PREDICATE_TYPE_ANNOTATION",
+    "TITLE_ANNOTATION",
     "ReferrerBudget",
     "ReferrerRead",
     "attach_bundle",
     "evidence_descriptors",
     "read_evidence",
     "read_referrer_bundle",
+    "sigstore_annotations",
 ]
 
-# The referrers that can be evidence: sigstore bundles (signatures, attestations) and modelsec bindings.
+# The referrers that can be evidence: sigstore bundles (signatures, attestations, bindings), and bindings
+# attached by earlier releases under their own artifactType (read, never written).
 EVIDENCE_ARTIFACT_TYPES = frozenset({BUNDLE_ARTIFACT_TYPE, BINDING_ARTIFACT_TYPE})
 
 
@@ -187,21 +199,77 @@ def read_evidence(
     return out, skipped
 
 
+# sigstore's OCI bundle layout (cosign specs/BUNDLE_SPEC.md, "Annotations"): what a bundle holds, as labels.
+CONTENT_ANNOTATION = "dev.sigstore.bundle.content"
+PREDICATE_TYPE_ANNOTATION = "dev.sigstore.bundle.predicateType"
+TITLE_ANNOTATION = "org.opencontainers.image.title"
+
+
+def sigstore_annotations(data: bytes) -> dict[str, str]:
+    """The manifest annotations sigstore's OCI bundle layout gives a bundle (labels; nothing is verified).
+
+    `dev.sigstore.bundle.content` is `dsse-envelope` or `message-signature`, from the bundle's content;
+    `dev.sigstore.bundle.predicateType` is the in-toto statement's `predicateType` when the DSSE payload
+    is one (read unverified: readers never select evidence by annotation). `org.opencontainers.image.created`
+    is left out, so that attaching the same bundle twice gives the same referrer digest.
+
+    Raises:
+        MalformedArtifactError: `data` is not a JSON object with `dsseEnvelope` or `messageSignature`.
+    """
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        raise MalformedArtifactError("bundle: not JSON") from None
+    if isinstance(doc, dict) and isinstance(doc.get("messageSignature"), dict):
+        return {CONTENT_ANNOTATION: "message-signature"}
+    envelope = doc.get("dsseEnvelope") if isinstance(doc, dict) else None
+    if not isinstance(envelope, dict):
+        raise MalformedArtifactError("bundle: neither a dsseEnvelope nor a messageSignature")
+    out = {CONTENT_ANNOTATION: "dsse-envelope"}
+    try:
+        statement = json.loads(base64.b64decode(str(envelope.get("payload", "")), validate=True))
+    except (ValueError, binascii.Error):
+        return out
+    if isinstance(statement, dict) and isinstance(statement.get("predicateType"), str):
+        out[PREDICATE_TYPE_ANNOTATION] = statement["predicateType"]
+    return out
+
+
 def attach_bundle(
-    client: RegistryClient, repository: str, subject: Mapping[str, Any], data: bytes, artifact_type: str
+    client: RegistryClient,
+    repository: str,
+    subject: Mapping[str, Any],
+    data: bytes,
+    artifact_type: str = BUNDLE_ARTIFACT_TYPE,
 ) -> tuple[str, bool]:
-    """Attach a bundle to the manifest `subject` (a descriptor) as a referrer.
+    """Attach a bundle to the manifest `subject` (a descriptor) as a referrer, in sigstore's OCI layout.
 
     Returns the referrer manifest's digest, and whether it was not listed yet.
 
-    The referrer is an image manifest with `artifactType` (a sigstore bundle, or a modelsec binding), the
-    empty config, the bundle as its one layer and `subject`: the shape cosign and oras give attached
-    signatures, which a registry without OCI artifact manifests (distribution 2.8) accepts.
+    The referrer is the manifest of sigstore's OCI bundle layout (cosign `specs/BUNDLE_SPEC.md`, which
+    cosign `--new-bundle-format`, sigstore-go and GitHub's attest action write): `artifactType`
+    `application/vnd.dev.sigstore.bundle.v0.3+json`, the empty config, the bundle as its one layer of that
+    media type titled `sha256-<hex>.sigstore.json`, the annotations of `sigstore_annotations`, and
+    `subject`. The fallback index entry carries the same annotations, as the specification asks of
+    clients that maintain it. A registry without OCI artifact manifests (distribution 2.8) accepts it.
+
+    Args:
+        client: The registry.
+        repository: Where `subject` is.
+        subject: The manifest descriptor (`mediaType`, `digest`, `size`).
+        data: The sigstore bundle's JSON bytes.
+        artifact_type: Only for tests that recreate referrers of earlier releases (another type gets
+            neither the sigstore annotations nor the layer title).
 
     Raises:
+        MalformedArtifactError: `data` is not a sigstore bundle (see `sigstore_annotations`).
         BackendUnavailableError: The registry refused or could not be reached.
     """
+    sigstore = artifact_type == BUNDLE_ARTIFACT_TYPE
+    annotations = sigstore_annotations(data) if sigstore else {}
     layer = descriptor(BUNDLE_ARTIFACT_TYPE, data)
+    if sigstore:
+        layer["annotations"] = {TITLE_ANNOTATION: str(layer["digest"]).replace(":", "-") + ".sigstore.json"}
     manifest = {
         "schemaVersion": 2,
         "mediaType": MANIFEST_MEDIA_TYPE,
@@ -209,9 +277,13 @@ def attach_bundle(
         "config": EMPTY_CONFIG,
         "layers": [layer],
         "subject": {k: subject[k] for k in ("mediaType", "digest", "size")},
+        **({"annotations": annotations} if annotations else {}),
     }
     body = canonical_json(manifest)
-    desc = descriptor(MANIFEST_MEDIA_TYPE, body, artifactType=artifact_type)
+    extra: dict[str, Any] = {"artifactType": artifact_type}
+    if annotations:
+        extra["annotations"] = annotations
+    desc = descriptor(MANIFEST_MEDIA_TYPE, body, **extra)
     listed = any(
         d.get("digest") == desc["digest"] for d in client.referrers(repository, str(subject["digest"]))
     )

@@ -59,7 +59,7 @@ class SigningServicer(signing_pb2_grpc.SigningServiceServicer):
                 f"SignStatement does not sign a statement claiming a server run ({RUN_BY_FIELD}); only "
                 "RunGate and EmbedWatermark record the runs this server performs"
             )
-        if kind.role == "weights":
+        if kind.role == "weights" and kind.about == "model":
             manifest: Manifest = kind.parse(statement, what="SignStatement", limits=self.limits)
             scheme = scheme_for(key.backend.algorithm)
             if manifest.hash_type not in scheme.signable_hashes:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from modelsec.attestations.bundle import sign_statement
+from modelsec.attestations.predicates.oci_binding import binding_statement
 from modelsec.distribution.push_pull import bound_root_digests, pull_model, push_model
 from modelsec.errors import (
     BackendUnavailableError,
@@ -17,7 +19,6 @@ from modelsec.errors import (
 )
 from modelsec.policy import Policy
 from modelsec.registry.client import (
-    BINDING_ARTIFACT_TYPE,
     BUNDLE_ARTIFACT_TYPE,
     MANIFEST_MEDIA_TYPE,
     RegistryClient,
@@ -80,7 +81,7 @@ def test_push_lists_referrers_through_the_fallback_tag_and_pull_lands_verified(
     # distribution 2.8 has no referrers API: the listing comes from the sha256-<hex> tag
     assert client.request("GET", f"models/tiny/referrers/{pushed.manifest_digest}").status_code == 404
     listed = client.referrers("models/tiny", pushed.manifest_digest)
-    assert sorted(d["artifactType"] for d in listed) == [BUNDLE_ARTIFACT_TYPE, BINDING_ARTIFACT_TYPE]
+    assert [d["artifactType"] for d in listed] == [BUNDLE_ARTIFACT_TYPE, BUNDLE_ARTIFACT_TYPE]
     manifest = json.loads(client.get_manifest("models/tiny", pushed.manifest_digest)[0])
     assert manifest["artifactType"] == "application/vnd.cncf.model.manifest.v1+json"
     paths = sorted(layer["annotations"]["org.cncf.model.filepath"] for layer in manifest["layers"])
@@ -250,12 +251,12 @@ def test_manifest_whose_files_differ_from_the_signed_manifest_is_refused(
     subject = descriptor(MANIFEST_MEDIA_TYPE, body)
     client.put_manifest("models/differ", subject["digest"], body, MANIFEST_MEDIA_TYPE)
     # even with a binding a trusted key signed for the new manifest, the files must match the OMS manifest
-    from modelsec.distribution.push_pull import _binding_bundle
-
     binder = load_private_key_file(key_dir / "ecdsa-p256.key.pem")
-    binding = _binding_bundle("m", pushed.root_digest, subject["digest"], binder)
-    attach_bundle(client, "models/differ", subject, binding, BINDING_ARTIFACT_TYPE)
-    attach_bundle(client, "models/differ", subject, (model / "model.sig").read_bytes(), BUNDLE_ARTIFACT_TYPE)
+    statement = binding_statement(
+        "m", subject["digest"], pushed.root_digest, model_name="m", artifact_type="x"
+    )
+    attach_bundle(client, "models/differ", subject, sign_statement(statement, binder))
+    attach_bundle(client, "models/differ", subject, (model / "model.sig").read_bytes())
     dest = tmp_path / "pulled"
     with pytest.raises(DigestMismatchError, match=r"config\.json"):
         pull_model(

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from modelsec.distribution.push_pull import _binding_bundle, bound_root_digests, pull_model, push_model
+from modelsec.attestations.bundle import sign_statement
+from modelsec.attestations.predicates.oci_binding import binding_statement
+from modelsec.distribution.push_pull import bound_root_digests, pull_model, push_model
 from modelsec.errors import SignatureError
 from modelsec.policy import Policy
 from modelsec.registry.client import (
-    BINDING_ARTIFACT_TYPE,
     MANIFEST_MEDIA_TYPE,
     RegistryClient,
     RegistryOptions,
@@ -74,10 +75,13 @@ def test_certificate_signed_binding_and_model_pull_through_the_policy_authority(
     assert bound_root_digests(ref, policy, options=options) == set()
     client = RegistryClient(registry.address, options)
     subject = _manifest_descriptor(client, "models/cert", pushed.manifest_digest)
-    binding = _binding_bundle("m", pushed.root_digest, pushed.manifest_digest, signer)
-    attach_bundle(
-        client, "models/cert", subject, with_certificate_chain(binding, *chain), BINDING_ARTIFACT_TYPE
+    binding = sign_statement(
+        binding_statement(
+            "models/cert", pushed.manifest_digest, pushed.root_digest, model_name="m", artifact_type="x"
+        ),
+        signer,
     )
+    attach_bundle(client, "models/cert", subject, with_certificate_chain(binding, *chain))
     client.close()
 
     assert bound_root_digests(ref, policy, options=options) == {pushed.root_digest}

@@ -4,8 +4,10 @@
 that `modelsec push` sets; `oci://REGISTRY/REPOSITORY@sha256:HEX` reads the referrers of that one manifest.
 Bundles are the referrers whose `artifactType` is a sigstore bundle, each fetched by digest and kept only if
 its own `subject` is the manifest (a listing is untrusted); the signed manifest bindings that `push` also
-attaches are not evidence about the model and are left out. Nothing is trusted here: readers verify
-every bundle, and a moved tag can hide evidence (as deleting it would) but never forge it.
+attaches (sigstore bundles too, in sigstore's OCI bundle layout; see
+`modelsec.attestations.predicates.oci_binding`) are not evidence about the model and are left out. Nothing
+is trusted here: readers verify every bundle, and a moved tag can hide evidence (as deleting it would) but
+never forge it.
 
 Writes (`put`, from `modelsec attest put|push oci://...`) attach a bundle to the manifest tagged for its
 subject's root digest (the model must be pushed first); `delete` (and `supersede`, the same here: a
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from modelsec.attestations.bundle import parse_bundle
+from modelsec.attestations.predicates.oci_binding import is_binding_type
 from modelsec.attestations.statement import is_sha256_hex, parse_statement
 from modelsec.errors import (
     AttestationError,
@@ -32,7 +35,6 @@ from modelsec.errors import (
     NotFoundError,
 )
 from modelsec.registry.client import (
-    BINDING_PREDICATE_TYPE,
     BUNDLE_ARTIFACT_TYPE,
     OciReference,
     RegistryClient,
@@ -55,7 +57,7 @@ def _is_binding(data: bytes) -> bool:
         statement = parse_statement(parse_bundle(data, source="referrer").envelope.payload, what="referrer")
     except Error:
         return False
-    return statement.predicate_type == BINDING_PREDICATE_TYPE
+    return is_binding_type(statement.predicate_type)
 
 
 @dataclass(slots=True)
