@@ -77,7 +77,12 @@ from modelsec.signer.layout import (
     write_bundle_file,
 )
 from modelsec.signer.schemes import scheme_for
-from modelsec.verifier import verify_attestations, verify_bundle_signature, verify_model
+from modelsec.verifier import (
+    find_attestation_bundles,
+    verify_attestations,
+    verify_bundle_signature,
+    verify_model,
+)
 from modelsec.verifier.admission import ModelAdmission
 from modelsec.verifier.stores import StoredBundle
 from modelsec.verifier.trust.bundles import check_signature_time, read_bundle_bytes
@@ -521,9 +526,12 @@ def _stage(
     for name, data in evidence.weights.items():
         (staging / name).write_bytes(data)
     verified = verify_model(staging, admission, expected_digests=sorted(evidence.bound))
-    verdict = verify_attestations(verified.root_digest, evidence.other, policy, require_signatures=False)
+    # The stores every front door reads (`modelsec.verifier.stores.evidence_stores`): the referrers, read
+    # above, and the policy's attestationStore.
+    found = [*evidence.other, *find_attestation_bundles(None, verified.root_digest, policy)]
+    verdict = verify_attestations(verified.root_digest, found, policy, require_signatures=False)
     verdict.raise_for_policy()
-    _place_attestations(staging, verdict.evidence, evidence.other)
+    _place_attestations(staging, verdict.evidence, [f for f in found if isinstance(f, StoredBundle)])
     return verified.root_digest
 
 

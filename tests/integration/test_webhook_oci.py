@@ -128,7 +128,8 @@ def test_registry_or_store_outage_denies_even_a_cached_model(
     reviewer = Reviewer(
         policies,
         DirectoryStore(store_dir),
-        WebhookConfig(cache_ttl_seconds=600),
+        # Registry answers are not reused (evidence TTL 0), so every decision reaches the registry.
+        WebhookConfig(cache_ttl_seconds=600, evidence_ttl_seconds=0, evidence_negative_ttl_seconds=0),
         clock=clock,
         bindings=resolver,
     )
