@@ -613,10 +613,11 @@ class Reviewer:
             reasons.append(why if root == digest else f"bound model root digest {root}: {why}")
             if root == digest and raw.startswith("oci://") and self.bindings is not None:
                 bindings = self.bindings
-                roots, _ = self.evidence_cache.get_or_load(
+                bound, _ = self.evidence_cache.get_or_load(
                     ("bindings", generation, policy.name, raw),
-                    lambda: _bound(bindings, raw, policy, reasons),
+                    lambda: tuple(_bound(bindings, raw, policy, reasons)),
                 )
+                roots = list(bound)
                 if not roots and not reasons:  # a cached miss: say why again
                     reasons.append("no binding signed by a trusted key names this OCI manifest")
                 self._check_deadline(deadline)

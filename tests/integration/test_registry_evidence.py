@@ -117,7 +117,7 @@ def test_an_unreachable_registry_denies_and_says_so(
     policies = _policies(registry, key_dir)
     by_root = f"oci://{registry.address}/models/evidence-outage@sha256:{pushed.root_digest}"
     # A webhook configured with another CA than the one that issued the registry's certificate.
-    wrong_ca = TestCA.create(tmp_path / "wrong-ca").cert
+    wrong_ca = TestCA.create(tmp_path / "wrong-ca").path
     decision = _reviewer(policies, _options(registry, wrong_ca)).review(
         json.dumps(review_body("Pod", by_root)).encode()
     )

@@ -139,7 +139,7 @@ def test_registry_or_store_outage_denies_even_a_cached_model(
     up["registry"] = False
     clock.now += 1  # well inside the TTL
     decision = reviewer.review(json.dumps(_image_pod(image)).encode())
-    assert not decision.allowed and decision.reason == "store-unavailable", decision.messages
+    assert not decision.allowed and decision.reason == "registry-unavailable", decision.messages
 
     up["registry"] = True
     assert answer(reviewer, _image_pod(image))["allowed"] is True
