@@ -89,7 +89,9 @@ def push(
     try:
         policy = _policy(keys, policy_file, reference)
         key = open_signing_key(signing_key, key_password_sources(key_passwords, [signing_key]))
-        result = push_model(model_dir, reference, policy, key, options=registry_options_value(registry_ca, plain_http))
+        result = push_model(
+            model_dir, reference, policy, key, options=registry_options_value(registry_ca, plain_http)
+        )
     except Error as e:
         fail(e, as_json)
     if as_json:
@@ -129,7 +131,9 @@ def pull(
 
     try:
         policy = _policy(keys, policy_file, reference)
-        result = pull_model(reference, destination, policy, options=registry_options_value(registry_ca, plain_http))
+        result = pull_model(
+            reference, destination, policy, options=registry_options_value(registry_ca, plain_http)
+        )
     except Error as e:
         fail(e, as_json)
     if as_json:

@@ -1,5 +1,8 @@
-"""The caches of the admission webhook: positive results (what was verified, from which bundles, until when)
-and registry evidence (what a registry answered, until when)."""
+"""The caches of the admission webhook: positive results, and what registries answered.
+
+`PositiveCache`: what was verified, from which bundles, until when. `EvidenceCache`: what a registry (or a
+policy's store) answered, until when.
+"""
 
 from __future__ import annotations
 
@@ -92,7 +95,12 @@ class EvidenceCache:
     def __init__(
         self, ttl_seconds: float, negative_ttl_seconds: float, max_entries: int, clock: Callable[[], float]
     ) -> None:
-        self._ttl, self._negative, self._max, self._clock = ttl_seconds, negative_ttl_seconds, max_entries, clock
+        self._ttl, self._negative, self._max, self._clock = (
+            ttl_seconds,
+            negative_ttl_seconds,
+            max_entries,
+            clock,
+        )
         self._entries: dict[tuple[str, ...], tuple[float, object]] = {}
         self._lock = threading.Lock()
 

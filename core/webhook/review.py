@@ -70,6 +70,7 @@ write it, so a dry run leaves no trace in the webhook's state besides logs and m
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hashlib
 import itertools
 import threading
@@ -211,6 +212,13 @@ def _bound(
     if not bound:
         reasons.append("no binding signed by a trusted key names this OCI manifest")
     return bound
+
+
+def _bound_tuple(
+    bindings: Callable[[str, Policy], set[str]], raw: str, policy: Policy, reasons: list[str]
+) -> tuple[str, ...]:
+    """`_bound` as an immutable value (what the registry-evidence cache keeps)."""
+    return tuple(_bound(bindings, raw, policy, reasons))
 
 
 def _result(raw: str, verdict: AdmissionVerdict) -> ReferenceResult:
@@ -612,10 +620,9 @@ class Reviewer:
             why = "; ".join(verdict.reasons())
             reasons.append(why if root == digest else f"bound model root digest {root}: {why}")
             if root == digest and raw.startswith("oci://") and self.bindings is not None:
-                bindings = self.bindings
                 bound, _ = self.evidence_cache.get_or_load(
                     ("bindings", generation, policy.name, raw),
-                    lambda: tuple(_bound(bindings, raw, policy, reasons)),
+                    functools.partial(_bound_tuple, self.bindings, raw, policy, reasons),
                 )
                 roots = list(bound)
                 if not roots and not reasons:  # a cached miss: say why again

@@ -23,8 +23,9 @@ from modelsec.policy import Policy, PolicySet
 from modelsec.registry.client import RegistryOptions
 from modelsec.signer import load_private_key_file, sign_model
 from modelsec.verifier.attestations import GATE_PREDICATE_TYPE, store_bundle
-from modelsec.verifier.stores import evidence_stores, open_store
+from modelsec.verifier.stores import evidence_stores
 from modelsec.verifier.stores.directory import DirectoryStore
+from modelsec.verifier.stores.oci import OciAttestationStore
 from modelsec.webhook.review import Reviewer, WebhookConfig
 from tests.conftest import write_tiny_model
 from tests.support.oci import PASSWORD, USER, Registry
@@ -61,7 +62,7 @@ def _reviewer(
     clock: FakeClock | None = None,
     **config: Any,
 ) -> Reviewer:
-    """A reviewer as `modelsec webhook serve` builds it: registry evidence and bindings read with `options`."""
+    """A reviewer as `modelsec webhook serve` builds it: evidence and bindings read with `options`."""
     return Reviewer(
         policies,
         store,
@@ -160,9 +161,11 @@ def test_the_cache_serves_within_its_ttl_and_sees_a_withdrawal_after_it(
     assert reviewer.review(json.dumps(_image_pod(image)).encode()).references[0].cached
 
     # The weights signature is withdrawn from the registry (its referrer deleted).
-    store = open_store(f"oci://{registry.address}/models/evidence-withdrawn")
-    store = type(store).open(  # the test registry's CA and credentials, not the environment's
-        f"{registry.address}/models/evidence-withdrawn", max_bundle_bytes=2**24, max_bundles=64, options=options
+    store = OciAttestationStore.open(  # the test registry's CA and credentials, not the environment's
+        f"{registry.address}/models/evidence-withdrawn",
+        max_bundle_bytes=2**24,
+        max_bundles=64,
+        options=options,
     )
     (signature,) = store.entries(pushed.root_digest)
     store.delete(pushed.root_digest, signature.id)
@@ -192,7 +195,9 @@ def test_a_miss_is_cached_for_the_shorter_negative_ttl(
     body = review_body("Pod", f"oci://{registry.address}/models/evidence-late@sha256:{root}")
     assert answer(reviewer, body)["allowed"] is False  # not pushed yet: a miss
     policy = Policy.from_key_files([key_dir / "ecdsa-p256.pub.pem"])
-    push_model(model, f"oci://{registry.address}/models/evidence-late:v1", policy, signer, options=_options(registry))
+    push_model(
+        model, f"oci://{registry.address}/models/evidence-late:v1", policy, signer, options=_options(registry)
+    )
     clock.now += 4
     assert answer(reviewer, body)["allowed"] is False  # the miss is still cached
     clock.now += 2
