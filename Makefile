@@ -81,6 +81,7 @@ bench: $(VENV)/.test
 	$(BIN)/python bench/bench_watermark.py
 	PYTHONPATH=examples $(BIN)/python bench/bench_pgd.py
 	$(BIN)/python bench/bench_webhook.py
+	$(BIN)/python bench/bench_webhook_registry.py
 	$(BIN)/python bench/bench_grpc.py
 
 ## proto: regenerate the committed modelsec.v1 stubs from proto/modelsec/v1/*.proto

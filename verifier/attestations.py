@@ -60,7 +60,7 @@ from modelsec.verifier._statement_checks import (
     watermark_applies,
     watermark_outcome,
 )
-from modelsec.verifier.stores import StoredBundle, StoreOptions, open_store
+from modelsec.verifier.stores import StoredBundle, StoreOptions, evidence_stores, open_store
 from modelsec.verifier.stores.directory import DirectoryStore
 from modelsec.verifier.trust.bundles import check_signature_time, read_bundle, verify_bundle_signature
 
@@ -202,13 +202,21 @@ class AttestationVerdict:
 
 
 def find_attestation_bundles(
-    model_dir: Path | None, root_digest: str, policy: Policy
+    model_dir: Path | None, root_digest: str, policy: Policy, *, reference: str | None = None
 ) -> list[Path | StoredBundle]:
-    """Bundles to consider: the reserved names in the model directory and the policy's store for the digest.
+    """Bundles to consider: the reserved names in the model directory and the model's store for the digest.
 
-    The policy's store (`Policy.attestation_store`, opened with `modelsec.verifier.stores.open_store`)
-    files bundles by digest, so they are found without reading any model file; a directory store that does
-    not exist holds nothing. Nothing returned is trusted yet.
+    The stores are those `modelsec.verifier.stores.evidence_stores` resolves for `reference` under
+    `policy` (every front door uses it): the policy's `attestationStore` and, for an `oci://` reference,
+    the referrers of the artifact in its registry; a local directory (no reference) has only the policy's
+    store. A store files bundles by digest, so they are found without reading any model file; a directory
+    store that does not exist holds nothing. Nothing returned is trusted yet.
+
+    Args:
+        model_dir: The model directory whose reserved bundle names are read, or None.
+        root_digest: The model root digest (64 hex).
+        policy: The policy the model is checked under.
+        reference: The model's URI (`oci://…`), when it has one besides its directory.
 
     Raises:
         PolicyError: The policy's store reference has an unknown scheme.
@@ -218,8 +226,8 @@ def find_attestation_bundles(
     found: list[Path | StoredBundle] = []
     if model_dir is not None:
         found += find_attestation_files(model_dir)
-    if policy.attestation_store is not None:
-        store = open_store(policy.attestation_store, StoreOptions(limits=policy.limits, must_exist=False))
+    for spec in evidence_stores(reference or "", policy):
+        store = open_store(spec, StoreOptions(limits=policy.limits, must_exist=False))
         try:
             found += store.entries(root_digest)
         finally:

@@ -139,6 +139,33 @@ def signing_keys_option(help_text: str, *, required: bool = False) -> Callable[[
     return _key_files_option("--signing-key", help_text, required)
 
 
+def registry_options(f: F) -> F:
+    """`--registry-ca PATH` and `--plain-http`: how to reach an OCI registry (push, pull, the webhook).
+
+    Credentials never come from the command line: `$MODELSEC_OCI_USERNAME` / `_PASSWORD` or a Docker
+    `config.json` (`$DOCKER_CONFIG`), read by `registry_options_value`.
+    """
+    f = click.option(
+        "--registry-ca",
+        type=click.Path(path_type=Path, dir_okay=False),
+        help="CA bundle of the registry's TLS certificate (default: the system roots; or $MODELSEC_OCI_CA).",
+    )(f)
+    return click.option(
+        "--plain-http", is_flag=True, help="Speak HTTP to the registry (development registries only)."
+    )(f)
+
+
+def registry_options_value(registry_ca: Path | None, plain_http: bool) -> Any:
+    """The `modelsec.registry.client.RegistryOptions` of `registry_options` and the environment.
+
+    Raises:
+        MalformedArtifactError: `$MODELSEC_OCI_TIMEOUT` is not a number.
+    """
+    from modelsec.registry.client import RegistryOptions
+
+    return RegistryOptions.from_env(ca_file=registry_ca, plain_http=plain_http or None)
+
+
 def trusted_keys_option(help_text: str, *, required: bool = False) -> Callable[[F], F]:
     """`--trusted-key PATH` (public key a verdict relies on), repeatable, into `keys`."""
     return _key_files_option("--trusted-key", help_text, required)

@@ -22,6 +22,8 @@ from modelsec.cli.common import (
     key_password_option,
     key_password_sources,
     open_signing_key,
+    registry_options,
+    registry_options_value,
     reply,
     trusted_keys_option,
 )
@@ -29,17 +31,6 @@ from modelsec.cli.values import oci_reference_value
 from modelsec.errors import Error
 
 __all__ = ["copy", "pull", "push", "storage_initializer"]
-
-
-def _registry_options(f: Any) -> Any:
-    f = click.option(
-        "--registry-ca",
-        type=click.Path(path_type=Path, dir_okay=False),
-        help="CA bundle of the registry's TLS certificate (default: the system roots; or $MODELSEC_OCI_CA).",
-    )(f)
-    return click.option(
-        "--plain-http", is_flag=True, help="Speak HTTP to the registry (development registries only)."
-    )(f)
 
 
 def _policy_options(f: Any) -> Any:
@@ -68,12 +59,6 @@ def _policy(keys: tuple[Path, ...], policy_file: Path | None, reference: str) ->
     return admit(policy_set, parse_reference(reference).repository_uri)
 
 
-def _options(registry_ca: Path | None, plain_http: bool) -> Any:
-    from modelsec.registry.client import RegistryOptions
-
-    return RegistryOptions.from_env(ca_file=registry_ca, plain_http=plain_http or None)
-
-
 @click.command(name="push")
 @click.argument("model_dir", type=click.Path(path_type=Path, file_okay=False))
 @click.argument("reference", metavar="oci://REGISTRY/REPOSITORY[:TAG]", callback=oci_reference_value)
@@ -87,7 +72,7 @@ def _options(registry_ca: Path | None, plain_http: bool) -> Any:
 )
 @key_password_option
 @_policy_options
-@_registry_options
+@registry_options
 @json_option
 def push(
     model_dir: Path,
@@ -106,7 +91,9 @@ def push(
     try:
         policy = _policy(keys, policy_file, reference)
         key = open_signing_key(signing_key, key_password_sources(key_passwords, [signing_key]))
-        result = push_model(model_dir, reference, policy, key, options=_options(registry_ca, plain_http))
+        result = push_model(
+            model_dir, reference, policy, key, options=registry_options_value(registry_ca, plain_http)
+        )
     except Error as e:
         fail(e, as_json)
     if as_json:
@@ -130,7 +117,7 @@ def push(
 @click.argument("reference", metavar="oci://REGISTRY/REPOSITORY@sha256:HEX", callback=oci_reference_value)
 @click.argument("destination", type=click.Path(path_type=Path))
 @_policy_options
-@_registry_options
+@registry_options
 @json_option
 def pull(
     reference: str,
@@ -146,7 +133,9 @@ def pull(
 
     try:
         policy = _policy(keys, policy_file, reference)
-        result = pull_model(reference, destination, policy, options=_options(registry_ca, plain_http))
+        result = pull_model(
+            reference, destination, policy, options=registry_options_value(registry_ca, plain_http)
+        )
     except Error as e:
         fail(e, as_json)
     if as_json:

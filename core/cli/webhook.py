@@ -7,18 +7,23 @@ policy, store, certificate or key cannot be loaded; 2 on usage errors.
 
 The mode (`enforce | warn | audit`) is a property of the deployment, set with `--mode` (or
 `$MODELSEC_WEBHOOK_MODE`): the same policy file can be rolled out in `audit`, then `warn`, then `enforce`.
+
+Evidence lives with the model (DESIGN.md decision 18): the evidence of an `oci://` reference or a model image
+is read from the referrers of that artifact in its own registry, and a policy's `attestationStore` is read
+wherever it names one; `--store` (a directory or the gRPC service) is optional and read besides them.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from modelsec.cli.common import json_option
+from modelsec.cli.common import json_option, registry_options, registry_options_value
 from modelsec.cli.values import FiniteFloatRange
 
 if TYPE_CHECKING:
@@ -44,11 +49,12 @@ def webhook() -> None:
 )
 @click.option(
     "--store",
-    required=True,
     metavar="DIR|grpcs://HOST:PORT",
-    help="Attestation store: a directory (<store>/sha256/<digest>/*.sig, see `modelsec attest put`) or the "
-    "modelsec gRPC service's AttestationService (grpcs:// with TLS, grpc:// plaintext for development; "
-    "bearer token from $MODELSEC_TOKEN).",
+    help="Optional attestation store read besides the model's own: a directory "
+    "(<store>/sha256/<digest>/*.sig, see `modelsec attest put`) or the modelsec gRPC service's "
+    "AttestationService (grpcs:// with TLS, grpc:// plaintext for development; bearer token from "
+    "$MODELSEC_TOKEN). Without it, the evidence of an oci:// reference or model image is read from the "
+    "referrers of that artifact in its own registry, and a policy's attestationStore wherever it names one.",
 )
 @click.option(
     "--store-tls-ca",
@@ -114,6 +120,22 @@ def webhook() -> None:
     help="When the store cannot be read: deny (even a cached model), or serve an unexpired cached allow.",
 )
 @click.option(
+    "--evidence-ttl",
+    type=FiniteFloatRange(0.0, 3600.0),
+    default=30.0,
+    show_default=True,
+    help="Seconds what a registry (or a policy's store) answered is reused: the bound on how long an "
+    "attestation withdrawn from the registry can still be served (0: read it for every decision).",
+)
+@click.option(
+    "--evidence-negative-ttl",
+    type=FiniteFloatRange(0.0, 3600.0),
+    default=5.0,
+    show_default=True,
+    help="Seconds a registry miss (no manifest, referrer or binding) is reused; an outage is never cached.",
+)
+@registry_options
+@click.option(
     "--require-models-in",
     "require_models_in",
     multiple=True,
@@ -124,7 +146,7 @@ def webhook() -> None:
 @json_option
 def _serve(
     policy: Path,
-    store: str,
+    store: str | None,
     store_ca: Path | None,
     store_client_cert: Path | None,
     store_client_key: Path | None,
@@ -136,10 +158,19 @@ def _serve(
     deadline: float,
     cache_ttl: float,
     cache_on_outage: str,
+    evidence_ttl: float,
+    evidence_negative_ttl: float,
+    registry_ca: Path | None,
+    plain_http: bool,
     require_models_in: tuple[str, ...],
     as_json: bool,
 ) -> None:
     """Serve POST /validate, /healthz, /readyz and /metrics over HTTPS until SIGTERM.
+
+    The evidence of a model in a registry is read from its referrers there (registry credentials from
+    $MODELSEC_OCI_USERNAME / $MODELSEC_OCI_PASSWORD or a Docker config.json under $DOCKER_CONFIG) and kept
+    for --evidence-ttl seconds: an attestation withdrawn from the registry can still be served that long.
+    A registry that cannot be reached denies what it holds (fail closed), and the answer says so.
 
     With --json, a startup failure is the JSON reply with `error` (the server logs JSON lines on stderr).
     """
@@ -164,12 +195,16 @@ def _serve(
             cache_ttl_seconds=cache_ttl,
             cache_on_outage=CacheOnOutage(cache_on_outage),
             require_models_in=require_models_in,
+            evidence_ttl_seconds=evidence_ttl,
+            evidence_negative_ttl_seconds=evidence_negative_ttl,
         )
+        registry = registry_options_value(registry_ca, plain_http)
         reviewer = Reviewer(
             policies,
-            _store(store, config, store_ca, store_client_cert, store_client_key),
+            None if store is None else _store(store, config, store_ca, store_client_cert, store_client_key),
             config,
-            bindings=_oci_bindings,
+            bindings=_oci_bindings(registry),
+            registry=registry,
         )
         serve(reviewer, cert, key, host=host, port=port, policy_file=policy)
     except Error as e:
@@ -178,11 +213,15 @@ def _serve(
         fail(BackendUnavailableError(f"{e.filename or f'{host}:{port}'}: {e.strerror or e}"), as_json)
 
 
-def _oci_bindings(reference: str, policy: Policy) -> set[str]:
-    """Root digests trusted bindings attach to an OCI manifest (registry credentials: the environment)."""
-    from modelsec.distribution.push_pull import bound_root_digests
+def _oci_bindings(registry: Any) -> Callable[[str, Policy], set[str]]:
+    """Root digests trusted bindings attach to an OCI manifest, read with `registry` (RegistryOptions)."""
 
-    return bound_root_digests(reference, policy)
+    def bindings(reference: str, policy: Policy) -> set[str]:
+        from modelsec.distribution.push_pull import bound_root_digests
+
+        return bound_root_digests(reference, policy, options=registry)
+
+    return bindings
 
 
 def _store(

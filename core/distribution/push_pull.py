@@ -84,7 +84,12 @@ from modelsec.signer.layout import (
     write_bundle_file,
 )
 from modelsec.signer.schemes import scheme_for
-from modelsec.verifier import verify_attestations, verify_bundle_signature, verify_model
+from modelsec.verifier import (
+    find_attestation_bundles,
+    verify_attestations,
+    verify_bundle_signature,
+    verify_model,
+)
 from modelsec.verifier.admission import ModelAdmission
 from modelsec.verifier.stores import StoredBundle
 from modelsec.verifier.trust.bundles import check_signature_time, read_bundle_bytes
@@ -546,9 +551,12 @@ def _stage(
     # it with the path it opens (DESIGN decision 20 guards local models, whose path is what was matched).
     unbound = dataclasses.replace(admission, uri="")
     verified = verify_model(staging, unbound, expected_digests=sorted(evidence.bound))
-    verdict = verify_attestations(verified.root_digest, evidence.other, policy, require_signatures=False)
+    # The stores every front door reads (`modelsec.verifier.stores.evidence_stores`): the referrers, read
+    # above, and the policy's attestationStore.
+    found = [*evidence.other, *find_attestation_bundles(None, verified.root_digest, policy)]
+    verdict = verify_attestations(verified.root_digest, found, policy, require_signatures=False)
     verdict.raise_for_policy()
-    _place_attestations(staging, verdict.evidence, evidence.other)
+    _place_attestations(staging, verdict.evidence, [f for f in found if isinstance(f, StoredBundle)])
     return verified.root_digest, tuple(b.key.name for b in verified.bundles)
 
 

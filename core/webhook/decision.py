@@ -69,6 +69,10 @@ class WebhookConfig:
         max_bundles: Most bundles read from the store for one digest.
         require_models_in: Deprecated (use the policy file's `namespaceRules[].requireModel`, which is
             reloaded with the policy): namespace globs whose workloads must name at least one model.
+        evidence_ttl_seconds: How long what a registry (or a policy's store) answered is reused: the bound
+            on how long an attestation withdrawn from the registry can still be served (0: read each time).
+        evidence_negative_ttl_seconds: How long a miss (no manifest, referrer or binding) is reused.
+        evidence_cache_max_entries: Bound on the registry-evidence cache.
     """
 
     mode: Mode = Mode.ENFORCE
@@ -80,6 +84,9 @@ class WebhookConfig:
     max_references: int = 32
     max_bundles: int = 1024
     require_models_in: tuple[str, ...] = ()
+    evidence_ttl_seconds: float = 30.0
+    evidence_negative_ttl_seconds: float = 5.0
+    evidence_cache_max_entries: int = 4096
 
 
 @dataclass(frozen=True, slots=True)

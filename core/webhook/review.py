@@ -29,14 +29,24 @@ counts. Order, failing closed at every step (any error is a deny naming the refe
    policy matches follows its namespace's `noMatch` (`deny`, the default; `warn`; `allow`). A reference
    without a digest is refused by the policies that match it (there is no model root digest to look
    bundles up by);
-7. the bundles filed for the digest are read from the attestation store once (`entries`: a bundle the
-   store listed but did not read is passed on with its reason, which a deny then names) and checked with
+7. the bundles filed for the digest are read once from the webhook's own store (`--store`, optional) and
+   from the stores that `modelsec.verifier.stores.evidence_stores` resolves for the reference under each
+   matching policy, the one resolution every front door uses: the policy's `attestationStore` when it names
+   one, and, for an `oci://` reference or a model image, the referrers of the artifact in its own registry
+   (OCI 1.1 referrers API, tag-schema fallback; read only when the reviewer is given `registry` options,
+   as `modelsec webhook serve` always is). A bundle a store listed but did not read is
+   passed on with its reason, which a deny then names. They are checked with
    `verify_attestations(digest, bundles, policy)` for each matching policy (weights signatures required).
+   What a resolved store answers is kept in the registry-evidence cache (`EvidenceCache`, bounded): for
+   `evidence_ttl_seconds` (the bound on how long a withdrawn attestation can still be served), a miss for
+   `evidence_negative_ttl_seconds`. A resolved store that cannot be reached is a deny, reason
+   `registry-unavailable` for a registry, naming it and saying it could not be reached (fail closed; an
+   outage is never cached);
    An `oci://` reference that no evidence supports under its own digest may name an OCI manifest: with a
    `bindings` resolver (the CLI passes `modelsec.distribution.push_pull.bound_root_digests`), the model root
    digests that a binding signed by the policy's `weights` key attaches to that manifest are looked up, and
    the reference passes that policy when the evidence filed for one of them does (a registry that cannot be
-   read is an outage, as the store is).
+   read is an outage, as the store is; the bindings read is kept in the registry-evidence cache too).
    Only positive results are cached, keyed by (policy generation, policy name, digest), for
    `cache_ttl_seconds`, together with a fingerprint of the bundles they were computed from. The store is
    read on every decision, cached or not: a cached result is reused only while the store returns exactly
@@ -60,8 +70,10 @@ write it, so a dry run leaves no trace in the webhook's state besides logs and m
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hashlib
 import itertools
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -77,9 +89,9 @@ from modelsec.policy import Policy, PolicySet
 from modelsec.strict_json import strict_loads
 from modelsec.verifier.admission import AdmissionVerdict, DigestRequiredError, evaluate
 from modelsec.verifier.pinning import MODELS_ANNOTATION
-from modelsec.verifier.stores import AttestationStore, StoredBundle
+from modelsec.verifier.stores import AttestationStore, StoredBundle, StoreOptions, evidence_stores, open_store
 from modelsec.verifier.stores.directory import DirectoryStore
-from modelsec.webhook.cache import PositiveCache, bundles_fingerprint
+from modelsec.webhook.cache import EvidenceCache, PositiveCache, bundles_fingerprint
 from modelsec.webhook.decision import (
     AdmissionRequest,
     BadRequestError,
@@ -104,6 +116,7 @@ __all__ = [
     "DeadlineExceededError",
     "Decision",
     "DirectoryStore",
+    "EvidenceCache",
     "Mode",
     "ModelReference",
     "PositiveCache",
@@ -120,8 +133,34 @@ API_V1BETA1 = "admission.k8s.io/v1beta1"
 _UID_MAX = 256
 
 
+_MAX_OPEN_STORES = 256  # resolved stores kept open (one per registry repository or policy store)
+
+
 class _PolicyRefusedError(AttestationError):
     """The evidence filed for a reference does not satisfy one matching policy (bindings included)."""
+
+
+class _EvidenceUnavailableError(BackendUnavailableError):
+    """The store that holds a reference's evidence (its registry, or its policy's store) cannot be read."""
+
+    def __init__(self, where: str, registry: bool, cause: BackendUnavailableError) -> None:
+        super().__init__(
+            f"{where} could not be reached, so the evidence about this model cannot be read and it is "
+            f"denied (fail closed): {cause.diagnostics()}"
+        )
+        self.where, self.registry = where, registry
+
+
+def _unavailable(spec: str, e: BackendUnavailableError) -> _EvidenceUnavailableError:
+    """The outage of store `spec`, naming the registry for an `oci://` store."""
+    if spec.startswith("oci://"):
+        from modelsec.registry.reference import parse_reference
+
+        try:
+            return _EvidenceUnavailableError(f"registry {parse_reference(spec).registry}", True, e)
+        except Error:
+            pass
+    return _EvidenceUnavailableError(f"attestation store {spec}", False, e)
 
 
 def _reason_for(e: BaseException) -> str:
@@ -131,6 +170,8 @@ def _reason_for(e: BaseException) -> str:
         return "digest-required"
     if isinstance(e, DeadlineExceededError):
         return "deadline"
+    if isinstance(e, _EvidenceUnavailableError) and e.registry:
+        return "registry-unavailable"
     if isinstance(e, BackendUnavailableError):
         return "store-unavailable"
     if isinstance(e, PolicyViolationError):
@@ -161,14 +202,23 @@ def _bound(
     """
     try:
         bound = sorted(bindings(raw, policy))
-    except BackendUnavailableError:
+    except _EvidenceUnavailableError:
         raise
+    except BackendUnavailableError as e:
+        raise _unavailable(raw, e) from e
     except Error as e:
         reasons.append(f"no signed binding read for this OCI manifest: {e.diagnostics()}")
         return []
     if not bound:
         reasons.append("no binding signed by a trusted key names this OCI manifest")
     return bound
+
+
+def _bound_tuple(
+    bindings: Callable[[str, Policy], set[str]], raw: str, policy: Policy, reasons: list[str]
+) -> tuple[str, ...]:
+    """`_bound` as an immutable value (what the registry-evidence cache keeps)."""
+    return tuple(_bound(bindings, raw, policy, reasons))
 
 
 def _result(raw: str, verdict: AdmissionVerdict) -> ReferenceResult:
@@ -197,7 +247,7 @@ class Reviewer:
     """Answers AdmissionReviews for one policy set, attestation store and configuration.
 
     Example:
-        >>> reviewer = Reviewer(PolicySet.from_file(Path("policy.yaml")), DirectoryStore(Path("/store")))
+        >>> reviewer = Reviewer(PolicySet.from_file(Path("policy.yaml")), None, registry=RegistryOptions())
         >>> decision = reviewer.review(body)  # raises BadRequestError when the uid is unreadable
         >>> decision.response["response"]["allowed"]
     """
@@ -205,18 +255,20 @@ class Reviewer:
     def __init__(
         self,
         policies: PolicySet,
-        store: AttestationStore,
+        store: AttestationStore | None,
         config: WebhookConfig | None = None,
         *,
         generation: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         bindings: Callable[[str, Policy], set[str]] | None = None,
+        registry: Any = None,
     ) -> None:
         """Create a reviewer.
 
         Args:
             policies: The validated policy file.
-            store: Where bundles are read from.
+            store: A store read for every reference besides those `evidence_stores` resolves (the
+                `--store` directory or gRPC service), or None.
             config: Mode, deadline, cache and size limits; defaults to `WebhookConfig()`.
             generation: Identifies this policy version in cache keys (e.g. the SHA-256 of the policy file);
                 defaults to a digest of `policies.source` and the policy names.
@@ -225,14 +277,27 @@ class Reviewer:
                 trusted bindings attach to the manifest
                 (`modelsec.distribution.push_pull.bound_root_digests`); it raises `BackendUnavailableError`
                 when the registry cannot be read. None: references are verified by their own digest only.
+            registry: A `modelsec.registry.client.RegistryOptions` (CA, credentials, timeout): the evidence
+                of an `oci://` reference or model image is read from the referrers of the artifact in its
+                own registry, and a policy's `attestationStore` is read as well (step 7). None: only `store`
+                and the policies' stores are read, registries never (in-process tests without one).
         """
         self.store = store
         self.bindings = bindings
+        self.registry = registry
         self.config = config or WebhookConfig()
+        self._opened: dict[str, AttestationStore] = {}
+        self._opened_lock = threading.Lock()
         self._state = (policies, generation or self._generation_of(policies))
         self._reloads = itertools.count(1)
         self._clock = clock
         self.cache = PositiveCache(self.config.cache_ttl_seconds, self.config.cache_max_entries, clock)
+        self.evidence_cache = EvidenceCache(
+            self.config.evidence_ttl_seconds,
+            self.config.evidence_negative_ttl_seconds,
+            self.config.evidence_cache_max_entries,
+            clock,
+        )
 
     @staticmethod
     def _generation_of(policies: PolicySet) -> str:
@@ -262,6 +327,7 @@ class Reviewer:
         generation = f"{self._generation_of(policies)}#{next(self._reloads)}"
         self._state = (policies, generation)
         self.cache.clear()
+        self.evidence_cache.clear()
 
     def review(self, body: bytes) -> Decision:
         """Parse and decide in one call (see `parse` and `decide`).
@@ -481,21 +547,33 @@ class Reviewer:
         dry_run: bool,
     ) -> ReferenceResult:
         """Every matching policy checked against the bundles filed for `digest` (read once)."""
-        read: dict[str, tuple[list[StoredBundle], str]] = {}
+        own: dict[str, list[StoredBundle]] = {}
+        read: dict[tuple[tuple[str, ...], str], tuple[list[StoredBundle], str]] = {}
 
-        def evidence(root: str) -> tuple[list[StoredBundle], str]:
-            if root not in read:
-                entries = self.store.entries(root)
+        def store_entries(root: str) -> list[StoredBundle]:
+            if self.store is None:
+                return []
+            if root not in own:
+                own[root] = self.store.entries(root)
                 self._check_deadline(deadline)
-                read[root] = (entries, _fingerprint(root, entries))
-            return read[root]
+            return own[root]
+
+        def evidence(root: str, policy: Policy) -> tuple[list[StoredBundle], str]:
+            specs = self._resolved(raw, policy)
+            if (specs, root) not in read:
+                entries = store_entries(root)
+                for spec in specs:
+                    entries = entries + self._resolved_entries(spec, root, policy)
+                    self._check_deadline(deadline)
+                read[specs, root] = (entries, _fingerprint(root, entries))
+            return read[specs, root]
 
         def check(policy: Policy) -> str:
             key = (generation, policy.name, digest)
-            return self._verify_policy(raw, digest, policy, key, evidence, deadline, dry_run)
+            return self._verify_policy(raw, digest, policy, key, evidence, deadline, dry_run, generation)
 
         try:
-            evidence(digest)
+            store_entries(digest)
             return _result(raw, evaluate(policies, uri, check, namespace=namespace))
         except BackendUnavailableError:
             matched = policies.matching(uri, namespace)
@@ -512,9 +590,10 @@ class Reviewer:
         digest: str,
         policy: Policy,
         key: tuple[str, str, str],
-        evidence: Callable[[str], tuple[list[StoredBundle], str]],
+        evidence: Callable[[str, Policy], tuple[list[StoredBundle], str]],
         deadline: float,
         dry_run: bool,
+        generation: str,
     ) -> str:
         """What satisfied `policy`, bindings included.
 
@@ -528,7 +607,7 @@ class Reviewer:
         reasons: list[str] = []
         while roots:
             root = roots.pop(0)
-            entries, fingerprint = evidence(root)
+            entries, fingerprint = evidence(root, policy)
             via = "" if root == digest else f" through a signed binding to model root digest {root}"
             if self.cache.hit(key, fingerprint):
                 return f"verified{via} (cached)"
@@ -541,10 +620,69 @@ class Reviewer:
             why = "; ".join(verdict.reasons())
             reasons.append(why if root == digest else f"bound model root digest {root}: {why}")
             if root == digest and raw.startswith("oci://") and self.bindings is not None:
-                roots = _bound(self.bindings, raw, policy, reasons)
+                bound, _ = self.evidence_cache.get_or_load(
+                    ("bindings", generation, policy.name, raw),
+                    functools.partial(_bound_tuple, self.bindings, raw, policy, reasons),
+                )
+                roots = list(bound)
+                if not roots and not reasons:  # a cached miss: say why again
+                    reasons.append("no binding signed by a trusted key names this OCI manifest")
                 self._check_deadline(deadline)
         self.cache.discard(key)
         raise _PolicyRefusedError("; ".join(reasons))
+
+    def _resolved(self, raw: str, policy: Policy) -> tuple[str, ...]:
+        """The stores `evidence_stores` resolves for `raw` under `policy` that this reviewer reads (step 7).
+
+        Without `registry` options a reference's own registry is not read (the policy's store still is).
+        """
+        try:
+            specs = evidence_stores(raw if self.registry is not None else "", policy)
+        except MalformedArtifactError:
+            specs = evidence_stores("", policy)  # not an image reference: refused before it gets here
+        return specs
+
+    def _resolved_entries(self, spec: str, root: str, policy: Policy) -> list[StoredBundle]:
+        """What store `spec` files for `root`, through the registry-evidence cache.
+
+        Raises:
+            _EvidenceUnavailableError: The store cannot be reached (never cached).
+        """
+
+        def load() -> list[StoredBundle]:
+            try:
+                return self._open(spec, policy).entries(root)
+            except BackendUnavailableError as e:
+                raise _unavailable(spec, e) from e
+
+        entries, _ = self.evidence_cache.get_or_load(("entries", spec, root), load)
+        return entries
+
+    def _open(self, spec: str, policy: Policy) -> AttestationStore:
+        """The resolved store `spec`, opened once (at most `_MAX_OPEN_STORES` are kept open)."""
+        with self._opened_lock:
+            store = self._opened.get(spec)
+            if store is None:
+                if len(self._opened) >= _MAX_OPEN_STORES:
+                    for old in self._opened.values():
+                        old.close()
+                    self._opened.clear()
+                options = StoreOptions(
+                    limits=policy.limits,
+                    max_bundles=self.config.max_bundles,
+                    must_exist=False,
+                    registry=self.registry,
+                )
+                store = self._opened[spec] = open_store(spec, options)
+            return store
+
+    def check(self) -> None:
+        """Raise `BackendUnavailableError` unless the configured store (if any) can be read (readiness).
+
+        Registries are per reference and not probed: an unreachable one denies what it holds.
+        """
+        if self.store is not None:
+            self.store.check()
 
     def _check_deadline(self, deadline: float) -> None:
         if self._clock() > deadline:

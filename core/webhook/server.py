@@ -417,7 +417,7 @@ def create_app(
 
     async def readyz(request: Request) -> Response:
         try:
-            reviewer.store.check()
+            reviewer.check()
         except BackendUnavailableError as e:
             return PlainTextResponse(e.diagnostics() + "\n", status_code=503)
         return PlainTextResponse("ready\n")

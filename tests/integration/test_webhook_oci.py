@@ -128,7 +128,8 @@ def test_registry_or_store_outage_denies_even_a_cached_model(
     reviewer = Reviewer(
         policies,
         DirectoryStore(store_dir),
-        WebhookConfig(cache_ttl_seconds=600),
+        # Registry answers are not reused (evidence TTL 0), so every decision reaches the registry.
+        WebhookConfig(cache_ttl_seconds=600, evidence_ttl_seconds=0, evidence_negative_ttl_seconds=0),
         clock=clock,
         bindings=resolver,
     )
@@ -138,7 +139,7 @@ def test_registry_or_store_outage_denies_even_a_cached_model(
     up["registry"] = False
     clock.now += 1  # well inside the TTL
     decision = reviewer.review(json.dumps(_image_pod(image)).encode())
-    assert not decision.allowed and decision.reason == "store-unavailable", decision.messages
+    assert not decision.allowed and decision.reason == "registry-unavailable", decision.messages
 
     up["registry"] = True
     assert answer(reviewer, _image_pod(image))["allowed"] is True

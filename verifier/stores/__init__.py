@@ -27,12 +27,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from modelsec.errors import PolicyError
 from modelsec.limits import Limits
 
-__all__ = ["ENTRY_POINT_GROUP", "AttestationStore", "StoreOptions", "StoredBundle", "open_store"]
+if TYPE_CHECKING:
+    from modelsec.policy import Policy
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "AttestationStore",
+    "StoreOptions",
+    "StoredBundle",
+    "evidence_stores",
+    "open_store",
+]
 
 ENTRY_POINT_GROUP = "modelsec.attestation_stores"
 
@@ -141,12 +151,15 @@ class StoreOptions:
             nothing (False: a policy's store next to the model).
         channel: For `grpc(s)://`: a `modelsec.service.client.ChannelOptions` (CA, client certificate,
             token, timeout); None uses the defaults (system roots, no token).
+        registry: For `oci://`: a `modelsec.registry.client.RegistryOptions` (CA, credentials, timeout);
+            None reads them from the environment (`RegistryOptions.from_env`).
     """
 
     limits: Limits = field(default_factory=Limits)
     max_bundles: int = 1024
     must_exist: bool = True
     channel: Any = None
+    registry: Any = None
 
 
 def _open_directory(target: str, options: StoreOptions) -> AttestationStore:
@@ -244,3 +257,42 @@ def open_store(reference: str, options: StoreOptions | None = None) -> Attestati
     if not target:
         raise PolicyError(f"attestation store {reference!r} names no directory, file or server")
     return opener(target, options or StoreOptions())
+
+
+def evidence_stores(reference: str, policy: Policy) -> tuple[str, ...]:
+    """Which attestation stores hold the evidence about `reference` under `policy` (DESIGN.md decision 18).
+
+    The one resolution every front door uses (the webhook, `verify`, `pull`, the loader and the guard), so
+    that a policy means the same stores wherever a model is checked, in this order:
+
+    1. the policy's `attestationStore`, when it names one (a directory, `sqlite://`, `grpc(s)://`, `oci://`);
+    2. for an `oci://REGISTRY/REPOSITORY[:TAG][@sha256:HEX]` reference (a pushed model, or a model image as
+       `oci://<image>`), the artifact's own registry, `oci://REGISTRY/REPOSITORY`: its store reads the
+       referrers of the model's manifest (OCI 1.1 referrers API, tag-schema fallback);
+    3. nothing else: a local directory has its bundles beside it.
+
+    Evidence is selected, never voted (decision 13), so reading both stores can only add evidence. A store
+    the caller was configured with (the webhook's `--store`) is read besides these. Nothing is opened or
+    read here, and nothing in a store is trusted: readers verify every bundle.
+
+    Args:
+        reference: The model's URI as policies match it (`file://…`, `oci://…`), with or without a digest;
+            empty for a model known only by its directory.
+        policy: The policy the model is checked under.
+
+    Returns:
+        The stores' references for `open_store`, without repetition (possibly none).
+
+    Raises:
+        InvalidReferenceError: An `oci://` reference that is not a valid image reference.
+    """
+    out: list[str] = []
+    if policy.attestation_store is not None:
+        out.append(policy.attestation_store)
+    if reference.startswith("oci://"):
+        from modelsec.registry.reference import parse_reference
+
+        own = parse_reference(reference).repository_uri
+        if own not in out:
+            out.append(own)
+    return tuple(out)

@@ -80,8 +80,17 @@ class OciAttestationStore:
     _read_cache: dict[tuple[str, str], bytes] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def open(cls, target: str, *, max_bundle_bytes: int, max_bundles: int) -> OciAttestationStore:
+    def open(
+        cls,
+        target: str,
+        *,
+        max_bundle_bytes: int,
+        max_bundles: int,
+        options: RegistryOptions | None = None,
+    ) -> OciAttestationStore:
         """The store `oci://<target>` names (no request is made yet).
+
+        `options` (CA, credentials, timeout) default to `RegistryOptions.from_env()`.
 
         Raises:
             MalformedArtifactError: Not `REGISTRY/REPOSITORY[@sha256:HEX]` (a tag is refused).
@@ -92,7 +101,7 @@ class OciAttestationStore:
             raise MalformedArtifactError(
                 f"oci://{target}: an attestation store names a repository, not a tag"
             )
-        options = RegistryOptions.from_env()
+        options = options or RegistryOptions.from_env()
         return cls(
             reference, max_bundle_bytes, max_bundles, options, RegistryClient(reference.registry, options)
         )
@@ -232,5 +241,8 @@ class OciAttestationStore:
 def open_store(target: str, options: StoreOptions) -> OciAttestationStore:
     """`open_store`'s opener for `oci://` (see `OciAttestationStore.open` for the errors)."""
     return OciAttestationStore.open(
-        target, max_bundle_bytes=options.limits.max_bundle_bytes, max_bundles=options.max_bundles
+        target,
+        max_bundle_bytes=options.limits.max_bundle_bytes,
+        max_bundles=options.max_bundles,
+        options=options.registry,
     )
