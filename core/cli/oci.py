@@ -26,10 +26,11 @@ from modelsec.cli.common import (
 from modelsec.cli.values import oci_reference_value
 from modelsec.errors import Error
 
-__all__ = ["pull", "push"]
+__all__ = ["pull", "push", "registry_options"]
 
 
-def _registry_options(f: Any) -> Any:
+def registry_options(f: Any) -> Any:
+    """`--registry-ca` and `--plain-http` (credentials come from the environment, never from options)."""
     f = click.option(
         "--registry-ca",
         type=click.Path(path_type=Path, dir_okay=False),
@@ -85,7 +86,7 @@ def _options(registry_ca: Path | None, plain_http: bool) -> Any:
 )
 @key_password_option
 @_policy_options
-@_registry_options
+@registry_options
 @json_option
 def push(
     model_dir: Path,
@@ -128,7 +129,7 @@ def push(
 @click.argument("reference", metavar="oci://REGISTRY/REPOSITORY@sha256:HEX", callback=oci_reference_value)
 @click.argument("destination", type=click.Path(path_type=Path))
 @_policy_options
-@_registry_options
+@registry_options
 @json_option
 def pull(
     reference: str,

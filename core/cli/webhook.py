@@ -26,12 +26,12 @@ if TYPE_CHECKING:
     from modelsec.verifier.stores import AttestationStore
     from modelsec.webhook.review import WebhookConfig
 
-__all__ = ["webhook"]
+__all__ = ["oci_bindings", "webhook"]
 
 
 @click.group(name="webhook")
 def webhook() -> None:
-    """Kubernetes validating admission webhook (AdmissionReview v1 over HTTPS)."""
+    """Kubernetes admission webhooks, validating and mutating (AdmissionReview v1 over HTTPS)."""
 
 
 @webhook.command(name="serve")
@@ -139,7 +139,10 @@ def _serve(
     require_models_in: tuple[str, ...],
     as_json: bool,
 ) -> None:
-    """Serve POST /validate, /healthz, /readyz and /metrics over HTTPS until SIGTERM.
+    """Serve POST /validate and /mutate, /healthz, /readyz and /metrics over HTTPS until SIGTERM.
+
+    /mutate resolves the tags of covered model references in their registries and pins the digests
+    (registry TLS and credentials: $MODELSEC_OCI_CA, $MODELSEC_OCI_USERNAME/_PASSWORD, $DOCKER_CONFIG).
 
     With --json, a startup failure is the JSON reply with `error` (the server logs JSON lines on stderr).
     """
@@ -148,6 +151,7 @@ def _serve(
     from modelsec.policy import PolicySet
 
     # Without the webhook extra this raises ModuleNotFoundError; the root command names the extra.
+    from modelsec.webhook.mutate import Mutator, registry_resolver
     from modelsec.webhook.review import CacheOnOutage, Mode, Reviewer, WebhookConfig
     from modelsec.webhook.server import serve
 
@@ -169,16 +173,17 @@ def _serve(
             policies,
             _store(store, config, store_ca, store_client_cert, store_client_key),
             config,
-            bindings=_oci_bindings,
+            bindings=oci_bindings,
         )
-        serve(reviewer, cert, key, host=host, port=port, policy_file=policy)
+        mutator = Mutator(reviewer, registry_resolver())
+        serve(reviewer, cert, key, host=host, port=port, policy_file=policy, mutator=mutator)
     except Error as e:
         fail(e, as_json)
     except OSError as e:  # the address cannot be bound, a TLS file cannot be read
         fail(BackendUnavailableError(f"{e.filename or f'{host}:{port}'}: {e.strerror or e}"), as_json)
 
 
-def _oci_bindings(reference: str, policy: Policy) -> set[str]:
+def oci_bindings(reference: str, policy: Policy) -> set[str]:
     """Root digests trusted bindings attach to an OCI manifest (registry credentials: the environment)."""
     from modelsec.distribution.push_pull import bound_root_digests
 
