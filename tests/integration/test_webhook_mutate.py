@@ -162,7 +162,7 @@ def test_a_tag_is_pinned_to_the_registry_digest_and_handed_to_every_container(
     assert patched["metadata"]["annotations"]["modelsec.dev/models"] == f"oci://{pinned}"
     # Runtime images that no policy covers keep their tags.
     assert patched["spec"]["initContainers"][0]["image"] == "busybox:1.36"
-    # The guard's pin is the model ROOT digest the signed binding names, in every container and init container.
+    # The guard's pin is the model ROOT digest the signed binding names, in every (init) container.
     expected_pin = f"oci://{registry.address}/models/{repo}@sha256:{result.root_digest}"
     containers = patched["spec"]["initContainers"] + patched["spec"]["containers"]
     for container in containers:
