@@ -250,3 +250,66 @@ def test_an_unknown_tag_or_a_registry_outage_denies(
     assert down.decision.allowed is False and down.decision.reason == "registry-unavailable"
     assert "registry cannot be read" in down.decision.response["response"]["status"]["message"]
     assert down.patch == () and "patch" not in down.decision.response["response"]
+
+
+def _policy_file(tmp_path: Path, registry: Registry, key_dir: Path, repo: str) -> Path:
+    import shutil
+
+    shutil.copy(key_dir / "ecdsa-p256.pub.pem", tmp_path / "ci.pub.pem")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        "apiVersion: modelsec.dev/v1alpha1\nkind: ModelPolicy\npolicies:\n"
+        f"  - name: models\n    match: ['oci://{registry.address}/models/{repo}']\n"
+        f"    keys: [ci.pub.pem]\n    guardPolicy: {GUARD_POLICY}\n"
+    )
+    return policy
+
+
+@pytest.mark.slow
+def test_policy_test_prints_each_objects_patch_and_verdict_without_a_cluster(
+    pushed: tuple[str, Path, PushResult], key_dir: Path, registry: Registry, tmp_path: Path, cli: Any
+) -> None:
+    import yaml
+
+    repo, _, result = pushed
+    policy = _policy_file(tmp_path, registry, key_dir, repo)
+    good = _pod(f"{registry.address}/models/{repo}:v1")
+    bad = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "stale"},
+        "spec": {
+            "template": {"metadata": {}, "spec": _pod(f"{registry.address}/models/{repo}:gone")["spec"]}
+        },
+    }
+    other = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"}, "data": {"a": "b"}}
+    workloads = tmp_path / "workloads.yaml"
+    workloads.write_text(yaml.safe_dump_all([good, bad, other]))
+    store = f"oci://{registry.address}/models/{repo}"
+    args = ("policy", "test", policy, "-f", workloads, "--store", store, "--registry-ca", registry.ca)
+
+    out = cli(*args, "--json")
+    assert out.returncode == 1, out.stderr  # the Deployment is denied
+    doc = json.loads(out.stdout)
+    assert (doc["ok"], doc["admitted"], doc["denied"], doc["skipped"]) == (False, 1, 1, 1)
+    pod, deployment, configmap = doc["results"]
+    assert pod["admitted"] is True and pod["mutation"]["reason"] == "mutated"
+    ops = {(op["op"], op["path"]): op["value"] for op in pod["mutation"]["patch"]}
+    pinned = f"{registry.address}/models/{repo}@{result.manifest_digest}"
+    assert ops[("replace", "/spec/containers/0/image")] == pinned
+    assert pod["mutation"]["pin"] == f"oci://{registry.address}/models/{repo}@sha256:{result.root_digest}"
+    assert pod["validation"]["allowed"] is True
+    assert [r["reference"] for r in pod["validation"]["references"]] == [f"oci://{pinned}"]
+    assert deployment["admitted"] is False and deployment["validation"] is None
+    assert deployment["mutation"]["reason"] == "tag-unresolved" and deployment["namespace"] == "default"
+    assert configmap["admitted"] is None
+
+    # Text, and only admitted objects: exit 0.
+    workloads.write_text(yaml.safe_dump_all([good]))
+    text = cli(*args)
+    assert text.returncode == 0, text.stderr
+    assert "admitted" in text.stdout and f'replace /spec/containers/0/image "{pinned}"' in text.stdout
+
+    # A workload file that is not YAML is a usage error (2), not a verdict.
+    workloads.write_text("a: [\n")
+    assert cli(*args).returncode == 2
