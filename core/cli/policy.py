@@ -151,9 +151,14 @@ def _objects(path: Path) -> list[tuple[str, int, dict[str, Any]]]:
     return out
 
 
+def _metadata(obj: dict[str, Any]) -> dict[str, Any]:
+    metadata = obj.get("metadata")
+    return metadata if isinstance(metadata, dict) else {}
+
+
 def _review(uid: str, group: str, version: str, kind: str, namespace: str, obj: dict[str, Any]) -> bytes:
     """The AdmissionReview v1 the API server sends for creating `obj`."""
-    metadata = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    metadata = _metadata(obj)
     name = metadata.get("name") or metadata.get("generateName") or ""
     gvk = {"group": group, "version": version, "kind": kind}
     request = {
@@ -179,7 +184,7 @@ def _decide(
 
     group, _, version = obj["apiVersion"].rpartition("/")
     kind = obj["kind"]
-    metadata = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    metadata = _metadata(obj)
     namespace = metadata.get("namespace") or default_namespace
     result: dict[str, Any] = {
         "file": path,
