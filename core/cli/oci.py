@@ -176,7 +176,7 @@ def pull(
     help="CA bundle of the destination registry's TLS certificate (default: that of the source).",
 )
 @_policy_options
-@_registry_options
+@registry_options
 @json_option
 def copy(
     source: str,
@@ -198,13 +198,13 @@ def copy(
 
     try:
         policy = _policy(keys, policy_file, source) if verify_first or keys or policy_file else None
-        options = _options(registry_ca, plain_http)
+        options = registry_options_value(registry_ca, plain_http)
         result = copy_model(
             source,
             destination,
             policy=policy,
             source_options=options,
-            destination_options=_options(destination_registry_ca, plain_http)
+            destination_options=registry_options_value(destination_registry_ca, plain_http)
             if destination_registry_ca
             else None,
             progress=lambda line: click.echo(f"  {line}", err=True),
@@ -275,7 +275,7 @@ def _log(record: dict[str, Any]) -> None:
     type=click.Path(path_type=Path, dir_okay=False),
     help="Policy file (default: $MODELSEC_POLICY); the artifact is matched as oci://REGISTRY/REPOSITORY.",
 )
-@_registry_options
+@registry_options
 @json_option
 def storage_initializer(
     pairs: list[tuple[str, Path]],
@@ -307,7 +307,9 @@ def storage_initializer(
         reference = oci_reference(src)
         try:
             admission = _policy((), policy_file, reference)
-            result = initialize_model(src, dest, admission, options=_options(registry_ca, plain_http))
+            result = initialize_model(
+                src, dest, admission, options=registry_options_value(registry_ca, plain_http)
+            )
         except Error as e:
             where = {"source": src, "destination": str(dest)}
             _log({"ok": False, **where, "error": {"kind": type(e).__name__, "message": e.diagnostics()}})

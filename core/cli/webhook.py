@@ -36,7 +36,7 @@ __all__ = ["webhook"]
 
 @click.group(name="webhook")
 def webhook() -> None:
-    """Kubernetes validating admission webhook (AdmissionReview v1 over HTTPS)."""
+    """Kubernetes admission webhooks, validating and mutating (AdmissionReview v1 over HTTPS)."""
 
 
 @webhook.command(name="serve")
@@ -165,7 +165,10 @@ def _serve(
     require_models_in: tuple[str, ...],
     as_json: bool,
 ) -> None:
-    """Serve POST /validate, /healthz, /readyz and /metrics over HTTPS until SIGTERM.
+    """Serve POST /validate and /mutate, /healthz, /readyz and /metrics over HTTPS until SIGTERM.
+
+    /mutate resolves the tags of covered model references in their registries and pins the digests
+    (registry TLS and credentials: $MODELSEC_OCI_CA, $MODELSEC_OCI_USERNAME/_PASSWORD, $DOCKER_CONFIG).
 
     The evidence of a model in a registry is read from its referrers there (registry credentials from
     $MODELSEC_OCI_USERNAME / $MODELSEC_OCI_PASSWORD or a Docker config.json under $DOCKER_CONFIG) and kept
@@ -179,6 +182,7 @@ def _serve(
     from modelsec.policy import PolicySet
 
     # Without the webhook extra this raises ModuleNotFoundError; the root command names the extra.
+    from modelsec.webhook.mutate import Mutator, registry_resolver
     from modelsec.webhook.review import CacheOnOutage, Mode, Reviewer, WebhookConfig
     from modelsec.webhook.server import serve
 
@@ -206,7 +210,8 @@ def _serve(
             bindings=_oci_bindings(registry),
             registry=registry,
         )
-        serve(reviewer, cert, key, host=host, port=port, policy_file=policy)
+        mutator = Mutator(reviewer, registry_resolver(registry))
+        serve(reviewer, cert, key, host=host, port=port, policy_file=policy, mutator=mutator)
     except Error as e:
         fail(e, as_json)
     except OSError as e:  # the address cannot be bound, a TLS file cannot be read

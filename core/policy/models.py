@@ -133,6 +133,23 @@ ModelPattern = Annotated[
 ]
 Store = Annotated[str, AfterValidator(_store), WithJsonSchema(PRINTABLE_SCHEMA)]
 Sha256Hex = Annotated[str, Field(pattern=SHA256_HEX_PATTERN)]
+
+
+def _absolute_path(value: str) -> str:
+    if not value.startswith("/") or "," in value:
+        raise ValueError("must be an absolute path in the serving containers, e.g. /etc/modelsec/policy.yaml")
+    return value
+
+
+GuardPolicyPath = Annotated[
+    str,
+    Field(min_length=2, max_length=4096),
+    AfterValidator(no_control),
+    AfterValidator(_absolute_path),
+    WithJsonSchema(
+        {"type": "string", "minLength": 2, "maxLength": 4096, "pattern": r"^/[^\x00-\x1f\x7f-\x9f,]*$"}
+    ),
+]
 # Enum values come from YAML as strings: these fields are validated in lax mode (value -> member only).
 Signature = Annotated[SignatureAlgorithm, Field(strict=False)]
 Hash = Annotated[HashAlgorithm, Field(strict=False)]
@@ -370,6 +387,11 @@ class PolicyModel(ConfigModel):
     )
     namespaces: list[Pattern] = Field(
         default_factory=list, description="admission: namespace globs the policy applies in (empty: all)"
+    )
+    guard_policy: GuardPolicyPath | None = Field(
+        default=None,
+        description="admission: the policy file the runtime guard loads in the serving containers (an "
+        "absolute path there), injected as MODELSEC_POLICY by the mutating webhook",
     )
 
 

@@ -56,6 +56,7 @@ policies:
                                                       # (`attestationDir`: the older name, a path)
     mode: enforce                          # enforce | warn (a failure is reported, never fatal), per policy
     namespaces: ["ml-*"]                   # admission: where the policy applies (default: everywhere)
+    guardPolicy: /etc/modelsec/guard.yaml       # admission: MODELSEC_POLICY of the serving containers
 noMatch: deny
 namespaceRules:                            # admission: the first rule whose glob matches the namespace
   - {namespaces: ["scratch-*"], noMatch: allow}          # a reference no policy matches: deny|warn|allow
@@ -166,6 +167,9 @@ class Policy:
         require_timestamp: Every weights signature must carry a timestamp of one of them.
         key_windows: Validity windows of pinned keys: a signature counts only if every trusted timestamp,
             or without one the verification time, lies inside its key's window.
+        guard_policy: Admission only: the absolute path, inside the serving containers, of the policy file
+            their runtime guard loads; the mutating webhook injects it as `MODELSEC_POLICY`
+            (`modelsec.webhook.mutate`). Not resolved against the policy file's directory.
     """
 
     keys: tuple[TrustedKey, ...]
@@ -185,6 +189,7 @@ class Policy:
     timestamp_authorities: tuple[TimestampAuthority, ...] = ()
     require_timestamp: bool = False
     key_windows: tuple[KeyWindow, ...] = ()
+    guard_policy: str | None = None
 
     def window_for(self, key: TrustedKey) -> KeyWindow | None:
         """The validity window of `key`, or None when it has none."""
@@ -436,6 +441,7 @@ def _policy(item: PolicyModel, where: str, base_dir: Path) -> Policy:
         timestamp_authorities=trust.timestamp_authorities(item.timestamp_authorities, where, base_dir),
         require_timestamp=item.require_timestamp,
         key_windows=trust.key_windows(keys, item.keys),
+        guard_policy=item.guard_policy,
     )
     # Each policy verifies with its own keys and authorities only: a requirement they cannot meet would refuse
     # every model at verification time; say so when the file is loaded instead.

@@ -376,10 +376,10 @@ class Reviewer:
         deadline = (self._clock() if started is None else started) + self.config.deadline_seconds
         policies, generation = self._state
         dry_run = False
-        info = self._request_info(request.review["request"])
+        info = self.request_info(request.review["request"])
         namespace = info.get("namespace", "")
         try:
-            req = self._check_review(request)
+            req = self.check_review(request)
             dry_run = req.get("dryRun") is True
             kind = req["kind"]
             refs, images = collect(kind.get("group", ""), kind.get("kind"), req["object"])
@@ -421,7 +421,7 @@ class Reviewer:
         """
         dry_run = request.review["request"].get("dryRun") is True
         return self._answer(
-            request, "deny", reason, (message,), (), dry_run, self._request_info(request.review["request"])
+            request, "deny", reason, (message,), (), dry_run, self.request_info(request.review["request"])
         )
 
     def deny_deadline(self, request: AdmissionRequest) -> Decision:
@@ -429,7 +429,12 @@ class Reviewer:
         message = f"verification did not finish within the {self.config.deadline_seconds:g} s deadline"
         return self.deny(request, "deadline", message)
 
-    def _check_review(self, request: AdmissionRequest) -> Mapping[str, Any]:
+    def check_review(self, request: AdmissionRequest) -> Mapping[str, Any]:
+        """Step 2 (also the mutating webhook's): the `request` of a v1 CREATE or UPDATE with an object.
+
+        Raises:
+            InvalidReviewError: Another apiVersion, kind or operation, or no `object` or `kind`.
+        """
         review = request.review
         if review.get("apiVersion") != API_V1 or review.get("kind") != "AdmissionReview":
             raise InvalidReviewError(
@@ -447,7 +452,7 @@ class Reviewer:
         return req
 
     @staticmethod
-    def _request_info(req: Mapping[str, Any]) -> dict[str, str]:
+    def request_info(req: Mapping[str, Any]) -> dict[str, str]:
         """Who asked for what, for the audit log; best effort on an unchecked request (never raises)."""
         kind = req.get("kind")
         if not isinstance(kind, Mapping):

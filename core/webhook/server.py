@@ -1,6 +1,7 @@
 """The HTTPS front door of the admission webhook (starlette on uvicorn; the `webhook` extra).
 
-Routes: `POST /validate` (AdmissionReview v1 in and out), `GET /healthz` (the process is up), `GET /readyz`
+Routes: `POST /validate` (AdmissionReview v1 in and out), `POST /mutate` (the mutating webhook,
+`modelsec.webhook.mutate`: the same, with a JSON patch), `GET /healthz` (the process is up), `GET /readyz`
 (the certificate is loaded and the attestation store answers `check()`), `GET /metrics`
 (Prometheus text: `modelsec_webhook_decisions_total{outcome,reason}` and the
 `modelsec_webhook_decision_seconds` histogram).
@@ -48,7 +49,7 @@ import os
 import ssl
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -61,8 +62,9 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from modelsec.errors import BackendUnavailableError, Error, KeyMaterialError
+from modelsec.webhook.mutate import Mutator
 from modelsec.webhook.reload import PolicyReloader
-from modelsec.webhook.review import BadRequestError, Decision, Reviewer
+from modelsec.webhook.review import AdmissionRequest, BadRequestError, Decision, Reviewer
 
 __all__ = [
     "AUDIT_LOGGER",
@@ -322,6 +324,18 @@ def _outcome(decision: Decision) -> str:
     return "deny" if not decision.allowed else decision.mode.value
 
 
+async def _read_body(request: Request, max_body: int) -> bytes | None:
+    """The request body, or None when it is larger than `max_body` bytes (reading stops there)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_body:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def create_app(
     reviewer: Reviewer,
     *,
@@ -329,6 +343,7 @@ def create_app(
     reload_interval: float = 10.0,
     workers: int = 4,
     policy: PolicyReloader | None = None,
+    mutator: Mutator | None = None,
 ) -> Starlette:
     """The ASGI application (routes in the module docstring).
 
@@ -340,6 +355,7 @@ def create_app(
         workers: Threads that run decisions (verification is CPU-bound); a request waiting for a free
             thread counts against its deadline.
         policy: Reloads the policy file every `reload_interval` seconds while the app runs (None: never).
+        mutator: Answers `POST /mutate` (None: 404 there); it shares `reviewer`'s policies and deadline.
 
     Returns:
         The Starlette app; `app.state.metrics_registry` holds its Prometheus registry.
@@ -350,16 +366,6 @@ def create_app(
     )
     deadline = reviewer.config.deadline_seconds
     max_body = reviewer.config.max_body_bytes
-
-    async def read_body(request: Request) -> bytes | None:
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > max_body:
-                return None
-            chunks.append(chunk)
-        return b"".join(chunks)
 
     def record(decision: Decision, started: float) -> None:
         elapsed = time.monotonic() - started
@@ -379,10 +385,10 @@ def create_app(
         _audit.info(json.dumps({"event": "admission-bad-request", "error": message}, sort_keys=True))
         return JSONResponse({"error": message}, status_code=400)
 
-    async def validate(request: Request) -> Response:
+    async def answer(request: Request, decide: Callable[[AdmissionRequest, float], Decision]) -> Response:
         started = time.monotonic()
         try:
-            body = await asyncio.wait_for(read_body(request), timeout=deadline)
+            body = await asyncio.wait_for(_read_body(request, max_body), timeout=deadline)
         except TimeoutError:
             # A body trickling in (slowloris) must not hold a connection and its buffer: the apiserver
             # sends its review at once, so a body still arriving at the deadline is refused, the
@@ -403,7 +409,7 @@ def create_app(
         loop = asyncio.get_running_loop()
         try:
             remaining = max(0.0, deadline - (time.monotonic() - started))
-            future = loop.run_in_executor(executor, lambda: reviewer.decide(parsed, started=started))
+            future = loop.run_in_executor(executor, lambda: decide(parsed, started))
             decision = await asyncio.wait_for(future, timeout=remaining)
         except TimeoutError:
             decision = reviewer.deny_deadline(parsed)
@@ -411,6 +417,14 @@ def create_app(
             decision = reviewer.deny(parsed, "error", f"internal error: {type(e).__name__}")
         record(decision, started)
         return JSONResponse(decision.response)
+
+    async def validate(request: Request) -> Response:
+        return await answer(request, lambda parsed, started: reviewer.decide(parsed, started=started))
+
+    async def mutate(request: Request) -> Response:
+        if mutator is None:
+            return PlainTextResponse("no mutating webhook here\n", status_code=404)
+        return await answer(request, lambda parsed, started: mutator.mutate(parsed, started=started).decision)
 
     async def healthz(request: Request) -> Response:
         return PlainTextResponse("ok\n")
@@ -444,6 +458,7 @@ def create_app(
     app = Starlette(
         routes=[
             Route("/validate", validate, methods=["POST"]),
+            Route("/mutate", mutate, methods=["POST"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", metrics_route, methods=["GET"]),
@@ -486,6 +501,7 @@ def build_server(
     limits: ConnectionLimits | None = None,
     timeout_keep_alive: float = 5.0,
     policy_file: Path | None = None,
+    mutator: Mutator | None = None,
 ) -> tuple[Any, CertificateReloader]:
     """A configured `uvicorn.Server` serving `create_app(reviewer)` over TLS, and its certificate reloader.
 
@@ -501,6 +517,7 @@ def build_server(
         timeout_keep_alive: Seconds an idle keep-alive connection stays open (at most
             `limits.header_timeout` in effect: the next request's headers are due by then).
         policy_file: The file `reviewer.policies` came from, reloaded when it changes (None: never).
+        mutator: Answers `POST /mutate` (None: not served).
 
     Returns:
         The server (`run()` / `serve()`; it listens with the handshake bound) and the certificate reloader.
@@ -519,6 +536,7 @@ def build_server(
         reload_interval=reload_interval,
         workers=workers,
         policy=PolicyReloader(policy_file, reviewer) if policy_file is not None else None,
+        mutator=mutator,
     )
     config = uvicorn.Config(
         app,
@@ -566,16 +584,18 @@ def serve(
     port: int = 8443,
     policy_file: Path | None = None,
     limits: ConnectionLimits | None = None,
+    mutator: Mutator | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT (graceful stop: in-flight reviews finish, at most 5 s).
 
-    `limits` bounds idle and slow connections (`ConnectionLimits`; its defaults when None).
+    `limits` bounds idle and slow connections (`ConnectionLimits`; its defaults when None); `mutator`
+    answers `POST /mutate` (None: not served).
 
     Raises:
         KeyMaterialError: The certificate or key cannot be loaded.
         PolicyError: `policy_file` cannot be stat'ed.
     """
     server, _ = build_server(
-        reviewer, cert, key, host=host, port=port, policy_file=policy_file, limits=limits
+        reviewer, cert, key, host=host, port=port, policy_file=policy_file, limits=limits, mutator=mutator
     )
     server.run()

@@ -35,11 +35,18 @@ __all__ = [
     "KSERVE",
     "KSERVE_TRAINED_MODEL",
     "WORKLOAD_KINDS",
+    "ContainerSite",
     "ImageSource",
+    "Locations",
     "PendingReference",
+    "Site",
     "collect",
+    "covered",
+    "locate",
     "parse_image",
 ]
+
+JsonPath = tuple[str | int, ...]  # JSON pointer tokens (RFC 6901) from the object's root
 
 WORKLOAD_KINDS = {
     ("apps", "Deployment"): ("spec", "template"),
@@ -56,6 +63,8 @@ _KSERVE_COMPONENTS = ("predictor", "explainer", "transformer")
 # written (its `storage` is an output, not a model), `workerSpec` is a pod spec read as one.
 _KSERVE_NOT_MODEL_SPECS = frozenset({"logger", "workerSpec"})
 _CONTAINER_LISTS = ("initContainers", "containers", "ephemeralContainers")
+_EPHEMERAL = "ephemeralContainers"
+_KSERVE_CONTAINER = "kserve-container"
 _STORAGE_ENV = "STORAGE_URI"
 
 
@@ -94,6 +103,49 @@ class ImageSource:
     def uri(self) -> str:
         """The model URI policies match it as: `oci://<repository>`."""
         return "oci://" + self.repository
+
+
+@dataclass(frozen=True, slots=True)
+class Site:
+    """One place in the object where a model source is written, for a mutation to rewrite (`locate`).
+
+    Attributes:
+        path: The JSON pointer tokens of the string (RFC 6901; `pointer` renders them).
+        value: The string found there.
+        kind: `annotation` (a `modelsec.dev/models` list of references), `uri` (one model reference: a
+            KServe storage field or `STORAGE_URI`) or `image` (a container image or an image volume).
+        where: The field, as `collect` names it in diagnostics.
+    """
+
+    path: JsonPath
+    value: str
+    kind: str
+    where: str
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerSite:
+    """A container that may serve a model: one of a pod spec's containers and init containers.
+
+    Attributes:
+        path: The JSON pointer tokens of the container object.
+        name: Its `name` (KServe's default `kserve-container` for a framework spec without one).
+        env: Its `env` list as written (None when the field is absent).
+        where: The field, for diagnostics.
+    """
+
+    path: JsonPath
+    name: str
+    env: list[Any] | None
+    where: str
+
+
+@dataclass(frozen=True, slots=True)
+class Locations:
+    """Every rewritable model source of an object and the containers that may serve its models."""
+
+    sites: tuple[Site, ...]
+    containers: tuple[ContainerSite, ...]
 
 
 def parse_image(image: str, where: str) -> ImageSource:
@@ -143,6 +195,8 @@ class _Collector:
     def __init__(self) -> None:
         self.refs: list[PendingReference] = []
         self.images: list[ImageSource] = []
+        self.sites: list[Site] = []
+        self.containers: list[ContainerSite] = []
         self._seen: set[str] = set()
 
     def add(self, raw: str, where: str) -> None:
@@ -150,7 +204,7 @@ class _Collector:
             self._seen.add(raw)
             self.refs.append(PendingReference(raw, where))
 
-    def annotations(self, value: object, where: str) -> None:
+    def annotations(self, value: object, where: str, path: JsonPath) -> None:
         annotations = _mapping(value, where)
         text = annotations.get(MODELS_ANNOTATION) if annotations is not None else None
         if text is None:
@@ -161,15 +215,21 @@ class _Collector:
             raws = split_models_annotation(text)
         except MalformedArtifactError:
             raise InvalidReviewError(f"{where}[{MODELS_ANNOTATION}] has an empty entry") from None
+        self.sites.append(Site((*path, MODELS_ANNOTATION), text, "annotation", where))
         for raw in raws:
             self.add(raw, where)
 
-    def uri(self, value: object, where: str) -> None:
+    def uri(self, value: object, where: str, path: JsonPath) -> None:
         if value is None:
             return
         if not isinstance(value, str) or not value.strip():
             raise InvalidReviewError(f"{where} is not a non-empty string")
+        self.sites.append(Site(path, value, "uri", where))
         self.add(value.strip(), where)
+
+    def image(self, value: str, where: str, path: JsonPath) -> None:
+        self.sites.append(Site(path, value, "image", where))
+        self.images.append(parse_image(value, where))
 
     def storage_spec(self, value: object, where: str) -> None:
         spec = _mapping(value, where)
@@ -180,7 +240,9 @@ class _Collector:
             raise InvalidReviewError(f"{where}.key and .path must be strings")
         self.add(f"kserve-storage://{key or 'default'}/{path.lstrip('/')}", where)
 
-    def container(self, value: object, where: str) -> None:
+    def container(
+        self, value: object, where: str, path: JsonPath, serving: bool, default_name: str = ""
+    ) -> None:
         container = _mapping(value, where)
         if container is None:
             return
@@ -188,23 +250,33 @@ class _Collector:
         if image is not None:
             if not isinstance(image, str):
                 raise InvalidReviewError(f"{where}.image is not a string")
-            self.images.append(parse_image(image, f"{where}.image"))
-        for i, env in enumerate(_list(container.get("env"), f"{where}.env")):
+            self.image(image, f"{where}.image", (*path, "image"))
+        env_list = _list(container.get("env"), f"{where}.env")
+        for i, env in enumerate(env_list):
             if isinstance(env, Mapping) and env.get("name") == _STORAGE_ENV:
                 if env.get("valueFrom") is not None:
                     raise InvalidReviewError(
                         f"{where}.env[{_STORAGE_ENV}] comes from valueFrom: a model source must be "
                         "written in the object to be verified"
                     )
-                self.uri(env.get("value"), f"{where}.env[{i}]({_STORAGE_ENV})")
+                self.uri(env.get("value"), f"{where}.env[{i}]({_STORAGE_ENV})", (*path, "env", i, "value"))
+        if serving:
+            name = container.get("name", default_name)
+            if not isinstance(name, str):
+                raise InvalidReviewError(f"{where}.name is not a string")
+            env = env_list if container.get("env") is not None else None
+            self.containers.append(ContainerSite(path, name, env, where))
 
-    def pod_spec(self, value: object, where: str) -> None:
+    def pod_spec(self, value: object, where: str, path: JsonPath, serving: bool = True) -> None:
         spec = _mapping(value, where)
         if spec is None:
             return
         for field in _CONTAINER_LISTS:
             for i, container in enumerate(_list(spec.get(field), f"{where}.{field}")):
-                self.container(container, f"{where}.{field}[{i}]")
+                # Ephemeral containers debug a running Pod; they are added through their own subresource.
+                self.container(
+                    container, f"{where}.{field}[{i}]", (*path, field, i), serving and field != _EPHEMERAL
+                )
         for i, volume in enumerate(_list(spec.get("volumes"), f"{where}.volumes")):
             image = _mapping(volume, f"{where}.volumes[{i}]") or {}
             source = _mapping(image.get("image"), f"{where}.volumes[{i}].image")
@@ -215,27 +287,28 @@ class _Collector:
             if not isinstance(ref, str) or not ref:
                 # An image volume without a reference is refused by the API server; fail closed anyway.
                 raise InvalidReviewError(f"{vwhere} is not a non-empty string")
-            self.images.append(parse_image(ref, vwhere))
+            self.image(ref, vwhere, (*path, "volumes", i, "image", "reference"))
 
-    def model_source(self, spec: Mapping[str, Any], where: str) -> None:
+    def model_source(self, spec: Mapping[str, Any], where: str, path: JsonPath) -> None:
         """The KServe storage fields of a component or of a framework/model spec."""
-        self.uri(spec.get("storageUri"), f"{where}.storageUri")
+        self.uri(spec.get("storageUri"), f"{where}.storageUri", (*path, "storageUri"))
         self.storage_spec(spec.get("storage"), f"{where}.storage")
         for i, item in enumerate(_list(spec.get("storageUris"), f"{where}.storageUris")):
             entry = _mapping(item, f"{where}.storageUris[{i}]")
             if entry is None or entry.get("uri") is None:
                 # The CRD requires `uri`; an entry without one must not pass as "no reference".
                 raise InvalidReviewError(f"{where}.storageUris[{i}].uri is missing")
-            self.uri(entry.get("uri"), f"{where}.storageUris[{i}].uri")
+            self.uri(entry.get("uri"), f"{where}.storageUris[{i}].uri", (*path, "storageUris", i, "uri"))
 
-    def kserve_component(self, value: object, where: str) -> None:
+    def kserve_component(self, value: object, where: str, path: JsonPath, serving: bool) -> None:
+        """One InferenceService component; `serving`: its containers serve the model (the predictor)."""
         component = _mapping(value, where)
         if component is None:
             return
-        self.annotations(component.get("annotations"), f"{where}.annotations")
-        self.model_source(component, where)
-        self.pod_spec(component, where)
-        self.pod_spec(component.get("workerSpec"), f"{where}.workerSpec")
+        self.annotations(component.get("annotations"), f"{where}.annotations", (*path, "annotations"))
+        self.model_source(component, where, path)
+        self.pod_spec(component, where, path, serving)
+        self.pod_spec(component.get("workerSpec"), f"{where}.workerSpec", (*path, "workerSpec"), serving)
         for key, sub in sorted(component.items()):
             # Framework and model specs (`sklearn`, `huggingface`, `model`, ...) embed a container.
             if (
@@ -244,14 +317,58 @@ class _Collector:
                 and isinstance(sub, Mapping)
                 and _is_container_like(sub)
             ):
-                self.model_source(sub, f"{where}.{key}")
-                self.container(sub, f"{where}.{key}")
+                self.model_source(sub, f"{where}.{key}", (*path, key))
+                # KServe names the container of a framework spec `kserve-container`.
+                self.container(sub, f"{where}.{key}", (*path, key), serving, _KSERVE_CONTAINER)
 
 
 def _is_container_like(value: Mapping[str, Any]) -> bool:
     return any(
         k in value for k in ("storageUri", "storageUris", "storage", "image", "env", "modelFormat", "runtime")
     )
+
+
+def covered(group: str, kind: str) -> bool:
+    """Whether objects of this API group and kind are read by `collect` (and reviewed by the webhooks)."""
+    key = (group, kind)
+    return key == ("", "Pod") or key in WORKLOAD_KINDS or key in (KSERVE, KSERVE_TRAINED_MODEL)
+
+
+def _walk(group: str, kind: str, obj: Mapping[str, Any]) -> _Collector:
+    c = _Collector()
+    meta = ("metadata", "annotations")
+    if (group, kind) == ("", "Pod"):
+        c.annotations(_get(obj, meta, kind), "metadata.annotations", meta)
+        c.pod_spec(obj.get("spec"), "spec", ("spec",))
+    elif (group, kind) in WORKLOAD_KINDS:
+        template = WORKLOAD_KINDS[(group, kind)]
+        c.annotations(_get(obj, meta, kind), "metadata.annotations", meta)
+        where = ".".join(template)
+        c.annotations(
+            _get(obj, (*template, *meta), kind), f"{where}.metadata.annotations", (*template, *meta)
+        )
+        c.pod_spec(_get(obj, (*template, "spec"), kind), f"{where}.spec", (*template, "spec"))
+    elif (group, kind) == KSERVE:
+        c.annotations(_get(obj, meta, kind), "metadata.annotations", meta)
+        for component in _KSERVE_COMPONENTS:
+            c.kserve_component(
+                _get(obj, ("spec", component), kind),
+                f"spec.{component}",
+                ("spec", component),
+                component == "predictor",
+            )
+        for i, canary in enumerate(_list(_get(obj, ("spec", "canary"), kind), "spec.canary")):
+            entry = _mapping(canary, f"spec.canary[{i}]") or {}
+            path = ("spec", "canary", i, "predictor")
+            c.kserve_component(entry.get("predictor"), f"spec.canary[{i}].predictor", path, True)
+    elif (group, kind) == KSERVE_TRAINED_MODEL:
+        c.annotations(_get(obj, meta, kind), "metadata.annotations", meta)
+        model = _mapping(_get(obj, ("spec", "model"), kind), "spec.model")
+        if model is not None:
+            c.model_source(model, "spec.model", ("spec", "model"))
+    else:
+        raise InvalidReviewError(f"kind {group or 'core'}/{kind} is not covered by modelsec")
+    return c
 
 
 def collect(
@@ -270,30 +387,23 @@ def collect(
     Raises:
         InvalidReviewError: The kind is not covered, or a field holding a source has the wrong type.
     """
-    c = _Collector()
-    if (group, kind) == ("", "Pod"):
-        c.annotations(_get(obj, ("metadata", "annotations"), kind), "metadata.annotations")
-        c.pod_spec(obj.get("spec"), "spec")
-    elif (group, kind) in WORKLOAD_KINDS:
-        template = WORKLOAD_KINDS[(group, kind)]
-        c.annotations(_get(obj, ("metadata", "annotations"), kind), "metadata.annotations")
-        where = ".".join(template)
-        c.annotations(
-            _get(obj, (*template, "metadata", "annotations"), kind), f"{where}.metadata.annotations"
-        )
-        c.pod_spec(_get(obj, (*template, "spec"), kind), f"{where}.spec")
-    elif (group, kind) == KSERVE:
-        c.annotations(_get(obj, ("metadata", "annotations"), kind), "metadata.annotations")
-        for component in _KSERVE_COMPONENTS:
-            c.kserve_component(_get(obj, ("spec", component), kind), f"spec.{component}")
-        for i, canary in enumerate(_list(_get(obj, ("spec", "canary"), kind), "spec.canary")):
-            entry = _mapping(canary, f"spec.canary[{i}]") or {}
-            c.kserve_component(entry.get("predictor"), f"spec.canary[{i}].predictor")
-    elif (group, kind) == KSERVE_TRAINED_MODEL:
-        c.annotations(_get(obj, ("metadata", "annotations"), kind), "metadata.annotations")
-        model = _mapping(_get(obj, ("spec", "model"), kind), "spec.model")
-        if model is not None:
-            c.model_source(model, "spec.model")
-    else:
-        raise InvalidReviewError(f"kind {group or 'core'}/{kind} is not covered by modelsec")
+    c = _walk(group, kind, obj)
     return c.refs, c.images
+
+
+def locate(group: str, kind: str, obj: Mapping[str, Any]) -> Locations:
+    """Where an object writes its model sources, and the containers that may serve them (for a mutation).
+
+    Every occurrence is returned (`collect` deduplicates references; a rewrite must reach each copy): the
+    `modelsec.dev/models` annotations, the KServe storage fields that hold a URI (`storageUri`,
+    `storageUris[].uri`, `STORAGE_URI`; a `storage` spec names no URI), every container, init container and
+    ephemeral container image and every image volume. The containers are the containers and init
+    containers of every pod spec (a Pod's, a workload's template, and for an InferenceService those of its
+    predictor, canary predictors, their framework specs and `workerSpec`); ephemeral containers, and the
+    transformer and explainer of an InferenceService, serve no model and are not listed.
+
+    Raises:
+        InvalidReviewError: As `collect`.
+    """
+    c = _walk(group, kind, obj)
+    return Locations(tuple(c.sites), tuple(c.containers))

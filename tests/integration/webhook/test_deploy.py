@@ -76,6 +76,7 @@ def test_overlays_render_and_validate_against_kubernetes_schemas(overlay: str) -
         "NetworkPolicy",
         "PriorityClass",
         "ValidatingWebhookConfiguration",
+        "MutatingWebhookConfiguration",
         "Certificate",
     }
     for doc in docs:
@@ -230,3 +231,31 @@ def test_apiserver_only_component_admits_only_the_control_plane(tmp_path: Path) 
     )
     (rule,) = one(render(overlay), "NetworkPolicy")["spec"]["ingress"]
     assert rule["from"] == [{"ipBlock": {"cidr": "192.0.2.0/24"}}]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_mutating_webhook_pins_before_validation_with_the_same_scope(overlay: str) -> None:
+    """Same namespaces, kinds and failure policy as the validating webhook; reinvoked; CA injected."""
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    docs = render(DEPLOY / "overlays" / overlay)
+    mutating = one(docs, "MutatingWebhookConfiguration")
+    kubernetes_validate.validate(mutating, "1.30.0", strict=True)
+    (hook,) = mutating["webhooks"]
+    (validating,) = one(docs, "ValidatingWebhookConfiguration")["webhooks"]
+    assert hook["reinvocationPolicy"] == "IfNeeded"
+    assert hook["sideEffects"] == "None" and hook["failurePolicy"] == validating["failurePolicy"] == "Fail"
+    assert hook["namespaceSelector"] == validating["namespaceSelector"]
+    assert hook["admissionReviewVersions"] == ["v1"]
+    assert WebhookConfig().deadline_seconds < hook["timeoutSeconds"] <= 10
+    assert hook["clientConfig"]["service"] == {**validating["clientConfig"]["service"], "path": "/mutate"}
+    rules = list(validating["rules"])
+    rules[0] = {**rules[0], "resources": ["pods"]}  # nothing is pinned through pods/ephemeralcontainers
+    assert hook["rules"] == rules
+    inject = mutating["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+    assert (
+        inject
+        == one(docs, "ValidatingWebhookConfiguration")["metadata"]["annotations"][
+            "cert-manager.io/inject-ca-from"
+        ]
+    )
+    assert "caBundle" not in hook["clientConfig"]
