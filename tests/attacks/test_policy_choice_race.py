@@ -101,7 +101,9 @@ def _assert_refused(outcomes: Counter[str]) -> None:
     # link's, or a name that moved while it was opened), never a success under the sandbox policy.
     assert sum(outcomes.values()) == ATTEMPTS
     assert "ok" not in outcomes, outcomes
-    assert "SignatureError" in outcomes, outcomes  # the production policy did decide some attempts
+    # The swap interleaved with the opens (more than one kind of outcome). Which kinds depends on the
+    # scheduler: under load the swapper can win every attempt that the production policy would decide.
+    assert len(outcomes) > 1, outcomes
 
 
 def test_library_verify_and_load_race(setup: Setup) -> None:

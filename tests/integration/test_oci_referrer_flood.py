@@ -83,7 +83,7 @@ def test_junk_and_untrusted_referrers_cannot_veto_a_signed_model(
     pushed = push_model(model, f"oci://{registry.address}/models/flood:v1", policy, signer, options=options)
     # The same model signed by a key no policy trusts: a valid-looking bundle about it.
     untrusted = shutil.copytree(model, tmp_path / "untrusted")
-    sign_model(untrusted, [load_private_key_file(key_dir / "other.key.pem")])
+    sign_model(untrusted, [load_private_key_file(key_dir / "other.key.pem")], force=True)
     client = RegistryClient(registry.address, options)
     subject = {"mediaType": MANIFEST_MEDIA_TYPE, "digest": pushed.manifest_digest}
     subject["size"] = len(client.get_manifest("models/flood", pushed.manifest_digest)[0])
