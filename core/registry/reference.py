@@ -35,11 +35,12 @@ Normalisation (`normalize.go`'s `splitDockerDomain`, and the endpoint a pull rea
 * the repository is case-sensitive and must be lower case (the grammar): an upper-case repository is
   refused, never folded (the runtime refuses to pull it).
 
-Spellings of a model reference: `oci://REFERENCE`, and `modelsec+oci://REFERENCE`, the URI format of modelsec's
-KServe storage initializer (`modelsec.distribution.initializer`; KServe claims `oci://` for its modelcars, so
-a `storageUri` routed to modelsec must use its own prefix). Both name the same artifact: they parse to the same
-`OciReference`, normalise to the same `oci://REGISTRY/REPOSITORY` for policy matching, and a rewrite (a tag
-pinned at admission) keeps the scheme it found (`pinned_uri`), so KServe still routes the URI to modelsec.
+Spellings of a model reference: `oci://REFERENCE`, and `modelsec+oci://REFERENCE`, the URI format of
+modelsec's KServe storage initializer (`modelsec.distribution.initializer`; KServe claims `oci://` for its
+modelcars, so a `storageUri` routed to modelsec must use its own prefix). Both name the same artifact: they
+parse to the same `OciReference`, normalise to the same `oci://REGISTRY/REPOSITORY` for policy matching, and
+a rewrite (a tag pinned at admission) keeps the scheme it found (`pinned_uri`), so KServe still routes the
+URI to modelsec.
 
 What is not done: no network lookup (a CNAME or a mirror configured in the runtime is not followed), and
 `localhost:5000` stays as written (a port other than 443 is another endpoint).
@@ -262,8 +263,8 @@ def pinned_uri(uri: str, digest: str) -> str:
 def normalize_pattern(pattern: str) -> str:
     """A policy's `match` glob in the normalised form of the references it is compared with.
 
-    A `modelsec+oci://` pattern is an `oci://` one (references of both spellings normalise to `oci://`). For an
-    `oci://` pattern whose registry part holds no glob character, the registry is normalised as a
+    A `modelsec+oci://` pattern is an `oci://` one (references of both spellings normalise to `oci://`).
+    For an `oci://` pattern whose registry part holds no glob character, the registry is normalised as a
     reference's is (case, `:443`, Docker Hub aliases, a first component that is no registry meaning Docker
     Hub) and a one-component Docker Hub path gains `library/` (`oci://docker.io/llm*` covers
     `docker.io/library/llm`); a glob registry is only lower-cased. Other patterns are unchanged.

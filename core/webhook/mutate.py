@@ -13,15 +13,16 @@ naming the field and the reason, and no patch):
    container and ephemeral container images and image volumes (`volumes[].image.reference`);
 3. a source is *covered* when a policy that applies in the namespace matches it (normalised as the
    validating webhook normalises it: `modelsec.registry.reference`). Only covered `oci://` (and
-   `modelsec+oci://`) references and images are resolved; a reference that is malformed, not covered, or not in a registry (`file://`,
-   `kserve-storage://`, ...) is left as written for the validating webhook to judge;
+   `modelsec+oci://`) references and images are resolved; a reference that is malformed, not covered, or
+   not in a registry (`file://`, `kserve-storage://`, ...) is left as written for the validating webhook
+   to judge;
 4. a covered reference that names a tag (or no tag and no digest: `latest`, as the runtime pulls it) is
    resolved to the sha256 digest of the manifest the registry serves for it now (a GET whose bytes are
    hashed: the registry's `Docker-Content-Digest` header is never believed), once per distinct tag in the
    review, so every field naming the same tag gets the same digest. It is rewritten as
-   `REGISTRY/REPOSITORY@sha256:<hex>` (`oci://…@sha256:<hex>` in a model reference, `modelsec+oci://…` kept
-   as `modelsec+oci://…@sha256:<hex>` so that KServe still routes it to modelsec's initializer). A tag the registry
-   does not hold, a registry that cannot be read, or the deadline is a deny (fail closed);
+   `REGISTRY/REPOSITORY@sha256:<hex>` (`oci://…@sha256:<hex>` in a model reference, `modelsec+oci://…`
+   kept as `modelsec+oci://…@sha256:<hex>` so that KServe still routes it to modelsec's initializer). A
+   tag the registry does not hold, a registry that cannot be read, or the deadline is a deny (fail closed);
 5. the pin: for each covered reference that now names a digest, the model root digests that a binding
    signed by a matching policy's key attaches to that OCI manifest (`bindings`, as the validating webhook
    reads them); a digest that names no manifest, or that no trusted binding names, is pinned as it is

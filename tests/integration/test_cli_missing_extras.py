@@ -82,7 +82,10 @@ CASES = {
     "pkcs11"),
     "attest pull": (["attest", "pull", "ab" * 32, *SERVER], "grpc"),
     "attest push": (["attest", "push", "ci.pub.pem", *SERVER], "grpc"),
-    "attest put": (["attest", "put", "--store", "postgresql://modelsec@127.0.0.1:1/db", "ci.pub.pem"], "postgres"),
+    "attest put": (
+        ["attest", "put", "--store", "postgresql://modelsec@127.0.0.1:1/db", "ci.pub.pem"],
+        "postgres",
+    ),
     "webhook serve": (
         ["webhook", "serve", "--policy", "gate.yaml", "--store", "st", "--tls-cert", "c.pem",
             "--tls-key", "k.pem"],

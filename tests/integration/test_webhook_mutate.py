@@ -317,7 +317,7 @@ def test_policy_test_prints_each_objects_patch_and_verdict_without_a_cluster(
 
 
 def _inference_service(storage_uri: str) -> dict[str, Any]:
-    """A KServe InferenceService whose predictor reads `storage_uri` (`modelsec+oci://` routes to modelsec)."""
+    """An InferenceService whose predictor reads `storage_uri` (`modelsec+oci://` routes to modelsec)."""
     return {
         "apiVersion": "serving.kserve.io/v1beta1",
         "kind": "InferenceService",
@@ -334,7 +334,7 @@ def _inference_service(storage_uri: str) -> dict[str, Any]:
 def test_the_storage_initializer_scheme_is_pinned_and_verified_as_an_oci_reference(
     pushed: tuple[str, Path, PushResult], key_dir: Path, registry: Registry
 ) -> None:
-    """Issue 28.2/28.3: `modelsec+oci://repo:tag` is pinned in its own scheme and verified from the registry."""
+    """Issue 28.2/28.3: `modelsec+oci://repo:tag` is pinned in its own scheme, verified from the registry."""
     repo, _, result = pushed
     options = _options(registry)
     policies = _policies(registry, key_dir, repo)

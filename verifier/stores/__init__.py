@@ -267,8 +267,9 @@ def evidence_stores(reference: str, policy: Policy) -> tuple[str, ...]:
 
     1. the policy's `attestationStore`, when it names one (a directory, `sqlite://`, `grpc(s)://`, `oci://`);
     2. for an `oci://REGISTRY/REPOSITORY[:TAG][@sha256:HEX]` reference (a pushed model, a model image as
-       `oci://<image>`, or the same as a `modelsec+oci://` storage URI), the artifact's own registry, `oci://REGISTRY/REPOSITORY`: its store reads the
-       referrers of the model's manifest (OCI 1.1 referrers API, tag-schema fallback);
+       `oci://<image>`, or the same as a `modelsec+oci://` storage URI), the artifact's own registry,
+       `oci://REGISTRY/REPOSITORY`: its store reads the referrers of the model's manifest (OCI 1.1
+       referrers API, tag-schema fallback);
     3. nothing else: a local directory has its bundles beside it.
 
     Evidence is selected, never voted (decision 13), so reading both stores can only add evidence. A store

@@ -220,5 +220,6 @@ def test_attest_put_and_list_through_a_postgresql_store_uri(
     assert put.returncode == 0, put.stderr
     listed = cli("attest", "list", model, "--store", url, "--json", env=env)
     assert listed.returncode == 0, listed.stderr
-    assert [b["path"].startswith("postgresql://") for b in json.loads(listed.stdout)["bundles"]].count(True) == 1
+    paths = [b["path"] for b in json.loads(listed.stdout)["bundles"]]
+    assert len([p for p in paths if p.startswith("postgresql://")]) == 1, paths
     assert postgres.password not in put.stdout + put.stderr + listed.stdout + listed.stderr

@@ -243,7 +243,9 @@ def test_replicas_share_no_volume_and_read_evidence_from_the_registry(overlay: s
     ("component", "store"),
     [("directory-store", "/var/lib/modelsec/attestations"), ("grpc-store", "grpcs://")],
 )
-def test_store_components_add_a_store_that_the_cli_accepts(component: str, store: str, tmp_path: Path) -> None:
+def test_store_components_add_a_store_that_the_cli_accepts(
+    component: str, store: str, tmp_path: Path
+) -> None:
     """The documented way back to a store of the deployment's own (deploy/README.md, "Upgrading")."""
     from modelsec.cli.webhook import webhook
 

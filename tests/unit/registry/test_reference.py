@@ -144,7 +144,9 @@ def test_the_storage_initializer_scheme_is_an_oci_reference(uri: str, key_dir: P
         {
             "apiVersion": "modelsec.dev/v1alpha1",
             "kind": "ModelPolicy",
-            "policies": [{"name": "p", "match": ["oci://registry.internal/models/**"], "keys": ["ecdsa-p256.pub.pem"]}],
+            "policies": [
+                {"name": "p", "match": ["oci://registry.internal/models/**"], "keys": ["ecdsa-p256.pub.pem"]}
+            ],
         },
         base_dir=key_dir,
         source="test",
