@@ -97,8 +97,8 @@ def _attestation_rows(model_dir: Path, store: str | None, keys: tuple[Path, ...]
 @click.argument("model_dir", type=click.Path(path_type=Path))
 @click.option(
     "--store",
-    help="Also list what an attestation store (a directory or file://, sqlite://, grpc(s):// URI) holds "
-    "about the model's digest.",
+    help="Also list what an attestation store (a directory or file://, sqlite://, postgresql://, "
+    "grpc(s):// URI) holds about the model's digest.",
 )
 @trusted_keys_option(
     "Trusted public key PEM (repeatable): check each signature (role by predicate "
@@ -126,7 +126,8 @@ def _attest_list(model_dir: Path, store: str | None, keys: tuple[Path, ...], as_
 @click.option(
     "--store",
     required=True,
-    help="The attestation store: a directory (<store>/sha256/<digest>/<id>.sig) or a file://, sqlite:// URI.",
+    help="The attestation store: a directory (<store>/sha256/<digest>/<id>.sig) or a file://, sqlite://, "
+    "postgresql:// URI (password from $PGPASSWORD or $PGPASSFILE, never the command line).",
 )
 @json_option
 def _attest_put(bundles: tuple[Path, ...], store: str, as_json: bool) -> None:
@@ -166,7 +167,8 @@ def _attest_push(
 ) -> None:
     """Store BUNDLE... in STORE, or with --server in the service's store (which verifies each first).
 
-    STORE is a directory or a file://, sqlite://, grpc(s)://, oci://REGISTRY/REPOSITORY URI; a store files
+    STORE is a directory or a file://, sqlite://, postgresql://, grpc(s)://, oci://REGISTRY/REPOSITORY URI (a
+    PostgreSQL password from $PGPASSWORD or $PGPASSFILE); a store files
     each bundle by its subject's root digest without trusting it (`oci://` attaches it as a referrer of the
     manifest `modelsec push` tagged `oms-sha256-<digest>`), and readers verify it. With $MODELSEC_SERVER
     set, name a directory store as file://. Exit 1 at the first bundle the store or server refuses.
@@ -266,7 +268,7 @@ def _push_to_store(store: str, paths: list[Path], as_json: bool) -> None:
 @click.option(
     "--out",
     help="Write the bundles into this store (a directory: <out>/sha256/<digest>/<id>.sig, or a file://, "
-    "sqlite:// URI), e.g. a policy's attestationStore; without it, only list them.",
+    "sqlite://, postgresql:// URI), e.g. a policy's attestationStore; without it, only list them.",
 )
 @json_option
 def _attest_pull(
@@ -290,9 +292,7 @@ def _attest_pull(
     rows = []
     with server_client(server, server_ca, client_cert, client_key, token_env, plaintext) as client:
         try:
-            target = (
-                None if out is None else open_store(out, StoreOptions(limits=limits(), must_exist=False))
-            )
+            target = None if out is None else open_store(out, StoreOptions(limits=limits(), must_exist=False))
             for item in client.get_attestations(digest):
                 a = item.attestation
                 row = {
@@ -358,11 +358,15 @@ def _attest_show(model_dir: Path, store: str | None, keys: tuple[Path, ...], as_
 @click.option(
     "--supersede",
     is_flag=True,
-    help="Keep the record but withdraw it from readers (SQLite keeps it for audit; a directory removes it).",
+    help="Keep the record but withdraw it from readers (SQLite and PostgreSQL keep it for audit; a directory "
+    "removes it).",
 )
 @json_option
 def attest_delete(store: str, digest: str, bundle_id: str, supersede: bool, as_json: bool) -> None:
-    """Delete (or supersede) the record ID about DIGEST in STORE (a directory, file:// or sqlite:// URI)."""
+    """Delete (or supersede) the record ID about DIGEST in STORE.
+
+    STORE is a directory or a file://, sqlite:// or postgresql:// URI.
+    """
     from modelsec.limits import Limits
     from modelsec.verifier.stores import StoreOptions, open_store
 

@@ -50,8 +50,8 @@ def policy() -> None:
     "--store",
     metavar="DIR|URI",
     help="Attestation store the validating webhook also reads: a directory or a store URI (file://, "
-    "sqlite://, oci://REGISTRY/REPOSITORY), as `modelsec webhook serve --store`; the evidence of a model in "
-    "a registry is read from its referrers there, as the webhook does.",
+    "sqlite://, postgresql://, oci://REGISTRY/REPOSITORY), as `modelsec webhook serve --store`; the evidence "
+    "of a model in a registry is read from its referrers there, as the webhook does.",
 )
 @click.option(
     "--namespace",

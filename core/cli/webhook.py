@@ -257,5 +257,5 @@ def _store(
     except PolicyError as e:
         raise click.UsageError(
             f"--store {spec!r}: use a directory, grpcs://HOST:PORT or grpc://HOST:PORT "
-            f"(or file://DIR, sqlite://FILE): {e.diagnostics()}"
+            f"(or file://DIR, sqlite://FILE, postgresql://USER@HOST/DATABASE): {e.diagnostics()}"
         ) from e

@@ -36,11 +36,12 @@ from modelsec.distribution.push_pull import PullResult, pull_model
 from modelsec.errors import InvalidReferenceError, PolicyError
 from modelsec.policy import Policy
 from modelsec.registry.client import RegistryOptions, parse_reference
+from modelsec.registry.reference import INITIALIZER_SCHEME
 from modelsec.verifier.admission import ModelAdmission
 
 __all__ = ["SCHEME", "STAGING_PREFIX", "initialize_model", "oci_reference"]
 
-SCHEME = "modelsec+oci://"
+SCHEME = INITIALIZER_SCHEME  # parsed as an OCI reference everywhere (`modelsec.registry.reference`)
 STAGING_PREFIX = ".modelsec-pull-"  # pull_model's own staging prefix, so one clean-up finds both
 
 

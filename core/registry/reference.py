@@ -35,6 +35,13 @@ Normalisation (`normalize.go`'s `splitDockerDomain`, and the endpoint a pull rea
 * the repository is case-sensitive and must be lower case (the grammar): an upper-case repository is
   refused, never folded (the runtime refuses to pull it).
 
+Spellings of a model reference: `oci://REFERENCE`, and `modelsec+oci://REFERENCE`, the URI format of
+modelsec's KServe storage initializer (`modelsec.distribution.initializer`; KServe claims `oci://` for its
+modelcars, so a `storageUri` routed to modelsec must use its own prefix). Both name the same artifact: they
+parse to the same `OciReference`, normalise to the same `oci://REGISTRY/REPOSITORY` for policy matching, and
+a rewrite (a tag pinned at admission) keeps the scheme it found (`pinned_uri`), so KServe still routes the
+URI to modelsec.
+
 What is not done: no network lookup (a CNAME or a mirror configured in the runtime is not followed), and
 `localhost:5000` stays as written (a port other than 443 is another endpoint).
 """
@@ -49,14 +56,20 @@ from modelsec.errors import InvalidReferenceError, PolicyError
 __all__ = [
     "DOCKER_HUB",
     "DOCKER_HUB_ENDPOINT",
+    "INITIALIZER_SCHEME",
+    "OCI_SCHEMES",
     "OciReference",
     "normalize_model_uri",
     "normalize_pattern",
+    "oci_scheme",
     "parse_image_reference",
     "parse_reference",
+    "pinned_uri",
 ]
 
 DOCKER_HUB = "docker.io"
+INITIALIZER_SCHEME = "modelsec+oci://"  # the storage initializer's URI format (see the module docstring)
+OCI_SCHEMES = ("oci://", INITIALIZER_SCHEME)
 DOCKER_HUB_ENDPOINT = "registry-1.docker.io"  # where `docker.io` is served (the v2 API host)
 _DOCKER_HUB_ALIASES = frozenset({DOCKER_HUB, "index.docker.io", DOCKER_HUB_ENDPOINT})
 _HTTPS_PORT = 443
@@ -188,17 +201,26 @@ def parse_image_reference(text: str) -> OciReference:
     return OciReference(registry, path, tag, digest if at else None)
 
 
+def oci_scheme(uri: str) -> str | None:
+    """The scheme of an OCI model reference (`oci://` or `modelsec+oci://`, see `OCI_SCHEMES`), or None.
+
+    Only the prefix is looked at: whether the rest is a reference is `parse_reference`'s to say.
+    """
+    return next((scheme for scheme in OCI_SCHEMES if uri.startswith(scheme)), None)
+
+
 def parse_reference(uri: str) -> OciReference:
     """Parse and normalise an `oci://` reference (the scheme may be omitted); only sha256 digests.
 
     Args:
-        uri: `oci://[REGISTRY/]REPOSITORY[:TAG][@sha256:HEX]` (a name without a registry is on Docker Hub,
-            as a runtime reads it).
+        uri: `oci://[REGISTRY/]REPOSITORY[:TAG][@sha256:HEX]` or the same after `modelsec+oci://` (a name
+            without a registry is on Docker Hub, as a runtime reads it).
 
     Raises:
         InvalidReferenceError: See `parse_image_reference`, or a digest other than sha256.
     """
-    target = uri[6:] if uri.startswith("oci://") else uri
+    scheme = oci_scheme(uri)
+    target = uri[len(scheme) :] if scheme else uri
     ref = parse_image_reference(target)
     if ref.digest is not None and not ref.digest.startswith("sha256:"):
         raise InvalidReferenceError(uri, f"digest {ref.digest!r} is not sha256:<64 hex>")
@@ -206,19 +228,42 @@ def parse_reference(uri: str) -> OciReference:
 
 
 def normalize_model_uri(uri: str) -> str:
-    """The form a model URI is compared in: `oci://` as `OciReference.repository_uri`, others unchanged.
+    """The form a model URI is compared in: an OCI one as `OciReference.repository_uri`, others unchanged.
 
-    The tag of an `oci://` URI is dropped (policies match the repository; a tag pins nothing).
+    `oci://` and `modelsec+oci://` URIs both become `oci://REGISTRY/REPOSITORY`; the tag is dropped
+    (policies match the repository; a tag pins nothing).
 
     Raises:
-        InvalidReferenceError: An `oci://` URI that is not a reference (see `parse_reference`).
+        InvalidReferenceError: An OCI URI that is not a reference (see `parse_reference`).
     """
-    return parse_reference(uri).repository_uri if uri.startswith("oci://") else uri
+    return parse_reference(uri).repository_uri if oci_scheme(uri) else uri
+
+
+def pinned_uri(uri: str, digest: str) -> str:
+    """An OCI model URI pinned to a manifest digest, in the scheme it was written with.
+
+    Args:
+        uri: `oci://…` or `modelsec+oci://…`, with a tag or none.
+        digest: `sha256:<64 hex>`.
+
+    Returns:
+        `SCHEME REGISTRY/REPOSITORY@sha256:<64 hex>`, the name normalised, the tag dropped.
+
+    Raises:
+        InvalidReferenceError: `uri` is not an OCI reference, or `digest` is not sha256.
+    """
+    scheme = oci_scheme(uri)
+    if scheme is None:
+        raise InvalidReferenceError(uri, f"not an OCI reference (want one of {', '.join(OCI_SCHEMES)})")
+    ref = parse_reference(uri)
+    pinned = parse_reference(f"{ref.name}@{digest}")
+    return f"{scheme}{pinned.name}@{pinned.digest}"
 
 
 def normalize_pattern(pattern: str) -> str:
     """A policy's `match` glob in the normalised form of the references it is compared with.
 
+    A `modelsec+oci://` pattern is an `oci://` one (references of both spellings normalise to `oci://`).
     For an `oci://` pattern whose registry part holds no glob character, the registry is normalised as a
     reference's is (case, `:443`, Docker Hub aliases, a first component that is no registry meaning Docker
     Hub) and a one-component Docker Hub path gains `library/` (`oci://docker.io/llm*` covers
@@ -228,9 +273,10 @@ def normalize_pattern(pattern: str) -> str:
         PolicyError: The pattern's repository part holds an upper-case letter (a repository is lower case:
             the pattern could never match), or its registry is not a host.
     """
-    if not pattern.startswith("oci://"):
+    scheme = oci_scheme(pattern)
+    if scheme is None:
         return pattern
-    body = pattern[6:]
+    body = pattern[len(scheme) :]
     first, sep, rest = body.partition("/")
     if any(c.isupper() for c in rest if c.isalpha()):
         raise PolicyError(f"match pattern {pattern!r}: a repository path is lower case; it can never match")

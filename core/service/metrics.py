@@ -5,8 +5,9 @@ Metrics (one registry per server, so several servers can live in one process):
 * `modelsec_grpc_requests_total{method, code}`: finished RPCs by full method name and status code name;
 * `modelsec_grpc_request_duration_seconds{method, code}`: latency histogram (seconds), same labels.
 
-`/healthz` answers 200 while the server is serving and 503 once it is shutting down (the readiness the
-`grpc.health.v1` service reports too).
+`/healthz` (liveness) answers 200 while the server is serving and 503 once it is shutting down. `/readyz`
+(readiness) answers 503 as well while the attestation store cannot be read (`unready` names why; the
+`grpc.health.v1` service reports NOT_SERVING then too: `modelsec.service.server`).
 
 With `modelsec serve --workers N` every worker records into prometheus-client's multiprocess files
 (`PROMETHEUS_MULTIPROC_DIR`, set by `modelsec.service.workers`) and the supervisor serves `AggregateMetrics`:
@@ -46,6 +47,7 @@ class ServiceMetrics:
             registry=self.registry,
         )
         self.serving = True
+        self.unready: str | None = None  # why the store cannot serve, set by the server's readiness checks
         self._children: dict[tuple[str, str], tuple[Any, Any]] = {}
 
     def observe(self, method: str, code: str, seconds: float) -> None:
@@ -61,6 +63,7 @@ class ServiceMetrics:
 class _MetricsView(Protocol):
     registry: CollectorRegistry
     serving: bool
+    unready: str | None
 
 
 class AggregateMetrics:
@@ -72,10 +75,11 @@ class AggregateMetrics:
         self.registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(self.registry, path=str(directory))  # type: ignore[no-untyped-call]
         self.serving = True
+        self.unready: str | None = None  # each worker checks its store and reports it on its gRPC health
 
 
 class MetricsServer:
-    """Plain-HTTP side port: GET /metrics (Prometheus text format) and GET /healthz; a daemon thread."""
+    """Plain-HTTP side port: GET /metrics (Prometheus text format), /healthz and /readyz; a daemon thread."""
 
     def __init__(self, metrics: _MetricsView, host: str, port: int) -> None:
         owner = metrics
@@ -84,11 +88,13 @@ class MetricsServer:
             def do_GET(self) -> None:
                 if self.path == "/metrics":
                     body, status, ctype = generate_latest(owner.registry), 200, CONTENT_TYPE_LATEST
-                elif self.path == "/healthz":
-                    ok = owner.serving
+                elif self.path in ("/healthz", "/readyz"):
+                    problem = "shutting down" if not owner.serving else None
+                    if problem is None and self.path == "/readyz" and owner.unready is not None:
+                        problem = f"not ready: {owner.unready}"
                     body, status, ctype = (
-                        (b"ok\n" if ok else b"shutting down\n"),
-                        (200 if ok else 503),
+                        (b"ok\n" if problem is None else problem.encode() + b"\n"),
+                        (200 if problem is None else 503),
                         "text/plain",
                     )
                 else:

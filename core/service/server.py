@@ -1,8 +1,16 @@
 """The `grpc.aio` server behind `modelsec serve`.
 
 What runs: the modelsec.v1 services (`SERVICES`), the standard health service (`grpc.health.v1.Health`,
-SERVING per service and overall, NOT_SERVING once shutdown starts), server reflection, the interceptor
-(`modelsec.service.interceptor`), and the metrics side port. Messages are limited to gRPC's 4 MiB default in
+per service and overall), server reflection, the interceptor (`modelsec.service.interceptor`), and the
+metrics side port (`/healthz` liveness, `/readyz` readiness, `/metrics`).
+
+Readiness: the store is checked (`AttestationStore.check`: a query, re-connecting a broken PostgreSQL
+connection) when the server starts and every `READINESS_INTERVAL_S` seconds after. While it fails, health is
+NOT_SERVING (overall and per service) and `/readyz` answers 503 naming the store and why, so that a replica
+whose database is down is taken out of the Service's endpoints instead of answering every call with
+UNAVAILABLE; when the store answers again it is SERVING. A check that has not returned by the next tick keeps
+the replica not ready. Liveness (`/healthz`) does not depend on the store: a restart would not bring a
+database back. Messages are limited to gRPC's 4 MiB default in
 both directions (digests and bundles cross the wire, never weights).
 
 Shutdown: SIGTERM or SIGINT flips health to NOT_SERVING, stops accepting calls, gives in-flight calls
@@ -13,6 +21,7 @@ stops) and closes the store.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import signal
 from collections.abc import Callable
@@ -49,11 +58,19 @@ from modelsec.v1 import (
     watermark_pb2_grpc,
 )
 
-__all__ = ["MAX_MESSAGE_BYTES", "SERVICES", "RunningServer", "run_server", "start_server"]
+__all__ = [
+    "MAX_MESSAGE_BYTES",
+    "READINESS_INTERVAL_S",
+    "SERVICES",
+    "RunningServer",
+    "run_server",
+    "start_server",
+]
 
 _log = logging.getLogger("modelsec.service")
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 _MAX_TLS_FILE_BYTES = 1 << 20
+READINESS_INTERVAL_S = 5.0  # as the readinessProbe's periodSeconds in deploy/serve
 
 
 # Full service name -> how to add its servicer.
@@ -87,6 +104,7 @@ class RunningServer:
     metrics: ServiceMetrics
     health: health_aio.HealthServicer
     metrics_server: MetricsServer | None
+    readiness: asyncio.Task[None] | None = None
 
     @property
     def metrics_port(self) -> int | None:
@@ -96,6 +114,8 @@ class RunningServer:
     async def stop(self, grace: float | None = None) -> None:
         """Graceful shutdown: NOT_SERVING, no new calls, `grace` seconds for in-flight ones, then cancel."""
         self.metrics.serving = False
+        if self.readiness is not None:
+            self.readiness.cancel()
         await self.health.enter_graceful_shutdown()
         await self.server.stop(self.state.config.grace_period if grace is None else grace)
         if self.metrics_server is not None:
@@ -119,12 +139,17 @@ def _tls_file(path: Path, what: str) -> bytes:
 
 
 async def start_server(
-    config: ServerConfig, state: ServiceState | None = None, *, reuse_port: bool = False
+    config: ServerConfig,
+    state: ServiceState | None = None,
+    *,
+    reuse_port: bool = False,
+    readiness_interval: float = READINESS_INTERVAL_S,
 ) -> RunningServer:
     """Build and start the server for `config` (port 0 in `listen` picks a free port).
 
     With `reuse_port`, the port is bound with `SO_REUSEPORT`, shared with the other worker processes of
-    `modelsec serve --workers` (`modelsec.service.workers`); otherwise a port in use is an error.
+    `modelsec serve --workers` (`modelsec.service.workers`); otherwise a port in use is an error. The store
+    is checked every `readiness_interval` seconds (see the module docstring).
 
     Raises:
         PolicyError, KeyMaterialError: From loading the state (policy file, keys).
@@ -163,14 +188,63 @@ async def start_server(
     if port == 0:
         raise BackendUnavailableError(f"cannot listen on {config.listen}")
     await server.start()
-    for name in ("", *SERVICES):
-        await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+    await _set_health(health, metrics, _store_problem(state))
     metrics_server = None
     if config.metrics_listen is not None:
         host, _, mport = config.metrics_listen.rpartition(":")
         metrics_server = MetricsServer(metrics, host.strip("[]"), int(mport))
         metrics_server.start()
-    return RunningServer(server, port, state, metrics, health, metrics_server)
+    readiness = asyncio.create_task(_watch_store(state, health, metrics, readiness_interval))
+    return RunningServer(server, port, state, metrics, health, metrics_server, readiness)
+
+
+def _store_problem(state: ServiceState) -> str | None:
+    """Why the store cannot serve now (its `BackendUnavailableError`), or None when it answers."""
+    from modelsec.errors import BackendUnavailableError
+
+    try:
+        state.store.check()
+    except BackendUnavailableError as e:
+        return e.diagnostics()
+    return None
+
+
+async def _set_health(
+    health: health_aio.HealthServicer, metrics: ServiceMetrics, problem: str | None
+) -> None:
+    """SERVING or NOT_SERVING, overall and per service, and `/readyz`, after a store check."""
+    if problem != metrics.unready:
+        if problem is None:
+            _log.info('{"event":"store_ready"}')
+        else:
+            _log.warning('{"event":"store_unavailable","error":%s}', json.dumps(problem))
+    metrics.unready = problem
+    status = (
+        health_pb2.HealthCheckResponse.SERVING
+        if problem is None
+        else health_pb2.HealthCheckResponse.NOT_SERVING
+    )
+    for name in ("", *SERVICES):
+        await health.set(name, status)  # a no-op once graceful shutdown has begun
+
+
+async def _watch_store(
+    state: ServiceState, health: health_aio.HealthServicer, metrics: ServiceMetrics, interval: float
+) -> None:
+    """Check the store every `interval` seconds in a worker thread (the check blocks), until cancelled."""
+    loop = asyncio.get_running_loop()
+    pending: asyncio.Future[str | None] | None = None
+    while True:
+        await asyncio.sleep(interval)
+        if pending is None:
+            pending = loop.run_in_executor(None, _store_problem, state)
+        try:
+            problem = await asyncio.wait_for(asyncio.shield(pending), interval)
+        except TimeoutError:
+            problem = f"the attestation store did not answer a check within {interval:g} s"
+        else:
+            pending = None
+        await _set_health(health, metrics, problem)
 
 
 async def run_server(

@@ -12,15 +12,17 @@ naming the field and the reason, and no patch):
    `modelsec.dev/models` annotations, the KServe storage fields that hold a URI, container, init
    container and ephemeral container images and image volumes (`volumes[].image.reference`);
 3. a source is *covered* when a policy that applies in the namespace matches it (normalised as the
-   validating webhook normalises it: `modelsec.registry.reference`). Only covered `oci://` references
-   and images are resolved; a reference that is malformed, not covered, or not in a registry (`file://`,
-   `kserve-storage://`, ...) is left as written for the validating webhook to judge;
+   validating webhook normalises it: `modelsec.registry.reference`). Only covered `oci://` (and
+   `modelsec+oci://`) references and images are resolved; a reference that is malformed, not covered, or
+   not in a registry (`file://`, `kserve-storage://`, ...) is left as written for the validating webhook
+   to judge;
 4. a covered reference that names a tag (or no tag and no digest: `latest`, as the runtime pulls it) is
    resolved to the sha256 digest of the manifest the registry serves for it now (a GET whose bytes are
    hashed: the registry's `Docker-Content-Digest` header is never believed), once per distinct tag in the
    review, so every field naming the same tag gets the same digest. It is rewritten as
-   `REGISTRY/REPOSITORY@sha256:<hex>` (`oci://…@sha256:<hex>` in a model reference). A tag the registry
-   does not hold, a registry that cannot be read, or the deadline is a deny (fail closed);
+   `REGISTRY/REPOSITORY@sha256:<hex>` (`oci://…@sha256:<hex>` in a model reference, `modelsec+oci://…`
+   kept as `modelsec+oci://…@sha256:<hex>` so that KServe still routes it to modelsec's initializer). A
+   tag the registry does not hold, a registry that cannot be read, or the deadline is a deny (fail closed);
 5. the pin: for each covered reference that now names a digest, the model root digests that a binding
    signed by a matching policy's key attaches to that OCI manifest (`bindings`, as the validating webhook
    reads them); a digest that names no manifest, or that no trusted binding names, is pinned as it is
@@ -64,8 +66,10 @@ from modelsec.registry.client import RegistryClient, RegistryOptions
 from modelsec.registry.reference import (
     OciReference,
     normalize_model_uri,
+    oci_scheme,
     parse_image_reference,
     parse_reference,
+    pinned_uri,
 )
 from modelsec.verifier.pinning import MODEL_DIGEST_ENV, split_models_annotation, split_reference
 from modelsec.webhook.decision import (
@@ -213,13 +217,14 @@ class _Plan:
         if not matched:
             return raw
         if digest is None:
-            if not uri.startswith("oci://"):
+            if oci_scheme(uri) is None:
                 return raw  # no tag to resolve: the policies that require a digest refuse it
             ref = parse_reference(uri)
             digest = self.digest_of(ref, where)
             if digest is None:
                 return raw
-            raw = f"{ref.repository_uri}@sha256:{digest}"
+            # The scheme is kept: a `modelsec+oci://` storageUri must still reach modelsec's initializer.
+            raw = pinned_uri(uri, f"sha256:{digest}")
         self.covered.setdefault((normalised, digest), matched)
         return raw
 

@@ -86,6 +86,7 @@ from modelsec.errors import (
     PolicyViolationError,
 )
 from modelsec.policy import Policy, PolicySet
+from modelsec.registry.reference import oci_scheme
 from modelsec.strict_json import strict_loads
 from modelsec.verifier.admission import AdmissionVerdict, DigestRequiredError, evaluate
 from modelsec.verifier.pinning import MODELS_ANNOTATION
@@ -624,7 +625,7 @@ class Reviewer:
                 return f"verified{via}: " + "; ".join(verdict.satisfied)
             why = "; ".join(verdict.reasons())
             reasons.append(why if root == digest else f"bound model root digest {root}: {why}")
-            if root == digest and raw.startswith("oci://") and self.bindings is not None:
+            if root == digest and oci_scheme(raw) and self.bindings is not None:
                 bound, _ = self.evidence_cache.get_or_load(
                     ("bindings", generation, policy.name, raw),
                     functools.partial(_bound_tuple, self.bindings, raw, policy, reasons),

@@ -2,7 +2,7 @@
 
 A bare `pip install .` is simulated in a subprocess: a `sitecustomize` on PYTHONPATH installs a meta-path
 finder that raises ModuleNotFoundError for every module an extra installs (torch, numpy, scipy, grpc,
-protobuf, prometheus_client, uvicorn, starlette), as an interpreter without them would.
+protobuf, prometheus_client, uvicorn, starlette, psycopg), as an interpreter without them would.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from modelsec.signer import generate_private_key_pem
 pytestmark = pytest.mark.integration
 
 EXTRA_MODULES = (
-    "torch,numpy,scipy,grpc,grpc_health,grpc_reflection,google,prometheus_client,uvicorn,starlette,pkcs11"
+    "torch,numpy,scipy,grpc,grpc_health,grpc_reflection,google,prometheus_client,uvicorn,starlette,pkcs11,"
+    "psycopg"
 )
 BLOCKER = """
 import importlib.abc, os, sys
@@ -81,6 +82,10 @@ CASES = {
     "pkcs11"),
     "attest pull": (["attest", "pull", "ab" * 32, *SERVER], "grpc"),
     "attest push": (["attest", "push", "ci.pub.pem", *SERVER], "grpc"),
+    "attest put": (
+        ["attest", "put", "--store", "postgresql://modelsec@127.0.0.1:1/db", "ci.pub.pem"],
+        "postgres",
+    ),
     "webhook serve": (
         ["webhook", "serve", "--policy", "gate.yaml", "--store", "st", "--tls-cert", "c.pem",
             "--tls-key", "k.pem"],

@@ -111,7 +111,8 @@ def _pod(image: str, *, annotations: dict[str, str] | None = None) -> dict[str, 
 
 
 def _review(obj: dict[str, Any], uid: str = "uid-m") -> bytes:
-    gvk = {"group": "", "version": "v1", "kind": "Pod"}
+    group, _, version = obj["apiVersion"].rpartition("/")
+    gvk = {"group": group, "version": version, "kind": obj["kind"]}
     request = {
         "uid": uid,
         "kind": gvk,
@@ -313,3 +314,65 @@ def test_policy_test_prints_each_objects_patch_and_verdict_without_a_cluster(
     # A workload file that is not YAML is a usage error (2), not a verdict.
     workloads.write_text("a: [\n")
     assert cli(*args).returncode == 2
+
+
+def _inference_service(storage_uri: str) -> dict[str, Any]:
+    """An InferenceService whose predictor reads `storage_uri` (`modelsec+oci://` routes to modelsec)."""
+    return {
+        "apiVersion": "serving.kserve.io/v1beta1",
+        "kind": "InferenceService",
+        "metadata": {"name": "llm", "namespace": "ml"},
+        "spec": {
+            "predictor": {
+                "model": {"modelFormat": {"name": "huggingface"}, "storageUri": storage_uri},
+            }
+        },
+    }
+
+
+@pytest.mark.slow
+def test_the_storage_initializer_scheme_is_pinned_and_verified_as_an_oci_reference(
+    pushed: tuple[str, Path, PushResult], key_dir: Path, registry: Registry
+) -> None:
+    """Issue 28.2/28.3: `modelsec+oci://repo:tag` is pinned in its own scheme, verified from the registry."""
+    repo, _, result = pushed
+    options = _options(registry)
+    policies = _policies(registry, key_dir, repo)
+
+    def bindings(reference: str, policy: Policy) -> set[str]:
+        return bound_root_digests(reference, policy, options=options)
+
+    # As `modelsec webhook serve` builds it: no store of its own, the evidence read from the registry.
+    reviewer = Reviewer(policies, None, WebhookConfig(), bindings=bindings, registry=options)
+    mutator = Mutator(reviewer, registry_resolver(options))
+    name = f"{registry.address}/models/{repo}"
+    isvc = _inference_service(f"modelsec+oci://{name}:v1")
+    assert reviewer.review(_review(isvc)).allowed is False  # a tag is mutable: refused until pinned
+
+    mutation = mutator.review(_review(isvc))
+    patched = _patched(mutation, isvc)
+    model = patched["spec"]["predictor"]["model"]
+    # The scheme is kept, so KServe still hands the URI to modelsec's storage initializer.
+    assert model["storageUri"] == f"modelsec+oci://{name}@{result.manifest_digest}"
+    assert _env(model)["MODELSEC_MODEL_DIGEST"] == f"oci://{name}@sha256:{result.root_digest}"
+    assert mutator.review(_review(patched)).patch == ()  # reinvocation: nothing more
+
+    decision = reviewer.review(_review(patched))
+    assert decision.allowed, decision.messages
+    (ref,) = decision.references
+    assert ref.reference == model["storageUri"] and ref.policy == "models"
+    assert f"signed binding to model root digest {result.root_digest}" in ref.detail
+
+    # Verified, not waved through: under a key that signed nothing here, the same object is refused.
+    untrusted = PolicySet.from_mapping(
+        {
+            "apiVersion": "modelsec.dev/v1alpha1",
+            "kind": "ModelPolicy",
+            "policies": [{"name": "models", "match": [f"oci://{name}"], "keys": ["other.pub.pem"]}],
+        },
+        base_dir=key_dir,
+        source="untrusted-policy",
+    )
+    refused = Reviewer(untrusted, None, WebhookConfig(), bindings=bindings, registry=options)
+    decision = refused.review(_review(patched))
+    assert decision.allowed is False and decision.reason == "attestation", decision.messages

@@ -61,12 +61,13 @@ def write_server_config(directory: Path, key_dir: Path, **fields: Any) -> Path:
 class InThreadServer:
     """A real server on a loopback port, on its own event loop in a daemon thread."""
 
-    def __init__(self, config_path: Path) -> None:
+    def __init__(self, config_path: Path, **start: Any) -> None:
+        """Start it; `start` are further keyword arguments of `start_server` (`readiness_interval`)."""
         self.config = load_server_config(config_path)
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
-        self.running: RunningServer = self._run(start_server(self.config))
+        self.running: RunningServer = self._run(start_server(self.config, **start))
         self.port = self.running.port
         self.target = f"127.0.0.1:{self.port}"
 

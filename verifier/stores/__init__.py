@@ -266,9 +266,10 @@ def evidence_stores(reference: str, policy: Policy) -> tuple[str, ...]:
     that a policy means the same stores wherever a model is checked, in this order:
 
     1. the policy's `attestationStore`, when it names one (a directory, `sqlite://`, `grpc(s)://`, `oci://`);
-    2. for an `oci://REGISTRY/REPOSITORY[:TAG][@sha256:HEX]` reference (a pushed model, or a model image as
-       `oci://<image>`), the artifact's own registry, `oci://REGISTRY/REPOSITORY`: its store reads the
-       referrers of the model's manifest (OCI 1.1 referrers API, tag-schema fallback);
+    2. for an `oci://REGISTRY/REPOSITORY[:TAG][@sha256:HEX]` reference (a pushed model, a model image as
+       `oci://<image>`, or the same as a `modelsec+oci://` storage URI), the artifact's own registry,
+       `oci://REGISTRY/REPOSITORY`: its store reads the referrers of the model's manifest (OCI 1.1
+       referrers API, tag-schema fallback);
     3. nothing else: a local directory has its bundles beside it.
 
     Evidence is selected, never voted (decision 13), so reading both stores can only add evidence. A store
@@ -289,8 +290,9 @@ def evidence_stores(reference: str, policy: Policy) -> tuple[str, ...]:
     out: list[str] = []
     if policy.attestation_store is not None:
         out.append(policy.attestation_store)
-    if reference.startswith("oci://"):
-        from modelsec.registry.reference import parse_reference
+    from modelsec.registry.reference import oci_scheme, parse_reference
+
+    if oci_scheme(reference):
 
         own = parse_reference(reference).repository_uri
         if own not in out:

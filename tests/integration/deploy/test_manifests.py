@@ -168,7 +168,10 @@ def test_serve_args_and_config_map_load_with_the_cli() -> None:
     metrics_port = int((config.metrics_listen or "").rsplit(":", 1)[1])
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"grpc": listen_port, "metrics": metrics_port}
-    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    # Readiness follows the shared database (a replica whose store is down leaves the endpoints); liveness
+    # does not (a restart would not bring the database back).
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert config.grace_period < spec["terminationGracePeriodSeconds"]
 
 

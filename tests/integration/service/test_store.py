@@ -202,3 +202,24 @@ def test_open_store_reaches_postgresql_with_libpq_credentials_and_never_shows_th
     store = open_store(url)
     assert isinstance(store, PostgresAttestationStore) and postgres.password not in store.uri
     assert _put(store, b"one") is True and store.bundles(D1) == [b"one"]
+
+
+def test_attest_put_and_list_through_a_postgresql_store_uri(
+    postgres: Postgres, tmp_path: Path, key_dir: Path, cli: Any
+) -> None:
+    """The `attest` commands take `postgresql://` as their help says (password from libpq, never argv)."""
+    import json
+
+    from modelsec.signer import load_private_key_file, sign_model
+    from tests.conftest import write_tiny_model
+
+    model = write_tiny_model(tmp_path / "model", shards=1, seed=41)
+    sign_model(model, [load_private_key_file(key_dir / "ecdsa-p256.key.pem")])
+    url, env = postgres.new_database(), {"PGPASSWORD": postgres.password}
+    put = cli("attest", "put", "--store", url, model / "model.sig", env=env)
+    assert put.returncode == 0, put.stderr
+    listed = cli("attest", "list", model, "--store", url, "--json", env=env)
+    assert listed.returncode == 0, listed.stderr
+    paths = [b["path"] for b in json.loads(listed.stdout)["bundles"]]
+    assert len([p for p in paths if p.startswith("postgresql://")]) == 1, paths
+    assert postgres.password not in put.stdout + put.stderr + listed.stdout + listed.stderr

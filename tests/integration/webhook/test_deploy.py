@@ -14,6 +14,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 
 from modelsec.webhook.review import WebhookConfig
@@ -187,6 +188,98 @@ def test_deployment_args_parse_with_the_cli() -> None:
     assert ctx.params["deadline"] < 10 and ctx.params["require_models_in"] == ()
     volumes = {m["mountPath"] for m in container["volumeMounts"]}
     assert str(ctx.params["policy"].parent) in volumes
+    # The evidence comes from the registry, not a store of the deployment's own; its cache bound is stated.
+    assert ctx.params["store"] is None
+    assert ctx.get_parameter_source("evidence_ttl") is click.core.ParameterSource.COMMANDLINE
+
+
+def _registry_wiring(spec: dict[str, Any], container: dict[str, Any]) -> None:
+    """The registry's credentials and CA reach the webhook as `RegistryOptions.from_env` reads them."""
+    from modelsec.registry.client import RegistryOptions
+
+    env = {e["name"]: e["value"] for e in container["env"]}
+    options = RegistryOptions.from_env(env)
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+
+    def source(path: Path | None) -> tuple[dict[str, Any], str]:
+        assert path is not None
+        mount = mounts[str(path.parent)]
+        assert mount["readOnly"] is True
+        return volumes[mount["name"]], path.name
+
+    # The Docker config is a `kubernetes.io/dockerconfigjson` Secret's key, as config.json.
+    volume, name = source(options.docker_config)
+    assert {"key": ".dockerconfigjson", "path": name} in volume["secret"]["items"]
+    volume, name = source(options.ca_file)
+    assert "configMap" in volume and name == "ca.crt"
+    assert options.username is None and options.password is None  # never in the manifests
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_replicas_share_no_volume_and_read_evidence_from_the_registry(overlay: str, cli: Any) -> None:
+    """Issue 28.4: no PVC, no volume shared across replicas; env and args are options of the CLI."""
+    docs = render(DEPLOY / "overlays" / overlay)
+    assert "PersistentVolumeClaim" not in {d["kind"] for d in docs}
+    deployment = one(docs, "Deployment")
+    assert deployment["spec"]["replicas"] >= 2
+    spec = deployment["spec"]["template"]["spec"]
+    # Each replica gets its own copy of every volume: Secrets and ConfigMaps (projected by the kubelet), or
+    # an emptyDir; no claim, host path or network file system is mounted by two replicas.
+    per_pod = {"secret", "configMap", "emptyDir", "projected", "downwardAPI"}
+    for volume in spec["volumes"]:
+        assert set(volume) - {"name"} <= per_pod, volume
+    (container,) = spec["containers"]
+    _registry_wiring(spec, container)
+    # Every variable and option the manifest sets is one `modelsec webhook serve --help` documents.
+    help_text = cli("webhook", "serve", "--help").stdout
+    for name in (e["name"] for e in container["env"]):
+        assert f"${name}" in help_text, name
+    for arg in container["args"][2:]:
+        assert arg.split("=", 1)[0] in help_text, arg
+
+
+@pytest.mark.parametrize(
+    ("component", "store"),
+    [("directory-store", "/var/lib/modelsec/attestations"), ("grpc-store", "grpcs://")],
+)
+def test_store_components_add_a_store_that_the_cli_accepts(
+    component: str, store: str, tmp_path: Path
+) -> None:
+    """The documented way back to a store of the deployment's own (deploy/README.md, "Upgrading")."""
+    from modelsec.cli.webhook import webhook
+
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    shutil.copytree(DEPLOY, tmp_path / "webhook")
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        f"resources: [../webhook/overlays/self-signed]\ncomponents: [../webhook/components/{component}]\n"
+    )
+    docs = render(overlay)
+    for doc in docs:
+        if doc["apiVersion"] in CORE_API_VERSIONS:
+            kubernetes_validate.validate(doc, "1.30.0", strict=True)
+    spec = one(docs, "Deployment")["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    ctx = copy.copy(webhook.commands["serve"]).make_context("serve", list(container["args"][2:]))
+    assert ctx.params["store"].startswith(store)
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    for path in (ctx.params["store_ca"], ctx.params["store_client_cert"], ctx.params["store_client_key"]):
+        if path is not None:
+            assert mounts[str(path.parent)]["readOnly"] is True
+    _registry_wiring(spec, container)  # the registry is still read
+    claims = [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
+    if component == "directory-store":
+        (claim,) = claims
+        mount = mounts[ctx.params["store"]]
+        assert mount["readOnly"] is True
+        assert volumes[mount["name"]]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+        assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    else:
+        assert claims == []
 
 
 def test_servicemonitor_component_scrapes_the_metrics_port(tmp_path: Path) -> None:

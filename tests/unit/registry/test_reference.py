@@ -7,6 +7,8 @@ default, `library/`, the legacy `index.docker.io`; plus what a pull reaches (hos
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from modelsec.errors import InvalidReferenceError, MalformedArtifactError, PolicyError
@@ -121,3 +123,50 @@ def test_a_pattern_with_an_upper_case_repository_is_refused() -> None:
         normalize_pattern("oci://registry.internal/Models/**")
     with pytest.raises(PolicyError, match="port 70000"):
         normalize_pattern("oci://registry.internal:70000/models/**")
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "modelsec+oci://REGISTRY.INTERNAL:443/models/llm:v1",
+        "modelsec+oci://registry.internal/models/llm@" + D,
+        "oci://registry.internal/models/llm:v1",
+    ],
+)
+def test_the_storage_initializer_scheme_is_an_oci_reference(uri: str, key_dir: Path) -> None:
+    """`modelsec+oci://` (KServe storageUri routed to modelsec) parses, normalises and matches as `oci://`."""
+    from modelsec.policy import PolicySet
+    from modelsec.registry.reference import normalize_model_uri, pinned_uri
+
+    assert parse_reference(uri).name == "registry.internal/models/llm"
+    assert normalize_model_uri(uri) == "oci://registry.internal/models/llm"
+    policies = PolicySet.from_mapping(
+        {
+            "apiVersion": "modelsec.dev/v1alpha1",
+            "kind": "ModelPolicy",
+            "policies": [
+                {"name": "p", "match": ["oci://registry.internal/models/**"], "keys": ["ecdsa-p256.pub.pem"]}
+            ],
+        },
+        base_dir=key_dir,
+        source="test",
+    )
+    assert [p.name for p in policies.matching(normalize_model_uri(uri), "ml")] == ["p"]
+    # A pin keeps the scheme it was written with: KServe routes by the prefix.
+    scheme = uri.split("://", 1)[0]
+    assert pinned_uri(uri, D) == f"{scheme}://registry.internal/models/llm@{D}"
+
+
+def test_initializer_patterns_and_bad_spellings() -> None:
+    from modelsec.registry.reference import normalize_model_uri, pinned_uri
+
+    assert normalize_pattern("modelsec+oci://Registry.Internal:443/models/**") == (
+        "oci://registry.internal/models/**"
+    )
+    with pytest.raises(InvalidReferenceError, match="not lower case"):
+        normalize_model_uri("modelsec+oci://registry.internal/Models/llm:v1")
+    with pytest.raises(InvalidReferenceError):
+        pinned_uri("s3://bucket/llm", D)
+    with pytest.raises(InvalidReferenceError):
+        pinned_uri("modelsec+oci://registry.internal/models/llm", "sha512:" + "ab" * 64)
+    assert normalize_model_uri("modelsec+s3://bucket/llm") == "modelsec+s3://bucket/llm"  # not OCI
