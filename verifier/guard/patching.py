@@ -26,7 +26,7 @@ from types import ModuleType
 from typing import Any
 
 from modelsec.errors import Error, PolicyViolationError
-from modelsec.policy import Policy, PolicySet, model_uri
+from modelsec.policy import Policy, PolicySet
 from modelsec.verifier.guard.snapshot import (
     VerifiedSnapshot,
     check_relative_name,
@@ -35,7 +35,7 @@ from modelsec.verifier.guard.snapshot import (
     snapshot_containing,
 )
 from modelsec.verifier.loader import resolve_policy
-from modelsec.verifier.pinning import DigestPin, digests_for_model
+from modelsec.verifier.pinning import DigestPin
 from modelsec.verifier.verification import precheck_file
 
 __all__ = [
@@ -102,8 +102,7 @@ def snapshot_for(path: Path) -> tuple[VerifiedSnapshot, str]:
         # A single file is refused for what it is (pickle, malformed header) before bundles are looked for.
         precheck_file(path, resolve_policy(path, _policy))
     root = find_signed_root(path)
-    expected = digests_for_model(_pins, model_uri(root)) if _pins is not None else None
-    snap = open_snapshot(root, _policy, expected_digests=expected)
+    snap = open_snapshot(root, _policy, pins=_pins)
     rel = os.path.relpath(os.path.abspath(path), os.path.abspath(root))
     return snap, "" if rel == "." else rel
 

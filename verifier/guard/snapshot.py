@@ -38,9 +38,10 @@ from modelsec.modelformat.hashing import FileDigests, hash_files, hash_source, i
 from modelsec.modelformat.model_files import open_beneath, open_model_root
 from modelsec.policy import Policy, PolicySet
 from modelsec.signer.layout import SIGNATURE_FILE_NAMES, find_default_bundles
-from modelsec.verifier.admission import admit_opened, report_warnings
+from modelsec.verifier.admission import admit_opened, opened_model_uri, report_warnings
 from modelsec.verifier.audit import record_verified_model
 from modelsec.verifier.guard.private_files import PrivateTree
+from modelsec.verifier.pinning import DigestPin, digests_for_model
 from modelsec.verifier.verification import SignedModel, check_digests, check_file_set, verify_signatures
 
 __all__ = [
@@ -229,6 +230,7 @@ def open_snapshot(
     policy: Policy | PolicySet | None = None,
     *,
     expected_digests: Collection[str] | None = None,
+    pins: Collection[DigestPin] | None = None,
 ) -> VerifiedSnapshot:
     """Verify a model directory whole (once per process) and return its private read-only tree.
 
@@ -238,6 +240,9 @@ def open_snapshot(
         model_dir: The signed model directory (holding `model.sig` and/or `model.sm2.sig`).
         policy: A `Policy`, a `PolicySet` (matched as `file://<real path>`), or None for `$MODELSEC_POLICY`.
         expected_digests: Root digests (`sha256:<hex>` or hex) the model must have; None: no pin.
+        pins: `$MODELSEC_MODEL_DIGEST`'s pins, when `expected_digests` is None: those that apply are chosen
+            for the `file://` path of the directory that was opened (`digests_for_model`), never for a path
+            resolved before the open.
 
     Returns:
         The snapshot (cached: a second call for the same directory, root digest and policy returns it
@@ -258,7 +263,7 @@ def open_snapshot(
     # it serves later (a cached snapshot lives as long as the process).
     root_fd = open_model_root(model_dir)
     try:
-        return _open_snapshot(model_dir, root_fd, policy, expected_digests)
+        return _open_snapshot(model_dir, root_fd, policy, expected_digests, pins)
     finally:
         os.close(root_fd)
 
@@ -268,9 +273,14 @@ def _open_snapshot(
     opened_fd: int,
     policy: Policy | PolicySet | None,
     expected_digests: Collection[str] | None,
+    pins: Collection[DigestPin] | None,
 ) -> VerifiedSnapshot:
     admission = admit_opened(model_dir, opened_fd, None, policy)
     resolved = admission.policy
+    if expected_digests is None and pins is not None:
+        expected_digests = digests_for_model(
+            pins, admission.uri or opened_model_uri(model_dir, opened_fd, None)
+        )
     signed = verify_signatures(model_dir, admission, expected_digests=expected_digests, root_fd=opened_fd)
     report_warnings(signed.warnings)
     key = (admission.uri, signed.root_digest, _policy_key(admission))
