@@ -8,10 +8,8 @@ evidence is skipped unread, and past the budget referrers are listed unread, nev
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -19,20 +17,16 @@ from modelsec.distribution.push_pull import bound_root_digests, pull_model, push
 from modelsec.policy import Policy, PolicySet
 from modelsec.registry.client import (
     BUNDLE_ARTIFACT_TYPE,
-    EMPTY_CONFIG,
-    INDEX_MEDIA_TYPE,
     MANIFEST_MEDIA_TYPE,
     RegistryClient,
     RegistryOptions,
-    canonical_json,
-    descriptor,
 )
 from modelsec.signer import load_private_key_file, sign_model
 from modelsec.verifier import verify_attestations
 from modelsec.verifier.stores import StoreOptions, open_store
 from modelsec.webhook.review import Reviewer, WebhookConfig
 from tests.conftest import write_tiny_model
-from tests.support.oci import PASSWORD, USER, Registry
+from tests.support.oci import PASSWORD, USER, Registry, flood_referrers
 from tests.unit.webhook.test_review import FakeClock, answer, review_body
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -40,36 +34,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 JUNK = 300  # referrers of a foreign type: more than the 256 that pull and the webhook used to refuse past
 UNTRUSTED = 40  # valid-looking bundles signed by an untrusted key (each is read: 2 requests)
 STORE_BUDGET = 16  # the oci:// store's max_bundles here, so that the untrusted bundles overflow it
-
-
-def _flood(
-    client: RegistryClient, repo: str, subject: dict[str, Any], artifact_type: str, layer: bytes, count: int
-) -> None:
-    """Attach `count` distinct referrers of `artifact_type` (one shared layer), as a pusher does.
-
-    The fallback index is written once (the registry checks that each listed manifest exists).
-    """
-    client.put_blob(repo, str(EMPTY_CONFIG["digest"]), 2, b"{}")
-    layer_desc = descriptor(BUNDLE_ARTIFACT_TYPE, layer)
-    client.put_blob(repo, layer_desc["digest"], len(layer), layer)
-    tag = subject["digest"].replace(":", "-")
-    index = json.loads(client.get_manifest(repo, tag)[0])
-    for i in range(count):
-        manifest = canonical_json(
-            {
-                "schemaVersion": 2,
-                "mediaType": MANIFEST_MEDIA_TYPE,
-                "artifactType": artifact_type,
-                "config": EMPTY_CONFIG,
-                "layers": [layer_desc],
-                "subject": {k: subject[k] for k in ("mediaType", "digest", "size")},
-                "annotations": {"junk": str(i)},
-            }
-        )
-        desc = descriptor(MANIFEST_MEDIA_TYPE, manifest, artifactType=artifact_type)
-        client.put_manifest(repo, desc["digest"], manifest, MANIFEST_MEDIA_TYPE)
-        index["manifests"].append(desc)
-    client.put_manifest(repo, tag, canonical_json(index), INDEX_MEDIA_TYPE)
 
 
 def test_junk_and_untrusted_referrers_cannot_veto_a_signed_model(
@@ -88,9 +52,9 @@ def test_junk_and_untrusted_referrers_cannot_veto_a_signed_model(
     subject = {"mediaType": MANIFEST_MEDIA_TYPE, "digest": pushed.manifest_digest}
     subject["size"] = len(client.get_manifest("models/flood", pushed.manifest_digest)[0])
     junk = b'{"junk": true}'
-    _flood(client, "models/flood", subject, "application/vnd.example.junk.v1+json", junk, JUNK)
+    flood_referrers(client, "models/flood", subject, "application/vnd.example.junk.v1+json", junk, JUNK)
     bundle = (untrusted / "model.sig").read_bytes()
-    _flood(client, "models/flood", subject, BUNDLE_ARTIFACT_TYPE, bundle, UNTRUSTED)
+    flood_referrers(client, "models/flood", subject, BUNDLE_ARTIFACT_TYPE, bundle, UNTRUSTED)
     listed = client.referrers("models/flood", pushed.manifest_digest)
     assert len(listed) == JUNK + UNTRUSTED + len(pushed.referrers)
 

@@ -9,6 +9,7 @@ say so.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import socket
@@ -18,9 +19,19 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import requests
 
+from modelsec.registry.client import (
+    BUNDLE_ARTIFACT_TYPE,
+    EMPTY_CONFIG,
+    INDEX_MEDIA_TYPE,
+    MANIFEST_MEDIA_TYPE,
+    RegistryClient,
+    canonical_json,
+    descriptor,
+)
 from tests.support.pki import TestCA
 
 REGISTRY_BINARY = "docker-registry"
@@ -123,3 +134,33 @@ def registry_missing_reason() -> str | None:
         "the CNCF distribution registry is not installed: `apt-get install -y docker-registry` "
         "(the Makefile's test set-up does it where apt-get exists)"
     )
+
+
+def flood_referrers(
+    client: RegistryClient, repo: str, subject: dict[str, Any], artifact_type: str, layer: bytes, count: int
+) -> None:
+    """Attach `count` distinct referrers of `artifact_type` (one shared layer), as a pusher does.
+
+    The fallback index is written once (the registry checks that each listed manifest exists).
+    """
+    client.put_blob(repo, str(EMPTY_CONFIG["digest"]), 2, b"{}")
+    layer_desc = descriptor(BUNDLE_ARTIFACT_TYPE, layer)
+    client.put_blob(repo, layer_desc["digest"], len(layer), layer)
+    tag = subject["digest"].replace(":", "-")
+    index = json.loads(client.get_manifest(repo, tag)[0])
+    for i in range(count):
+        manifest = canonical_json(
+            {
+                "schemaVersion": 2,
+                "mediaType": MANIFEST_MEDIA_TYPE,
+                "artifactType": artifact_type,
+                "config": EMPTY_CONFIG,
+                "layers": [layer_desc],
+                "subject": {k: subject[k] for k in ("mediaType", "digest", "size")},
+                "annotations": {"junk": str(i)},
+            }
+        )
+        desc = descriptor(MANIFEST_MEDIA_TYPE, manifest, artifactType=artifact_type)
+        client.put_manifest(repo, desc["digest"], manifest, MANIFEST_MEDIA_TYPE)
+        index["manifests"].append(desc)
+    client.put_manifest(repo, tag, canonical_json(index), INDEX_MEDIA_TYPE)
