@@ -36,8 +36,8 @@ counts. Order, failing closed at every step (any error is a deny naming the refe
    (OCI 1.1 referrers API, tag-schema fallback; read only when the reviewer is given `registry` options,
    as `modelsec webhook serve` always is). Each registry manifest's referrers are listed once per reference
    (`modelsec.registry.referrers.listing_once`): the binding lookup and the bundles read share the listing,
-   through the process's shared registry client (kept-alive connections and tokens). A bundle a store listed but did not read is
-   passed on with its reason, which a deny then names. They are checked with
+   through the process's shared registry client (kept-alive connections and tokens). A bundle a store
+   listed but did not read is passed on with its reason, which a deny then names. They are checked with
    `verify_attestations(digest, bundles, policy)` for each matching policy (weights signatures required).
    What a resolved store answers is kept in the registry-evidence cache (`EvidenceCache`, bounded): for
    `evidence_ttl_seconds` (the bound on how long a withdrawn attestation can still be served), a miss for
