@@ -92,7 +92,8 @@ _CONTENT_ITEM_BYTES = 64 * 2**10  # what is fetched by digest and kept, per item
 _CONTENT_TOTAL_BYTES = 8 * 2**20  # ... and in all, per client
 _TOKEN_LIFETIME = 60.0  # seconds a Bearer token lives when the token server omits `expires_in`
 _TOKEN_MARGIN = 5.0  # a token is dropped this long before it expires (a request must not race it)
-_MAX_TOKENS = 1024  # repositories whose Bearer token is kept
+_MAX_TOKENS = 1024  # repositories whose Bearer token (or referrers capability) is kept
+_NO_API_SECONDS = 60.0  # a registry without the referrers API is asked again after this long
 
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 
@@ -320,6 +321,7 @@ class RegistryClient:
         # What answered the last challenges: Basic for the whole registry, a Bearer token per repository.
         self._basic_accepted = False
         self._tokens: dict[str, tuple[str, float]] = {}
+        self._no_referrers_api: dict[str, float] = {}  # repository -> until when the fallback tag is read
         self._content = _ContentCache(_CONTENT_ITEM_BYTES, _CONTENT_TOTAL_BYTES)
 
     def close(self) -> None:
@@ -481,7 +483,7 @@ class RegistryClient:
             if ref.startswith("sha256:")
             else f"oci://{self.registry}/{repository}:{ref}"
         )
-        cached = self._content.get(repository, ref) if _DIGEST.fullmatch(ref) else None
+        cached = self._content.get(repository, "manifest:" + ref) if _DIGEST.fullmatch(ref) else None
         if cached is not None:
             return cached[0], cached[1], ref
         response = self.request(
@@ -500,8 +502,15 @@ class RegistryClient:
         if ref.startswith("sha256:") and not hmac.compare_digest(digest, ref):
             raise DigestMismatchError(what, ref, digest)
         media_type = response.headers.get("Content-Type", "").split(";")[0].strip()
-        self._content.put(repository, digest, data, media_type)
+        self._content.put(repository, "manifest:" + digest, data, media_type)
         return data, media_type, digest
+
+    def known_manifest(self, repository: str, digest: str) -> bool:
+        """Whether this client has read `digest` (`sha256:<hex>`) as a manifest of `repository` (no request).
+
+        A digest read as a manifest is a manifest digest: callers can tell it from a model root digest.
+        """
+        return self._content.get(repository, "manifest:" + digest) is not None
 
     def put_manifest(self, repository: str, ref: str, data: bytes, media_type: str) -> Any:
         """PUT manifest bytes under a tag or their digest; returns the response (for `OCI-Subject`).
@@ -597,7 +606,7 @@ class RegistryClient:
 
         One read before is answered from the client's content cache (see `get_manifest`).
         """
-        cached = self._content.get(repository, digest)
+        cached = self._content.get(repository, "blob:" + digest)
         if cached is not None:
             if len(cached[0]) > max_bytes:
                 raise MalformedArtifactError(f"{what}: larger than {max_bytes} bytes")
@@ -607,7 +616,7 @@ class RegistryClient:
         actual = "sha256:" + hashlib.sha256(data).hexdigest()
         if not hmac.compare_digest(actual, digest):
             raise DigestMismatchError(what, digest, actual)
-        self._content.put(repository, digest, data)
+        self._content.put(repository, "blob:" + digest, data)
         return data
 
     # -- referrers ---------------------------------------------------------------------------------------
@@ -617,13 +626,22 @@ class RegistryClient:
     ) -> list[dict[str, Any]]:
         """The descriptors of manifests whose `subject` is `digest` (API, else the fallback tag).
 
-        Descriptors are returned as the registry lists them (untrusted: fetch each by digest).
+        Descriptors are returned as the registry lists them (untrusted: fetch each by digest). A repository
+        whose registry answered that it has no referrers API is read through the fallback tag for the next
+        `_NO_API_SECONDS` without asking again (as oras-go keeps a repository's referrers capability), so a
+        registry upgraded meanwhile is asked again within that time.
 
         Raises:
             MalformedArtifactError: The listing is not an image index of descriptors.
             BackendUnavailableError: See `request`.
         """
         what = f"oci://{self.registry}/{repository}: referrers of {digest}"
+        with self._lock:
+            no_api = self._no_referrers_api.get(repository, 0.0) > self._clock()
+        if no_api:
+            index = self._fallback_index(repository, digest)
+            found = index.get("manifests", [])
+            return [d for d in found if artifact_type is None or d.get("artifactType") == artifact_type]
         response = self.request(
             "GET", f"{repository}/referrers/{digest}", headers={"Accept": INDEX_MEDIA_TYPE}, stream=True
         )
@@ -633,6 +651,10 @@ class RegistryClient:
             index = _parse_index(self._read(response, _MAX_MANIFEST_BYTES, what), what)
         elif response.status_code in (200, 400, 404, 405):
             _discard(response)
+            with self._lock:
+                if len(self._no_referrers_api) >= _MAX_TOKENS:
+                    self._no_referrers_api.clear()
+                self._no_referrers_api[repository] = self._clock() + _NO_API_SECONDS
             index = self._fallback_index(repository, digest)
         else:
             raise BackendUnavailableError(f"{what}: HTTP {response.status_code}")

@@ -116,6 +116,12 @@ class OciAttestationStore:
 
     def _manifest(self, digest: str) -> dict[str, Any] | None:
         """The descriptor of the manifest whose referrers hold `digest`'s bundles (None: no such model)."""
+        if self.reference.digest is None and self._client.known_manifest(
+            self.reference.repository, f"sha256:{digest}"
+        ):
+            # An OCI manifest's digest (a model image named by digest, before its binding is read) is not a
+            # model root digest, so no root tag names it: the lookup is skipped, its answer known.
+            return None
         try:
             data, media_type, manifest_digest = self._client.get_manifest(
                 self.reference.repository, self.reference.digest or root_tag(digest)
