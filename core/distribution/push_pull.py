@@ -72,6 +72,7 @@ from modelsec.registry.client import (
     descriptor,
     parse_reference,
     root_tag,
+    shared_client,
 )
 from modelsec.registry.referrers import ReferrerBudget, attach_bundle, read_evidence
 from modelsec.signer.keys import KeyBackend, TrustedKey
@@ -429,18 +430,21 @@ def bound_root_digests(reference: str, policy: Policy, *, options: RegistryOptio
     manifest's digest count; nothing about the model files is checked (admission then checks the root
     digest's evidence, and `pull` verifies the files).
 
+    Read through the process's shared client for the registry and `options`
+    (`modelsec.registry.client.shared_client`); inside a `modelsec.registry.referrers.listing_once` block
+    the manifest's referrers are listed once for this lookup and the evidence read that follows.
+
     Raises:
         MalformedArtifactError, DigestMismatchError: A bad reference, manifest or listing.
         NotFoundError: No such manifest.
         BackendUnavailableError: The registry cannot be reached.
     """
     ref = parse_reference(reference)
-    client = RegistryClient(ref.registry, options or RegistryOptions.from_env())
-    try:
-        _, _, digest = client.get_manifest(ref.repository, ref.ref)
-        return _collect(client, ref, digest, policy).bound
-    finally:
-        client.close()
+    # The process's shared client: a webhook looks bindings up on every uncached decision, and a client of
+    # its own would pay a TLS handshake and an authentication challenge each time.
+    client = shared_client(ref.registry, options)
+    _, _, digest = client.get_manifest(ref.repository, ref.ref)
+    return _collect(client, ref, digest, policy).bound
 
 
 def _open_new(root: Path, relative: str) -> Any:

@@ -15,6 +15,17 @@ Credentials: `RegistryOptions.username` / `password` (from `$MODELSEC_OCI_USERNA
 `$MODELSEC_OCI_PASSWORD`), else the `auths` entry for the registry in `$DOCKER_CONFIG/config.json` or
 `~/.docker/config.json` (a Kubernetes `dockerconfigjson` Secret mounted there). Basic and Bearer-token
 challenges are answered; nothing is retried after a network error (the caller's deadline holds).
+Credentials and tokens are sent to the client's own registry only (an absolute URL elsewhere, such as an
+upload `Location` on another host, gets no `Authorization`); a Bearer token is kept per repository until
+its `expires_in` (60 s when the token server does not say, as the Docker token specification defines).
+
+Connections: a client keeps its TLS connections open (HTTP keep-alive, up to `_POOL_CONNECTIONS` per
+registry) and every body it does not want is read to its end (a small one) so the connection goes back to
+the pool. A long-lived process (the webhook) shares one client per registry and credentials through
+`shared_client` (a bounded, thread-safe `ClientPool`), so a decision pays neither a TLS handshake nor an
+authentication challenge. What a client fetched *by digest* and is small (referrer manifests, bundles,
+configs: at most 64 KiB each, 8 MiB in all) is kept and served again without a request: its bytes were
+checked against the digest, so they cannot change; tags and listings, which can move, are always read.
 
 Why not oras-py: its request wrapper retries any connection error with sleeps of up to 83 s (a webhook
 must fail closed within its deadline), sets no timeouts, re-serialises manifests it uploads (the digest
@@ -29,7 +40,10 @@ import hmac
 import json
 import os
 import re
-from collections.abc import Mapping
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -49,12 +63,14 @@ __all__ = [
     "EMPTY_CONFIG",
     "INDEX_MEDIA_TYPE",
     "MANIFEST_MEDIA_TYPE",
+    "ClientPool",
     "OciReference",
     "RegistryClient",
     "RegistryOptions",
     "descriptor",
     "parse_reference",
     "root_tag",
+    "shared_client",
 ]
 
 MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
@@ -70,6 +86,14 @@ EMPTY_CONFIG = {
 }
 _MAX_MANIFEST_BYTES = 4 * 2**20  # containerd's and distribution's limit on a manifest
 _CHUNK = 2**20
+_POOL_CONNECTIONS = 16  # kept-alive connections per registry (a webhook decides on a few threads)
+_DRAIN_BYTES = 64 * 2**10  # an unwanted body up to this size is read to keep its connection
+_CONTENT_ITEM_BYTES = 64 * 2**10  # what is fetched by digest and kept, per item (manifests, bundles)
+_CONTENT_TOTAL_BYTES = 8 * 2**20  # ... and in all, per client
+_TOKEN_LIFETIME = 60.0  # seconds a Bearer token lives when the token server omits `expires_in`
+_TOKEN_MARGIN = 5.0  # a token is dropped this long before it expires (a request must not race it)
+_MAX_TOKENS = 1024  # repositories whose Bearer token (or referrers capability) is kept
+_NO_API_SECONDS = 60.0  # a registry without the referrers API is asked again after this long
 
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 
@@ -177,12 +201,101 @@ def _docker_credentials(path: Path | None, registry: str) -> str | None:
 _CHALLENGE = re.compile(r'(\w+)="([^"]*)"')
 
 
-class RegistryClient:
-    """One registry, reached over the distribution API (see the module docstring)."""
+def _credentials(options: RegistryOptions, registry: str) -> str | None:
+    """The base64 `user:password` to answer `registry`'s challenges with (None: anonymous).
 
-    def __init__(self, registry: str, options: RegistryOptions | None = None) -> None:
+    Raises:
+        KeyMaterialError: See `_docker_credentials`.
+    """
+    if options.username:
+        return base64.b64encode(f"{options.username}:{options.password or ''}".encode()).decode()
+    return _docker_credentials(options.docker_config, registry)
+
+
+def _discard(response: Any) -> None:
+    """Give `response`'s connection back to the pool: read a small unwanted body to its end, else close.
+
+    Closing a streamed response before its end closes its connection (urllib3), so the next request
+    would pay a new TCP and TLS handshake.
+    """
+    try:
+        read = 0
+        for chunk in response.iter_content(16 * 2**10):
+            read += len(chunk)
+            if read > _DRAIN_BYTES:
+                break
+    except Exception:  # noqa: BLE001,S110 - the body is unwanted: a failure only costs the connection
+        pass
+    response.close()
+
+
+def _repository_of(path: str) -> str:
+    """The repository a `/v2/<repository>/(manifests|blobs|referrers|tags)/…` path names ("" for `/v2/`)."""
+    match = _REPOSITORY_PATH.search(path)
+    return match.group(1) if match else ""
+
+
+_REPOSITORY_PATH = re.compile(r"/v2/(.+?)/(?:manifests|blobs|referrers|tags)/")
+
+
+class _ContentCache:
+    """Small content fetched by digest (verified), by (repository, digest): least recently used first out."""
+
+    def __init__(self, max_item_bytes: int, max_total_bytes: int) -> None:
+        self._items: OrderedDict[tuple[str, str], tuple[bytes, str]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._bytes = 0
+        self._max_item, self._max_total = max_item_bytes, max_total_bytes
+
+    def get(self, repository: str, digest: str) -> tuple[bytes, str] | None:
+        with self._lock:
+            item = self._items.get((repository, digest))
+            if item is not None:
+                self._items.move_to_end((repository, digest))
+            return item
+
+    def put(self, repository: str, digest: str, data: bytes, media_type: str = "") -> None:
+        if len(data) > self._max_item:
+            return
+        with self._lock:
+            key = (repository, digest)
+            if key in self._items:
+                return
+            self._items[key] = (data, media_type)
+            self._bytes += len(data)
+            while self._bytes > self._max_total:
+                _, (old, _) = self._items.popitem(last=False)
+                self._bytes -= len(old)
+
+
+class RegistryClient:
+    """One registry, reached over the distribution API (see the module docstring).
+
+    Thread-safe: threads may share a client (`shared_client`); each request takes a kept-alive connection
+    of its own from the client's pool.
+    """
+
+    def __init__(
+        self,
+        registry: str,
+        options: RegistryOptions | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """Create a client (no request is made yet).
+
+        Args:
+            registry: `host[:port]` as references normalise it (`docker.io` for Docker Hub).
+            options: TLS, credentials and timeout; default `RegistryOptions()`.
+            clock: Monotonic seconds, for token lifetimes (tests inject one).
+
+        Raises:
+            BackendUnavailableError: The oci extra (requests) is not installed.
+            KeyMaterialError: The Docker config file cannot be read (see `_docker_credentials`).
+        """
         try:
             import requests
+            import requests.adapters
         except ModuleNotFoundError as e:
             raise BackendUnavailableError(
                 "OCI registries need the oci extra: pip install 'modelsec[oci]'"
@@ -192,26 +305,53 @@ class RegistryClient:
         self._requests = requests
         self._session = requests.Session()
         self._session.trust_env = False  # no proxies or netrc credentials from the environment
+        adapter = requests.adapters.HTTPAdapter(
+            pool_connections=1, pool_maxsize=_POOL_CONNECTIONS, max_retries=0
+        )
+        for prefix in ("http://", "https://"):
+            self._session.mount(prefix, adapter)
         self._verify: bool | str = str(self.options.ca_file) if self.options.ca_file else True
         # Docker Hub is named `docker.io` (what references normalise to) and served at its API host.
         endpoint = DOCKER_HUB_ENDPOINT if registry == DOCKER_HUB else registry
-        self._base = ("http" if self.options.plain_http else "https") + f"://{endpoint}/v2/"
-        if self.options.username:
-            raw = f"{self.options.username}:{self.options.password or ''}".encode()
-            self._basic: str | None = base64.b64encode(raw).decode()
-        else:
-            self._basic = _docker_credentials(self.options.docker_config, registry)
-        self._auth: str | None = None
+        self._origin = ("http" if self.options.plain_http else "https") + f"://{endpoint}"
+        self._base = self._origin + "/v2/"
+        self._basic = _credentials(self.options, registry)
+        self._clock = clock
+        self._lock = threading.Lock()
+        # What answered the last challenges: Basic for the whole registry, a Bearer token per repository.
+        self._basic_accepted = False
+        self._tokens: dict[str, tuple[str, float]] = {}
+        self._no_referrers_api: dict[str, float] = {}  # repository -> until when the fallback tag is read
+        self._content = _ContentCache(_CONTENT_ITEM_BYTES, _CONTENT_TOTAL_BYTES)
 
     def close(self) -> None:
-        """Close the HTTP session."""
+        """Close the HTTP session (a pooled client from `shared_client` is closed by its pool, never here)."""
         self._session.close()
 
     # -- transport ---------------------------------------------------------------------------------------
 
-    def _send(self, method: str, url: str, headers: dict[str, str], data: Any, stream: bool) -> Any:
-        if self._auth:
-            headers = {**headers, "Authorization": self._auth}
+    def _own(self, url: str) -> bool:
+        """Whether `url` is on this client's registry (only there are its credentials sent)."""
+        return url == self._origin or url.startswith(self._origin + "/")
+
+    def _authorization(self, url: str) -> str | None:
+        """The `Authorization` to send with a request to `url` (None: none, e.g. another host)."""
+        if not self._own(url):
+            return None
+        repository = _repository_of(url[len(self._origin) :])
+        with self._lock:
+            token = self._tokens.get(repository)
+            if token is not None:
+                if self._clock() < token[1]:
+                    return f"Bearer {token[0]}"
+                del self._tokens[repository]  # expired: the next challenge gets a fresh one
+        return f"Basic {self._basic}" if self._basic_accepted and self._basic else None
+
+    def _send(
+        self, method: str, url: str, headers: dict[str, str], data: Any, stream: bool, auth: str | None
+    ) -> Any:
+        if auth:
+            headers = {**headers, "Authorization": auth}
         try:
             return self._session.request(
                 method,
@@ -244,29 +384,36 @@ class RegistryClient:
         """
         url = path if path.startswith(("http://", "https://")) else self._base + path
         headers = dict(headers or {})
-        sent = self._auth
-        response = self._send(method, url, headers, data, stream)
+        sent = self._authorization(url)
+        response = self._send(method, url, headers, data, stream, sent)
         # Another thread may have answered the challenge meanwhile: then retry with its credentials.
-        if response.status_code == 401 and (self._auth != sent or self._answer(response)):
+        if response.status_code == 401 and (
+            self._authorization(url) != sent or self._answer(response, url, sent)
+        ):
+            _discard(response)
             if hasattr(data, "seek"):
                 data.seek(0)
-            response = self._send(method, url, headers, data, stream)
+            response = self._send(method, url, headers, data, stream, self._authorization(url))
         if response.status_code in (401, 403):
+            _discard(response)
             raise BackendUnavailableError(f"registry {self.registry}: {method} {path}: access denied")
         if response.status_code >= 500:
+            _discard(response)
             raise BackendUnavailableError(
                 f"registry {self.registry}: {method} {path}: HTTP {response.status_code}"
             )
         return response
 
-    def _answer(self, response: Any) -> bool:
-        """Set `_auth` from a 401 challenge; False when there is nothing new to send."""
+    def _answer(self, response: Any, url: str, sent: str | None) -> bool:
+        """Answer a 401 challenge to a request to `url`; False when there is nothing new to send."""
+        if not self._own(url):
+            return False  # another host: its challenge is never answered with this registry's credentials
         challenge = response.headers.get("WWW-Authenticate", "")
         scheme = challenge.split(" ", 1)[0].lower()
         if scheme == "basic":
-            if not self._basic or self._auth == f"Basic {self._basic}":
+            if not self._basic or sent == f"Basic {self._basic}":
                 return False
-            self._auth = f"Basic {self._basic}"
+            self._basic_accepted = True
             return True
         if scheme != "bearer":
             return False
@@ -283,9 +430,16 @@ class RegistryClient:
         except (self._requests.RequestException, ValueError) as e:
             raise BackendUnavailableError(f"registry {self.registry}: token request failed") from e
         token = body.get("token") or body.get("access_token") if isinstance(body, dict) else None
-        if not isinstance(token, str) or not token or self._auth == f"Bearer {token}":
+        if not isinstance(token, str) or not token or sent == f"Bearer {token}":
             return False
-        self._auth = f"Bearer {token}"
+        lifetime = body.get("expires_in")
+        if not isinstance(lifetime, int | float) or isinstance(lifetime, bool) or lifetime <= 0:
+            lifetime = _TOKEN_LIFETIME
+        with self._lock:
+            if len(self._tokens) >= _MAX_TOKENS:
+                self._tokens.clear()
+            expires = self._clock() + max(0.0, float(lifetime) - _TOKEN_MARGIN)
+            self._tokens[_repository_of(url[len(self._origin) :])] = (token, expires)
         return True
 
     @staticmethod
@@ -315,6 +469,9 @@ class RegistryClient:
     def get_manifest(self, repository: str, ref: str) -> tuple[bytes, str, str]:
         """A manifest or index by tag or digest: `(bytes, media type, sha256 digest of the bytes)`.
 
+        A small manifest read by digest before is answered from the client's content cache (its bytes were
+        checked against the digest); a tag is always resolved by the registry.
+
         Raises:
             NotFoundError: No such manifest.
             DigestMismatchError: `ref` is a digest and the bytes hash otherwise.
@@ -326,22 +483,34 @@ class RegistryClient:
             if ref.startswith("sha256:")
             else f"oci://{self.registry}/{repository}:{ref}"
         )
+        cached = self._content.get(repository, "manifest:" + ref) if _DIGEST.fullmatch(ref) else None
+        if cached is not None:
+            return cached[0], cached[1], ref
         response = self.request(
             "GET",
             f"{repository}/manifests/{ref}",
             headers={"Accept": f"{MANIFEST_MEDIA_TYPE}, {INDEX_MEDIA_TYPE}"},
             stream=True,
         )
-        if response.status_code == 404:
-            raise NotFoundError(f"{what}: no such manifest")
         if response.status_code != 200:
+            _discard(response)
+            if response.status_code == 404:
+                raise NotFoundError(f"{what}: no such manifest")
             raise BackendUnavailableError(f"{what}: HTTP {response.status_code}")
         data = self._read(response, _MAX_MANIFEST_BYTES, what)
         digest = "sha256:" + hashlib.sha256(data).hexdigest()
         if ref.startswith("sha256:") and not hmac.compare_digest(digest, ref):
             raise DigestMismatchError(what, ref, digest)
         media_type = response.headers.get("Content-Type", "").split(";")[0].strip()
+        self._content.put(repository, "manifest:" + digest, data, media_type)
         return data, media_type, digest
+
+    def known_manifest(self, repository: str, digest: str) -> bool:
+        """Whether this client has read `digest` (`sha256:<hex>`) as a manifest of `repository` (no request).
+
+        A digest read as a manifest is a manifest digest: callers can tell it from a model root digest.
+        """
+        return self._content.get(repository, "manifest:" + digest) is not None
 
     def put_manifest(self, repository: str, ref: str, data: bytes, media_type: str) -> Any:
         """PUT manifest bytes under a tag or their digest; returns the response (for `OCI-Subject`).
@@ -397,6 +566,8 @@ class RegistryClient:
         if not _DIGEST.fullmatch(digest):
             raise MalformedArtifactError(f"{digest!r} is not a sha256 digest")
         response = self.request("GET", f"{repository}/blobs/{digest}", stream=True)
+        if response.status_code != 200:
+            _discard(response)
         if response.status_code == 404:
             raise NotFoundError(f"oci://{self.registry}/{repository}: no blob {digest}")
         if response.status_code != 200:
@@ -431,12 +602,21 @@ class RegistryClient:
             raise DigestMismatchError(what, digest, actual)
 
     def get_blob(self, repository: str, digest: str, max_bytes: int, *, what: str) -> bytes:
-        """A small blob (a bundle, a config) whose bytes must hash to `digest` (same errors)."""
+        """A small blob (a bundle, a config) whose bytes must hash to `digest` (same errors).
+
+        One read before is answered from the client's content cache (see `get_manifest`).
+        """
+        cached = self._content.get(repository, "blob:" + digest)
+        if cached is not None:
+            if len(cached[0]) > max_bytes:
+                raise MalformedArtifactError(f"{what}: larger than {max_bytes} bytes")
+            return cached[0]
         response = self._blob_response(repository, digest)
         data = self._read(response, max_bytes, what)
         actual = "sha256:" + hashlib.sha256(data).hexdigest()
         if not hmac.compare_digest(actual, digest):
             raise DigestMismatchError(what, digest, actual)
+        self._content.put(repository, "blob:" + digest, data)
         return data
 
     # -- referrers ---------------------------------------------------------------------------------------
@@ -446,13 +626,22 @@ class RegistryClient:
     ) -> list[dict[str, Any]]:
         """The descriptors of manifests whose `subject` is `digest` (API, else the fallback tag).
 
-        Descriptors are returned as the registry lists them (untrusted: fetch each by digest).
+        Descriptors are returned as the registry lists them (untrusted: fetch each by digest). A repository
+        whose registry answered that it has no referrers API is read through the fallback tag for the next
+        `_NO_API_SECONDS` without asking again (as oras-go keeps a repository's referrers capability), so a
+        registry upgraded meanwhile is asked again within that time.
 
         Raises:
             MalformedArtifactError: The listing is not an image index of descriptors.
             BackendUnavailableError: See `request`.
         """
         what = f"oci://{self.registry}/{repository}: referrers of {digest}"
+        with self._lock:
+            no_api = self._no_referrers_api.get(repository, 0.0) > self._clock()
+        if no_api:
+            index = self._fallback_index(repository, digest)
+            found = index.get("manifests", [])
+            return [d for d in found if artifact_type is None or d.get("artifactType") == artifact_type]
         response = self.request(
             "GET", f"{repository}/referrers/{digest}", headers={"Accept": INDEX_MEDIA_TYPE}, stream=True
         )
@@ -461,7 +650,11 @@ class RegistryClient:
         ):
             index = _parse_index(self._read(response, _MAX_MANIFEST_BYTES, what), what)
         elif response.status_code in (200, 400, 404, 405):
-            response.close()
+            _discard(response)
+            with self._lock:
+                if len(self._no_referrers_api) >= _MAX_TOKENS:
+                    self._no_referrers_api.clear()
+                self._no_referrers_api[repository] = self._clock() + _NO_API_SECONDS
             index = self._fallback_index(repository, digest)
         else:
             raise BackendUnavailableError(f"{what}: HTTP {response.status_code}")
@@ -505,7 +698,64 @@ class RegistryClient:
         if len(kept) != len(index["manifests"]):
             index["manifests"] = kept
             self.put_manifest(repository, subject.replace(":", "-"), canonical_json(index), INDEX_MEDIA_TYPE)
-        self.request("DELETE", f"{repository}/manifests/{referrer}").close()
+        _discard(self.request("DELETE", f"{repository}/manifests/{referrer}"))
+
+
+class ClientPool:
+    """Shared `RegistryClient`s, one per registry and credentials, at most `max_clients` (thread-safe).
+
+    The key is the registry, the whole `RegistryOptions` (CA, TLS mode, username, password, timeout, Docker
+    config path) and the credentials they resolve to now (a Docker config file is read again on every
+    `get`, so a rotated Secret takes effect at once): a client never sends one registry's or one caller's
+    credentials on behalf of another. The least recently used client is dropped when the pool is full; it
+    is not closed, since a thread may still be using it (its connections close when it is collected).
+    """
+
+    def __init__(self, max_clients: int = 16) -> None:
+        """Create an empty pool holding at most `max_clients` clients."""
+        self._clients: OrderedDict[tuple[str, RegistryOptions, str | None], RegistryClient] = OrderedDict()
+        self._lock = threading.Lock()
+        self._max = max_clients
+
+    def get(self, registry: str, options: RegistryOptions) -> RegistryClient:
+        """The client for `registry` reached with `options`, created on first use.
+
+        Raises:
+            BackendUnavailableError: The oci extra (requests) is not installed.
+            KeyMaterialError: The Docker config file cannot be read (see `_docker_credentials`).
+        """
+        key = (registry, options, _credentials(options, registry))
+        with self._lock:
+            client = self._clients.get(key)
+            if client is None:
+                client = self._clients[key] = RegistryClient(registry, options)
+                while len(self._clients) > self._max:
+                    self._clients.popitem(last=False)
+            else:
+                self._clients.move_to_end(key)
+            return client
+
+    def clear(self) -> None:
+        """Drop every client (each closes when collected)."""
+        with self._lock:
+            self._clients.clear()
+
+
+_POOL = ClientPool()
+
+
+def shared_client(registry: str, options: RegistryOptions | None = None) -> RegistryClient:
+    """This process's shared client for `registry` and `options` (default: from the environment).
+
+    For long-lived readers (the webhook, the `oci://` store, binding lookups): the client keeps its
+    connections and tokens between calls. Do not `close` it. One-shot transfers (`push`, `pull`, `copy`)
+    make a client of their own.
+
+    Raises:
+        BackendUnavailableError: The oci extra (requests) is not installed.
+        KeyMaterialError: The Docker config file cannot be read.
+    """
+    return _POOL.get(registry, options or RegistryOptions.from_env())
 
 
 def _parse_index(data: bytes, what: str) -> dict[str, Any]:

@@ -13,16 +13,22 @@ Writing follows sigstore's OCI bundle layout (cosign `specs/BUNDLE_SPEC.md`; `at
 oras, sigstore-go and GitHub's tools find and label modelsec's bundles; reading accepts that layout and the
 referrers earlier releases wrote (bindings under their own `artifactType`, no annotations). Annotations are
 labels: nothing is selected or trusted by them.
+
+Inside `listing_once()` (the webhook opens one per decision), each manifest's referrers are listed once:
+the binding lookup (`modelsec.distribution.push_pull.bound_root_digests`) and the `oci://` store read the
+same listing, so they decide on one view of the registry, and the registry is asked once.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
+import contextvars
 import hmac
 import json
 import time
-from collections.abc import Callable, Collection, Mapping, MutableMapping
+from collections.abc import Callable, Collection, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +52,7 @@ __all__ = [
     "ReferrerRead",
     "attach_bundle",
     "evidence_descriptors",
+    "listing_once",
     "read_evidence",
     "read_referrer_bundle",
     "sigstore_annotations",
@@ -91,6 +98,44 @@ class ReferrerRead:
     note: str = ""
 
 
+# The listings read in the current `listing_once` block, by (client, repository, subject); the client is
+# kept in the value so that its id is not reused within the block.
+_LISTINGS: contextvars.ContextVar[
+    dict[tuple[int, str, str], tuple[RegistryClient, list[dict[str, Any]]]] | None
+] = contextvars.ContextVar("modelsec_referrer_listings", default=None)
+
+
+@contextlib.contextmanager
+def listing_once() -> Iterator[None]:
+    """Within the block, list each manifest's referrers at most once per client (this thread or task).
+
+    For one decision that reads a manifest's evidence more than once (its binding, then its bundles): the
+    readers see one listing and the registry is asked once. The listing is the registry's answer at the
+    first read, so the block must be short (one decision); outside any block every read lists again. A
+    block inside another one shares the outer one's listings. Failures are not kept (a later read asks
+    again).
+    """
+    if _LISTINGS.get() is not None:
+        yield
+        return
+    token = _LISTINGS.set({})
+    try:
+        yield
+    finally:
+        _LISTINGS.reset(token)
+
+
+def _listing(client: RegistryClient, repository: str, subject: str) -> list[dict[str, Any]]:
+    """`client.referrers(repository, subject)`, once per `listing_once` block."""
+    listings = _LISTINGS.get()
+    if listings is None:
+        return client.referrers(repository, subject)
+    key = (id(client), repository, subject)
+    if key not in listings:
+        listings[key] = (client, client.referrers(repository, subject))
+    return listings[key][1]
+
+
 def evidence_descriptors(
     client: RegistryClient,
     repository: str,
@@ -104,13 +149,15 @@ def evidence_descriptors(
     the order pushers appended in, so the evidence `modelsec push` attached comes before what is added
     later.
 
+    Inside a `listing_once` block the registry is asked once per manifest.
+
     Raises:
         MalformedArtifactError: The listing is not an image index of sha256 descriptors.
         BackendUnavailableError: See `RegistryClient.request`.
     """
     kept: list[Mapping[str, Any]] = []
     seen: set[str] = set()
-    listed = client.referrers(repository, subject)
+    listed = _listing(client, repository, subject)
     for desc in listed:
         digest = desc["digest"]
         if (

@@ -34,8 +34,10 @@ counts. Order, failing closed at every step (any error is a deny naming the refe
    matching policy, the one resolution every front door uses: the policy's `attestationStore` when it names
    one, and, for an `oci://` reference or a model image, the referrers of the artifact in its own registry
    (OCI 1.1 referrers API, tag-schema fallback; read only when the reviewer is given `registry` options,
-   as `modelsec webhook serve` always is). A bundle a store listed but did not read is
-   passed on with its reason, which a deny then names. They are checked with
+   as `modelsec webhook serve` always is). Each registry manifest's referrers are listed once per reference
+   (`modelsec.registry.referrers.listing_once`): the binding lookup and the bundles read share the listing,
+   through the process's shared registry client (kept-alive connections and tokens). A bundle a store
+   listed but did not read is passed on with its reason, which a deny then names. They are checked with
    `verify_attestations(digest, bundles, policy)` for each matching policy (weights signatures required).
    What a resolved store answers is kept in the registry-evidence cache (`EvidenceCache`, bounded): for
    `evidence_ttl_seconds` (the bound on how long a withdrawn attestation can still be served), a miss for
@@ -87,6 +89,7 @@ from modelsec.errors import (
 )
 from modelsec.policy import Policy, PolicySet
 from modelsec.registry.reference import oci_scheme
+from modelsec.registry.referrers import listing_once
 from modelsec.strict_json import strict_loads
 from modelsec.verifier.admission import AdmissionVerdict, DigestRequiredError, evaluate
 from modelsec.verifier.pinning import MODELS_ANNOTATION
@@ -579,8 +582,11 @@ class Reviewer:
             return self._verify_policy(raw, digest, policy, key, evidence, deadline, dry_run, generation)
 
         try:
-            store_entries(digest)
-            return _result(raw, evaluate(policies, uri, check, namespace=namespace))
+            # One view of each registry manifest's referrers for the whole reference: the binding lookup
+            # and the store read that follows it share one listing (and one request).
+            with listing_once():
+                store_entries(digest)
+                return _result(raw, evaluate(policies, uri, check, namespace=namespace))
         except BackendUnavailableError:
             matched = policies.matching(uri, namespace)
             keys = [(generation, p.name, digest) for p in matched]

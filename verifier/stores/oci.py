@@ -15,7 +15,9 @@ registry keeps no history this store reads) drops a bundle's referrers from the 
 deletes their manifests, with the registry's credentials as the access control.
 
 Credentials and TLS: `RegistryOptions.from_env` (`$MODELSEC_OCI_USERNAME`, `_PASSWORD`, `_CA`, a Docker
-`config.json` under `$DOCKER_CONFIG`).
+`config.json` under `$DOCKER_CONFIG`). The store reads through the process's shared client for its registry
+and options (`modelsec.registry.client.shared_client`): connections and tokens are kept between reads,
+and referrer manifests and bundles, fetched by digest, are read once (tags and listings every time).
 """
 
 from __future__ import annotations
@@ -37,19 +39,16 @@ from modelsec.errors import (
 from modelsec.registry.client import (
     BUNDLE_ARTIFACT_TYPE,
     OciReference,
-    RegistryClient,
     RegistryOptions,
     parse_reference,
     root_tag,
+    shared_client,
 )
 from modelsec.registry.referrers import ReferrerBudget, attach_bundle, read_evidence
 from modelsec.verifier.stores import StoredBundle, StoreOptions
 from modelsec.verifier.stores.directory import subject_root_digest
 
 __all__ = ["OciAttestationStore", "open_store"]
-
-_READ_CACHE_ENTRIES = 4096  # referrers whose bundle is kept in memory
-_READ_CACHE_BUNDLE_BYTES = 64 * 2**10  # larger bundles are read each time (the cache stays under 256 MiB)
 
 
 def _is_binding(data: bytes) -> bool:
@@ -75,9 +74,6 @@ class OciAttestationStore:
     max_bundles: int = 256
     options: RegistryOptions = field(default_factory=RegistryOptions)
     _client: Any = field(default=None, repr=False)
-    # Referrer manifests and their bundle blobs are content-addressed (fetched by digest and checked), so
-    # what one read yields never changes: only the tag and the listing, which can move, are read each time.
-    _read_cache: dict[tuple[str, str], bytes] = field(default_factory=dict, repr=False)
 
     @classmethod
     def open(
@@ -103,7 +99,7 @@ class OciAttestationStore:
             )
         options = options or RegistryOptions.from_env()
         return cls(
-            reference, max_bundle_bytes, max_bundles, options, RegistryClient(reference.registry, options)
+            reference, max_bundle_bytes, max_bundles, options, shared_client(reference.registry, options)
         )
 
     @property
@@ -116,11 +112,16 @@ class OciAttestationStore:
         self._client.check()
 
     def close(self) -> None:
-        """Close the HTTP session."""
-        self._client.close()
+        """Nothing to release: the client is the process's shared one (`shared_client`)."""
 
     def _manifest(self, digest: str) -> dict[str, Any] | None:
         """The descriptor of the manifest whose referrers hold `digest`'s bundles (None: no such model)."""
+        if self.reference.digest is None and self._client.known_manifest(
+            self.reference.repository, f"sha256:{digest}"
+        ):
+            # An OCI manifest's digest (a model image named by digest, before its binding is read) is not a
+            # model root digest, so no root tag names it: the lookup is skipped, its answer known.
+            return None
         try:
             data, media_type, manifest_digest = self._client.get_manifest(
                 self.reference.repository, self.reference.digest or root_tag(digest)
@@ -156,16 +157,12 @@ class OciAttestationStore:
         if manifest is None:
             return "", []
         budget = ReferrerBudget(max_referrers=self.max_bundles, max_bundle_bytes=self.max_bundle_bytes)
-        if len(self._read_cache) >= _READ_CACHE_ENTRIES:
-            self._read_cache.clear()
         reads, _ = read_evidence(
             self._client,
             self.reference.repository,
             manifest["digest"],
             budget,
             artifact_types=(BUNDLE_ARTIFACT_TYPE,),
-            cache=self._read_cache,
-            cache_bundle_bytes=_READ_CACHE_BUNDLE_BYTES,
         )
         out = []
         for read in reads:

@@ -131,6 +131,22 @@ def test_referrers_api_is_used_when_the_registry_has_it(fake: _Fake) -> None:
     assert ("GET", "/token?service=fake&scope=repository%3Am%3Apull%2Cpush") in fake.log  # Bearer flow
 
 
+def test_a_bearer_token_is_kept_until_it_expires(fake: _Fake) -> None:
+    """One token serves every request within its lifetime (60 s when the token server does not say, as the
+    Docker token specification defines); an expired one is never sent, and a fresh one is fetched."""
+    now = [1000.0]
+    options = RegistryOptions(plain_http=True, username="u", password="p", timeout=5)
+    client = RegistryClient(f"127.0.0.1:{fake.server_address[1]}", options, clock=lambda: now[0])
+    for _ in range(3):
+        assert len(client.referrers("m", SUBJECT)) == 2
+    tokens = [p for _, p in fake.log if p.startswith("/token")]
+    assert len(tokens) == 1
+    assert len([p for _, p in fake.log if p.startswith("/v2/m/referrers/")]) == 4  # one challenge only
+    now[0] += 61
+    client.referrers("m", SUBJECT)
+    assert len([p for _, p in fake.log if p.startswith("/token")]) == 2
+
+
 def test_push_referrer_skips_the_fallback_tag_when_the_registry_indexes_subjects(fake: _Fake) -> None:
     body = canonical_json({"schemaVersion": 2, "subject": {"digest": SUBJECT}, "layers": []})
     desc = descriptor(MANIFEST_MEDIA_TYPE, body)

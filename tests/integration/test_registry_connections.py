@@ -1,0 +1,161 @@
+"""The webhook's registry reads reuse one client per registry and credentials, and send nothing elsewhere.
+
+Against the real registry (Debian `docker-registry` 2.8, TLS and htpasswd): uncached admission decisions
+of a pushed model image open no new TLS connection once the shared client has one, answer no further
+authentication challenge, and list the manifest's referrers once per decision for the binding and the
+bundles together. A client never sends its registry's credentials to another host, and clients for other
+credentials (or another registry) share no authentication state. Connections are counted from urllib3's
+own log: every new TCP+TLS connection is logged as it is opened.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import logging
+import re
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from modelsec.distribution.push_pull import bound_root_digests, push_model
+from modelsec.errors import BackendUnavailableError
+from modelsec.policy import Policy, PolicySet
+from modelsec.registry.client import RegistryOptions, shared_client
+from modelsec.signer import load_private_key_file, sign_model
+from modelsec.webhook.review import Reviewer, WebhookConfig
+from tests.conftest import write_tiny_model
+from tests.support.oci import PASSWORD, USER, Registry
+from tests.unit.webhook.test_review import review_body
+
+pytestmark = pytest.mark.integration
+
+_NEW_CONNECTION = re.compile(r"^(Starting new HTTPS? connection|Resetting dropped connection)")
+_REQUEST = re.compile(r'^https?://\S+ "(?P<method>[A-Z]+) (?P<path>\S+) HTTP/[\d.]+" (?P<status>\d+)')
+
+
+def _options(registry: Registry, password: str = PASSWORD) -> RegistryOptions:
+    return RegistryOptions(ca_file=registry.ca, username=USER, password=password, timeout=5)
+
+
+def _traffic(caplog: pytest.LogCaptureFixture) -> tuple[int, list[tuple[str, str, int]]]:
+    """New connections, and (method, path, status) of every request, from urllib3's debug log."""
+    messages = [r.getMessage() for r in caplog.records if r.name == "urllib3.connectionpool"]
+    requests = [
+        (m["method"], m["path"], int(m["status"])) for m in map(_REQUEST.match, messages) if m is not None
+    ]
+    return sum(bool(_NEW_CONNECTION.match(m)) for m in messages), requests
+
+
+def test_uncached_decisions_reuse_one_connection_and_list_referrers_once(
+    tmp_path: Path, key_dir: Path, registry: Registry, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = write_tiny_model(tmp_path / "model", shards=1)
+    signer = load_private_key_file(key_dir / "ecdsa-p256.key.pem")
+    sign_model(model, [signer])
+    policy = Policy.from_key_files([key_dir / "ecdsa-p256.pub.pem"])
+    options = _options(registry)
+    pushed = push_model(model, f"oci://{registry.address}/models/pooled:v1", policy, signer, options=options)
+    entry = {
+        "name": "models",
+        "match": [f"oci://{registry.address}/models/**"],
+        "keys": ["ecdsa-p256.pub.pem"],
+    }
+    doc = {"apiVersion": "modelsec.dev/v1alpha1", "kind": "ModelPolicy", "policies": [entry]}
+    policies = PolicySet.from_mapping(doc, base_dir=key_dir, source="test-policy")
+    reviewer = Reviewer(  # as `modelsec webhook serve` builds it, with every cache off
+        policies,
+        None,
+        WebhookConfig(cache_ttl_seconds=0, evidence_ttl_seconds=0, evidence_negative_ttl_seconds=0),
+        bindings=lambda reference, policy: bound_root_digests(reference, policy, options=options),
+        registry=options,
+    )
+    body = copy.deepcopy(review_body("Pod"))
+    body["request"]["object"]["spec"]["containers"][0]["image"] = (
+        f"{registry.address}/models/pooled@{pushed.manifest_digest}"
+    )
+    assert reviewer.review(json.dumps(body).encode()).allowed  # the first decision may connect
+
+    caplog.set_level(logging.DEBUG, logger="urllib3.connectionpool")
+    decisions = 5
+    for _ in range(decisions):
+        decision = reviewer.review(json.dumps(body).encode())
+        assert decision.allowed and decision.reason == "verified", decision.messages
+    connections, requests = _traffic(caplog)
+    listings = [r for r in requests if f"/manifests/{pushed.manifest_digest.replace(':', '-')}" in r[1]]
+    assert connections == 0, requests  # the kept-alive connection serves every decision
+    assert not [r for r in requests if r[2] == 401], requests  # the credentials answered stay answered
+    # The binding and the bundles are read from one listing (the tag-schema fallback index) per decision.
+    assert len(listings) == decisions, requests
+
+
+class _Recorder(ThreadingHTTPServer):
+    """A plain-HTTP 'registry' that records each request's Authorization header and asks for Basic."""
+
+    def __init__(self, credentials: str) -> None:
+        super().__init__(("127.0.0.1", 0), _RecorderHandler)
+        self.credentials = credentials
+        self.seen: list[str | None] = []
+
+
+class _RecorderHandler(BaseHTTPRequestHandler):
+    server: _Recorder
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        sent = self.headers.get("Authorization")
+        self.server.seen.append(sent)
+        ok = sent == f"Basic {self.server.credentials}"
+        self.send_response(200 if ok else 401)
+        if not ok:
+            self.send_header("WWW-Authenticate", 'Basic realm="recorder"')
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+
+@pytest.fixture
+def recorder() -> Iterator[_Recorder]:
+    server = _Recorder(base64.b64encode(b"other:other-password").decode())
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_credentials_never_reach_another_registry_or_another_key(
+    registry: Registry, recorder: _Recorder
+) -> None:
+    mine = shared_client(registry.address, _options(registry))
+    mine.check()  # authenticated: the client now answers its registry with Basic credentials
+    assert shared_client(registry.address, _options(registry)) is mine  # one client per registry+credentials
+
+    # Another registry, with its own credentials, gets its own client and only its own credentials.
+    address = f"127.0.0.1:{recorder.server_address[1]}"
+    theirs = RegistryOptions(plain_http=True, username="other", password="other-password", timeout=5)
+    other = shared_client(address, theirs)
+    assert other is not mine
+    for _ in range(2):
+        other.check()
+        mine.check()
+    # An absolute URL on another host (an upload Location, say) gets no Authorization from this client.
+    with pytest.raises(BackendUnavailableError, match="access denied"):  # and no challenge is answered
+        mine.request("GET", f"http://{address}/v2/")
+    mine_basic = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+    assert f"Basic {mine_basic}" not in recorder.seen
+    assert set(recorder.seen) <= {None, f"Basic {recorder.credentials}"}
+    assert recorder.seen[-1] is None  # what `mine` sent there
+
+    # Other credentials for the same registry share no authentication state with the accepted ones.
+    wrong = shared_client(registry.address, _options(registry, password="wrong-password"))
+    assert wrong is not mine
+    with pytest.raises(BackendUnavailableError, match="access denied"):
+        wrong.check()
+    mine.check()
