@@ -91,6 +91,7 @@ class ConditionSelection:
     def __init__(self, policy: Policy, root_digest: str, now: datetime, lookup: Lookup) -> None:
         self.policy, self.root_digest, self.now, self.lookup = policy, root_digest, now, lookup
         self.passed: dict[str, list[_Passed]] = {r.name: [] for r in policy.conditions}
+        self.failed: dict[str, list[str]] = {r.name: [] for r in policy.conditions}
         self.pool: dict[str, list[tuple[str, Bundle, Statement]]] = {}
 
     def names(self, predicate_type: str) -> bool:
@@ -143,6 +144,7 @@ class ConditionSelection:
             except Error as e:
                 text = e.diagnostics()
                 reasons.append(text if text.startswith("condition ") else f"condition {req.name}: {text}")
+                self.failed[req.name].append(f"{what}: {reasons[-1]}")
                 continue
             self.passed[req.name].append(_Passed(what, key, statement))
             accepted.append(("condition", key, f"condition {req.name}: {req.predicate_type}"))
@@ -157,7 +159,8 @@ class ConditionSelection:
         for req in self.policy.conditions:
             passed = self.passed[req.name]
             if not passed:
-                missing.append(f"condition {req.name}: no signed {req.predicate_type} statement satisfies it")
+                why = "".join(f"; {f}" for f in self.failed[req.name])
+                missing.append(f"condition {req.name}: no signed {req.predicate_type} statement satisfies it{why}")
                 continue
             if req.lineage is None:
                 first = passed[0]
