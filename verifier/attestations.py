@@ -54,13 +54,13 @@ from modelsec.limits import Limits
 from modelsec.policy import Authority, Policy, RobustnessRequirement, TimestampAuthority, WatermarkRequirement
 from modelsec.signer.keys import TrustedKey
 from modelsec.signer.layout import find_attestation_files
-from modelsec.verifier.conditions import ConditionSelection, Lookup, store_lookup
 from modelsec.verifier._statement_checks import (
     gate_applies,
     gate_outcome,
     watermark_applies,
     watermark_outcome,
 )
+from modelsec.verifier.conditions import ConditionSelection, Lookup, store_lookup
 from modelsec.verifier.stores import StoredBundle, StoreOptions, evidence_stores, open_store
 from modelsec.verifier.stores.directory import DirectoryStore
 from modelsec.verifier.trust.bundles import check_signature_time, read_bundle, verify_bundle_signature

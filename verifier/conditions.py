@@ -1,5 +1,7 @@
-"""Condition requirements: statements of any predicate type, signed as the policy says, whose CEL condition
-holds; and base-model lineage through signed SLSA provenance (DESIGN.md decision 19).
+"""Condition requirements, and base-model lineage through signed SLSA provenance (DESIGN.md decision 19).
+
+A condition requirement wants a statement of any predicate type, signed as the policy says, whose CEL
+condition holds.
 
 Called by `modelsec.verifier.attestations.verify_attestations` (the one evaluation every front door uses) for
 each bundle whose predicateType a `policy.conditions` requirement names, then once to decide. For one bundle
@@ -66,7 +68,9 @@ def base_models(statement: Statement) -> list[str]:
         if not is_sha256_hex(sha):
             continue
         notes = dep.get("annotations")
-        marked = isinstance(notes, Mapping) and "base-model" in [v for v in notes.values() if isinstance(v, str)]
+        marked = isinstance(notes, Mapping) and "base-model" in [
+            v for v in notes.values() if isinstance(v, str)
+        ]
         if dep.get("name") in BASE_MODEL_NAMES or marked:
             found.append(sha)
     return found
@@ -153,14 +157,16 @@ class ConditionSelection:
         return accepted
 
     def decide(self) -> tuple[list[tuple[str, TrustedKey, str, str]], list[str]]:
-        """Per requirement: satisfied (kind, key, what, detail) or missing (reason, naming the lineage link)."""
+        """Per requirement: satisfied (kind, key, what, detail) or missing (the reason, naming the link)."""
         satisfied: list[tuple[str, TrustedKey, str, str]] = []
         missing: list[str] = []
         for req in self.policy.conditions:
             passed = self.passed[req.name]
             if not passed:
                 why = "".join(f"; {f}" for f in self.failed[req.name])
-                missing.append(f"condition {req.name}: no signed {req.predicate_type} statement satisfies it{why}")
+                missing.append(
+                    f"condition {req.name}: no signed {req.predicate_type} statement satisfies it{why}"
+                )
                 continue
             if req.lineage is None:
                 first = passed[0]
@@ -243,8 +249,8 @@ class ConditionSelection:
 
 
 def store_lookup(policy: Policy) -> Lookup:
-    """Bundle bytes about a digest from the policy's attestation stores (`evidence_stores` for no reference)."""
-    from modelsec.verifier.stores import StoreOptions, evidence_stores, open_store  # noqa: PLC0415
+    """Bundle bytes about a digest from the policy's attestation stores (`evidence_stores`, no reference)."""
+    from modelsec.verifier.stores import StoreOptions, evidence_stores, open_store
 
     def lookup(digest: str) -> list[bytes]:
         found: list[bytes] = []

@@ -1,8 +1,9 @@
 """CEL conditions over in-toto statements: compiled once at policy load, evaluated with a bound.
 
 The implementation is `cel-python` (PyPI `cel-python`, import `celpy`; CEL spec
-https://github.com/google/cel-spec). Chosen over `common-expression-language` (CEL in Rust) by the feature list in
-`tests/unit/policy/test_cel_features.py`, which both pass, and by the bound: the Rust library exposes no syntax
+https://github.com/google/cel-spec). Chosen over `common-expression-language`
+(CEL in Rust) by the feature list in `tests/unit/policy/test_cel_conditions.py`, which both pass, and by the
+bound: the Rust library exposes no syntax
 tree and no cancel or cost hook, so a runaway evaluation could be stopped only by killing a worker process,
 while cel-python's parse tree can be measured at load and its tree-walking evaluator checks a step and time
 budget at every node (`_BoundedEvaluator`). Its `matches()` uses RE2 (linear time). Measured here (2 cores):
@@ -14,8 +15,8 @@ The bound, in two parts:
   nesting are limited (`ConditionLimits`); a malformed or over-limit expression is a `PolicyError` naming the
   policy field;
 * at evaluation (`CompiledCondition.evaluate`): every visited node costs one step; more than
-  `max_steps` steps or more than `max_seconds` is a `ConditionError` with the reason (never a hang). Values are
-  only built by visited nodes, so the step budget also bounds their size.
+  `max_steps` steps or more than `max_seconds` is a `ConditionError` with the reason (never a hang).
+  Values are only built by visited nodes, so the step budget also bounds their size.
 
 Variables bound in a condition: `statement` (the whole in-toto statement), `predicate`, `predicateType` and
 `subject` (its fields). A missing field is an error (`ConditionError`), never `false`; test with `has()`.
@@ -31,14 +32,16 @@ from typing import Any
 
 from modelsec.errors import AttestationError, PolicyError
 
-__all__ = ["ConditionError", "ConditionLimits", "CompiledCondition", "compile_condition"]
+__all__ = ["CompiledCondition", "ConditionError", "ConditionLimits", "compile_condition"]
 
 _MACROS = frozenset({"has", "all", "exists", "exists_one", "map", "filter"})
 
 
 class ConditionError(AttestationError):
-    """A condition could not be evaluated to `true` or `false` over a statement (missing field, wrong type,
-    over its step or time budget)."""
+    """A condition could not be evaluated to `true` or `false` over a statement.
+
+    A field is missing or of another type, or the step or time budget ran out.
+    """
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +67,7 @@ class ConditionLimits:
 
 
 def _celpy() -> Any:
-    import celpy  # noqa: PLC0415 - imported when a policy with conditions is loaded
+    import celpy
 
     return celpy
 
@@ -104,9 +107,9 @@ class _Budget:
 
 
 def _evaluator_class() -> Any:
-    from celpy.evaluation import Evaluator  # noqa: PLC0415
+    from celpy.evaluation import Evaluator
 
-    class _BoundedEvaluator(Evaluator):  # type: ignore[misc]
+    class _BoundedEvaluator(Evaluator):
         """cel-python's evaluator, spending one step of a shared budget per visited node."""
 
         budget: _Budget
@@ -150,7 +153,7 @@ class CompiledCondition:
                 not a boolean, or the step or time budget ran out.
         """
         celpy = _celpy()
-        from celpy.evaluation import CELEvalError  # noqa: PLC0415
+        from celpy.evaluation import CELEvalError
 
         activation = {
             "statement": statement,
@@ -166,7 +169,15 @@ class CompiledCondition:
             value = evaluator.evaluate(context)
         except ConditionError:
             raise
-        except (CELEvalError, RecursionError, MemoryError, ValueError, TypeError, KeyError, ArithmeticError) as e:
+        except (
+            CELEvalError,
+            RecursionError,
+            MemoryError,
+            ValueError,
+            TypeError,
+            KeyError,
+            ArithmeticError,
+        ) as e:
             raise ConditionError(f"cannot be evaluated: {_describe(e)}") from e
         if not isinstance(value, celpy.celtypes.BoolType):
             raise ConditionError(f"is {type(value).__name__}, not a boolean")
@@ -186,12 +197,14 @@ def _environment() -> Any:
 
 @functools.lru_cache(maxsize=1024)
 def _compile(source: str, limits: ConditionLimits) -> CompiledCondition:
-    from celpy import CELParseError  # noqa: PLC0415
+    from celpy.celparser import CELParseError
 
     try:
         tree = _environment().compile(source)
     except (CELParseError, RecursionError) as e:
-        raise PolicyError(f"is not a CEL expression: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+        raise PolicyError(
+            f"is not a CEL expression: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+        ) from e
     nodes, depth, nesting = _measure(tree)
     if nodes > limits.max_nodes:
         raise PolicyError(f"has {nodes} syntax-tree nodes, more than {limits.max_nodes}")
@@ -222,7 +235,9 @@ def compile_condition(source: str, *, where: str, limits: ConditionLimits | None
     """
     limits = limits or ConditionLimits()
     if len(source) > limits.max_source_chars:
-        raise PolicyError(f"{where}.condition: is {len(source)} characters, more than {limits.max_source_chars}")
+        raise PolicyError(
+            f"{where}.condition: is {len(source)} characters, more than {limits.max_source_chars}"
+        )
     try:
         return _compile(source, limits)
     except PolicyError as e:

@@ -250,7 +250,7 @@ _ROOT_DIGEST = r"^sha256:[0-9a-f]{64}$"
 
 
 class LineageModel(ConfigModel):
-    """Base-model lineage: signed SLSA provenance must lead from the model to one of `from` within `maxDepth`."""
+    """Base-model lineage: signed SLSA provenance leads from the model to one of `from` within `maxDepth`."""
 
     from_: list[Annotated[str, Field(pattern=_ROOT_DIGEST)]] = Field(
         alias="from",
@@ -259,7 +259,10 @@ class LineageModel(ConfigModel):
         description="approved base-model root digests, as sha256:<64 hex>",
     )
     max_depth: int = Field(
-        default=3, ge=1, le=32, description="most provenance links followed from the model to an approved root"
+        default=3,
+        ge=1,
+        le=32,
+        description="most provenance links followed from the model to an approved root",
     )
 
 
@@ -287,7 +290,8 @@ class AttestationsModel(ConfigModel):
     conditions: list[ConditionModel] = Field(
         default_factory=list,
         max_length=64,
-        description="statements of any predicate type that must be present, signed and satisfy a CEL condition",
+        description="statements of any predicate type that must be present, signed, and satisfy a CEL "
+        "condition",
     )
 
 

@@ -98,9 +98,9 @@ from modelsec.policy.authorities import (
     authority_from_model,
 )
 from modelsec.policy.requirements import (
+    ConditionRequirement,
     RobustnessRequirement,
     WatermarkRequirement,
-    ConditionRequirement,
     condition_requirements,
     robustness_requirement,
     watermark_requirement,
@@ -450,9 +450,7 @@ def _policy(item: PolicyModel, where: str, base_dir: Path) -> Policy:
         signers = frozenset([k.name for k in policy.keys] + [a.name for a in policy.authorities])
         policy = dataclasses.replace(
             policy,
-            conditions=condition_requirements(
-                item.attestations.conditions, f"{where}.attestations", signers
-            ),
+            conditions=condition_requirements(item.attestations.conditions, f"{where}.attestations", signers),
         )
     # Each policy verifies with its own keys and authorities only: a requirement they cannot meet would refuse
     # every model at verification time; say so when the file is loaded instead.

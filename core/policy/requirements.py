@@ -206,6 +206,10 @@ def condition_requirements(
         compiled = compile_condition(c.condition, where=at) if c.condition is not None else None
         lineage = None
         if c.lineage is not None:
-            lineage = Lineage(frozenset(d.removeprefix("sha256:") for d in c.lineage.from_), c.lineage.max_depth)
-        out.append(ConditionRequirement(c.name, c.predicate_type, frozenset(c.signers), compiled, lineage, at))
+            lineage = Lineage(
+                frozenset(d.removeprefix("sha256:") for d in c.lineage.from_), c.lineage.max_depth
+            )
+        out.append(
+            ConditionRequirement(c.name, c.predicate_type, frozenset(c.signers), compiled, lineage, at)
+        )
     return tuple(out)

@@ -30,7 +30,11 @@ def provenance_statement(
 ) -> Statement:
     """An unsigned SLSA v1 provenance statement about model `root` (hex SHA-256)."""
     deps: list[dict[str, Any]] = [
-        {"uri": f"git+{repository}@refs/heads/main", "digest": {"gitCommit": commit}, "name": "training-code"},
+        {
+            "uri": f"git+{repository}@refs/heads/main",
+            "digest": {"gitCommit": commit},
+            "name": "training-code",
+        },
         *({"name": "dataset", "digest": {"sha256": d}} for d in datasets),
     ]
     if base is not None:
@@ -38,14 +42,21 @@ def provenance_statement(
     predicate = {
         "buildDefinition": {
             "buildType": GITHUB_BUILD_TYPE,
-            "externalParameters": {"workflow": {"repository": repository, "ref": "refs/heads/main",
-                                                "path": ".github/workflows/release.yml"}},
+            "externalParameters": {
+                "workflow": {
+                    "repository": repository,
+                    "ref": "refs/heads/main",
+                    "path": ".github/workflows/release.yml",
+                }
+            },
             "resolvedDependencies": deps,
         },
         "runDetails": {
             "builder": {"id": builder},
-            "metadata": {"invocationId": f"{repository}/actions/runs/1/attempts/1",
-                         "startedOn": "2025-01-01T00:00:00Z"},
+            "metadata": {
+                "invocationId": f"{repository}/actions/runs/1/attempts/1",
+                "startedOn": "2025-01-01T00:00:00Z",
+            },
         },
     }
     return Statement((Subject("model", {"sha256": root}),), SLSA_PROVENANCE_V1, predicate)

@@ -1,5 +1,5 @@
-"""CEL conditions (issue 29, item 3): the feature list policies need, tested against each CEL candidate, and the
-bound: syntax-tree limits at policy load, a step and time budget at evaluation, and the compile cache."""
+"""CEL conditions (issue 29, item 3): the feature list policies need, tested against each CEL candidate, and
+the bound: syntax-tree limits at policy load, a step and time budget at evaluation, and the compile cache."""
 
 from __future__ import annotations
 
@@ -28,10 +28,15 @@ FEATURES = [
     ("predicate.buildDefinition.resolvedDependencies.exists_one(d, has(d.uri))", True),
     ("predicate.buildDefinition.resolvedDependencies.map(d, d.name).size() == 3", True),
     ("size(predicate.buildDefinition.resolvedDependencies.filter(d, d.name == 'dataset')) == 1", True),
-    ("predicate.buildDefinition.externalParameters.workflow.repository.startsWith('https://github.com/acme/')", True),
+    (
+        "predicate.buildDefinition.externalParameters.workflow.repository.startsWith('https://github.com/acme/')",
+        True,
+    ),
     ("predicate.buildDefinition.externalParameters.workflow.ref.endsWith('/main')", True),
-    ("predicate.buildDefinition.externalParameters.workflow.repository.matches('^https://github[.]com/acme/[a-z]+$')",
-     True),
+    (
+        "predicate.buildDefinition.externalParameters.workflow.repository.matches('^https://github[.]com/acme/[a-z]+$')",
+        True,
+    ),
     ("'sha256' in subject[0].digest", True),
     ("'x' in ['x', 'y'] && !('z' in ['x'])", True),
     ("statement.n > 2 && statement.f < 1.0 && 1u < 2u", True),
@@ -85,7 +90,7 @@ def test_feature_list(candidate: str, source: str, expected: bool) -> None:
 @pytest.mark.parametrize("candidate", CANDIDATES)
 @pytest.mark.parametrize("source", ERRORS)
 def test_a_missing_field_or_wrong_type_is_an_error_not_false(candidate: str, source: str) -> None:
-    with pytest.raises(Exception):  # noqa: B017, PT011 - each candidate raises its own class
+    with pytest.raises(Exception):  # noqa: B017 - each candidate raises its own class
         CANDIDATES[candidate](source, STATEMENT)
     with pytest.raises(ConditionError, match="cannot be evaluated"):
         _modelsec(source, STATEMENT)

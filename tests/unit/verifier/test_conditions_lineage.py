@@ -28,14 +28,17 @@ SLSA_CHECKS = {
 }
 
 
-def _policy_doc(key_dir: Path, store: Path, *, conditions: dict[str, str], lineage: dict[str, Any] | None) -> Any:
+def _policy_doc(
+    key_dir: Path, store: Path, *, conditions: dict[str, str], lineage: dict[str, Any] | None
+) -> Any:
     items: list[dict[str, Any]] = [
         {"name": name, "predicateType": SLSA_PROVENANCE_V1, "signers": ["ci"], "condition": source}
         for name, source in conditions.items()
     ]
     if lineage is not None:
-        items.append({"name": "lineage", "predicateType": SLSA_PROVENANCE_V1, "signers": ["ci"],
-                      "lineage": lineage})
+        items.append(
+            {"name": "lineage", "predicateType": SLSA_PROVENANCE_V1, "signers": ["ci"], "lineage": lineage}
+        )
     return policy_doc(
         policy_entry(
             keys=[
@@ -53,8 +56,13 @@ def signed(tiny_model: Path, key_dir: Path, tmp_path: Path) -> dict[str, Any]:
     key = load_private_key_file(key_dir / "ecdsa-p256.key.pem")
     root = sign_model(tiny_model, [key]).root_digest
     store = tmp_path / "store"
-    return {"root": root, "key": key, "other": load_private_key_file(key_dir / "other.key.pem"),
-            "store": store, "model": tiny_model}
+    return {
+        "root": root,
+        "key": key,
+        "other": load_private_key_file(key_dir / "other.key.pem"),
+        "store": store,
+        "model": tiny_model,
+    }
 
 
 def _policy(key_dir: Path, s: dict[str, Any], **kw: Any) -> Policy:
@@ -75,7 +83,9 @@ def _verdict(s: dict[str, Any], policy: Policy, *bundles: bytes) -> Any:
         ("dataset", {"datasets": ("e" * 64,)}),
     ],
 )
-def test_slsa_checks_as_cel_conditions(key_dir: Path, signed: dict[str, Any], field: str, change: Any) -> None:
+def test_slsa_checks_as_cel_conditions(
+    key_dir: Path, signed: dict[str, Any], field: str, change: Any
+) -> None:
     policy = _policy(key_dir, signed)
     good = signed_provenance(signed["root"], signed["key"], datasets=(DATASET,))
     verdict = _verdict(signed, policy, good)
@@ -88,11 +98,15 @@ def test_slsa_checks_as_cel_conditions(key_dir: Path, signed: dict[str, Any], fi
     assert line.startswith(f"condition {field}: no signed {SLSA_PROVENANCE_V1} statement satisfies it")
     assert f"condition {field}: is false ({SLSA_CHECKS[field]!r})" in line
     # The right statement signed by a key the requirement does not name is no evidence either.
-    verdict = _verdict(signed, policy, signed_provenance(signed["root"], signed["other"], datasets=(DATASET,)))
+    verdict = _verdict(
+        signed, policy, signed_provenance(signed["root"], signed["other"], datasets=(DATASET,))
+    )
     assert not verdict.ok and len([m for m in verdict.missing if m.startswith("condition ")]) == 3
 
 
-def _chain(s: dict[str, Any], *, gen1_by: str = "key", gen2_base: str = ROOT, skip_gen1: bool = False) -> bytes:
+def _chain(
+    s: dict[str, Any], *, gen1_by: str = "key", gen2_base: str = ROOT, skip_gen1: bool = False
+) -> bytes:
     """Model <- GEN1 <- GEN2 <- ROOT: the model's provenance is returned, its ancestors' go to the store."""
     if not skip_gen1:
         store_bundle(s["store"], signed_provenance(GEN1, s[gen1_by], base=GEN2))
@@ -105,21 +119,27 @@ def test_lineage_three_generations(key_dir: Path, signed: dict[str, Any]) -> Non
     policy = _policy(key_dir, signed, lineage=lineage)
     verdict = _verdict(signed, policy, _chain(signed))
     assert verdict.ok, verdict.reasons()
-    assert any(f"lineage sha256:{signed['root']} <- sha256:{GEN1} <- sha256:{GEN2} <- sha256:{ROOT}" in s
-               for s in verdict.satisfied)
+    assert any(
+        f"lineage sha256:{signed['root']} <- sha256:{GEN1} <- sha256:{GEN2} <- sha256:{ROOT}" in s
+        for s in verdict.satisfied
+    )
     # One generation fewer allowed: the chain is too long.
     short = _policy(key_dir, signed, lineage={**lineage, "maxDepth": 2})
     verdict = _verdict(signed, short, _chain(signed))
     assert not verdict.ok
-    assert any(f"link 2 (sha256:{GEN1}): base model sha256:{GEN2} is not an approved root and maxDepth 2" in m
-               for m in verdict.missing)
+    assert any(
+        f"link 2 (sha256:{GEN1}): base model sha256:{GEN2} is not an approved root and maxDepth 2" in m
+        for m in verdict.missing
+    )
 
 
 def test_lineage_refuses_a_missing_link(key_dir: Path, signed: dict[str, Any]) -> None:
     policy = _policy(key_dir, signed, lineage={"from": [f"sha256:{ROOT}"]})
     verdict = _verdict(signed, policy, _chain(signed, skip_gen1=True))
     assert not verdict.ok
-    assert any(f"link 2 (sha256:{GEN1}): no provenance signed by a trusted signer" in m for m in verdict.missing)
+    assert any(
+        f"link 2 (sha256:{GEN1}): no provenance signed by a trusted signer" in m for m in verdict.missing
+    )
 
 
 def test_lineage_refuses_a_link_signed_by_an_untrusted_key(key_dir: Path, signed: dict[str, Any]) -> None:
@@ -149,7 +169,9 @@ def test_the_verify_command_allows_and_refuses_alike(
     assert cli("verify", signed["model"], "--policy", path).returncode == 0
     # An untrusted builder's provenance, alone in a fresh store, refuses.
     signed["store"] = tmp_path / "store2"
-    store_bundle(signed["store"], signed_provenance(signed["root"], signed["key"], builder="https://evil.example"))
+    store_bundle(
+        signed["store"], signed_provenance(signed["root"], signed["key"], builder="https://evil.example")
+    )
     doc = _policy_doc(key_dir, signed["store"], conditions=SLSA_CHECKS, lineage=None)
     result = cli("verify", signed["model"], "--policy", write_policy_doc(tmp_path / "p2.json", doc))
     assert result.returncode == 1
