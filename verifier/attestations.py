@@ -60,6 +60,7 @@ from modelsec.verifier._statement_checks import (
     watermark_applies,
     watermark_outcome,
 )
+from modelsec.verifier.conditions import ConditionSelection, Lookup, store_lookup
 from modelsec.verifier.stores import StoredBundle, StoreOptions, evidence_stores, open_store
 from modelsec.verifier.stores.directory import DirectoryStore
 from modelsec.verifier.trust.bundles import check_signature_time, read_bundle, verify_bundle_signature
@@ -302,8 +303,9 @@ def _reason(e: Error, what: str) -> str:
 class _Selection:
     """What `verify_attestations` collects while it reads the bundles (one instance per call)."""
 
-    def __init__(self, policy: Policy, root_digest: str, now: datetime) -> None:
+    def __init__(self, policy: Policy, root_digest: str, now: datetime, lookup: Lookup) -> None:
         self.policy, self.root_digest, self.now = policy, root_digest, now
+        self.conditions = ConditionSelection(policy, root_digest, now, lookup)
         self.satisfied: list[str] = []
         self.refused: list[str] = []
         self.ignored: list[str] = []
@@ -313,8 +315,9 @@ class _Selection:
         self.gates: list[_Candidate] = []
         self.watermarks: list[_Candidate] = []
 
-    def accept(self, kind: str, what: str, key: TrustedKey, detail: str) -> None:
-        self.satisfied.append(f"{detail} ({key.name}, {what})")
+    def accept(self, kind: str, what: str, key: TrustedKey, detail: str, *, listed: bool = True) -> None:
+        if listed:
+            self.satisfied.append(f"{detail} ({key.name}, {what})")
         self.evidence.append(Evidence(kind, what, key.name, detail, key.keyid, key.algorithm.value))
 
     def read(self, item: Path | bytes | StoredBundle, index: int) -> None:
@@ -324,6 +327,18 @@ class _Selection:
             bundle = _load(item, self.policy, index)
             statement = parse_statement(bundle.envelope.payload, what=what)
             claimed = statement.predicate_type
+            if self.conditions.names(claimed):
+                # A condition requirement names the type: it is judged there (and, when modelsec registers the
+                # type, by its built-in requirement below as well).
+                try:
+                    for kind, key, detail in self.conditions.offer(bundle, statement, what):
+                        self.accept(kind, what, key, detail, listed=False)
+                except Error as e:
+                    if claimed not in PREDICATE_KINDS:
+                        raise
+                    self.ignored.append(_reason(e, what))
+                if claimed not in PREDICATE_KINDS:
+                    return
             if claimed not in PREDICATE_KINDS:
                 signer = verify_bundle_signature(
                     bundle,
@@ -407,6 +422,7 @@ def verify_attestations(
     require_signatures: bool = True,
     every_bundle_counts: bool = False,
     now: datetime | None = None,
+    lookup: Lookup | None = None,
 ) -> AttestationVerdict:
     """Select, for each requirement of `policy`, the evidence about a model (see the module docstring).
 
@@ -422,6 +438,8 @@ def verify_attestations(
             superseded by a newer statement) makes the verdict negative, and at least one must verify.
             False for bundles read from a shared store, where a stranger's bundle is only ignored.
         now: The time freshness is measured against (default: now, UTC).
+        lookup: Where lineage links (provenance about base models) are read besides `bundles`: bundle bytes
+            by root digest (default: the policy's attestation stores, `modelsec.verifier.conditions`).
 
     Returns:
         The verdict; check `.ok` or call `.raise_for_policy()`.
@@ -430,12 +448,14 @@ def verify_attestations(
         Nothing for untrusted, stale or failing bundles (they are listed in `ignored` or `refused`);
         `PolicyError` only for a bad policy.
     """
-    selection = _Selection(policy, root_digest, now or datetime.now(UTC))
+    selection = _Selection(policy, root_digest, now or datetime.now(UTC), lookup or store_lookup(policy))
     for index, item in enumerate(bundles):
         selection.read(item, index)
     selection.decide(selection.gates)
     selection.decide(selection.watermarks)
-    missing: list[str] = []
+    met, missing = selection.conditions.decide()
+    for _kind, key, what, detail in met:
+        selection.satisfied.append(f"{detail} ({key.name}, {what})")
     if require_signatures:
         if not selection.signed_algorithms:
             missing.append("signature: no weights signature by a trusted key")

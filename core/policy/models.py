@@ -45,9 +45,11 @@ __all__ = [
     "MAX_AGE_SECONDS",
     "AttestationsModel",
     "AuthorityModel",
+    "ConditionModel",
     "IdentityModel",
     "KeyRefModel",
     "LimitsModel",
+    "LineageModel",
     "NamespaceRuleModel",
     "PolicyFileModel",
     "PolicyModel",
@@ -244,11 +246,53 @@ class WatermarkModel(ConfigModel):
         return self
 
 
+_ROOT_DIGEST = r"^sha256:[0-9a-f]{64}$"
+
+
+class LineageModel(ConfigModel):
+    """Base-model lineage: signed SLSA provenance leads from the model to one of `from` within `maxDepth`."""
+
+    from_: list[Annotated[str, Field(pattern=_ROOT_DIGEST)]] = Field(
+        alias="from",
+        min_length=1,
+        max_length=1024,
+        description="approved base-model root digests, as sha256:<64 hex>",
+    )
+    max_depth: int = Field(
+        default=3,
+        ge=1,
+        le=32,
+        description="most provenance links followed from the model to an approved root",
+    )
+
+
+class ConditionModel(ConfigModel):
+    """A statement of `predicateType`, signed by one of `signers`, for which the CEL `condition` is true."""
+
+    name: Name
+    predicate_type: Annotated[str, Field(min_length=1, max_length=1024), AfterValidator(no_control)]
+    signers: list[Text] = Field(
+        default_factory=list,
+        description="names of the policy's keys or authorities that may sign it (empty: any of them)",
+    )
+    condition: Annotated[str, Field(min_length=1, max_length=4096)] | None = Field(
+        default=None,
+        description="CEL over `statement`, `predicate`, `predicateType` and `subject`; must be true",
+    )
+    lineage: LineageModel | None = None
+
+
 class AttestationsModel(ConfigModel):
     """Attestations required besides the weights signatures."""
 
     robustness: RobustnessModel | None = None
     watermark: WatermarkModel | None = None
+    conditions: list[ConditionModel] = Field(
+        default_factory=list,
+        max_length=64,
+        description="statements of any predicate type that must be present, signed, and satisfy a CEL "
+        "condition",
+    )
 
 
 class LimitsModel(ConfigModel):

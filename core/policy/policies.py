@@ -98,8 +98,10 @@ from modelsec.policy.authorities import (
     authority_from_model,
 )
 from modelsec.policy.requirements import (
+    ConditionRequirement,
     RobustnessRequirement,
     WatermarkRequirement,
+    condition_requirements,
     robustness_requirement,
     watermark_requirement,
 )
@@ -190,6 +192,7 @@ class Policy:
     require_timestamp: bool = False
     key_windows: tuple[KeyWindow, ...] = ()
     guard_policy: str | None = None
+    conditions: tuple[ConditionRequirement, ...] = ()
 
     def window_for(self, key: TrustedKey) -> KeyWindow | None:
         """The validity window of `key`, or None when it has none."""
@@ -204,7 +207,7 @@ class Policy:
     @property
     def requires_attestations(self) -> bool:
         """Whether any attestation beyond the weights signatures is required."""
-        return self.robustness is not None or self.watermark is not None
+        return self.robustness is not None or self.watermark is not None or bool(self.conditions)
 
     def can_sign(self, algorithm: SignatureAlgorithm) -> bool:
         """Whether a weights signature of `algorithm` can verify under this policy's own keys or authorities.
@@ -443,6 +446,12 @@ def _policy(item: PolicyModel, where: str, base_dir: Path) -> Policy:
         key_windows=trust.key_windows(keys, item.keys),
         guard_policy=item.guard_policy,
     )
+    if item.attestations.conditions:
+        signers = frozenset([k.name for k in policy.keys] + [a.name for a in policy.authorities])
+        policy = dataclasses.replace(
+            policy,
+            conditions=condition_requirements(item.attestations.conditions, f"{where}.attestations", signers),
+        )
     # Each policy verifies with its own keys and authorities only: a requirement they cannot meet would refuse
     # every model at verification time; say so when the file is loaded instead.
     if unmet := sorted(a.value for a in policy.require_algorithms if not policy.can_sign(a)):

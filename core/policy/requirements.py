@@ -1,4 +1,4 @@
-"""What a policy requires of attestations: robustness-gate and watermark requirements, from the policy file.
+"""What a policy requires of attestations: robustness-gate, watermark and CEL condition requirements.
 
 Loaded by `modelsec.policy` while it converts a policy file (which re-exports both requirement types); checked
 by `modelsec.verifier.attestations`. A watermark `message` is committed to here, under the policy's `keyFile`,
@@ -7,19 +7,24 @@ so the verifier compares commitments and the key itself never leaves this module
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from modelsec.errors import Error
+from modelsec.errors import Error, PolicyError
+from modelsec.policy.cel import CompiledCondition, compile_condition
 from modelsec.signer.watermark_keys import load_key_file, parse_message
 
 if TYPE_CHECKING:
-    from modelsec.policy.models import RobustnessModel, WatermarkModel
+    from modelsec.policy.models import ConditionModel, RobustnessModel, WatermarkModel
 
 __all__ = [
+    "ConditionRequirement",
+    "Lineage",
     "RobustnessRequirement",
     "WatermarkRequirement",
+    "condition_requirements",
     "robustness_requirement",
     "watermark_requirement",
 ]
@@ -139,3 +144,72 @@ def watermark_requirement(
         require_server_run=w.require_server_run,
         message_commitment=commitment,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Lineage:
+    """Base-model lineage a model must have (`lineage` of a condition).
+
+    Attributes:
+        roots: Approved base-model root digests (hex SHA-256, without `sha256:`).
+        max_depth: Most provenance links followed from the model to one of `roots` (the model's own
+            provenance is the first link).
+    """
+
+    roots: frozenset[str]
+    max_depth: int = 3
+
+
+@dataclass(frozen=True, slots=True)
+class ConditionRequirement:
+    """A statement of `predicate_type` about the model, signed by one of `signers`, whose condition holds.
+
+    Checked by `modelsec.verifier.conditions`; the statement is verified as every attestation is (signature
+    by a policy key or authority, subject = the model root digest, signature time in its key's window).
+
+    Attributes:
+        name: Names the requirement in verdicts (`condition NAME: ...`).
+        predicate_type: The predicateType URI of the statement.
+        signers: Names of the policy keys and authorities that may sign it (empty: any of them); a registered
+            predicate type (gate, watermark) also needs its role.
+        condition: The compiled CEL condition, or None (presence and signature suffice).
+        lineage: Base-model lineage to follow through the provenance, or None.
+        where: The policy field it was loaded from (for diagnostics).
+    """
+
+    name: str
+    predicate_type: str
+    signers: frozenset[str] = frozenset()
+    condition: CompiledCondition | None = None
+    lineage: Lineage | None = None
+    where: str = ""
+
+
+def condition_requirements(
+    items: Sequence[ConditionModel], where: str, known_signers: frozenset[str]
+) -> tuple[ConditionRequirement, ...]:
+    """Validated `attestations.conditions` as requirements, each CEL condition compiled and bound-checked.
+
+    Raises:
+        PolicyError: `{where}.conditions[i].condition: ...` (malformed, too long, over a syntax-tree limit);
+            `{where}.conditions[i].signers: ...` names no key or authority of the policy; two conditions share
+            a name.
+    """
+    out: list[ConditionRequirement] = []
+    for i, c in enumerate(items):
+        at = f"{where}.conditions[{i}]"
+        unknown = sorted(set(c.signers) - known_signers)
+        if unknown:
+            raise PolicyError(f"{at}.signers: {unknown} name no key or authority of the policy")
+        if any(r.name == c.name for r in out):
+            raise PolicyError(f"{at}.name: {c.name!r} is used twice")
+        compiled = compile_condition(c.condition, where=at) if c.condition is not None else None
+        lineage = None
+        if c.lineage is not None:
+            lineage = Lineage(
+                frozenset(d.removeprefix("sha256:") for d in c.lineage.from_), c.lineage.max_depth
+            )
+        out.append(
+            ConditionRequirement(c.name, c.predicate_type, frozenset(c.signers), compiled, lineage, at)
+        )
+    return tuple(out)

@@ -1,0 +1,265 @@
+"""Condition requirements, and base-model lineage through signed SLSA provenance (DESIGN.md decision 19).
+
+A condition requirement wants a statement of any predicate type, signed as the policy says, whose CEL
+condition holds.
+
+Called by `modelsec.verifier.attestations.verify_attestations` (the one evaluation every front door uses) for
+each bundle whose predicateType a `policy.conditions` requirement names, then once to decide. For one bundle
+and one requirement, in order, failing closed:
+
+1. the signature verifies under a policy key or authority named in the requirement's `signers` (all of
+   them when empty) that holds the predicate type's role when modelsec registers the type (gate, watermark,
+   weights), and its time lies in the key's window (`check_signature_time`);
+2. a subject is the model root digest (constant-time); a statement about another digest is kept, unverified,
+   only as a candidate lineage link;
+3. the CEL condition (`modelsec.policy.cel`) is true within its step and time budget; a false, failing or
+   stopped condition makes the statement no evidence (listed as ignored, with the reason).
+
+A requirement is satisfied by one statement passing 1-3 (evidence is selected, not voted) and, with `lineage`,
+from which a chain of provenance leads to an approved root: each base model a statement names (see
+`base_models`) is either a root in `lineage.from`, or the subject of another provenance statement of the same
+predicate type that passes step 1 under the same signers (its condition is not applied: it describes another
+build) and continues the chain, at most `maxDepth` links in all. Link statements are looked up among the
+bundles given (any subject) and in the policy's attestation stores (`evidence_stores`). A cycle, a missing
+link, an unsigned or untrusted link or a chain longer than `maxDepth` leaves the requirement missing, with the
+reason naming the link.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from modelsec.attestations.bundle import Bundle, parse_bundle
+from modelsec.attestations.predicates import PREDICATE_KINDS
+from modelsec.attestations.statement import Statement, is_sha256_hex, parse_statement
+from modelsec.errors import AttestationError, Error
+from modelsec.policy import Policy
+from modelsec.policy.requirements import ConditionRequirement
+from modelsec.signer.keys import TrustedKey
+from modelsec.verifier.trust.bundles import check_signature_time, verify_bundle_signature
+
+__all__ = ["BASE_MODEL_NAMES", "ConditionSelection", "base_models"]
+
+BASE_MODEL_NAMES = frozenset({"base-model", "base_model", "baseModel", "base"})
+"""`resolvedDependencies[].name` values that mark an entry as the base model (with a `digest.sha256`)."""
+
+Lookup = Callable[[str], Sequence[bytes]]
+
+
+def base_models(statement: Statement) -> list[str]:
+    """The base-model root digests a SLSA v1 provenance statement names (hex SHA-256).
+
+    An entry of `predicate.buildDefinition.resolvedDependencies` names a base model when it has a
+    `digest.sha256` of 64 lowercase hex and either its `name` is one of `BASE_MODEL_NAMES`, or its `uri`
+    starts with `model:` / `oci://` and an `annotations` value is `base-model`. Other entries (code,
+    datasets) are not followed. Nothing here is trusted: the caller verified the statement.
+    """
+    definition = statement.predicate.get("buildDefinition")
+    deps = definition.get("resolvedDependencies") if isinstance(definition, Mapping) else None
+    found: list[str] = []
+    for dep in deps if isinstance(deps, Sequence) and not isinstance(deps, str) else ():
+        if not isinstance(dep, Mapping):
+            continue
+        digest = dep.get("digest")
+        sha = digest.get("sha256") if isinstance(digest, Mapping) else None
+        if not is_sha256_hex(sha):
+            continue
+        notes = dep.get("annotations")
+        marked = isinstance(notes, Mapping) and "base-model" in [
+            v for v in notes.values() if isinstance(v, str)
+        ]
+        if dep.get("name") in BASE_MODEL_NAMES or marked:
+            found.append(sha)
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class _Passed:
+    what: str
+    key: TrustedKey
+    statement: Statement
+
+
+def _about(statement: Statement, digest: str) -> bool:
+    return any(
+        hmac.compare_digest(s.digest.get("sha256", "").encode(), digest.encode()) for s in statement.subjects
+    )
+
+
+class ConditionSelection:
+    """What the condition requirements collect during one `verify_attestations` call."""
+
+    def __init__(self, policy: Policy, root_digest: str, now: datetime, lookup: Lookup) -> None:
+        self.policy, self.root_digest, self.now, self.lookup = policy, root_digest, now, lookup
+        self.passed: dict[str, list[_Passed]] = {r.name: [] for r in policy.conditions}
+        self.failed: dict[str, list[str]] = {r.name: [] for r in policy.conditions}
+        self.pool: dict[str, list[tuple[str, Bundle, Statement]]] = {}
+
+    def names(self, predicate_type: str) -> bool:
+        """Whether any condition requirement names `predicate_type`."""
+        return any(r.predicate_type == predicate_type for r in self.policy.conditions)
+
+    def _signer(self, req: ConditionRequirement, bundle: Bundle, statement: Statement) -> TrustedKey:
+        """Step 1: the key (or certificate) that signed, among the requirement's signers."""
+        kind = PREDICATE_KINDS.get(statement.predicate_type)
+        allowed = req.signers
+        keys = [k for k in self.policy.keys if not allowed or k.name in allowed]
+        authorities = [a for a in self.policy.authorities if not allowed or a.name in allowed]
+        key = verify_bundle_signature(
+            bundle,
+            keys,
+            role=kind.role if kind is not None else None,
+            authorities=authorities,
+            timestamp_authorities=self.policy.timestamp_authorities,
+        )
+        check_signature_time(bundle, key, self.policy, now=self.now)
+        return key
+
+    def offer(self, bundle: Bundle, statement: Statement, what: str) -> list[tuple[str, TrustedKey, str]]:
+        """Steps 1-3 for one bundle, for every requirement naming its predicate type.
+
+        Returns:
+            (kind, key, detail) for each requirement it satisfies (lineage is decided in `decide`).
+
+        Raises:
+            AttestationError: It satisfies none: untrusted, about another model, or a condition is false,
+                fails or was stopped; the reasons of every requirement, joined.
+            SignatureError: Step 1 failed for every requirement.
+        """
+        accepted: list[tuple[str, TrustedKey, str]] = []
+        reasons: list[str] = []
+        for req in self.policy.conditions:
+            if req.predicate_type != statement.predicate_type:
+                continue
+            try:
+                if not _about(statement, self.root_digest):
+                    if req.lineage is not None:
+                        for s in statement.subjects:
+                            digest = s.digest.get("sha256", "")
+                            self.pool.setdefault(digest, []).append((what, bundle, statement))
+                    subjects = [s.digest.get("sha256", "?") for s in statement.subjects]
+                    raise AttestationError(f"is about model {subjects[0]}, not {self.root_digest}")
+                key = self._signer(req, bundle, statement)
+                if req.condition is not None and not req.condition.evaluate(statement.to_json_object()):
+                    raise AttestationError(f"condition {req.name}: is false ({req.condition.source!r})")
+            except Error as e:
+                text = e.diagnostics()
+                reasons.append(text if text.startswith("condition ") else f"condition {req.name}: {text}")
+                self.failed[req.name].append(f"{what}: {reasons[-1]}")
+                continue
+            self.passed[req.name].append(_Passed(what, key, statement))
+            accepted.append(("condition", key, f"condition {req.name}: {req.predicate_type}"))
+        if not accepted:
+            raise AttestationError(f"{what}: " + "; ".join(reasons))
+        return accepted
+
+    def decide(self) -> tuple[list[tuple[str, TrustedKey, str, str]], list[str]]:
+        """Per requirement: satisfied (kind, key, what, detail) or missing (the reason, naming the link)."""
+        satisfied: list[tuple[str, TrustedKey, str, str]] = []
+        missing: list[str] = []
+        for req in self.policy.conditions:
+            passed = self.passed[req.name]
+            if not passed:
+                why = "".join(f"; {f}" for f in self.failed[req.name])
+                missing.append(
+                    f"condition {req.name}: no signed {req.predicate_type} statement satisfies it{why}"
+                )
+                continue
+            if req.lineage is None:
+                first = passed[0]
+                satisfied.append(("condition", first.key, first.what, f"condition {req.name}"))
+                continue
+            failures: list[str] = []
+            for p in passed:
+                chain = self._walk(req, p.statement, self.root_digest, [self.root_digest], failures)
+                if chain is not None:
+                    path = " <- ".join(f"sha256:{d}" for d in chain)
+                    satisfied.append(("lineage", p.key, p.what, f"condition {req.name}: lineage {path}"))
+                    break
+            else:
+                missing.append(f"condition {req.name}: lineage: " + "; ".join(dict.fromkeys(failures)))
+        return satisfied, missing
+
+    def _links(self, req: ConditionRequirement, digest: str) -> tuple[list[Statement], list[str]]:
+        """Signed provenance statements about `digest` (step 1 under `req`), and why the others are not."""
+        candidates = list(self.pool.get(digest, ()))
+        why: list[str] = []
+        for i, data in enumerate(self.lookup(digest)):
+            what = f"store entry {i} for sha256:{digest}"
+            try:
+                bundle = parse_bundle(data, source=what)
+                candidates.append((what, bundle, parse_statement(bundle.envelope.payload, what=what)))
+            except Error as e:
+                why.append(f"{what}: {e.diagnostics()}")
+        good: list[Statement] = []
+        for what, bundle, statement in candidates:
+            if statement.predicate_type != req.predicate_type or not _about(statement, digest):
+                continue
+            try:
+                self._signer(req, bundle, statement)
+            except Error as e:
+                why.append(f"{what}: {e.diagnostics()}")
+                continue
+            good.append(statement)
+        return good, why
+
+    def _walk(
+        self,
+        req: ConditionRequirement,
+        statement: Statement,
+        digest: str,
+        chain: list[str],
+        failures: list[str],
+    ) -> list[str] | None:
+        """The chain from the model to an approved root through `statement` (about `digest`), or None."""
+        if req.lineage is None:  # only called for lineage requirements
+            return None
+        link = len(chain)
+        bases = base_models(statement)
+        if not bases:
+            failures.append(f"link {link} (sha256:{digest}): its provenance names no base model")
+            return None
+        for base in bases:
+            if base in req.lineage.roots:
+                return [*chain, base]
+            if base in chain:
+                failures.append(f"link {link} (sha256:{digest}): cycle back to sha256:{base}")
+                continue
+            if link >= req.lineage.max_depth:
+                failures.append(
+                    f"link {link} (sha256:{digest}): base model sha256:{base} is not an approved root and "
+                    f"maxDepth {req.lineage.max_depth} is reached"
+                )
+                continue
+            parents, why = self._links(req, base)
+            if not parents:
+                detail = f" ({'; '.join(why)})" if why else ""
+                failures.append(
+                    f"link {link + 1} (sha256:{base}): no provenance signed by a trusted signer{detail}"
+                )
+                continue
+            for parent in parents:
+                found = self._walk(req, parent, base, [*chain, base], failures)
+                if found is not None:
+                    return found
+        return None
+
+
+def store_lookup(policy: Policy) -> Lookup:
+    """Bundle bytes about a digest from the policy's attestation stores (`evidence_stores`, no reference)."""
+    from modelsec.verifier.stores import StoreOptions, evidence_stores, open_store
+
+    def lookup(digest: str) -> list[bytes]:
+        found: list[bytes] = []
+        for spec in evidence_stores("", policy):
+            store = open_store(spec, StoreOptions(limits=policy.limits, must_exist=False))
+            try:
+                found += [e.data for e in store.entries(digest) if not e.note]
+            finally:
+                store.close()
+        return found
+
+    return lookup
