@@ -25,6 +25,8 @@ from modelsec.cli.common import (
     key_password_sources,
     limits,
     open_signing_key,
+    provenance_inputs,
+    provenance_options,
     reply,
     server_client,
     server_options,
@@ -565,45 +567,9 @@ def _attest_sign(
             client.close()
 
 
-def _dataset_value(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> list[Any]:
-    """`NAME=sha256:HEX` (or `NAME=HEX`) into `Dataset`s."""
-    from modelsec.attestations.predicates.provenance import Dataset
-    from modelsec.attestations.statement import is_sha256_hex
-
-    out = []
-    for v in values:
-        name, sep, digest = v.partition("=")
-        digest = digest.removeprefix("sha256:")
-        if not sep or not name or not is_sha256_hex(digest):
-            raise click.BadParameter(f"{v!r} is not NAME=sha256:<64 lowercase hex>", ctx, param)
-        out.append(Dataset(name, digest))
-    return out
-
-
 @attest.command(name="provenance")
 @click.argument("model_dir", type=click.Path(path_type=Path))
-@click.option("--source-repo", metavar="URL", help="The training code's git repository (with --source-commit).")
-@click.option("--source-commit", metavar="SHA", help="The training code's git commit (40 or 64 hex).")
-@click.option(
-    "--source-dir",
-    type=click.Path(path_type=Path, file_okay=False),
-    help="Read the training code's repository and commit from this git checkout (instead of --source-*).",
-)
-@click.option(
-    "--dataset",
-    "datasets",
-    multiple=True,
-    metavar="NAME=sha256:HEX",
-    callback=_dataset_value,
-    help="A dataset the model was trained or gated on, by digest (repeatable).",
-)
-@click.option(
-    "--base-model",
-    "base_models",
-    multiple=True,
-    type=click.Path(path_type=Path, file_okay=False),
-    help="A signed base model directory (repeatable): its root digest and its signature bundle's digest.",
-)
+@provenance_options
 @_statement_signer_options
 @json_option
 def _attest_provenance(
@@ -634,25 +600,12 @@ def _attest_provenance(
     MODELSEC_SOURCE_COMMIT variables; outside CI the provenance says it is a local build. Default output:
     MODEL_DIR/model.attestations/slsa.dev-provenance-v1.sig.
     """
-    from modelsec.attestations.predicates.provenance import Source, build_environment, provenance_statement
-    from modelsec.signer.statements import (
-        base_model_of,
-        model_root_digest,
-        sign_statement_with,
-        source_from_checkout,
-    )
+    from modelsec.attestations.predicates.provenance import provenance_statement
+    from modelsec.signer.statements import model_root_digest, sign_statement_with
 
-    if (source_repo is None) != (source_commit is None):
-        raise click.UsageError("give --source-repo and --source-commit together")
-    if source_dir is not None and source_repo is not None:
-        raise click.UsageError("give --source-dir or --source-repo/--source-commit, not both")
     client = None
     try:
-        environment = build_environment(os.environ)
-        sources = [Source(str(source_repo), str(source_commit).lower())] if source_repo else []
-        if source_dir is not None:
-            sources = [source_from_checkout(source_dir)]
-        bases = [base_model_of(b, limits=limits()) for b in base_models]
+        inputs = provenance_inputs(source_repo, source_commit, source_dir, datasets, base_models)
         signer, client = _open_statement_signer(
             signing_key,
             key_passwords,
@@ -663,10 +616,10 @@ def _attest_provenance(
         statement = provenance_statement(
             model_root_digest(model_dir, limits=limits()),
             name=model_dir.resolve().name,
-            environment=environment,
-            sources=sources,
-            datasets=datasets,
-            base_models=bases,
+            environment=inputs.environment,
+            sources=inputs.sources,
+            datasets=inputs.datasets,
+            base_models=inputs.base_models,
         )
         _emit_statement(sign_statement_with(statement, signer, limits=limits()), model_dir, out, store, force, as_json)
     except Error as e:
