@@ -44,15 +44,18 @@ class CertificateSigner:
         """
         if not certificates:
             raise KeyMaterialError("certificate signing needs the signing certificate")
-        leaf_key = certificates[0].public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        leaf_key = (
+            certificates[0]
+            .public_key()
+            .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
         )
         own = serialization.load_pem_public_key(backend.public_key_pem()).public_bytes(
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
         )
         if leaf_key != own:
             raise KeyMaterialError(
-                "the signing certificate's public key is not the signing key's (model_signing refuses the same)"
+                "the signing certificate's public key is not the signing key's "
+                "(model_signing refuses the same)"
             )
         self._backend = backend
         self._der = tuple(c.public_bytes(serialization.Encoding.DER) for c in certificates)
@@ -90,7 +93,8 @@ def load_certificate_signer(
     Args:
         backend: The private key (PEM file or `pkcs11:` URI, opened by `modelsec.signer.keys.key_source`).
         signing_certificate: PEM file whose first certificate is the signing certificate.
-        certificate_chain: PEM files with the rest of the chain (intermediates, optionally the root), in order.
+        certificate_chain: PEM files with the rest of the chain (intermediates, optionally the root), in
+            order.
 
     Raises:
         KeyMaterialError: A file is missing, too large or not PEM certificates, or the signing certificate

@@ -7,8 +7,8 @@ The one home of the layout a signer and every verifier must agree on:
   `model.watermark.sig`, `model.gate.sig`; DESIGN.md decision 1), and the folder `model.attestations/`
   (`STATEMENTS_DIR_NAME`) holding statements of any other predicate type;
 * the ignore list signing records in every manifest (`MODEL_IGNORE_PATHS`: top-level git metadata, then the
-  signature names, then the attestation names, then the statements folder). Its order is recorded in signed manifests: entries are only
-  ever appended, never reordered;
+  signature names, then the attestation names, then the statements folder). Its order is recorded in signed
+  manifests: entries are only ever appended, never reordered;
 * finding bundles: the default-named ones present in a directory (`find_default_bundles`,
   `find_attestation_files`) and sigstore bundles under custom names (`find_bundle_files`);
 * writing a bundle atomically, never through a symlink (`write_bundle_file`, `write_bundle_at`).

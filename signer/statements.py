@@ -40,7 +40,9 @@ class SignedStatement:
     bundle: bytes
 
 
-def model_root_digest(model_dir: Path, *, ignore_paths: Sequence[str] = (), limits: Limits | None = None) -> str:
+def model_root_digest(
+    model_dir: Path, *, ignore_paths: Sequence[str] = (), limits: Limits | None = None
+) -> str:
     """The model root digest of `model_dir` (hex SHA-256 over the files' SHA-256 digests, OMS order).
 
     Files are walked and hashed as `sign` does: the default ignore list (`MODEL_IGNORE_PATHS`) plus
@@ -78,7 +80,11 @@ def sign_statement_with(
         PermissionDeniedError, SignatureError: From a remote signer (the key may not sign this type; the
             returned bundle does not sign the statement).
     """
-    bundle = signer.sign_bundle(statement) if isinstance(signer, BundleSigner) else sign_statement(statement, signer)
+    bundle = (
+        signer.sign_bundle(statement)
+        if isinstance(signer, BundleSigner)
+        else sign_statement(statement, signer)
+    )
     limit = (limits or Limits()).max_bundle_bytes
     if len(bundle) > limit:
         raise MalformedArtifactError(
@@ -138,8 +144,12 @@ def base_model_of(base_dir: Path, *, limits: Limits | None = None) -> BaseModel:
     data = read_regular_file(
         bundles[0], "signature bundle", max_bytes=limits.max_bundle_bytes, error=MalformedArtifactError
     )
-    statement = parse_statement(parse_bundle(data, source=str(bundles[0])).envelope.payload, what=str(bundles[0]))
+    statement = parse_statement(
+        parse_bundle(data, source=str(bundles[0])).envelope.payload, what=str(bundles[0])
+    )
     root = model_root_digest(base_dir, limits=limits)
     if root not in {s.digest.get("sha256") for s in statement.subjects}:
-        raise MalformedArtifactError(f"{bundles[0]}: signs another model than {base_dir} (root sha256:{root})")
+        raise MalformedArtifactError(
+            f"{bundles[0]}: signs another model than {base_dir} (root sha256:{root})"
+        )
     return BaseModel(base_dir.resolve().name, root, hashlib.sha256(data).hexdigest())

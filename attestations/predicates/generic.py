@@ -1,4 +1,4 @@
-"""Statements of any predicate type about a model: `modelsec attest sign --predicate-type URI --predicate FILE`.
+"""Statements of any predicate type about a model (`modelsec attest sign --predicate-type URI --predicate F`).
 
 A user's own predicate (SLSA provenance, an SBOM, an evaluation report, a policy-controller or Kyverno
 attestation) is signed and stored like modelsec's own: an in-toto Statement v1 whose one subject is the
@@ -75,7 +75,9 @@ def parse_predicate_document(data: bytes, *, what: str, limits: Limits | None = 
         raise MalformedArtifactError(f"{what}: the predicate is larger than {limit} bytes")
     value = strict_loads(data, what=what)
     if not isinstance(value, dict):
-        raise MalformedArtifactError(f"{what}: the predicate must be a JSON object, not {type(value).__name__}")
+        raise MalformedArtifactError(
+            f"{what}: the predicate must be a JSON object, not {type(value).__name__}"
+        )
     return value
 
 

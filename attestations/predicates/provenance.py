@@ -1,7 +1,7 @@
 """SLSA v1 provenance about a model (`https://slsa.dev/provenance/v1`): which build made it, from what.
 
-Source: SLSA v1.0 provenance (https://slsa.dev/spec/v1.0/provenance), in-toto ResourceDescriptor v1; for GitHub
-Actions the layout of GitHub's own artifact attestations (buildType
+Source: SLSA v1.0 provenance (https://slsa.dev/spec/v1.0/provenance), in-toto ResourceDescriptor v1; for
+GitHub Actions the layout of GitHub's own artifact attestations (buildType
 `https://actions.github.io/buildtypes/workflow/v1`), for GitLab CI the runner's SLSA v1 provenance
 (`https://gitlab.com/gitlab-org/gitlab-runner/-/blob/<version>/PROVENANCE.md`).
 
@@ -9,10 +9,12 @@ The builder and the invocation are read from the CI environment (`build_environm
 
 | environment | recognised by | builder.id | invocationId |
 |---|---|---|---|
-| GitHub Actions | `GITHUB_ACTIONS=true` | `https://github.com/actions/runner/<RUNNER_ENVIRONMENT>` | `<GITHUB_SERVER_URL>/<GITHUB_REPOSITORY>/actions/runs/<GITHUB_RUN_ID>/attempts/<GITHUB_RUN_ATTEMPT>` |
-| GitLab CI | `GITLAB_CI=true` | `<CI_SERVER_URL>/<CI_PROJECT_PATH>/-/runners/<CI_RUNNER_ID>` | `<CI_JOB_URL>` |
+| GitHub Actions | `GITHUB_ACTIONS=true` | `https://github.com/actions/runner/<RUNNER_ENVIRONMENT>` | (1) |
+| GitLab CI | `GITLAB_CI=true` | `<CI_SERVER_URL>/<CI_PROJECT_PATH>/-/runners/<CI_RUNNER_ID>` | `CI_JOB_URL` |
 | generic | `MODELSEC_BUILDER_ID` set | `MODELSEC_BUILDER_ID` | `MODELSEC_INVOCATION_ID` (optional) |
 | none | none of these | `https://modelsec.dev/builders/local` | none |
+
+(1) `<GITHUB_SERVER_URL>/<GITHUB_REPOSITORY>/actions/runs/<GITHUB_RUN_ID>/attempts/<GITHUB_RUN_ATTEMPT>`.
 
 The GitHub workflow (`GITHUB_WORKFLOW_REF`: `owner/repo/.github/workflows/x.yml@refs/heads/main`) is
 recorded in `externalParameters.workflow` (`ref`, `repository`, `path`), as GitHub records it: a policy
@@ -42,7 +44,7 @@ the variable), never filled in. Outside CI the provenance says so: the local bui
      "resolvedDependencies": [
        {"uri": "git+https://github.com/acme/llm@refs/heads/main", "digest": {"gitCommit": "<40 hex>"},
         "annotations": {"modelsec.dev/role": "source"}},
-       {"name": "digits-test", "digest": {"sha256": "<hex>"}, "annotations": {"modelsec.dev/role": "dataset"}},
+       {"name": "digits", "digest": {"sha256": "<hex>"}, "annotations": {"modelsec.dev/role": "dataset"}},
        {"name": "base", "digest": {"sha256": "<base model root digest>"},
         "annotations": {"modelsec.dev/role": "base-model", "modelsec.dev/signatureBundleSha256": "<hex>"}}]},
    "runDetails": {
@@ -217,7 +219,11 @@ def _gitlab(env: Mapping[str, str]) -> BuildEnvironment:
         "GitLab CI",
     )
     external = {"source": project_url, "entryPoint": env.get("CI_JOB_NAME", "")}
-    internal = {"gitlab": {k: env[v] for k, v in (("pipeline_id", "CI_PIPELINE_ID"), ("job_id", "CI_JOB_ID")) if env.get(v)}}
+    internal = {
+        "gitlab": {
+            k: env[v] for k, v in (("pipeline_id", "CI_PIPELINE_ID"), ("job_id", "CI_JOB_ID")) if env.get(v)
+        }
+    }
     return BuildEnvironment(
         "gitlab",
         f"{server}/{project}/-/runners/{runner_id}",
@@ -298,10 +304,12 @@ def provenance_statement(
     chosen = list(sources) or ([environment.source] if environment.source is not None else [])
     for s in chosen:
         _check_source(s)
-    for d in (*datasets, *base_models):
-        digests = [d.sha256] if isinstance(d, Dataset) else [d.root_digest, d.bundle_sha256]
+    named = [(d.name, [d.sha256]) for d in datasets] + [
+        (b.name, [b.root_digest, b.bundle_sha256]) for b in base_models
+    ]
+    for dependency, digests in named:
         if not all(is_sha256_hex(x) for x in digests):
-            raise MalformedArtifactError(f"{d.name}: a digest is not SHA-256 hex")
+            raise MalformedArtifactError(f"{dependency}: a digest is not SHA-256 hex")
     if not is_sha256_hex(root_digest):
         raise MalformedArtifactError(f"model root digest {root_digest!r} is not SHA-256 hex")
     metadata: dict[str, Any] = {}
@@ -315,7 +323,11 @@ def provenance_statement(
             "buildType": environment.build_type,
             "externalParameters": dict(environment.external),
             "internalParameters": dict(environment.internal),
-            "resolvedDependencies": [x.descriptor() for x in (*chosen, *datasets, *base_models)],
+            "resolvedDependencies": [
+                *(s.descriptor() for s in chosen),
+                *(d.descriptor() for d in datasets),
+                *(b.descriptor() for b in base_models),
+            ],
         },
         "runDetails": {"builder": {"id": environment.builder_id}, "metadata": metadata},
     }
@@ -417,4 +429,6 @@ def parse_provenance(statement: Statement, *, what: str, limits: Limits | None =
             bases.append(BaseModel(str(dep.get("name", "")), digest["sha256"], bundle))
         elif role is not None:
             raise MalformedArtifactError(f"{at}: unknown {ROLE} {role!r}")
-    return Provenance(builder, build_type, builder == LOCAL_BUILDER_ID, tuple(sources), tuple(datasets), tuple(bases))
+    return Provenance(
+        builder, build_type, builder == LOCAL_BUILDER_ID, tuple(sources), tuple(datasets), tuple(bases)
+    )

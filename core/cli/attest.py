@@ -394,19 +394,21 @@ def attest_delete(store: str, digest: str, bundle_id: str, supersede: bool, as_j
 def _statement_signer_options(f: Any) -> Any:
     """The signer (a local key, a `pkcs11:` URI, or a --server key version) and where the bundle goes."""
     f = click.option(
-        "--force", is_flag=True, help="Replace an existing bundle at --out (without it: exit 1, nothing written)."
+        "--force",
+        is_flag=True,
+        help="Replace an existing bundle at --out (without it: exit 1, nothing written).",
     )(f)
     f = click.option(
         "--store",
-        help="Also file the bundle in an attestation store: a directory or a file://, sqlite://, postgresql://, "
-        "grpc(s)://, or oci://REGISTRY/REPOSITORY URI (a referrer of the manifest `modelsec push` tagged "
-        "oms-sha256-<digest>).",
+        help="Also file the bundle in an attestation store: a directory or a file://, sqlite://, "
+        "postgresql://, grpc(s)://, or oci://REGISTRY/REPOSITORY URI (a referrer of the manifest "
+        "`modelsec push` tagged oms-sha256-<digest>).",
     )(f)
     f = click.option(
         "--out",
         type=click.Path(path_type=Path, dir_okay=False),
-        help="Where to write the bundle (default: beside the model, MODEL_DIR/model.attestations/<type>.sig, a "
-        "folder every signature leaves out; '-' with --store: nowhere else).",
+        help="Where to write the bundle (default: beside the model, MODEL_DIR/model.attestations/<type>.sig, "
+        "a folder every signature leaves out; '-' with --store: nowhere else).",
     )(f)
     f = server_options(required=False)(f)
     f = click.option(
@@ -557,7 +559,9 @@ def _attest_sign(
         statement = model_statement(
             root, predicate_type, predicate, name=model_dir.resolve().name, what=str(predicate_file)
         )
-        _emit_statement(sign_statement_with(statement, signer, limits=limits()), model_dir, out, store, force, as_json)
+        _emit_statement(
+            sign_statement_with(statement, signer, limits=limits()), model_dir, out, store, force, as_json
+        )
     except Error as e:
         fail(e, as_json)
     except OSError as e:
@@ -621,7 +625,9 @@ def _attest_provenance(
             datasets=inputs.datasets,
             base_models=inputs.base_models,
         )
-        _emit_statement(sign_statement_with(statement, signer, limits=limits()), model_dir, out, store, force, as_json)
+        _emit_statement(
+            sign_statement_with(statement, signer, limits=limits()), model_dir, out, store, force, as_json
+        )
     except Error as e:
         fail(e, as_json)
     except OSError as e:

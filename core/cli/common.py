@@ -615,7 +615,9 @@ def provenance_options(f: F) -> F:
         type=click.Path(path_type=Path, file_okay=False),
         help="Read the training code's repository and commit from this git checkout.",
     )(f)
-    f = click.option("--source-commit", metavar="SHA", help="The training code's git commit (40 or 64 hex).")(f)
+    f = click.option("--source-commit", metavar="SHA", help="The training code's git commit (40 or 64 hex).")(
+        f
+    )
     return click.option(
         "--source-repo",
         metavar="URL",
@@ -634,7 +636,8 @@ def provenance_inputs(
 
     Raises:
         click.UsageError: --source-repo without --source-commit (or the reverse), or with --source-dir.
-        PolicyError: The CI environment lacks a variable (`build_environment`), or --source-dir is no checkout.
+        PolicyError: The CI environment lacks a variable (`build_environment`), or --source-dir is not a
+            git checkout.
         MalformedArtifactError: A base model is unsigned, or its signature signs other files.
     """
     from modelsec.attestations.predicates.provenance import Source, build_environment

@@ -40,8 +40,7 @@ _TENSOR_DIGESTS = [HashAlgorithm.BLAKE3.value, HashAlgorithm.SHA256.value, HashA
 @click.command(name="sign")
 @click.argument("model_dir", type=click.Path(path_type=Path))
 @signing_keys_option(
-    "Private key PEM (repeatable: one bundle per key). An encrypted key's "
-    "password: see --key-password."
+    "Private key PEM (repeatable: one bundle per key). An encrypted key's password: see --key-password."
 )
 @key_password_option
 @click.option(

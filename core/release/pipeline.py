@@ -52,10 +52,12 @@ class ProvenanceInputs:
     """What the release's SLSA provenance names besides the model and the gate's dataset.
 
     Attributes:
-        environment: The builder and invocation (`modelsec.attestations.predicates.provenance.build_environment`).
+        environment: The builder and invocation
+            (`modelsec.attestations.predicates.provenance.build_environment`).
         sources: The training code (empty: the CI environment's checkout, if it names one).
         datasets: Datasets by digest (the gate's own dataset is added by the release).
-        base_models: Base models with their signature bundles' digests (`modelsec.signer.statements.base_model_of`).
+        base_models: Base models with their signature bundles' digests
+            (`modelsec.signer.statements.base_model_of`).
     """
 
     environment: Any

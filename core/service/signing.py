@@ -1,12 +1,12 @@
 """`modelsec.v1.SigningService`: sign in-toto statements with server-held keys (KMS style).
 
-The private key never leaves the server. A statement is parsed strictly (in-toto Statement v1; an OMS
-weights manifest is also checked against the limits) and its predicate type decides the role the key must
-hold (`weights`, `watermark`, `gate`): a key configured for gate attestations cannot be made to sign a
-weights manifest, and a predicate type that is not registered is signed only by a key whose `predicateTypes`
-names it (`modelsec.service.config`; the predicate is then signed as it is, uninterpreted). The key must be configured for the
-`signStatement` operation, and a key that signs the gate results (watermark records) of runs this server
-performs itself never signs a client-made gate (watermark) statement; nor is any gate or watermark
+The private key never leaves the server. A statement is parsed strictly (in-toto Statement v1; an OMS weights
+manifest is also checked against the limits) and its predicate type decides the role the key must hold
+(`weights`, `watermark`, `gate`): a key configured for gate attestations cannot be made to sign a weights
+manifest, and a predicate type that is not registered is signed only by a key whose `predicateTypes` names it
+(`modelsec.service.config`; the predicate is then signed as it is, uninterpreted). The key must be configured
+for the `signStatement` operation, and a key that signs the gate results (watermark records) of runs this
+server performs itself never signs a client-made gate (watermark) statement; nor is any gate or watermark
 statement carrying `runBy` signed here (only RunGate and EmbedWatermark record it), so a `runBy` under a
 server-held key means this server ran the gate or the embed (`modelsec.attestations.predicates.run_by`). The
 numbers of a gate or watermark predicate must lie in their fields' ranges

@@ -1,4 +1,4 @@
-"""`modelsec attest sign --predicate-type URI --predicate FILE` (issue 29, item 1): any predicate, signed and stored.
+"""`modelsec attest sign --predicate-type URI --predicate FILE` (issue 29.1): any predicate, signed, stored.
 
 Signed by a local PEM key, a `pkcs11:` key (SoftHSM2) or the gRPC service (a key whose `predicateTypes` names
 the type; other types refused); written beside the model, into a store, into the registry as a referrer; read
@@ -53,7 +53,9 @@ def test_local_key_beside_the_model_is_selected_by_type_for_that_signer_only(
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert out["rootDigest"] == f"sha256:{root}" and out["path"] == str(model / "model.attestations" / "example.org-model-eval-v1.sig")
+    assert out["rootDigest"] == f"sha256:{root}" and out["path"] == str(
+        model / "model.attestations" / "example.org-model-eval-v1.sig"
+    )
     found = find_statement_files(model)
     chosen = verified_statements(root, found, _policy(key_dir / "ecdsa-p256.pub.pem"), EVAL)
     (one,) = chosen.statements
@@ -64,7 +66,9 @@ def test_local_key_beside_the_model_is_selected_by_type_for_that_signer_only(
     assert untrusted.statements == () and "signature" in untrusted.ignored[0]
     other_model = verified_statements("ab" * 32, found, _policy(key_dir / "ecdsa-p256.pub.pem"), EVAL)
     assert other_model.statements == () and "is about model" in other_model.ignored[0]
-    assert verified_statements(root, found, _policy(key_dir / "ecdsa-p256.pub.pem"), EVAL + "x").statements == ()
+    assert (
+        verified_statements(root, found, _policy(key_dir / "ecdsa-p256.pub.pem"), EVAL + "x").statements == ()
+    )
     # The weights still verify: the new bundle is no unsigned extra file.
     v = run_cli("verify", model, "--trusted-key", key_dir / "ecdsa-p256.pub.pem")
     assert v.returncode == 0, v.stderr
@@ -142,7 +146,9 @@ def test_into_the_registry_as_a_referrer(tmp_path: Path, key_dir: Path, registry
     assert dict(one.statement.predicate) == PREDICATE
 
 
-def test_signing_service_signs_the_types_its_key_names_and_refuses_others(tmp_path: Path, key_dir: Path) -> None:
+def test_signing_service_signs_the_types_its_key_names_and_refuses_others(
+    tmp_path: Path, key_dir: Path
+) -> None:
     # Its own server: the session server's keys name no predicateTypes.
     config = write_server_config(
         tmp_path / "srv",
@@ -170,7 +176,9 @@ def test_signing_service_signs_the_types_its_key_names_and_refuses_others(tmp_pa
     error = json.loads(refused.stdout)["error"]
     assert error["kind"] == "PermissionDeniedError" and "https://example.org/other/v1" in error["message"]
     assert not (tmp_path / "other.sig").exists()
-    chosen = verified_statements(root, find_statement_files(model), _policy(key_dir / "ecdsa-p256.pub.pem"), EVAL)
+    chosen = verified_statements(
+        root, find_statement_files(model), _policy(key_dir / "ecdsa-p256.pub.pem"), EVAL
+    )
     assert len(chosen.statements) == 1
 
 

@@ -1,4 +1,4 @@
-"""Certificate signing (issue 29, item 5): `sign --signing-key KEY --signing-certificate LEAF [--certificate-chain]`.
+"""Certificate signing (issue 29.5): `sign --signing-key K --signing-certificate LEAF [--certificate-chain]`.
 
 modelsec writes model_signing's certificate-mode bundle (the x509 chain in the verification material); the
 released model_signing 1.1.1 CLI (`verify certificate`, in its own venv) and modelsec (an X.509 authority of a
@@ -33,7 +33,8 @@ def _model_signing_verify(model: Path, root: Path) -> subprocess.CompletedProces
         pytest.skip(str(e))
     # The venv's own interpreter runs the released CLI (`python -m model_signing`, its console script).
     return subprocess.run(
-        [str(python), "-m", "model_signing", "verify", "certificate", str(model), "--signature", str(model / "model.sig"),
+        [str(python), "-m", "model_signing", "verify", "certificate", str(model),
+         "--signature", str(model / "model.sig"),
          "--certificate_chain", str(root)],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -52,14 +53,24 @@ def _chain_in_bundle(model: Path) -> list[x509.Certificate]:
 
 
 @pytest.mark.slow
-def test_pem_key_certificate_bundle_verifies_with_model_signing_and_modelsec(tmp_path: Path, pki: Pki) -> None:
+def test_pem_key_certificate_bundle_verifies_with_model_signing_and_modelsec(
+    tmp_path: Path, pki: Pki
+) -> None:
     model = write_tiny_model(tmp_path / "m", seed=81)
     key = pki.leaf.key_pem(tmp_path / "leaf.key.pem")
     leaf = write_pem(tmp_path / "leaf.pem", pki.leaf.cert)
     chain = write_pem(tmp_path / "chain.pem", pki.intermediate.cert)
     root = write_pem(tmp_path / "root.pem", pki.root.cert)
     r = run_cli(
-        "sign", model, "--signing-key", key, "--signing-certificate", leaf, "--certificate-chain", chain, "--json"
+        "sign",
+        model,
+        "--signing-key",
+        key,
+        "--signing-certificate",
+        leaf,
+        "--certificate-chain",
+        chain,
+        "--json",
     )
     assert r.returncode == 0, r.stderr
     assert _chain_in_bundle(model) == [pki.leaf.cert, pki.intermediate.cert]
@@ -74,11 +85,15 @@ def test_pem_key_certificate_bundle_verifies_with_model_signing_and_modelsec(tmp
     # Another root: both refuse.
     other = write_pem(tmp_path / "other-root.pem", make_ca("other root").cert)
     refused_ms = _model_signing_verify(model, other)
-    assert refused_ms.returncode != 0 and "unable to get local issuer certificate" in refused_ms.stderr, refused_ms.stderr
+    assert refused_ms.returncode != 0 and "unable to get local issuer certificate" in refused_ms.stderr, (
+        refused_ms.stderr
+    )
     refused = run_cli("verify", model, "--policy", _policy(tmp_path, other), "--json")
     assert refused.returncode == 1 and json.loads(refused.stdout)["error"]["kind"] == "SignatureError"
     # Another identity: modelsec's rules refuse (model_signing 1.1.1 has no identity check).
-    wrong = run_cli("verify", model, "--policy", _policy(tmp_path, root, {"san": "ops@corp.example"}), "--json")
+    wrong = run_cli(
+        "verify", model, "--policy", _policy(tmp_path, root, {"san": "ops@corp.example"}), "--json"
+    )
     assert wrong.returncode == 1
     error = json.loads(wrong.stdout)["error"]
     assert error["kind"] == "SignatureError" and "release@corp.example" in error["message"]

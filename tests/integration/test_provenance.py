@@ -92,11 +92,16 @@ def test_github_actions_provenance_validates_with_the_in_toto_slsa_v1_bindings(
     pb = json_format.Parse(statement.raw, statement_pb2.Statement(), ignore_unknown_fields=False)
     ItStatement.copy_from_pb(pb).validate()
     predicate = json_format.ParseDict(
-        json.loads(json.dumps(dict(statement.predicate))), provenance_pb2.Provenance(), ignore_unknown_fields=False
+        json.loads(json.dumps(dict(statement.predicate))),
+        provenance_pb2.Provenance(),
+        ignore_unknown_fields=False,
     )
     assert predicate.build_definition.build_type == "https://actions.github.io/buildtypes/workflow/v1"
     assert predicate.run_details.builder.id == "https://github.com/actions/runner/github-hosted"
-    assert predicate.run_details.metadata.invocation_id == "https://github.com/acme/llm/actions/runs/4242/attempts/2"
+    assert (
+        predicate.run_details.metadata.invocation_id
+        == "https://github.com/acme/llm/actions/runs/4242/attempts/2"
+    )
     for dep in predicate.build_definition.resolved_dependencies:
         ResourceDescriptor.copy_from_pb(dep).validate()
     workflow = dict(statement.predicate["buildDefinition"]["externalParameters"]["workflow"])
@@ -118,7 +123,9 @@ def test_github_actions_provenance_validates_with_the_in_toto_slsa_v1_bindings(
     assert b.bundle_sha256 == hashlib.sha256((base / "model.sig").read_bytes()).hexdigest()
 
 
-def test_gitlab_generic_and_local_builders(tmp_path: Path, key_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gitlab_generic_and_local_builders(
+    tmp_path: Path, key_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cases = [
         (GITLAB, "https://gitlab.example/ml/llm/-/runners/12", GITLAB["CI_COMMIT_SHA"]),
         (
@@ -140,9 +147,18 @@ def test_gitlab_generic_and_local_builders(tmp_path: Path, key_dir: Path, monkey
             assert "invocationId" not in got["statement"].predicate["runDetails"]["metadata"]
 
 
-def test_explicit_source_and_git_checkout(tmp_path: Path, key_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_explicit_source_and_git_checkout(
+    tmp_path: Path, key_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     got = _provenance(
-        tmp_path / "a", key_dir, {}, monkeypatch, "--source-repo", "https://g.example/x", "--source-commit", "c" * 40
+        tmp_path / "a",
+        key_dir,
+        {},
+        monkeypatch,
+        "--source-repo",
+        "https://g.example/x",
+        "--source-commit",
+        "c" * 40,
     )[4]
     assert [s.commit for s in parse_provenance(got["statement"], what="p").sources] == ["c" * 40]
     checkout = tmp_path / "code"
@@ -151,13 +167,17 @@ def test_explicit_source_and_git_checkout(tmp_path: Path, key_dir: Path, monkeyp
     subprocess.run([*git, "init", "-q"], check=True)
     subprocess.run([*git, "remote", "add", "origin", "https://g.example/train"], check=True)
     subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], check=True)
-    head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(
+        [*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True
+    ).stdout.strip()
     got = _provenance(tmp_path / "b", key_dir, {}, monkeypatch, "--source-dir", checkout)[4]
     (source,) = parse_provenance(got["statement"], what="p").sources
     assert (source.repository, source.commit) == ("https://g.example/train", head)
 
 
-@pytest.mark.parametrize("missing", ["GITHUB_WORKFLOW_REF", "GITHUB_SHA", "RUNNER_ENVIRONMENT", "GITHUB_RUN_ID"])
+@pytest.mark.parametrize(
+    "missing", ["GITHUB_WORKFLOW_REF", "GITHUB_SHA", "RUNNER_ENVIRONMENT", "GITHUB_RUN_ID"]
+)
 def test_a_ci_environment_missing_a_variable_is_refused_not_invented(
     tmp_path: Path, key_dir: Path, monkeypatch: pytest.MonkeyPatch, missing: str
 ) -> None:
@@ -165,7 +185,9 @@ def test_a_ci_environment_missing_a_variable_is_refused_not_invented(
         monkeypatch.delenv(name, raising=False)
     model, _ = _signed(tmp_path, key_dir, "m", 73)
     env = {k: v for k, v in GITHUB.items() if k != missing}
-    r = run_cli("attest", "provenance", model, "--signing-key", key_dir / "ecdsa-p256.key.pem", "--json", env=env)
+    r = run_cli(
+        "attest", "provenance", model, "--signing-key", key_dir / "ecdsa-p256.key.pem", "--json", env=env
+    )
     assert r.returncode == 1
     error = json.loads(r.stdout)["error"]
     assert error["kind"] == "PolicyError" and missing in error["message"]

@@ -80,8 +80,8 @@ def test_release_writes_the_model_and_every_bundle(released: tuple[Path, dict[st
 def test_release_provenance_names_the_ci_builder_the_code_and_the_gate_dataset(
     released: tuple[Path, dict[str, object]], key_dir: Path
 ) -> None:
-    from modelsec.attestations.predicates.provenance import SLSA_PROVENANCE_V1, parse_provenance
     from modelsec.attestations.predicates.gate import parse_gate_statement
+    from modelsec.attestations.predicates.provenance import SLSA_PROVENANCE_V1, parse_provenance
     from modelsec.policy import Policy
     from modelsec.verifier.attestations import find_statement_files, verified_statements
 
@@ -93,7 +93,9 @@ def test_release_provenance_names_the_ci_builder_the_code_and_the_gate_dataset(
     provenance = parse_provenance(one.statement, what="provenance")
     assert provenance.builder_id == "https://github.com/actions/runner/self-hosted"
     assert [s.commit for s in provenance.sources] == ["1" * 40]
-    (gate,) = verified_statements(root, find_statement_files(out), policy, "https://modelsec.dev/robustness-gate/v1").statements
+    (gate,) = verified_statements(
+        root, find_statement_files(out), policy, "https://modelsec.dev/robustness-gate/v1"
+    ).statements
     dataset = parse_gate_statement(gate.statement, what="gate", limits=policy.limits).dataset_sha256
     assert [d.sha256 for d in provenance.datasets] == [dataset]
 
