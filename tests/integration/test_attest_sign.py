@@ -196,3 +196,25 @@ def test_server_config_refuses_predicate_types_that_are_not_uris_or_are_register
         )
         with pytest.raises(PolicyError, match="predicateTypes"):
             load_server_config(config)
+
+
+def test_a_model_signed_by_model_signing_still_verifies_with_statements_beside_it(
+    tmp_path: Path, key_dir: Path
+) -> None:
+    # model_signing records no model.attestations in its ignore list: modelsec's verify leaves the reserved
+    # folder out of every walk, whichever manifest signed the files.
+    signing = pytest.importorskip("model_signing.signing")
+    model = write_tiny_model(tmp_path / "ms", seed=66)
+    signing.Config().use_elliptic_key_signer(private_key=key_dir / "ecdsa-p256.key.pem").sign(
+        model, model / "model.sig"
+    )
+    predicate = tmp_path / "eval.json"
+    predicate.write_text(json.dumps(PREDICATE))
+    r = run_cli(
+        "attest", "sign", model, "--predicate-type", EVAL, "--predicate", predicate,
+        "--signing-key", key_dir / "ecdsa-p256.key.pem", "--json",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    v = run_cli("verify", model, "--trusted-key", key_dir / "ecdsa-p256.pub.pem", "--json")
+    assert v.returncode == 0, v.stdout
+    assert json.loads(v.stdout)["rootDigest"] == json.loads(r.stdout)["rootDigest"]
