@@ -52,7 +52,6 @@ def _chain_in_bundle(model: Path) -> list[x509.Certificate]:
     return [x509.load_der_x509_certificate(base64.b64decode(c["rawBytes"])) for c in raw]
 
 
-@pytest.mark.slow
 def test_pem_key_certificate_bundle_verifies_with_model_signing_and_modelsec(
     tmp_path: Path, pki: Pki
 ) -> None:
