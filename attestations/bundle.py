@@ -37,6 +37,7 @@ __all__ = [
     "parse_bundle",
     "sign_payload",
     "sign_statement",
+    "with_certificate_chain",
 ]
 
 BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
@@ -263,3 +264,28 @@ def sign_payload(payload: bytes, signer: StatementSigner) -> bytes:
         payload=payload, payload_type=PAYLOAD_TYPE_IN_TOTO, signatures=(EnvelopeSignature(sig, hint),)
     )
     return bundle_to_json(signed, hint=hint)
+
+
+def with_certificate_chain(bundle_json: bytes, certificates: Sequence[bytes], *, source: str) -> bytes:
+    """The bundle with `certificates` (DER, leaf first) as its verification material, as model_signing writes.
+
+    model_signing 1.x's `certificate` method writes `verificationMaterial.x509CertificateChain.certificates`
+    (`rawBytes`, leaf then the rest of the chain) and an empty `tlogEntries`, with no public-key hint; the
+    DSSE signature's keyid is empty. The signature is left as it is (it covers only the payload).
+
+    Raises:
+        MalformedArtifactError: `bundle_json` is not a well-formed bundle, or `certificates` is empty.
+    """
+    if not certificates:
+        raise MalformedArtifactError(f"{source}: a certificate bundle needs the signing certificate")
+    parse_bundle(bundle_json, source=source)
+    doc = strict_loads(bundle_json, what=source)
+    doc["verificationMaterial"] = {
+        "x509CertificateChain": {
+            "certificates": [{"rawBytes": base64.b64encode(c).decode("ascii")} for c in certificates]
+        },
+        "tlogEntries": [],
+    }
+    for signature in doc["dsseEnvelope"]["signatures"]:
+        signature["keyid"] = ""
+    return (json.dumps(doc, indent=2) + "\n").encode("utf-8")

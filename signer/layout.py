@@ -4,10 +4,11 @@ The one home of the layout a signer and every verifier must agree on:
 
 * the reserved bundle names: one default weights-signature name per registered signature scheme
   (`SIGNATURE_FILE_NAMES`, in registration order) and the attestation names (`ATTESTATION_FILE_NAMES`:
-  `model.watermark.sig`, `model.gate.sig`; DESIGN.md decision 1);
+  `model.watermark.sig`, `model.gate.sig`; DESIGN.md decision 1), and the folder `model.attestations/`
+  (`STATEMENTS_DIR_NAME`) holding statements of any other predicate type;
 * the ignore list signing records in every manifest (`MODEL_IGNORE_PATHS`: top-level git metadata, then the
-  signature names, then the attestation names). Its order is recorded in signed manifests: entries are only
-  ever appended, never reordered;
+  signature names, then the attestation names, then the statements folder). Its order is recorded in signed
+  manifests: entries are only ever appended, never reordered;
 * finding bundles: the default-named ones present in a directory (`find_default_bundles`,
   `find_attestation_files`) and sigstore bundles under custom names (`find_bundle_files`);
 * writing a bundle atomically, never through a symlink (`write_bundle_file`, `write_bundle_at`).
@@ -38,6 +39,7 @@ __all__ = [
     "OMS_BUNDLE_NAME",
     "RESERVED_BUNDLE_NAMES",
     "SIGNATURE_FILE_NAMES",
+    "STATEMENTS_DIR_NAME",
     "WATERMARK_BUNDLE_NAME",
     "find_attestation_files",
     "find_bundle_files",
@@ -57,11 +59,19 @@ SIGNATURE_FILE_NAMES: tuple[str, ...] = tuple(s.default_bundle_name for s in all
 WATERMARK_BUNDLE_NAME = "model.watermark.sig"
 GATE_BUNDLE_NAME = "model.gate.sig"
 ATTESTATION_FILE_NAMES: tuple[str, ...] = (WATERMARK_BUNDLE_NAME, GATE_BUNDLE_NAME)
+# Statements of any other predicate type (`attest sign`, `attest provenance`) live beside the weights in this
+# reserved folder, one bundle per file (`<type slug>.sig`): a name reserved once for every type to come.
+STATEMENTS_DIR_NAME = "model.attestations"
 # What signing leaves out and records in `serialization.ignore_paths`: top-level git metadata, the weights
-# signature bundles and the attestation bundles.
-MODEL_IGNORE_PATHS: tuple[str, ...] = (*DEFAULT_IGNORE_PATHS, *SIGNATURE_FILE_NAMES, *ATTESTATION_FILE_NAMES)
+# signature bundles, the attestation bundles and the statements folder (appended last, issue 29).
+MODEL_IGNORE_PATHS: tuple[str, ...] = (
+    *DEFAULT_IGNORE_PATHS,
+    *SIGNATURE_FILE_NAMES,
+    *ATTESTATION_FILE_NAMES,
+    STATEMENTS_DIR_NAME,
+)
 # Every reserved bundle name: never a model file, whichever manifest's ignore list names it.
-RESERVED_BUNDLE_NAMES: tuple[str, ...] = (*SIGNATURE_FILE_NAMES, *ATTESTATION_FILE_NAMES)
+RESERVED_BUNDLE_NAMES: tuple[str, ...] = (*SIGNATURE_FILE_NAMES, *ATTESTATION_FILE_NAMES, STATEMENTS_DIR_NAME)
 # The one name model_signing writes every bundle to, whatever its key (`check_bundle_name` in
 # `modelsec.verifier.trust.bundles` accepts any certified scheme under it).
 OMS_BUNDLE_NAME = "model.sig"

@@ -71,9 +71,13 @@ __all__ = [
     "AdmittedAttestation",
     "AttestationVerdict",
     "Evidence",
+    "StatementSelection",
+    "VerifiedStatement",
     "admit_to_store",
     "find_attestation_bundles",
+    "find_statement_files",
     "store_bundle",
+    "verified_statements",
     "verify_attestations",
     "verify_statement_bundle",
 ]
@@ -118,10 +122,15 @@ def verify_statement_bundle(
     key = verify_bundle_signature(
         bundle, keys, role=role, authorities=authorities, timestamp_authorities=timestamp_authorities
     )
+    _check_subject(statement, root_digest, what=what)
+    return key
+
+
+def _check_subject(statement: Statement, root_digest: str, *, what: str) -> None:
+    """Step 4's subject check: some subject's SHA-256 is `root_digest` (constant-time comparison)."""
     subjects = [s.digest.get("sha256", "") for s in statement.subjects]
     if not any(hmac.compare_digest(s.encode(), root_digest.encode()) for s in subjects):
         raise AttestationError(f"{what}: is about model {subjects[0] or '?'}, not {root_digest}")
-    return key
 
 
 @dataclass(frozen=True, slots=True)
@@ -526,3 +535,154 @@ def admit_to_store(data: bytes, policy: Policy, *, now: datetime | None = None) 
         reasons = [f"refused {r}" for r in verdict.refused] + [f"not trusted: {i}" for i in verdict.ignored]
         raise AttestationError("; ".join(reasons) or "no evidence")
     return AdmittedAttestation(bundle, statement, digest, verdict.evidence[0])
+
+
+@dataclass(frozen=True, slots=True)
+class VerifiedStatement:
+    """A statement of the asked predicate type, signed by a trusted signer, about the model.
+
+    Attributes:
+        statement: The statement, parsed from the exact payload bytes the signature covers
+            (`statement.predicate` is the predicate JSON object, read-only).
+        signer: The trusted key that verified the signature: a pinned policy key (`signer.name`,
+            `signer.keyid`), or the leaf key of a certificate an authority vouched for (`signer.name` is
+            `"<authority>: <identity>"`).
+        source: Where the bundle came from (a path, a store entry, `bundle[i]`).
+        signed_at: The trusted RFC 3161 times of the signature (empty without a TSA the policy trusts).
+    """
+
+    statement: Statement
+    signer: TrustedKey
+    source: str
+    signed_at: tuple[datetime, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class StatementSelection:
+    """What `verified_statements` found: the trusted statements of the type, and why others did not count.
+
+    Attributes:
+        statements: Verified statements of the predicate type about the model, in the order of the input.
+        ignored: `"<source>: <reason>"` for each bundle of the type that did not verify (wrong signer,
+            another model, outside its key's validity window, malformed); bundles of other types are not
+            listed. As in `verify_attestations`, an ignored bundle never vetoes.
+    """
+
+    statements: tuple[VerifiedStatement, ...]
+    ignored: tuple[str, ...]
+
+
+def verified_statements(
+    root_digest: str,
+    bundles: Sequence[Path | bytes | StoredBundle],
+    policy: Policy,
+    predicate_type: str,
+    *,
+    keys: Sequence[TrustedKey] | None = None,
+    authorities: Sequence[Authority] | None = None,
+    role: str | None = None,
+    now: datetime | None = None,
+) -> StatementSelection:
+    """The statements of `predicate_type` about the model `root_digest` that a trusted signer signed.
+
+    The evidence a requirement selects by predicate type (a CEL condition over SLSA provenance, a user's
+    own predicate, a lineage link): any type, registered in `modelsec.attestations.predicates` or not. For
+    each bundle, failing closed at every step (the module docstring's steps, with the signers given here):
+
+    1. strict bundle parsing, at most `policy.limits.max_bundle_bytes`;
+    2. the statement's `predicateType` must equal `predicate_type` exactly (other bundles are skipped
+       without being listed: they are evidence for other requirements);
+    3. the DSSE signature must verify under one of `keys` (holding `role`, when given), or the bundle's
+       certificate chain through one of `authorities` (holding `role`); keys never come from the bundle;
+    4. a subject's SHA-256 must be `root_digest`, and the signature's time must lie in its key's validity
+       window (`check_signature_time`: the policy's TSAs and `requireTimestamp` apply);
+    5. for a registered type, its parser and number checker accept the predicate. A foreign predicate's
+       content is not interpreted: that is the caller's condition.
+
+    What is not done: selecting among several statements (newest, all, any: the requirement's rule) and
+    judging the predicate's content.
+
+    Args:
+        root_digest: The model root digest (64 lowercase hex) the statements must be about.
+        bundles: Bundle files, bytes or store entries (`find_attestation_bundles`, `find_statement_files`).
+        policy: Supplies the limits, the TSAs and key validity windows, and the default signers.
+        predicate_type: The exact predicateType URI to select.
+        keys: The signers a requirement trusts for this type (default: every key of `policy`).
+        authorities: Certificate and Sigstore authorities trusted for this type (default: the policy's).
+        role: The role each key or authority must hold (`weights`, `watermark`, `gate`), or None: any of
+            the given signers (a requirement that names its signers passes exactly those).
+        now: The time validity windows are checked at (default: now, UTC).
+
+    Returns:
+        The verified statements, each with its signer, and the bundles of the type that were ignored.
+
+    Raises:
+        Nothing for an untrusted or malformed bundle (it is listed in `ignored`); `PolicyError` only for a
+        Sigstore authority whose trusted root cannot be loaded, and `BackendUnavailableError` when an
+        authority needs a package that is missing.
+    """
+    from modelsec.attestations.predicates import check_predicate_numbers
+    from modelsec.errors import BackendUnavailableError, PolicyError
+
+    keys = policy.keys if keys is None else keys
+    authorities = policy.authorities if authorities is None else authorities
+    moment = now or datetime.now(UTC)
+    found: list[VerifiedStatement] = []
+    ignored: list[str] = []
+    for index, item in enumerate(bundles):
+        what = _name(item, index)
+        try:
+            bundle = _load(item, policy, index)
+            statement = parse_statement(bundle.envelope.payload, what=what)
+        except Error as e:
+            ignored.append(_reason(e, what))  # unreadable: its type is unknown, so it is listed
+            continue
+        if statement.predicate_type != predicate_type:
+            continue
+        try:
+            key = verify_bundle_signature(
+                bundle,
+                keys,
+                role=role,
+                authorities=authorities,
+                timestamp_authorities=policy.timestamp_authorities,
+            )
+            _check_subject(statement, root_digest, what=what)
+            times = check_signature_time(bundle, key, policy, now=moment)
+            kind = PREDICATE_KINDS.get(predicate_type)
+            if kind is not None:
+                check_predicate_numbers(statement, what=what)
+                kind.parse(statement, what=what, limits=policy.limits)
+        except (PolicyError, BackendUnavailableError):
+            raise
+        except Error as e:
+            ignored.append(_reason(e, what))
+            continue
+        found.append(VerifiedStatement(statement, key, what, tuple(times)))
+    return StatementSelection(tuple(found), tuple(ignored))
+
+
+def find_statement_files(model_dir: Path, *, limits: Limits | None = None) -> list[Path]:
+    """The statement bundles beside a model: the reserved attestation names and `model.attestations/*`.
+
+    `attest sign` and `attest provenance` write into the reserved folder `model.attestations/`
+    (`modelsec.signer.layout.STATEMENTS_DIR_NAME`, `<type slug>.sig`), which every walk leaves out. Found by
+    name and media type only (`find_bundle_files`: a regular file, not a link, at most the bundle limit):
+    nothing is read as trusted; pass them to `verified_statements`. A folder that is a link is not read.
+
+    Returns:
+        The paths: the reserved attestation names present, then the folder's bundles by name.
+    """
+    import os
+
+    from modelsec.signer.layout import STATEMENTS_DIR_NAME, find_bundle_files
+
+    found: list[Path] = list(find_attestation_files(model_dir))
+    folder = model_dir / STATEMENTS_DIR_NAME
+    if folder.is_symlink() or not folder.is_dir():
+        return found
+    try:
+        names = sorted(e.name for e in os.scandir(folder) if e.is_file(follow_symlinks=False))
+    except OSError:
+        return found
+    return found + [folder / n for n in find_bundle_files(folder, names, limits)]

@@ -21,7 +21,12 @@ from modelsec.cli.common import (
     digest_str,
     fail,
     json_option,
+    key_password_option,
+    key_password_sources,
     limits,
+    open_signing_key,
+    provenance_inputs,
+    provenance_options,
     reply,
     server_client,
     server_options,
@@ -31,7 +36,7 @@ from modelsec.cli.common import (
     trusted_keys_option,
 )
 from modelsec.cli.values import root_digest_value
-from modelsec.errors import Error
+from modelsec.errors import Error, MalformedArtifactError
 
 __all__ = ["attest", "attest_delete"]
 
@@ -384,3 +389,249 @@ def attest_delete(store: str, digest: str, bundle_id: str, supersede: bool, as_j
         reply({verb: {"rootDigest": digest, "id": bundle_id}})
     else:
         click.echo(f"{verb} {bundle_id} (sha256:{digest}) in {store}")
+
+
+def _statement_signer_options(f: Any) -> Any:
+    """The signer (a local key, a `pkcs11:` URI, or a --server key version) and where the bundle goes."""
+    f = click.option(
+        "--force",
+        is_flag=True,
+        help="Replace an existing bundle at --out (without it: exit 1, nothing written).",
+    )(f)
+    f = click.option(
+        "--store",
+        help="Also file the bundle in an attestation store: a directory or a file://, sqlite://, "
+        "postgresql://, grpc(s)://, or oci://REGISTRY/REPOSITORY URI (a referrer of the manifest "
+        "`modelsec push` tagged oms-sha256-<digest>).",
+    )(f)
+    f = click.option(
+        "--out",
+        type=click.Path(path_type=Path, dir_okay=False),
+        help="Where to write the bundle (default: beside the model, MODEL_DIR/model.attestations/<type>.sig, "
+        "a folder every signature leaves out; '-' with --store: nowhere else).",
+    )(f)
+    f = server_options(required=False)(f)
+    f = click.option(
+        "--key-version", metavar="NAME/VERSION", help="A key version held by the --server (signs there)."
+    )(f)
+    f = key_password_option(f)
+    return click.option(
+        "--signing-key",
+        "signing_key",
+        type=click.Path(path_type=Path),
+        help="Private key PEM, or a pkcs11: URI (RFC 7512; its PIN from its pin-source).",
+    )(f)
+
+
+def _open_statement_signer(
+    signing_key: Path | None,
+    key_passwords: tuple[str, ...],
+    key_version: str | None,
+    server: str | None,
+    connection: tuple[Path | None, Path | None, Path | None, str, bool],
+) -> tuple[Any, Any]:
+    """(signer, client to close or None) for --signing-key or --server/--key-version.
+
+    Raises:
+        click.UsageError: Neither or both are given.
+        KeyMaterialError, BackendUnavailableError: As `open_signing_key`; or the server's errors.
+    """
+    if (signing_key is None) == (key_version is None):
+        raise click.UsageError("give --signing-key KEY, or --server with --key-version")
+    if signing_key is not None:
+        return open_signing_key(signing_key, key_password_sources(key_passwords, [signing_key])), None
+    if not server:
+        raise click.UsageError("--key-version needs --server")
+    from modelsec.service.client import RemoteSigner
+
+    client = server_client(server, *connection)
+    try:
+        return RemoteSigner(client, str(key_version)), client
+    except Error:
+        client.close()
+        raise
+
+
+def _emit_statement(
+    signed: Any, model_dir: Path, out: Path | None, store: str | None, force: bool, as_json: bool
+) -> None:
+    """Write a signed statement beside the model (or to --out) and/or into --store, and report it.
+
+    Raises:
+        BundleExistsError: --out exists and not --force.
+        PolicyError: --out cannot be written.
+        The store's errors (`open_store`, `put`).
+    """
+    from modelsec.attestations.predicates.generic import predicate_slug
+    from modelsec.errors import PolicyError
+    from modelsec.signer.layout import STATEMENTS_DIR_NAME, write_bundle_file
+    from modelsec.verifier.stores import StoreOptions, open_store
+
+    statement = signed.statement
+    if out is None:
+        folder = model_dir / STATEMENTS_DIR_NAME
+        if folder.is_symlink():
+            raise PolicyError(f"{folder}: refusing to write attestations through a symlink")
+        folder.mkdir(exist_ok=True)
+        out = folder / f"{predicate_slug(statement.predicate_type)}.sig"
+    written = None
+    if str(out) != "-":
+        written = str(write_bundle_file(out, signed.bundle, what="attestation bundle", replace=force))
+    elif store is None:
+        raise click.UsageError("--out - writes nothing: give --store")
+    stored = None
+    if store is not None:
+        opened = open_store(store, StoreOptions(limits=limits(), must_exist=False))
+        try:
+            stored = opened.put(signed.bundle)[0].source
+        finally:
+            opened.close()
+    digest = statement.subjects[0].digest["sha256"]
+    if as_json:
+        reply(
+            {
+                "rootDigest": digest_str(digest),
+                "predicateType": statement.predicate_type,
+                "path": written,
+                "stored": stored,
+            }
+        )
+        return
+    for where in (written, stored):
+        if where is not None:
+            click.echo(f"signed {statement.predicate_type} about sha256:{digest} -> {where}")
+
+
+@attest.command(name="sign")
+@click.argument("model_dir", type=click.Path(path_type=Path))
+@click.option("--predicate-type", required=True, metavar="URI", help="The statement's predicateType URI.")
+@click.option(
+    "--predicate",
+    "predicate_file",
+    required=True,
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="A JSON file holding the predicate object.",
+)
+@_statement_signer_options
+@json_option
+def _attest_sign(
+    model_dir: Path,
+    predicate_type: str,
+    predicate_file: Path,
+    signing_key: Path | None,
+    key_passwords: tuple[str, ...],
+    key_version: str | None,
+    server: str | None,
+    server_ca: Path | None,
+    client_cert: Path | None,
+    client_key: Path | None,
+    token_env: str,
+    plaintext: bool,
+    out: Path | None,
+    store: str | None,
+    force: bool,
+    as_json: bool,
+) -> None:
+    """Sign an in-toto statement of any predicate type about MODEL_DIR's root digest.
+
+    The predicate (a JSON object in FILE) is signed as it is, with the model root digest (computed from the
+    files, as `sign` hashes them) as the subject. A type modelsec registers (gate, watermark) must parse as
+    its own commands write it. Verifiers select it by predicate type (policy conditions).
+    """
+    from modelsec.attestations.predicates.generic import model_statement, parse_predicate_document
+    from modelsec.safe_io import read_regular_file
+    from modelsec.signer.statements import model_root_digest, sign_statement_with
+
+    client = None
+    try:
+        data = read_regular_file(
+            predicate_file, "predicate", max_bytes=limits().max_bundle_bytes + 1, error=MalformedArtifactError
+        )
+        predicate = parse_predicate_document(data, what=str(predicate_file), limits=limits())
+        signer, client = _open_statement_signer(
+            signing_key,
+            key_passwords,
+            key_version,
+            server,
+            (server_ca, client_cert, client_key, token_env, plaintext),
+        )
+        root = model_root_digest(model_dir, limits=limits())
+        statement = model_statement(
+            root, predicate_type, predicate, name=model_dir.resolve().name, what=str(predicate_file)
+        )
+        _emit_statement(
+            sign_statement_with(statement, signer, limits=limits()), model_dir, out, store, force, as_json
+        )
+    except Error as e:
+        fail(e, as_json)
+    except OSError as e:
+        raise click.UsageError(f"cannot write: {e}") from e
+    finally:
+        if client is not None:
+            client.close()
+
+
+@attest.command(name="provenance")
+@click.argument("model_dir", type=click.Path(path_type=Path))
+@provenance_options
+@_statement_signer_options
+@json_option
+def _attest_provenance(
+    model_dir: Path,
+    source_repo: str | None,
+    source_commit: str | None,
+    source_dir: Path | None,
+    datasets: list[Any],
+    base_models: tuple[Path, ...],
+    signing_key: Path | None,
+    key_passwords: tuple[str, ...],
+    key_version: str | None,
+    server: str | None,
+    server_ca: Path | None,
+    client_cert: Path | None,
+    client_key: Path | None,
+    token_env: str,
+    plaintext: bool,
+    out: Path | None,
+    store: str | None,
+    force: bool,
+    as_json: bool,
+) -> None:
+    """Sign SLSA v1 provenance about MODEL_DIR: builder from the CI environment, code, data, base models.
+
+    The builder and invocation are read from GitHub Actions (GITHUB_*), GitLab CI (CI_*) or the generic
+    MODELSEC_BUILDER_ID / MODELSEC_BUILD_TYPE / MODELSEC_INVOCATION_ID / MODELSEC_SOURCE_REPO /
+    MODELSEC_SOURCE_COMMIT variables; outside CI the provenance says it is a local build. Default output:
+    MODEL_DIR/model.attestations/slsa.dev-provenance-v1.sig.
+    """
+    from modelsec.attestations.predicates.provenance import provenance_statement
+    from modelsec.signer.statements import model_root_digest, sign_statement_with
+
+    client = None
+    try:
+        inputs = provenance_inputs(source_repo, source_commit, source_dir, datasets, base_models)
+        signer, client = _open_statement_signer(
+            signing_key,
+            key_passwords,
+            key_version,
+            server,
+            (server_ca, client_cert, client_key, token_env, plaintext),
+        )
+        statement = provenance_statement(
+            model_root_digest(model_dir, limits=limits()),
+            name=model_dir.resolve().name,
+            environment=inputs.environment,
+            sources=inputs.sources,
+            datasets=inputs.datasets,
+            base_models=inputs.base_models,
+        )
+        _emit_statement(
+            sign_statement_with(statement, signer, limits=limits()), model_dir, out, store, force, as_json
+        )
+    except Error as e:
+        fail(e, as_json)
+    except OSError as e:
+        raise click.UsageError(f"cannot write: {e}") from e
+    finally:
+        if client is not None:
+            client.close()

@@ -10,7 +10,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -575,3 +575,82 @@ def limits() -> Any:
     from modelsec.limits import Limits
 
     return Limits()
+
+
+def _dataset_value(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> list[Any]:
+    """`NAME=sha256:HEX` (or `NAME=HEX`) into `Dataset`s."""
+    from modelsec.attestations.predicates.provenance import Dataset
+    from modelsec.attestations.statement import is_sha256_hex
+
+    out = []
+    for v in values:
+        name, sep, digest = v.partition("=")
+        digest = digest.removeprefix("sha256:")
+        if not sep or not name or not is_sha256_hex(digest):
+            raise click.BadParameter(f"{v!r} is not NAME=sha256:<64 lowercase hex>", ctx, param)
+        out.append(Dataset(name, digest))
+    return out
+
+
+def provenance_options(f: F) -> F:
+    """The inputs of SLSA provenance (`attest provenance`, `release`): code, datasets, base models."""
+    f = click.option(
+        "--base-model",
+        "base_models",
+        multiple=True,
+        type=click.Path(path_type=Path, file_okay=False),
+        help="A signed base model directory (repeatable): its root digest and its signature bundle's digest "
+        "go into the provenance.",
+    )(f)
+    f = click.option(
+        "--dataset",
+        "datasets",
+        multiple=True,
+        metavar="NAME=sha256:HEX",
+        callback=_dataset_value,
+        help="A dataset the model was trained or gated on, by digest (repeatable).",
+    )(f)
+    f = click.option(
+        "--source-dir",
+        type=click.Path(path_type=Path, file_okay=False),
+        help="Read the training code's repository and commit from this git checkout.",
+    )(f)
+    f = click.option("--source-commit", metavar="SHA", help="The training code's git commit (40 or 64 hex).")(
+        f
+    )
+    return click.option(
+        "--source-repo",
+        metavar="URL",
+        help="The training code's git repository, with --source-commit (default: from the CI environment).",
+    )(f)
+
+
+def provenance_inputs(
+    source_repo: str | None,
+    source_commit: str | None,
+    source_dir: Path | None,
+    datasets: Sequence[Any],
+    base_models: Sequence[Path],
+) -> Any:
+    """The `modelsec.release.ProvenanceInputs` of `provenance_options` and the CI environment.
+
+    Raises:
+        click.UsageError: --source-repo without --source-commit (or the reverse), or with --source-dir.
+        PolicyError: The CI environment lacks a variable (`build_environment`), or --source-dir is not a
+            git checkout.
+        MalformedArtifactError: A base model is unsigned, or its signature signs other files.
+    """
+    from modelsec.attestations.predicates.provenance import Source, build_environment
+    from modelsec.release.pipeline import ProvenanceInputs
+    from modelsec.signer.statements import base_model_of, source_from_checkout
+
+    if (source_repo is None) != (source_commit is None):
+        raise click.UsageError("give --source-repo and --source-commit together")
+    if source_dir is not None and source_repo is not None:
+        raise click.UsageError("give --source-dir or --source-repo/--source-commit, not both")
+    environment = build_environment(os.environ)
+    sources = [Source(str(source_repo), str(source_commit).lower())] if source_repo else []
+    if source_dir is not None:
+        sources = [source_from_checkout(source_dir)]
+    bases = [base_model_of(b, limits=limits()) for b in base_models]
+    return ProvenanceInputs(environment, tuple(sources), tuple(datasets), tuple(bases))

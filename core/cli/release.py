@@ -6,6 +6,7 @@ Registered on the root group by `modelsec.cli.main`; `modelsec.release` (torch) 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -16,6 +17,8 @@ from modelsec.cli.common import (
     key_password_option,
     key_password_sources,
     open_signing_key,
+    provenance_inputs,
+    provenance_options,
     reply,
     report_path,
     signing_keys_option,
@@ -78,6 +81,7 @@ __all__ = ["release"]
     callback=report_path,
     help="Gate report: .md (Markdown) or .xml (JUnit).",
 )
+@provenance_options
 @json_option
 def release(
     model_dir: Path,
@@ -90,12 +94,19 @@ def release(
     gate_config: Path,
     timestamp_url: str | None,
     report: Path | None,
+    source_repo: str | None,
+    source_commit: str | None,
+    source_dir: Path | None,
+    datasets: list[Any],
+    base_models: tuple[Path, ...],
     as_json: bool,
 ) -> None:
     """Release MODEL_DIR: watermark -> sign -> PGD gate -> attest -> verify, into OUT.
 
     Fails fast with the stage named (exit 1); the result verifies under a policy requiring every
-    signature algorithm used, the watermark and the gate.
+    signature algorithm used, the watermark and the gate. SLSA v1 provenance (builder from the CI
+    environment: GitHub Actions, GitLab CI or MODELSEC_BUILDER_ID; a local build otherwise) is written to
+    OUT/model.attestations/slsa.dev-provenance-v1.sig, naming the code, the gate's dataset and base models.
     """
     from modelsec.release import check_release_report, load_gate_spec, release_model
     from modelsec.watermark import load_key_file, parse_message
@@ -107,6 +118,7 @@ def release(
     try:
         signers = [open_signing_key(k, sources) for k in keys]
         attester = open_signing_key(attestation_key, sources) if attestation_key else None
+        provenance = provenance_inputs(source_repo, source_commit, source_dir, datasets, base_models)
         result = release_model(
             model_dir,
             out_dir,
@@ -117,6 +129,7 @@ def release(
             attestation_signer=attester,
             timestamper=timestamper(timestamp_url),
             report=report,
+            provenance=provenance,
         )
     except Error as e:
         fail(e, as_json)
@@ -129,6 +142,7 @@ def release(
                 "watermarkAttestation": str(result.watermark_attestation),
                 "gateAttestation": str(result.gate_attestation),
                 "robustAccuracy": result.robust_accuracy,
+                "provenanceAttestation": str(result.provenance_attestation),
             }
         )
         return

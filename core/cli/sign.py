@@ -40,8 +40,7 @@ _TENSOR_DIGESTS = [HashAlgorithm.BLAKE3.value, HashAlgorithm.SHA256.value, HashA
 @click.command(name="sign")
 @click.argument("model_dir", type=click.Path(path_type=Path))
 @signing_keys_option(
-    "Private key PEM (repeatable: one bundle per key). An encrypted key's "
-    "password: see --key-password."
+    "Private key PEM (repeatable: one bundle per key). An encrypted key's password: see --key-password."
 )
 @key_password_option
 @click.option(
@@ -57,6 +56,20 @@ _TENSOR_DIGESTS = [HashAlgorithm.BLAKE3.value, HashAlgorithm.SHA256.value, HashA
     type=click.Path(path_type=Path, dir_okay=False),
     multiple=True,
     help="Expected public key PEM of each --key-version, in the same order (refuse any other key).",
+)
+@click.option(
+    "--signing-certificate",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Certificate mode (model_signing's `sign certificate`): the PEM signing certificate of the one "
+    "--signing-key (PEM or pkcs11:); the bundle carries it and --certificate-chain as "
+    "x509CertificateChain instead of a public-key hint.",
+)
+@click.option(
+    "--certificate-chain",
+    "certificate_chains",
+    multiple=True,
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="PEM file(s) with the rest of the signing certificate's chain, intermediates first (repeatable).",
 )
 @server_options(required=False)
 @signatures_option(
@@ -114,6 +127,8 @@ def sign(
     key_passwords: tuple[str, ...],
     key_versions: tuple[str, ...],
     pins: tuple[Path, ...],
+    signing_certificate: Path | None,
+    certificate_chains: tuple[Path, ...],
     server: str | None,
     server_ca: Path | None,
     client_cert: Path | None,
@@ -141,6 +156,10 @@ def sign(
     `sign M --signing-key ci-p256.key.pem --signing-key ci-sm2.key.pem
     --key-password ci-sm2.key.pem=env:SM2_KEY_PASSWORD`.
 
+    With --signing-certificate the bundle is model_signing's certificate-mode bundle (the x509 chain in its
+    verification material); verify it under a policy authority (x509 roots and identities) or with
+    `model_signing verify certificate`.
+
     An existing bundle is never replaced without --force (exit 1, nothing written), and neither is a
     default-named bundle of another key left signing other files beside the new one.
     """
@@ -151,6 +170,10 @@ def sign(
         raise click.UsageError("give --signing-key, or --server with --key-version")
     if key_versions and not server:
         raise click.UsageError("--key-version needs --server")
+    if certificate_chains and signing_certificate is None:
+        raise click.UsageError("--certificate-chain needs --signing-certificate")
+    if signing_certificate is not None and (len(keys) != 1 or key_versions):
+        raise click.UsageError("--signing-certificate certifies exactly one --signing-key (no --key-version)")
     if pins and len(pins) != len(key_versions):
         raise click.UsageError("give one --pin-key per --key-version, or none")
     if signatures and len(signatures) != len(keys) + len(key_versions):
@@ -164,6 +187,10 @@ def sign(
     try:
         pinned = [_read_pinned_key(p) for p in pins]
         signers: list[Any] = [open_signing_key(k, sources) for k in keys]
+        if signing_certificate is not None:
+            from modelsec.signer.certificates import load_certificate_signer
+
+            signers = [load_certificate_signer(signers[0], signing_certificate, certificate_chains)]
         if key_versions:
             from modelsec.service.client import RemoteSigner
 

@@ -12,7 +12,10 @@
 4. `gate`: verify the signed copy and run the PGD L∞ gate on it (`modelsec.robustness.run_pgd_gate`); the
    statement is signed and written as `model.gate.sig` whatever the verdict, and a FAILED gate stops the
    release (`GateFailedError`).
-5. `verify`: the released directory is verified end to end under a policy that requires every signature
+5. `provenance`: sign SLSA v1 provenance about the released root digest (builder and invocation from the
+   CI environment, the training code, the gate's dataset digest and any others, the base models), written as
+   `model.attestations/slsa.dev-provenance-v1.sig` (`modelsec.attestations.predicates.provenance`).
+6. `verify`: the released directory is verified end to end under a policy that requires every signature
    algorithm used, the watermark and the gate (`modelsec.verifier.verify_model`), as a deployment would.
 
 A release is all or nothing: every stage works in a staging directory beside `--out`
@@ -37,8 +40,30 @@ from modelsec.errors import Error, GateFailedError, PolicyError
 from modelsec.policy import Policy, RobustnessRequirement, WatermarkRequirement
 from modelsec.release.gate_spec import GateSpec
 from modelsec.signer.keys import KeyBackend, TrustedKey, load_trusted_key
+from modelsec.signer.layout import STATEMENTS_DIR_NAME
 
-__all__ = ["ReleaseResult", "check_release_report", "release_model"]
+PROVENANCE_FILE_NAME = "slsa.dev-provenance-v1.sig"  # `predicate_slug` of https://slsa.dev/provenance/v1
+
+__all__ = ["ProvenanceInputs", "ReleaseResult", "check_release_report", "release_model"]
+
+
+@dataclass(frozen=True, slots=True)
+class ProvenanceInputs:
+    """What the release's SLSA provenance names besides the model and the gate's dataset.
+
+    Attributes:
+        environment: The builder and invocation
+            (`modelsec.attestations.predicates.provenance.build_environment`).
+        sources: The training code (empty: the CI environment's checkout, if it names one).
+        datasets: Datasets by digest (the gate's own dataset is added by the release).
+        base_models: Base models with their signature bundles' digests
+            (`modelsec.signer.statements.base_model_of`).
+    """
+
+    environment: Any
+    sources: tuple[Any, ...] = ()
+    datasets: tuple[Any, ...] = ()
+    base_models: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +78,7 @@ class ReleaseResult:
         gate_attestation: Path of `model.gate.sig`.
         robust_accuracy: The gate's measured robust accuracy.
         policy: The policy the release was verified under (keys of the signers, everything required).
+        provenance_attestation: Path of the SLSA provenance (`model.attestations/slsa.dev-provenance-v1.sig`).
     """
 
     out_dir: Path
@@ -62,6 +88,7 @@ class ReleaseResult:
     gate_attestation: Path
     robust_accuracy: float
     policy: Policy
+    provenance_attestation: Path | None = None
 
 
 def _trusted(signer: KeyBackend, name: str, roles: frozenset[str]) -> TrustedKey:
@@ -127,6 +154,7 @@ def release_model(
     attestation_signer: KeyBackend | None = None,
     timestamper: Callable[[bytes], Sequence[bytes]] | None = None,
     report: Path | None = None,
+    provenance: ProvenanceInputs | None = None,
 ) -> ReleaseResult:
     """Watermark, sign, gate and attest a model, then verify the result as a deployment would.
 
@@ -144,6 +172,11 @@ def release_model(
         report: Where to write the gate's CI report (`.md` Markdown or `.xml` JUnit XML,
             `modelsec.robustness.report`) as soon as the gate has run, whatever its verdict; outside
             `out_dir`.
+        provenance: What the SLSA provenance names (builder from the CI environment, code, datasets, base
+            models); None reads the builder from the environment (`build_environment(os.environ)`) and names
+            no code, base model or dataset but the gate's. Written after the gate passed (stage
+            `provenance`) as `model.attestations/slsa.dev-provenance-v1.sig`, signed by the attestation
+            signer, and timestamped with the other attestations.
 
     Returns:
         The release: root digest, bundle paths, gate figure, and the verifying policy.
@@ -164,8 +197,22 @@ def release_model(
     if report is not None:
         check_release_report(report, out_dir)
     with _staging(out_dir) as staging:
+        if provenance is None:
+            from modelsec.attestations.predicates.provenance import build_environment
+
+            provenance = ProvenanceInputs(build_environment(os.environ))
         result = _release_into(
-            model_dir, staging, signers, attester, watermark_key, message, gate, report, out_dir, timestamper
+            model_dir,
+            staging,
+            signers,
+            attester,
+            watermark_key,
+            message,
+            gate,
+            report,
+            out_dir,
+            timestamper,
+            provenance,
         )
         _publish(staging, out_dir)
     return ReleaseResult(
@@ -176,6 +223,7 @@ def release_model(
         gate_attestation=out_dir / result.gate_attestation.name,
         robust_accuracy=result.robust_accuracy,
         policy=result.policy,
+        provenance_attestation=out_dir / STATEMENTS_DIR_NAME / PROVENANCE_FILE_NAME,
     )
 
 
@@ -190,6 +238,7 @@ def _release_into(
     report: Path | None,
     final_dir: Path,
     timestamper: Callable[[bytes], Sequence[bytes]] | None,
+    provenance: ProvenanceInputs,
 ) -> ReleaseResult:
     """Run every stage with `out_dir` as the (staging) output; see `release_model`."""
     from modelsec.robustness import GateConfig, run_pgd_gate
@@ -247,9 +296,13 @@ def _release_into(
                 attestation=str(final_dir / gate_path.name) if outcome.result.passed else None,
             )
         outcome.result.raise_for_verdict()
+        stage = "provenance"
+        provenance_path = _write_provenance(
+            out_dir, final_dir, signed.root_digest, provenance, outcome.result.dataset_digest, attester
+        )
         if timestamper is not None:
             stage = "timestamp-attestations"
-            for path in (watermark_path, gate_path):
+            for path in (watermark_path, gate_path, provenance_path):
                 _timestamp_attestation(path, timestamper)
         stage = "verify"
         attest_roles = frozenset({"watermark", "gate"})
@@ -276,4 +329,36 @@ def _release_into(
         gate_attestation=gate_path,
         robust_accuracy=outcome.result.robust.accuracy,
         policy=policy,
+        provenance_attestation=provenance_path,
+    )
+
+
+def _write_provenance(
+    out_dir: Path,
+    final_dir: Path,
+    root_digest: str,
+    inputs: ProvenanceInputs,
+    gate_dataset: str,
+    attester: KeyBackend,
+) -> Path:
+    """Sign the SLSA provenance of the release and write it into `out_dir/model.attestations/`."""
+    from modelsec.attestations.bundle import sign_statement
+    from modelsec.attestations.predicates.provenance import Dataset, provenance_statement
+    from modelsec.signer.layout import write_bundle_file
+
+    datasets = [*inputs.datasets]
+    if all(d.sha256 != gate_dataset for d in datasets):
+        datasets.append(Dataset("robustness-gate", gate_dataset))
+    statement = provenance_statement(
+        root_digest,
+        name=final_dir.name,
+        environment=inputs.environment,
+        sources=inputs.sources,
+        datasets=datasets,
+        base_models=inputs.base_models,
+    )
+    folder = out_dir / STATEMENTS_DIR_NAME
+    folder.mkdir(exist_ok=True)
+    return write_bundle_file(
+        folder / PROVENANCE_FILE_NAME, sign_statement(statement, attester), what="provenance", replace=False
     )

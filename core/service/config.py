@@ -30,6 +30,7 @@ keys:                                # server-held signing keys, KMS style
     version: "1"
     path: "pkcs11:token=ci;object=release?module-path=/usr/lib/softhsm/libsofthsm2.so&pin-source=env:PIN"
     roles: [weights, watermark, gate]  # which predicate types the key may sign
+    predicateTypes: [https://slsa.dev/provenance/v1]  # and these other types (SignStatement; exact URIs)
     operations: [signStatement, gateResult, watermarkRecord]  # which RPCs may sign with it (see below)
     allow: ["spiffe://example.org/ci/*", ci-team-a]   # identities (globs) that may use it
 watermarkKeys:
@@ -202,6 +203,20 @@ def _key_ref(value: str, info: ValidationInfo) -> Path | str:
     return relative_to_file(value, info) if pem else value
 
 
+def _predicate_type_uri(value: str) -> str:
+    from modelsec.attestations.predicates import PREDICATE_KINDS
+    from modelsec.attestations.predicates.generic import check_predicate_type
+    from modelsec.errors import MalformedArtifactError
+
+    try:
+        check_predicate_type(value, what="predicateTypes")
+    except MalformedArtifactError as e:
+        raise ValueError(f": {e}") from None
+    if value in PREDICATE_KINDS:
+        raise ValueError(f": {value!r} is a registered predicate type: give its role in roles instead")
+    return value
+
+
 def _all_operations() -> frozenset[Operation]:
     return frozenset(("signStatement", "gateResult", "watermarkRecord"))
 
@@ -227,6 +242,9 @@ class ServerKeyModel(ConfigModel):
         frozenset[Operation], ReadAs(Annotated[list[Operation], Field(min_length=1)], frozenset)
     ] = Field(default_factory=_all_operations)
     allow: list[Text] = Field(default_factory=list)
+    # Predicate types beyond the registered ones (`roles`) that SignStatement may sign with this key, each
+    # an absolute http(s) URI compared exactly (e.g. https://slsa.dev/provenance/v1); needs signStatement.
+    predicate_types: list[Annotated[str, AfterValidator(_predicate_type_uri)]] = Field(default_factory=list)
 
     @model_validator(mode="before")
     @classmethod
@@ -245,6 +263,8 @@ class ServerKeyModel(ConfigModel):
         name = NAME_PATTERN[1:-1]
         if not (re.fullmatch(name, self.name) and re.fullmatch(name, self.version)):
             raise ValueError(f": name and version must match {NAME_PATTERN}")
+        if self.predicate_types and "signStatement" not in self.operations:
+            raise ValueError(": predicateTypes are signed by SignStatement: add the operation signStatement")
         for operation, role in (("gateResult", "gate"), ("watermarkRecord", "watermark")):
             if operation in self.operations and role not in self.roles:
                 raise ValueError(f": operation {operation} needs the role {role}")

@@ -1,11 +1,12 @@
 """`modelsec.v1.SigningService`: sign in-toto statements with server-held keys (KMS style).
 
-The private key never leaves the server. A statement is parsed strictly (in-toto Statement v1; an OMS
-weights manifest is also checked against the limits) and its predicate type decides the role the key must
-hold (`weights`, `watermark`, `gate`): a key configured for gate attestations cannot be made to sign a
-weights manifest, and an unknown predicate type is never signed. The key must be configured for the
-`signStatement` operation, and a key that signs the gate results (watermark records) of runs this server
-performs itself never signs a client-made gate (watermark) statement; nor is any gate or watermark
+The private key never leaves the server. A statement is parsed strictly (in-toto Statement v1; an OMS weights
+manifest is also checked against the limits) and its predicate type decides the role the key must hold
+(`weights`, `watermark`, `gate`): a key configured for gate attestations cannot be made to sign a weights
+manifest, and a predicate type that is not registered is signed only by a key whose `predicateTypes` names it
+(`modelsec.service.config`; the predicate is then signed as it is, uninterpreted). The key must be configured
+for the `signStatement` operation, and a key that signs the gate results (watermark records) of runs this
+server performs itself never signs a client-made gate (watermark) statement; nor is any gate or watermark
 statement carrying `runBy` signed here (only RunGate and EmbedWatermark record it), so a `runBy` under a
 server-held key means this server ran the gate or the embed (`modelsec.attestations.predicates.run_by`). The
 numbers of a gate or watermark predicate must lie in their fields' ranges
@@ -20,7 +21,7 @@ from typing import Any
 from grpc import aio
 
 from modelsec.attestations.bundle import sign_payload
-from modelsec.attestations.predicates import check_predicate_numbers, predicate_kind
+from modelsec.attestations.predicates import PREDICATE_KINDS, check_predicate_numbers
 from modelsec.attestations.predicates.oms import Manifest
 from modelsec.attestations.predicates.run_by import RUN_BY_FIELD
 from modelsec.attestations.statement import parse_statement
@@ -53,13 +54,13 @@ class SigningServicer(signing_pb2_grpc.SigningServiceServicer):
         statement = parse_statement(request.statement, what="SignStatement")
         key = self.state.signing_key_for(request.key_version, statement.predicate_type, "signStatement")
         check_predicate_numbers(statement, what="SignStatement")  # never sign numbers no verifier can read
-        kind = predicate_kind(statement.predicate_type, what="SignStatement")  # `signing_key_for` knew it
-        if kind.records_run and RUN_BY_FIELD in statement.predicate:
+        kind = PREDICATE_KINDS.get(statement.predicate_type)  # None: a type the key's predicateTypes names
+        if kind is not None and kind.records_run and RUN_BY_FIELD in statement.predicate:
             raise PermissionDeniedError(
                 f"SignStatement does not sign a statement claiming a server run ({RUN_BY_FIELD}); only "
                 "RunGate and EmbedWatermark record the runs this server performs"
             )
-        if kind.role == "weights" and kind.about == "model":
+        if kind is not None and kind.role == "weights" and kind.about == "model":
             manifest: Manifest = kind.parse(statement, what="SignStatement", limits=self.limits)
             scheme = scheme_for(key.backend.algorithm)
             if manifest.hash_type not in scheme.signable_hashes:

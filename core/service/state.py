@@ -240,17 +240,26 @@ class ServiceState:
 
         Raises:
             NotFoundError: No such key version.
-            PermissionDeniedError: The caller may not use it, it may not sign this predicate type (an
-                unknown predicate type is never signed), it is not configured for `operation`, or
+            PermissionDeniedError: The caller may not use it, it may not sign this predicate type (a
+                type that is not registered is signed only when the key's `predicateTypes` names it,
+                and only for `signStatement`), it is not configured for `operation`, or
                 `operation` is `signStatement` and it signs this server's own results of this type.
         """
         key = self.signing_key(key_version)
         kind = PREDICATE_KINDS.get(predicate_type)
+        if kind is None and predicate_type in key.config.predicate_types:
+            if operation != "signStatement" or operation not in key.config.operations:
+                raise PermissionDeniedError(
+                    f"key version {key_version!r} signs predicateType {predicate_type!r} only for "
+                    "signStatement"
+                )
+            return key
         role = None if kind is None else kind.role
         if role is None or role not in key.config.roles:
             raise PermissionDeniedError(
                 f"key version {key_version!r} may not sign predicateType {predicate_type!r} "
-                f"(its roles: {', '.join(sorted(key.config.roles)) or 'none'})"
+                f"(its roles: {', '.join(sorted(key.config.roles)) or 'none'}; its predicateTypes: "
+                f"{', '.join(key.config.predicate_types) or 'none'})"
             )
         if operation not in key.config.operations:
             raise PermissionDeniedError(

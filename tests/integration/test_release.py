@@ -21,6 +21,17 @@ require_inputs()
 
 DIGITS = 40  # four per class
 BAR = 0.85
+# A GitHub-Actions-shaped environment: the release's provenance names this builder and workflow run.
+GITHUB = {
+    "GITHUB_ACTIONS": "true",
+    "GITHUB_REPOSITORY": "acme/lenet",
+    "GITHUB_WORKFLOW_REF": "acme/lenet/.github/workflows/release.yml@refs/tags/v1",
+    "GITHUB_SHA": "1" * 40,
+    "GITHUB_REF": "refs/tags/v1",
+    "RUNNER_ENVIRONMENT": "self-hosted",
+    "GITHUB_RUN_ID": "9",
+    "GITHUB_RUN_ATTEMPT": "1",
+}
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +44,7 @@ def released(tmp_path_factory: pytest.TempPathFactory, key_dir: Path) -> tuple[P
     r = run_cli(
         "release", work / "advtrained", "--out", out, "--signing-key", key_dir / "ecdsa-p256.key.pem",
         "--signing-key", key_dir / "sm2.key.pem", "--watermark-key", work / "wm.key", "-m", "release-1",
-        "--gate-config", work / "gate.yaml", "--json", env=ENV,
+        "--gate-config", work / "gate.yaml", "--json", env={**ENV, **GITHUB},
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     return out, json.loads(r.stdout)
@@ -57,12 +68,36 @@ def test_release_writes_the_model_and_every_bundle(released: tuple[Path, dict[st
     assert doc["robustAccuracy"] >= BAR  # type: ignore[operator]
     assert sorted(p.name for p in out.iterdir()) == [
         "config.json",
+        "model.attestations",
         "model.gate.sig",
         "model.safetensors",
         "model.sig",
         "model.sm2.sig",
         "model.watermark.sig",
     ]
+
+
+def test_release_provenance_names_the_ci_builder_the_code_and_the_gate_dataset(
+    released: tuple[Path, dict[str, object]], key_dir: Path
+) -> None:
+    from modelsec.attestations.predicates.gate import parse_gate_statement
+    from modelsec.attestations.predicates.provenance import SLSA_PROVENANCE_V1, parse_provenance
+    from modelsec.policy import Policy
+    from modelsec.verifier.attestations import find_statement_files, verified_statements
+
+    out, doc = released
+    assert doc["provenanceAttestation"] == str(out / "model.attestations" / "slsa.dev-provenance-v1.sig")
+    root = str(doc["rootDigest"]).removeprefix("sha256:")
+    policy = Policy.from_key_files([key_dir / "ecdsa-p256.pub.pem"])
+    (one,) = verified_statements(root, find_statement_files(out), policy, SLSA_PROVENANCE_V1).statements
+    provenance = parse_provenance(one.statement, what="provenance")
+    assert provenance.builder_id == "https://github.com/actions/runner/self-hosted"
+    assert [s.commit for s in provenance.sources] == ["1" * 40]
+    (gate,) = verified_statements(
+        root, find_statement_files(out), policy, "https://modelsec.dev/robustness-gate/v1"
+    ).statements
+    dataset = parse_gate_statement(gate.statement, what="gate", limits=policy.limits).dataset_sha256
+    assert [d.sha256 for d in provenance.datasets] == [dataset]
 
 
 def test_policy_requiring_everything_loads_the_verified_tensors(

@@ -107,6 +107,7 @@ def test_failed_gate_leaves_nothing_and_rerun_works(
     suite = ET.parse(reports / "passed.xml").getroot()
     assert suite.get("failures") == "0" and int(suite.get("tests", "0")) >= 2
     assert _listing(out) == [
+        "model.attestations",  # the SLSA provenance (issue 29)
         "model.gate.sig",
         "model.safetensors",
         "model.sig",
