@@ -217,11 +217,11 @@ def emit_load_receipt(
         MalformedArtifactError: A field cannot be recorded (e.g. an unprintable executable path).
     """
     tpm = tpm or TpmAttestationKey(requirement.attestation_key_handle)
-    ak = _AK_IDS.get((tpm.handle, tpm.tcti))
+    # The AK's public key is read once per TPM and handle in a process (one TPM call less per load).
+    which = (tpm.handle, tpm.tcti or os.environ.get("TPM2TOOLS_TCTI"))
+    ak = _AK_IDS.get(which)
     if ak is None:
-        ak = _AK_IDS.setdefault(
-            (tpm.handle, tpm.tcti), load_trusted_key(tpm.public_key_pem(), name=f"TPM AK {tpm.handle:#x}")
-        )
+        ak = _AK_IDS.setdefault(which, load_trusted_key(tpm.public_key_pem(), name=f"TPM AK {tpm.handle:#x}"))
     receipt = LoadReceipt(
         root_digest=root_digest,
         loaded_at=now or datetime.now(UTC),
