@@ -1,4 +1,4 @@
-"""Load receipts (issue 33) against real software TPMs: emitted by `load_model`, verified, and refused by reason.
+"""Load receipts (issue 33) on real software TPMs: emitted by `load_model`, verified, refused by reason.
 
 Each refusal asserts `ReceiptError.reason`; the nodes are two swtpm instances (`tests/support/tpm.py`).
 """
