@@ -7,8 +7,8 @@ Each predicate has one module that parses, builds and checks it: `modelsec.attes
 `modelsec.attestations.predicates.oci_binding` (`https://modelsec.dev/oci-binding/v2`) about an OCI manifest,
 naming the model it carries, and `modelsec.attestations.predicates.load_receipt`
 (`https://modelsec.dev/load-receipt/v1`) about a load of a model by a node. `PREDICATE_KINDS` maps each
-type URI to a `PredicateKind`: the role a key must hold to sign it, its parser, its builder and its number checker. Every caller that depends on
-the predicate type (the verifier choosing the signing role, `inspect`, the service's SignStatement and its
+type URI to a `PredicateKind`: the role a key must hold to sign it, its parser, its builder and its number
+checker. Every caller that depends on the predicate type (the verifier choosing the signing role, `inspect`, the service's SignStatement and its
 key roles, `check_predicate_numbers`) looks the type up here instead of comparing URIs, and a type that is
 not registered is refused by name (`predicate_kind`).
 
