@@ -8,9 +8,9 @@ Each predicate has one module that parses, builds and checks it: `modelsec.attes
 naming the model it carries, and `modelsec.attestations.predicates.load_receipt`
 (`https://modelsec.dev/load-receipt/v1`) about a load of a model by a node. `PREDICATE_KINDS` maps each
 type URI to a `PredicateKind`: the role a key must hold to sign it, its parser, its builder and its number
-checker. Every caller that depends on the predicate type (the verifier choosing the signing role, `inspect`, the service's SignStatement and its
-key roles, `check_predicate_numbers`) looks the type up here instead of comparing URIs, and a type that is
-not registered is refused by name (`predicate_kind`).
+checker. Every caller that depends on the predicate type (the verifier choosing the signing role,
+`inspect`, the service's SignStatement and its key roles, `check_predicate_numbers`) looks the type up
+here instead of comparing URIs, and a type that is not registered is refused by name (`predicate_kind`).
 
 A new predicate touches: its module here (parse, build, check), one entry in `_KINDS`, and its requirement
 in `modelsec.policy` (with its role among the roles a policy key may hold). Nothing else compares type URIs;
