@@ -36,6 +36,7 @@ __all__ = [
     "PickleContentError",
     "PolicyError",
     "PolicyViolationError",
+    "ReceiptError",
     "SignatureError",
     "UnsupportedAlgorithmError",
     "VerificationError",
@@ -106,6 +107,20 @@ class SignatureError(VerificationError):
 
 class AttestationError(VerificationError):
     """An attestation is missing, about another subject, or does not satisfy the policy."""
+
+
+class ReceiptError(AttestationError):
+    """A load receipt does not prove what it claims (`modelsec.verifier.receipts`); `reason` says which check.
+
+    Reasons: `unregistered-key` (no registered node's attestation key signed the quote), `qualifying-data`
+    (the quote is over another statement), `pcr` (a PCR differs from the policy's), `stale` (older than the
+    policy's window), `model-digest` (the receipt is about another model), `node` (the quote's key is not the
+    node the statement or the caller names: a receipt replayed from another node).
+    """
+
+    def __init__(self, path: str, reason: str, detail: str) -> None:
+        super().__init__(f"{path}: {detail}")
+        self.path, self.reason, self.detail = path, reason, detail
 
 
 class MalformedArtifactError(VerificationError):

@@ -255,12 +255,15 @@ class ModelAdmission:
             strictest local rules of every enforcing one).
         others: The other matching policies, each checked over the root digest `policy` verified.
         source: The policy file, for diagnostics.
+        policy_digest: Hex SHA-256 of the policy file's bytes ("" when not read from a file): recorded in
+            load receipts.
     """
 
     uri: str
     policy: Policy
     others: tuple[Policy, ...] = ()
     source: str = "command line"
+    policy_digest: str = ""
 
     @classmethod
     def of(cls, policy: Policy | ModelAdmission) -> ModelAdmission:
@@ -361,7 +364,7 @@ def admit(policies: PolicySet, uri: str) -> ModelAdmission:
         limits=limits,
     )
     others = tuple(p for p in matched if p.name != primary.name)
-    return ModelAdmission(uri, primary, others, policies.source)
+    return ModelAdmission(uri, primary, others, policies.source, policies.digest)
 
 
 def admit_model(model_path: Path, policy: Policy | PolicySet | ModelAdmission | None) -> ModelAdmission:

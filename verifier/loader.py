@@ -58,6 +58,7 @@ from modelsec.verifier.admission import (
 )
 from modelsec.verifier.audit import record_verified_model
 from modelsec.verifier.pinning import pinned_root_digests
+from modelsec.verifier.receipts import emit_receipt_for
 from modelsec.verifier.verification import (
     INDEX_NAME,
     SignedModel,
@@ -338,8 +339,24 @@ def load_model(
     """
     model_path = Path(os.fspath(model_path))
     device = shard_io.check_device(device)
-    with _opened(model_path, policy, bundles, expected_digests) as (signed, single, resolved):
-        return _load_selected(signed, single, resolved, device, tensors)
+    with _opened(model_path, policy, bundles, expected_digests) as (
+        signed,
+        single,
+        resolved,
+        admission,
+        pins,
+    ):
+        out = _load_selected(signed, single, resolved, device, tensors)
+        entries = signed.tensor_entries()
+        files = (
+            sorted({entries[t][0] for t in out if t in entries})
+            if entries
+            else [single]
+            if single is not None
+            else [n for n in signed.manifest.names if is_safetensors_name(n)]
+        )
+        emit_receipt_for(admission, signed.root_digest, signed.model_dir.name, files, len(out), device, pins)
+        return out
 
 
 @contextlib.contextmanager
@@ -348,11 +365,11 @@ def _opened(
     policy: Policy | PolicySet | ModelAdmission | None,
     bundles: Sequence[Path] | None,
     expected_digests: Collection[str] | None,
-) -> Iterator[tuple[SignedModel, str | None, Policy]]:
+) -> Iterator[tuple[SignedModel, str | None, Policy, ModelAdmission, Collection[str] | None]]:
     """The model root opened once, its policy chosen from the descriptor, its signatures verified.
 
     Yields the signed model (its `root_fd` open for as long as the context lasts: every read goes through
-    it), the single file's name or None, and the policy that verifies the bytes.
+    it), the single file's name or None, the policy that verifies the bytes, the admission and the pins.
     """
     _check_pins(model_path, expected_digests)
     root_fd, single, model_dir = open_model_path(model_path)
@@ -366,7 +383,7 @@ def _opened(
             model_dir, admission, bundles=bundles, expected_digests=pins, root_fd=root_fd
         )
         report_warnings(signed.warnings)
-        yield signed, single, resolved
+        yield signed, single, resolved, admission, pins
     finally:
         os.close(root_fd)
 
@@ -458,8 +475,24 @@ def load_signed_model(
     """
     model_path = Path(os.fspath(model_path))
     device = shard_io.check_device(device)
-    with _opened(model_path, policy, bundles, expected_digests) as (signed, single, resolved):
-        return _load_whole(signed, single, resolved, device)
+    with _opened(model_path, policy, bundles, expected_digests) as (
+        signed,
+        single,
+        resolved,
+        admission,
+        pins,
+    ):
+        loaded = _load_whole(signed, single, resolved, device)
+        emit_receipt_for(
+            admission,
+            loaded.root_digest,
+            signed.model_dir.name,
+            loaded.shards,
+            len(loaded.tensors),
+            device,
+            pins,
+        )
+        return loaded
 
 
 class _VerifiedSlice:

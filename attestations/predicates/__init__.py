@@ -5,11 +5,12 @@ Each predicate has one module that parses, builds and checks it: `modelsec.attes
 (`https://modelsec.dev/robustness-gate/v1`) and `modelsec.attestations.predicates.watermark`
 (`https://modelsec.dev/watermark/v1`) about a model root digest, and
 `modelsec.attestations.predicates.oci_binding` (`https://modelsec.dev/oci-binding/v2`) about an OCI manifest,
-naming the model it carries. `PREDICATE_KINDS` maps each type URI to a `PredicateKind`: the role
-a key must hold to sign it, its parser, its builder and its number checker. Every caller that depends on
-the predicate type (the verifier choosing the signing role, `inspect`, the service's SignStatement and its
-key roles, `check_predicate_numbers`) looks the type up here instead of comparing URIs, and a type that is
-not registered is refused by name (`predicate_kind`).
+naming the model it carries, and `modelsec.attestations.predicates.load_receipt`
+(`https://modelsec.dev/load-receipt/v1`) about a load of a model by a node. `PREDICATE_KINDS` maps each
+type URI to a `PredicateKind`: the role a key must hold to sign it, its parser, its builder and its number
+checker. Every caller that depends on the predicate type (the verifier choosing the signing role,
+`inspect`, the service's SignStatement and its key roles, `check_predicate_numbers`) looks the type up
+here instead of comparing URIs, and a type that is not registered is refused by name (`predicate_kind`).
 
 A new predicate touches: its module here (parse, build, check), one entry in `_KINDS`, and its requirement
 in `modelsec.policy` (with its role among the roles a policy key may hold). Nothing else compares type URIs;
@@ -29,7 +30,7 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from modelsec.attestations._numbers import parse_rfc3339
-from modelsec.attestations.predicates import gate, oci_binding, oms, watermark
+from modelsec.attestations.predicates import gate, load_receipt, oci_binding, oms, watermark
 from modelsec.attestations.predicates.gate import check_gate_predicate
 from modelsec.attestations.predicates.watermark import check_watermark_predicate
 from modelsec.attestations.statement import Statement
@@ -71,7 +72,9 @@ class PredicateKind:
 
     Attributes:
         predicate_type: The predicateType URI.
-        role: The role a trusted key (or authority) must hold to sign it: `weights`, `watermark` or `gate`.
+        role: The role a trusted key (or authority) must hold to sign it: `weights`, `watermark` or `gate`;
+            `node` for a load receipt, which no policy key signs (a node's TPM attestation key quotes it:
+            `modelsec.verifier.receipts`).
         parse: Its strict parser, from the statement (not from any trust decision: a verifier calls it on
             a statement whose signature and subject it checked).
         build: Its builder of the unsigned statement (arguments per predicate: `manifest_statement`,
@@ -81,7 +84,8 @@ class PredicateKind:
         records_run: Whether the predicate may record `runBy` (a run a modelsec server performed:
             `modelsec.attestations.predicates.run_by`).
         about: What the statement's subject is: `model` (a model root digest: evidence about the model)
-            or `oci-manifest` (an OCI manifest digest: the binding, evidence for no model requirement).
+            or `oci-manifest` (an OCI manifest digest: the binding, evidence for no model requirement), or
+            `load` (a load of the model by a node: a receipt, evidence for no model requirement).
     """
 
     predicate_type: str
@@ -117,6 +121,13 @@ _KINDS = (
         oci_binding.parse_binding_statement,
         oci_binding.binding_statement,
         about="oci-manifest",
+    ),
+    PredicateKind(
+        load_receipt.LOAD_RECEIPT_PREDICATE_TYPE,
+        "node",
+        load_receipt.parse_receipt_statement,
+        load_receipt.receipt_statement,
+        about="load",
     ),
 )
 

@@ -50,7 +50,9 @@ __all__ = [
     "KeyRefModel",
     "LimitsModel",
     "LineageModel",
+    "LoadReceiptModel",
     "NamespaceRuleModel",
+    "NodeModel",
     "PolicyFileModel",
     "PolicyModel",
     "RobustnessModel",
@@ -399,6 +401,36 @@ class TimestampAuthorityModel(ConfigModel):
     cert_chain: list[Text] = Field(min_length=1)
 
 
+class NodeModel(ConfigModel):
+    """A registered node: its name and the PEM file of its TPM attestation key's public key."""
+
+    name: Name
+    key: Text
+
+
+class LoadReceiptModel(ConfigModel):
+    """Load receipts (docs/load-receipts.md): the node's TPM quotes a statement of each verified load."""
+
+    required: bool = Field(
+        default=False, description="a load whose receipt cannot be emitted (TPM unreachable) fails closed"
+    )
+    attestation_key_handle: Annotated[str, Field(pattern=r"^0x81[0-9a-fA-F]{6}$")] = Field(
+        default="0x81010002", description="persistent handle of the node's attestation key"
+    )
+    pcrs: dict[Annotated[str, Field(pattern=r"^([0-9]|1[0-9]|2[0-3])$")], Sha256Hex] = Field(
+        min_length=1, max_length=24, description="PCR index -> expected SHA-256 bank value (hex)"
+    )
+    nodes: list[NodeModel] = Field(
+        default_factory=list, max_length=100_000, description="registered nodes (receipts verify)"
+    )
+    max_age: Annotated[
+        float,
+        BeforeValidator(_duration),
+        WithJsonSchema({"type": "string", "pattern": _DURATION.pattern}),
+    ] = Field(default=600.0, description="the oldest receipt accepted (default 10m)")
+    store: Text | None = Field(default=None, description="directory the node writes receipts to")
+
+
 class PolicyModel(ConfigModel):
     """One named policy: the model references it covers and what it requires."""
 
@@ -431,6 +463,9 @@ class PolicyModel(ConfigModel):
     )
     namespaces: list[Pattern] = Field(
         default_factory=list, description="admission: namespace globs the policy applies in (empty: all)"
+    )
+    load_receipt: LoadReceiptModel | None = Field(
+        default=None, description="TPM-quoted receipts of verified loads (off unless given)"
     )
     guard_policy: GuardPolicyPath | None = Field(
         default=None,

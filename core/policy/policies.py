@@ -99,9 +99,11 @@ from modelsec.policy.authorities import (
 )
 from modelsec.policy.requirements import (
     ConditionRequirement,
+    LoadReceiptRequirement,
     RobustnessRequirement,
     WatermarkRequirement,
     condition_requirements,
+    load_receipt_requirement,
     robustness_requirement,
     watermark_requirement,
 )
@@ -169,6 +171,8 @@ class Policy:
         require_timestamp: Every weights signature must carry a timestamp of one of them.
         key_windows: Validity windows of pinned keys: a signature counts only if every trusted timestamp,
             or without one the verification time, lies inside its key's window.
+        load_receipt: Emit (node) and check (`receipts verify`) TPM-quoted load receipts, or None
+            (`modelsec.verifier.receipts`).
         guard_policy: Admission only: the absolute path, inside the serving containers, of the policy file
             their runtime guard loads; the mutating webhook injects it as `MODELSEC_POLICY`
             (`modelsec.webhook.mutate`). Not resolved against the policy file's directory.
@@ -193,6 +197,7 @@ class Policy:
     key_windows: tuple[KeyWindow, ...] = ()
     guard_policy: str | None = None
     conditions: tuple[ConditionRequirement, ...] = ()
+    load_receipt: LoadReceiptRequirement | None = None
 
     def window_for(self, key: TrustedKey) -> KeyWindow | None:
         """The validity window of `key`, or None when it has none."""
@@ -445,6 +450,7 @@ def _policy(item: PolicyModel, where: str, base_dir: Path) -> Policy:
         require_timestamp=item.require_timestamp,
         key_windows=trust.key_windows(keys, item.keys),
         guard_policy=item.guard_policy,
+        load_receipt=load_receipt_requirement(item.load_receipt, f"{where}.loadReceipt", base_dir),
     )
     if item.attestations.conditions:
         signers = frozenset([k.name for k in policy.keys] + [a.name for a in policy.authorities])

@@ -14,17 +14,20 @@ from typing import TYPE_CHECKING
 
 from modelsec.errors import Error, PolicyError
 from modelsec.policy.cel import CompiledCondition, compile_condition
+from modelsec.signer.keys import TrustedKey, load_trusted_key_file
 from modelsec.signer.watermark_keys import load_key_file, parse_message
 
 if TYPE_CHECKING:
-    from modelsec.policy.models import ConditionModel, RobustnessModel, WatermarkModel
+    from modelsec.policy.models import ConditionModel, LoadReceiptModel, RobustnessModel, WatermarkModel
 
 __all__ = [
     "ConditionRequirement",
     "Lineage",
+    "LoadReceiptRequirement",
     "RobustnessRequirement",
     "WatermarkRequirement",
     "condition_requirements",
+    "load_receipt_requirement",
     "robustness_requirement",
     "watermark_requirement",
 ]
@@ -213,3 +216,61 @@ def condition_requirements(
             ConditionRequirement(c.name, c.predicate_type, frozenset(c.signers), compiled, lineage, at)
         )
     return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadReceiptRequirement:
+    """The policy's `loadReceipt`: a node emits a TPM-quoted receipt of each verified load (issue 33).
+
+    Used by the node (`modelsec.verifier.load_model`, the runtime guard) to emit, and by `modelsec receipts
+    verify` to check (`modelsec.verifier.receipts`).
+
+    Attributes:
+        required: A load whose receipt cannot be emitted (TPM unreachable) fails closed; when False such a
+            load goes on with a `ReceiptWarning`.
+        attestation_key_handle: The persistent handle of the node's attestation key.
+        pcrs: PCR index -> its expected SHA-256 bank value: what the quote covers and must show.
+        nodes: The registered nodes' attestation keys (`TrustedKey.name` is the node's name).
+        max_age_seconds: The oldest receipt `receipts verify` accepts.
+        store: The directory receipts are written to, or None (emitted and quoted, not kept).
+    """
+
+    required: bool
+    attestation_key_handle: int
+    pcrs: dict[int, bytes]
+    nodes: tuple[TrustedKey, ...]
+    max_age_seconds: float
+    store: Path | None
+
+
+def load_receipt_requirement(
+    model: LoadReceiptModel | None, where: str, base_dir: Path
+) -> LoadReceiptRequirement | None:
+    """The `loadReceipt` of a policy entry, node keys loaded and the store resolved against `base_dir`.
+
+    Raises:
+        PolicyError: Two nodes share a name.
+        KeyMaterialError: A node key file cannot be read or is not a public key (the message names it).
+    """
+    if model is None:
+        return None
+    nodes = []
+    for j, n in enumerate(model.nodes):
+        full = Path(n.key) if Path(n.key).is_absolute() else base_dir / n.key
+        try:
+            nodes.append(load_trusted_key_file(full, name=n.name, roles=frozenset({"node"})))
+        except Error as e:
+            raise type(e)(f"{where}.nodes[{j}].key: {e.diagnostics()}") from e
+    if len({n.name for n in nodes}) != len(nodes):
+        raise PolicyError(f"{where}.nodes: a node name is used twice")
+    store = None
+    if model.store is not None:
+        store = Path(model.store) if Path(model.store).is_absolute() else base_dir / model.store
+    return LoadReceiptRequirement(
+        required=model.required,
+        attestation_key_handle=int(model.attestation_key_handle, 16),
+        pcrs={int(k): bytes.fromhex(v) for k, v in model.pcrs.items()},
+        nodes=tuple(nodes),
+        max_age_seconds=model.max_age,
+        store=store,
+    )

@@ -12,6 +12,8 @@
 - `softhsm_token`: a SoftHSM2 token with the keys `release` (P-256) and `release384` (P-384); this process
   loads SoftHSM2 for it (SOFTHSM2_CONF points at it), with a second token `doomed` for a removal test.
   Read-only otherwise: a test that changes a token makes its own (`make_token`).
+- `swtpm`, `swtpm_other`: two software TPMs (Debian swtpm, driven with tpm2-tools), each with a provisioned
+  attestation key: two nodes. A test that extends a PCR resets it (PCR 16 is resettable) before it ends.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from tests.support.pki import Pki, make_pki
 from tests.support.postgres import Postgres, postgres_missing_reason, run_postgres
 from tests.support.service import InThreadServer, write_server_config
 from tests.support.softhsm import PIN, Token, make_token
+from tests.support.tpm import SoftwareTpm, run_swtpm, tpm_missing_reason
 
 
 @pytest.fixture(scope="session")
@@ -96,3 +99,23 @@ def softhsm_token(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Token]:
         os.environ.pop("SOFTHSM2_CONF", None)
     else:
         os.environ["SOFTHSM2_CONF"] = saved
+
+
+@pytest.fixture(scope="session")
+def swtpm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SoftwareTpm]:
+    """A software TPM with a provisioned attestation key: the node under test (`tests/support/tpm.py`)."""
+    reason = tpm_missing_reason()
+    if reason:
+        pytest.skip(reason)
+    with run_swtpm(tmp_path_factory.mktemp("swtpm")) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def swtpm_other(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SoftwareTpm]:
+    """A second software TPM: another node, whose receipts must not pass as the first one's."""
+    reason = tpm_missing_reason()
+    if reason:
+        pytest.skip(reason)
+    with run_swtpm(tmp_path_factory.mktemp("swtpm-other")) as running:
+        yield running
