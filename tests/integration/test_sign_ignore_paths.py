@@ -89,7 +89,7 @@ def test_relative_to_the_current_directory_as_model_signing(tmp_path: Path, key_
     assert r.returncode == 0, r.stderr
     assert _predicate(tmp_path / "in.sig")["resources"] == predicate["resources"]
     if not HAS_MS:
-        pytest.skip("model_signing not installed (pip install .[test])")
+        pytest.skip("model_signing not installed (pip install --group test)")
     theirs = tmp_path / "theirs.sig"
     r = _run(
         "model_signing", "sign", "key", "m", "--private_key", key, "--signature", theirs,
