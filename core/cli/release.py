@@ -16,6 +16,7 @@ from modelsec.cli.common import (
     key_password_option,
     key_password_sources,
     open_signing_key,
+    progress_status,
     reply,
     report_path,
     signing_keys_option,
@@ -107,17 +108,18 @@ def release(
     try:
         signers = [open_signing_key(k, sources) for k in keys]
         attester = open_signing_key(attestation_key, sources) if attestation_key else None
-        result = release_model(
-            model_dir,
-            out_dir,
-            signers=signers,
-            watermark_key=load_key_file(watermark_key),
-            message=parse_message(message),
-            gate=load_gate_spec(gate_config),
-            attestation_signer=attester,
-            timestamper=timestamper(timestamp_url),
-            report=report,
-        )
+        with progress_status("release: starting", not as_json):
+            result = release_model(
+                model_dir,
+                out_dir,
+                signers=signers,
+                watermark_key=load_key_file(watermark_key),
+                message=parse_message(message),
+                gate=load_gate_spec(gate_config),
+                attestation_signer=attester,
+                timestamper=timestamper(timestamp_url),
+                report=report,
+            )
     except Error as e:
         fail(e, as_json)
     if as_json:

@@ -68,7 +68,9 @@ def serve(config_path: Path, listen: str | None, log_level: str, workers: int, a
     from modelsec.service.config import load_server_config
     from modelsec.service.server import RunningServer, run_server
 
-    logging.basicConfig(level=log_level.upper(), format="%(message)s", stream=sys.stderr)
+    from modelsec.observability import configure_json_logging
+
+    configure_json_logging(log_level)
 
     def announce(port: int, metrics_port: int | None) -> None:
         host = config.listen.rpartition(":")[0]

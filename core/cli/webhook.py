@@ -186,7 +186,9 @@ def _serve(
     from modelsec.webhook.review import CacheOnOutage, Mode, Reviewer, WebhookConfig
     from modelsec.webhook.server import serve
 
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    from modelsec.observability import configure_json_logging
+
+    configure_json_logging(logging.INFO)
     if require_models_in:
         logging.getLogger("modelsec.webhook").warning(
             "--require-models-in is deprecated: use namespaceRules[].requireModel in the policy file"

@@ -62,6 +62,7 @@ from modelsec.errors import (
     SignatureError,
 )
 from modelsec.modelformat.model_files import WEIGHT_SUFFIXES
+from modelsec.progress import step
 from modelsec.policy import Policy
 from modelsec.registry.client import (
     MANIFEST_MEDIA_TYPE,
@@ -200,6 +201,7 @@ def push_model(
     ref = parse_reference(reference)
     if ref.digest:
         raise MalformedArtifactError(f"{reference}: push to a tag, not a digest")
+    step(f"push: verifying {model_dir}")
     verified = verify_model(model_dir, policy)
     names = [r.name for r in verified.manifest.resources]
     if names == ["."]:
@@ -208,7 +210,8 @@ def push_model(
     client = RegistryClient(ref.registry, options or RegistryOptions.from_env())
     try:
         layers = []
-        for name in names:
+        for i, name in enumerate(names, 1):
+            step(f"push: layer {i}/{len(names)} {name}")
             layer, path = _file_layer(model_dir, name)
             with open(path, "rb") as f:
                 client.put_blob(ref.repository, layer["digest"], layer["size"], f)
@@ -242,6 +245,7 @@ def push_model(
             model_name=model_dir.name,
             artifact_type=MODEL_ARTIFACT_TYPE,
         )
+        step(f"push: attaching the binding and {len(bundles)} bundles")
         binding = sign_statement(statement, binding_key)
         attached = [attach_bundle(client, ref.repository, subject, binding)[0]]
         for _, data in bundles:
@@ -499,9 +503,11 @@ def pull_model(
         raise PolicyError(f"{destination}: exists; pull creates the directory")
     client = RegistryClient(ref.registry, options or RegistryOptions.from_env())
     try:
+        step(f"pull: reading the manifest of {ref.repository_uri}")
         data, _, manifest_digest = client.get_manifest(ref.repository, ref.ref)
         what = f"{ref.repository_uri}@{manifest_digest}"
         layers = _parse_model_manifest(data, what, policy.limits.max_files)
+        step("pull: reading the evidence referrers")
         evidence = _collect(client, ref, manifest_digest, policy)
         if not evidence.bound:
             reasons = "; ".join(evidence.ignored) or "no referrers"
@@ -541,7 +547,8 @@ def _stage(
 ) -> tuple[str, tuple[str, ...]]:
     """Download, place the evidence and verify `staging`: the root digest and the signing keys' names."""
     policy = admission.policy
-    for path, digest, size in layers:
+    for i, (path, digest, size) in enumerate(layers, 1):
+        step(f"pull: layer {i}/{len(layers)} {path} ({size} bytes)")
         with _open_new(staging, path) as sink:
             client.stream_blob(ref.repository, digest, size, sink, what=f"{ref.repository_uri}: {path}")
     for name, data in evidence.weights.items():
@@ -550,6 +557,7 @@ def _stage(
     # name of pull's choosing): the admission is handed on without a URI, so verify_model does not compare
     # it with the path it opens (DESIGN decision 20 guards local models, whose path is what was matched).
     unbound = dataclasses.replace(admission, uri="")
+    step("pull: verifying the staged model")
     verified = verify_model(staging, unbound, expected_digests=sorted(evidence.bound))
     # The stores every front door reads (`modelsec.verifier.stores.evidence_stores`): the referrers, read
     # above, and the policy's attestationStore.
