@@ -37,12 +37,13 @@ $(VENV)/.test: $(BIN)/python $(INSTALL_INPUTS)
 	# Debian packages the tests start: SoftHSM2 and opensc's pkcs11-tool (the PKCS#11 token tests), the CNCF
 	# distribution registry 2.8 (the OCI push/pull tests, tests/support/oci.py), fortunes (the English text of
 	# the causal-LM fidelity test's held-out prompts, tests/unit/watermark/_fortunes_lm.py) and faketime (libfaketime: the
-	# TSA whose clock runs ahead, tests/integration/test_future_timestamps.py) and PostgreSQL (the shared record store of
-	# `modelsec serve`, tests/support/postgres.py). Without them those tests skip,
+	# TSA whose clock runs ahead, tests/integration/test_future_timestamps.py), PostgreSQL (the shared record store of
+	# `modelsec serve`, tests/support/postgres.py) and tmux (a real pseudo-terminal for the progress tests,
+	# tests/support/tty.py). Without them those tests skip,
 	# saying why. `apt-get update` once, then install.
-	if command -v apt-get >/dev/null && ! { command -v softhsm2-util && command -v pkcs11-tool && command -v docker-registry && test -f /usr/share/games/fortunes/wisdom && command -v faketime && ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null; } >/dev/null; then \
-	  { apt-get update -qq && apt-get install -y -qq softhsm2 opensc docker-registry fortunes faketime postgresql; } || \
-	  echo "softhsm2/opensc/docker-registry/fortunes/faketime/postgresql not installed: the PKCS#11, OCI registry, causal-LM fidelity, future-timestamp and PostgreSQL store tests will skip"; fi
+	if command -v apt-get >/dev/null && ! { command -v softhsm2-util && command -v pkcs11-tool && command -v docker-registry && test -f /usr/share/games/fortunes/wisdom && command -v faketime && command -v tmux && ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null; } >/dev/null; then \
+	  { apt-get update -qq && apt-get install -y -qq softhsm2 opensc docker-registry fortunes faketime postgresql tmux; } || \
+	  echo "softhsm2/opensc/docker-registry/fortunes/faketime/postgresql/tmux not installed: the PKCS#11, OCI registry, causal-LM fidelity, future-timestamp, PostgreSQL store and terminal progress tests will skip"; fi
 	npm install --prefix $(VENV)/buf --no-save --no-audit --no-fund --silent @bufbuild/buf@$(BUF_VERSION)
 	# Schemas of the cert-manager and prometheus-operator kinds in deploy/ (kubernetes-validate has none):
 	# tests/integration/deploy/test_manifests.py validates Certificate, Issuer and ServiceMonitor with them.
