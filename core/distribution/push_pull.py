@@ -166,7 +166,7 @@ def _bundle_files(model_dir: Path, policy: Policy) -> list[tuple[str, bytes]]:
 
 
 def push_model(
-    model_dir: Path,
+    model_dir: str | os.PathLike[str],
     reference: str,
     policy: Policy | ModelAdmission,
     binding_key: KeyBackend,
@@ -198,6 +198,7 @@ def push_model(
         SignatureError, DigestMismatchError, FileSetMismatchError, PolicyViolationError: From verification.
         BackendUnavailableError: The registry refused or could not be reached.
     """
+    model_dir = Path(model_dir)
     ref = parse_reference(reference)
     if ref.digest:
         raise MalformedArtifactError(f"{reference}: push to a tag, not a digest")
@@ -462,7 +463,7 @@ def _open_new(root: Path, relative: str) -> Any:
 
 def pull_model(
     reference: str,
-    destination: Path,
+    destination: str | os.PathLike[str],
     policy: Policy | ModelAdmission,
     *,
     options: RegistryOptions | None = None,
