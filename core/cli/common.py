@@ -96,13 +96,22 @@ def reply(
 def fail(
     e: Error, as_json: bool, *, hint: str | None = None, fields: Mapping[str, Any] | None = None
 ) -> NoReturn:
-    """Report a modelsec error (one line on stderr, or the JSON envelope with `error`) and exit 1."""
+    """Report a modelsec error (one line on stderr, or the JSON envelope with `error`) and exit 1.
+
+    The error's `details` (each skipped reason, a third-party error's text) follow the line under the root
+    option `--verbose`, and are the `error.details` list of a JSON reply.
+    """
     # The library's messages carry no CLI advice; `hint` is the command's own (e.g. which option to give).
     message = f"{e.diagnostics()} ({hint})" if hint else e.diagnostics()
     if as_json:
-        reply(fields, ok=False, kind=type(e).__name__, message=message)
+        details = {"details": list(e.details)} if e.details else None
+        reply(fields, ok=False, kind=type(e).__name__, message=message, error_fields=details)
     else:
         click.echo(f"modelsec: error: {message}", err=True)
+        ctx = click.get_current_context(silent=True)
+        if e.details and ctx is not None and ctx.find_root().params.get("verbose"):
+            for line in e.details:
+                click.echo(f"  {line}", err=True)
     sys.exit(1)
 
 

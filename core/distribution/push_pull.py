@@ -381,7 +381,7 @@ def _collect(client: RegistryClient, ref: OciReference, manifest_digest: str, po
     for read in reads:
         source = f"{ref.repository_uri}@{read.digest}"
         if read.note:
-            found.ignored.append(f"{source}: {read.note}")
+            found.ignored.append(f"{source}: {read.note.removeprefix(f'{source}: ')}")
         else:
             raw.append((source, read.data))
     statements = []
@@ -390,14 +390,14 @@ def _collect(client: RegistryClient, ref: OciReference, manifest_digest: str, po
             bundle = parse_bundle(data, source=source)
             statement = parse_statement(bundle.envelope.payload, what=source)
         except Error as e:
-            found.ignored.append(f"{source}: {e.diagnostics()}")
+            found.ignored.append(_reason(source, e))
             continue
         if is_binding_type(statement.predicate_type):
             try:
                 binding = parse_binding_statement(statement, what=source)
                 _verify_weights_signature(bundle, policy)
             except Error as e:
-                found.ignored.append(f"{source}: binding: {e.diagnostics()}")
+                found.ignored.append(_reason(source, e, "binding"))
                 continue
             named = binding.manifest_digest
             if not hmac.compare_digest(named.encode(), manifest_digest.encode()):
@@ -419,12 +419,31 @@ def _collect(client: RegistryClient, ref: OciReference, manifest_digest: str, po
             try:
                 key = _verify_weights_signature(bundle, policy)
             except Error as e:
-                found.ignored.append(f"{source}: {e.diagnostics()}")
+                found.ignored.append(_reason(source, e))
                 continue
             found.weights.setdefault(scheme_for(key.algorithm).default_bundle_name, data)
         else:
             found.other.append(StoredBundle(hashlib.sha256(data).hexdigest(), root, data, source))
     return found
+
+
+def _no_binding(what: str, reasons: Sequence[str]) -> SignatureError:
+    """The refusal of a manifest no trusted binding names: one line, each skipped referrer in `details`."""
+    first = reasons[0] if reasons else "no referrers"
+    first = first if len(first) <= 400 else f"{first[:399]}…"
+    more = f"; {len(reasons) - 1} more skipped (--verbose lists them)" if len(reasons) > 1 else ""
+    error = SignatureError(
+        f"{what}: no binding to a model root digest signed by a trusted key ({first}{more}); "
+        "pull with the key that pushed it (--trusted-key) or a policy that trusts it"
+    )
+    error.details = tuple(reasons)
+    return error
+
+
+def _reason(source: str, e: Error, what: str = "") -> str:
+    """Why a referrer was skipped: its source named once (an error about it usually names it already)."""
+    message = e.diagnostics().removeprefix(f"{source}: ")
+    return f"{source}: {what}: {message}" if what else f"{source}: {message}"
 
 
 def bound_root_digests(reference: str, policy: Policy, *, options: RegistryOptions | None = None) -> set[str]:
@@ -511,10 +530,7 @@ def pull_model(
         step("pull: reading the evidence referrers")
         evidence = _collect(client, ref, manifest_digest, policy)
         if not evidence.bound:
-            reasons = "; ".join(evidence.ignored) or "no referrers"
-            raise SignatureError(
-                f"{what}: no binding to a model root digest signed by a trusted key ({reasons})"
-            )
+            raise _no_binding(what, evidence.ignored)
         try:
             staging = Path(tempfile.mkdtemp(prefix=".modelsec-pull-", dir=destination.parent))
         except OSError as e:

@@ -172,8 +172,12 @@ def verify_bundle_signature(
             return vouched
         reasons.extend(refusals)
     detail = "; ".join(reasons) if reasons else f"no configured key may sign {role!r}"
+    # "Invalid" only when the bundle names a key the caller trusts; a bundle of another signer is not
+    # invalid, only not trusted here (pull or verify with one of two signers' keys meets the other's).
+    named = any(k.keyid in selectors for k in candidates)
+    verdict = "invalid signature" if named else "not signed by a trusted key"
     raise SignatureError(
-        f"{bundle.source}: invalid signature: no trusted key allowed to sign {role!r} verifies it ({detail})"
+        f"{bundle.source}: {verdict}: no trusted key allowed to sign {role!r} verifies it ({detail})"
     )
 
 
