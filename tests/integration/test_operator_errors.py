@@ -124,3 +124,24 @@ def test_pull_with_an_untrusted_key_is_one_line(
     verbose = cli("-v", "pull", ref, tmp_path / "dest", "--trusted-key", key_dir / "other.pub.pem",
                   env=registry.env())  # fmt: skip
     assert verbose.stderr.splitlines()[1:] == [f"  {line}" for line in error.details]
+
+
+
+def test_attest_list_skips_what_verify_skips_in_the_registry(tmp_path: Path, key_dir: Path, registry, cli) -> None:
+    model = write_tiny_model(tmp_path / "m", seed=51)
+    sign_model(model, [load_private_key_file(key_dir / "ecdsa-p256.key.pem"), load_private_key_file(key_dir / "sm2.key.pem")])
+    key, pub = key_dir / "ecdsa-p256.key.pem", key_dir / "ecdsa-p256.pub.pem"
+    pushed = cli("push", model, f"oci://{registry.address}/models/al:v1", "--signing-key", key, "--trusted-key", pub, "--json", env=registry.env())
+    assert pushed.returncode == 0, pushed.stderr
+    ref = f"oci://{registry.address}/models/al@{json.loads(pushed.stdout)['manifestDigest']}"
+    v = cli("verify", model, "--trusted-key", pub, env=registry.env())
+    assert v.returncode == 0 and "model.sm2.sig not checked" in v.stderr
+    # attest list skips the SM2 bundles no given key can check, locally and in the registry, as verify does.
+    r = cli("attest", "list", model, "--store", ref, "--trusted-key", pub, "--json", env=registry.env())
+    assert r.returncode == 0, r.stdout
+    rows = json.loads(r.stdout)["bundles"]
+    sources = [row["path"] for row in rows]
+    assert any(p.startswith("oci://") for p in sources) and any(p.endswith("model.sm2.sig") for p in sources)
+    skipped = [row for row in rows if row["skipped"]]
+    assert skipped and all(row["signer"] is None for row in skipped)
+    assert any(row["signer"] and row["signer"]["algorithm"] == "ecdsa-p256" for row in rows)
