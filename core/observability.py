@@ -54,8 +54,11 @@ def _json_object(message: str) -> dict[str, Any] | None:
 
 
 def configure_json_logging(level: int | str = logging.INFO) -> None:
-    """Send every log record of this process to stderr as one JSON line (a server's start-up; replaces the
-    root logger's handlers, so call it from an application, never from library code)."""
+    """Send every log record of this process to stderr as one JSON line (`JsonLogFormatter`).
+
+    For a server's start-up: it replaces the root logger's handlers, so an application calls it, never
+    library code.
+    """
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonLogFormatter())
     root = logging.getLogger()

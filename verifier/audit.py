@@ -2,8 +2,8 @@
 
 Records go to the logger named `modelsec.audit` at level INFO, and nowhere else: as a library, modelsec never
 writes to stderr unless the application asks (configure `logging`, or call `enable_stderr_audit`). The runtime
-guard asks when it starts from `$MODELSEC_POLICY` (the `.pth` hook, `python -m modelsec.verifier.guard.hook`, the
-vLLM plugin), so a node agent collects the bare JSON lines from the container log without any set-up there.
+guard asks when it starts from `$MODELSEC_POLICY` (the `.pth` hook, `python -m modelsec.verifier.guard.hook`,
+the vLLM plugin), so a node agent collects the bare JSON lines from the container log without set-up there.
 
 A record states what was verified, never a secret: the model path, its root digest, the signers (key name,
 keyid, algorithm), the number of files and bytes hashed, the seconds it took, and the process id.

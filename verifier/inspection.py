@@ -90,7 +90,9 @@ def inspect_bundle(
             signer = verify_bundle_signature(bundle, keys, role=role)
         except SignatureError:
             # A store's bundles never veto (verify ignores one no trusted key verifies): skipped here too.
-            if skip_unverifiable and (not isinstance(item, Path) or not has_key_for_bundle(item, bundle, keys)):
+            if skip_unverifiable and (
+                not isinstance(item, Path) or not has_key_for_bundle(item, bundle, keys)
+            ):
                 return InspectedBundle(what, bundle, statement, None, skipped=True)
             raise
     return InspectedBundle(what, bundle, statement, signer)

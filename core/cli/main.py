@@ -80,7 +80,10 @@ class _Main(click.Group):
 @click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="modelsec")
 @click.option(
-    "--verbose", "-v", is_flag=True, help="After an error's one line, print its detail (give before the command)."
+    "--verbose",
+    "-v",
+    is_flag=True,
+    help="After an error's one line, print its detail (give before the command).",
 )
 def main(verbose: bool) -> None:
     """Sign, watermark, gate and verify sharded safetensors models.

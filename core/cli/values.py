@@ -48,7 +48,7 @@ class FiniteFloatRange(click.FloatRange):
         return number
 
     def _describe_range(self) -> str:
-        """The bounds for `--help` (`x>=0`, `0<=x<=1`); nothing for an unbounded range (click wrote x<=None)."""
+        """The bounds for `--help` (`x>=0`, `0<=x<=1`); none for an unbounded range (click wrote x<=None)."""
         if self.min is None and self.max is None:
             return ""
         return super()._describe_range()

@@ -62,8 +62,8 @@ from modelsec.errors import (
     SignatureError,
 )
 from modelsec.modelformat.model_files import WEIGHT_SUFFIXES
-from modelsec.progress import step
 from modelsec.policy import Policy
+from modelsec.progress import step
 from modelsec.registry.client import (
     MANIFEST_MEDIA_TYPE,
     OciReference,

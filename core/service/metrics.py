@@ -54,7 +54,7 @@ class ServiceMetrics:
         )
         self.decisions = Histogram(
             "modelsec_grpc_decision_duration_seconds",
-            "Verification verdicts by method, policy, outcome (allow, deny) and reason, and their time (seconds).",
+            "Verification verdicts by method, policy, outcome (allow, deny), reason; their time (seconds).",
             ["method", "policy", "outcome", "reason"],
             buckets=_BUCKETS,
             registry=self.registry,

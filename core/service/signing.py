@@ -10,7 +10,8 @@ statement carrying `runBy` signed here (only RunGate and EmbedWatermark record i
 server-held key means this server ran the gate or the embed (`modelsec.attestations.predicates.run_by`). The
 numbers of a gate or watermark predicate must lie in their fields' ranges
 (`modelsec.attestations.predicates`). Each signature is recorded on the audit logger
-`modelsec.service.audit` (`ServiceState.record_signature`: caller, key, subject digests, predicate type, time).
+`modelsec.service.audit` (`ServiceState.record_signature`: caller, key, subject digests, predicate type,
+time).
 The statement bytes are signed as received (`sign_payload`, the same
 DSSE/bundle code as local signing), so remote and local bundles verify identically.
 """

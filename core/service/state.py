@@ -201,11 +201,12 @@ class ServiceState:
     def record_signature(
         self, key: LoadedKey, statement: Statement, method: str, caller: str | None = None
     ) -> None:
-        """Write the audit record of one signature made with a server-held key (logger `SIGNING_AUDIT_LOGGER`).
+        """Write the audit record of one signature made with a server-held key (`SIGNING_AUDIT_LOGGER`).
 
         One JSON object at INFO: `event` (`signature`), `method` (the RPC), `caller` (the authenticated
-        identity: `caller`, else that of the current RPC), `keyVersion`, `keyid`, `algorithm`, `predicateType`, `subjects` (name and digests of each
-        subject), `time` (RFC 3339, UTC). No secret and no predicate body is recorded.
+        identity: `caller`, else that of the current RPC), `keyVersion`, `keyid`, `algorithm`,
+        `predicateType`, `subjects` (name and digests of each subject), `time` (RFC 3339, UTC). No secret
+        and no predicate body is recorded.
         """
         _signing_audit.info(
             json.dumps(

@@ -81,7 +81,11 @@ class VerificationServicer(verification_pb2_grpc.VerificationServiceServicer):
             else "ignored"
         )
         self.state.observe_decision(
-            "VerifyBundle", policy.name, "allow" if verdict.ok else "deny", reason, time.perf_counter() - started
+            "VerifyBundle",
+            policy.name,
+            "allow" if verdict.ok else "deny",
+            reason,
+            time.perf_counter() - started,
         )
         return verification_pb2.VerifyBundleResponse(verdict=verdict_to_proto(verdict), policy=policy.name)
 

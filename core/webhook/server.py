@@ -322,7 +322,7 @@ class _Metrics:
 
 
 def _policy_label(decision: Decision) -> str:
-    """The policy that decided: that of the first refused reference, else of the first reference; `-` for none."""
+    """The policy that decided: the first refused reference's, else the first reference's; `-` for none."""
     refs = [r for r in decision.references if not r.allowed] or list(decision.references)
     return next((r.policy for r in refs if r.policy), "-")
 

@@ -77,8 +77,9 @@ def test_we_verify_model_signing_bundle(tmp_path: Path, key_dir: Path) -> None:
 @needs_ms
 def test_p384_both_directions(tmp_path: Path, key_dir: Path) -> None:
     model = write_tiny_model(tmp_path / "m")
-    r = run_cli("sign", model, "--signing-key", key_dir / "ecdsa-p384.key.pem", "--signature",
-        tmp_path / "p384.sig")
+    r = run_cli(
+        "sign", model, "--signing-key", key_dir / "ecdsa-p384.key.pem", "--signature", tmp_path / "p384.sig"
+    )
     assert r.returncode == 0, r.stderr
     r = _ms(
         "verify",

@@ -126,12 +126,29 @@ def test_pull_with_an_untrusted_key_is_one_line(
     assert verbose.stderr.splitlines()[1:] == [f"  {line}" for line in error.details]
 
 
-
-def test_attest_list_skips_what_verify_skips_in_the_registry(tmp_path: Path, key_dir: Path, registry, cli) -> None:
+def test_attest_list_skips_what_verify_skips_in_the_registry(
+    tmp_path: Path, key_dir: Path, registry, cli
+) -> None:
     model = write_tiny_model(tmp_path / "m", seed=51)
-    sign_model(model, [load_private_key_file(key_dir / "ecdsa-p256.key.pem"), load_private_key_file(key_dir / "sm2.key.pem")])
+    sign_model(
+        model,
+        [
+            load_private_key_file(key_dir / "ecdsa-p256.key.pem"),
+            load_private_key_file(key_dir / "sm2.key.pem"),
+        ],
+    )
     key, pub = key_dir / "ecdsa-p256.key.pem", key_dir / "ecdsa-p256.pub.pem"
-    pushed = cli("push", model, f"oci://{registry.address}/models/al:v1", "--signing-key", key, "--trusted-key", pub, "--json", env=registry.env())
+    pushed = cli(
+        "push",
+        model,
+        f"oci://{registry.address}/models/al:v1",
+        "--signing-key",
+        key,
+        "--trusted-key",
+        pub,
+        "--json",
+        env=registry.env(),
+    )
     assert pushed.returncode == 0, pushed.stderr
     ref = f"oci://{registry.address}/models/al@{json.loads(pushed.stdout)['manifestDigest']}"
     v = cli("verify", model, "--trusted-key", pub, env=registry.env())

@@ -64,7 +64,8 @@ def test_release_shows_progress_within_two_seconds(
         tmp_path_factory, tmp_path_factory.mktemp("tty-release"), digits=20, min_robust_accuracy=0.0
     )
     argv = [
-        "release", work / "advtrained", "--out", work / "released", "--signing-key", key_dir / "ecdsa-p256.key.pem",
+        "release", work / "advtrained", "--out", work / "released",
+        "--signing-key", key_dir / "ecdsa-p256.key.pem",
         "--watermark-key", work / "wm.key", "-m", "tty", "--gate-config", work / "gate.yaml",
     ]  # fmt: skip
     # The release itself takes a minute: the test stops it once the first stages have shown.

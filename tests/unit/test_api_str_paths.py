@@ -1,4 +1,4 @@
-"""The public API takes `str` paths wherever it takes a path (`str | os.PathLike`), converted at the boundary."""
+"""The public API takes `str` paths wherever it takes a path (`str | os.PathLike`), converted at once."""
 
 from __future__ import annotations
 

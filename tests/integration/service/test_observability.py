@@ -1,4 +1,4 @@
-"""What an operator of `modelsec serve` sees: /metrics parsed as Prometheus text, JSON log lines, audit records.
+"""What an operator of `modelsec serve` sees: /metrics as Prometheus text, JSON log lines, audit records.
 
 A child process: the logging configuration of the `serve` process itself is under test.
 """

@@ -137,8 +137,13 @@ def test_a_key_of_another_curve_is_named_as_such(
 def test_a_key_of_another_parameter_set_is_named_as_such(dual: dict[str, Path], key_dir: Path) -> None:
     model = dual["ml-dsa"]
     code, out, _ = _invoke(
-        "verify", model, "-s", model / "model.ml-dsa-44.sig", "--trusted-key",
-        key_dir / "ml-dsa-65.pub.pem", "--json"
+        "verify",
+        model,
+        "-s",
+        model / "model.ml-dsa-44.sig",
+        "--trusted-key",
+        key_dir / "ml-dsa-65.pub.pem",
+        "--json",
     )
     assert code == 1
     message = out["error"]["message"]
