@@ -71,10 +71,8 @@ def configure_json_logging(level: int | str = logging.INFO) -> None:
 class _BuildInfo:
     """`modelsec_build_info{version, component, python} 1` (a collector: no value to keep per process)."""
 
-    def __init__(self, component: str) -> None:
-        from modelsec import __version__
-
-        self._labels = {"version": __version__, "component": component, "python": platform.python_version()}
+    def __init__(self, component: str, version: str) -> None:
+        self._labels = {"version": version, "component": component, "python": platform.python_version()}
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
@@ -86,15 +84,16 @@ class _BuildInfo:
         yield family
 
 
-def register_runtime_metrics(registry: Any, component: str) -> None:
+def register_runtime_metrics(registry: Any, component: str, version: str) -> None:
     """Add the process, platform and build-info collectors to a `prometheus_client.CollectorRegistry`.
 
     Args:
         registry: The server's registry (one per server, so several servers can share a process).
         component: `serve` or `webhook`, the `component` label of `modelsec_build_info`.
+        version: `modelsec.__version__` (passed in: this bottom layer does not import the package root).
     """
     from prometheus_client import PlatformCollector, ProcessCollector
 
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
-    registry.register(_BuildInfo(component))
+    registry.register(_BuildInfo(component, version))

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 
+from modelsec import __version__
 from modelsec.observability import register_runtime_metrics
 
 __all__ = ["AggregateMetrics", "MetricsServer", "ServiceMetrics"]
@@ -59,7 +60,7 @@ class ServiceMetrics:
             buckets=_BUCKETS,
             registry=self.registry,
         )
-        register_runtime_metrics(self.registry, "serve")
+        register_runtime_metrics(self.registry, "serve", __version__)
         self.serving = True
         self.unready: str | None = None  # why the store cannot serve, set by the server's readiness checks
         self._children: dict[tuple[str, str], tuple[Any, Any]] = {}
@@ -92,7 +93,7 @@ class AggregateMetrics:
 
         self.registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(self.registry, path=str(directory))  # type: ignore[no-untyped-call]
-        register_runtime_metrics(self.registry, "serve")
+        register_runtime_metrics(self.registry, "serve", __version__)
         self.serving = True
         self.unready: str | None = None  # each worker checks its store and reports it on its gRPC health
 

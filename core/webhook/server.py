@@ -61,6 +61,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from modelsec import __version__
 from modelsec.errors import BackendUnavailableError, Error, KeyMaterialError
 from modelsec.observability import register_runtime_metrics
 from modelsec.webhook.mutate import Mutator
@@ -302,7 +303,7 @@ class _Metrics:
     @classmethod
     def create(cls) -> _Metrics:
         registry = CollectorRegistry()
-        register_runtime_metrics(registry, "webhook")
+        register_runtime_metrics(registry, "webhook", __version__)
         return cls(
             registry,
             Counter(

@@ -120,7 +120,7 @@ def test_pull_with_an_untrusted_key_is_one_line(
     assert r.returncode == 1 and r.stderr.count("\n") == 1 and len(r.stderr) < 600, r.stderr
     assert "--trusted-key" in r.stderr and "--verbose lists them" in r.stderr, r.stderr
     # The other signer's bundle is not "invalid": it is signed by a key this pull does not trust.
-    assert "not signed by a trusted key" in r.stderr and "invalid" not in r.stderr
+    assert "signed by a key not trusted here" in r.stderr and "invalid" not in r.stderr
     verbose = cli("-v", "pull", ref, tmp_path / "dest", "--trusted-key", key_dir / "other.pub.pem",
                   env=registry.env())  # fmt: skip
     assert verbose.stderr.splitlines()[1:] == [f"  {line}" for line in error.details]

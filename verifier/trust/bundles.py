@@ -175,9 +175,10 @@ def verify_bundle_signature(
             return vouched
         reasons.extend(refusals)
     detail = "; ".join(reasons) if reasons else f"no configured key may sign {role!r}"
-    verdict = "invalid signature" if named else "not signed by a trusted key"
+    verdict = "invalid signature" if named else "signed by a key not trusted here"
     raise SignatureError(
-        f"{bundle.source}: {verdict}: no trusted key allowed to sign {role!r} verifies it ({detail})"
+        f"{bundle.source}: {verdict}: no trusted key allowed to sign {role!r} verifies its signature "
+        f"({detail})"
     )
 
 
