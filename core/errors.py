@@ -18,6 +18,8 @@ them to status codes, the webhook denies on any of them.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 __all__ = [
     "AttestationError",
     "AuthenticationError",
@@ -37,6 +39,7 @@ __all__ = [
     "PolicyError",
     "PolicyViolationError",
     "ReceiptError",
+    "RegistryUnreachableError",
     "SignatureError",
     "UnsupportedAlgorithmError",
     "VerificationError",
@@ -48,6 +51,9 @@ class Error(Exception):
 
     retryable: bool = False
     context: str = ""
+    # Lines behind the one-line diagnostic (each reason of a list, a third-party error's own text): the CLI
+    # prints them under `--verbose`; the message itself stays one line that says what to do next.
+    details: tuple[str, ...] = ()
 
     def diagnostics(self) -> str:
         """Human-readable explanation shown by the CLI, the service and the webhook.
@@ -214,6 +220,33 @@ class BackendUnavailableError(Error):
     """A cryptographic or storage backend is missing or unreachable. The only retryable error."""
 
     retryable = True
+
+
+class RegistryUnreachableError(BackendUnavailableError):
+    """An OCI registry could not be spoken to: nothing listens, no answer in time, or TLS failed.
+
+    `problem` says which, and the message what to do next: `plain-http-server` (the registry speaks plain
+    HTTP: `--plain-http` / `MODELSEC_OCI_PLAIN_HTTP=1` for a development registry), `untrusted-certificate`
+    (its CA: `--registry-ca` / `MODELSEC_OCI_CA`), `tls-server` (plain HTTP was sent to a TLS registry),
+    `tls` (another TLS failure), `timeout`, `connection`. The third-party error's own text is in `details`.
+    """
+
+    _NEXT: ClassVar[dict[str, str]] = {
+        "plain-http-server": "it answered in plain HTTP, not TLS: for a development registry give "
+        "--plain-http (or set MODELSEC_OCI_PLAIN_HTTP=1)",
+        "untrusted-certificate": "its TLS certificate is not trusted: give its CA bundle with --registry-ca "
+        "(or set MODELSEC_OCI_CA)",
+        "tls-server": "it speaks TLS, not plain HTTP: leave out --plain-http "
+        "(and unset MODELSEC_OCI_PLAIN_HTTP)",
+        "tls": "the TLS handshake failed: check the address and --registry-ca / --plain-http",
+        "timeout": "no answer in time: check the address and the network, then retry",
+        "connection": "cannot connect: check the address and that the registry is running, then retry",
+    }
+
+    def __init__(self, registry: str, problem: str, detail: str = "") -> None:
+        super().__init__(f"registry {registry}: {self._NEXT[problem]}")
+        self.registry, self.problem = registry, problem
+        self.details = (detail,) if detail else ()
 
 
 class AuthenticationError(Error):

@@ -194,9 +194,10 @@ def _read_key_file(path: Path) -> bytes:
 
 
 def load_trusted_key_file(
-    path: Path, *, name: str | None = None, roles: frozenset[str] = frozenset()
+    path: str | os.PathLike[str], *, name: str | None = None, roles: frozenset[str] = frozenset()
 ) -> TrustedKey:
     """Read `path` (symlinks refused) and load it with `load_trusted_key`; same errors, naming the file."""
+    path = Path(path)
     return _load_trusted_key(_read_key_file(path), name or path.name, roles, where=str(path))
 
 
@@ -231,8 +232,9 @@ def load_private_key(pem: bytes, *, name: str, password: bytes | None = None) ->
     raise first or UnsupportedAlgorithmError(f"{name}: no signature scheme is registered")
 
 
-def load_private_key_file(path: Path, *, password: bytes | None = None) -> KeyBackend:
+def load_private_key_file(path: str | os.PathLike[str], *, password: bytes | None = None) -> KeyBackend:
     """Read `path` (symlinks refused) and load it with `load_private_key`; same errors."""
+    path = Path(path)
     return load_private_key(_read_key_file(path), name=path.name, password=password)
 
 

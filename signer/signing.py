@@ -300,7 +300,7 @@ def _single_file(path: Path) -> ModelFile | None:
 
 
 def sign_model(
-    model_dir: Path,
+    model_dir: str | os.PathLike[str],
     signers: Sequence[KeyBackend | BundleSigner],
     *,
     signature_paths: Mapping[int, Path] | None = None,
@@ -387,6 +387,7 @@ def sign_model(
         >>> from modelsec.signer import load_private_key_file, sign_model
         >>> sign_model(Path("model"), [load_private_key_file(Path("ci.key.pem"))])  # doctest: +SKIP
     """
+    model_dir = Path(model_dir)
     if not signers:
         raise KeyMaterialError("no signing key given")
     single = _single_file(model_dir) is not None

@@ -1,9 +1,9 @@
 """The node-level audit record: one JSON line per model the runtime guard or the loader verified.
 
-Records go to the logger named `modelsec.audit` at level INFO. If the application has configured no handler
-for it (nor for any ancestor logger), modelsec adds one that writes the bare JSON line to stderr, so a node
-agent can collect it from the container log without any set-up. Configure
-`logging.getLogger("modelsec.audit")` yourself to send the lines elsewhere.
+Records go to the logger named `modelsec.audit` at level INFO, and nowhere else: as a library, modelsec never
+writes to stderr unless the application asks (configure `logging`, or call `enable_stderr_audit`). The runtime
+guard asks when it starts from `$MODELSEC_POLICY` (the `.pth` hook, `python -m modelsec.verifier.guard.hook`,
+the vLLM plugin), so a node agent collects the bare JSON lines from the container log without set-up there.
 
 A record states what was verified, never a secret: the model path, its root digest, the signers (key name,
 keyid, algorithm), the number of files and bytes hashed, the seconds it took, and the process id.
@@ -23,14 +23,19 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from modelsec.verifier.verification import VerifiedBundle
 
-__all__ = ["AUDIT_LOGGER", "record_verified_model"]
+__all__ = ["AUDIT_LOGGER", "enable_stderr_audit", "record_verified_model"]
 
 AUDIT_LOGGER = "modelsec.audit"
 _logger = logging.getLogger(AUDIT_LOGGER)
 _handler_lock = threading.Lock()
 
 
-def _ensure_handler() -> None:
+def enable_stderr_audit() -> None:
+    """Write the audit lines, bare JSON, to stderr unless the application already handles `modelsec.audit`.
+
+    Called by the runtime guard's start-up; an application that configured logging (a handler on
+    `modelsec.audit` or an ancestor) keeps its own routing. Idempotent.
+    """
     with _handler_lock:
         if _logger.hasHandlers():
             return
@@ -63,7 +68,6 @@ def record_verified_model(
         seconds: Wall time of the verification, in seconds.
         extra: Further scalar fields (e.g. `storage`).
     """
-    _ensure_handler()
     line = {
         "event": event,
         "model": str(model),

@@ -56,14 +56,15 @@ def inspect_bundle(
     not compared with any model and no predicate is checked against a policy (use `verify_attestations`).
     With `skip_unverifiable`, a bundle file under a default name no key can verify (an SM2 bundle with only
     ECDSA keys, `model.p384.sig` with only a P-256 key: `has_key_for_bundle`) is returned `skipped` instead
-    of refused, as `verify` skips it.
+    of refused, as `verify` skips it; so is a bundle read from a store that no key verifies (a store's
+    bundles never veto: `verify` ignores them).
 
     Args:
         item: A bundle file, or a bundle read from a store.
         keys: Trusted keys; empty to read without verifying.
         limits: Size limits (default `Limits()`).
-        skip_unverifiable: Skip, rather than refuse, a default-named bundle no key's scheme can verify
-            (for bundles found by default name; an explicitly named bundle is always checked).
+        skip_unverifiable: Skip, rather than refuse, a default-named bundle no key's scheme can verify, or a
+            store's bundle no key verifies (for bundles found, not named; a named bundle is always checked).
 
     Returns:
         The parsed bundle, statement and verifying key (None without keys).
@@ -88,7 +89,10 @@ def inspect_bundle(
         try:
             signer = verify_bundle_signature(bundle, keys, role=role)
         except SignatureError:
-            if skip_unverifiable and isinstance(item, Path) and not has_key_for_bundle(item, bundle, keys):
+            # A store's bundles never veto (verify ignores one no trusted key verifies): skipped here too.
+            if skip_unverifiable and (
+                not isinstance(item, Path) or not has_key_for_bundle(item, bundle, keys)
+            ):
                 return InspectedBundle(what, bundle, statement, None, skipped=True)
             raise
     return InspectedBundle(what, bundle, statement, signer)

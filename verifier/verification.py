@@ -127,7 +127,7 @@ class VerifiedModel:
 
 
 def verify_model(
-    model_path: Path,
+    model_path: str | os.PathLike[str],
     policy: Policy | PolicySet | ModelAdmission,
     *,
     bundles: Sequence[Path] | None = None,
@@ -196,6 +196,7 @@ def verify_model(
         >>> policy = Policy.from_key_files([Path("trust/ci.pub.pem")])  # doctest: +SKIP
         >>> verify_model(Path("model"), policy).root_digest  # doctest: +SKIP
     """
+    model_path = Path(model_path)
     root_fd, single, model_dir = open_model_path(model_path, dir_fd)
     try:
         # The policy is chosen from what was opened, and every later read goes through `root_fd`.

@@ -79,7 +79,12 @@ def _attestation_rows(model_dir: Path, store: str | None, keys: tuple[Path, ...]
         opened = open_store(store, StoreOptions(limits=limits()))
         try:
             for digest in digests:
-                seen += [inspect_bundle(e, trusted, limits=limits()) for e in opened.entries(digest)]
+                # As for the local bundles (and as verify does): a bundle no configured key can check is
+                # listed as skipped, not a failure of the whole listing.
+                seen += [
+                    inspect_bundle(e, trusted, limits=limits(), skip_unverifiable=True)
+                    for e in opened.entries(digest)
+                ]
         finally:
             opened.close()
     return [

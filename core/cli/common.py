@@ -32,6 +32,7 @@ __all__ = [
     "limits",
     "open_signing_key",
     "progress_bar",
+    "progress_status",
     "quiet_option",
     "read_password_source",
     "reply",
@@ -95,13 +96,22 @@ def reply(
 def fail(
     e: Error, as_json: bool, *, hint: str | None = None, fields: Mapping[str, Any] | None = None
 ) -> NoReturn:
-    """Report a modelsec error (one line on stderr, or the JSON envelope with `error`) and exit 1."""
+    """Report a modelsec error (one line on stderr, or the JSON envelope with `error`) and exit 1.
+
+    The error's `details` (each skipped reason, a third-party error's text) follow the line under the root
+    option `--verbose`, and are the `error.details` list of a JSON reply.
+    """
     # The library's messages carry no CLI advice; `hint` is the command's own (e.g. which option to give).
     message = f"{e.diagnostics()} ({hint})" if hint else e.diagnostics()
     if as_json:
-        reply(fields, ok=False, kind=type(e).__name__, message=message)
+        details = {"details": list(e.details)} if e.details else None
+        reply(fields, ok=False, kind=type(e).__name__, message=message, error_fields=details)
     else:
         click.echo(f"modelsec: error: {message}", err=True)
+        ctx = click.get_current_context(silent=True)
+        if e.details and ctx is not None and ctx.find_root().params.get("verbose"):
+            for line in e.details:
+                click.echo(f"  {line}", err=True)
     sys.exit(1)
 
 
@@ -533,6 +543,42 @@ def progress_bar(path: Path, description: str, enabled: bool) -> Iterator[Callab
     ) as bar:
         task = bar.add_task(description, total=total)
         yield lambda n: bar.advance(task, n)
+
+
+@contextlib.contextmanager
+def progress_status(description: str, enabled: bool) -> Iterator[None]:
+    """A status line on stderr showing the latest step the library reports (`modelsec.progress`).
+
+    Shown from the start of the command, and only when `enabled` (not `--json` or `--quiet`) and stderr is a
+    terminal; otherwise nothing is written and the steps stay unrouted log records. The line is transient: it
+    is erased when the command ends, leaving its result or error alone on the screen.
+    """
+    if not (enabled and sys.stderr.isatty()):
+        yield
+        return
+    import logging
+
+    from rich.console import Console
+
+    from modelsec.progress import PROGRESS_LOGGER
+
+    logger = logging.getLogger(PROGRESS_LOGGER)
+
+    class _ToStatus(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            status.update(f"{record.getMessage()} …")
+
+    handler, level, propagate = _ToStatus(logging.INFO), logger.level, logger.propagate
+    with Console(stderr=True).status(f"{description} …") as status:
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False  # the steps are for this line, not for a root handler the command set
+        try:
+            yield
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+            logger.propagate = propagate
 
 
 def _tree_size(path: Path) -> int:

@@ -79,12 +79,19 @@ class _Main(click.Group):
 
 @click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="modelsec")
-def main() -> None:
+@click.option(
+    "--verbose",
+    "-v",
+    is_flag=True,
+    help="After an error's one line, print its detail (give before the command).",
+)
+def main(verbose: bool) -> None:
     """Sign, watermark, gate and verify sharded safetensors models.
 
     Typical CI flow: `modelsec keygen`, `modelsec sign MODEL_DIR --signing-key ci.key.pem`; on the
     deployment side: `modelsec verify MODEL_DIR --trusted-key ci.pub.pem`. Exit codes: 0 ok, 1 refused or
-    failed, 2 usage. Key options say which key: --signing-key (private), --trusted-key (public),
+    failed, 2 usage; an error is one line saying what to do next, its detail behind `modelsec --verbose`.
+    Key options say which key: --signing-key (private), --trusted-key (public),
     --watermark-key, --tls-key/--tls-cert. Every command takes --json (one object on stdout).
     """
     # The node audit lines (`modelsec.audit`) are for serving processes; a command reports on stdout/stderr.

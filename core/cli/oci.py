@@ -22,6 +22,7 @@ from modelsec.cli.common import (
     key_password_option,
     key_password_sources,
     open_signing_key,
+    progress_status,
     registry_options,
     registry_options_value,
     reply,
@@ -91,9 +92,10 @@ def push(
     try:
         policy = _policy(keys, policy_file, reference)
         key = open_signing_key(signing_key, key_password_sources(key_passwords, [signing_key]))
-        result = push_model(
-            model_dir, reference, policy, key, options=registry_options_value(registry_ca, plain_http)
-        )
+        with progress_status(f"push: {reference}", not as_json):
+            result = push_model(
+                model_dir, reference, policy, key, options=registry_options_value(registry_ca, plain_http)
+            )
     except Error as e:
         fail(e, as_json)
     if as_json:
@@ -133,9 +135,10 @@ def pull(
 
     try:
         policy = _policy(keys, policy_file, reference)
-        result = pull_model(
-            reference, destination, policy, options=registry_options_value(registry_ca, plain_http)
-        )
+        with progress_status(f"pull: {reference}", not as_json):
+            result = pull_model(
+                reference, destination, policy, options=registry_options_value(registry_ca, plain_http)
+            )
     except Error as e:
         fail(e, as_json)
     if as_json:
@@ -192,23 +195,25 @@ def copy(
     """Copy a model, its blobs and its evidence referrers from SOURCE to DESTINATION, by digest.
 
     The manifest keeps its digest, so the bindings copied with it stay valid; a copy without its
-    referrers (skopeo, crane) is refused by pull. One progress line per step goes to stderr.
+    referrers (skopeo, crane) is refused by pull. On a terminal, a status line shows each step.
     """
     from modelsec.distribution.copy import copy_model
+    from modelsec.progress import step
 
     try:
         policy = _policy(keys, policy_file, source) if verify_first or keys or policy_file else None
         options = registry_options_value(registry_ca, plain_http)
-        result = copy_model(
-            source,
-            destination,
-            policy=policy,
-            source_options=options,
-            destination_options=registry_options_value(destination_registry_ca, plain_http)
-            if destination_registry_ca
-            else None,
-            progress=lambda line: click.echo(f"  {line}", err=True),
-        )
+        with progress_status(f"copy: {source}", not as_json):
+            result = copy_model(
+                source,
+                destination,
+                policy=policy,
+                source_options=options,
+                destination_options=registry_options_value(destination_registry_ca, plain_http)
+                if destination_registry_ca
+                else None,
+                progress=lambda line: step(f"copy: {line}"),
+            )
     except Error as e:
         fail(e, as_json)
     if as_json:
@@ -307,9 +312,10 @@ def storage_initializer(
         reference = oci_reference(src)
         try:
             admission = _policy((), policy_file, reference)
-            result = initialize_model(
-                src, dest, admission, options=registry_options_value(registry_ca, plain_http)
-            )
+            with progress_status(f"storage-initializer: {src}", not as_json):
+                result = initialize_model(
+                    src, dest, admission, options=registry_options_value(registry_ca, plain_http)
+                )
         except Error as e:
             where = {"source": src, "destination": str(dest)}
             _log({"ok": False, **where, "error": {"kind": type(e).__name__, "message": e.diagnostics()}})

@@ -19,6 +19,7 @@ from modelsec.cli.common import (
     open_signing_key,
     provenance_inputs,
     provenance_options,
+    progress_status,
     reply,
     report_path,
     signing_keys_option,
@@ -119,18 +120,19 @@ def release(
         signers = [open_signing_key(k, sources) for k in keys]
         attester = open_signing_key(attestation_key, sources) if attestation_key else None
         provenance = provenance_inputs(source_repo, source_commit, source_dir, datasets, base_models)
-        result = release_model(
-            model_dir,
-            out_dir,
-            signers=signers,
-            watermark_key=load_key_file(watermark_key),
-            message=parse_message(message),
-            gate=load_gate_spec(gate_config),
-            attestation_signer=attester,
-            timestamper=timestamper(timestamp_url),
-            report=report,
-            provenance=provenance,
-        )
+        with progress_status("release: starting", not as_json):
+            result = release_model(
+                model_dir,
+                out_dir,
+                signers=signers,
+                watermark_key=load_key_file(watermark_key),
+                message=parse_message(message),
+                gate=load_gate_spec(gate_config),
+                attestation_signer=attester,
+                timestamper=timestamper(timestamp_url),
+                report=report,
+                provenance=provenance,
+            )
     except Error as e:
         fail(e, as_json)
     if as_json:

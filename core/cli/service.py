@@ -9,7 +9,6 @@ address are unusable; 2 on usage errors.
 
 from __future__ import annotations
 
-import logging
 import sys
 from pathlib import Path
 
@@ -63,12 +62,13 @@ def serve(config_path: Path, listen: str | None, log_level: str, workers: int, a
 
     from modelsec.cli.common import fail
     from modelsec.errors import BackendUnavailableError, Error
+    from modelsec.observability import configure_json_logging
 
     # Without the grpc extra this raises ModuleNotFoundError; the root command names the extra.
     from modelsec.service.config import load_server_config
     from modelsec.service.server import RunningServer, run_server
 
-    logging.basicConfig(level=log_level.upper(), format="%(message)s", stream=sys.stderr)
+    configure_json_logging(log_level)
 
     def announce(port: int, metrics_port: int | None) -> None:
         host = config.listen.rpartition(":")[0]

@@ -47,6 +47,12 @@ class FiniteFloatRange(click.FloatRange):
             self.fail(f"{value!r} is not a finite number.", param, ctx)
         return number
 
+    def _describe_range(self) -> str:
+        """The bounds for `--help` (`x>=0`, `0<=x<=1`); none for an unbounded range (click wrote x<=None)."""
+        if self.min is None and self.max is None:
+            return ""
+        return super()._describe_range()
+
 
 def bad_options(message: str, *options: str) -> NoReturn:
     """Raise the usage error (exit 2) of an inconsistent combination of option values, naming `options`."""

@@ -16,7 +16,6 @@ wherever it names one; `--store` (a directory or the gRPC service) is optional a
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -179,6 +178,7 @@ def _serve(
     """
     from modelsec.cli.common import fail
     from modelsec.errors import BackendUnavailableError, Error
+    from modelsec.observability import configure_json_logging
     from modelsec.policy import PolicySet
 
     # Without the webhook extra this raises ModuleNotFoundError; the root command names the extra.
@@ -186,7 +186,7 @@ def _serve(
     from modelsec.webhook.review import CacheOnOutage, Mode, Reviewer, WebhookConfig
     from modelsec.webhook.server import serve
 
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    configure_json_logging(logging.INFO)
     if require_models_in:
         logging.getLogger("modelsec.webhook").warning(
             "--require-models-in is deprecated: use namespaceRules[].requireModel in the policy file"

@@ -77,7 +77,7 @@ def _remove_stale_staging(destination: Path) -> None:
 
 def initialize_model(
     uri: str,
-    destination: Path,
+    destination: str | os.PathLike[str],
     policy: Policy | ModelAdmission,
     *,
     options: RegistryOptions | None = None,
@@ -106,6 +106,7 @@ def initialize_model(
             PolicyViolationError, AttestationError: From `pull_model`: the model must not be trusted.
         NotFoundError, BackendUnavailableError: The artifact or the registry is missing.
     """
+    destination = Path(destination)
     reference = oci_reference(uri)
     destination = Path(destination)
     if not os.path.lexists(destination):

@@ -63,6 +63,7 @@ from modelsec.errors import (
 )
 from modelsec.modelformat.model_files import WEIGHT_SUFFIXES
 from modelsec.policy import Policy
+from modelsec.progress import step
 from modelsec.registry.client import (
     MANIFEST_MEDIA_TYPE,
     OciReference,
@@ -166,7 +167,7 @@ def _bundle_files(model_dir: Path, policy: Policy) -> list[tuple[str, bytes]]:
 
 
 def push_model(
-    model_dir: Path,
+    model_dir: str | os.PathLike[str],
     reference: str,
     policy: Policy | ModelAdmission,
     binding_key: KeyBackend,
@@ -198,9 +199,11 @@ def push_model(
         SignatureError, DigestMismatchError, FileSetMismatchError, PolicyViolationError: From verification.
         BackendUnavailableError: The registry refused or could not be reached.
     """
+    model_dir = Path(model_dir)
     ref = parse_reference(reference)
     if ref.digest:
         raise MalformedArtifactError(f"{reference}: push to a tag, not a digest")
+    step(f"push: verifying {model_dir}")
     verified = verify_model(model_dir, policy)
     names = [r.name for r in verified.manifest.resources]
     if names == ["."]:
@@ -209,7 +212,8 @@ def push_model(
     client = RegistryClient(ref.registry, options or RegistryOptions.from_env())
     try:
         layers = []
-        for name in names:
+        for i, name in enumerate(names, 1):
+            step(f"push: layer {i}/{len(names)} {name}")
             layer, path = _file_layer(model_dir, name)
             with open(path, "rb") as f:
                 client.put_blob(ref.repository, layer["digest"], layer["size"], f)
@@ -243,6 +247,7 @@ def push_model(
             model_name=model_dir.name,
             artifact_type=MODEL_ARTIFACT_TYPE,
         )
+        step(f"push: attaching the binding and {len(bundles)} bundles")
         binding = sign_statement(statement, binding_key)
         attached = [attach_bundle(client, ref.repository, subject, binding)[0]]
         for _, data in bundles:
@@ -377,7 +382,7 @@ def _collect(client: RegistryClient, ref: OciReference, manifest_digest: str, po
     for read in reads:
         source = f"{ref.repository_uri}@{read.digest}"
         if read.note:
-            found.ignored.append(f"{source}: {read.note}")
+            found.ignored.append(f"{source}: {read.note.removeprefix(f'{source}: ')}")
         else:
             raw.append((source, read.data))
     statements = []
@@ -386,14 +391,14 @@ def _collect(client: RegistryClient, ref: OciReference, manifest_digest: str, po
             bundle = parse_bundle(data, source=source)
             statement = parse_statement(bundle.envelope.payload, what=source)
         except Error as e:
-            found.ignored.append(f"{source}: {e.diagnostics()}")
+            found.ignored.append(_reason(source, e))
             continue
         if is_binding_type(statement.predicate_type):
             try:
                 binding = parse_binding_statement(statement, what=source)
                 _verify_weights_signature(bundle, policy)
             except Error as e:
-                found.ignored.append(f"{source}: binding: {e.diagnostics()}")
+                found.ignored.append(_reason(source, e, "binding"))
                 continue
             named = binding.manifest_digest
             if not hmac.compare_digest(named.encode(), manifest_digest.encode()):
@@ -415,12 +420,31 @@ def _collect(client: RegistryClient, ref: OciReference, manifest_digest: str, po
             try:
                 key = _verify_weights_signature(bundle, policy)
             except Error as e:
-                found.ignored.append(f"{source}: {e.diagnostics()}")
+                found.ignored.append(_reason(source, e))
                 continue
             found.weights.setdefault(scheme_for(key.algorithm).default_bundle_name, data)
         else:
             found.other.append(StoredBundle(hashlib.sha256(data).hexdigest(), root, data, source))
     return found
+
+
+def _no_binding(what: str, reasons: Sequence[str]) -> SignatureError:
+    """The refusal of a manifest no trusted binding names: one line, each skipped referrer in `details`."""
+    first = reasons[0] if reasons else "no referrers"
+    first = first if len(first) <= 400 else f"{first[:399]}…"
+    more = f"; {len(reasons) - 1} more skipped (--verbose lists them)" if len(reasons) > 1 else ""
+    error = SignatureError(
+        f"{what}: no binding to a model root digest signed by a trusted key ({first}{more}); "
+        "pull with the key that pushed it (--trusted-key) or a policy that trusts it"
+    )
+    error.details = tuple(reasons)
+    return error
+
+
+def _reason(source: str, e: Error, what: str = "") -> str:
+    """Why a referrer was skipped: its source named once (an error about it usually names it already)."""
+    message = e.diagnostics().removeprefix(f"{source}: ")
+    return f"{source}: {what}: {message}" if what else f"{source}: {message}"
 
 
 def bound_root_digests(reference: str, policy: Policy, *, options: RegistryOptions | None = None) -> set[str]:
@@ -462,7 +486,7 @@ def _open_new(root: Path, relative: str) -> Any:
 
 def pull_model(
     reference: str,
-    destination: Path,
+    destination: str | os.PathLike[str],
     policy: Policy | ModelAdmission,
     *,
     options: RegistryOptions | None = None,
@@ -503,15 +527,14 @@ def pull_model(
         raise PolicyError(f"{destination}: exists; pull creates the directory")
     client = RegistryClient(ref.registry, options or RegistryOptions.from_env())
     try:
+        step(f"pull: reading the manifest of {ref.repository_uri}")
         data, _, manifest_digest = client.get_manifest(ref.repository, ref.ref)
         what = f"{ref.repository_uri}@{manifest_digest}"
         layers = _parse_model_manifest(data, what, policy.limits.max_files)
+        step("pull: reading the evidence referrers")
         evidence = _collect(client, ref, manifest_digest, policy)
         if not evidence.bound:
-            reasons = "; ".join(evidence.ignored) or "no referrers"
-            raise SignatureError(
-                f"{what}: no binding to a model root digest signed by a trusted key ({reasons})"
-            )
+            raise _no_binding(what, evidence.ignored)
         try:
             staging = Path(tempfile.mkdtemp(prefix=".modelsec-pull-", dir=destination.parent))
         except OSError as e:
@@ -545,7 +568,8 @@ def _stage(
 ) -> tuple[str, tuple[str, ...]]:
     """Download, place the evidence and verify `staging`: the root digest and the signing keys' names."""
     policy = admission.policy
-    for path, digest, size in layers:
+    for i, (path, digest, size) in enumerate(layers, 1):
+        step(f"pull: layer {i}/{len(layers)} {path} ({size} bytes)")
         with _open_new(staging, path) as sink:
             client.stream_blob(ref.repository, digest, size, sink, what=f"{ref.repository_uri}: {path}")
     for name, data in evidence.weights.items():
@@ -554,6 +578,7 @@ def _stage(
     # name of pull's choosing): the admission is handed on without a URI, so verify_model does not compare
     # it with the path it opens (DESIGN decision 20 guards local models, whose path is what was matched).
     unbound = dataclasses.replace(admission, uri="")
+    step("pull: verifying the staged model")
     verified = verify_model(staging, unbound, expected_digests=sorted(evidence.bound))
     # The stores every front door reads (`modelsec.verifier.stores.evidence_stores`): the referrers, read
     # above, and the policy's attestationStore.

@@ -235,7 +235,7 @@ class Policy:
     @classmethod
     def from_key_files(
         cls,
-        paths: Iterable[Path],
+        paths: Iterable[str | os.PathLike[str]],
         *,
         require: Iterable[SignatureAlgorithm] = (),
         allow_remote_code: bool = False,
@@ -368,7 +368,7 @@ class PolicySet:
         return NamespaceRule()
 
     @classmethod
-    def from_file(cls, path: Path) -> PolicySet:
+    def from_file(cls, path: str | os.PathLike[str]) -> PolicySet:
         """Load and validate a YAML or JSON policy file; key paths are relative to its directory.
 
         Raises:
@@ -378,6 +378,7 @@ class PolicySet:
         """
         from modelsec.config import read_config
 
+        path = Path(path)
         raw, doc = read_config(path, "policy file")
         parsed = cls.from_mapping(doc, base_dir=path.parent, source=str(path))
         return dataclasses.replace(parsed, digest=hashlib.sha256(raw).hexdigest())

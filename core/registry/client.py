@@ -54,6 +54,7 @@ from modelsec.errors import (
     KeyMaterialError,
     MalformedArtifactError,
     NotFoundError,
+    RegistryUnreachableError,
 )
 from modelsec.registry.reference import DOCKER_HUB, DOCKER_HUB_ENDPOINT, OciReference, parse_reference
 
@@ -364,9 +365,31 @@ class RegistryClient:
                 allow_redirects=True,
             )
         except self._requests.RequestException as e:
-            raise BackendUnavailableError(
-                f"registry {self.registry}: {method} failed: {type(e).__name__}"
-            ) from e
+            raise RegistryUnreachableError(self.registry, self._problem(e), f"{method} {url}: {e}") from e
+
+    def _problem(self, e: Exception) -> str:
+        """Which `RegistryUnreachableError.problem` a requests exception is (see that class)."""
+        text = str(e)
+        if isinstance(e, self._requests.exceptions.SSLError):
+            # OpenSSL's words for a TLS client that got an HTTP answer (1.1: wrong version number; 3.x: record
+            # layer failure / packet length too long).
+            if any(
+                w in text
+                for w in (
+                    "WRONG_VERSION_NUMBER",
+                    "wrong version number",
+                    "record layer failure",
+                    "packet length too long",
+                    "http request",
+                )
+            ):
+                return "plain-http-server"
+            if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
+                return "untrusted-certificate"
+            return "tls"
+        if isinstance(e, self._requests.exceptions.Timeout):
+            return "timeout"
+        return "connection"
 
     def request(
         self,
@@ -394,6 +417,13 @@ class RegistryClient:
             if hasattr(data, "seek"):
                 data.seek(0)
             response = self._send(method, url, headers, data, stream, self._authorization(url))
+        if (
+            self.options.plain_http
+            and response.status_code == 400
+            and b"HTTPS server" in response.content[:200]
+        ):
+            # Go's net/http (the CNCF registry, Harbor, Zot) answers plain HTTP on a TLS port with this 400.
+            raise RegistryUnreachableError(self.registry, "tls-server", f"{method} {url}: HTTP 400")
         if response.status_code in (401, 403):
             _discard(response)
             raise BackendUnavailableError(f"registry {self.registry}: {method} {path}: access denied")

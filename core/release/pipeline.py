@@ -38,6 +38,7 @@ from typing import Any
 
 from modelsec.errors import Error, GateFailedError, PolicyError
 from modelsec.policy import Policy, RobustnessRequirement, WatermarkRequirement
+from modelsec.progress import step
 from modelsec.release.gate_spec import GateSpec
 from modelsec.signer.keys import KeyBackend, TrustedKey, load_trusted_key
 from modelsec.signer.layout import STATEMENTS_DIR_NAME
@@ -250,19 +251,23 @@ def _release_into(
     watermark_path, gate_path = out_dir / WATERMARK_BUNDLE_NAME, out_dir / GATE_BUNDLE_NAME
     stage = "watermark"
     try:
+        step(f"release: {stage}")
         embedded = embed_model(model_dir, out_dir, watermark_key, message)
         if not (embedded.detection.detected and embedded.detection.message_matched):
             raise GateFailedError(
                 f"{out_dir}: the watermark or its message is not detected in the written weights"
             )
         stage = "sign"
+        step(f"release: {stage}")
         signed = sign_model(out_dir, signers, timestamper=timestamper)
         stage = "attest-watermark"
+        step(f"release: {stage}")
         # The SHA-256 root was just computed by signing; an SM2 attester also records the SM3 root (hashed).
         write_watermark_attestation(
             embedded, attester, watermark_path, digests={"sha256": signed.root_digest}
         )
         stage = "gate"
+        step(f"release: {stage}")
         weights_keys = tuple(
             _trusted(s, f"release-{s.algorithm.value}", frozenset({"weights"})) for s in signers
         )
@@ -297,14 +302,17 @@ def _release_into(
             )
         outcome.result.raise_for_verdict()
         stage = "provenance"
+        step(f"release: {stage}")
         provenance_path = _write_provenance(
             out_dir, final_dir, signed.root_digest, provenance, outcome.result.dataset_digest, attester
         )
         if timestamper is not None:
             stage = "timestamp-attestations"
+            step(f"release: {stage}")
             for path in (watermark_path, gate_path, provenance_path):
                 _timestamp_attestation(path, timestamper)
         stage = "verify"
+        step(f"release: {stage}")
         attest_roles = frozenset({"watermark", "gate"})
         policy = Policy(
             keys=(*weights_keys, _trusted(attester, "release-attestations", attest_roles)),

@@ -3,7 +3,11 @@
 Metrics (one registry per server, so several servers can live in one process):
 
 * `modelsec_grpc_requests_total{method, code}`: finished RPCs by full method name and status code name;
-* `modelsec_grpc_request_duration_seconds{method, code}`: latency histogram (seconds), same labels.
+* `modelsec_grpc_request_duration_seconds{method, code}`: latency histogram (seconds), same labels;
+* `modelsec_grpc_decision_duration_seconds{method, policy, outcome, reason}`: the verdicts of VerifyModel and
+  VerifyBundle (`outcome` allow/deny; `reason` `verified`, the refusing error class, or `refused` /
+  `missing` / `ignored` for evidence), with the time each took (seconds); its `_count` counts them;
+* `process_*`, `python_info` and `modelsec_build_info` (`modelsec.observability.register_runtime_metrics`).
 
 `/healthz` (liveness) answers 200 while the server is serving and 503 once it is shutting down. `/readyz`
 (readiness) answers 503 as well while the attestation store cannot be read (`unready` names why; the
@@ -11,7 +15,7 @@ Metrics (one registry per server, so several servers can live in one process):
 
 With `modelsec serve --workers N` every worker records into prometheus-client's multiprocess files
 (`PROMETHEUS_MULTIPROC_DIR`, set by `modelsec.service.workers`) and the supervisor serves `AggregateMetrics`:
-the same metric names, summed over the workers.
+the same metric names, summed over the workers (the `process_*` series are then the supervisor's own).
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+
+from modelsec import __version__
+from modelsec.observability import register_runtime_metrics
 
 __all__ = ["AggregateMetrics", "MetricsServer", "ServiceMetrics"]
 
@@ -46,6 +53,14 @@ class ServiceMetrics:
             buckets=_BUCKETS,
             registry=self.registry,
         )
+        self.decisions = Histogram(
+            "modelsec_grpc_decision_duration_seconds",
+            "Verification verdicts by method, policy, outcome (allow, deny), reason; their time (seconds).",
+            ["method", "policy", "outcome", "reason"],
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+        register_runtime_metrics(self.registry, "serve", __version__)
         self.serving = True
         self.unready: str | None = None  # why the store cannot serve, set by the server's readiness checks
         self._children: dict[tuple[str, str], tuple[Any, Any]] = {}
@@ -58,6 +73,10 @@ class ServiceMetrics:
             self._children[(method, code)] = children
         children[0].inc()
         children[1].observe(seconds)
+
+    def observe_decision(self, method: str, policy: str, outcome: str, reason: str, seconds: float) -> None:
+        """Record one verdict (`outcome` allow or deny) of `policy` (names joined by `, `; `-` for none)."""
+        self.decisions.labels(method, policy or "-", outcome, reason).observe(seconds)
 
 
 class _MetricsView(Protocol):
@@ -74,6 +93,7 @@ class AggregateMetrics:
 
         self.registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(self.registry, path=str(directory))  # type: ignore[no-untyped-call]
+        register_runtime_metrics(self.registry, "serve", __version__)
         self.serving = True
         self.unready: str | None = None  # each worker checks its store and reports it on its gRPC health
 

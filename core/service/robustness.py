@@ -109,7 +109,7 @@ class RobustnessServicer(robustness_pb2_grpc.RobustnessServiceServicer):
             VerificationError: The model must not be trusted (nothing was evaluated; FAILED_PRECONDITION).
             CancelledWorkError: The call ended; the worker stops at its next batch.
         """
-        self.state.require("robustness")
+        caller = self.state.require("robustness")
         storer = storer_for(self.state, request.store_attestation, request.attestation_key_version)
         if request.architecture not in self.state.config.architectures:
             raise PermissionDeniedError(
@@ -170,6 +170,8 @@ class RobustnessServicer(robustness_pb2_grpc.RobustnessServiceServicer):
             task.cancel()  # no-op when finished; otherwise run_blocking sets the worker's cancelled event
             self._slots.release()
         result = result_to_proto(outcome)
+        if key is not None and outcome.bundle:
+            self.state.record_signed_bundle(key, outcome.bundle, "RunGate", caller)
         if storer is not None and outcome.bundle:
             result.stored_attestation_id, result.not_stored_reason = store_produced(
                 self.state, outcome.bundle, storer

@@ -160,6 +160,7 @@ async def start_server(
 
     state = state or ServiceState(config)
     metrics = ServiceMetrics()
+    state.decision_observer = metrics.observe_decision
     server = aio.server(
         interceptors=[ServiceInterceptor(config, metrics)],
         maximum_concurrent_rpcs=config.max_concurrent_rpcs,

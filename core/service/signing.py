@@ -10,7 +10,10 @@ server performs itself never signs a client-made gate (watermark) statement; nor
 statement carrying `runBy` signed here (only RunGate and EmbedWatermark record it), so a `runBy` under a
 server-held key means this server ran the gate or the embed (`modelsec.attestations.predicates.run_by`). The
 numbers of a gate or watermark predicate must lie in their fields' ranges
-(`modelsec.attestations.predicates`). The statement bytes are signed as received (`sign_payload`, the same
+(`modelsec.attestations.predicates`). Each signature is recorded on the audit logger
+`modelsec.service.audit` (`ServiceState.record_signature`: caller, key, subject digests, predicate type,
+time).
+The statement bytes are signed as received (`sign_payload`, the same
 DSSE/bundle code as local signing), so remote and local bundles verify identically.
 """
 
@@ -73,6 +76,7 @@ class SigningServicer(signing_pb2_grpc.SigningServiceServicer):
         # no second serialisation, and `modelsec sign --server` sends the canonical form, so its bundles
         # carry the same payload as local signing.
         bundle = sign_payload(request.statement, key.backend)
+        self.state.record_signature(key, statement, "SignStatement")
         return signing_pb2.SignStatementResponse(bundle=bundle, key=key_to_proto(key))
 
     async def GetPublicKey(

@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import json
+import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from modelsec.attestations.bundle import key_hint
 from modelsec.attestations.predicates import PREDICATE_KINDS
 from modelsec.attestations.predicates.run_by import RunBy
+from modelsec.attestations.statement import Statement
 from modelsec.errors import (
     AuthenticationError,
     Error,
@@ -40,7 +44,11 @@ from modelsec.signer.keys import KeyBackend, key_source
 from modelsec.verifier.stores.records import RecordStore, open_record_store
 from modelsec.verifier.stores.sqlite import SqliteAttestationStore
 
-__all__ = ["LoadedKey", "ServerPath", "ServiceState", "current_identity"]
+__all__ = ["SIGNING_AUDIT_LOGGER", "LoadedKey", "ServerPath", "ServiceState", "current_identity"]
+
+# One audit record per signature made with a server-held key (`ServiceState.record_signature`).
+SIGNING_AUDIT_LOGGER = "modelsec.service.audit"
+_signing_audit = logging.getLogger(SIGNING_AUDIT_LOGGER)
 
 _MAX_NAME_CHARS = 256  # key versions, policy and watermark key names in requests
 _MAX_PATH_BYTES = 4096  # PATH_MAX
@@ -170,10 +178,53 @@ class ServiceState:
             self.keys[k.key_version] = LoadedKey(k, backend, key_hint(pem), pem)
         self.watermark_keys: dict[str, WatermarkKeyModel] = {k.name: k for k in config.watermark_keys}
         self.store: RecordStore = _open_store(config)
+        # The server's metrics record each verdict here (modelsec.service.server sets it; None: not recorded).
+        self.decision_observer: Callable[[str, str, str, str, float], None] | None = None
+
+    def observe_decision(self, method: str, policy: str, outcome: str, reason: str, seconds: float) -> None:
+        """Record a verification verdict in the server's metrics, if it has any (never raises)."""
+        if self.decision_observer is not None:
+            self.decision_observer(method, policy, outcome, reason, seconds)
 
     def close(self) -> None:
         """Release the store."""
         self.store.close()
+
+    def record_signed_bundle(self, key: LoadedKey, bundle: bytes, method: str, caller: str | None) -> None:
+        """`record_signature` for a bundle this server just signed (its statement read from the payload)."""
+        from modelsec.attestations.bundle import parse_bundle
+        from modelsec.attestations.statement import parse_statement
+
+        statement = parse_statement(parse_bundle(bundle, source=method).envelope.payload, what=method)
+        self.record_signature(key, statement, method, caller)
+
+    def record_signature(
+        self, key: LoadedKey, statement: Statement, method: str, caller: str | None = None
+    ) -> None:
+        """Write the audit record of one signature made with a server-held key (`SIGNING_AUDIT_LOGGER`).
+
+        One JSON object at INFO: `event` (`signature`), `method` (the RPC), `caller` (the authenticated
+        identity: `caller`, else that of the current RPC), `keyVersion`, `keyid`, `algorithm`,
+        `predicateType`, `subjects` (name and digests of each subject), `time` (RFC 3339, UTC). No secret
+        and no predicate body is recorded.
+        """
+        _signing_audit.info(
+            json.dumps(
+                {
+                    "event": "signature",
+                    "method": method,
+                    "caller": caller if caller is not None else current_identity.get(),
+                    "keyVersion": key.config.key_version,
+                    "keyid": key.keyid,
+                    "algorithm": key.backend.algorithm.value,
+                    "predicateType": statement.predicate_type,
+                    "subjects": [{"name": s.name, "digest": dict(s.digest)} for s in statement.subjects],
+                    "time": datetime.now(UTC).isoformat(timespec="milliseconds"),
+                },
+                sort_keys=True,
+                separators=(",", ":"),
+            )
+        )
 
     # -- identity and access ------------------------------------------------------------------------------
 

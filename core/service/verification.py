@@ -7,6 +7,7 @@ are for bad requests (INVALID_ARGUMENT), callers without access (PERMISSION_DENI
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from grpc import aio
@@ -60,6 +61,7 @@ class VerificationServicer(verification_pb2_grpc.VerificationServiceServicer):
         if len(request.bundles) > MAX_BUNDLES_PER_REQUEST:
             raise MalformedArtifactError(f"more than {MAX_BUNDLES_PER_REQUEST} bundles in one request")
         policy = self.state.policy(request.policy)
+        started = time.perf_counter()
         # The caller vouches for every bundle it sends (unlike a shared store, where a stranger's bundle is
         # only ignored): every_bundle_counts.
         verdict = verify_attestations(
@@ -68,6 +70,22 @@ class VerificationServicer(verification_pb2_grpc.VerificationServiceServicer):
             policy,
             require_signatures=request.require_signatures,
             every_bundle_counts=True,
+        )
+        reason = (
+            "verified"
+            if verdict.ok
+            else "refused"
+            if verdict.refused
+            else "missing"
+            if verdict.missing
+            else "ignored"
+        )
+        self.state.observe_decision(
+            "VerifyBundle",
+            policy.name,
+            "allow" if verdict.ok else "deny",
+            reason,
+            time.perf_counter() - started,
         )
         return verification_pb2.VerifyBundleResponse(verdict=verdict_to_proto(verdict), policy=policy.name)
 
@@ -90,6 +108,7 @@ def _verify(state: ServiceState, where: ServerPath, progress: Any) -> verificati
     # verifier reads bundles, walks and hashes through the descriptor of the directory found there.
     name = ""
     path = where.path
+    started = time.perf_counter()
     try:
         admission = admit_model(path, state.policies)
         name = ", ".join(p.name for p in admission.policies)
@@ -101,9 +120,11 @@ def _verify(state: ServiceState, where: ServerPath, progress: Any) -> verificati
     except BackendUnavailableError:
         raise  # the server cannot verify now (or the call is gone): an RPC error, not a verdict
     except Error as e:
+        state.observe_decision("VerifyModel", name, "deny", type(e).__name__, time.perf_counter() - started)
         return verification_pb2.VerifyModelResponse(
             ok=False, error=e.diagnostics(), error_kind=type(e).__name__, policy=name
         )
+    state.observe_decision("VerifyModel", name, "allow", "verified", time.perf_counter() - started)
     return verification_pb2.VerifyModelResponse(
         ok=True,
         root_digest=verified.root_digest,

@@ -82,7 +82,7 @@ class WatermarkServicer(watermark_pb2_grpc.WatermarkServiceServicer):
                 directory (INVALID_ARGUMENT).
             KeyMaterialError: The watermark key file cannot be loaded on the server.
         """
-        self.state.require("watermark")
+        caller = self.state.require("watermark")
         storer = storer_for(self.state, request.store_attestation, request.attestation_key_version)
         wm = self.state.watermark_key(request.watermark_key)
         model_dir = self.state.readable_path(request.model_path, "model_path")
@@ -115,6 +115,7 @@ class WatermarkServicer(watermark_pb2_grpc.WatermarkServiceServicer):
                     digests, bundle = sign_watermark_attestation(
                         result, signer.backend, limits=self.limits, run_by=run_by
                     )
+                    self.state.record_signed_bundle(signer, bundle, "EmbedWatermark", caller)
                     write_bundle_at(
                         result.out_dir, WATERMARK_BUNDLE_NAME, bundle, what="watermark attestation"
                     )

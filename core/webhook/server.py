@@ -61,7 +61,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from modelsec import __version__
 from modelsec.errors import BackendUnavailableError, Error, KeyMaterialError
+from modelsec.observability import register_runtime_metrics
 from modelsec.webhook.mutate import Mutator
 from modelsec.webhook.reload import PolicyReloader
 from modelsec.webhook.review import AdmissionRequest, BadRequestError, Decision, Reviewer
@@ -301,6 +303,7 @@ class _Metrics:
     @classmethod
     def create(cls) -> _Metrics:
         registry = CollectorRegistry()
+        register_runtime_metrics(registry, "webhook", __version__)
         return cls(
             registry,
             Counter(
@@ -311,11 +314,18 @@ class _Metrics:
             ),
             Histogram(
                 "modelsec_webhook_decision_seconds",
-                "Time from request body read to response, in seconds.",
+                "Time from request body read to response (seconds), by outcome, deciding policy and reason.",
+                ["outcome", "policy", "reason"],
                 buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
                 registry=registry,
             ),
         )
+
+
+def _policy_label(decision: Decision) -> str:
+    """The policy that decided: the first refused reference's, else the first reference's; `-` for none."""
+    refs = [r for r in decision.references if not r.allowed] or list(decision.references)
+    return next((r.policy for r in refs if r.policy), "-")
 
 
 def _outcome(decision: Decision) -> str:
@@ -370,7 +380,7 @@ def create_app(
     def record(decision: Decision, started: float) -> None:
         elapsed = time.monotonic() - started
         metrics.decisions.labels(_outcome(decision), decision.reason).inc()
-        metrics.latency.observe(elapsed)
+        metrics.latency.labels(_outcome(decision), _policy_label(decision), decision.reason).observe(elapsed)
         line = {
             "ts": datetime.now(UTC).isoformat(timespec="milliseconds"),
             "event": "admission-decision",
@@ -381,7 +391,7 @@ def create_app(
 
     def bad_request(message: str, started: float) -> Response:
         metrics.decisions.labels("bad-request", "no-uid").inc()
-        metrics.latency.observe(time.monotonic() - started)
+        metrics.latency.labels("bad-request", "-", "no-uid").observe(time.monotonic() - started)
         _audit.info(json.dumps({"event": "admission-bad-request", "error": message}, sort_keys=True))
         return JSONResponse({"error": message}, status_code=400)
 

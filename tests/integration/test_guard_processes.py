@@ -75,6 +75,9 @@ def test_plain_child_loads_signed_and_refuses_tampered_shard(
     assert out.stdout.splitlines() == ["installed True", "loaded 3", "installed True"], out.stderr
     assert out.returncode == 1
     assert "modelsec.errors.DigestMismatchError" in out.stderr and SHARD in out.stderr.splitlines()[-1]
+    # The guard is the application here: it asks for the audit line of the model it verified on stderr.
+    audits = [json.loads(x) for x in out.stderr.splitlines() if x.startswith('{"')]
+    assert [a["event"] for a in audits] == ["snapshot"] and audits[0]["rootDigest"].startswith("sha256:")
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from tests.conftest import run_cli, write_tiny_model
 
 pytestmark = pytest.mark.integration
 MS = shutil.which("model_signing", path=str(Path(sys.executable).parent))
-needs_ms = pytest.mark.skipif(MS is None, reason="model_signing CLI not installed (pip install .[test])")
+needs_ms = pytest.mark.skipif(MS is None, reason="model_signing CLI not installed (pip install --group test)")
 
 
 def _ms(*args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -77,8 +77,9 @@ def test_we_verify_model_signing_bundle(tmp_path: Path, key_dir: Path) -> None:
 @needs_ms
 def test_p384_both_directions(tmp_path: Path, key_dir: Path) -> None:
     model = write_tiny_model(tmp_path / "m")
-    r = run_cli("sign", model, "--signing-key", key_dir / "ecdsa-p384.key.pem", "--signature",
-        tmp_path / "p384.sig")
+    r = run_cli(
+        "sign", model, "--signing-key", key_dir / "ecdsa-p384.key.pem", "--signature", tmp_path / "p384.sig"
+    )
     assert r.returncode == 0, r.stderr
     r = _ms(
         "verify",

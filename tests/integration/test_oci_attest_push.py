@@ -84,7 +84,8 @@ def test_attest_push_refusals(tmp_path: Path, key_dir: Path, registry: Registry)
     assert str(model / "model.sig") in error["message"]
     # the registry down: fail closed with the backend error
     down = run_cli("attest", "push", "oci://127.0.0.1:9/models/x", model / "model.sig", "--json")
-    assert down.returncode == 1 and json.loads(down.stdout)["error"]["kind"] == "BackendUnavailableError"
+    # (RegistryUnreachableError, the BackendUnavailableError that names the problem: nothing listens)
+    assert down.returncode == 1 and json.loads(down.stdout)["error"]["kind"] == "RegistryUnreachableError"
     # usage: a store without bundles, or a store and --server at once
     assert run_cli("attest", "push", store).returncode == 2
     both = run_cli("attest", "push", store, model / "model.sig", "--server", "127.0.0.1:9")

@@ -59,8 +59,14 @@ def test_a_path_that_ignores_nothing_is_a_usage_error(
     (model / "notes").mkdir()
     (tmp_path / "config.json").write_text("{}")  # exists, but is not the model's
     r = _run(
-        "modelsec", "sign", "m", "--signing-key", key_dir / "ecdsa-p256.key.pem", "--ignore-paths",
-        given, cwd=tmp_path
+        "modelsec",
+        "sign",
+        "m",
+        "--signing-key",
+        key_dir / "ecdsa-p256.key.pem",
+        "--ignore-paths",
+        given,
+        cwd=tmp_path,
     )
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert f"'{given}'" in r.stderr and needle in r.stderr and "Traceback" not in r.stderr
@@ -75,21 +81,30 @@ def test_relative_to_the_current_directory_as_model_signing(tmp_path: Path, key_
     (model / "notes" / "a.txt").write_text("draft")
     key = key_dir / "ecdsa-p256.key.pem"
     ours = tmp_path / "ours.sig"
-    r = _run("modelsec", "sign", "m", "--signing-key", key, "--ignore-paths", "m/notes/", "-s", ours,
-        cwd=tmp_path)
+    r = _run(
+        "modelsec", "sign", "m", "--signing-key", key, "--ignore-paths", "m/notes/", "-s", ours, cwd=tmp_path
+    )
     assert r.returncode == 0, r.stderr
     predicate = _predicate(ours)
     assert "notes" in predicate["serialization"]["ignore_paths"]  # type: ignore[index]
     assert "notes/a.txt" not in [x["name"] for x in predicate["resources"]]  # type: ignore[attr-defined]
     # From inside the model, the model-relative spelling resolves the same way.
     r = _run(
-        "modelsec", "sign", ".", "--signing-key", key, "--ignore-paths", "notes", "-s",
-        tmp_path / "in.sig", cwd=model
+        "modelsec",
+        "sign",
+        ".",
+        "--signing-key",
+        key,
+        "--ignore-paths",
+        "notes",
+        "-s",
+        tmp_path / "in.sig",
+        cwd=model,
     )
     assert r.returncode == 0, r.stderr
     assert _predicate(tmp_path / "in.sig")["resources"] == predicate["resources"]
     if not HAS_MS:
-        pytest.skip("model_signing not installed (pip install .[test])")
+        pytest.skip("model_signing not installed (pip install --group test)")
     theirs = tmp_path / "theirs.sig"
     r = _run(
         "model_signing", "sign", "key", "m", "--private_key", key, "--signature", theirs,

@@ -44,9 +44,11 @@ def boot() -> None:
     if not os.environ.get(POLICY_ENV):
         return
     try:
+        from modelsec.verifier.audit import enable_stderr_audit
         from modelsec.verifier.guard import hook
 
         hook.install()
+        enable_stderr_audit()
     except BaseException as e:  # noqa: BLE001 - fail closed: any failure ends the process
         reason = e.diagnostics() if isinstance(e, Error) else f"{type(e).__name__}: {e}"
         try:
@@ -75,6 +77,9 @@ def vllm_plugin() -> None:
 
         if not hook.installed():
             hook.install()
+        from modelsec.verifier.audit import enable_stderr_audit
+
+        enable_stderr_audit()
     except Error as e:
         e.add_context("runtime guard not installed")
         raise

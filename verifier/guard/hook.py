@@ -62,6 +62,7 @@ from typing import Any
 from modelsec.errors import Error
 from modelsec.policy import Policy, PolicySet
 from modelsec.verifier.admission import admit_model, report_warnings
+from modelsec.verifier.audit import enable_stderr_audit
 from modelsec.verifier.guard import patching
 from modelsec.verifier.guard.frameworks import safetensors, sentence_transformers, transformers
 from modelsec.verifier.guard.patching import Patcher, guarded_path
@@ -177,6 +178,7 @@ def main(argv: Sequence[str] | None = None, *, run: Callable[..., Any] | None = 
     except Error as e:
         print(f"modelsec: error: {e.diagnostics()}", file=sys.stderr)
         return 1
+    enable_stderr_audit()  # this command is the application: its audit lines go to the container log
     if args[0] == "-m":
         if len(args) < 2:
             print("modelsec: error: -m needs a module name", file=sys.stderr)

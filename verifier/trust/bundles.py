@@ -152,13 +152,16 @@ def verify_bundle_signature(
     message = bundle.envelope.pae()
     shape = signature_algorithms(bundle.signature.sig)
     reasons = []
+    # "Invalid" only when the bundle names a key the caller trusts; a bundle of another signer is not
+    # invalid, only not trusted here (pull or verify with one of two signers' keys meets the other's).
+    named = any(k.keyid in selectors for k in candidates)
     for key in candidates:
         try:
             key.verify(bundle.signature.sig, message)
         except SignatureError as e:
             # The key that checked the signature describes it; the encoding only adds a hint, and only
             # when the signature is well formed, in range, for another scheme (`signature_algorithms`).
-            reason = f"{key.name}: {e}"
+            reason = f"{key.name}: {e if named else str(e).removeprefix('invalid signature: ')}"
             if shape is not None and key.algorithm not in shape:
                 reason += f" (it has the form of an {' or '.join(sorted(a.value for a in shape))} signature)"
             reasons.append(reason)
@@ -172,8 +175,10 @@ def verify_bundle_signature(
             return vouched
         reasons.extend(refusals)
     detail = "; ".join(reasons) if reasons else f"no configured key may sign {role!r}"
+    verdict = "invalid signature" if named else "signed by a key not trusted here"
     raise SignatureError(
-        f"{bundle.source}: invalid signature: no trusted key allowed to sign {role!r} verifies it ({detail})"
+        f"{bundle.source}: {verdict}: no trusted key allowed to sign {role!r} verifies its signature "
+        f"({detail})"
     )
 
 
