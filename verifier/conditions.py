@@ -39,6 +39,7 @@ from modelsec.attestations.predicates import PREDICATE_KINDS
 from modelsec.attestations.statement import Statement, is_sha256_hex, parse_statement
 from modelsec.errors import AttestationError, Error
 from modelsec.policy import Policy
+from modelsec.policy.cel import ConditionInput
 from modelsec.policy.requirements import ConditionRequirement
 from modelsec.signer.keys import TrustedKey
 from modelsec.verifier.trust.bundles import check_signature_time, verify_bundle_signature
@@ -156,6 +157,10 @@ class ConditionSelection:
         accepted: list[tuple[str, TrustedKey, str]] = []
         reasons: list[str] = []
         pooled = False
+        # Converted to CEL values once, and each signature checked once per set of signers, however many
+        # requirements name the predicate type.
+        prepared: ConditionInput | None = None
+        signed_by: dict[frozenset[str], TrustedKey | Error] = {}
         for req in self.policy.conditions:
             if req.predicate_type != statement.predicate_type:
                 continue
@@ -168,9 +173,19 @@ class ConditionSelection:
                             self.pool.setdefault(digest, []).append((what, bundle, statement))
                     subjects = [s.digest.get("sha256", "?") for s in statement.subjects]
                     raise AttestationError(f"is about model {subjects[0]}, not {self.root_digest}")
-                key = self._signer(req, bundle, statement)
-                if req.condition is not None and not req.condition.evaluate(statement.to_json_object()):
-                    raise AttestationError(f"condition {req.name}: is false ({req.condition.source!r})")
+                if req.signers not in signed_by:
+                    try:
+                        signed_by[req.signers] = self._signer(req, bundle, statement)
+                    except Error as e:
+                        signed_by[req.signers] = e
+                signer = signed_by[req.signers]
+                if isinstance(signer, Error):
+                    raise signer
+                key = signer
+                if req.condition is not None:
+                    prepared = prepared or ConditionInput(statement.to_json_object(), bundle.envelope.payload)
+                    if not req.condition.evaluate(prepared):
+                        raise AttestationError(f"condition {req.name}: is false ({req.condition.source!r})")
             except Error as e:
                 text = e.diagnostics()
                 reasons.append(text if text.startswith("condition ") else f"condition {req.name}: {text}")
