@@ -232,7 +232,7 @@ class CompiledCondition:
         prepared = statement if isinstance(statement, ConditionInput) else ConditionInput(statement)
         key = (prepared.digest, self.source, self.limits) if prepared.digest is not None else None
         if key is not None:
-            known = _RESULTS.get(key)  # type: ignore[arg-type]
+            known = _RESULTS.get(key)
             if known is not None:
                 return known
         evaluator = _evaluator_class()(self._tree, activation=prepared.activation)
@@ -254,7 +254,7 @@ class CompiledCondition:
         if not isinstance(value, celpy.celtypes.BoolType):
             raise ConditionError(f"is {type(value).__name__}, not a boolean")
         if key is not None:
-            _RESULTS.put(key, bool(value))  # type: ignore[arg-type]
+            _RESULTS.put(key, bool(value))
         return bool(value)
 
 
