@@ -85,6 +85,7 @@ bench: $(VENV)/.test
 	$(BIN)/python bench/bench_webhook.py
 	$(BIN)/python bench/bench_webhook_registry.py
 	$(BIN)/python bench/bench_grpc.py
+	$(BIN)/python bench/bench_conditions.py
 
 ## proto: regenerate the committed modelsec.v1 stubs from proto/modelsec/v1/*.proto
 proto: $(VENV)/.test

@@ -60,7 +60,7 @@ from modelsec.verifier._statement_checks import (
     watermark_applies,
     watermark_outcome,
 )
-from modelsec.verifier.conditions import ConditionSelection, Lookup, store_lookup
+from modelsec.verifier.conditions import ConditionSelection, LinkCandidateError, Lookup, store_lookup
 from modelsec.verifier.stores import StoredBundle, StoreOptions, evidence_stores, open_store
 from modelsec.verifier.stores.directory import DirectoryStore
 from modelsec.verifier.trust.bundles import check_signature_time, read_bundle, verify_bundle_signature
@@ -323,6 +323,7 @@ class _Selection:
         self.signed_algorithms: set[str] = set()
         self.gates: list[_Candidate] = []
         self.watermarks: list[_Candidate] = []
+        self.link_candidates: dict[str, str] = {}  # bundle -> why it is no evidence unless a chain uses it
 
     def accept(self, kind: str, what: str, key: TrustedKey, detail: str, *, listed: bool = True) -> None:
         if listed:
@@ -342,6 +343,11 @@ class _Selection:
                 try:
                     for kind, key, detail in self.conditions.offer(bundle, statement, what):
                         self.accept(kind, what, key, detail, listed=False)
+                except LinkCandidateError as e:
+                    if claimed not in PREDICATE_KINDS:
+                        self.link_candidates[what] = _reason(e, what)
+                        return
+                    self.ignored.append(_reason(e, what))
                 except Error as e:
                     if claimed not in PREDICATE_KINDS:
                         raise
@@ -444,7 +450,8 @@ def verify_attestations(
             least one) among `bundles`; False when the caller verified the weights itself.
         every_bundle_counts: The caller submits `bundles` as evidence (the gRPC VerifyBundle, a store
             admitting one): any bundle that is not trusted evidence about the model (other than one
-            superseded by a newer statement) makes the verdict negative, and at least one must verify.
+            superseded by a newer statement, or a signed provenance statement about an ancestor that a
+            satisfied lineage chain goes through) makes the verdict negative, and at least one must verify.
             False for bundles read from a shared store, where a stranger's bundle is only ignored.
         now: The time freshness is measured against (default: now, UTC).
         lookup: Where lineage links (provenance about base models) are read besides `bundles`: bundle bytes
@@ -465,6 +472,12 @@ def verify_attestations(
     met, missing = selection.conditions.decide()
     for _kind, key, what, detail in met:
         selection.satisfied.append(f"{detail} ({key.name}, {what})")
+    # A statement about an ancestor is evidence when a satisfied lineage chain went through it (so a caller
+    # that sends the model's lineage with it is not vetoed by it), and ignored otherwise.
+    for link in {link.what: link for link in selection.conditions.used}.values():
+        selection.link_candidates.pop(link.what, None)
+        selection.accept("lineage", link.what, link.key, link.detail, listed=False)
+    selection.ignored += selection.link_candidates.values()
     if require_signatures:
         if not selection.signed_algorithms:
             missing.append("signature: no weights signature by a trusted key")

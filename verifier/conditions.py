@@ -20,9 +20,11 @@ from which a chain of provenance leads to an approved root: each base model a st
 `base_models`) is either a root in `lineage.from`, or the subject of another provenance statement of the same
 predicate type that passes step 1 under the same signers (its condition is not applied: it describes another
 build) and continues the chain, at most `maxDepth` links in all. Link statements are looked up among the
-bundles given (any subject) and in the policy's attestation stores (`evidence_stores`). A cycle, a missing
-link, an unsigned or untrusted link or a chain longer than `maxDepth` leaves the requirement missing, with the
-reason naming the link.
+bundles given (any subject) and through `lookup` (by default the policy's attestation stores,
+`evidence_stores`; the webhook adds its own `--store`). A cycle, a missing link, an unsigned or untrusted link
+or a chain longer than `maxDepth` leaves the requirement missing, with the reason naming the link. A bundle
+given about another model is evidence (a lineage link) when a satisfied chain goes through it, and ignored
+otherwise, so a caller that submits a model's lineage with it (the gRPC VerifyBundle) is not vetoed by it.
 """
 
 from __future__ import annotations
@@ -37,11 +39,12 @@ from modelsec.attestations.predicates import PREDICATE_KINDS
 from modelsec.attestations.statement import Statement, is_sha256_hex, parse_statement
 from modelsec.errors import AttestationError, Error
 from modelsec.policy import Policy
+from modelsec.policy.cel import ConditionInput
 from modelsec.policy.requirements import ConditionRequirement
 from modelsec.signer.keys import TrustedKey
 from modelsec.verifier.trust.bundles import check_signature_time, verify_bundle_signature
 
-__all__ = ["BASE_MODEL_NAMES", "ConditionSelection", "base_models"]
+__all__ = ["BASE_MODEL_NAMES", "ConditionSelection", "LinkCandidateError", "UsedLink", "base_models"]
 
 BASE_MODEL_NAMES = frozenset({"base-model", "base_model", "baseModel", "base"})
 """`resolvedDependencies[].name` values that mark an entry as the base model (with a `digest.sha256`)."""
@@ -83,6 +86,25 @@ class _Passed:
     statement: Statement
 
 
+class LinkCandidateError(AttestationError):
+    """A statement about another model, kept as a candidate lineage link: ignored unless a chain uses it."""
+
+
+@dataclass(frozen=True, slots=True)
+class UsedLink:
+    """A provenance statement about an ancestor that a satisfied lineage chain went through.
+
+    Attributes:
+        what: Where it came from (a bundle given to `verify_attestations`, or a store entry).
+        key: The trusted key that signed it (step 1 under the requirement's signers).
+        detail: `condition NAME: lineage link sha256:DIGEST`.
+    """
+
+    what: str
+    key: TrustedKey
+    detail: str
+
+
 def _about(statement: Statement, digest: str) -> bool:
     return any(
         hmac.compare_digest(s.digest.get("sha256", "").encode(), digest.encode()) for s in statement.subjects
@@ -97,6 +119,7 @@ class ConditionSelection:
         self.passed: dict[str, list[_Passed]] = {r.name: [] for r in policy.conditions}
         self.failed: dict[str, list[str]] = {r.name: [] for r in policy.conditions}
         self.pool: dict[str, list[tuple[str, Bundle, Statement]]] = {}
+        self.used: list[UsedLink] = []
 
     def names(self, predicate_type: str) -> bool:
         """Whether any condition requirement names `predicate_type`."""
@@ -125,26 +148,44 @@ class ConditionSelection:
             (kind, key, detail) for each requirement it satisfies (lineage is decided in `decide`).
 
         Raises:
+            LinkCandidateError: It satisfies none and is about another model, so it is kept as a candidate
+                lineage link (`decide` lists it in `used` when a satisfied chain goes through it).
             AttestationError: It satisfies none: untrusted, about another model, or a condition is false,
                 fails or was stopped; the reasons of every requirement, joined.
             SignatureError: Step 1 failed for every requirement.
         """
         accepted: list[tuple[str, TrustedKey, str]] = []
         reasons: list[str] = []
+        pooled = False
+        # Converted to CEL values once, and each signature checked once per set of signers, however many
+        # requirements name the predicate type.
+        prepared: ConditionInput | None = None
+        signed_by: dict[frozenset[str], TrustedKey | Error] = {}
         for req in self.policy.conditions:
             if req.predicate_type != statement.predicate_type:
                 continue
             try:
                 if not _about(statement, self.root_digest):
-                    if req.lineage is not None:
+                    if req.lineage is not None and not pooled:
+                        pooled = True
                         for s in statement.subjects:
                             digest = s.digest.get("sha256", "")
                             self.pool.setdefault(digest, []).append((what, bundle, statement))
                     subjects = [s.digest.get("sha256", "?") for s in statement.subjects]
                     raise AttestationError(f"is about model {subjects[0]}, not {self.root_digest}")
-                key = self._signer(req, bundle, statement)
-                if req.condition is not None and not req.condition.evaluate(statement.to_json_object()):
-                    raise AttestationError(f"condition {req.name}: is false ({req.condition.source!r})")
+                if req.signers not in signed_by:
+                    try:
+                        signed_by[req.signers] = self._signer(req, bundle, statement)
+                    except Error as e:
+                        signed_by[req.signers] = e
+                signer = signed_by[req.signers]
+                if isinstance(signer, Error):
+                    raise signer
+                key = signer
+                if req.condition is not None:
+                    prepared = prepared or ConditionInput(statement.to_json_object(), bundle.envelope.payload)
+                    if not req.condition.evaluate(prepared):
+                        raise AttestationError(f"condition {req.name}: is false ({req.condition.source!r})")
             except Error as e:
                 text = e.diagnostics()
                 reasons.append(text if text.startswith("condition ") else f"condition {req.name}: {text}")
@@ -153,11 +194,15 @@ class ConditionSelection:
             self.passed[req.name].append(_Passed(what, key, statement))
             accepted.append(("condition", key, f"condition {req.name}: {req.predicate_type}"))
         if not accepted:
-            raise AttestationError(f"{what}: " + "; ".join(reasons))
+            error = LinkCandidateError if pooled else AttestationError
+            raise error(f"{what}: " + "; ".join(reasons))
         return accepted
 
     def decide(self) -> tuple[list[tuple[str, TrustedKey, str, str]], list[str]]:
-        """Per requirement: satisfied (kind, key, what, detail) or missing (the reason, naming the link)."""
+        """Per requirement: satisfied (kind, key, what, detail) or missing (the reason, naming the link).
+
+        The links of each satisfied chain are added to `used`.
+        """
         satisfied: list[tuple[str, TrustedKey, str, str]] = []
         missing: list[str] = []
         for req in self.policy.conditions:
@@ -174,16 +219,20 @@ class ConditionSelection:
                 continue
             failures: list[str] = []
             for p in passed:
-                chain = self._walk(req, p.statement, self.root_digest, [self.root_digest], failures)
+                links: list[UsedLink] = []
+                chain = self._walk(req, p.statement, self.root_digest, [self.root_digest], failures, links)
                 if chain is not None:
                     path = " <- ".join(f"sha256:{d}" for d in chain)
                     satisfied.append(("lineage", p.key, p.what, f"condition {req.name}: lineage {path}"))
+                    self.used += links
                     break
             else:
                 missing.append(f"condition {req.name}: lineage: " + "; ".join(dict.fromkeys(failures)))
         return satisfied, missing
 
-    def _links(self, req: ConditionRequirement, digest: str) -> tuple[list[Statement], list[str]]:
+    def _links(
+        self, req: ConditionRequirement, digest: str
+    ) -> tuple[list[tuple[str, TrustedKey, Statement]], list[str]]:
         """Signed provenance statements about `digest` (step 1 under `req`), and why the others are not."""
         candidates = list(self.pool.get(digest, ()))
         why: list[str] = []
@@ -194,16 +243,16 @@ class ConditionSelection:
                 candidates.append((what, bundle, parse_statement(bundle.envelope.payload, what=what)))
             except Error as e:
                 why.append(f"{what}: {e.diagnostics()}")
-        good: list[Statement] = []
+        good: list[tuple[str, TrustedKey, Statement]] = []
         for what, bundle, statement in candidates:
             if statement.predicate_type != req.predicate_type or not _about(statement, digest):
                 continue
             try:
-                self._signer(req, bundle, statement)
+                key = self._signer(req, bundle, statement)
             except Error as e:
                 why.append(f"{what}: {e.diagnostics()}")
                 continue
-            good.append(statement)
+            good.append((what, key, statement))
         return good, why
 
     def _walk(
@@ -213,8 +262,12 @@ class ConditionSelection:
         digest: str,
         chain: list[str],
         failures: list[str],
+        links: list[UsedLink],
     ) -> list[str] | None:
-        """The chain from the model to an approved root through `statement` (about `digest`), or None."""
+        """The chain from the model to an approved root through `statement` (about `digest`), or None.
+
+        On success `links` holds the ancestor statements the chain went through, nearest first.
+        """
         if req.lineage is None:  # only called for lineage requirements
             return None
         link = len(chain)
@@ -241,9 +294,10 @@ class ConditionSelection:
                     f"link {link + 1} (sha256:{base}): no provenance signed by a trusted signer{detail}"
                 )
                 continue
-            for parent in parents:
-                found = self._walk(req, parent, base, [*chain, base], failures)
+            for what, key, parent in parents:
+                found = self._walk(req, parent, base, [*chain, base], failures, links)
                 if found is not None:
+                    links.insert(0, UsedLink(what, key, f"condition {req.name}: lineage link sha256:{base}"))
                     return found
         return None
 

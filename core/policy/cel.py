@@ -25,14 +25,17 @@ Variables bound in a condition: `statement` (the whole in-toto statement), `pred
 from __future__ import annotations
 
 import functools
+import hashlib
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from modelsec.errors import AttestationError, PolicyError
 
-__all__ = ["CompiledCondition", "ConditionError", "ConditionLimits", "compile_condition"]
+__all__ = ["CompiledCondition", "ConditionError", "ConditionInput", "ConditionLimits", "compile_condition"]
 
 _MACROS = frozenset({"has", "all", "exists", "exists_one", "map", "filter"})
 
@@ -106,7 +109,7 @@ class _Budget:
             raise ConditionError(f"stopped after {self.limits.max_seconds} s (max_seconds)")
 
 
-def _evaluator_class() -> Any:
+def _make_evaluator_class() -> Any:
     from celpy.evaluation import Evaluator
 
     class _BoundedEvaluator(Evaluator):
@@ -123,7 +126,77 @@ def _evaluator_class() -> Any:
             nested.budget = self.budget
             return nested
 
+        def set_activation(self, values: Any) -> Any:
+            # A macro binds its variable once per element. cel-python clones the whole activation (every
+            # variable and the function table) each time; a child activation that resolves the macro's
+            # variable first and everything else in its parent is the same name resolution, without the copy.
+            self.activation = self.base_activation.nested_activation(vars=values)
+            return self
+
     return _BoundedEvaluator
+
+
+class ConditionInput:
+    """One statement, converted to CEL values once (on first use) for every condition evaluated over it.
+
+    Args:
+        statement: The statement as parsed JSON (`Statement.to_json_object()`).
+        payload: The exact bytes it was parsed from (the DSSE payload the signature covers), or None. With
+            them, a condition's value over these bytes is remembered (`_RESULTS`): a condition is a pure
+            function of the expression and the statement, so the same signed statement seen again (the
+            webhook decides the same models over and over) is not evaluated again.
+    """
+
+    __slots__ = ("_activation", "digest", "statement")
+
+    def __init__(self, statement: Mapping[str, Any], payload: bytes | None = None) -> None:
+        self.statement = statement
+        self.digest = hashlib.sha256(payload).digest() if payload is not None else None
+        self._activation: Any = None
+
+    @property
+    def activation(self) -> Any:
+        """cel-python's activation binding `statement`, `predicate`, `predicateType` and `subject`."""
+        if self._activation is None:
+            from celpy.evaluation import Activation
+
+            celpy = _celpy()
+            converted = celpy.json_to_cel(dict(self.statement))
+            context = {
+                "statement": converted,
+                "predicate": converted.get("predicate", celpy.celtypes.MapType({})),
+                "predicateType": converted.get("predicateType", celpy.celtypes.StringType("")),
+                "subject": converted.get("subject", celpy.celtypes.ListType([])),
+            }
+            self._activation = Activation(annotations=_environment().annotations, vars=context)
+        return self._activation
+
+
+class _Results:
+    """Values of conditions over statement payloads (sha256), most recently used kept; thread-safe."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._values: OrderedDict[tuple[bytes, str, ConditionLimits], bool] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[bytes, str, ConditionLimits]) -> bool | None:
+        with self._lock:
+            value = self._values.get(key)
+            if value is not None:
+                self._values.move_to_end(key)
+            return value
+
+    def put(self, key: tuple[bytes, str, ConditionLimits], value: bool) -> None:
+        with self._lock:
+            self._values[key] = value
+            self._values.move_to_end(key)
+            while len(self._values) > self.size:
+                self._values.popitem(last=False)
+
+
+# Only values are remembered, never a failure: a stopped evaluation (time budget) may pass another time.
+_RESULTS = _Results(4096)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,11 +212,12 @@ class CompiledCondition:
     limits: ConditionLimits
     _tree: Any
 
-    def evaluate(self, statement: Mapping[str, Any]) -> bool:
+    def evaluate(self, statement: Mapping[str, Any] | ConditionInput) -> bool:
         """Evaluate over one in-toto statement (a JSON object), within `limits`.
 
         Args:
-            statement: The statement as parsed JSON (`Statement.to_json_object()`).
+            statement: The statement as parsed JSON (`Statement.to_json_object()`), or converted once
+                (`ConditionInput`) when several conditions are evaluated over it.
 
         Returns:
             The condition's boolean value.
@@ -155,18 +229,16 @@ class CompiledCondition:
         celpy = _celpy()
         from celpy.evaluation import CELEvalError
 
-        activation = {
-            "statement": statement,
-            "predicate": statement.get("predicate", {}),
-            "predicateType": statement.get("predicateType", ""),
-            "subject": statement.get("subject", []),
-        }
-        context = {k: celpy.json_to_cel(v) for k, v in activation.items()}
-        env = _environment()
-        evaluator = _evaluator_class()(self._tree, activation=env.program(self._tree).new_activation())
+        prepared = statement if isinstance(statement, ConditionInput) else ConditionInput(statement)
+        key = (prepared.digest, self.source, self.limits) if prepared.digest is not None else None
+        if key is not None:
+            known = _RESULTS.get(key)
+            if known is not None:
+                return known
+        evaluator = _evaluator_class()(self._tree, activation=prepared.activation)
         evaluator.budget = _Budget(self.limits)
         try:
-            value = evaluator.evaluate(context)
+            value = evaluator.evaluate()
         except ConditionError:
             raise
         except (
@@ -181,6 +253,8 @@ class CompiledCondition:
             raise ConditionError(f"cannot be evaluated: {_describe(e)}") from e
         if not isinstance(value, celpy.celtypes.BoolType):
             raise ConditionError(f"is {type(value).__name__}, not a boolean")
+        if key is not None:
+            _RESULTS.put(key, bool(value))
         return bool(value)
 
 
@@ -188,6 +262,11 @@ def _describe(e: BaseException) -> str:
     if e.args and isinstance(e.args[0], str):
         return e.args[0]
     return type(e).__name__
+
+
+@functools.cache
+def _evaluator_class() -> Any:
+    return _make_evaluator_class()
 
 
 @functools.cache

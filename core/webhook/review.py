@@ -218,6 +218,13 @@ def _bound(
     return bound
 
 
+def _links(
+    evidence: Callable[[str, Policy], tuple[list[StoredBundle], str]], policy: Policy, digest: str
+) -> list[bytes]:
+    """Lineage links about `digest` (a base model) from the stores this reviewer reads for `policy`."""
+    return [e.data for e in evidence(digest, policy)[0] if not e.note]
+
+
 def _bound_tuple(
     bindings: Callable[[str, Policy], set[str]], raw: str, policy: Policy, reasons: list[str]
 ) -> tuple[str, ...]:
@@ -623,7 +630,13 @@ class Reviewer:
             via = "" if root == digest else f" through a signed binding to model root digest {root}"
             if self.cache.hit(key, fingerprint):
                 return f"verified{via} (cached)"
-            verdict = verify_attestations(root, entries, policy, require_signatures=True)
+            verdict = verify_attestations(
+                root,
+                entries,
+                policy,
+                require_signatures=True,
+                lookup=functools.partial(_links, evidence, policy),
+            )
             self._check_deadline(deadline)
             if verdict.ok:
                 if not dry_run:

@@ -149,3 +149,25 @@ def test_the_compiled_condition_is_cached() -> None:
 def test_a_non_boolean_condition_is_an_error() -> None:
     with pytest.raises(ConditionError, match="not a boolean"):
         compile_condition("predicate.n + 1", where="t").evaluate({"predicate": {"n": 1}})
+
+
+def test_a_value_is_remembered_only_for_the_same_signed_bytes() -> None:
+    """One statement's value never answers for another: the memo is keyed by the payload's SHA-256."""
+    import json
+
+    from modelsec.policy.cel import ConditionInput
+
+    condition = compile_condition("predicate.runDetails.builder.id == 'https://b.example'", where="t")
+    good = provenance_statement("e" * 64, builder="https://b.example").to_json_object()
+    evil = provenance_statement("e" * 64, builder="https://evil.example").to_json_object()
+    good_bytes, evil_bytes = json.dumps(good).encode(), json.dumps(evil).encode()
+    assert condition.evaluate(ConditionInput(good, good_bytes)) is True
+    assert condition.evaluate(ConditionInput(evil, evil_bytes)) is False
+    again = ConditionInput(good, good_bytes)
+    assert condition.evaluate(again) is True
+    assert again._activation is None  # remembered: not converted again
+    # A failure is never remembered: the same bytes fail again, with the error.
+    broken = compile_condition("predicate.nothing == 1", where="t")
+    for _ in range(2):
+        with pytest.raises(ConditionError):
+            broken.evaluate(ConditionInput(good, good_bytes))
