@@ -77,9 +77,8 @@ from modelsec.webhook.decision import (
     DeadlineExceededError,
     Decision,
     InvalidReviewError,
-    Mode,
 )
-from modelsec.webhook.review import API_V1, API_V1BETA1, Reviewer
+from modelsec.webhook.review import Reviewer, admission_review
 from modelsec.webhook.sources import (
     WORKLOAD_KINDS,
     ContainerSite,
@@ -424,29 +423,19 @@ class Mutator:
         pin: str | None = None,
     ) -> Mutation:
         mode = self.reviewer.config.mode
-        allowed = verdict == "allow" or (mode is not Mode.ENFORCE and reason != "malformed-request")
-        api_version = request.api_version if request.api_version in (API_V1, API_V1BETA1) else API_V1
-        response: dict[str, Any] = {
-            "uid": request.uid,
-            "allowed": allowed,
-            "auditAnnotations": {"mutation": verdict, "reason": reason, "mode": mode.value},
-        }
-        warnings: tuple[str, ...] = ()
-        if verdict == "deny":
-            text = "modelsec: " + "; ".join(messages)
-            if not allowed:
-                response["status"] = {"code": 403, "reason": "Forbidden", "message": text}
-            elif mode is Mode.WARN:
-                warnings = tuple(f"modelsec ({mode.value} mode): {m}"[:512] for m in messages)
-                response["warnings"] = list(warnings)
+        review, shown = admission_review(request, mode, verdict, reason, messages, annotation="mutation")
+        response = review["response"]
+        warnings = tuple(w[:512] for w in shown)
+        if warnings:
+            response["warnings"] = list(warnings)
         if patch:
             response["patchType"] = "JSONPatch"
             response["patch"] = base64.b64encode(json.dumps(list(patch)).encode()).decode()
         decision = Decision(
-            response={"apiVersion": api_version, "kind": "AdmissionReview", "response": response},
+            response=review,
             uid=request.uid,
             verdict=verdict,
-            allowed=allowed,
+            allowed=response["allowed"],
             reason=reason,
             mode=mode,
             dry_run=dry_run,

@@ -127,6 +127,7 @@ __all__ = [
     "ReferenceResult",
     "Reviewer",
     "WebhookConfig",
+    "admission_review",
     "bundles_fingerprint",
     "parse_reference",
 ]
@@ -134,6 +135,50 @@ __all__ = [
 ANNOTATION = MODELS_ANNOTATION
 API_V1 = "admission.k8s.io/v1"
 API_V1BETA1 = "admission.k8s.io/v1beta1"
+
+
+def admission_review(
+    request: AdmissionRequest,
+    mode: Mode,
+    verdict: str,
+    reason: str,
+    messages: tuple[str, ...],
+    *,
+    annotation: str,
+) -> tuple[dict[str, Any], list[str]]:
+    """The AdmissionReview answering `request` with `verdict` in `mode`, shared by both webhooks.
+
+    `allowed` is true for "allow", and for "deny" outside enforce mode unless the review itself was invalid
+    (reason "malformed-request": warn/audit soften model verdicts, not the protocol). A refusal carries a
+    403 status naming `messages`. The answer has the request's apiVersion (v1 or v1beta1; v1 otherwise).
+
+    Args:
+        request: The parsed request (its uid and apiVersion).
+        mode: The configured mode.
+        verdict: "allow" or "deny".
+        reason: Short reason code, recorded in the audit annotations.
+        messages: Why, one line each.
+        annotation: The audit-annotation key that records `verdict` ("decision", "mutation").
+
+    Returns:
+        The review (its `response` a dict the caller may add warnings or a patch to) and the warn-mode
+        lines of an allowed refusal (not yet cut to the API server's length).
+    """
+    allowed = verdict == "allow" or (mode is not Mode.ENFORCE and reason != "malformed-request")
+    api_version = request.api_version if request.api_version in (API_V1, API_V1BETA1) else API_V1
+    response: dict[str, Any] = {
+        "uid": request.uid,
+        "allowed": allowed,
+        "auditAnnotations": {annotation: verdict, "reason": reason, "mode": mode.value},
+    }
+    shown: list[str] = []
+    if verdict == "deny":
+        if not allowed:
+            text = "modelsec: " + "; ".join(messages)
+            response["status"] = {"code": 403, "reason": "Forbidden", "message": text}
+        elif mode is Mode.WARN:
+            shown = [f"modelsec ({mode.value} mode): {m}" for m in messages]
+    return {"apiVersion": api_version, "kind": "AdmissionReview", "response": response}, shown
 _UID_MAX = 256
 
 
@@ -726,31 +771,18 @@ class Reviewer:
         info: Mapping[str, str],
     ) -> Decision:
         mode = self.config.mode
-        # An invalid review is denied in every mode: warn/audit soften model verdicts, not the protocol.
-        allowed = verdict == "allow" or (mode is not Mode.ENFORCE and reason != "malformed-request")
-        api_version = request.api_version if request.api_version in (API_V1, API_V1BETA1) else API_V1
         warnings = tuple(w for r in results for w in r.warnings)
-        response: dict[str, Any] = {
-            "uid": request.uid,
-            "allowed": allowed,
-            "auditAnnotations": {"decision": verdict, "reason": reason, "mode": mode.value},
-        }
-        shown: list[str] = []
-        if verdict == "deny":
-            text = "modelsec: " + "; ".join(messages)
-            if not allowed:
-                response["status"] = {"code": 403, "reason": "Forbidden", "message": text}
-            elif mode is Mode.WARN:
-                shown += [f"modelsec ({mode.value} mode): {m}" for m in messages]
+        review, shown = admission_review(request, mode, verdict, reason, messages, annotation="decision")
+        response = review["response"]
         if mode is not Mode.AUDIT:
             shown += [f"modelsec: {w}" for w in warnings]
         if shown:
             response["warnings"] = [w[:512] for w in shown]
         return Decision(
-            response={"apiVersion": api_version, "kind": "AdmissionReview", "response": response},
+            response=review,
             uid=request.uid,
             verdict=verdict,
-            allowed=allowed,
+            allowed=response["allowed"],
             reason=reason,
             mode=mode,
             dry_run=dry_run,

@@ -28,31 +28,13 @@ from modelsec.verifier.stores.directory import DirectoryStore
 from modelsec.verifier.stores.oci import OciAttestationStore
 from modelsec.webhook.review import Reviewer, WebhookConfig
 from tests.conftest import write_tiny_model
-from tests.support.oci import PASSWORD, USER, Registry
+from tests.support.oci import Registry
+from tests.support.oci_models import models_policies, push_tiny_model, registry_options
 from tests.support.pki import TestCA
 from tests.unit.verifier.test_joint_verification import gate_predicate
 from tests.unit.webhook.test_review import FakeClock, answer, review_body
 
 pytestmark = pytest.mark.integration
-
-
-def _options(registry: Registry, ca: Path | None = None) -> RegistryOptions:
-    return RegistryOptions(ca_file=ca or registry.ca, username=USER, password=PASSWORD, timeout=5)
-
-
-def _policies(registry: Registry, key_dir: Path, key: str = "ecdsa-p256.pub.pem", **extra: Any) -> PolicySet:
-    entry = {"name": "models", "match": [f"oci://{registry.address}/models/**"], "keys": [key], **extra}
-    doc = {"apiVersion": "modelsec.dev/v1alpha1", "kind": "ModelPolicy", "policies": [entry]}
-    return PolicySet.from_mapping(doc, base_dir=key_dir, source="test-policy")
-
-
-def _push(tmp_path: Path, key_dir: Path, registry: Registry, repo: str) -> Any:
-    model = write_tiny_model(tmp_path / repo, shards=1)
-    signer = load_private_key_file(key_dir / "ecdsa-p256.key.pem")
-    sign_model(model, [signer])
-    policy = Policy.from_key_files([key_dir / "ecdsa-p256.pub.pem"])
-    reference = f"oci://{registry.address}/models/{repo}:v1"
-    return push_model(model, reference, policy, signer, options=_options(registry))
 
 
 def _reviewer(
@@ -83,14 +65,14 @@ def _image_pod(image: str) -> dict[str, Any]:
 def test_an_empty_store_admits_a_pushed_model_from_its_referrers(
     tmp_path: Path, key_dir: Path, registry: Registry
 ) -> None:
-    pushed = _push(tmp_path, key_dir, registry, "evidence-admitted")
+    pushed = push_tiny_model(tmp_path, key_dir, registry, "evidence-admitted")[1]
     empty = tmp_path / "empty-store"
     empty.mkdir()
-    policies = _policies(registry, key_dir)
+    policies = models_policies(registry, key_dir)
     image = f"{registry.address}/models/evidence-admitted@{pushed.manifest_digest}"
     by_root = f"oci://{registry.address}/models/evidence-admitted@sha256:{pushed.root_digest}"
     for store in (DirectoryStore(empty), None):  # an empty --store, and none at all
-        reviewer = _reviewer(policies, _options(registry), store)
+        reviewer = _reviewer(policies, registry_options(registry), store)
         # By the manifest digest (a model image, and the annotation), and by the model root digest.
         for body in (_image_pod(image), review_body("Pod", f"oci://{image}"), review_body("Pod", by_root)):
             decision = reviewer.review(json.dumps(body).encode())
@@ -101,8 +83,8 @@ def test_an_empty_store_admits_a_pushed_model_from_its_referrers(
 
 
 def test_a_model_no_trusted_key_signed_is_denied(tmp_path: Path, key_dir: Path, registry: Registry) -> None:
-    pushed = _push(tmp_path, key_dir, registry, "evidence-untrusted")
-    stranger = _reviewer(_policies(registry, key_dir, "other.pub.pem"), _options(registry))
+    pushed = push_tiny_model(tmp_path, key_dir, registry, "evidence-untrusted")[1]
+    stranger = _reviewer(models_policies(registry, key_dir, "other.pub.pem"), registry_options(registry))
     image = f"{registry.address}/models/evidence-untrusted@{pushed.manifest_digest}"
     by_root = f"oci://{registry.address}/models/evidence-untrusted@sha256:{pushed.root_digest}"
     for body in (_image_pod(image), review_body("Pod", by_root)):
@@ -114,12 +96,12 @@ def test_a_model_no_trusted_key_signed_is_denied(tmp_path: Path, key_dir: Path, 
 def test_an_unreachable_registry_denies_and_says_so(
     tmp_path: Path, key_dir: Path, registry: Registry
 ) -> None:
-    pushed = _push(tmp_path, key_dir, registry, "evidence-outage")
-    policies = _policies(registry, key_dir)
+    pushed = push_tiny_model(tmp_path, key_dir, registry, "evidence-outage")[1]
+    policies = models_policies(registry, key_dir)
     by_root = f"oci://{registry.address}/models/evidence-outage@sha256:{pushed.root_digest}"
     # A webhook configured with another CA than the one that issued the registry's certificate.
     wrong_ca = TestCA.create(tmp_path / "wrong-ca").path
-    decision = _reviewer(policies, _options(registry, wrong_ca)).review(
+    decision = _reviewer(policies, registry_options(registry, ca=wrong_ca)).review(
         json.dumps(review_body("Pod", by_root)).encode()
     )
     assert not decision.allowed and decision.reason == "registry-unavailable", decision.messages
@@ -137,7 +119,7 @@ def test_an_unreachable_registry_denies_and_says_so(
         base_dir=key_dir,
         source="test-policy",
     )
-    reviewer = _reviewer(closed, _options(registry))
+    reviewer = _reviewer(closed, registry_options(registry))
     reference = f"oci://127.0.0.1:9/models/m@sha256:{pushed.root_digest}"
     decision = reviewer.review(json.dumps(review_body("Pod", reference)).encode())
     assert not decision.allowed and decision.reason == "registry-unavailable", decision.messages
@@ -150,11 +132,15 @@ def test_an_unreachable_registry_denies_and_says_so(
 def test_the_cache_serves_within_its_ttl_and_sees_a_withdrawal_after_it(
     tmp_path: Path, key_dir: Path, registry: Registry
 ) -> None:
-    pushed = _push(tmp_path, key_dir, registry, "evidence-withdrawn")
-    options = _options(registry)
+    pushed = push_tiny_model(tmp_path, key_dir, registry, "evidence-withdrawn")[1]
+    options = registry_options(registry)
     clock = FakeClock()
     reviewer = _reviewer(
-        _policies(registry, key_dir), options, clock=clock, evidence_ttl_seconds=30, cache_ttl_seconds=600
+        models_policies(registry, key_dir),
+        options,
+        clock=clock,
+        evidence_ttl_seconds=30,
+        cache_ttl_seconds=600,
     )
     image = f"{registry.address}/models/evidence-withdrawn@{pushed.manifest_digest}"
     assert answer(reviewer, _image_pod(image))["allowed"] is True
@@ -186,8 +172,8 @@ def test_a_miss_is_cached_for_the_shorter_negative_ttl(
     root = sign_model(model, [signer]).root_digest
     clock = FakeClock()
     reviewer = _reviewer(
-        _policies(registry, key_dir),
-        _options(registry),
+        models_policies(registry, key_dir),
+        registry_options(registry),
         clock=clock,
         evidence_ttl_seconds=300,
         evidence_negative_ttl_seconds=5,
@@ -196,7 +182,11 @@ def test_a_miss_is_cached_for_the_shorter_negative_ttl(
     assert answer(reviewer, body)["allowed"] is False  # not pushed yet: a miss
     policy = Policy.from_key_files([key_dir / "ecdsa-p256.pub.pem"])
     push_model(
-        model, f"oci://{registry.address}/models/evidence-late:v1", policy, signer, options=_options(registry)
+        model,
+        f"oci://{registry.address}/models/evidence-late:v1",
+        policy,
+        signer,
+        options=registry_options(registry),
     )
     clock.now += 4
     assert answer(reviewer, body)["allowed"] is False  # the miss is still cached
@@ -206,7 +196,7 @@ def test_a_miss_is_cached_for_the_shorter_negative_ttl(
 
 def test_pull_honours_the_policy_attestation_store(tmp_path: Path, key_dir: Path, registry: Registry) -> None:
     """The gate attestation the policy requires is in the policy's store, not among the referrers."""
-    pushed = _push(tmp_path, key_dir, registry, "evidence-policy-store")
+    pushed = push_tiny_model(tmp_path, key_dir, registry, "evidence-policy-store")[1]
     store_dir = tmp_path / "policy-store"
     statement = Statement(
         (Subject("model", {"sha256": pushed.root_digest}),), GATE_PREDICATE_TYPE, gate_predicate()
@@ -215,13 +205,15 @@ def test_pull_honours_the_policy_attestation_store(tmp_path: Path, key_dir: Path
     gate = {"robustness": {"minEps": 0.03, "minRobustAccuracy": 0.85}}
     reference = f"oci://{registry.address}/models/evidence-policy-store@{pushed.manifest_digest}"
 
-    without = _policies(registry, key_dir, attestations=gate)
+    without = models_policies(registry, key_dir, attestations=gate)
     with pytest.raises(AttestationError):
-        pull_model(reference, tmp_path / "refused", without.policies[0], options=_options(registry))
+        pull_model(reference, tmp_path / "refused", without.policies[0], options=registry_options(registry))
     assert not (tmp_path / "refused").exists()
 
-    policies = _policies(registry, key_dir, attestations=gate, attestationStore=str(store_dir))
-    pulled = pull_model(reference, tmp_path / "pulled", policies.policies[0], options=_options(registry))
+    policies = models_policies(registry, key_dir, attestations=gate, attestationStore=str(store_dir))
+    pulled = pull_model(
+        reference, tmp_path / "pulled", policies.policies[0], options=registry_options(registry)
+    )
     assert pulled.root_digest == pushed.root_digest and (tmp_path / "pulled" / "model.sig").is_file()
     # The webhook reads the same store for the same policy: admitted by the root digest with its gate.
     by_root = f"oci://{registry.address}/models/evidence-policy-store@sha256:{pushed.root_digest}"
@@ -231,7 +223,7 @@ def test_pull_honours_the_policy_attestation_store(tmp_path: Path, key_dir: Path
     # signature from the registry; without the policy's store, the gate is missing.
     image = f"{registry.address}/models/evidence-policy-store@{pushed.manifest_digest}"
     for body in (_image_pod(image), review_body("Pod", by_root)):
-        decision = _reviewer(policies, _options(registry)).review(json.dumps(body).encode())
+        decision = _reviewer(policies, registry_options(registry)).review(json.dumps(body).encode())
         assert decision.allowed, decision.messages
-        refused = _reviewer(without, _options(registry)).review(json.dumps(body).encode())
+        refused = _reviewer(without, registry_options(registry)).review(json.dumps(body).encode())
         assert not refused.allowed and "robustness" in refused.messages[0], refused.messages

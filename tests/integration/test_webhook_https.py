@@ -31,11 +31,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from modelsec.policy import PolicySet
-from modelsec.signer import load_private_key_file, sign_model
-from modelsec.verifier.attestations import store_bundle
 from modelsec.webhook.review import DirectoryStore, Reviewer, WebhookConfig
 from modelsec.webhook.server import AUDIT_LOGGER, CertificateReloader, build_server
-from tests.conftest import CORPUS, write_tiny_model
+from tests.conftest import CORPUS
+from tests.support.stores import signed_model_store
 
 pytestmark = pytest.mark.integration
 
@@ -71,6 +70,10 @@ class CA:
             .sign(key, hashes.SHA256())
         )
         return cls(key, cert)
+
+    def client_context(self) -> ssl.SSLContext:
+        """A client TLS context trusting only this CA (as kube-apiserver trusts the caBundle)."""
+        return ssl.create_default_context(cadata=self.cert.public_bytes(serialization.Encoding.PEM).decode())
 
     def issue(self, cert_path: Path, key_path: Path) -> int:
         """A serving certificate for the Service DNS name and 127.0.0.1; returns its serial."""
@@ -143,17 +146,14 @@ def webhook(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Webhook]:
     cert, key = root / "tls.crt", root / "tls.key"
     ca.issue(cert, key)
     # A tiny model signed with the corpus' trusted (test-only) key, its bundle filed in the store.
-    model = write_tiny_model(root / "model", shards=1)
-    signed = sign_model(model, [load_private_key_file(ADM01 / "trust" / "trusted-p256.TESTONLY.key.pem")])
-    store = root / "store"
-    store_bundle(store, (model / "model.sig").read_bytes())
+    digest, store = signed_model_store(root, ADM01 / "trust" / "trusted-p256.TESTONLY.key.pem")
     policies = PolicySet.from_file(ADM01 / "policy.json")
     assert PolicySet.from_file(ADM02 / "policy.json").policies[0].name == policies.policies[0].name
     reviewer = Reviewer(policies, DirectoryStore(store), WebhookConfig(deadline_seconds=8))
     with running(reviewer, cert, key) as (port, certificates):
         # Like kube-apiserver: trust only the caBundle, check the name the Service is reached by.
-        client = ssl.create_default_context(cadata=ca.cert.public_bytes(serialization.Encoding.PEM).decode())
-        yield Webhook(port, client, store, certificates, cert, key, ca, signed.root_digest)
+        client = ca.client_context()
+        yield Webhook(port, client, store, certificates, cert, key, ca, digest)
 
 
 @contextlib.contextmanager

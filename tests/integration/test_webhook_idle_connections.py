@@ -26,15 +26,12 @@ import pytest
 
 pytest.importorskip("uvicorn")
 
-from cryptography.hazmat.primitives import serialization
 
 from modelsec.policy import PolicySet
-from modelsec.signer import load_private_key_file, sign_model
-from modelsec.verifier.attestations import store_bundle
 from modelsec.webhook.review import DirectoryStore, Reviewer, WebhookConfig
 from modelsec.webhook.server import ConnectionLimits
-from tests.conftest import write_tiny_model
 from tests.integration.test_webhook_https import ADM01, CA, running
+from tests.support.stores import signed_model_store
 
 pytestmark = pytest.mark.integration
 
@@ -58,15 +55,11 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
     ca = CA.create()
     cert, key = root / "tls.crt", root / "tls.key"
     ca.issue(cert, key)
-    model = write_tiny_model(root / "model", shards=1)
-    signed = sign_model(model, [load_private_key_file(ADM01 / "trust" / "trusted-p256.TESTONLY.key.pem")])
-    store = root / "store"
-    store_bundle(store, (model / "model.sig").read_bytes())
+    digest, store = signed_model_store(root, ADM01 / "trust" / "trusted-p256.TESTONLY.key.pem")
     reviewer = Reviewer(
         PolicySet.from_file(ADM01 / "policy.json"), DirectoryStore(store), WebhookConfig(deadline_seconds=8)
     )
-    context = ssl.create_default_context(cadata=ca.cert.public_bytes(serialization.Encoding.PEM).decode())
-    return Setup(reviewer, cert, key, context, signed.root_digest)
+    return Setup(reviewer, cert, key, ca.client_context(), digest)
 
 
 @pytest.fixture(autouse=True)

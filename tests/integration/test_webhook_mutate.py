@@ -17,26 +17,22 @@ from typing import Any
 
 import pytest
 
-from modelsec.distribution.push_pull import PushResult, bound_root_digests, push_model
+from modelsec.distribution.push_pull import PushResult, bound_root_digests
 from modelsec.policy import Policy, PolicySet
-from modelsec.registry.client import RegistryOptions
 from modelsec.signer import load_private_key_file, sign_model
 from modelsec.verifier.pinning import parse_digest_pins
 from modelsec.verifier.stores import open_store
 from modelsec.webhook.mutate import SERVING_CONTAINERS_ANNOTATION, Mutation, Mutator, registry_resolver
 from modelsec.webhook.review import Reviewer, WebhookConfig
 from tests.conftest import write_tiny_model
-from tests.support.oci import PASSWORD, USER, Registry
+from tests.support.oci import Registry
+from tests.support.oci_models import push_tiny_model, registry_options
 
 jsonpatch = pytest.importorskip("jsonpatch")
 
 pytestmark = pytest.mark.integration
 
 GUARD_POLICY = "/etc/modelsec/guard/policy.yaml"
-
-
-def _options(registry: Registry) -> RegistryOptions:
-    return RegistryOptions(ca_file=registry.ca, username=USER, password=PASSWORD, timeout=5)
 
 
 def _policies(registry: Registry, key_dir: Path, repo: str) -> PolicySet:
@@ -61,30 +57,19 @@ def pushed(
 ) -> tuple[str, Path, PushResult]:
     """A signed model pushed as `models/mutate:v1` (evidence and binding attached as referrers)."""
     repo = "mutate"
-    model = write_tiny_model(tmp_path_factory.mktemp("mutate") / repo, shards=1, seed=28)
-    signer = load_private_key_file(key_dir / "ecdsa-p256.key.pem")
-    sign_model(model, [signer])
-    policy = Policy.from_key_files([key_dir / "ecdsa-p256.pub.pem"])
-    result = push_model(
-        model, f"oci://{registry.address}/models/{repo}:v1", policy, signer, options=_options(registry)
-    )
+    model, result = push_tiny_model(tmp_path_factory.mktemp("mutate"), key_dir, registry, repo, seed=28)
     return repo, model, result
 
 
 @pytest.fixture(autouse=True)
 def _oci_env(registry: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
     """The `oci://` store reads its registry's TLS and credentials from the environment, as in a Pod."""
-    env = {
-        "MODELSEC_OCI_USERNAME": USER,
-        "MODELSEC_OCI_PASSWORD": PASSWORD,
-        "MODELSEC_OCI_CA": str(registry.ca),
-    }
-    for name, value in env.items():
+    for name, value in registry.env().items():
         monkeypatch.setenv(name, value)
 
 
 def _webhooks(registry: Registry, key_dir: Path, repo: str) -> tuple[Reviewer, Mutator]:
-    options = _options(registry)
+    options = registry_options(registry)
 
     def bindings(reference: str, policy: Policy) -> set[str]:
         return bound_root_digests(reference, policy, options=options)
@@ -336,7 +321,7 @@ def test_the_storage_initializer_scheme_is_pinned_and_verified_as_an_oci_referen
 ) -> None:
     """Issue 28.2/28.3: `modelsec+oci://repo:tag` is pinned in its own scheme, verified from the registry."""
     repo, _, result = pushed
-    options = _options(registry)
+    options = registry_options(registry)
     policies = _policies(registry, key_dir, repo)
 
     def bindings(reference: str, policy: Policy) -> set[str]:

@@ -14,40 +14,16 @@ from typing import Any
 
 import pytest
 
-from modelsec.distribution.push_pull import bound_root_digests, push_model
-from modelsec.policy import Policy, PolicySet
-from modelsec.registry.client import RegistryOptions
-from modelsec.signer import load_private_key_file, sign_model
+from modelsec.distribution.push_pull import bound_root_digests
+from modelsec.policy import Policy
 from modelsec.verifier.stores import open_store
 from modelsec.verifier.stores.directory import DirectoryStore
 from modelsec.webhook.review import Reviewer, WebhookConfig
-from tests.conftest import write_tiny_model
-from tests.support.oci import PASSWORD, USER, Registry
+from tests.support.oci import Registry
+from tests.support.oci_models import models_policies, push_tiny_model, registry_options
 from tests.unit.webhook.test_review import FakeClock, answer, review_body
 
 pytestmark = pytest.mark.integration
-
-
-def _options(registry: Registry) -> RegistryOptions:
-    return RegistryOptions(ca_file=registry.ca, username=USER, password=PASSWORD, timeout=5)
-
-
-def _policies(registry: Registry, key_dir: Path, key: str = "ecdsa-p256.pub.pem") -> PolicySet:
-    doc = {
-        "apiVersion": "modelsec.dev/v1alpha1",
-        "kind": "ModelPolicy",
-        "policies": [{"name": "models", "match": [f"oci://{registry.address}/models/**"], "keys": [key]}],
-    }
-    return PolicySet.from_mapping(doc, base_dir=key_dir, source="test-policy")
-
-
-def _push(tmp_path: Path, key_dir: Path, registry: Registry, repo: str) -> Any:
-    model = write_tiny_model(tmp_path / repo, shards=1)
-    signer = load_private_key_file(key_dir / "ecdsa-p256.key.pem")
-    sign_model(model, [signer])
-    policy = Policy.from_key_files([key_dir / "ecdsa-p256.pub.pem"])
-    reference = f"oci://{registry.address}/models/{repo}:v1"
-    return model, push_model(model, reference, policy, signer, options=_options(registry))
 
 
 def _image_pod(image: str) -> dict[str, Any]:
@@ -59,20 +35,19 @@ def _image_pod(image: str) -> dict[str, Any]:
 
 
 def _resolver(registry: Registry) -> Any:
-    options = _options(registry)
+    options = registry_options(registry)
     return lambda reference, policy: bound_root_digests(reference, policy, options=options)
 
 
 def test_oci_image_admitted_by_manifest_digest_through_a_signed_binding(
     tmp_path: Path, key_dir: Path, registry: Registry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _, pushed = _push(tmp_path, key_dir, registry, "admitted")
-    for name, value in {"MODELSEC_OCI_USERNAME": USER, "MODELSEC_OCI_PASSWORD": PASSWORD}.items():
+    _, pushed = push_tiny_model(tmp_path, key_dir, registry, "admitted")
+    for name, value in registry.env().items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setenv("MODELSEC_OCI_CA", str(registry.ca))
     store = open_store(f"oci://{registry.address}/models/admitted")  # the evidence lives in the registry
     image = f"{registry.address}/models/admitted@{pushed.manifest_digest}"
-    policies = _policies(registry, key_dir)
+    policies = models_policies(registry, key_dir)
 
     # Without the binding lookup the manifest digest is not a model root digest: nothing is filed for it.
     plain = Reviewer(policies, store, WebhookConfig(), clock=FakeClock())
@@ -95,7 +70,10 @@ def test_oci_image_admitted_by_manifest_digest_through_a_signed_binding(
 
     # A policy whose keys did not sign the binding: no trusted binding, denied (and so says the message).
     stranger = Reviewer(
-        _policies(registry, key_dir, "other.pub.pem"), store, WebhookConfig(), bindings=_resolver(registry)
+        models_policies(registry, key_dir, "other.pub.pem"),
+        store,
+        WebhookConfig(),
+        bindings=_resolver(registry),
     )
     refused = answer(stranger, _image_pod(image))
     assert refused["allowed"] is False
@@ -109,18 +87,18 @@ def test_registry_or_store_outage_denies_even_a_cached_model(
     tmp_path: Path, key_dir: Path, registry: Registry
 ) -> None:
     """Fail closed: the evidence in a directory store, the binding in a registry that goes away."""
-    model, pushed = _push(tmp_path, key_dir, registry, "outage")
+    model, pushed = push_tiny_model(tmp_path, key_dir, registry, "outage")
     store_dir = tmp_path / "store"
     from modelsec.verifier.attestations import store_bundle
 
     store_bundle(store_dir, (model / "model.sig").read_bytes())
-    policies = _policies(registry, key_dir)
+    policies = models_policies(registry, key_dir)
     image = f"{registry.address}/models/outage@{pushed.manifest_digest}"
     clock = FakeClock()
     up = {"registry": True}
 
     def resolver(reference: str, policy: Policy) -> set[str]:
-        options = _options(registry)
+        options = registry_options(registry)
         if not up["registry"]:  # the same client, pointed where nothing listens (discard port)
             reference = reference.replace(registry.address, "127.0.0.1:9")
         return bound_root_digests(reference, policy, options=options)

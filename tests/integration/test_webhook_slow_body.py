@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 import pytest
-from cryptography.hazmat.primitives import serialization
 
 pytest.importorskip("uvicorn")
 
@@ -116,7 +115,7 @@ def test_slow_bodies_are_dropped_within_the_deadline_and_memory_stays_bounded(tm
     try:
         assert server.stdout is not None
         port = int(server.stdout.readline())
-        context = ssl.create_default_context(cadata=ca.cert.public_bytes(serialization.Encoding.PEM).decode())
+        context = ca.client_context()
         for _ in range(100):  # wait until it answers
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()

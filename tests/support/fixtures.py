@@ -18,11 +18,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -33,23 +35,29 @@ from tests.support.service import InThreadServer, write_server_config
 from tests.support.softhsm import PIN, Token, make_token
 from tests.support.tpm import SoftwareTpm, run_swtpm, tpm_missing_reason
 
+_T = TypeVar("_T")
+
+
+def _run_or_skip(
+    missing_reason: Callable[[], str | None], run: Callable[[], contextlib.AbstractContextManager[_T]]
+) -> Iterator[_T]:
+    """Skip with `missing_reason()` where the tool is absent; else yield what `run()` starts, then stop it."""
+    reason = missing_reason()
+    if reason:
+        pytest.skip(reason)
+    with run() as running:
+        yield running
+
 
 @pytest.fixture(scope="session")
 def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
-    reason = registry_missing_reason()
-    if reason:
-        pytest.skip(reason)
-    with run_registry(tmp_path_factory.mktemp("registry")) as running:
-        yield running
+    directory = tmp_path_factory.mktemp("registry")
+    yield from _run_or_skip(registry_missing_reason, lambda: run_registry(directory))
 
 
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[Postgres]:
-    reason = postgres_missing_reason()
-    if reason:
-        pytest.skip(reason)
-    with run_postgres() as running:
-        yield running
+    yield from _run_or_skip(postgres_missing_reason, run_postgres)
 
 
 @pytest.fixture(scope="session")
@@ -104,18 +112,10 @@ def softhsm_token(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Token]:
 @pytest.fixture(scope="session")
 def swtpm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SoftwareTpm]:
     """A software TPM with a provisioned attestation key: the node under test (`tests/support/tpm.py`)."""
-    reason = tpm_missing_reason()
-    if reason:
-        pytest.skip(reason)
-    with run_swtpm(tmp_path_factory.mktemp("swtpm")) as running:
-        yield running
+    yield from _run_or_skip(tpm_missing_reason, lambda: run_swtpm(tmp_path_factory.mktemp("swtpm")))
 
 
 @pytest.fixture(scope="session")
 def swtpm_other(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SoftwareTpm]:
     """A second software TPM: another node, whose receipts must not pass as the first one's."""
-    reason = tpm_missing_reason()
-    if reason:
-        pytest.skip(reason)
-    with run_swtpm(tmp_path_factory.mktemp("swtpm-other")) as running:
-        yield running
+    yield from _run_or_skip(tpm_missing_reason, lambda: run_swtpm(tmp_path_factory.mktemp("swtpm-other")))

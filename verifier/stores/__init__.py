@@ -293,7 +293,6 @@ def evidence_stores(reference: str, policy: Policy) -> tuple[str, ...]:
     from modelsec.registry.reference import oci_scheme, parse_reference
 
     if oci_scheme(reference):
-
         own = parse_reference(reference).repository_uri
         if own not in out:
             out.append(own)

@@ -30,22 +30,13 @@ import contextlib
 import hashlib
 import threading
 from collections.abc import Iterator
-from dataclasses import astuple
 from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from modelsec.errors import BackendUnavailableError, NotFoundError
-from modelsec.verifier.stores import StoredBundle
-from modelsec.verifier.stores.records import (
-    RecordStoreBase,
-    StoredRecord,
-    StoreFullError,
-    decode_page_token,
-    encode_page_token,
-    utc_now,
-)
+from modelsec.errors import BackendUnavailableError
+from modelsec.verifier.stores.records import Execute, RecordStoreBase
 
 __all__ = ["PostgresAttestationStore", "connect_store"]
 
@@ -72,8 +63,6 @@ _MIGRATIONS: tuple[str, ...] = (
 # keeps the one-key and two-key forms apart.
 _SCHEMA_LOCK = int.from_bytes(hashlib.sha256(b"modelsec schema").digest()[:8], "big", signed=True)
 _DIGEST_LOCK_CLASS = int.from_bytes(hashlib.sha256(b"modelsec digest").digest()[:4], "big", signed=True)
-_COLUMNS = "id, root_digest, predicate_type, signer, algorithm, stored_at, stored_by"
-_CURRENT = "superseded_at IS NULL"
 _CONNECT_TIMEOUT_S = 10
 
 
@@ -104,6 +93,9 @@ class PostgresAttestationStore(RecordStoreBase):
     Raises (every method):
         BackendUnavailableError: The database cannot be reached, read or written (retryable).
     """
+
+    _table = _TABLE
+    _placeholder = "%s"
 
     def __init__(
         self,
@@ -152,112 +144,21 @@ class PostgresAttestationStore(RecordStoreBase):
                 self._db.close()
                 self._db = None
 
-    def put_record(
-        self,
-        bundle: bytes,
-        *,
-        record_id: str | None = None,
-        root_digest: str,
-        predicate_type: str,
-        signer: str,
-        algorithm: str,
-        stored_by: str,
-    ) -> tuple[StoredRecord, bool]:
-        """Store a (verified) bundle; returns its record and whether it was new (`RecordStore.put_record`)."""
-        bundle_id = record_id or hashlib.sha256(bundle).hexdigest()
-        select = f"SELECT {_COLUMNS} FROM {_TABLE} WHERE id = %s"  # noqa: S608 - constant SQL; values bound
+    @contextlib.contextmanager
+    def _put_transaction(self, root_digest: str) -> Iterator[Execute]:
         with self._transaction("write") as cur:
             cur.execute(
                 "SELECT pg_advisory_xact_lock(%s, %s)", (_DIGEST_LOCK_CLASS, _digest_lock(root_digest))
             )
-            row = cur.execute(select, (bundle_id,)).fetchone()
-            if row is not None:
-                return StoredRecord(*row), False
-            count_sql = f"SELECT count(*) FROM {_TABLE} WHERE root_digest = %s AND {_CURRENT}"  # noqa: S608 - constant SQL
-            (count,) = cur.execute(count_sql, (root_digest,)).fetchone() or (0,)
-            if count >= self.max_bundles_per_digest:
-                raise StoreFullError(f"model {root_digest} already has {count} stored bundles (the limit)")
-            record = StoredRecord(
-                bundle_id, root_digest, predicate_type, signer, algorithm, utc_now(), stored_by
-            )
-            inserted = cur.execute(
-                f"INSERT INTO {_TABLE} ({_COLUMNS}, bundle) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "  # noqa: S608 - constant SQL; values bound
-                "ON CONFLICT (id) DO NOTHING RETURNING seq",
-                (*astuple(record), bundle),
-            ).fetchone()
-            if inserted is None:  # the same id about another digest, committed meanwhile
-                row = cur.execute(select, (bundle_id,)).fetchone()
-                if row is not None:
-                    return StoredRecord(*row), False
-            return record, True
+            yield cur.execute
 
-    def records(self, root_digest: str) -> list[tuple[StoredRecord, bytes]]:
-        """Every current bundle about `root_digest`, oldest first, with its record."""
-        rows = self._query(
-            f"SELECT {_COLUMNS}, bundle FROM {_TABLE} WHERE root_digest = %s AND {_CURRENT} "  # noqa: S608 - constant SQL; values bound
-            "ORDER BY seq LIMIT %s",
-            (root_digest, self.max_bundles_per_digest),
-        )
-        return [(StoredRecord(*r[:7]), bytes(r[7])) for r in rows]
+    def _insert(self, execute: Execute, insert: str, args: tuple[object, ...]) -> bool:
+        # A put of the same id about another digest holds another advisory lock: UNIQUE decides.
+        return execute(f"{insert} ON CONFLICT (id) DO NOTHING RETURNING seq", args).fetchone() is not None
 
-    def get(self, digest: str, bundle_id: str) -> StoredBundle:
-        """One current bundle by record id.
-
-        Raises:
-            NotFoundError: No current bundle with this id about `digest`.
-            BackendUnavailableError: The database cannot be read.
-        """
-        rows = self._query(
-            f"SELECT bundle FROM {_TABLE} WHERE id = %s AND root_digest = %s AND {_CURRENT}",  # noqa: S608 - constant SQL
-            (bundle_id, digest),
-        )
-        if not rows:
-            raise NotFoundError(f"{self.uri}: no bundle {bundle_id!r} about {digest!r}")
-        return StoredBundle(bundle_id, digest, bytes(rows[0][0]), f"{self.uri}#{bundle_id}")
-
-    def page(
-        self, *, root_digest: str = "", page_size: int = 100, page_token: str = ""
-    ) -> tuple[list[StoredRecord], str]:
-        """Current records newest first, `page_size` at a time (`RecordStore.page`)."""
-        where, args = f"WHERE seq < %s AND {_CURRENT}", list[object]([decode_page_token(page_token)])
-        if root_digest:
-            where += " AND root_digest = %s"
-            args.append(root_digest)
-        rows = self._query(
-            f"SELECT seq, {_COLUMNS} FROM {_TABLE} {where} ORDER BY seq DESC LIMIT %s",  # noqa: S608 - constant SQL; values bound
-            (*args, page_size + 1),
-        )
-        page = rows[:page_size]
-        token = encode_page_token(page[-1][0]) if len(rows) > page_size else ""
-        return [StoredRecord(*r[1:]) for r in page], token
-
-    def delete(self, digest: str, bundle_id: str) -> None:
-        """Remove the record `bundle_id` about `digest` (superseded or not); the caller is authorised.
-
-        Raises:
-            NotFoundError: No such record.
-            BackendUnavailableError: The write failed.
-        """
-        self._change(f"DELETE FROM {_TABLE} WHERE id = %s AND root_digest = %s", (bundle_id, digest))  # noqa: S608 - constant SQL
-
-    def supersede(self, digest: str, bundle_id: str) -> None:
-        """Mark the record `bundle_id` about `digest` superseded: kept, no longer read, listed or counted.
-
-        Raises:
-            NotFoundError: No such current record.
-            BackendUnavailableError: The write failed.
-        """
-        self._change(
-            f"UPDATE {_TABLE} SET superseded_at = %s WHERE id = %s AND root_digest = %s AND {_CURRENT}",  # noqa: S608 - constant SQL
-            (utc_now(), bundle_id, digest),
-        )
-
-    def _change(self, sql: str, args: tuple[str, ...]) -> None:
-        bundle_id, digest = args[-2:]
+    def _rowcount(self, sql: str, args: tuple[object, ...]) -> int:
         with self._transaction("write") as cur:
-            changed = cur.execute(sql, args).rowcount
-        if not changed:
-            raise NotFoundError(f"{self.uri}: no bundle {bundle_id!r} about {digest!r}")
+            return cur.execute(sql, args).rowcount
 
     def _query(self, sql: str, args: tuple[object, ...]) -> list[Any]:
         with self._transaction("read") as cur:

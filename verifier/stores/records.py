@@ -20,18 +20,23 @@ from __future__ import annotations
 
 import abc
 import base64
+import contextlib
+import hashlib
 import re
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import astuple, dataclass
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from modelsec.attestations.bundle import parse_bundle
 from modelsec.attestations.statement import is_sha256_hex, parse_statement
-from modelsec.errors import Error, MalformedArtifactError, PolicyError
+from modelsec.errors import Error, MalformedArtifactError, NotFoundError, PolicyError
 from modelsec.verifier.stores import AttestationStore, StoredBundle
 from modelsec.verifier.stores.directory import subject_root_digest
 
 __all__ = [
+    "CURRENT",
+    "RECORD_COLUMNS",
     "RecordStore",
     "RecordStoreBase",
     "StoreFullError",
@@ -113,17 +118,32 @@ class RecordStore(AttestationStore, Protocol):
         ...
 
 
+# The columns of a `StoredRecord`, in its field order, and the condition that a record is current; both
+# stores' tables have them (and `seq`, the insertion order, and `bundle`).
+RECORD_COLUMNS = "id, root_digest, predicate_type, signer, algorithm, stored_at, stored_by"
+CURRENT = "superseded_at IS NULL"
+# A driver's `execute(sql, args)` inside one transaction (`sqlite3.Connection.execute`, psycopg's cursor's).
+Execute = Callable[[str, tuple[object, ...]], Any]
+
+
 class RecordStoreBase(abc.ABC):
-    """What both record stores derive from `put_record` and `records`: the protocol's put and reads."""
+    """The reads and changes both record stores share, in SQL both dialects accept.
+
+    A store gives its table, its driver's placeholder (`?` SQLite, `%s` psycopg), `put_record` (where the
+    stores' locking differs) and two primitives that keep its own transaction and locking semantics:
+    `_query` (rows of one read) and `_rowcount` (rows one change touched, committed).
+    """
 
     max_bundle_bytes: int
+    max_bundles_per_digest: int
+    _table: str
+    _placeholder: str
 
     @property
     @abc.abstractmethod
     def uri(self) -> str:
         """The store's reference, for diagnostics."""
 
-    @abc.abstractmethod
     def put_record(
         self,
         bundle: bytes,
@@ -135,11 +155,63 @@ class RecordStoreBase(abc.ABC):
         algorithm: str,
         stored_by: str,
     ) -> tuple[StoredRecord, bool]:
-        """`RecordStore.put_record`."""
+        """Store a (verified) bundle; returns its record and whether it was new (`RecordStore.put_record`).
+
+        In one `_put_transaction`: the record id looked up, the model's current records counted, the
+        record inserted; a record the insert finds already there (a racing put) is returned as not new.
+
+        Raises:
+            StoreFullError: The model already has `max_bundles_per_digest` current bundles.
+            BackendUnavailableError: The write failed.
+        """
+        bundle_id = record_id or hashlib.sha256(bundle).hexdigest()
+        p = self._placeholder
+        select = f"SELECT {RECORD_COLUMNS} FROM {self._table} WHERE id = {p}"  # noqa: S608 - constant SQL; values bound
+        with self._put_transaction(root_digest) as execute:
+            row = execute(select, (bundle_id,)).fetchone()
+            if row is not None:
+                return StoredRecord(*row), False
+            count_sql = f"SELECT count(*) FROM {self._table} WHERE root_digest = {p} AND {CURRENT}"  # noqa: S608 - constant SQL; values bound
+            (count,) = execute(count_sql, (root_digest,)).fetchone() or (0,)
+            if count >= self.max_bundles_per_digest:
+                raise StoreFullError(f"model {root_digest} already has {count} stored bundles (the limit)")
+            record = StoredRecord(
+                bundle_id, root_digest, predicate_type, signer, algorithm, utc_now(), stored_by
+            )
+            insert = f"INSERT INTO {self._table} ({RECORD_COLUMNS}, bundle) VALUES ({', '.join([p] * 8)})"  # noqa: S608 - constant SQL; values bound
+            if not self._insert(execute, insert, (*astuple(record), bundle)):
+                row = execute(select, (bundle_id,)).fetchone()  # the same id, committed meanwhile
+                if row is not None:
+                    return StoredRecord(*row), False
+            return record, True
 
     @abc.abstractmethod
-    def records(self, root_digest: str) -> list[tuple[StoredRecord, bytes]]:
-        """`RecordStore.records`."""
+    def _put_transaction(self, root_digest: str) -> contextlib.AbstractContextManager[Execute]:
+        """The write transaction of a put about `root_digest`, serialised with every other put about it.
+
+        Raises:
+            BackendUnavailableError: The write failed (the transaction is rolled back).
+        """
+
+    @abc.abstractmethod
+    def _insert(self, execute: Execute, insert: str, args: tuple[object, ...]) -> bool:
+        """Run the record's `insert` in the put's transaction; False if its id was there already."""
+
+    @abc.abstractmethod
+    def _query(self, sql: str, args: tuple[object, ...]) -> list[Any]:
+        """The rows `sql` reads (one transaction).
+
+        Raises:
+            BackendUnavailableError: The store cannot be read.
+        """
+
+    @abc.abstractmethod
+    def _rowcount(self, sql: str, args: tuple[object, ...]) -> int:
+        """How many rows the change `sql` touched, committed (one transaction).
+
+        Raises:
+            BackendUnavailableError: The write failed.
+        """
 
     def put(self, data: bytes) -> tuple[StoredBundle, bool]:
         """File a bundle under its subject's root digest (the protocol's put; no verification metadata).
@@ -155,6 +227,20 @@ class RecordStoreBase(abc.ABC):
         )
         return StoredBundle(record.id, digest, data, f"{self.uri}#{record.id}"), created
 
+    def records(self, root_digest: str) -> list[tuple[StoredRecord, bytes]]:
+        """Every current bundle about `root_digest`, oldest first, with its record (`RecordStore.records`).
+
+        Raises:
+            BackendUnavailableError: The store cannot be read.
+        """
+        p = self._placeholder
+        rows = self._query(
+            f"SELECT {RECORD_COLUMNS}, bundle FROM {self._table} WHERE root_digest = {p} AND {CURRENT} "  # noqa: S608 - constant SQL; values bound
+            f"ORDER BY seq LIMIT {p}",
+            (root_digest, self.max_bundles_per_digest),
+        )
+        return [(StoredRecord(*r[:7]), bytes(r[7])) for r in rows]
+
     def bundles(self, digest: str) -> list[bytes]:
         """The current bundles about a model root digest, oldest first."""
         return [b for _, b in self.records(digest)]
@@ -169,6 +255,80 @@ class RecordStoreBase(abc.ABC):
         if not is_sha256_hex(digest):
             raise MalformedArtifactError(f"{digest!r} is not a hex SHA-256 digest")
         return [StoredBundle(r.id, digest, b, f"{self.uri}#{r.id}") for r, b in self.records(digest)]
+
+    def get(self, digest: str, bundle_id: str) -> StoredBundle:
+        """One current bundle by record id.
+
+        Raises:
+            NotFoundError: No current bundle with this id about `digest`.
+            BackendUnavailableError: The store cannot be read.
+        """
+        p = self._placeholder
+        rows = self._query(
+            f"SELECT bundle FROM {self._table} WHERE id = {p} AND root_digest = {p} AND {CURRENT}",  # noqa: S608 - constant SQL; values bound
+            (bundle_id, digest),
+        )
+        if not rows:
+            raise NotFoundError(f"{self.uri}: no bundle {bundle_id!r} about {digest!r}")
+        return StoredBundle(bundle_id, digest, bytes(rows[0][0]), f"{self.uri}#{bundle_id}")
+
+    def page(
+        self, *, root_digest: str = "", page_size: int = 100, page_token: str = ""
+    ) -> tuple[list[StoredRecord], str]:
+        """Current records newest first, `page_size` at a time; returns the page and the next page token.
+
+        Raises:
+            MalformedArtifactError: The page token is not one this store issued.
+            BackendUnavailableError: The store cannot be read.
+        """
+        p = self._placeholder
+        where, args = f"WHERE seq < {p} AND {CURRENT}", list[object]([decode_page_token(page_token)])
+        if root_digest:
+            where += f" AND root_digest = {p}"
+            args.append(root_digest)
+        rows = self._query(
+            f"SELECT seq, {RECORD_COLUMNS} FROM {self._table} {where} ORDER BY seq DESC LIMIT {p}",  # noqa: S608 - constant SQL; values bound
+            (*args, page_size + 1),
+        )
+        page = rows[:page_size]
+        token = encode_page_token(page[-1][0]) if len(rows) > page_size else ""
+        return [StoredRecord(*r[1:]) for r in page], token
+
+    def delete(self, digest: str, bundle_id: str) -> None:
+        """Remove the record `bundle_id` about `digest` (superseded or not); the caller is authorised.
+
+        Raises:
+            NotFoundError: No such record.
+            BackendUnavailableError: The write failed.
+        """
+        p = self._placeholder
+        self._change(
+            f"DELETE FROM {self._table} WHERE id = {p} AND root_digest = {p}",  # noqa: S608 - constant SQL; values bound
+            (bundle_id, digest),
+        )
+
+    def supersede(self, digest: str, bundle_id: str) -> None:
+        """Mark the record `bundle_id` about `digest` superseded: kept, no longer read, listed or counted.
+
+        A superseded record does not count against the model's limit; a second put of the same record
+        stays superseded (`delete` forgets it).
+
+        Raises:
+            NotFoundError: No such current record.
+            BackendUnavailableError: The write failed.
+        """
+        p = self._placeholder
+        self._change(
+            f"UPDATE {self._table} SET superseded_at = {p} "  # noqa: S608 - constant SQL; values bound
+            f"WHERE id = {p} AND root_digest = {p} AND {CURRENT}",
+            (utc_now(), bundle_id, digest),
+        )
+
+    def _change(self, sql: str, args: tuple[str, ...]) -> None:
+        """Run a change whose last two arguments are (record id, digest); NotFoundError if it touched none."""
+        bundle_id, digest = args[-2:]
+        if not self._rowcount(sql, args):
+            raise NotFoundError(f"{self.uri}: no bundle {bundle_id!r} about {digest!r}")
 
 
 def utc_now() -> str:

@@ -15,23 +15,15 @@ get it (kept for audit); `delete` removes it.
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import sqlite3
 import threading
-from dataclasses import astuple
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from modelsec.errors import BackendUnavailableError, NotFoundError
-from modelsec.verifier.stores import StoredBundle
-from modelsec.verifier.stores.records import (
-    RecordStoreBase,
-    StoredRecord,
-    StoreFullError,
-    decode_page_token,
-    encode_page_token,
-    utc_now,
-)
+from modelsec.errors import BackendUnavailableError
+from modelsec.verifier.stores.records import Execute, RecordStoreBase, StoredRecord, StoreFullError
 
 __all__ = ["SqliteAttestationStore", "StoreFullError", "StoredRecord"]
 
@@ -49,8 +41,6 @@ CREATE TABLE IF NOT EXISTS attestations (
 );
 CREATE INDEX IF NOT EXISTS attestations_by_digest ON attestations (root_digest, seq);
 """
-_COLUMNS = "id, root_digest, predicate_type, signer, algorithm, stored_at, stored_by"
-_CURRENT = "superseded_at IS NULL"
 
 
 class SqliteAttestationStore(RecordStoreBase):
@@ -59,6 +49,9 @@ class SqliteAttestationStore(RecordStoreBase):
     Raises (every method):
         BackendUnavailableError: The database cannot be opened or written (disk full, locked too long).
     """
+
+    _table = "attestations"
+    _placeholder = "?"
 
     def __init__(
         self, path: Path, *, max_bundles_per_digest: int = 256, max_bundle_bytes: int = 16 * 2**20
@@ -100,148 +93,31 @@ class SqliteAttestationStore(RecordStoreBase):
         with self._lock:
             self._db.close()
 
-    def put_record(
-        self,
-        bundle: bytes,
-        *,
-        record_id: str | None = None,
-        root_digest: str,
-        predicate_type: str,
-        signer: str,
-        algorithm: str,
-        stored_by: str,
-    ) -> tuple[StoredRecord, bool]:
-        """Store a (verified) bundle; returns its record and whether it was new.
-
-        Args:
-            bundle: The bundle bytes.
-            record_id: The record's identity (default: hex SHA-256 of `bundle`); a second put with the same
-                id stores nothing.
-            root_digest: The subject's model root digest.
-            predicate_type: The statement's predicate type.
-            signer: Name of the trusted key that verified it.
-            algorithm: Its signature algorithm.
-            stored_by: The authenticated identity storing it.
-
-        Raises:
-            StoreFullError: The model already has `max_bundles_per_digest` bundles.
-            BackendUnavailableError: The write failed.
-        """
-        bundle_id = record_id or hashlib.sha256(bundle).hexdigest()
-        now = utc_now()
+    @contextlib.contextmanager
+    def _put_transaction(self, root_digest: str) -> Iterator[Execute]:
+        # BEGIN IMMEDIATE takes the database's write lock: every put (of every process) is serialised.
         try:
             with self._lock:
                 self._db.execute("BEGIN IMMEDIATE")
                 try:
-                    row = self._db.execute(
-                        f"SELECT {_COLUMNS} FROM attestations WHERE id = ?",  # noqa: S608 - constant SQL
-                        (bundle_id,),
-                    ).fetchone()
-                    if row is not None:
-                        self._db.execute("COMMIT")
-                        return StoredRecord(*row), False
-                    (count,) = self._db.execute(
-                        f"SELECT COUNT(*) FROM attestations WHERE root_digest = ? AND {_CURRENT}",  # noqa: S608 - constant SQL
-                        (root_digest,),
-                    ).fetchone()
-                    if count >= self.max_bundles_per_digest:
-                        raise StoreFullError(
-                            f"model {root_digest} already has {count} stored bundles (the limit)"
-                        )
-                    record = StoredRecord(
-                        bundle_id, root_digest, predicate_type, signer, algorithm, now, stored_by
-                    )
-                    self._db.execute(
-                        f"INSERT INTO attestations ({_COLUMNS}, bundle) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",  # noqa: S608 - constant SQL; values bound
-                        (*astuple(record), bundle),
-                    )
+                    yield self._db.execute
                     self._db.execute("COMMIT")
-                    return record, True
                 except BaseException:
                     self._db.execute("ROLLBACK")
                     raise
         except sqlite3.Error as e:
             raise BackendUnavailableError(f"{self.path}: cannot write the attestation store: {e}") from e
 
-    def records(self, root_digest: str) -> list[tuple[StoredRecord, bytes]]:
-        """Every stored bundle about `root_digest`, oldest first, with its record."""
-        rows = self._query(
-            f"SELECT {_COLUMNS}, bundle FROM attestations WHERE root_digest = ? AND {_CURRENT} "  # noqa: S608 - constant SQL; values bound
-            "ORDER BY seq LIMIT ?",
-            (root_digest, self.max_bundles_per_digest),
-        )
-        return [(StoredRecord(*r[:7]), bytes(r[7])) for r in rows]
+    def _insert(self, execute: Execute, insert: str, args: tuple[object, ...]) -> bool:
+        execute(insert, args)  # under the write lock no other put can have stored the id meanwhile
+        return True
 
-    def get(self, digest: str, bundle_id: str) -> StoredBundle:
-        """One stored bundle by record id.
-
-        Raises:
-            NotFoundError: No bundle with this id about `digest`.
-            BackendUnavailableError: The database cannot be read.
-        """
-        rows = self._query(
-            f"SELECT bundle FROM attestations WHERE id = ? AND root_digest = ? AND {_CURRENT}",  # noqa: S608 - constant SQL
-            (bundle_id, digest),
-        )
-        if not rows:
-            raise NotFoundError(f"{self.uri}: no bundle {bundle_id!r} about {digest!r}")
-        return StoredBundle(bundle_id, digest, bytes(rows[0][0]), f"{self.uri}#{bundle_id}")
-
-    def page(
-        self, *, root_digest: str = "", page_size: int = 100, page_token: str = ""
-    ) -> tuple[list[StoredRecord], str]:
-        """Stored records newest first, `page_size` at a time; returns the page and the next page token.
-
-        Raises:
-            MalformedArtifactError: The page token is not one this store issued.
-        """
-        before = decode_page_token(page_token)
-        where, args = f"WHERE seq < ? AND {_CURRENT}", list[object]([before])
-        if root_digest:
-            where += " AND root_digest = ?"
-            args.append(root_digest)
-        rows = self._query(
-            f"SELECT seq, {_COLUMNS} FROM attestations {where} ORDER BY seq DESC LIMIT ?",  # noqa: S608 - constant SQL; values bound
-            (*args, page_size + 1),
-        )
-        page = rows[:page_size]
-        token = encode_page_token(page[-1][0]) if len(rows) > page_size else ""
-        return [StoredRecord(*r[1:]) for r in page], token
-
-    def delete(self, digest: str, bundle_id: str) -> None:
-        """Remove the record `bundle_id` about `digest` (superseded or not); the caller is authorised.
-
-        Raises:
-            NotFoundError: No such record.
-            BackendUnavailableError: The write failed.
-        """
-        self._change("DELETE FROM attestations WHERE id = ? AND root_digest = ?", (bundle_id, digest))
-
-    def supersede(self, digest: str, bundle_id: str) -> None:
-        """Mark the record `bundle_id` about `digest` superseded: kept, no longer read, listed or counted.
-
-        A superseded record does not count against the model's limit; a second put of the same record
-        stays superseded (`delete` forgets it).
-
-        Raises:
-            NotFoundError: No such current record.
-            BackendUnavailableError: The write failed.
-        """
-        now = utc_now()
-        self._change(
-            f"UPDATE attestations SET superseded_at = ? WHERE id = ? AND root_digest = ? AND {_CURRENT}",  # noqa: S608 - constant SQL
-            (now, bundle_id, digest),
-        )
-
-    def _change(self, sql: str, args: tuple[str, ...]) -> None:
-        bundle_id, digest = args[-2:]
+    def _rowcount(self, sql: str, args: tuple[object, ...]) -> int:
         try:
             with self._lock:
-                changed = self._db.execute(sql, args).rowcount
+                return int(self._db.execute(sql, args).rowcount)
         except sqlite3.Error as e:
             raise BackendUnavailableError(f"{self.path}: cannot write the attestation store: {e}") from e
-        if not changed:
-            raise NotFoundError(f"{self.uri}: no bundle {bundle_id!r} about {digest!r}")
 
     def _query(self, sql: str, args: tuple[object, ...]) -> list[Any]:
         try:

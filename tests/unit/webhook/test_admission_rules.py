@@ -14,10 +14,8 @@ from typing import Any
 import pytest
 
 from modelsec.policy import PolicySet
-from modelsec.signer import load_private_key_file, sign_model
-from modelsec.verifier.attestations import store_bundle
 from modelsec.webhook.review import DirectoryStore, Mode, Reviewer, WebhookConfig
-from tests.conftest import write_tiny_model
+from tests.support.stores import signed_model_store
 from tests.unit.webhook.test_review import REGISTRY, UNSIGNED, FakeClock, review_body
 
 MODELS = "registry.internal/models"
@@ -26,12 +24,7 @@ POD_IN_CRONJOB = ("jobTemplate", "spec", "template", "spec")
 
 @pytest.fixture(scope="module")
 def signed(key_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
-    root = tmp_path_factory.mktemp("admission-rules")
-    model = write_tiny_model(root / "model", shards=1)
-    result = sign_model(model, [load_private_key_file(key_dir / "ecdsa-p256.key.pem")])
-    store = root / "store"
-    store_bundle(store, (model / "model.sig").read_bytes())
-    return result.root_digest, store
+    return signed_model_store(tmp_path_factory.mktemp("admission-rules"), key_dir / "ecdsa-p256.key.pem")
 
 
 def policy_set(key_dir: Path, *policies: dict[str, Any], **top: Any) -> PolicySet:

@@ -18,8 +18,8 @@ import pytest
 from modelsec.errors import InvalidReferenceError, PolicyError
 from modelsec.policy import PolicySet
 from modelsec.verifier.admission import admit
-from modelsec.webhook.review import DirectoryStore, Reviewer, WebhookConfig
-from tests.unit.webhook.test_review import UNSIGNED, FakeClock, review_body, signed
+from modelsec.webhook.review import Reviewer
+from tests.unit.webhook.test_review import UNSIGNED, review_body, reviewer, signed
 
 __all__ = ["signed"]  # the signed-model fixture of the webhook's table tests
 
@@ -68,10 +68,6 @@ def policies(key_dir: Path) -> PolicySet:
     return PolicySet.from_mapping(doc, base_dir=key_dir, source="test-policy")
 
 
-def _reviewer(policies: PolicySet, store: Path) -> Reviewer:
-    return Reviewer(policies, DirectoryStore(store), WebhookConfig(), generation="g1", clock=FakeClock())
-
-
 def _decide(r: Reviewer, body: dict[str, Any]) -> tuple[bool, str, str]:
     decision = r.review(json.dumps(body).encode())
     response = decision.response["response"]
@@ -93,7 +89,7 @@ def _with_image(image: str, *, volume: bool = False, models: str | None = None) 
 def test_an_image_alias_is_refused_by_mutable_tag_as_its_canonical_spelling(
     canonical: str, spelling: str, volume: bool, policies: PolicySet, signed: tuple[str, Path]
 ) -> None:
-    r = _reviewer(policies, signed[1])
+    r = reviewer(policies, signed[1])
     expected = _decide(r, _with_image(f"{canonical}:latest", volume=volume))
     assert expected[:2] == (False, "digest-required")
     allowed, reason, message = _decide(r, _with_image(f"{spelling}:latest", volume=volume))
@@ -106,7 +102,7 @@ def test_an_oci_annotation_alias_gets_the_decision_of_its_canonical_spelling(
     canonical: str, spelling: str, policies: PolicySet, signed: tuple[str, Path]
 ) -> None:
     digest, store = signed
-    r = _reviewer(policies, store)
+    r = reviewer(policies, store)
     for suffix, decision in [
         (":latest", (False, "digest-required")),
         (f"@sha256:{UNSIGNED}", (False, "attestation")),
@@ -119,7 +115,7 @@ def test_an_oci_annotation_alias_gets_the_decision_of_its_canonical_spelling(
 def test_a_kserve_modelcar_alias_is_refused_by_mutable_tag(
     policies: PolicySet, signed: tuple[str, Path]
 ) -> None:
-    r = _reviewer(policies, signed[1])
+    r = reviewer(policies, signed[1])
     for spelling in [
         "oci://registry.internal/models/llm:latest",
         *(f"oci://{s}:latest" for s in INTERNAL + HUB),
@@ -141,7 +137,7 @@ def test_an_image_alias_is_bound_to_the_digest_its_reference_names(
     annotation: str, image: str, policies: PolicySet, signed: tuple[str, Path]
 ) -> None:
     digest, store = signed
-    r = _reviewer(policies, store)
+    r = reviewer(policies, store)
     models = f"{annotation}@sha256:{digest}"
     assert _decide(r, _with_image(f"{image}@sha256:{digest}", volume=True, models=models))[:2] == (
         True,
@@ -160,7 +156,7 @@ def test_an_image_alias_is_bound_to_the_digest_its_reference_names(
 
 
 def test_another_port_is_another_registry(policies: PolicySet, signed: tuple[str, Path]) -> None:
-    r = _reviewer(policies, signed[1])
+    r = reviewer(policies, signed[1])
     assert _decide(r, _with_image("localhost:5000/models/llm:latest"))[:2] == (False, "digest-required")
     # `localhost` (443) and `localhost:5001` are not the registry the policy names: noMatch (allow here).
     for other in (
@@ -184,7 +180,7 @@ def test_another_port_is_another_registry(policies: PolicySet, signed: tuple[str
 def test_an_invalid_reference_is_refused_naming_the_rule(
     models: str | None, image: str | None, words: str, policies: PolicySet, signed: tuple[str, Path]
 ) -> None:
-    r = _reviewer(policies, signed[1])
+    r = reviewer(policies, signed[1])
     body = _with_image(image, models=models) if image else review_body("Pod", models)
     allowed, reason, message = _decide(r, body)
     assert (allowed, reason) == (False, "malformed-reference")

@@ -11,8 +11,6 @@ import pytest
 
 from modelsec.errors import BackendUnavailableError
 from modelsec.policy import PolicySet
-from modelsec.signer import load_private_key_file, sign_model
-from modelsec.verifier.attestations import store_bundle
 from modelsec.verifier.stores import StoredBundle
 from modelsec.webhook.review import (
     BadRequestError,
@@ -22,7 +20,7 @@ from modelsec.webhook.review import (
     WebhookConfig,
     parse_reference,
 )
-from tests.conftest import write_tiny_model
+from tests.support.stores import signed_model_store
 
 UNSIGNED = "ab" * 32
 REGISTRY = "oci://registry.internal/models"
@@ -39,12 +37,7 @@ class FakeClock:
 @pytest.fixture(scope="module")
 def signed(key_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     """A tiny model signed with the trusted P-256 key, its bundle filed in a directory store."""
-    root = tmp_path_factory.mktemp("webhook-unit")
-    model = write_tiny_model(root / "model", shards=1)
-    result = sign_model(model, [load_private_key_file(key_dir / "ecdsa-p256.key.pem")])
-    store = root / "store"
-    store_bundle(store, (model / "model.sig").read_bytes())
-    return result.root_digest, store
+    return signed_model_store(tmp_path_factory.mktemp("webhook-unit"), key_dir / "ecdsa-p256.key.pem")
 
 
 @pytest.fixture(scope="module")
