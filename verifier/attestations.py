@@ -22,6 +22,14 @@ model when the policy requires attestations. Order for each bundle, failing clos
    future and, where the policy names a `message`, its `messageCommitment` must be that message's
    commitment under the policy's `keyFile` (`modelsec.verifier._statement_checks`).
 
+Steps 2-6 are one loop over the policy's requirements (`_Requirement`, DESIGN.md decision 19): a statement is
+offered to every requirement that names its predicate type, the CEL conditions first
+(`modelsec.verifier.conditions`), then the built-in requirement of a registered type. Each selects by
+predicate type and signers (`modelsec.verifier.conditions.select_signer`: a condition names its signers;
+the built-in weights, gate and watermark requirements are sugar over the same selection, taking every policy
+signer that holds the type's role), then the subject and the time, and then applies its check: the CEL
+condition, or the built-in one of step 6. A type that no requirement names is refused by name.
+
 A bundle failing any of steps 1-6 is *ignored*, with the reason: it is not this model's evidence under this
 policy, and it never vetoes (a shared store must not let whoever writes to it, nor an old result, deny a
 model). Evidence is then *selected*, not voted: a weights signature counts for its algorithm; among the gate
@@ -42,10 +50,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from modelsec.attestations.bundle import Bundle, parse_bundle
-from modelsec.attestations.predicates import PREDICATE_KINDS, PredicateKind, predicate_kind
+from modelsec.attestations.predicates import PREDICATE_KINDS, predicate_kind
 from modelsec.attestations.predicates.gate import GATE_PREDICATE_TYPE, GatePredicate
 from modelsec.attestations.predicates.watermark import WATERMARK_PREDICATE_TYPE, WatermarkPredicate
 from modelsec.attestations.statement import Statement, is_sha256_hex, parse_statement
@@ -60,7 +68,13 @@ from modelsec.verifier._statement_checks import (
     watermark_applies,
     watermark_outcome,
 )
-from modelsec.verifier.conditions import ConditionSelection, LinkCandidateError, Lookup, store_lookup
+from modelsec.verifier.conditions import (
+    ConditionSelection,
+    LinkCandidateError,
+    Lookup,
+    select_signer,
+    store_lookup,
+)
 from modelsec.verifier.stores import StoredBundle, StoreOptions, evidence_stores, open_store
 from modelsec.verifier.stores.directory import DirectoryStore
 from modelsec.verifier.trust.bundles import check_signature_time, read_bundle, verify_bundle_signature
@@ -309,21 +323,187 @@ def _reason(e: Error, what: str) -> str:
     return text if text.startswith(what) else f"{what}: {text}"
 
 
+class _Requirement(Protocol):
+    """A policy requirement as `_Selection.read` applies it: the statements it selects, then its check.
+
+    Every requirement selects a statement by its predicate type and its signers (`select_signer`), the
+    subject and the signature's time; then checks it. A CEL condition requirement names its signers and
+    checks its condition; the built-in weights, gate and watermark requirements are sugar over the same
+    selection (any policy signer holding the type's role) with a fixed check.
+    """
+
+    def names(self, predicate_type: str) -> bool:
+        """Whether it selects statements of `predicate_type`."""
+        ...
+
+    def offer(self, selection: _Selection, bundle: Bundle, statement: Statement, what: str) -> None:
+        """Select and check one statement: accept it or keep it as a candidate; `Error`: it is ignored."""
+        ...
+
+    def decide(self, selection: _Selection) -> list[str]:
+        """Once every bundle is read: record the verdict in `selection`, and return what is missing."""
+        ...
+
+
+class _Conditions:
+    """The policy's CEL condition requirements (`modelsec.verifier.conditions`), each offered a statement."""
+
+    def __init__(self, conditions: ConditionSelection) -> None:
+        self.conditions = conditions
+
+    def names(self, predicate_type: str) -> bool:
+        return self.conditions.names(predicate_type)
+
+    def offer(self, selection: _Selection, bundle: Bundle, statement: Statement, what: str) -> None:
+        # A statement that satisfies no condition is ignored here; a registered type's built-in requirement
+        # still judges it. One of an unregistered type about another model may still be a lineage link.
+        try:
+            for kind, key, detail in self.conditions.offer(bundle, statement, what):
+                selection.accept(kind, what, key, detail, listed=False)
+        except LinkCandidateError as e:
+            if statement.predicate_type in PREDICATE_KINDS:
+                selection.ignored.append(_reason(e, what))
+            else:
+                selection.link_candidates[what] = _reason(e, what)
+        except Error as e:
+            selection.ignored.append(_reason(e, what))
+
+    def decide(self, selection: _Selection) -> list[str]:
+        met, missing = self.conditions.decide()
+        for _kind, key, what, detail in met:
+            selection.satisfied.append(f"{detail} ({key.name}, {what})")
+        # A statement about an ancestor is evidence when a satisfied lineage chain went through it (so a
+        # caller that sends the model's lineage with it is not vetoed by it), and ignored otherwise.
+        for link in {link.what: link for link in self.conditions.used}.values():
+            selection.link_candidates.pop(link.what, None)
+            selection.accept("lineage", link.what, link.key, link.detail, listed=False)
+        selection.ignored += selection.link_candidates.values()
+        return missing
+
+
+class _Weights:
+    """Weights signatures (the OMS manifest): each one selected counts for its key's algorithm."""
+
+    def __init__(self, required: Sequence[str] | None) -> None:
+        self.required = required  # algorithms; None: the caller verified the weights itself
+
+    def names(self, predicate_type: str) -> bool:
+        kind = PREDICATE_KINDS.get(predicate_type)
+        return kind is not None and kind.role == "weights" and kind.about == "model"
+
+    def offer(self, selection: _Selection, bundle: Bundle, statement: Statement, what: str) -> None:
+        key = selection.select(bundle, statement, what)
+        PREDICATE_KINDS[statement.predicate_type].parse(statement, what=what, limits=selection.policy.limits)
+        selection.signed_algorithms.add(key.algorithm.value)
+        selection.accept("signature", what, key, f"signature: {key.algorithm.value}")
+
+    def decide(self, selection: _Selection) -> list[str]:
+        if self.required is None:
+            return []
+        missing = [] if selection.signed_algorithms else ["signature: no weights signature by a trusted key"]
+        return missing + [f"signature: {a}" for a in self.required if a not in selection.signed_algorithms]
+
+
+_P = TypeVar("_P")
+_R = TypeVar("_R")
+
+
+class _Newest(Generic[_P, _R]):
+    """A built-in gate or watermark requirement: the newest applicable statement decides (`_Candidate`).
+
+    It selects statements of its predicate type as every requirement does, by any policy signer holding the
+    type's role (`_Selection.select`); its check is the built-in one (`modelsec.verifier._statement_checks`)
+    in place of a CEL condition: a statement that does not apply to the policy is ignored, and among those
+    left the newest decides. A policy without the requirement accepts the statement as present.
+    """
+
+    def __init__(
+        self,
+        predicate_type: str,
+        label: str,
+        requirement: _R | None,
+        check: tuple[
+            Callable[[_P, _R, str, datetime], None],
+            Callable[[_P, _R, str], str],
+            Callable[[_P], datetime | None],
+        ],
+        absent: str,
+    ) -> None:
+        self.predicate_type, self.label, self.requirement = predicate_type, label, requirement
+        self.absent = absent
+        self.applies, self.outcome, self.when = check
+        self.candidates: list[_Candidate] = []
+
+    def names(self, predicate_type: str) -> bool:
+        return predicate_type == self.predicate_type
+
+    def offer(self, selection: _Selection, bundle: Bundle, statement: Statement, what: str) -> None:
+        key = selection.select(bundle, statement, what)
+        if self.requirement is None:
+            selection.accept(self.label, what, key, f"{self.label}: present (not required by the policy)")
+            return
+        kind = PREDICATE_KINDS[self.predicate_type]
+        predicate: _P = kind.parse(statement, what=what, limits=selection.policy.limits)
+        self.applies(predicate, self.requirement, what, selection.now)
+        outcome = functools.partial(self.outcome, predicate, self.requirement, what)
+        self.candidates.append(_candidate(self.label, self.when(predicate), what, key, outcome))
+
+    def decide(self, selection: _Selection) -> list[str]:
+        """The newest candidate decides; the older ones are listed as superseded."""
+        if not self.candidates:
+            return [self.absent] if self.requirement is not None else []
+        newest, *older = _newest_first(self.candidates)
+        if newest.failure:
+            selection.refused.append(newest.failure)
+        else:
+            selection.accept(newest.kind, newest.what, newest.key, newest.detail)
+        for c in older:
+            line = f"{c.what}: superseded by the newer {newest.what}"
+            selection.ignored.append(line)
+            selection.superseded.append(line)
+        return []
+
+
 class _Selection:
     """What `verify_attestations` collects while it reads the bundles (one instance per call)."""
 
-    def __init__(self, policy: Policy, root_digest: str, now: datetime, lookup: Lookup) -> None:
+    def __init__(
+        self, policy: Policy, root_digest: str, now: datetime, lookup: Lookup, *, require_signatures: bool
+    ) -> None:
         self.policy, self.root_digest, self.now = policy, root_digest, now
-        self.conditions = ConditionSelection(policy, root_digest, now, lookup)
         self.satisfied: list[str] = []
         self.refused: list[str] = []
         self.ignored: list[str] = []
         self.superseded: list[str] = []
         self.evidence: list[Evidence] = []
         self.signed_algorithms: set[str] = set()
-        self.gates: list[_Candidate] = []
-        self.watermarks: list[_Candidate] = []
         self.link_candidates: dict[str, str] = {}  # bundle -> why it is no evidence unless a chain uses it
+        self.conditions = _Conditions(ConditionSelection(policy, root_digest, now, lookup))
+        self.weights = _Weights(
+            [a.value for a in sorted(policy.require_algorithms)] if require_signatures else None
+        )
+        self.gate: _Newest[GatePredicate, RobustnessRequirement] = _Newest(
+            GATE_PREDICATE_TYPE,
+            "robustness",
+            policy.robustness,
+            (gate_applies, gate_outcome, lambda g: g.finished_at),
+            "robustness: no robustness-gate attestation",
+        )
+        self.watermark: _Newest[WatermarkPredicate, WatermarkRequirement] = _Newest(
+            WATERMARK_PREDICATE_TYPE,
+            "watermark",
+            policy.watermark,
+            (watermark_applies, watermark_outcome, lambda w: w.embedded_at),
+            "watermark: no watermark attestation",
+        )
+        # Each statement is offered to every requirement naming its type, in this order: the conditions
+        # first, then the built-in requirement of a registered type (both judge a gate or watermark).
+        self.requirements: tuple[_Requirement, ...] = (
+            self.conditions,
+            self.weights,
+            self.gate,
+            self.watermark,
+        )
 
     def accept(self, kind: str, what: str, key: TrustedKey, detail: str, *, listed: bool = True) -> None:
         if listed:
@@ -331,102 +511,47 @@ class _Selection:
         self.evidence.append(Evidence(kind, what, key.name, detail, key.keyid, key.algorithm.value))
 
     def read(self, item: Path | bytes | StoredBundle, index: int) -> None:
-        """Steps 1-5 for one bundle: it is ignored, accepted, or becomes a candidate for its requirement."""
+        """Steps 1-6 for one bundle: it is ignored, accepted, or becomes a candidate for its requirement."""
         what = _name(item, index)
         try:
             bundle = _load(item, self.policy, index)
             statement = parse_statement(bundle.envelope.payload, what=what)
-            claimed = statement.predicate_type
-            if self.conditions.names(claimed):
-                # A condition requirement names the type: it is judged there (and, when modelsec registers the
-                # type, by its built-in requirement below as well).
-                try:
-                    for kind, key, detail in self.conditions.offer(bundle, statement, what):
-                        self.accept(kind, what, key, detail, listed=False)
-                except LinkCandidateError as e:
-                    if claimed not in PREDICATE_KINDS:
-                        self.link_candidates[what] = _reason(e, what)
-                        return
-                    self.ignored.append(_reason(e, what))
-                except Error as e:
-                    if claimed not in PREDICATE_KINDS:
-                        raise
-                    self.ignored.append(_reason(e, what))
-                if claimed not in PREDICATE_KINDS:
-                    return
-            if claimed not in PREDICATE_KINDS:
-                signer = verify_bundle_signature(
-                    bundle,
-                    self.policy.keys,
-                    role=None,
-                    authorities=self.policy.authorities,
-                    timestamp_authorities=self.policy.timestamp_authorities,
-                )
-                raise AttestationError(
-                    f"{what}: unknown predicateType {claimed!r} (signed by trusted key {signer.name!r}): "
-                    "evidence for no requirement"
-                )
-            key = verify_statement_bundle(
-                bundle,
-                statement,
-                self.policy.keys,
-                self.root_digest,
-                what=what,
-                authorities=self.policy.authorities,
-                timestamp_authorities=self.policy.timestamp_authorities,
-            )
-            check_signature_time(bundle, key, self.policy, now=self.now)
-            self._classify(statement, key, what)
+            named = [r for r in self.requirements if r.names(statement.predicate_type)]
+            for requirement in named:
+                requirement.offer(self, bundle, statement, what)
+            if not named:
+                self._unclaimed(bundle, statement, what)
         except Error as e:
             self.ignored.append(_reason(e, what))
 
-    def _classify(self, statement: Statement, key: TrustedKey, what: str) -> None:
-        """Step 6 for a trusted statement about this model, by the role of its predicate type."""
-        kind = predicate_kind(statement.predicate_type, what=what)
-        if kind.about != "model":
+    def select(self, bundle: Bundle, statement: Statement, what: str) -> TrustedKey:
+        """Steps 3-4 for a built-in requirement: any trusted signer with its role, this model, in time."""
+        key = select_signer(self.policy, frozenset(), bundle, statement)
+        _check_subject(statement, self.root_digest, what=what)
+        check_signature_time(bundle, key, self.policy, now=self.now)
+        return key
+
+    def _unclaimed(self, bundle: Bundle, statement: Statement, what: str) -> None:
+        """A statement no requirement names: always raises, naming who signed it or what it is about."""
+        claimed = statement.predicate_type
+        kind = PREDICATE_KINDS.get(claimed)
+        if kind is not None:
+            self.select(bundle, statement, what)
             raise AttestationError(f"{what}: a statement about an {kind.about}, evidence for no requirement")
-        {"weights": self._weights, "gate": self._gate, "watermark": self._watermark}[kind.role](
-            kind, statement, key, what
+        signer = select_signer(self.policy, frozenset(), bundle, statement)
+        raise AttestationError(
+            f"{what}: unknown predicateType {claimed!r} (signed by trusted key {signer.name!r}): "
+            "evidence for no requirement"
         )
 
-    def _weights(self, kind: PredicateKind, statement: Statement, key: TrustedKey, what: str) -> None:
-        kind.parse(statement, what=what, limits=self.policy.limits)
-        self.signed_algorithms.add(key.algorithm.value)
-        self.accept("signature", what, key, f"signature: {key.algorithm.value}")
-
-    def _gate(self, kind: PredicateKind, statement: Statement, key: TrustedKey, what: str) -> None:
-        robustness = self.policy.robustness
-        if robustness is None:
-            self.accept("robustness", what, key, "robustness: present (not required by the policy)")
-            return
-        gate: GatePredicate = kind.parse(statement, what=what, limits=self.policy.limits)
-        gate_applies(gate, robustness, what, self.now)
-        outcome = functools.partial(gate_outcome, gate, robustness, what)
-        self.gates.append(_candidate("robustness", gate.finished_at, what, key, outcome))
-
-    def _watermark(self, kind: PredicateKind, statement: Statement, key: TrustedKey, what: str) -> None:
-        watermark = self.policy.watermark
-        if watermark is None:
-            self.accept("watermark", what, key, "watermark: present (not required by the policy)")
-            return
-        mark: WatermarkPredicate = kind.parse(statement, what=what, limits=self.policy.limits)
-        watermark_applies(mark, watermark, what, self.now)
-        outcome = functools.partial(watermark_outcome, mark, watermark, what)
-        self.watermarks.append(_candidate("watermark", mark.embedded_at, what, key, outcome))
-
-    def decide(self, candidates: list[_Candidate]) -> None:
-        """The newest candidate decides its requirement; the older ones are listed as superseded."""
-        if not candidates:
-            return
-        newest, *older = _newest_first(candidates)
-        if newest.failure:
-            self.refused.append(newest.failure)
-        else:
-            self.accept(newest.kind, newest.what, newest.key, newest.detail)
-        for c in older:
-            line = f"{c.what}: superseded by the newer {newest.what}"
-            self.ignored.append(line)
-            self.superseded.append(line)
+    def decide(self, every_bundle_counts: bool) -> list[str]:
+        """Every requirement's verdict; what is missing, in the order of `requirements`."""
+        # The newest-first decisions settle before the conditions, so their lines come first.
+        missing = {id(r): r.decide(self) for r in (self.gate, self.watermark, self.conditions, self.weights)}
+        out = [m for r in self.requirements for m in missing[id(r)]]
+        if every_bundle_counts and not self.evidence:
+            out.append("evidence: no bundle verified")
+        return out
 
 
 def verify_attestations(
@@ -464,34 +589,16 @@ def verify_attestations(
         Nothing for untrusted, stale or failing bundles (they are listed in `ignored` or `refused`);
         `PolicyError` only for a bad policy.
     """
-    selection = _Selection(policy, root_digest, now or datetime.now(UTC), lookup or store_lookup(policy))
+    selection = _Selection(
+        policy,
+        root_digest,
+        now or datetime.now(UTC),
+        lookup or store_lookup(policy),
+        require_signatures=require_signatures,
+    )
     for index, item in enumerate(bundles):
         selection.read(item, index)
-    selection.decide(selection.gates)
-    selection.decide(selection.watermarks)
-    met, missing = selection.conditions.decide()
-    for _kind, key, what, detail in met:
-        selection.satisfied.append(f"{detail} ({key.name}, {what})")
-    # A statement about an ancestor is evidence when a satisfied lineage chain went through it (so a caller
-    # that sends the model's lineage with it is not vetoed by it), and ignored otherwise.
-    for link in {link.what: link for link in selection.conditions.used}.values():
-        selection.link_candidates.pop(link.what, None)
-        selection.accept("lineage", link.what, link.key, link.detail, listed=False)
-    selection.ignored += selection.link_candidates.values()
-    if require_signatures:
-        if not selection.signed_algorithms:
-            missing.append("signature: no weights signature by a trusted key")
-        missing += [
-            f"signature: {a.value}"
-            for a in sorted(policy.require_algorithms)
-            if a.value not in selection.signed_algorithms
-        ]
-    if policy.robustness is not None and not selection.gates:
-        missing.append("robustness: no robustness-gate attestation")
-    if policy.watermark is not None and not selection.watermarks:
-        missing.append("watermark: no watermark attestation")
-    if every_bundle_counts and not selection.evidence:
-        missing.append("evidence: no bundle verified")
+    missing = selection.decide(every_bundle_counts)
     return AttestationVerdict(
         root_digest,
         tuple(selection.satisfied),

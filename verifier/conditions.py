@@ -44,7 +44,14 @@ from modelsec.policy.requirements import ConditionRequirement
 from modelsec.signer.keys import TrustedKey
 from modelsec.verifier.trust.bundles import check_signature_time, verify_bundle_signature
 
-__all__ = ["BASE_MODEL_NAMES", "ConditionSelection", "LinkCandidateError", "UsedLink", "base_models"]
+__all__ = [
+    "BASE_MODEL_NAMES",
+    "ConditionSelection",
+    "LinkCandidateError",
+    "UsedLink",
+    "base_models",
+    "select_signer",
+]
 
 BASE_MODEL_NAMES = frozenset({"base-model", "base_model", "baseModel", "base"})
 """`resolvedDependencies[].name` values that mark an entry as the base model (with a `digest.sha256`)."""
@@ -77,6 +84,35 @@ def base_models(statement: Statement) -> list[str]:
         if dep.get("name") in BASE_MODEL_NAMES or marked:
             found.append(sha)
     return found
+
+
+def select_signer(
+    policy: Policy, signers: frozenset[str], bundle: Bundle, statement: Statement
+) -> TrustedKey:
+    """The signer a requirement selects a statement by: one of `signers`, holding the type's role.
+
+    Every requirement selects its statements this way (a condition names its `signers`; the built-in gate,
+    watermark and weights requirements name none): the DSSE signature must verify under a policy key, or the
+    bundle's certificate through a policy authority, whose name is in `signers` (all of them when empty)
+    and that holds the predicate type's role when modelsec registers the type (any role otherwise). Keys
+    never come from the bundle. The subject and the signature's time are the caller's next steps.
+
+    Raises:
+        SignatureError: No such key or authority verifies the signature.
+        MalformedArtifactError: The bundle's certificates are malformed.
+        BackendUnavailableError: A Sigstore authority is configured without the `sigstore` package.
+        PolicyError: A Sigstore authority's trusted root cannot be loaded.
+    """
+    kind = PREDICATE_KINDS.get(statement.predicate_type)
+    keys = [k for k in policy.keys if not signers or k.name in signers]
+    authorities = [a for a in policy.authorities if not signers or a.name in signers]
+    return verify_bundle_signature(
+        bundle,
+        keys,
+        role=kind.role if kind is not None else None,
+        authorities=authorities,
+        timestamp_authorities=policy.timestamp_authorities,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,18 +162,8 @@ class ConditionSelection:
         return any(r.predicate_type == predicate_type for r in self.policy.conditions)
 
     def _signer(self, req: ConditionRequirement, bundle: Bundle, statement: Statement) -> TrustedKey:
-        """Step 1: the key (or certificate) that signed, among the requirement's signers."""
-        kind = PREDICATE_KINDS.get(statement.predicate_type)
-        allowed = req.signers
-        keys = [k for k in self.policy.keys if not allowed or k.name in allowed]
-        authorities = [a for a in self.policy.authorities if not allowed or a.name in allowed]
-        key = verify_bundle_signature(
-            bundle,
-            keys,
-            role=kind.role if kind is not None else None,
-            authorities=authorities,
-            timestamp_authorities=self.policy.timestamp_authorities,
-        )
+        """Step 1: the key (or certificate) that signed, among the requirement's signers, in its window."""
+        key = select_signer(self.policy, req.signers, bundle, statement)
         check_signature_time(bundle, key, self.policy, now=self.now)
         return key
 
