@@ -6,6 +6,7 @@ Real processes on a tmux pseudo-terminal (`tests.support.tty`): whether stderr i
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -41,7 +42,9 @@ def test_pull_shows_progress_on_a_terminal_only(
         seen = run.wait_for("pull: ", 10)
         assert run.wait_done(60) == 0, run.text()[-2000:]
     assert seen is not None and seen < FIRST_LINE_SECONDS, run.text()[-2000:]
-    assert "pull: layer " in run.text()  # the steps the library reports, not only the command's name
+    # The steps the library reports, not only the command's name (which steps are drawn depends on how fast
+    # they pass: the line is redrawn about 12 times a second).
+    assert re.search(r"pull: (reading|layer|verifying)", run.text()), run.text()[-2000:]
     assert (tmp_path / "tty" / "model.sig").is_file()
 
     # The same command with --json, or with stderr off the terminal: no progress at all.
@@ -72,4 +75,5 @@ def test_release_shows_progress_within_two_seconds(
     with on_terminal(argv, work, ENV) as run:
         seen = run.wait_for("release: ", 10)
         assert seen is not None and seen < FIRST_LINE_SECONDS, run.text()[-2000:]
-        assert run.wait_for("release: watermark", 30) is not None, run.text()[-2000:]
+        # A later stage replaces it (the gate: the longest, so a loaded machine's renderer still shows it).
+        assert run.wait_for("release: gate", 60) is not None, run.text()[-2000:]

@@ -31,6 +31,7 @@ SURFACE: dict[str, list[str]] = {
         "PickleContentError",
         "PolicyError",
         "PolicyViolationError",
+        "ReceiptError",
         "RegistryUnreachableError",
         "SignatureError",
         "UnsupportedAlgorithmError",
