@@ -8,6 +8,7 @@ torch is imported only when a buffer or tensor is built.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import sys
@@ -101,6 +102,8 @@ class BufferFill:
         chunk: int,
         what: str,
         populate: Callable[[int, int], None] | None = None,
+        *,
+        inline: bool = False,
     ) -> None:
         self._fd, self._view, self._size, self._chunk, self._what = fd, view, size, chunk, what
         self._populate = populate
@@ -110,8 +113,14 @@ class BufferFill:
         self._error: BaseException | None = None
         self._stop = False
         self._cond = threading.Condition()
-        self._thread = threading.Thread(target=self._run, name="modelsec-read", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        if inline:
+            # A small shard: a thread's start and hand-overs cost more than the overlap saves, so the
+            # whole buffer is filled here, before any of it is hashed.
+            self._run()
+        else:
+            self._thread = threading.Thread(target=self._run, name="modelsec-read", daemon=True)
+            self._thread.start()
 
     def _map_upto(self, end: int) -> None:
         if self._populate is None:
@@ -171,7 +180,8 @@ class BufferFill:
 
     def close(self) -> None:
         self._stop = True
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
 
 
 def pread_exact(fd: int, length: int, offset: int, what: str) -> bytes:
@@ -226,7 +236,8 @@ def read_and_hash_shard(
         except (RuntimeError, OSError) as e:  # the signed size itself does not fit this host's memory
             raise BackendUnavailableError(f"{what}: cannot allocate {size} bytes to load it: {e}") from None
         view = memoryview(buffer.numpy()).cast("B") if size else memoryview(b"")
-        source = BufferFill(fd, view, size, limits.hash_chunk_bytes, what, populate)
+        inline = size < _THREADED_FILL_CHUNKS * limits.hash_chunk_bytes
+        source = BufferFill(fd, view, size, limits.hash_chunk_bytes, what, populate, inline=inline)
         try:
             digests = hash_source(
                 source,
@@ -258,6 +269,7 @@ def _private_buffer(torch: Any, size: int) -> tuple[Any, Callable[[int, int], No
         return torch.empty(size, dtype=torch.uint8), None
     if _can_populate_slices():
         mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        _prefer_huge_pages(mapping, size)
         return torch.frombuffer(mapping, dtype=torch.uint8), partial(mapping.madvise, _MADV_POPULATE_WRITE)
     flag = getattr(mmap, "MAP_POPULATE", 0)
     if not flag:
@@ -266,6 +278,23 @@ def _private_buffer(torch: Any, size: int) -> tuple[Any, Callable[[int, int], No
     return torch.frombuffer(mapping, dtype=torch.uint8), None
 
 
+def _prefer_huge_pages(mapping: mmap.mmap, size: int) -> None:
+    """Ask for transparent huge pages: 512 times fewer faults and page-table entries to fill.
+
+    Measured here (Linux 6.18 VM, THP `madvise` mode) populating fresh private memory costs ~0.30 CPU s/GB
+    in 4 KiB pages and ~0.14 in 2 MiB pages. Only a hint: where THP is off or no huge page is free, the
+    kernel falls back to 4 KiB pages and nothing else changes.
+    """
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advice is None or size < _HUGE_PAGE:
+        return
+    with contextlib.suppress(OSError, ValueError):
+        mapping.madvise(advice)
+
+
+_HUGE_PAGE = 2 * 2**20
+# Shards of fewer chunks than this are filled before hashing, on the caller's thread (`BufferFill` inline).
+_THREADED_FILL_CHUNKS = 8
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux's value where Python lacks the name
 
 
