@@ -219,8 +219,49 @@ def checked_shard_size(fd: int, name: str, signed: SignedModel, limits: Limits, 
     return size
 
 
+class SmallBufferArena:
+    """Private buffers for small shards, carved page-aligned from shared mappings of `_ARENA_BYTES`.
+
+    A model of many small shards would otherwise map, populate and unmap memory per shard in 4 KiB pages
+    (huge pages need 2 MiB of one mapping): carving from one mapping lets them share huge pages and the
+    set-up. Each carved buffer is still private, written only by its own shard's reader, and hashed before
+    use; a view keeps its whole mapping alive. Only the carved slices are ever populated, so the unused
+    rest of a mapping costs address space, not memory. One arena per load (thread-safe).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._mapping: mmap.mmap | None = None
+        self._tensor: Any = None
+        self._used = 0
+
+    def take(self, torch: Any, size: int) -> tuple[Any, Callable[[int, int], None]] | None:
+        """A buffer of `size` bytes and how to populate a slice of it, or None: use a mapping of its own."""
+        if not 0 < size <= _ARENA_MAX_SHARD or not _can_populate_slices():
+            return None
+        step = -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
+        with self._lock:
+            if self._mapping is None or self._used + step > _ARENA_BYTES:
+                self._mapping = mmap.mmap(-1, _ARENA_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+                _prefer_huge_pages(self._mapping, _ARENA_BYTES)
+                self._tensor, self._used = torch.frombuffer(self._mapping, dtype=torch.uint8), 0
+            start, mapping, tensor = self._used, self._mapping, self._tensor
+            self._used += step
+
+        def populate(offset: int, length: int) -> None:
+            mapping.madvise(_MADV_POPULATE_WRITE, start + offset, length)
+
+        return tensor[start : start + size], populate
+
+
 def read_and_hash_shard(
-    root_fd: int, name: str, signed: SignedModel, limits: Limits, pinned: bool, model: str
+    root_fd: int,
+    name: str,
+    signed: SignedModel,
+    limits: Limits,
+    pinned: bool,
+    model: str,
+    arena: SmallBufferArena | None = None,
 ) -> tuple[FileDigests, Any]:
     torch = torch_module()
     what = f"{model}/{name}"
@@ -229,8 +270,11 @@ def read_and_hash_shard(
         size = checked_shard_size(fd, name, signed, limits, what)
         populate = None
         try:
+            carved = arena.take(torch, size) if arena is not None and not pinned else None
             if pinned:
                 buffer = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+            elif carved is not None:
+                buffer, populate = carved
             else:
                 buffer, populate = _private_buffer(torch, size)
         except (RuntimeError, OSError) as e:  # the signed size itself does not fit this host's memory
@@ -295,6 +339,10 @@ def _prefer_huge_pages(mapping: mmap.mmap, size: int) -> None:
 _HUGE_PAGE = 2 * 2**20
 # Shards of fewer chunks than this are filled before hashing, on the caller's thread (`BufferFill` inline).
 _THREADED_FILL_CHUNKS = 8
+# Shards up to this size share `SmallBufferArena` mappings of `_ARENA_BYTES` (address space, populated only
+# where carved).
+_ARENA_MAX_SHARD = 8 * 2**20
+_ARENA_BYTES = 256 * 2**20
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux's value where Python lacks the name
 
 

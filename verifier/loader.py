@@ -137,9 +137,10 @@ def _verify_whole_shards(
         computed = dict(side)
         buffers: dict[str, Any] = {}
         workers = max(1, min(len(shards), os.cpu_count() or 1, 2))
+        arena = shard_io.SmallBufferArena()
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="modelsec-load") as pool:
             futures = {
-                n: pool.submit(shard_io.read_and_hash_shard, root_fd, n, signed, limits, pinned, model)
+                n: pool.submit(shard_io.read_and_hash_shard, root_fd, n, signed, limits, pinned, model, arena)
                 for n in shards
             }
             try:

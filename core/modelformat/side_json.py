@@ -141,9 +141,8 @@ def remote_code_references(doc: object, *, what: str = "JSON document") -> list[
         # Only containers can hold a code reference below them: scalars (most of a tokenizer's vocabulary)
         # are skipped without building their path.
         if isinstance(value, list):
-            stack.extend(
-                (f"{path}[{i}]", v) for i, v in reversed(list(enumerate(value))) if isinstance(v, (list, dict))
-            )
+            nested = [(f"{path}[{i}]", v) for i, v in enumerate(value) if isinstance(v, (list, dict))]
+            stack.extend(reversed(nested))
             continue
         if not isinstance(value, dict):
             continue
