@@ -248,10 +248,7 @@ class SmallBufferArena:
             start, mapping, tensor = self._used, self._mapping, self._tensor
             self._used += step
 
-        def populate(offset: int, length: int) -> None:
-            mapping.madvise(_MADV_POPULATE_WRITE, start + offset, length)
-
-        return tensor[start : start + size], populate
+        return tensor[start : start + size], partial(_populate_slice, mapping, start)
 
 
 def read_and_hash_shard(
@@ -314,7 +311,7 @@ def _private_buffer(torch: Any, size: int) -> tuple[Any, Callable[[int, int], No
     if _can_populate_slices():
         mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         _prefer_huge_pages(mapping, size)
-        return torch.frombuffer(mapping, dtype=torch.uint8), partial(mapping.madvise, _MADV_POPULATE_WRITE)
+        return torch.frombuffer(mapping, dtype=torch.uint8), partial(_populate_slice, mapping, 0)
     flag = getattr(mmap, "MAP_POPULATE", 0)
     if not flag:
         return torch.empty(size, dtype=torch.uint8), None
@@ -334,6 +331,11 @@ def _prefer_huge_pages(mapping: mmap.mmap, size: int) -> None:
         return
     with contextlib.suppress(OSError, ValueError):
         mapping.madvise(advice)
+
+
+def _populate_slice(mapping: mmap.mmap, base: int, offset: int, length: int) -> None:
+    """Map bytes [base + offset, + length) of `mapping` before they are written (OSError: no memory)."""
+    mapping.madvise(_MADV_POPULATE_WRITE, base + offset, length)
 
 
 _HUGE_PAGE = 2 * 2**20
