@@ -273,7 +273,9 @@ def _many_shards(args: argparse.Namespace, keys: Path, tmp: Path, modelsec: str)
             check=True,
             capture_output=True,
         )
-        models[n] = (model, _policy(tmp, keys, model, "ecdsa-p256", "sha256"))
+        folder = tmp / f"shards-{n}"  # one policy file per model
+        folder.mkdir(exist_ok=True)
+        models[n] = (model, _policy(folder, keys, model, "ecdsa-p256", "sha256"))
     per_gb: dict[int, list[float]] = {n: [] for n in models}
     for _ in range(args.repeat):
         for n, (model, pol) in models.items():  # alternated, so other load hits both
