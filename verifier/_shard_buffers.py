@@ -226,14 +226,31 @@ class SmallBufferArena:
     (huge pages need 2 MiB of one mapping): carving from one mapping lets them share huge pages and the
     set-up. Each carved buffer is still private, written only by its own shard's reader, and hashed before
     use; a view keeps its whole mapping alive. Only the carved slices are ever populated, so the unused
-    rest of a mapping costs address space, not memory. One arena per load (thread-safe).
+    rest of a mapping costs address space, not memory. One arena per load (thread-safe); mappings are sized
+    to the small shards the load expects (`expected` bytes, from their sizes at listing time), so that a host
+    with strict overcommit is not charged for address space no shard will use. A shard that turns out larger
+    than expected only gets a mapping of its own size.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, expected: int) -> None:
         self._lock = threading.Lock()
         self._mapping: mmap.mmap | None = None
         self._tensor: Any = None
-        self._used = 0
+        self._used = self._size = 0
+        self._expected = expected
+
+    @classmethod
+    def for_shards(cls, root_fd: int, names: Iterable[str]) -> SmallBufferArena:
+        """An arena sized for the small shards among `names` (sizes from `stat`; only a size hint)."""
+        total = 0
+        for name in names:
+            try:
+                size = os.stat(name, dir_fd=root_fd, follow_symlinks=False).st_size
+            except OSError:
+                continue  # refused when it is opened
+            if 0 < size <= _ARENA_MAX_SHARD:
+                total += -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
+        return cls(total)
 
     def take(self, torch: Any, size: int) -> tuple[Any, Callable[[int, int], None]] | None:
         """A buffer of `size` bytes and how to populate a slice of it, or None: use a mapping of its own."""
@@ -241,12 +258,15 @@ class SmallBufferArena:
             return None
         step = -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
         with self._lock:
-            if self._mapping is None or self._used + step > _ARENA_BYTES:
-                self._mapping = mmap.mmap(-1, _ARENA_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-                _prefer_huge_pages(self._mapping, _ARENA_BYTES)
-                self._tensor, self._used = torch.frombuffer(self._mapping, dtype=torch.uint8), 0
+            if self._mapping is None or self._used + step > self._size:
+                size = max(step, min(_ARENA_BYTES, self._expected))
+                self._mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+                _prefer_huge_pages(self._mapping, size)
+                self._tensor = torch.frombuffer(self._mapping, dtype=torch.uint8)
+                self._used, self._size = 0, size
             start, mapping, tensor = self._used, self._mapping, self._tensor
             self._used += step
+            self._expected = max(0, self._expected - step)
 
         return tensor[start : start + size], partial(_populate_slice, mapping, start)
 
