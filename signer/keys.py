@@ -25,7 +25,6 @@ from typing import Protocol
 from modelsec.algorithms import SignatureAlgorithm
 from modelsec.errors import KeyMaterialError, SignatureError, UnsupportedAlgorithmError
 from modelsec.safe_io import read_regular_file
-from modelsec.signer.pkcs11 import Pkcs11KeySource
 from modelsec.signer.schemes import (
     KeyBackend,
     PublicKeyVerifier,
@@ -329,7 +328,14 @@ def key_source(reference: str | os.PathLike[str]) -> KeySource:
     return PemFileKeySource(Path(text)) if from_uri is None else from_uri(text)
 
 
+def _pkcs11_source(text: str) -> KeySource:
+    # Imported on use: the verifier imports this module, and PEM keys are the common case.
+    from modelsec.signer.pkcs11 import Pkcs11KeySource
+
+    return Pkcs11KeySource.from_uri(text)
+
+
 # URI scheme -> the key source that opens such URIs. A new key source is its module plus one line here.
 _URI_KEY_SOURCES: dict[str, Callable[[str], KeySource]] = {
-    "pkcs11": Pkcs11KeySource.from_uri,
+    "pkcs11": _pkcs11_source,
 }

@@ -39,6 +39,7 @@ from urllib.parse import unquote_to_bytes
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.utils import Prehashed
 
 from modelsec.algorithms import SignatureAlgorithm
 from modelsec.errors import BackendUnavailableError, KeyMaterialError, UnsupportedAlgorithmError
@@ -463,7 +464,8 @@ class _Pkcs11Backend:
         # The same low-S form the PEM backend emits (see modelsec.signer.schemes.ecdsa).
         signature = encode_signature(r, min(s, order - s))
         try:
-            self._public.verify(signature, message, ec.ECDSA(self._scheme.hash()))
+            # The digest the token signed, checked as it is (one hash of the message per signature).
+            self._public.verify(signature, digest, ec.ECDSA(Prehashed(self._scheme.hash())))
         except InvalidSignature:
             raise KeyMaterialError(
                 f"{self._where}: the token's signature does not verify under its public key object "

@@ -8,6 +8,7 @@ torch is imported only when a buffer or tensor is built.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import sys
@@ -101,6 +102,8 @@ class BufferFill:
         chunk: int,
         what: str,
         populate: Callable[[int, int], None] | None = None,
+        *,
+        inline: bool = False,
     ) -> None:
         self._fd, self._view, self._size, self._chunk, self._what = fd, view, size, chunk, what
         self._populate = populate
@@ -110,8 +113,14 @@ class BufferFill:
         self._error: BaseException | None = None
         self._stop = False
         self._cond = threading.Condition()
-        self._thread = threading.Thread(target=self._run, name="modelsec-read", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        if inline:
+            # A small shard: a thread's start and hand-overs cost more than the overlap saves, so the
+            # whole buffer is filled here, before any of it is hashed.
+            self._run()
+        else:
+            self._thread = threading.Thread(target=self._run, name="modelsec-read", daemon=True)
+            self._thread.start()
 
     def _map_upto(self, end: int) -> None:
         if self._populate is None:
@@ -171,7 +180,8 @@ class BufferFill:
 
     def close(self) -> None:
         self._stop = True
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
 
 
 def pread_exact(fd: int, length: int, offset: int, what: str) -> bytes:
@@ -209,8 +219,66 @@ def checked_shard_size(fd: int, name: str, signed: SignedModel, limits: Limits, 
     return size
 
 
+class SmallBufferArena:
+    """Private buffers for small shards, carved page-aligned from shared mappings of `_ARENA_BYTES`.
+
+    A model of many small shards would otherwise map, populate and unmap memory per shard in 4 KiB pages
+    (huge pages need 2 MiB of one mapping): carving from one mapping lets them share huge pages and the
+    set-up. Each carved buffer is still private, written only by its own shard's reader, and hashed before
+    use; a view keeps its whole mapping alive. Only the carved slices are ever populated, so the unused
+    rest of a mapping costs address space, not memory. One arena per load (thread-safe); mappings are sized
+    to the small shards the load expects (`expected` bytes, from their sizes at listing time), so that a host
+    with strict overcommit is not charged for address space no shard will use. A shard that turns out larger
+    than expected only gets a mapping of its own size.
+    """
+
+    def __init__(self, expected: int) -> None:
+        self._lock = threading.Lock()
+        self._mapping: mmap.mmap | None = None
+        self._tensor: Any = None
+        self._used = self._size = 0
+        self._expected = expected
+
+    @classmethod
+    def for_shards(cls, root_fd: int, names: Iterable[str]) -> SmallBufferArena:
+        """An arena sized for the small shards among `names` (sizes from `stat`; only a size hint)."""
+        total = 0
+        for name in names:
+            try:
+                size = os.stat(name, dir_fd=root_fd, follow_symlinks=False).st_size
+            except OSError:
+                continue  # refused when it is opened
+            if 0 < size <= _ARENA_MAX_SHARD:
+                total += -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
+        return cls(total)
+
+    def take(self, torch: Any, size: int) -> tuple[Any, Callable[[int, int], None]] | None:
+        """A buffer of `size` bytes and how to populate a slice of it, or None: use a mapping of its own."""
+        if not 0 < size <= _ARENA_MAX_SHARD or not _can_populate_slices():
+            return None
+        step = -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
+        with self._lock:
+            if self._mapping is None or self._used + step > self._size:
+                size = max(step, min(_ARENA_BYTES, self._expected))
+                self._mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+                _prefer_huge_pages(self._mapping, size)
+                self._tensor = torch.frombuffer(self._mapping, dtype=torch.uint8)
+                self._used, self._size = 0, size
+            start, mapping, tensor = self._used, self._mapping, self._tensor
+            self._used += step
+            self._expected = max(0, self._expected - step)
+
+        return tensor[start : start + size], partial(_populate_slice, mapping, start)
+
+
 def read_and_hash_shard(
-    root_fd: int, name: str, signed: SignedModel, limits: Limits, pinned: bool, model: str
+    root_fd: int,
+    name: str,
+    signed: SignedModel,
+    limits: Limits,
+    pinned: bool,
+    model: str,
+    arena: SmallBufferArena | None = None,
 ) -> tuple[FileDigests, Any]:
     torch = torch_module()
     what = f"{model}/{name}"
@@ -219,14 +287,18 @@ def read_and_hash_shard(
         size = checked_shard_size(fd, name, signed, limits, what)
         populate = None
         try:
+            carved = arena.take(torch, size) if arena is not None and not pinned else None
             if pinned:
                 buffer = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+            elif carved is not None:
+                buffer, populate = carved
             else:
                 buffer, populate = _private_buffer(torch, size)
         except (RuntimeError, OSError) as e:  # the signed size itself does not fit this host's memory
             raise BackendUnavailableError(f"{what}: cannot allocate {size} bytes to load it: {e}") from None
         view = memoryview(buffer.numpy()).cast("B") if size else memoryview(b"")
-        source = BufferFill(fd, view, size, limits.hash_chunk_bytes, what, populate)
+        inline = size < _THREADED_FILL_CHUNKS * limits.hash_chunk_bytes
+        source = BufferFill(fd, view, size, limits.hash_chunk_bytes, what, populate, inline=inline)
         try:
             digests = hash_source(
                 source,
@@ -258,7 +330,8 @@ def _private_buffer(torch: Any, size: int) -> tuple[Any, Callable[[int, int], No
         return torch.empty(size, dtype=torch.uint8), None
     if _can_populate_slices():
         mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        return torch.frombuffer(mapping, dtype=torch.uint8), partial(mapping.madvise, _MADV_POPULATE_WRITE)
+        _prefer_huge_pages(mapping, size)
+        return torch.frombuffer(mapping, dtype=torch.uint8), partial(_populate_slice, mapping, 0)
     flag = getattr(mmap, "MAP_POPULATE", 0)
     if not flag:
         return torch.empty(size, dtype=torch.uint8), None
@@ -266,6 +339,32 @@ def _private_buffer(torch: Any, size: int) -> tuple[Any, Callable[[int, int], No
     return torch.frombuffer(mapping, dtype=torch.uint8), None
 
 
+def _prefer_huge_pages(mapping: mmap.mmap, size: int) -> None:
+    """Ask for transparent huge pages: 512 times fewer faults and page-table entries to fill.
+
+    Measured here (Linux 6.18 VM, THP `madvise` mode) populating fresh private memory costs ~0.30 CPU s/GB
+    in 4 KiB pages and ~0.14 in 2 MiB pages. Only a hint: where THP is off or no huge page is free, the
+    kernel falls back to 4 KiB pages and nothing else changes.
+    """
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advice is None or size < _HUGE_PAGE:
+        return
+    with contextlib.suppress(OSError, ValueError):
+        mapping.madvise(advice)
+
+
+def _populate_slice(mapping: mmap.mmap, base: int, offset: int, length: int) -> None:
+    """Map bytes [base + offset, + length) of `mapping` before they are written (OSError: no memory)."""
+    mapping.madvise(_MADV_POPULATE_WRITE, base + offset, length)
+
+
+_HUGE_PAGE = 2 * 2**20
+# Shards of fewer chunks than this are filled before hashing, on the caller's thread (`BufferFill` inline).
+_THREADED_FILL_CHUNKS = 8
+# Shards up to this size share `SmallBufferArena` mappings of `_ARENA_BYTES` (address space, populated only
+# where carved).
+_ARENA_MAX_SHARD = 8 * 2**20
+_ARENA_BYTES = 256 * 2**20
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux's value where Python lacks the name
 
 

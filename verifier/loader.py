@@ -7,10 +7,12 @@ built. The path is never re-opened after hashing and nothing is memory-mapped, s
 after (or during) verification changes nothing that was returned: the load either returns the verified
 bytes or is refused.
 
-* Whole shards: the buffer is the whole file (pinned host memory when the target is CUDA). A reader thread
-  maps fresh memory and fills it in `Limits.hash_chunk_bytes` steps while the caller's thread hashes what
-  has arrived, so allocating, reading and hashing overlap. Shards are processed two at a time (one per
-  core); side files are compared and interpreted meanwhile.
+* Whole shards: the buffer is the whole file (pinned host memory when the target is CUDA; otherwise fresh
+  private memory in transparent huge pages where the kernel has them, small shards carved from shared
+  mappings). A reader thread maps fresh memory and fills it in `Limits.hash_chunk_bytes` steps while the
+  caller's thread hashes what has arrived, so allocating, reading and hashing overlap; a shard of fewer
+  than 8 chunks is filled first and hashed after, without a thread. Shards are processed two at a time
+  (one per core); side files are compared and interpreted meanwhile.
 * Partial loads (`tensors=[...]`) with per-tensor digests in the signed manifest read only the needed byte
   ranges; the header's dtype, shape and offsets must equal the signed entry, and the range's digest must
   equal the signed tensor digest. Without per-tensor digests (a plain OMS bundle, e.g. from
@@ -138,9 +140,10 @@ def _verify_whole_shards(
         computed = dict(side)
         buffers: dict[str, Any] = {}
         workers = max(1, min(len(shards), os.cpu_count() or 1, 2))
+        arena = shard_io.SmallBufferArena.for_shards(root_fd, shards)
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="modelsec-load") as pool:
             futures = {
-                n: pool.submit(shard_io.read_and_hash_shard, root_fd, n, signed, limits, pinned, model)
+                n: pool.submit(shard_io.read_and_hash_shard, root_fd, n, signed, limits, pinned, model, arena)
                 for n in shards
             }
             try:

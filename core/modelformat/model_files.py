@@ -64,6 +64,9 @@ CODE_SUFFIXES = (".py", ".pyc", ".pyo")
 refused unless a policy allows it. Like `PICKLE_SUFFIXES`, compared with the lower-cased name (`modeling.PY`
 imports on a case-insensitive file system)."""
 _PERCENT_ESCAPE = re.compile(r"%[0-9A-Fa-f]{2}")
+# One scan each in C (names are checked per manifest entry and per index target).
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
@@ -106,9 +109,9 @@ def validate_resource_name(name: object, *, what: str, limits: Limits | None = N
         problem = "is absolute"
     elif "\\" in name:
         problem = "contains a backslash"
-    elif any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+    elif _CONTROL.search(name):
         problem, escapes = "contains a NUL or control character (names must be printable text)", False
-    elif any(0xD800 <= ord(c) <= 0xDFFF for c in name):
+    elif _SURROGATE.search(name):
         problem, escapes = "is not valid UTF-8 (manifest names are UTF-8 text)", False
     elif _PERCENT_ESCAPE.search(name):
         problem = "contains a percent-escape"

@@ -115,10 +115,17 @@ def parse_index(
     weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(weight_map, dict):
         raise MalformedArtifactError(f"{what}: weight_map is missing or not an object")
-    return {
-        tensor: _shard_name(index, tensor, target, names, refuse_pickle, what)
-        for tensor, target in weight_map.items()
-    }
+    # Many tensors name the same shard: each distinct target is resolved (and refused) once, at its first
+    # entry, so the refusal names the same entry as resolving every one would.
+    resolved: dict[object, str] = {}
+    out: dict[str, str] = {}
+    for tensor, target in weight_map.items():
+        name = resolved.get(target) if isinstance(target, str) else None
+        if name is None:
+            name = _shard_name(index, tensor, target, names, refuse_pickle, what)
+            resolved[target] = name
+        out[tensor] = name
+    return out
 
 
 def check_index(

@@ -138,12 +138,17 @@ def remote_code_references(doc: object, *, what: str = "JSON document") -> list[
     stack: list[tuple[str, object]] = [("", doc)]
     while stack:
         path, value = stack.pop()
+        # Only containers can hold a code reference below them: scalars (most of a tokenizer's vocabulary)
+        # are skipped without building their path.
         if isinstance(value, list):
-            stack.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(value))))
+            nested = [(f"{path}[{i}]", v) for i, v in enumerate(value) if isinstance(v, (list, dict))]
+            stack.extend(reversed(nested))
             continue
         if not isinstance(value, dict):
             continue
         for key, item in reversed(list(value.items())):
+            if key != "auto_map" and key != "custom_pipelines" and not isinstance(item, (list, dict)):
+                continue
             where = f"{path}.{key}" if path else key
             if key == "auto_map":
                 references.extend(

@@ -71,6 +71,22 @@ class _SignContext:
             self._lib.EVP_PKEY_CTX_free(pctx)
 
 
+class _VerifyContext(_SignContext):
+    """One thread's verification contexts for one public key and ID, holding its own key reference."""
+
+    __slots__ = ("_pkey",)
+
+    def __init__(self, lib: ctypes.CDLL, distid: bytes, mctx: int, pctx: int, pkey: int) -> None:
+        super().__init__(lib, distid, mctx, pctx, pkey)
+        self._pkey = pkey  # a reference of this context's own (from `_public_pkey`), freed with it
+
+    def __del__(self) -> None:
+        super().__del__()
+        pkey, self._pkey = self._pkey, 0
+        if pkey:
+            self._lib.EVP_PKEY_free(pkey)
+
+
 class _OwnedPkey:
     """One reference to an `EVP_PKEY *` and its per-thread signing contexts, released when collected."""
 
@@ -98,10 +114,12 @@ class OpenSslSm2Backend:
             self-test fails (fail closed).
     """
 
-    __slots__ = ("__weakref__", "_cache", "_lib", "_lock", "_sm3", "_version")
+    __slots__ = ("__weakref__", "_cache", "_lib", "_lock", "_sm3", "_verifiers", "_version")
 
     def __init__(self) -> None:
         self._cache: OrderedDict[tuple[int, int], int] = OrderedDict()
+        # Per thread: (x, y, distid) -> `_VerifyContext` (an EVP_MD_CTX is not thread-safe).
+        self._verifiers = threading.local()
         self._lock = threading.Lock()
         self._lib = load_libcrypto()
         self._sm3 = self._lib.EVP_sm3()
@@ -300,17 +318,32 @@ class OpenSslSm2Backend:
             raise SignatureError("SM2 signature verification failed")
 
     def _verify(self, public_key: Sm2PublicKey, message: bytes, signature: bytes, distid: bytes) -> bool:
+        # As `sign`, and as `openssl speed` verifies: the thread's contexts for this key and ID are kept,
+        # and `EVP_DigestVerifyInit` on the same EVP_MD_CTX starts each verification (the kept EVP_PKEY_CTX
+        # re-applies the ID). Any failure drops them, so the next verification starts from new ones.
         lib = self._lib
-        pkey = self._public_pkey(public_key)
+        contexts: dict[tuple[int, int, bytes], _VerifyContext] | None = getattr(self._verifiers, "map", None)
+        if contexts is None:
+            contexts = self._verifiers.map = {}
+        key = (public_key.x, public_key.y, distid)
+        ctx = contexts.pop(key, None)
         try:
-            mctx, pctx = self._digest_ctx(pkey, distid, signing=False)
-            try:
-                rc = lib.EVP_DigestVerify(mctx, signature, len(signature), message, len(message))
-            finally:
-                lib.EVP_MD_CTX_free(mctx)
-                lib.EVP_PKEY_CTX_free(pctx)
+            if ctx is None:
+                if len(contexts) >= _PUBLIC_KEY_CACHE_SIZE:
+                    contexts.clear()
+                pkey = self._public_pkey(public_key)
+                try:
+                    mctx, pctx = self._digest_ctx(pkey, distid, signing=False)
+                except BaseException:
+                    lib.EVP_PKEY_free(pkey)
+                    raise
+                ctx = _VerifyContext(lib, distid, mctx, pctx, pkey)
+            elif lib.EVP_DigestVerifyInit(ctx.args[0], None, self._sm3, None, ctx.args[1]) != 1:
+                raise BackendUnavailableError(f"OpenSSL SM2 verify init failed: {self._errors()}")
+            rc = lib.EVP_DigestVerify(ctx.args[0], signature, len(signature), message, len(message))
+            if int(rc) >= 0:
+                contexts[key] = ctx  # kept for the next verification (dropped after an error)
         finally:
-            lib.EVP_PKEY_free(pkey)
             lib.ERR_clear_error()
         # 1 is valid; 0 is a bad signature; a negative value is an error. Only exactly 1 is accepted.
         return int(rc) == 1

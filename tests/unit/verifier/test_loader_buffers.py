@@ -51,21 +51,18 @@ def test_memory_the_kernel_cannot_map_is_refused_naming_the_shard(
     if not _shard_buffers._can_populate_slices():
         pytest.skip("this kernel maps the whole buffer up front (no MADV_POPULATE_WRITE)")
     model, policy = _signed_model(tmp_path / "m", key_dir, chunk=4096)
-    real = _shard_buffers._private_buffer
+    real = _shard_buffers._populate_slice
+    calls = []
 
-    def failing_after_one_slice(torch_mod: Any, size: int) -> tuple[Any, Any]:
-        buffer, populate = real(torch_mod, size)
-        calls = []
+    # Every private CPU buffer (a shard's own mapping or a slice of the small-shard arena) is mapped
+    # through this one function.
+    def populate_then_fail(mapping: Any, base: int, start: int, length: int) -> None:
+        calls.append(start)
+        if len(calls) > 1:  # as MADV_POPULATE_WRITE reports a memory cgroup at its limit
+            raise OSError(errno.ENOMEM, "Cannot allocate memory")
+        real(mapping, base, start, length)
 
-        def populate_then_fail(start: int, length: int) -> None:
-            calls.append(start)
-            if len(calls) > 1:  # as MADV_POPULATE_WRITE reports a memory cgroup at its limit
-                raise OSError(errno.ENOMEM, "Cannot allocate memory")
-            populate(start, length)
-
-        return buffer, populate_then_fail
-
-    monkeypatch.setattr(_shard_buffers, "_private_buffer", failing_after_one_slice)
+    monkeypatch.setattr(_shard_buffers, "_populate_slice", populate_then_fail)
     with pytest.raises(
         BackendUnavailableError, match=r"model-0000[12]-of-00002\.safetensors: cannot allocate"
     ):
