@@ -17,8 +17,10 @@ verified >= 0.90 x the 2-core hash limit itself (printed beside the issue-3 rati
 Why issue 20's 0.90 is out of reach on a Firecracker VM (2 vCPUs, kernel 6.18, free-page reporting):
 every verified byte is copied into fresh private memory (DESIGN.md 5), and the kernel must allocate and
 zero that memory first. Measured per 512 MiB shard, one core: allocate+zero 0.30-0.35 s (4 KiB pages,
-`MADV_POPULATE_WRITE` or `MAP_POPULATE`; `MADV_HUGEPAGE` measured 0.1-1.0 s, usually worse, in fresh
-processes), `readv` from the page cache 0.10 s, SHA-256 0.38 s; the hash limit's own work is read+hash
+`MADV_POPULATE_WRITE` or `MAP_POPULATE`; an earlier measurement found `MADV_HUGEPAGE` 0.1-1.0 s, usually
+worse, in fresh processes; on the 2026-12 kernel huge pages cost ~0.14 CPU-s/GB against ~0.30 for 4 KiB
+pages, so the loader asks for them as a hint), `readv` from the page cache 0.10 s, SHA-256 0.38 s; the hash
+limit's own work is read+hash
 (~0.50 s). So the floor is (alloc + copy + hash) CPU per byte spread over both cores: a verified load
 reaches at most limit_cpu / (limit_cpu + alloc) of the hash limit, with limit_cpu and alloc the CPU
 seconds per GB of the limit's work and of allocate+zero: ~0.62 there for SHA-256 (~0.87 for SM3, whose
