@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -271,7 +272,14 @@ def _evaluator_class() -> Any:
 
 @functools.cache
 def _environment() -> Any:
-    return _celpy().Environment()
+    # celpy.Environment() sets the interpreter's recursion limit to 2500 for the whole process; a policy load
+    # must not change what every other parser of the process (strict_json's depth refusal) relies on. An
+    # expression too deep to parse or evaluate within the process's limit is refused (RecursionError).
+    limit = sys.getrecursionlimit()
+    try:
+        return _celpy().Environment()
+    finally:
+        sys.setrecursionlimit(limit)
 
 
 @functools.lru_cache(maxsize=1024)
