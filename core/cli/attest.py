@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -457,6 +458,39 @@ def _open_statement_signer(
         raise
 
 
+def _sign_model_statement(
+    model_dir: Path,
+    prepare: Callable[[], Callable[[str], Any]],
+    signer_spec: tuple[Path | None, tuple[str, ...], str | None, str | None],
+    connection: tuple[Path | None, Path | None, Path | None, str, bool],
+    destination: tuple[Path | None, str | None, bool],
+    as_json: bool,
+) -> None:
+    """`attest sign` / `attest provenance`: the steps after their own inputs.
+
+    Reads and checks the inputs (`prepare`, before any password prompt or server call), opens the signer,
+    hashes the model once, builds the statement about its root digest, signs it, writes and reports it.
+    """
+    from modelsec.signer.statements import model_root_digest, sign_statement_with
+
+    client = None
+    try:
+        make = prepare()
+        signer, client = _open_statement_signer(*signer_spec, connection)
+        built = make(model_root_digest(model_dir, limits=limits()))
+        out, store, force = destination
+        _emit_statement(
+            sign_statement_with(built, signer, limits=limits()), model_dir, out, store, force, as_json
+        )
+    except Error as e:
+        fail(e, as_json)
+    except OSError as e:
+        raise click.UsageError(f"cannot write: {e}") from e
+    finally:
+        if client is not None:
+            client.close()
+
+
 def _emit_statement(
     signed: Any, model_dir: Path, out: Path | None, store: str | None, force: bool, as_json: bool
 ) -> None:
@@ -545,35 +579,24 @@ def _attest_sign(
     """
     from modelsec.attestations.predicates.generic import model_statement, parse_predicate_document
     from modelsec.safe_io import read_regular_file
-    from modelsec.signer.statements import model_root_digest, sign_statement_with
 
-    client = None
-    try:
+    def prepare() -> Any:
         data = read_regular_file(
             predicate_file, "predicate", max_bytes=limits().max_bundle_bytes + 1, error=MalformedArtifactError
         )
         predicate = parse_predicate_document(data, what=str(predicate_file), limits=limits())
-        signer, client = _open_statement_signer(
-            signing_key,
-            key_passwords,
-            key_version,
-            server,
-            (server_ca, client_cert, client_key, token_env, plaintext),
-        )
-        root = model_root_digest(model_dir, limits=limits())
-        statement = model_statement(
+        return lambda root: model_statement(
             root, predicate_type, predicate, name=model_dir.resolve().name, what=str(predicate_file)
         )
-        _emit_statement(
-            sign_statement_with(statement, signer, limits=limits()), model_dir, out, store, force, as_json
-        )
-    except Error as e:
-        fail(e, as_json)
-    except OSError as e:
-        raise click.UsageError(f"cannot write: {e}") from e
-    finally:
-        if client is not None:
-            client.close()
+
+    _sign_model_statement(
+        model_dir,
+        prepare,
+        (signing_key, key_passwords, key_version, server),
+        (server_ca, client_cert, client_key, token_env, plaintext),
+        (out, store, force),
+        as_json,
+    )
 
 
 @attest.command(name="provenance")
@@ -610,33 +633,23 @@ def _attest_provenance(
     MODEL_DIR/model.attestations/slsa.dev-provenance-v1.sig.
     """
     from modelsec.attestations.predicates.provenance import provenance_statement
-    from modelsec.signer.statements import model_root_digest, sign_statement_with
 
-    client = None
-    try:
+    def prepare() -> Any:
         inputs = provenance_inputs(source_repo, source_commit, source_dir, datasets, base_models)
-        signer, client = _open_statement_signer(
-            signing_key,
-            key_passwords,
-            key_version,
-            server,
-            (server_ca, client_cert, client_key, token_env, plaintext),
-        )
-        statement = provenance_statement(
-            model_root_digest(model_dir, limits=limits()),
+        return lambda root: provenance_statement(
+            root,
             name=model_dir.resolve().name,
             environment=inputs.environment,
             sources=inputs.sources,
             datasets=inputs.datasets,
             base_models=inputs.base_models,
         )
-        _emit_statement(
-            sign_statement_with(statement, signer, limits=limits()), model_dir, out, store, force, as_json
-        )
-    except Error as e:
-        fail(e, as_json)
-    except OSError as e:
-        raise click.UsageError(f"cannot write: {e}") from e
-    finally:
-        if client is not None:
-            client.close()
+
+    _sign_model_statement(
+        model_dir,
+        prepare,
+        (signing_key, key_passwords, key_version, server),
+        (server_ca, client_cert, client_key, token_env, plaintext),
+        (out, store, force),
+        as_json,
+    )
