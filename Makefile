@@ -110,7 +110,7 @@ man: $(VENV)/.test
 
 ## docs: build the documentation site into site/ (mkdocs build --strict: a broken link or anchor fails; CI runs it)
 docs: $(VENV)/.test
-	$(BIN)/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf $(VENV) demo .bench build site *.egg-info

@@ -2,11 +2,12 @@
 
 Two uses, one renderer:
 
-- an MkDocs hook (`mkdocs.yml`: `hooks: [scripts/docs_reference.py]`): at every build, `on_files` adds one page per
-  schema (`reference/model-policy.md`, `reference/server-config.md`, `reference/gate-spec.md`) rendered from the
-  schema files as they are now, so the reference cannot drift from `schemas/` (which `scripts/gen_schemas.py`
-  writes from the pydantic models, and a test keeps current); nothing is written into `docs/`;
-- `python scripts/docs_reference.py SCHEMA.json` prints one page's Markdown, to read it without building the site.
+- an MkDocs hook (`mkdocs.yml`: `hooks: [scripts/docs_reference.py]`): at every build, `on_files` adds one
+  page per schema (`reference/model-policy.md`, `reference/server-config.md`, `reference/gate-spec.md`)
+  rendered from the schema files as they are now, so the reference cannot drift from `schemas/` (which
+  `scripts/gen_schemas.py` writes from the pydantic models, and a test keeps current); nothing is written
+  into `docs/`;
+- `python scripts/docs_reference.py SCHEMA.json` prints one page's Markdown, to read it without a build.
 
 Every property of the top-level object and of each `$defs` entry becomes a table row: its name, its type (a
 `$ref` as a link to that definition's section), whether it is required, its default and its constraints (enum,
@@ -146,11 +147,11 @@ def render(schema_path: Path) -> str:
     lines = [
         f"# {title}",
         "",
-        "<!-- Generated at build time from schemas/" + schema_path.name + " by scripts/docs_reference.py. -->",
+        f"<!-- Generated at build time from schemas/{schema_path.name} by scripts/docs_reference.py. -->",
         "",
-        f"Generated from `schemas/{schema_path.name}` (`$id`: `{schema.get('$id', '')}`) when the site is "
-        "built. Files are validated strictly: unknown fields, `null` values and wrong types are errors naming "
-        "the file and the field path. For completion in an editor, start "
+        f"Generated from `schemas/{schema_path.name}` (`$id`: `{schema.get('$id', '')}`) when the site "
+        "is built. Files are validated strictly: unknown fields, `null` values and wrong types are errors "
+        "naming the file and the field path. For completion in an editor, start "
         + (f"`{file_name}` " if file_name else "the file ")
         + f"with `# yaml-language-server: $schema={schema.get('$id', '')}`.",
         "",
