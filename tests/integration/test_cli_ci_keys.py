@@ -32,7 +32,7 @@ def one_error_line(r: subprocess.CompletedProcess[str]) -> str:
 
 @pytest.fixture
 def ci_keys(tmp_path: Path) -> Path:
-    """ci-p256 unencrypted, ci-sm2 encrypted: the README's release keys, made without a terminal."""
+    """ci-p256 unencrypted, ci-sm2 encrypted: the documented release keys, made without a terminal."""
     assert run("keygen", "-o", tmp_path / "ci-p256").returncode == 0
     r = run(
         "keygen", "-a", "sm2", "-o", tmp_path / "ci-sm2", "--encrypt", env={"MODELSEC_KEY_PASSWORD": PASSWORD}

@@ -47,7 +47,9 @@ def _examples() -> list[tuple[str, str, dict[str, Any]]]:
         "core/release/gate_spec.py": _yaml_blocks(gate_spec_module.__doc__ or ""),
         "scripts/demo.sh": _heredocs((REPO / "scripts/demo.sh").read_text()),
     }
-    for doc in ("README.md", "deploy/README.md"):
+    docs = ["README.md", "deploy/README.md"]
+    docs += sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").rglob("*.md"))  # the documentation site
+    for doc in docs:
         sources[doc] = [b for b in _yaml_blocks((REPO / doc).read_text()) if "kind:" in b]
     found = []
     for source, blocks in sources.items():

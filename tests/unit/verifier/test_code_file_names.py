@@ -47,7 +47,7 @@ def test_sign_reports_the_same_names_verify_refuses() -> None:
 
 
 def test_file_names_are_not_part_of_the_root_digest(tiny_model: Path, key_dir: Path) -> None:
-    """Documented in the README: renaming a signed file keeps the OMS root digest (its names are signed)."""
+    """Documented (verifying.md): renaming a signed file keeps the OMS root digest (its names are signed)."""
     key = load_private_key_file(key_dir / "ecdsa-p256.key.pem")
     roots = set()
     for name in ("modeling.py", "modeling.PY", "modeling.pyc"):

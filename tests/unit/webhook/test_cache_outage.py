@@ -1,7 +1,7 @@
 """The positive cache never outlives what the store says: re-confirmed on every decision, outages deny.
 
 Before: a cached positive result was reused for its whole TTL without reading the store, so a store outage
-or a withdrawn bundle went unseen for up to `cache_ttl_seconds`, although the README says an outage denies.
+or a withdrawn bundle went unseen for up to `cache_ttl_seconds`, although the docs say an outage denies.
 Now the store is read on every decision; a cached result is reused only for the same bundles; an outage
 denies unless the operator chose `cache_on_outage: serve`.
 """
