@@ -80,8 +80,8 @@ from modelsec.signer.keys import KeyBackend, TrustedKey
 from modelsec.signer.layout import (
     GATE_BUNDLE_NAME,
     MODEL_IGNORE_PATHS,
+    STATEMENTS_DIR_NAME,
     WATERMARK_BUNDLE_NAME,
-    find_attestation_files,
     find_default_bundles,
     write_bundle_file,
 )
@@ -93,6 +93,7 @@ from modelsec.verifier import (
     verify_model,
 )
 from modelsec.verifier.admission import ModelAdmission
+from modelsec.verifier.attestations import find_statement_files
 from modelsec.verifier.stores import StoredBundle
 from modelsec.verifier.trust.bundles import check_signature_time, read_bundle_bytes
 
@@ -158,7 +159,10 @@ def _file_layer(model_dir: Path, name: str) -> tuple[dict[str, Any], Path]:
 
 def _bundle_files(model_dir: Path, policy: Policy) -> list[tuple[str, bytes]]:
     out = []
-    for path in (*find_default_bundles(model_dir), *find_attestation_files(model_dir)):
+    # The signatures, the reserved attestations and the statements of `model.attestations/` (provenance,
+    # `attest sign`): all of a model's evidence travels with it.
+    statements = find_statement_files(model_dir, limits=policy.limits)
+    for path in (*find_default_bundles(model_dir), *statements):
         data = read_bundle_bytes(path, policy.limits.max_bundle_bytes)
         if len(data) > policy.limits.max_bundle_bytes:
             raise MalformedArtifactError(f"{path}: larger than {policy.limits.max_bundle_bytes} bytes")
@@ -178,10 +182,10 @@ def push_model(
 
     The directory is verified with `verify_model` first (a model the policy refuses is not pushed); each
     signed file then becomes one raw layer. The bundles in the directory (`model.sig`, `model.sm2.sig`, …,
-    `model.gate.sig`, `model.watermark.sig`) and a binding of the manifest digest to the root digest,
-    signed with `binding_key`, are attached as referrers. The manifest is tagged with the reference's tag
-    and with `root_tag(root digest)`. A file changed between verification and upload is not detected here;
-    `pull` refuses it.
+    `model.gate.sig`, `model.watermark.sig`, the statements in `model.attestations/`) and a binding of the
+    manifest digest to the root digest, signed with `binding_key`, are attached as referrers. The manifest
+    is tagged with the reference's tag and with `root_tag(root digest)`. A file changed between verification
+    and upload is not detected here; `pull` refuses it.
 
     Args:
         model_dir: A signed model directory.
@@ -574,6 +578,17 @@ def _stage(
             client.stream_blob(ref.repository, digest, size, sink, what=f"{ref.repository_uri}: {path}")
     for name, data in evidence.weights.items():
         (staging / name).write_bytes(data)
+    # The referrers' statements go where `verify_model` reads a model's evidence (`model.attestations/`), so
+    # a policy requiring a gate, a watermark or a condition judges them as beside a local model; those not
+    # accepted are taken out again below, before the model is placed.
+    statements = staging / STATEMENTS_DIR_NAME
+    staged: dict[str, Path] = {}
+    if evidence.other:
+        statements.mkdir()
+        for bundle in evidence.other:
+            path = statements / f"{bundle.id}.sig"
+            path.write_bytes(bundle.data)
+            staged[bundle.source] = path
     # The policies were chosen for the OCI reference, not for the staging directory's own file:// path (a
     # name of pull's choosing): the admission is handed on without a URI, so verify_model does not compare
     # it with the path it opens (DESIGN decision 20 guards local models, whose path is what was matched).
@@ -586,6 +601,12 @@ def _stage(
     verdict = verify_attestations(verified.root_digest, found, policy, require_signatures=False)
     verdict.raise_for_policy()
     _place_attestations(staging, verdict.evidence, [f for f in found if isinstance(f, StoredBundle)])
+    kept = {e.source for e in verdict.evidence if e.kind not in ("robustness", "watermark")}
+    for source, path in staged.items():
+        if source not in kept:  # not evidence here, or placed under its reserved name
+            path.unlink()
+    if staged and not any(statements.iterdir()):
+        statements.rmdir()
     return verified.root_digest, tuple(b.key.name for b in verified.bundles)
 
 
