@@ -159,6 +159,8 @@ async def start_server(
     from modelsec.errors import BackendUnavailableError
 
     state = state or ServiceState(config)
+    for problem in config.refusing_settings():  # a first configuration that refuses calls says which setting
+        _log.warning('{"event":"config_refuses","message":%s}', json.dumps(problem))
     metrics = ServiceMetrics()
     state.decision_observer = metrics.observe_decision
     server = aio.server(
