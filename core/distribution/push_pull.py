@@ -101,6 +101,7 @@ __all__ = [
     "MODEL_ARTIFACT_TYPE",
     "PullResult",
     "PushResult",
+    "SkippedReferrer",
     "bound_root_digests",
     "pull_model",
     "push_model",
@@ -268,6 +269,28 @@ def push_model(
 
 
 @dataclass(frozen=True, slots=True)
+class SkippedReferrer:
+    """A referrer `pull` did not use, and why (`PullResult.skipped`).
+
+    Attributes:
+        referrer: `oci://REGISTRY/REPOSITORY@sha256:<referrer manifest digest>`, or the repository for
+            referrers counted without being read.
+        kind: What it is: `signature` (a signature of the model's weights), `binding`, `attestation`
+            (any other statement), or `other` (not evidence, unreadable, malformed).
+        reason: Why, as a code: `untrusted-key` (no trusted key verifies it: another signer's),
+            `invalid-signature` (it names a trusted key whose check fails), `other-manifest`,
+            `other-model`, `not-evidence`, `unread` (over the budget or unreadable), `malformed`, or the
+            error class of another refusal.
+        detail: The whole reason, one line (printed under `--verbose`).
+    """
+
+    referrer: str
+    kind: str
+    reason: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
 class PullResult:
     """What `pull_model` verified and placed.
 
@@ -276,7 +299,10 @@ class PullResult:
         manifest_digest: The OCI manifest digest pulled.
         root_digest: The verified model root digest.
         files: Number of files placed.
-        ignored: Referrers that were not evidence (unparseable, another subject, untrusted), with reasons.
+        ignored: Referrers that were not evidence (unparseable, another subject, untrusted), with reasons:
+            the `detail` of each entry of `skipped`.
+        skipped: The same referrers, each with its kind and a reason code. A signature skipped here is not
+            placed in the destination: the pulled folder holds only the bundles a trusted key verified.
         signers: The names of the policy keys whose weights signatures verified (one per bundle).
         notes: Evidence that counted but is deprecated (a v1 binding), with what to do.
     """
@@ -288,6 +314,7 @@ class PullResult:
     ignored: tuple[str, ...] = field(default=())
     signers: tuple[str, ...] = field(default=())
     notes: tuple[str, ...] = field(default=())
+    skipped: tuple[SkippedReferrer, ...] = field(default=())
 
 
 def _safe_path(value: object, what: str) -> str:
@@ -354,8 +381,16 @@ class _Evidence:
     bound: set[str] = field(default_factory=set)
     weights: dict[str, bytes] = field(default_factory=dict)
     other: list[StoredBundle] = field(default_factory=list)
-    ignored: list[str] = field(default_factory=list)
+    skipped: list[SkippedReferrer] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def ignored(self) -> list[str]:
+        return [s.detail for s in self.skipped]
+
+    def skip(self, source: str, kind: str, reason: str | Error, detail: str) -> None:
+        code = reason if isinstance(reason, str) else _reason_code(reason)
+        self.skipped.append(SkippedReferrer(source, kind, code, detail))
 
 
 def _verify_weights_signature(bundle: Bundle, policy: Policy) -> TrustedKey:
@@ -381,12 +416,17 @@ def _collect(client: RegistryClient, ref: OciReference, manifest_digest: str, po
     budget = ReferrerBudget(max_referrers=_MAX_REFERRERS, max_bundle_bytes=policy.limits.max_bundle_bytes)
     reads, skipped = read_evidence(client, ref.repository, manifest_digest, budget)
     if skipped:
-        found.ignored.append(f"{ref.repository_uri}: {skipped} referrers that are not evidence (not read)")
+        found.skip(
+            ref.repository_uri,
+            "other",
+            "not-evidence",
+            f"{ref.repository_uri}: {skipped} referrers that are not evidence (not read)",
+        )
     raw: list[tuple[str, bytes]] = []
     for read in reads:
         source = f"{ref.repository_uri}@{read.digest}"
         if read.note:
-            found.ignored.append(f"{source}: {read.note.removeprefix(f'{source}: ')}")
+            found.skip(source, "other", "unread", f"{source}: {read.note.removeprefix(f'{source}: ')}")
         else:
             raw.append((source, read.data))
     statements = []
@@ -395,18 +435,20 @@ def _collect(client: RegistryClient, ref: OciReference, manifest_digest: str, po
             bundle = parse_bundle(data, source=source)
             statement = parse_statement(bundle.envelope.payload, what=source)
         except Error as e:
-            found.ignored.append(_reason(source, e))
+            found.skip(source, "other", "malformed", _reason(source, e))
             continue
         if is_binding_type(statement.predicate_type):
             try:
                 binding = parse_binding_statement(statement, what=source)
                 _verify_weights_signature(bundle, policy)
             except Error as e:
-                found.ignored.append(_reason(source, e, "binding"))
+                found.skip(source, "binding", e, _reason(source, e, "binding"))
                 continue
             named = binding.manifest_digest
             if not hmac.compare_digest(named.encode(), manifest_digest.encode()):
-                found.ignored.append(f"{source}: binding of another manifest ({named})")
+                found.skip(
+                    source, "binding", "other-manifest", f"{source}: binding of another manifest ({named})"
+                )
                 continue
             found.bound.add(binding.root_digest)
             if binding.deprecated:
@@ -419,12 +461,14 @@ def _collect(client: RegistryClient, ref: OciReference, manifest_digest: str, po
     for source, data, bundle, statement in statements:
         root = statement.subjects[0].digest.get("sha256", "")
         if root not in found.bound:
-            found.ignored.append(f"{source}: about model {root or '?'}, which no trusted binding names")
+            kind = "signature" if statement.predicate_type == OMS_PREDICATE_TYPE else "attestation"
+            detail = f"{source}: about model {root or '?'}, which no trusted binding names"
+            found.skip(source, kind, "other-model", detail)
         elif statement.predicate_type == OMS_PREDICATE_TYPE:
             try:
                 key = _verify_weights_signature(bundle, policy)
             except Error as e:
-                found.ignored.append(_reason(source, e))
+                found.skip(source, "signature", e, _reason(source, e))
                 continue
             found.weights.setdefault(scheme_for(key.algorithm).default_bundle_name, data)
         else:
@@ -443,6 +487,14 @@ def _no_binding(what: str, reasons: Sequence[str]) -> SignatureError:
     )
     error.details = tuple(reasons)
     return error
+
+
+def _reason_code(e: Error) -> str:
+    """A skipped referrer's reason code for an error (`SkippedReferrer.reason`)."""
+    if isinstance(e, SignatureError):
+        # The wording of `verify_bundle_signature`: "invalid" only for a bundle naming a trusted key.
+        return "untrusted-key" if "not trusted here" in str(e) else "invalid-signature"
+    return type(e).__name__
 
 
 def _reason(source: str, e: Error, what: str = "") -> str:
@@ -559,6 +611,7 @@ def pull_model(
         tuple(evidence.ignored),
         signers,
         tuple(evidence.notes),
+        tuple(evidence.skipped),
     )
 
 
