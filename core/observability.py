@@ -23,6 +23,7 @@ Only the standard library is imported here; `prometheus_client` (the grpc and we
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -159,9 +160,7 @@ def decision_tracer(component: str) -> DecisionTracer | None:
         _log.warning('{"event":"tracing_unavailable","message":"%s=1 but opentelemetry is not installed: '
                      'pip install \'modelsec[otel]\'"}', TRACING_ENV)  # fmt: skip
         return None
-    from modelsec import __version__
-
-    return DecisionTracer(trace.get_tracer(f"modelsec.{component}", __version__))
+    return DecisionTracer(trace.get_tracer(f"modelsec.{component}"))
 
 
 def configure_tracing(component: str) -> None:
@@ -175,7 +174,8 @@ def configure_tracing(component: str) -> None:
         return
     try:
         from opentelemetry import trace
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        # Optional beyond the extra (its protobuf must fit the grpc extra's): looked up, not a static import.
+        exporter = importlib.import_module("opentelemetry.exporter.otlp.proto.http.trace_exporter")
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -187,5 +187,5 @@ def configure_tracing(component: str) -> None:
     if type(trace.get_tracer_provider()).__name__ != "ProxyTracerProvider":
         return  # the application's own provider
     provider = TracerProvider(resource=Resource.create({"service.name": f"modelsec-{component}"}))
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    provider.add_span_processor(BatchSpanProcessor(exporter.OTLPSpanExporter()))
     trace.set_tracer_provider(provider)

@@ -639,9 +639,9 @@ def _stage(
     if evidence.other:
         statements.mkdir()
         for bundle in evidence.other:
-            path = statements / f"{bundle.id}.sig"
-            path.write_bytes(bundle.data)
-            staged[bundle.source] = path
+            statement_file = statements / f"{bundle.id}.sig"
+            statement_file.write_bytes(bundle.data)
+            staged[bundle.source] = statement_file
     # The policies were chosen for the OCI reference, not for the staging directory's own file:// path (a
     # name of pull's choosing): the admission is handed on without a URI, so verify_model does not compare
     # it with the path it opens (DESIGN decision 20 guards local models, whose path is what was matched).
@@ -655,9 +655,9 @@ def _stage(
     verdict.raise_for_policy()
     _place_attestations(staging, verdict.evidence, [f for f in found if isinstance(f, StoredBundle)])
     kept = {e.source for e in verdict.evidence if e.kind not in ("robustness", "watermark")}
-    for source, path in staged.items():
+    for source, statement_file in staged.items():
         if source not in kept:  # not evidence here, or placed under its reserved name
-            path.unlink()
+            statement_file.unlink()
     if staged and not any(statements.iterdir()):
         statements.rmdir()
     return verified.root_digest, tuple(b.key.name for b in verified.bundles)
