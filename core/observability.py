@@ -8,21 +8,45 @@
 * `/metrics` holds the `process_*` series (CPU seconds, resident memory, open file descriptors, start time;
   Linux `/proc`), `python_info`, and `modelsec_build_info{version, component, python}` (value 1).
 
+* with tracing on (`$MODELSEC_OTEL=1`, off by default) and OpenTelemetry installed (the `otel` extra), one
+  span per decision (`decision_tracer`): `modelsec.grpc.decision` (a VerifyBundle or VerifyModel verdict) and
+  `modelsec.webhook.decision` (an admission review), with the decision's policy, outcome and reason as
+  attributes and its duration as the span's. The spans go to the process's tracer provider:
+  `configure_tracing` (called by both `serve` commands) installs the SDK's with an OTLP/HTTP exporter
+  (`opentelemetry-exporter-otlp-proto-http`, configured by the standard `OTEL_EXPORTER_OTLP_*` variables)
+  unless the application set one. A span is made when the decision is recorded, not around the work; no
+  incoming trace context is joined (this first slice links no parent span).
+
 Only the standard library is imported here; `prometheus_client` (the grpc and webhook extras) is imported by
-`register_runtime_metrics`.
+`register_runtime_metrics`, and `opentelemetry` only when tracing is on.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
+import os
 import platform
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ["JsonLogFormatter", "configure_json_logging", "register_runtime_metrics"]
+__all__ = [
+    "TRACING_ENV",
+    "DecisionTracer",
+    "JsonLogFormatter",
+    "configure_json_logging",
+    "configure_tracing",
+    "decision_tracer",
+    "register_runtime_metrics",
+]
+
+# `1` (or `true`) turns the decision spans on; anything else, or unset, leaves them off.
+TRACING_ENV = "MODELSEC_OTEL"
+_log = logging.getLogger("modelsec.observability")
 
 
 class JsonLogFormatter(logging.Formatter):
@@ -97,3 +121,71 @@ def register_runtime_metrics(registry: Any, component: str, version: str) -> Non
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     registry.register(_BuildInfo(component, version))
+
+
+def _tracing_on() -> bool:
+    return os.environ.get(TRACING_ENV, "").strip().lower() in ("1", "true")
+
+
+class DecisionTracer:
+    """Makes one span per recorded decision on an OpenTelemetry tracer (`decision_tracer`)."""
+
+    def __init__(self, tracer: Any) -> None:
+        """`tracer`: an `opentelemetry.trace.Tracer`."""
+        self._tracer = tracer
+
+    def record(self, name: str, seconds: float, attributes: Mapping[str, str]) -> None:
+        """A span `name` that ended now and lasted `seconds`, with `attributes`; never raises."""
+        try:
+            end = time.time_ns()
+            span = self._tracer.start_span(
+                name, start_time=end - max(0, int(seconds * 1e9)), attributes=dict(attributes)
+            )
+            span.end(end_time=end)
+        except Exception:  # noqa: BLE001  (a tracing backend's fault must not fail a decision)
+            _log.warning('{"event":"tracing_failed","span":%s}', json.dumps(name), exc_info=True)
+
+
+def decision_tracer(component: str) -> DecisionTracer | None:
+    """The decision spans of a server's `component` (`serve`, `webhook`), or None when tracing is off.
+
+    On only with `$MODELSEC_OTEL=1` and `opentelemetry-api` importable (the `otel` extra); otherwise None, and
+    the servers make no span (nothing of OpenTelemetry is imported).
+    """
+    if not _tracing_on():
+        return None
+    try:
+        from opentelemetry import trace
+    except ImportError:
+        _log.warning('{"event":"tracing_unavailable","message":"%s=1 but opentelemetry is not installed: '
+                     'pip install \'modelsec[otel]\'"}', TRACING_ENV)  # fmt: skip
+        return None
+    return DecisionTracer(trace.get_tracer(f"modelsec.{component}"))
+
+
+def configure_tracing(component: str) -> None:
+    """For a server's start-up, with tracing on: the SDK's tracer provider exporting over OTLP/HTTP.
+
+    Does nothing when tracing is off, when the application already set a tracer provider, or when the SDK
+    or the OTLP exporter is not installed (then a warning says which). An application calls it, never
+    library code.
+    """
+    if not _tracing_on():
+        return
+    try:
+        from opentelemetry import trace
+        # Optional beyond the extra (its protobuf must fit the grpc extra's): looked up, not a static import.
+        exporter = importlib.import_module("opentelemetry.exporter.otlp.proto.http.trace_exporter")
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    except ImportError as e:
+        _log.warning(
+            '{"event":"tracing_unavailable","message":%s}', json.dumps(f"{e}: pip install 'modelsec[otel]'")
+        )
+        return
+    if type(trace.get_tracer_provider()).__name__ != "ProxyTracerProvider":
+        return  # the application's own provider
+    provider = TracerProvider(resource=Resource.create({"service.name": f"modelsec-{component}"}))
+    provider.add_span_processor(BatchSpanProcessor(exporter.OTLPSpanExporter()))
+    trace.set_tracer_provider(provider)

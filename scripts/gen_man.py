@@ -17,7 +17,10 @@ import click
 from modelsec.cli.main import main
 
 COMPLETION = """\
-modelsec uses click's shell completion. Add one line to the shell's start-up file:
+pip installs the completion scripts with the package, under the environment's prefix: PREFIX/share/
+bash\\-completion/completions/modelsec, PREFIX/share/zsh/site\\-functions/_modelsec and PREFIX/share/fish/
+vendor_completions.d/modelsec.fish (and these pages under PREFIX/share/man/man1). A shell that does not
+look there (a virtual environment's prefix) takes one line in its start-up file:
 .PP
 .nf
 bash (~/.bashrc):  eval "$(_MODELSEC_COMPLETE=bash_source modelsec)"

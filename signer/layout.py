@@ -33,6 +33,7 @@ from modelsec.signer.schemes import all_schemes
 
 __all__ = [
     "ATTESTATION_FILE_NAMES",
+    "BUNDLE_SUFFIXES",
     "DEFAULT_IGNORE_PATHS",
     "GATE_BUNDLE_NAME",
     "MODEL_IGNORE_PATHS",
@@ -124,7 +125,8 @@ def _present_at(root_fd: int, name: str) -> bool:
     return True
 
 
-_BUNDLE_SUFFIXES = (".sig", ".sigstore", ".sigstore.json", ".bundle")
+# The file name endings of a sigstore bundle written under a custom name (`find_bundle_files`).
+BUNDLE_SUFFIXES = (".sig", ".sigstore", ".sigstore.json", ".bundle")
 _BUNDLE_MEDIA_TYPE_PREFIX = b"application/vnd.dev.sigstore.bundle"
 
 
@@ -147,7 +149,7 @@ def find_bundle_files(model_dir: Path, names: Sequence[str], limits: Limits | No
     """
     limits = limits or Limits()
     found: list[str] = []
-    candidates = [n for n in names if n.endswith(_BUNDLE_SUFFIXES)]
+    candidates = [n for n in names if n.endswith(BUNDLE_SUFFIXES)]
     if not candidates:
         return found
     root_fd = open_model_root(model_dir)

@@ -228,7 +228,7 @@ class AttestationVerdict:
 def find_attestation_bundles(
     model_dir: Path | None, root_digest: str, policy: Policy, *, reference: str | None = None
 ) -> list[Path | StoredBundle]:
-    """Bundles to consider: the reserved names in the model directory and the model's store for the digest.
+    """Bundles to consider: those beside the model (`find_statement_files`) and the model's stores.
 
     The stores are those `modelsec.verifier.stores.evidence_stores` resolves for `reference` under
     `policy` (every front door uses it): the policy's `attestationStore` and, for an `oci://` reference,
@@ -249,7 +249,9 @@ def find_attestation_bundles(
     """
     found: list[Path | StoredBundle] = []
     if model_dir is not None:
-        found += find_attestation_files(model_dir)
+        # The reserved names and `model.attestations/`, where `attest sign`, `attest provenance` and
+        # `release` write statements of other types (the policy's `conditions` judge them).
+        found += find_statement_files(model_dir, limits=policy.limits)
     for spec in evidence_stores(reference or "", policy):
         store = open_store(spec, StoreOptions(limits=policy.limits, must_exist=False))
         try:

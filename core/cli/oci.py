@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -30,6 +31,9 @@ from modelsec.cli.common import (
 )
 from modelsec.cli.values import oci_reference_value
 from modelsec.errors import Error
+
+if TYPE_CHECKING:
+    from modelsec.distribution.push_pull import SkippedReferrer
 
 __all__ = ["copy", "pull", "push", "storage_initializer"]
 
@@ -149,6 +153,10 @@ def pull(
                 "rootDigest": digest_str(result.root_digest),
                 "files": result.files,
                 "ignored": list(result.ignored),
+                "skipped": [
+                    {"referrer": s.referrer, "kind": s.kind, "reason": s.reason, "detail": s.detail}
+                    for s in result.skipped
+                ],
                 "notes": list(result.notes),
             }
         )
@@ -157,10 +165,36 @@ def pull(
         f"OK {result.path}: {result.files} files, model sha256:{result.root_digest} "
         f"({result.manifest_digest})"
     )
-    for reason in result.ignored:
-        click.echo(f"  note: ignored {reason}", err=True)
+    if result.skipped:
+        click.echo(f"  note: {_skipped_summary(result.skipped, result.path)}", err=True)
+        ctx = click.get_current_context(silent=True)
+        if ctx is not None and ctx.find_root().params.get("verbose"):
+            for skipped in result.skipped:
+                click.echo(f"    skipped {skipped.detail}", err=True)
     for note in result.notes:
         click.echo(f"  note: {note}", err=True)
+
+
+_SKIPPED_REASONS = {
+    "untrusted-key": "signed by a key not trusted here",
+    "invalid-signature": "with an invalid signature",
+    "other-manifest": "about another manifest",
+    "other-model": "about another model",
+    "not-evidence": "not evidence",
+    "unread": "not read",
+    "malformed": "malformed",
+}
+
+
+def _skipped_summary(skipped: Sequence[SkippedReferrer], destination: Path) -> str:
+    """One line: how many referrers of which kind were skipped and why; signatures are not placed."""
+    from collections import Counter
+
+    counts = Counter((s.kind, _SKIPPED_REASONS.get(s.reason, s.reason)) for s in skipped)
+    parts = [f"{n} {kind}{'s' if n > 1 else ''} {why}" for (kind, why), n in counts.items()]
+    unplaced = sum(1 for s in skipped if s.kind == "signature")
+    placed = f"; {'they are' if unplaced > 1 else 'it is'} not in {destination}" if unplaced else ""
+    return f"skipped {', '.join(parts)}{placed} (modelsec --verbose pull lists each referrer)"
 
 
 @click.command(name="copy")

@@ -62,13 +62,14 @@ def serve(config_path: Path, listen: str | None, log_level: str, workers: int, a
 
     from modelsec.cli.common import fail
     from modelsec.errors import BackendUnavailableError, Error
-    from modelsec.observability import configure_json_logging
+    from modelsec.observability import configure_json_logging, configure_tracing
 
     # Without the grpc extra this raises ModuleNotFoundError; the root command names the extra.
     from modelsec.service.config import load_server_config
     from modelsec.service.server import RunningServer, run_server
 
     configure_json_logging(log_level)
+    configure_tracing("serve")  # only with $MODELSEC_OTEL=1 (the otel extra)
 
     def announce(port: int, metrics_port: int | None) -> None:
         host = config.listen.rpartition(":")[0]

@@ -178,7 +178,7 @@ def _serve(
     """
     from modelsec.cli.common import fail
     from modelsec.errors import BackendUnavailableError, Error
-    from modelsec.observability import configure_json_logging
+    from modelsec.observability import configure_json_logging, configure_tracing
     from modelsec.policy import PolicySet
 
     # Without the webhook extra this raises ModuleNotFoundError; the root command names the extra.
@@ -187,6 +187,7 @@ def _serve(
     from modelsec.webhook.server import serve
 
     configure_json_logging(logging.INFO)
+    configure_tracing("webhook")  # only with $MODELSEC_OTEL=1 (the otel extra)
     if require_models_in:
         logging.getLogger("modelsec.webhook").warning(
             "--require-models-in is deprecated: use namespaceRules[].requireModel in the policy file"

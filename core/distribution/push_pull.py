@@ -80,8 +80,8 @@ from modelsec.signer.keys import KeyBackend, TrustedKey
 from modelsec.signer.layout import (
     GATE_BUNDLE_NAME,
     MODEL_IGNORE_PATHS,
+    STATEMENTS_DIR_NAME,
     WATERMARK_BUNDLE_NAME,
-    find_attestation_files,
     find_default_bundles,
     write_bundle_file,
 )
@@ -93,6 +93,7 @@ from modelsec.verifier import (
     verify_model,
 )
 from modelsec.verifier.admission import ModelAdmission
+from modelsec.verifier.attestations import find_statement_files
 from modelsec.verifier.stores import StoredBundle
 from modelsec.verifier.trust.bundles import check_signature_time, read_bundle_bytes
 
@@ -100,6 +101,7 @@ __all__ = [
     "MODEL_ARTIFACT_TYPE",
     "PullResult",
     "PushResult",
+    "SkippedReferrer",
     "bound_root_digests",
     "pull_model",
     "push_model",
@@ -158,7 +160,10 @@ def _file_layer(model_dir: Path, name: str) -> tuple[dict[str, Any], Path]:
 
 def _bundle_files(model_dir: Path, policy: Policy) -> list[tuple[str, bytes]]:
     out = []
-    for path in (*find_default_bundles(model_dir), *find_attestation_files(model_dir)):
+    # The signatures, the reserved attestations and the statements of `model.attestations/` (provenance,
+    # `attest sign`): all of a model's evidence travels with it.
+    statements = find_statement_files(model_dir, limits=policy.limits)
+    for path in (*find_default_bundles(model_dir), *statements):
         data = read_bundle_bytes(path, policy.limits.max_bundle_bytes)
         if len(data) > policy.limits.max_bundle_bytes:
             raise MalformedArtifactError(f"{path}: larger than {policy.limits.max_bundle_bytes} bytes")
@@ -178,10 +183,10 @@ def push_model(
 
     The directory is verified with `verify_model` first (a model the policy refuses is not pushed); each
     signed file then becomes one raw layer. The bundles in the directory (`model.sig`, `model.sm2.sig`, …,
-    `model.gate.sig`, `model.watermark.sig`) and a binding of the manifest digest to the root digest,
-    signed with `binding_key`, are attached as referrers. The manifest is tagged with the reference's tag
-    and with `root_tag(root digest)`. A file changed between verification and upload is not detected here;
-    `pull` refuses it.
+    `model.gate.sig`, `model.watermark.sig`, the statements in `model.attestations/`) and a binding of the
+    manifest digest to the root digest, signed with `binding_key`, are attached as referrers. The manifest
+    is tagged with the reference's tag and with `root_tag(root digest)`. A file changed between verification
+    and upload is not detected here; `pull` refuses it.
 
     Args:
         model_dir: A signed model directory.
@@ -264,6 +269,28 @@ def push_model(
 
 
 @dataclass(frozen=True, slots=True)
+class SkippedReferrer:
+    """A referrer `pull` did not use, and why (`PullResult.skipped`).
+
+    Attributes:
+        referrer: `oci://REGISTRY/REPOSITORY@sha256:<referrer manifest digest>`, or the repository for
+            referrers counted without being read.
+        kind: What it is: `signature` (a signature of the model's weights), `binding`, `attestation`
+            (any other statement), or `other` (not evidence, unreadable, malformed).
+        reason: Why, as a code: `untrusted-key` (no trusted key verifies it: another signer's),
+            `invalid-signature` (it names a trusted key whose check fails), `other-manifest`,
+            `other-model`, `not-evidence`, `unread` (over the budget or unreadable), `malformed`, or the
+            error class of another refusal.
+        detail: The whole reason, one line (printed under `--verbose`).
+    """
+
+    referrer: str
+    kind: str
+    reason: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
 class PullResult:
     """What `pull_model` verified and placed.
 
@@ -272,7 +299,10 @@ class PullResult:
         manifest_digest: The OCI manifest digest pulled.
         root_digest: The verified model root digest.
         files: Number of files placed.
-        ignored: Referrers that were not evidence (unparseable, another subject, untrusted), with reasons.
+        ignored: Referrers that were not evidence (unparseable, another subject, untrusted), with reasons:
+            the `detail` of each entry of `skipped`.
+        skipped: The same referrers, each with its kind and a reason code. A signature skipped here is not
+            placed in the destination: the pulled folder holds only the bundles a trusted key verified.
         signers: The names of the policy keys whose weights signatures verified (one per bundle).
         notes: Evidence that counted but is deprecated (a v1 binding), with what to do.
     """
@@ -284,6 +314,7 @@ class PullResult:
     ignored: tuple[str, ...] = field(default=())
     signers: tuple[str, ...] = field(default=())
     notes: tuple[str, ...] = field(default=())
+    skipped: tuple[SkippedReferrer, ...] = field(default=())
 
 
 def _safe_path(value: object, what: str) -> str:
@@ -350,8 +381,16 @@ class _Evidence:
     bound: set[str] = field(default_factory=set)
     weights: dict[str, bytes] = field(default_factory=dict)
     other: list[StoredBundle] = field(default_factory=list)
-    ignored: list[str] = field(default_factory=list)
+    skipped: list[SkippedReferrer] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def ignored(self) -> list[str]:
+        return [s.detail for s in self.skipped]
+
+    def skip(self, source: str, kind: str, reason: str | Error, detail: str) -> None:
+        code = reason if isinstance(reason, str) else _reason_code(reason)
+        self.skipped.append(SkippedReferrer(source, kind, code, detail))
 
 
 def _verify_weights_signature(bundle: Bundle, policy: Policy) -> TrustedKey:
@@ -377,12 +416,17 @@ def _collect(client: RegistryClient, ref: OciReference, manifest_digest: str, po
     budget = ReferrerBudget(max_referrers=_MAX_REFERRERS, max_bundle_bytes=policy.limits.max_bundle_bytes)
     reads, skipped = read_evidence(client, ref.repository, manifest_digest, budget)
     if skipped:
-        found.ignored.append(f"{ref.repository_uri}: {skipped} referrers that are not evidence (not read)")
+        found.skip(
+            ref.repository_uri,
+            "other",
+            "not-evidence",
+            f"{ref.repository_uri}: {skipped} referrers that are not evidence (not read)",
+        )
     raw: list[tuple[str, bytes]] = []
     for read in reads:
         source = f"{ref.repository_uri}@{read.digest}"
         if read.note:
-            found.ignored.append(f"{source}: {read.note.removeprefix(f'{source}: ')}")
+            found.skip(source, "other", "unread", f"{source}: {read.note.removeprefix(f'{source}: ')}")
         else:
             raw.append((source, read.data))
     statements = []
@@ -391,18 +435,20 @@ def _collect(client: RegistryClient, ref: OciReference, manifest_digest: str, po
             bundle = parse_bundle(data, source=source)
             statement = parse_statement(bundle.envelope.payload, what=source)
         except Error as e:
-            found.ignored.append(_reason(source, e))
+            found.skip(source, "other", "malformed", _reason(source, e))
             continue
         if is_binding_type(statement.predicate_type):
             try:
                 binding = parse_binding_statement(statement, what=source)
                 _verify_weights_signature(bundle, policy)
             except Error as e:
-                found.ignored.append(_reason(source, e, "binding"))
+                found.skip(source, "binding", e, _reason(source, e, "binding"))
                 continue
             named = binding.manifest_digest
             if not hmac.compare_digest(named.encode(), manifest_digest.encode()):
-                found.ignored.append(f"{source}: binding of another manifest ({named})")
+                found.skip(
+                    source, "binding", "other-manifest", f"{source}: binding of another manifest ({named})"
+                )
                 continue
             found.bound.add(binding.root_digest)
             if binding.deprecated:
@@ -415,12 +461,14 @@ def _collect(client: RegistryClient, ref: OciReference, manifest_digest: str, po
     for source, data, bundle, statement in statements:
         root = statement.subjects[0].digest.get("sha256", "")
         if root not in found.bound:
-            found.ignored.append(f"{source}: about model {root or '?'}, which no trusted binding names")
+            kind = "signature" if statement.predicate_type == OMS_PREDICATE_TYPE else "attestation"
+            detail = f"{source}: about model {root or '?'}, which no trusted binding names"
+            found.skip(source, kind, "other-model", detail)
         elif statement.predicate_type == OMS_PREDICATE_TYPE:
             try:
                 key = _verify_weights_signature(bundle, policy)
             except Error as e:
-                found.ignored.append(_reason(source, e))
+                found.skip(source, "signature", e, _reason(source, e))
                 continue
             found.weights.setdefault(scheme_for(key.algorithm).default_bundle_name, data)
         else:
@@ -439,6 +487,14 @@ def _no_binding(what: str, reasons: Sequence[str]) -> SignatureError:
     )
     error.details = tuple(reasons)
     return error
+
+
+def _reason_code(e: Error) -> str:
+    """A skipped referrer's reason code for an error (`SkippedReferrer.reason`)."""
+    if isinstance(e, SignatureError):
+        # The wording of `verify_bundle_signature`: "invalid" only for a bundle naming a trusted key.
+        return "untrusted-key" if "not trusted here" in str(e) else "invalid-signature"
+    return type(e).__name__
 
 
 def _reason(source: str, e: Error, what: str = "") -> str:
@@ -555,6 +611,7 @@ def pull_model(
         tuple(evidence.ignored),
         signers,
         tuple(evidence.notes),
+        tuple(evidence.skipped),
     )
 
 
@@ -574,6 +631,17 @@ def _stage(
             client.stream_blob(ref.repository, digest, size, sink, what=f"{ref.repository_uri}: {path}")
     for name, data in evidence.weights.items():
         (staging / name).write_bytes(data)
+    # The referrers' statements go where `verify_model` reads a model's evidence (`model.attestations/`), so
+    # a policy requiring a gate, a watermark or a condition judges them as beside a local model; those not
+    # accepted are taken out again below, before the model is placed.
+    statements = staging / STATEMENTS_DIR_NAME
+    staged: dict[str, Path] = {}
+    if evidence.other:
+        statements.mkdir()
+        for bundle in evidence.other:
+            statement_file = statements / f"{bundle.id}.sig"
+            statement_file.write_bytes(bundle.data)
+            staged[bundle.source] = statement_file
     # The policies were chosen for the OCI reference, not for the staging directory's own file:// path (a
     # name of pull's choosing): the admission is handed on without a URI, so verify_model does not compare
     # it with the path it opens (DESIGN decision 20 guards local models, whose path is what was matched).
@@ -586,6 +654,12 @@ def _stage(
     verdict = verify_attestations(verified.root_digest, found, policy, require_signatures=False)
     verdict.raise_for_policy()
     _place_attestations(staging, verdict.evidence, [f for f in found if isinstance(f, StoredBundle)])
+    kept = {e.source for e in verdict.evidence if e.kind not in ("robustness", "watermark")}
+    for source, statement_file in staged.items():
+        if source not in kept:  # not evidence here, or placed under its reserved name
+            statement_file.unlink()
+    if staged and not any(statements.iterdir()):
+        statements.rmdir()
     return verified.root_digest, tuple(b.key.name for b in verified.bundles)
 
 

@@ -480,6 +480,52 @@ class ServerConfig(ConfigModel):
         """Whether `identity` may perform `operation` (a key of `ACCESS_DEFAULTS`)."""
         return identity_allowed(identity, self.access[operation])
 
+    def grant_hint(self, operation: str) -> str:
+        """Where `operation` is granted, for a refusal: `access.putAttestation in FILE (now: nobody)`."""
+        now = ", ".join(self.access[operation]) or "nobody"
+        return f"access.{operation} in {self.source} (now: {now})"
+
+    def key_setting(self, key: ServerKeyModel | WatermarkKeyModel, field: str) -> str:
+        """The setting of one configured key, for a message: `keys[0].allow in FILE`."""
+        if isinstance(key, ServerKeyModel):
+            return f"keys[{self.keys.index(key)}].{field} in {self.source}"
+        return f"watermarkKeys[{self.watermark_keys.index(key)}].{field} in {self.source}"
+
+    def refusing_settings(self) -> list[str]:
+        """What this configuration grants to nobody although it configures it, each naming the setting.
+
+        A first configuration often lists keys without `allow`, or read roots and architectures without
+        the operations that use them: every such call is refused. `start_server` logs each of these as a
+        warning; the refusals themselves name the same settings.
+        """
+        found = []
+        for key in self.keys:
+            if not key.allow:
+                found.append(
+                    f"key version {key.key_version} allows no identity, so every signature with it is "
+                    f"refused: list the identities that may use it in {self.key_setting(key, 'allow')}"
+                )
+        for wkey in self.watermark_keys:
+            if not wkey.allow:
+                found.append(
+                    f"watermark key {wkey.name} allows no identity, so every call with it is refused: "
+                    f"list the identities that may use it in {self.key_setting(wkey, 'allow')}"
+                )
+        uses = (
+            ("watermarkKeys", bool(self.watermark_keys), ("watermark",)),
+            ("architectures", bool(self.architectures), ("robustness",)),
+            ("readRoots", bool(self.read_roots), ("verifyModel", "watermark", "robustness")),
+            ("writeRoots", bool(self.write_roots), ("watermark",)),
+        )
+        for setting, configured, operations in uses:
+            if configured and not any(self.access[o] for o in operations):
+                grants = " or ".join(f"access.{o}" for o in operations)
+                found.append(
+                    f"{setting} is set but no identity may call {', '.join(operations)}: grant identities "
+                    f"in {grants} in {self.source}"
+                )
+        return found
+
 
 def is_loopback_listen(listen: str) -> bool:
     """Whether a `HOST:PORT` listen address only accepts connections from this host.

@@ -113,7 +113,8 @@ class RobustnessServicer(robustness_pb2_grpc.RobustnessServiceServicer):
         storer = storer_for(self.state, request.store_attestation, request.attestation_key_version)
         if request.architecture not in self.state.config.architectures:
             raise PermissionDeniedError(
-                f"architecture {request.architecture[:200]!r} is not in the server's allow-list"
+                f"architecture {request.architecture[:200]!r} is not in the server's allow-list "
+                f"(architectures in {self.state.config.source})"
             )
         model_dir = self.state.readable_path(request.model_path, "model_path")
         data = self.state.readable_path(request.data_path, "data_path")

@@ -35,6 +35,7 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from modelsec.errors import KeyMaterialError
+from modelsec.observability import decision_tracer
 from modelsec.safe_io import read_regular_file
 from modelsec.service.attestation import AttestationServicer
 from modelsec.service.config import ServerConfig
@@ -138,6 +139,21 @@ def _tls_file(path: Path, what: str) -> bytes:
     return read_regular_file(path, what, max_bytes=_MAX_TLS_FILE_BYTES, error=KeyMaterialError)
 
 
+def _decision_observer(metrics: ServiceMetrics) -> Callable[[str, str, str, str, float], None]:
+    """The metrics' decision histogram, and with tracing on one span per decision (`decision_tracer`)."""
+    tracer = decision_tracer("serve")
+    if tracer is None:
+        return metrics.observe_decision
+
+    def observe(method: str, policy: str, outcome: str, reason: str, seconds: float) -> None:
+        metrics.observe_decision(method, policy, outcome, reason, seconds)
+        attributes = {"modelsec.method": method, "modelsec.policy": policy or "-"}
+        attributes |= {"modelsec.outcome": outcome, "modelsec.reason": reason}
+        tracer.record("modelsec.grpc.decision", seconds, attributes)
+
+    return observe
+
+
 async def start_server(
     config: ServerConfig,
     state: ServiceState | None = None,
@@ -159,8 +175,10 @@ async def start_server(
     from modelsec.errors import BackendUnavailableError
 
     state = state or ServiceState(config)
+    for problem in config.refusing_settings():  # a first configuration that refuses calls says which setting
+        _log.warning('{"event":"config_refuses","message":%s}', json.dumps(problem))
     metrics = ServiceMetrics()
-    state.decision_observer = metrics.observe_decision
+    state.decision_observer = _decision_observer(metrics)
     server = aio.server(
         interceptors=[ServiceInterceptor(config, metrics)],
         maximum_concurrent_rpcs=config.max_concurrent_rpcs,

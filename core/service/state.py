@@ -248,7 +248,9 @@ class ServiceState:
         """
         identity = self.identity()
         if not self.config.may(operation, identity):
-            raise PermissionDeniedError(f"{identity!r} may not call {operation}")
+            raise PermissionDeniedError(
+                f"{identity!r} may not call {operation}: grant it in {self.config.grant_hint(operation)}"
+            )
         return identity
 
     def policy(self, name: str = "") -> Policy:
@@ -278,7 +280,10 @@ class ServiceState:
         if key is None:
             raise NotFoundError(f"key version {key_version!r} does not exist")
         if not identity_allowed(identity, key.config.allow):
-            raise PermissionDeniedError(f"{identity!r} may not use key version {key_version!r}")
+            raise PermissionDeniedError(
+                f"{identity!r} may not use key version {key_version!r}: list it in "
+                f"{self.config.key_setting(key.config, 'allow')}"
+            )
         return key
 
     def signing_key_for(self, key_version: str, predicate_type: str, operation: str) -> LoadedKey:
@@ -310,12 +315,14 @@ class ServiceState:
             raise PermissionDeniedError(
                 f"key version {key_version!r} may not sign predicateType {predicate_type!r} "
                 f"(its roles: {', '.join(sorted(key.config.roles)) or 'none'}; its predicateTypes: "
-                f"{', '.join(key.config.predicate_types) or 'none'})"
+                f"{', '.join(key.config.predicate_types) or 'none'}; set in "
+                f"{self.config.key_setting(key.config, 'roles')} and .predicateTypes)"
             )
         if operation not in key.config.operations:
             raise PermissionDeniedError(
                 f"key version {key_version!r} may not be used for {operation} "
-                f"(its operations: {', '.join(sorted(key.config.operations)) or 'none'})"
+                f"(its operations: {', '.join(sorted(key.config.operations)) or 'none'}; set in "
+                f"{self.config.key_setting(key.config, 'operations')})"
             )
         server_run = _SERVER_RUN_OPERATION.get(role)
         if operation == "signStatement" and server_run in key.config.operations:
@@ -351,7 +358,10 @@ class ServiceState:
         if key is None:
             raise NotFoundError(f"watermark key {name!r} does not exist")
         if not identity_allowed(identity, key.allow):
-            raise PermissionDeniedError(f"{identity!r} may not use watermark key {name!r}")
+            raise PermissionDeniedError(
+                f"{identity!r} may not use watermark key {name!r}: list it in "
+                f"{self.config.key_setting(key, 'allow')}"
+            )
         return key
 
     # -- server-side paths --------------------------------------------------------------------------------
@@ -363,7 +373,7 @@ class ServiceState:
             PermissionDeniedError: Not absolute, or outside every read root.
             MalformedArtifactError: Longer than PATH_MAX.
         """
-        return _under(raw, self.config.read_roots, what, "read")
+        return _under(raw, self.config.read_roots, what, "read", f"readRoots in {self.config.source}")
 
     def writable_path(self, raw: str, what: str) -> ServerPath:
         """Place a client-supplied output path under a write root, by its spelling.
@@ -372,7 +382,7 @@ class ServiceState:
             PermissionDeniedError: Not absolute, or outside every write root.
             MalformedArtifactError: Longer than PATH_MAX.
         """
-        return _under(raw, self.config.write_roots, what, "write")
+        return _under(raw, self.config.write_roots, what, "write", f"writeRoots in {self.config.source}")
 
 
 _MAX_PASSWORD_FILE_BYTES = 4096
@@ -416,7 +426,7 @@ def _check_name(value: str, what: str) -> None:
         raise MalformedArtifactError(f"{what} is longer than {_MAX_NAME_CHARS} characters")
 
 
-def _under(raw: str, roots: Sequence[Path], what: str, verb: str) -> ServerPath:
+def _under(raw: str, roots: Sequence[Path], what: str, verb: str, setting: str) -> ServerPath:
     # Placed by spelling only: `..` is folded lexically, which is what the kernel does too once no link
     # below the root is followed (links are refused when the path is opened). The roots themselves are
     # operator configuration, matched as written and as their real paths.
@@ -432,4 +442,7 @@ def _under(raw: str, roots: Sequence[Path], what: str, verb: str) -> ServerPath:
                 rel = spelled.relative_to(base).as_posix()
                 rel = "" if rel == "." else rel
                 return ServerPath(root_real / rel if rel else root_real, root_real, rel)
-    raise PermissionDeniedError(f"{what} {raw!r} is outside the server's {verb} roots")
+    configured = ", ".join(str(r) for r in roots) or "none"
+    raise PermissionDeniedError(
+        f"{what} {raw!r} is outside the server's {verb} roots ({setting}; now: {configured})"
+    )

@@ -63,7 +63,7 @@ from starlette.routing import Route
 
 from modelsec import __version__
 from modelsec.errors import BackendUnavailableError, Error, KeyMaterialError
-from modelsec.observability import register_runtime_metrics
+from modelsec.observability import DecisionTracer, decision_tracer, register_runtime_metrics
 from modelsec.webhook.mutate import Mutator
 from modelsec.webhook.reload import PolicyReloader
 from modelsec.webhook.review import AdmissionRequest, BadRequestError, Decision, Reviewer
@@ -322,6 +322,14 @@ class _Metrics:
         )
 
 
+def _trace(tracer: DecisionTracer | None, decision: Decision, seconds: float) -> None:
+    """The decision's span, when tracing is on (`modelsec.observability.decision_tracer`)."""
+    if tracer is not None:
+        attributes = {"modelsec.outcome": _outcome(decision), "modelsec.policy": _policy_label(decision)}
+        attributes |= {"modelsec.reason": decision.reason, "modelsec.uid": decision.uid}
+        tracer.record("modelsec.webhook.decision", seconds, attributes)
+
+
 def _policy_label(decision: Decision) -> str:
     """The policy that decided: the first refused reference's, else the first reference's; `-` for none."""
     refs = [r for r in decision.references if not r.allowed] or list(decision.references)
@@ -371,6 +379,7 @@ def create_app(
         The Starlette app; `app.state.metrics_registry` holds its Prometheus registry.
     """
     metrics = _Metrics.create()
+    tracer = decision_tracer("webhook")
     executor = concurrent.futures.ThreadPoolExecutor(
         max_workers=workers, thread_name_prefix="modelsec-review"
     )
@@ -381,6 +390,7 @@ def create_app(
         elapsed = time.monotonic() - started
         metrics.decisions.labels(_outcome(decision), decision.reason).inc()
         metrics.latency.labels(_outcome(decision), _policy_label(decision), decision.reason).observe(elapsed)
+        _trace(tracer, decision, elapsed)
         line = {
             "ts": datetime.now(UTC).isoformat(timespec="milliseconds"),
             "event": "admission-decision",

@@ -3,7 +3,9 @@ runtime guard's start-up file `modelsec-guard.pth` at the root of site-packages 
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -42,7 +44,7 @@ SOURCES = [
     "attestations",
     "watermark",
 ]
-SOURCES += ["robustness", "proto"]
+SOURCES += ["robustness", "proto", "docs"]  # docs: the man pages and completion scripts the wheel installs
 
 
 @pytest.mark.slow
@@ -66,8 +68,18 @@ def test_wheel_contains_every_subpackage_and_nothing_else(tmp_path: Path) -> Non
     )
     (wheel,) = tmp_path.glob("modelsec-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
     assert top == {"modelsec", "modelsec-guard.pth"}, top
+    # Installed under the environment's prefix (PREFIX/share): every man page and a completion script per
+    # shell, where man and each shell's completion loader look.
+    data = {n.split("/data/", 1)[1] for n in names if n.split("/")[0].endswith(".data")}
+    pages = {f"share/man/man1/{p.name}" for p in (REPO / "docs" / "man").glob("*.1")}
+    completions = {
+        "share/bash-completion/completions/modelsec",
+        "share/zsh/site-functions/_modelsec",
+        "share/fish/vendor_completions.d/modelsec.fish",
+    }
+    assert len(pages) > 20 and data == pages | completions, sorted(data ^ (pages | completions))
     assert zipfile.ZipFile(wheel).read("modelsec-guard.pth") == PTH.read_bytes()
     for sub in SUBPACKAGES:
         assert f"modelsec/{sub}/__init__.py" in names, sub
@@ -227,3 +239,49 @@ def test_guard_line_is_inert_without_a_policy(tmp_path: Path, value: str | None)
     plain = _site_with(tmp_path / "plain", b"\n", "import sys; print(sorted(sys.modules))")
     assert out.returncode == 0 and out.stderr == ""
     assert out.stdout == plain.stdout, "the line imports nothing"
+
+
+def test_completion_scripts_are_current() -> None:
+    spec = importlib.util.spec_from_file_location("gen_completion", REPO / "scripts" / "gen_completion.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    scripts: dict[str, str] = module.generate()
+    for name, text in scripts.items():
+        committed = (REPO / "docs" / "completion" / name).read_text()
+        assert committed.rstrip("\n") == text.rstrip("\n"), (
+            f"run `make man` and commit docs/completion/{name}"
+        )
+    assert "_MODELSEC_COMPLETE=bash_complete" in scripts["bash/modelsec"]
+
+
+def _makefile_editable_options() -> list[str]:
+    """The options of the Makefile's editable install (`EDITABLE`), as the developer's venv gets them."""
+    text = (REPO / "Makefile").read_text()
+    match = re.search(r"^EDITABLE\s*:?=\s*(.+)$", text, re.MULTILINE)
+    assert match is not None and "$(EDITABLE)" in text, "the Makefile installs modelsec through $(EDITABLE)"
+    return match.group(1).split()
+
+
+@pytest.mark.slow
+def test_an_editable_install_type_checks_from_outside_the_repository(tmp_path: Path) -> None:
+    """mypy, run elsewhere against an environment with the Makefile's editable install, sees the types."""
+    src = copy_sources(tmp_path / "src")
+    python = make_venv(tmp_path / "venv")
+    pip(python, "install", "-q", "--no-deps", "--no-build-isolation", *_makefile_editable_options(), str(src))
+    elsewhere = tmp_path / "app"
+    elsewhere.mkdir()
+    (elsewhere / "app.py").write_text(
+        "import modelsec\nfrom modelsec.errors import DigestMismatchError\n"
+        "from modelsec.verifier import verify_model\n"
+        "reveal_type(modelsec.__version__)\nreveal_type(verify_model)\nreveal_type(DigestMismatchError)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "mypy", "--python-executable", str(python), "--no-incremental",
+         "--cache-dir", str(tmp_path / "cache"), "--config-file", "/dev/null", "app.py"],
+        cwd=elsewhere, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert 'Revealed type is "str"' in out.stdout or 'Revealed type is "builtins.str"' in out.stdout
+    assert "def (model_path:" in out.stdout and "DigestMismatchError" in out.stdout
+    assert "import-not-found" not in out.stdout and "import-untyped" not in out.stdout

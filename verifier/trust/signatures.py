@@ -36,8 +36,10 @@ from modelsec.modelformat.model_files import open_beneath, open_model_root
 from modelsec.policy import Policy
 from modelsec.signer.keys import TrustedKey
 from modelsec.signer.layout import (
+    BUNDLE_SUFFIXES,
     RESERVED_BUNDLE_NAMES,
     SIGNATURE_FILE_NAMES,
+    STATEMENTS_DIR_NAME,
     find_attestation_files,
     find_default_bundles,
 )
@@ -316,14 +318,44 @@ def _attestations_at(root_fd: int, model_dir: Path, root: str, limits: Limits) -
     way, and `verify_attestations` lists the reason among the ignored bundles.
     """
     found: list[Path | StoredBundle] = []
-    for path in find_attestation_files(model_dir, root_fd=root_fd):
+    names = [p.name for p in find_attestation_files(model_dir, root_fd=root_fd)]
+    names += [f"{STATEMENTS_DIR_NAME}/{n}" for n in _statement_names_at(root_fd)]
+    for name in names:
+        path = model_dir / name
         try:
-            data = _read_at(root_fd, path.name, path, limits.max_bundle_bytes)
+            data = _read_at(root_fd, name, path, limits.max_bundle_bytes)
         except Error:
             found.append(path)
             continue
         found.append(StoredBundle(hashlib.sha256(data).hexdigest(), root, data, str(path)))
     return found
+
+
+# As many statements as a store hands one verification (`StoreOptions.max_bundles`' default); a folder
+# holding more is someone's flood, and the rest are not read.
+_MAX_STATEMENT_FILES = 256
+
+
+def _statement_names_at(root_fd: int) -> list[str]:
+    """The bundle names (by suffix) in `model.attestations/` below `root_fd`; none if it is a link or absent.
+
+    As `find_statement_files` does by path: `attest sign`, `attest provenance` and `release` write there.
+    """
+    try:
+        fd = os.open(STATEMENTS_DIR_NAME, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=root_fd)
+    except OSError:
+        return []
+    try:
+        names = sorted(
+            e.name
+            for e in os.scandir(fd)
+            if e.is_file(follow_symlinks=False) and e.name.endswith(BUNDLE_SUFFIXES)
+        )
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
+    return names[:_MAX_STATEMENT_FILES]
 
 
 def _excluded_paths(
