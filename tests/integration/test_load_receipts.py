@@ -204,9 +204,9 @@ def test_a_receipt_replayed_from_another_node_is_refused(
         tpm=swtpm_other.ak,
     )
     assert b_receipt is not None
-    assert verify_receipt(b_receipt.read_bytes(), req).node == "node-b"
+    assert verify_receipt(Path(b_receipt).read_bytes(), req).node == "node-b"
     with pytest.raises(ReceiptError) as e:
-        verify_receipt(b_receipt.read_bytes(), req, node="node-a")
+        verify_receipt(Path(b_receipt).read_bytes(), req, node="node-a")
     assert e.value.reason == "node"
 
 
