@@ -1,8 +1,8 @@
 """Load receipts (issue 33): a stale quote is refused, by the TSA's time and by the TPM clock.
 
 Real parts: a software TPM (`tests/support/tpm.py`) and an `openssl ts` TSA on loopback
-(`tests/integration/test_rfc3161.py`). A "stale" receipt is one whose statement's time is far from when the TPM
-quoted it: a node that quotes a receipt now and dates it later (to present it then), or backdates it.
+(`tests/integration/test_rfc3161.py`). A "stale" receipt is one whose statement's time is far from when the
+TPM quoted it: a node that quotes a receipt now and dates it later (to present it then), or backdates it.
 """
 
 from __future__ import annotations
