@@ -168,3 +168,50 @@ def test_receipts_snapshot_signs_this_nodes_loads(
     r = cli("receipts", "snapshot", "--policy", policy)
     assert r.returncode == 1 and "TPM" in r.stderr
     assert sorted((tmp_path / "receipts").glob("*.snapshot.json")) == before
+
+
+def test_receipts_go_to_the_registry_as_referrers_of_the_model(
+    tmp_path: Path,
+    key_dir: Path,
+    cli: Callable[..., Any],
+    registry: Any,
+    swtpm: SoftwareTpm,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from modelsec.errors import BackendUnavailableError
+    from modelsec.verifier.stores.oci import OciAttestationStore
+    from tests.support.oci_models import push_tiny_model, registry_options
+
+    torch.set_num_threads(1)
+    model, _ = push_tiny_model(tmp_path, key_dir, registry, "receipts33", seed=35)
+    for k, v in registry.env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("TPM2TOOLS_TCTI", swtpm.tcti)
+    store = f"oci://{registry.address}/models/receipts33"
+    policy = _policy(tmp_path, key_dir, swtpm, nodes={"node-a": swtpm.ak_pem}, store=store, required=True)
+    policies = PolicySet.from_file(policy)
+    assert load_model(model, policies)
+    root = verify_model(model, policies).root_digest
+    assert _receipts(tmp_path) == []  # nowhere on the node's disk
+    r = cli("receipts", "list", model, "--policy", policy, "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout)
+    assert [(x["node"], x["model"]) for x in out["receipts"]] == [("node-a", f"sha256:{root}")]
+    assert out["receipts"][0]["source"].startswith(f"{store}@sha256:")
+    assert out["refused"] == []
+    # Evidence readers of the same manifest do not see receipts (another artifactType).
+    evidence = OciAttestationStore.open(
+        f"{registry.address}/models/receipts33",
+        max_bundle_bytes=2**20,
+        max_bundles=64,
+        options=registry_options(registry),
+    )
+    assert all(b"load-receipt" not in b for b in evidence.bundles(root))
+    # Required, and the registry holds no such model: the load fails closed.
+    other = _policy(
+        tmp_path, key_dir, swtpm, nodes={"node-a": swtpm.ak_pem}, store=f"{store}-absent", required=True
+    )
+    result = None
+    with pytest.raises(BackendUnavailableError, match="push the model first"):
+        result = load_model(model, PolicySet.from_file(other))
+    assert result is None

@@ -2,8 +2,8 @@
 
 - a directory path: `DirectoryReceiptStore`, files `<dir>/<digest[:16]>-<time>-<pid>.receipt.json` and
   `<dir>/snapshot-<time>-<pid>.snapshot.json`;
-- `oci://REGISTRY/REPOSITORY`: `modelsec.verifier.stores.oci_receipts.OciReceiptStore`, referrers of the
-  model's manifest.
+- `oci://REGISTRY/REPOSITORY`: `modelsec.verifier.stores.oci.OciReceiptStore`, referrers of the model's
+  manifest (credentials from the environment, `RegistryOptions.from_env`).
 
 A store trusts nothing it holds: readers (`modelsec.verifier.receipts`) verify every receipt they get. The
 receipt and snapshot media types live here, the lowest layer that names them.
@@ -135,9 +135,10 @@ def open_receipt_store(where: Path | str) -> ReceiptStore:
 
     Raises:
         PolicyError: A malformed `oci://` reference.
+        BackendUnavailableError: `oci://` and the oci extra (requests) is not installed.
     """
     if isinstance(where, str) and where.startswith("oci://"):
-        from modelsec.verifier.stores.oci_receipts import OciReceiptStore
+        from modelsec.verifier.stores.oci import OciReceiptStore
 
         return OciReceiptStore.open(where)
     return DirectoryReceiptStore(Path(where))
