@@ -69,7 +69,7 @@ def _import_pytss() -> None:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CryptographyDeprecationWarning)
-        import tpm2_pytss  # noqa: F401
+        import tpm2_pytss
         import tpm2_pytss.internal.crypto  # noqa: F401
 
 
