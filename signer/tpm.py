@@ -38,7 +38,15 @@ from pathlib import Path
 
 from modelsec.errors import BackendUnavailableError
 
-__all__ = ["ACCESS_ENV", "DEFAULT_AK_HANDLE", "TpmAttestationKey", "TpmQuote", "esys_available"]
+__all__ = [
+    "ACCESS_ENV",
+    "DEFAULT_AK_HANDLE",
+    "AkPublic",
+    "TpmAttestationKey",
+    "TpmQuote",
+    "esys_available",
+    "parse_ak_public",
+]
 
 DEFAULT_AK_HANDLE = 0x81010002
 ACCESS_ENV = "MODELSEC_TPM_ACCESS"
@@ -229,3 +237,99 @@ class TpmAttestationKey:
             raise BackendUnavailableError(f"TPM: {e}") from e
         finally:
             ctx.close()
+
+
+_TPM_ALG_ECC = 0x0023
+_TPM_ALG_SHA256 = 0x000B
+_TPM_ALG_NULL = 0x0010
+_TPM_ECC_NIST_P256 = 0x0003
+# TPMA_OBJECT (TPM 2.0 Part 2, 8.3): what makes a key an attestation key that never left its TPM.
+_AK_ATTRIBUTES = {
+    "fixedTPM": 1 << 1,
+    "fixedParent": 1 << 4,
+    "sensitiveDataOrigin": 1 << 5,
+    "restricted": 1 << 16,
+    "sign": 1 << 18,
+}
+_DECRYPT = 1 << 17
+
+
+@dataclass(frozen=True, slots=True)
+class AkPublic:
+    """An attestation key's public area, as the node's TPM gives it (`tpm2_readpublic -o ak.pub`).
+
+    Attributes:
+        name: Its TPM name: nameAlg (SHA-256) || SHA-256(TPMT_PUBLIC) (TPM 2.0 Part 1, 16): what
+            TPM2_MakeCredential binds the credential to, and what ActivateCredential checks in the TPM.
+        public_key_pem: The same key as SubjectPublicKeyInfo PEM: what the operator registers in the policy.
+    """
+
+    name: bytes
+    public_key_pem: bytes
+
+
+def parse_ak_public(data: bytes, *, what: str) -> AkPublic:
+    """Parse a marshalled TPM2B_PUBLIC of an ECDSA P-256 attestation key and derive its name and PEM.
+
+    The credential activation of the AK against the EK (docs/load-receipts.md, "Enrolment") proves that a
+    key of this *name* is resident in the TPM that holds the EK; this function ties that name to the PEM the
+    operator registers (both come from these bytes), and refuses a key that is not an attestation key:
+    `fixedTPM`, `fixedParent`, `sensitiveDataOrigin`, `restricted` and `sign` set, `decrypt` clear, ECC
+    NIST P-256 with SHA-256 as nameAlg (TPM 2.0 Part 2, 12.2.4 and 8.3).
+
+    Raises:
+        KeyMaterialError: Truncated or trailing bytes, not ECC P-256 / SHA-256, or not a restricted signing
+            key that was generated in and cannot leave its TPM (the message names the attribute).
+    """
+    import hashlib
+    import struct
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from modelsec.errors import KeyMaterialError
+
+    def take(at: int, n: int) -> bytes:
+        if at + n > len(data):
+            raise KeyMaterialError(f"{what}: TPM2B_PUBLIC is truncated")
+        return data[at : at + n]
+
+    def u16(at: int) -> int:
+        value: int = struct.unpack(">H", take(at, 2))[0]
+        return value
+
+    size = u16(0)
+    if size + 2 != len(data):
+        raise KeyMaterialError(f"{what}: TPM2B_PUBLIC size {size} does not match its {len(data) - 2} bytes")
+    area = data[2:]
+    if u16(2) != _TPM_ALG_ECC or u16(4) != _TPM_ALG_SHA256:
+        raise KeyMaterialError(f"{what}: not an ECC key with SHA-256 as its name algorithm")
+    attributes = struct.unpack(">I", take(6, 4))[0]
+    missing = [n for n, bit in _AK_ATTRIBUTES.items() if not attributes & bit]
+    if missing or attributes & _DECRYPT:
+        why = f"lacks {', '.join(missing)}" if missing else "can decrypt"
+        raise KeyMaterialError(f"{what}: not an attestation key (it {why})")
+    at = 10 + 2 + u16(10)  # authPolicy
+    if u16(at) != _TPM_ALG_NULL:  # a restricted signing key has no symmetric algorithm
+        raise KeyMaterialError(f"{what}: an attestation key has no symmetric algorithm")
+    at += 2
+    scheme = u16(at)
+    at += 2 if scheme == _TPM_ALG_NULL else 4
+    if u16(at) != _TPM_ECC_NIST_P256:
+        raise KeyMaterialError(f"{what}: not a NIST P-256 key")
+    at += 2
+    at += 2 if u16(at) == _TPM_ALG_NULL else 4  # kdf
+    x_len = u16(at)
+    x = take(at + 2, x_len)
+    at += 2 + x_len
+    y_len = u16(at)
+    y = take(at + 2, y_len)
+    at += 2 + y_len
+    if at != len(data) or x_len != 32 or y_len != 32:
+        raise KeyMaterialError(f"{what}: malformed ECC point or bytes after the TPMT_PUBLIC")
+    try:
+        key = ec.EllipticCurvePublicKey.from_encoded_point(ec.SECP256R1(), b"\x04" + x + y)
+    except ValueError as e:
+        raise KeyMaterialError(f"{what}: the public point is not on P-256") from e
+    pem = key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return AkPublic(struct.pack(">H", _TPM_ALG_SHA256) + hashlib.sha256(area).digest(), pem)
