@@ -310,7 +310,7 @@ def emit_receipt_for(
     returned, so that a required receipt that cannot be emitted leaves the caller with nothing.
 
     Returns:
-        The receipt written, or None (no `loadReceipt`, no store, or an optional receipt that failed).
+        Where the receipt was stored, or None (no `loadReceipt` or store, or an optional receipt that failed).
 
     Raises:
         Error: `loadReceipt.required` and the receipt could not be emitted (as `emit_load_receipt`; a TPM
