@@ -1,7 +1,7 @@
 """Load receipts (issue 33) from the runtime guard (a real transformers load) and from `open_model`.
 
 The node is a real software TPM (`tests/support/tpm.py`); the model is the guard tests' small Llama
-(`tests/integration/guard/models.py`), signed here.
+(the architecture of `tests/integration/guard/models.py`, without its tokenizer), signed here.
 """
 
 from __future__ import annotations
@@ -27,10 +27,16 @@ transformers = pytest.importorskip("transformers")
 
 @pytest.fixture(scope="module")
 def decoder_src(tmp_path_factory: pytest.TempPathFactory, key_dir: Path) -> Path:
-    from tests.integration.guard.models import write_tiny_decoder
-
+    """A sharded 2-layer Llama saved by transformers itself (no tokenizer: `from_pretrained` of the model
+    reads only its config and weights), signed."""
     torch.set_num_threads(1)
-    out = write_tiny_decoder(tmp_path_factory.mktemp("decoder") / "tiny-llama", seed=33)
+    torch.manual_seed(33)
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=32,
+    )  # fmt: skip
+    out = tmp_path_factory.mktemp("decoder") / "tiny-llama"
+    transformers.LlamaForCausalLM(config).save_pretrained(out, max_shard_size="20KB")
     sign_model(out, [load_private_key_file(key_dir / "ecdsa-p256.key.pem")])
     return out
 
