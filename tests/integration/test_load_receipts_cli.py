@@ -215,3 +215,31 @@ def test_receipts_go_to_the_registry_as_referrers_of_the_model(
     with pytest.raises(BackendUnavailableError, match="push the model first"):
         result = load_model(model, PolicySet.from_file(other))
     assert result is None
+
+
+def test_receipts_verify_previous_checks_the_tpm_clock(
+    tmp_path: Path, cli: Callable[..., Any], loaded: tuple[Path, str], swtpm: SoftwareTpm
+) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    policy, root = loaded
+    first = _a_receipt(tmp_path, _keyid(swtpm.ak_pem))
+    req = PolicySet.from_file(policy).policies[0].load_receipt
+    assert req is not None
+
+    def emit(now: datetime | None = None) -> str:
+        where = emit_load_receipt(
+            req, root_digest=root, model_name="model", files=[], tensors=0, device="cpu", policy_digest="",
+            pinned_digests=(), tpm=swtpm.ak, now=now,
+        )  # fmt: skip
+        assert where is not None
+        return where
+
+    r = cli("receipts", "verify", emit(), "--policy", policy, "--previous", first)
+    assert r.returncode == 0, r.stderr
+    # Quoted now, dated an hour ahead: --history drops maxAge, the TPM clock against --previous refuses it.
+    predated = emit(datetime.now(UTC) + timedelta(hours=1))
+    r = cli("receipts", "verify", predated, "--policy", policy, "--previous", first, "--history", "--json")
+    assert r.returncode == 1
+    out = json.loads(r.stdout)
+    assert out["reason"] == "stale" and "TPM clock" in out["error"]["message"]
