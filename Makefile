@@ -50,12 +50,16 @@ $(VENV)/.test: $(BIN)/python $(INSTALL_INPUTS)
 	# TSA whose clock runs ahead, tests/integration/test_future_timestamps.py), PostgreSQL (the shared record store of
 	# `modelsec serve`, tests/support/postgres.py), tmux (a real pseudo-terminal for the progress tests,
 	# tests/support/tty.py), swtpm and tpm2-tools (the software TPMs of the load receipt tests, tests/support/tpm.py;
-	# tpm2-abrmd and the tpm2-pkcs11 module for the TPM key paths still to come), chromium (headless: the rendered
+	# tpm2-abrmd and its client TCTI libtss2-tcti-tabrmd0 in front of them on a private D-Bus; libtss2-dev to build
+	# tpm2-pytss below; the tpm2-pkcs11 module for the TPM key paths still to come), chromium (headless: the rendered
 	# documentation site, tests/integration/test_docs_site.py). Without them those tests skip, saying why.
 	# `apt-get update` once, then install.
-	if command -v apt-get >/dev/null && ! { command -v softhsm2-util && command -v pkcs11-tool && command -v docker-registry && test -f /usr/share/games/fortunes/wisdom && command -v faketime && command -v tmux && command -v swtpm && command -v tpm2_quote && command -v chromium && ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null; } >/dev/null; then \
-	  { apt-get update -qq && apt-get install -y -qq softhsm2 opensc docker-registry fortunes faketime postgresql tmux swtpm swtpm-tools tpm2-tools tpm2-abrmd libtpm2-pkcs11-1 libtpm2-pkcs11-tools chromium; } || \
+	if command -v apt-get >/dev/null && ! { command -v softhsm2-util && command -v pkcs11-tool && command -v docker-registry && test -f /usr/share/games/fortunes/wisdom && command -v faketime && command -v tmux && command -v swtpm && command -v tpm2_quote && command -v chromium && test -f /usr/include/tss2/tss2_esys.h && ls /usr/lib/*/libtss2-tcti-tabrmd.so.0 && ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null; } >/dev/null; then \
+	  { apt-get update -qq && apt-get install -y -qq softhsm2 opensc docker-registry fortunes faketime postgresql tmux swtpm swtpm-tools tpm2-tools tpm2-abrmd libtpm2-pkcs11-1 libtpm2-pkcs11-tools libtss2-dev libtss2-tcti-tabrmd0 chromium; } || \
 	  echo "softhsm2/opensc/docker-registry/fortunes/faketime/postgresql/tmux/swtpm/tpm2-tools/chromium not installed: the PKCS#11, OCI registry, causal-LM fidelity, future-timestamp, PostgreSQL store, terminal progress, TPM load receipt and rendered documentation tests will skip"; fi
+	# The TSS bindings (the `tpm` extra: an sdist built against libtss2-dev), the receipts' fast TPM path; without
+	# them receipts use tpm2-tools processes (modelsec.signer.tpm).
+	$(PIP) install $(EDITABLE) '.[tpm]' || echo "tpm2-pytss not built (needs libtss2-dev): load receipts use tpm2-tools"
 	npm install --prefix $(VENV)/buf --no-save --no-audit --no-fund --silent @bufbuild/buf@$(BUF_VERSION)
 	# Schemas of the cert-manager and prometheus-operator kinds in deploy/ (kubernetes-validate has none):
 	# tests/integration/deploy/test_manifests.py validates Certificate, Issuer and ServiceMonitor with them.

@@ -120,8 +120,10 @@ class ReceiptError(AttestationError):
 
     Reasons: `unregistered-key` (no registered node's attestation key signed the quote), `qualifying-data`
     (the quote is over another statement), `pcr` (a PCR differs from the policy's), `stale` (older than the
-    policy's window), `model-digest` (the receipt is about another model), `node` (the quote's key is not the
-    node the statement or the caller names: a receipt replayed from another node).
+    policy's `maxAge`, or its TSA time or TPM clock more than the policy's `window` from the receipt's time),
+    `timestamp` (the policy asks for an RFC 3161 timestamp of the quote and none is trusted and over it),
+    `model-digest` (the receipt is about another model), `node` (the quote's key is not the node the statement
+    or the caller names: a receipt replayed from another node).
     """
 
     def __init__(self, path: str, reason: str, detail: str) -> None:

@@ -334,7 +334,9 @@ def load_model(
         PolicyViolationError: Pickle, remote code, symlinks; no policy matches.
         PolicyError: No usable policy; `expected_digests` or `$MODELSEC_MODEL_DIGEST` is malformed (the
             message names which), or the two pin no digest in common (nothing is read).
-        BackendUnavailableError: torch is not installed, or `device` is a CUDA device this node lacks.
+        BackendUnavailableError: torch is not installed, or `device` is a CUDA device this node lacks; or
+            the policy requires a load receipt (`loadReceipt.required`) and the node's TPM cannot be reached
+            (nothing is returned; `modelsec.verifier.receipts`).
         UnsupportedAlgorithmError: `device` is neither CPU nor CUDA.
 
     Example:
@@ -539,6 +541,7 @@ class VerifiedSafeOpen:
         model_path = Path(os.fspath(model_path))
         self._device = shard_io.check_device(device)
         self._root_fd: int | None = None
+        receipt: tuple[ModelAdmission, Collection[str] | None] | None = None
         if signed is not None:
             # The runtime guard's snapshot: verified already, through the root descriptor it holds.
             self._dir, self._single = _split_path(model_path)
@@ -563,6 +566,7 @@ class VerifiedSafeOpen:
                     self._dir, admission, bundles=bundles, expected_digests=pins, root_fd=self._root_fd
                 )
                 report_warnings(signed.warnings)
+                receipt = (admission, pins)
             except BaseException:
                 self.close()
                 raise
@@ -587,6 +591,17 @@ class VerifiedSafeOpen:
             # One shard opened explicitly (as loaders do): verify it whole now, so a tampered shard is
             # refused before any of its tensors is built, and serve every tensor from that buffer.
             self._shard(self._single)
+        if receipt is not None:
+            # `open_model` itself (the guard's snapshot emitted its own): the receipt states the tensors now
+            # served, before the caller can read any; a required receipt that cannot be emitted closes it.
+            try:
+                emit_receipt_for(
+                    receipt[0], self._signed.root_digest, self._dir.name, files, len(self.keys()), device,
+                    receipt[1],
+                )  # fmt: skip
+            except BaseException:
+                self.close()
+                raise
 
     def __enter__(self) -> VerifiedSafeOpen:
         return self
@@ -686,8 +701,12 @@ def open_model(
     Returns:
         A `safe_open`-like object (`keys()`, `get_tensor()`, `get_slice()`, `metadata()`).
 
+    Where the policy asks for one (`loadReceipt`), the load receipt is emitted at open, naming every tensor
+    the view serves (without per-tensor digests in the bundle, counting them verifies every shard at open).
+
     Raises:
-        The errors of `load_model`, at open (signatures, file set, refusals) or at access (digests).
+        The errors of `load_model`, at open (signatures, file set, refusals, a required load receipt that
+        cannot be emitted) or at access (digests).
     """
     return VerifiedSafeOpen(
         model_path, policy, device=device, bundles=bundles, expected_digests=expected_digests

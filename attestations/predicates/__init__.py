@@ -6,7 +6,9 @@ Each predicate has one module that parses, builds and checks it: `modelsec.attes
 (`https://modelsec.dev/watermark/v1`) about a model root digest, and
 `modelsec.attestations.predicates.oci_binding` (`https://modelsec.dev/oci-binding/v2`) about an OCI manifest,
 naming the model it carries, and `modelsec.attestations.predicates.load_receipt`
-(`https://modelsec.dev/load-receipt/v1`) about a load of a model by a node. `PREDICATE_KINDS` maps each
+(`https://modelsec.dev/load-receipt/v1`) about a load of a model by a node, and
+`modelsec.attestations.predicates.load_snapshot` (`https://modelsec.dev/load-snapshot/v1`) about a node's
+loaded models. `PREDICATE_KINDS` maps each
 type URI to a `PredicateKind`: the role a key must hold to sign it, its parser, its builder and its number
 checker. Every caller that depends on the predicate type (the verifier choosing the signing role,
 `inspect`, the service's SignStatement and its key roles, `check_predicate_numbers`) looks the type up
@@ -30,7 +32,7 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from modelsec.attestations._numbers import parse_rfc3339
-from modelsec.attestations.predicates import gate, load_receipt, oci_binding, oms, watermark
+from modelsec.attestations.predicates import gate, load_receipt, load_snapshot, oci_binding, oms, watermark
 from modelsec.attestations.predicates.gate import check_gate_predicate
 from modelsec.attestations.predicates.watermark import check_watermark_predicate
 from modelsec.attestations.statement import Statement
@@ -85,7 +87,8 @@ class PredicateKind:
             `modelsec.attestations.predicates.run_by`).
         about: What the statement's subject is: `model` (a model root digest: evidence about the model)
             or `oci-manifest` (an OCI manifest digest: the binding, evidence for no model requirement), or
-            `load` (a load of the model by a node: a receipt, evidence for no model requirement).
+            `load` (a load of the model by a node: a receipt, evidence for no model requirement), or `node`
+            (a node's set of loaded models: a snapshot, evidence for no model requirement).
     """
 
     predicate_type: str
@@ -128,6 +131,13 @@ _KINDS = (
         load_receipt.parse_receipt_statement,
         load_receipt.receipt_statement,
         about="load",
+    ),
+    PredicateKind(
+        load_snapshot.LOAD_SNAPSHOT_PREDICATE_TYPE,
+        "node",
+        load_snapshot.parse_snapshot_statement,
+        load_snapshot.snapshot_statement,
+        about="node",
     ),
 )
 

@@ -111,6 +111,7 @@ def _register_command_groups() -> None:
         ("modelsec.cli.gate", "gate"),
         ("modelsec.cli.webhook", "webhook"),
         ("modelsec.cli.policy", "policy"),
+        ("modelsec.cli.receipts", "receipts"),
         ("modelsec.cli.service", "serve"),
         *(("modelsec.cli.oci", name) for name in ("push", "pull", "copy", "storage_initializer")),
     ):

@@ -428,7 +428,25 @@ class LoadReceiptModel(ConfigModel):
         BeforeValidator(_duration),
         WithJsonSchema({"type": "string", "pattern": _DURATION.pattern}),
     ] = Field(default=600.0, description="the oldest receipt accepted (default 10m)")
-    store: Text | None = Field(default=None, description="directory the node writes receipts to")
+    store: Text | None = Field(
+        default=None,
+        description="where the node writes receipts: a directory, or oci://REGISTRY/REPOSITORY (referrers of "
+        "the model)",
+    )
+    timestamp_url: Text | None = Field(
+        default=None,
+        description="RFC 3161 TSA the node timestamps each quote at (http:// or https://); when set, a "
+        "receipt without a timestamp of a timestampAuthorities TSA is refused",
+    )
+    window: Annotated[
+        float,
+        BeforeValidator(_duration),
+        WithJsonSchema({"type": "string", "pattern": _DURATION.pattern}),
+    ] = Field(
+        default=120.0,
+        description="how far the TSA time, or the time the TPM clock implies, may lie from loadedAt "
+        "(default 2m)",
+    )
 
 
 class PolicyModel(ConfigModel):

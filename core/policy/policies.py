@@ -427,6 +427,7 @@ def _policy(item: PolicyModel, where: str, base_dir: Path) -> Policy:
     if not item.keys and not item.authorities:
         raise PolicyError(f"{where}: trusts nothing: give at least one of keys and authorities")
     keys = tuple(_load_key(k, f"{where}.keys[{j}]", base_dir) for j, k in enumerate(item.keys))
+    tsas = trust.timestamp_authorities(item.timestamp_authorities, where, base_dir)
     policy = Policy(
         keys=keys,
         require_algorithms=frozenset(item.require_algorithms),
@@ -447,11 +448,11 @@ def _policy(item: PolicyModel, where: str, base_dir: Path) -> Policy:
         ),
         mode=item.mode,
         namespaces=tuple(item.namespaces),
-        timestamp_authorities=trust.timestamp_authorities(item.timestamp_authorities, where, base_dir),
+        timestamp_authorities=tsas,
         require_timestamp=item.require_timestamp,
         key_windows=trust.key_windows(keys, item.keys),
         guard_policy=item.guard_policy,
-        load_receipt=load_receipt_requirement(item.load_receipt, f"{where}.loadReceipt", base_dir),
+        load_receipt=load_receipt_requirement(item.load_receipt, f"{where}.loadReceipt", base_dir, tsas),
     )
     if item.attestations.conditions:
         signers = frozenset([k.name for k in policy.keys] + [a.name for a in policy.authorities])

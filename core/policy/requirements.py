@@ -8,12 +8,13 @@ so the verifier compares commitments and the key itself never leaves this module
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from modelsec.errors import Error, PolicyError
 from modelsec.policy.cel import CompiledCondition, compile_condition
+from modelsec.policy.trust import TimestampAuthority
 from modelsec.signer.keys import TrustedKey, load_trusted_key_file
 from modelsec.signer.watermark_keys import load_key_file, parse_message
 
@@ -232,24 +233,39 @@ class LoadReceiptRequirement:
         pcrs: PCR index -> its expected SHA-256 bank value: what the quote covers and must show.
         nodes: The registered nodes' attestation keys (`TrustedKey.name` is the node's name).
         max_age_seconds: The oldest receipt `receipts verify` accepts.
-        store: The directory receipts are written to, or None (emitted and quoted, not kept).
+        store: Where receipts are written: a directory (`Path`), an `oci://REGISTRY/REPOSITORY` URI (referrers
+            of the model's manifest), or None (emitted and quoted, not kept).
+        timestamp_url: The RFC 3161 TSA the node timestamps each quote's signature at; when set, a receipt
+            without a timestamp trusted through `timestamp_authorities` is refused.
+        timestamp_authorities: The policy's `timestampAuthorities` (the same TSAs that date signatures).
+        window_seconds: How far the TSA's time, or the time the TPM clock implies from an earlier quote of
+            the same node, may lie from the receipt's `loadedAt`.
     """
 
     required: bool
     attestation_key_handle: int
-    pcrs: dict[int, bytes]
+    # Left out of the hash (not of equality) so that a policy holding it stays hashable: the runtime guard
+    # caches one verified snapshot per (model, policy).
+    pcrs: dict[int, bytes] = field(hash=False)
     nodes: tuple[TrustedKey, ...]
     max_age_seconds: float
-    store: Path | None
+    store: Path | str | None
+    timestamp_url: str | None = None
+    timestamp_authorities: tuple[TimestampAuthority, ...] = ()
+    window_seconds: float = 120.0
 
 
 def load_receipt_requirement(
-    model: LoadReceiptModel | None, where: str, base_dir: Path
+    model: LoadReceiptModel | None,
+    where: str,
+    base_dir: Path,
+    timestamp_authorities: tuple[TimestampAuthority, ...] = (),
 ) -> LoadReceiptRequirement | None:
     """The `loadReceipt` of a policy entry, node keys loaded and the store resolved against `base_dir`.
 
     Raises:
-        PolicyError: Two nodes share a name.
+        PolicyError: Two nodes share a name; `timestampUrl` is not http(s); `timestampUrl` is set but the
+            entry names no `timestampAuthorities` (its timestamps could never be trusted).
         KeyMaterialError: A node key file cannot be read or is not a public key (the message names it).
     """
     if model is None:
@@ -263,9 +279,18 @@ def load_receipt_requirement(
             raise type(e)(f"{where}.nodes[{j}].key: {e.diagnostics()}") from e
     if len({n.name for n in nodes}) != len(nodes):
         raise PolicyError(f"{where}.nodes: a node name is used twice")
-    store = None
-    if model.store is not None:
+    store: Path | str | None = None
+    if model.store is not None and model.store.startswith("oci://"):
+        store = model.store
+    elif model.store is not None:
         store = Path(model.store) if Path(model.store).is_absolute() else base_dir / model.store
+    if model.timestamp_url is not None:
+        if not model.timestamp_url.lower().startswith(("http://", "https://")):
+            raise PolicyError(f"{where}.timestampUrl: must be an http:// or https:// URL")
+        if not timestamp_authorities:
+            raise PolicyError(
+                f"{where}.timestampUrl: the entry names no timestampAuthorities to trust its timestamps"
+            )
     return LoadReceiptRequirement(
         required=model.required,
         attestation_key_handle=int(model.attestation_key_handle, 16),
@@ -273,4 +298,7 @@ def load_receipt_requirement(
         nodes=tuple(nodes),
         max_age_seconds=model.max_age,
         store=store,
+        timestamp_url=model.timestamp_url,
+        timestamp_authorities=timestamp_authorities,
+        window_seconds=model.window,
     )

@@ -288,6 +288,8 @@ def attach_bundle(
     subject: Mapping[str, Any],
     data: bytes,
     artifact_type: str = BUNDLE_ARTIFACT_TYPE,
+    *,
+    layer_media_type: str = BUNDLE_ARTIFACT_TYPE,
 ) -> tuple[str, bool]:
     """Attach a bundle to the manifest `subject` (a descriptor) as a referrer, in sigstore's OCI layout.
 
@@ -305,8 +307,10 @@ def attach_bundle(
         repository: Where `subject` is.
         subject: The manifest descriptor (`mediaType`, `digest`, `size`).
         data: The sigstore bundle's JSON bytes.
-        artifact_type: Only for tests that recreate referrers of earlier releases (another type gets
-            neither the sigstore annotations nor the layer title).
+        artifact_type: Another type than a sigstore bundle gets neither the sigstore annotations nor the
+            layer title: tests that recreate referrers of earlier releases, and load receipts
+            (`modelsec.verifier.stores.oci.OciReceiptStore`).
+        layer_media_type: The one layer's media type (a load receipt's own, for a receipt).
 
     Raises:
         MalformedArtifactError: `data` is not a sigstore bundle (see `sigstore_annotations`).
@@ -314,7 +318,7 @@ def attach_bundle(
     """
     sigstore = artifact_type == BUNDLE_ARTIFACT_TYPE
     annotations = sigstore_annotations(data) if sigstore else {}
-    layer = descriptor(BUNDLE_ARTIFACT_TYPE, data)
+    layer = descriptor(layer_media_type, data)
     if sigstore:
         layer["annotations"] = {TITLE_ANNOTATION: str(layer["digest"]).replace(":", "-") + ".sigstore.json"}
     manifest = {

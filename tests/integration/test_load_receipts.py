@@ -204,9 +204,9 @@ def test_a_receipt_replayed_from_another_node_is_refused(
         tpm=swtpm_other.ak,
     )
     assert b_receipt is not None
-    assert verify_receipt(b_receipt.read_bytes(), req).node == "node-b"
+    assert verify_receipt(Path(b_receipt).read_bytes(), req).node == "node-b"
     with pytest.raises(ReceiptError) as e:
-        verify_receipt(b_receipt.read_bytes(), req, node="node-a")
+        verify_receipt(Path(b_receipt).read_bytes(), req, node="node-a")
     assert e.value.reason == "node"
 
 
@@ -237,3 +237,31 @@ def test_an_optional_receipt_that_fails_warns_and_the_load_goes_on(
         tensors = load_model(signed_model, PolicySet.from_file(policy))
     assert tensors
     assert _receipts(tmp_path) == []
+
+
+@pytest.mark.parametrize("access", ["esys", "tools"])
+def test_both_tpm_access_paths_make_receipts_that_verify(
+    tmp_path: Path, key_dir: Path, swtpm: SoftwareTpm, access: str
+) -> None:
+    """The TSS bindings (tpm2-pytss) and tpm2-tools quote the same way; each receipt verifies."""
+    from modelsec.signer.tpm import DEFAULT_AK_HANDLE, TpmAttestationKey, esys_available
+
+    if access == "esys" and not esys_available():
+        pytest.skip("tpm2-pytss not installed (make .venv/.test builds it against libtss2-dev)")
+    req = PolicySet.from_file(_policy(tmp_path, key_dir, swtpm, nodes={"node-a": swtpm.ak_pem}))
+    requirement = req.policies[0].load_receipt
+    assert requirement is not None
+    ak = TpmAttestationKey(DEFAULT_AK_HANDLE, tcti=swtpm.tcti, access=access)
+    where = emit_load_receipt(
+        requirement, root_digest="cd" * 32, model_name="m", files=["a.safetensors"], tensors=1,
+        device="cpu", policy_digest="", pinned_digests=(), tpm=ak,
+    )  # fmt: skip
+    assert where is not None
+    verified = verify_receipt(Path(where).read_bytes(), requirement, expected_digest="cd" * 32)
+    assert verified.node == "node-a" and verified.quote.reset_count >= 0
+    # Unreachable: the same error on both paths, nothing written.
+    dead = TpmAttestationKey(
+        DEFAULT_AK_HANDLE, tcti=f"swtpm:host=127.0.0.1,port={_closed_port()}", access=access
+    )
+    with pytest.raises(BackendUnavailableError, match="TPM"):
+        dead.quote(b"x" * 32, [0])

@@ -13,7 +13,8 @@
   loads SoftHSM2 for it (SOFTHSM2_CONF points at it), with a second token `doomed` for a removal test.
   Read-only otherwise: a test that changes a token makes its own (`make_token`).
 - `swtpm`, `swtpm_other`: two software TPMs (Debian swtpm, driven with tpm2-tools), each with a provisioned
-  attestation key: two nodes. A test that extends a PCR resets it (PCR 16 is resettable) before it ends.
+  attestation key: two nodes; each behind its own tpm2-abrmd on one private D-Bus session bus (`tpm_dbus`)
+  where those are installed. A test that extends a PCR resets it (PCR 16 is resettable) before it ends.
 """
 
 from __future__ import annotations
@@ -33,7 +34,13 @@ from tests.support.pki import Pki, make_pki
 from tests.support.postgres import Postgres, postgres_missing_reason, run_postgres
 from tests.support.service import InThreadServer, write_server_config
 from tests.support.softhsm import PIN, Token, make_token
-from tests.support.tpm import SoftwareTpm, run_swtpm, tpm_missing_reason
+from tests.support.tpm import (
+    SoftwareTpm,
+    abrmd_missing_reason,
+    private_dbus,
+    run_swtpm,
+    tpm_missing_reason,
+)
 
 _T = TypeVar("_T")
 
@@ -110,12 +117,37 @@ def softhsm_token(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Token]:
 
 
 @pytest.fixture(scope="session")
-def swtpm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SoftwareTpm]:
-    """A software TPM with a provisioned attestation key: the node under test (`tests/support/tpm.py`)."""
-    yield from _run_or_skip(tpm_missing_reason, lambda: run_swtpm(tmp_path_factory.mktemp("swtpm")))
+def tpm_dbus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[bool]:
+    """A private D-Bus session bus for tpm2-abrmd (`$DBUS_SESSION_BUS_ADDRESS` set while it runs); False,
+    and no bus, where tpm2-abrmd, dbus-daemon or the tabrmd TCTI are missing (clients then reach swtpm
+    directly)."""
+    if abrmd_missing_reason() is not None:
+        yield False
+        return
+    with private_dbus(tmp_path_factory.mktemp("dbus")) as address:
+        saved = os.environ.get("DBUS_SESSION_BUS_ADDRESS")
+        os.environ["DBUS_SESSION_BUS_ADDRESS"] = address
+        try:
+            yield True
+        finally:
+            if saved is None:
+                os.environ.pop("DBUS_SESSION_BUS_ADDRESS", None)
+            else:
+                os.environ["DBUS_SESSION_BUS_ADDRESS"] = saved
 
 
 @pytest.fixture(scope="session")
-def swtpm_other(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SoftwareTpm]:
+def swtpm(tmp_path_factory: pytest.TempPathFactory, tpm_dbus: bool) -> Iterator[SoftwareTpm]:
+    """A software TPM with a provisioned attestation key: the node under test (`tests/support/tpm.py`),
+    behind tpm2-abrmd where `tpm_dbus` runs one."""
+    yield from _run_or_skip(
+        tpm_missing_reason, lambda: run_swtpm(tmp_path_factory.mktemp("swtpm"), broker=tpm_dbus)
+    )
+
+
+@pytest.fixture(scope="session")
+def swtpm_other(tmp_path_factory: pytest.TempPathFactory, tpm_dbus: bool) -> Iterator[SoftwareTpm]:
     """A second software TPM: another node, whose receipts must not pass as the first one's."""
-    yield from _run_or_skip(tpm_missing_reason, lambda: run_swtpm(tmp_path_factory.mktemp("swtpm-other")))
+    yield from _run_or_skip(
+        tpm_missing_reason, lambda: run_swtpm(tmp_path_factory.mktemp("swtpm-other"), broker=tpm_dbus)
+    )

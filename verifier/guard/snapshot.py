@@ -9,7 +9,10 @@ whole — in this order, each step only if the earlier ones passed:
    pickle formats and, unless the policy allows remote code, `*.py` refused);
 3. every file's digests and the model root digest (each file read once: tensor files streamed through the
    hashing engine, every other file read into private memory and hashed there), then the side-file rules
-   over the verified bytes (pickle content under `refusePickle`, remote code in any JSON file, the index).
+   over the verified bytes (pickle content under `refusePickle`, remote code in any JSON file, the index);
+4. where the deciding policy asks for one (`loadReceipt`), the node's TPM-quoted load receipt
+   (`modelsec.verifier.receipts`): once per snapshot, for every tensor file, device `cpu`. A required receipt
+   that cannot be emitted refuses the snapshot, so the framework's load fails and nothing is served.
 
 It then builds a private read-only tree (`modelsec.verifier.guard.private_files`): every non-tensor file
 holds the bytes that were hashed in step 3 — never a second read of the original path — and every
@@ -38,10 +41,11 @@ from modelsec.modelformat.hashing import FileDigests, hash_files, hash_source, i
 from modelsec.modelformat.model_files import open_beneath, open_model_root
 from modelsec.policy import Policy, PolicySet
 from modelsec.signer.layout import SIGNATURE_FILE_NAMES, find_default_bundles
-from modelsec.verifier.admission import admit_opened, opened_model_uri, report_warnings
+from modelsec.verifier.admission import ModelAdmission, admit_opened, opened_model_uri, report_warnings
 from modelsec.verifier.audit import record_verified_model
 from modelsec.verifier.guard.private_files import PrivateTree
 from modelsec.verifier.pinning import DigestPin, digests_for_model
+from modelsec.verifier.receipts import emit_receipt_for
 from modelsec.verifier.verification import SignedModel, check_digests, check_file_set, verify_signatures
 
 __all__ = [
@@ -256,7 +260,8 @@ def open_snapshot(
             than `MAX_SIDE_FILE_BYTES`.
         PolicyViolationError: Pickle formats, remote code, links; no policy matches.
         PolicyError: No usable policy.
-        BackendUnavailableError: No writable place for the private tree.
+        BackendUnavailableError: No writable place for the private tree; or the policy requires a load
+            receipt (`loadReceipt.required`) and the node's TPM cannot be reached (no snapshot is made).
     """
     model_dir = Path(os.fspath(model_dir))
     # Opened once: the policy is chosen from the descriptor, and the snapshot keeps it for the tensor files
@@ -276,7 +281,6 @@ def _open_snapshot(
     pins: Collection[DigestPin] | None,
 ) -> VerifiedSnapshot:
     admission = admit_opened(model_dir, opened_fd, None, policy)
-    resolved = admission.policy
     if expected_digests is None and pins is not None:
         expected_digests = digests_for_model(
             pins, admission.uri or opened_model_uri(model_dir, opened_fd, None)
@@ -296,7 +300,7 @@ def _open_snapshot(
             return hit
         own_fd = os.dup(opened_fd)  # the snapshot's own: it serves tensor files through it later
         try:
-            snap = _build(model_dir, resolved, dataclasses.replace(signed, root_fd=own_fd))
+            snap = _build(model_dir, admission, dataclasses.replace(signed, root_fd=own_fd), expected_digests)
         except BaseException:
             os.close(own_fd)
             raise
@@ -308,8 +312,11 @@ def _open_snapshot(
         return snap
 
 
-def _build(model_dir: Path, policy: Policy, signed: SignedModel) -> VerifiedSnapshot:
+def _build(
+    model_dir: Path, admission: ModelAdmission, signed: SignedModel, pins: Collection[str] | None
+) -> VerifiedSnapshot:
     started = time.monotonic()
+    policy = admission.policy
     model, limits = str(model_dir), policy.limits
     names = check_file_set(signed, policy)
     # Whole files are compared, so per-tensor digests would only repeat hash work over the same bytes.
@@ -339,6 +346,18 @@ def _build(model_dir: Path, policy: Policy, signed: SignedModel) -> VerifiedSnap
         check_digests(signed_files, computed, policy, root_fd, whole_model=True)
     finally:
         os.close(root_fd)
+    # The receipt states what the framework will be served: every verified tensor file, as CPU tensors (the
+    # guard builds them on the CPU; the framework moves them). Emitted before the tree exists, so that a
+    # required receipt that cannot be emitted leaves no snapshot: the framework's load raises, nothing loaded.
+    emit_receipt_for(
+        admission,
+        signed.root_digest,
+        model_dir.name,
+        shards,
+        sum(len(d.header.tensors) for n in shards if (d := computed[n]).header is not None),
+        "cpu",
+        pins,
+    )
     tree = PrivateTree(model_dir.name)
     try:
         for name in names:

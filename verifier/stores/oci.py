@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from modelsec.attestations.bundle import parse_bundle
 from modelsec.attestations.predicates.oci_binding import is_binding_type
@@ -35,6 +35,7 @@ from modelsec.errors import (
     Error,
     MalformedArtifactError,
     NotFoundError,
+    PolicyError,
 )
 from modelsec.registry.client import (
     BUNDLE_ARTIFACT_TYPE,
@@ -47,8 +48,13 @@ from modelsec.registry.client import (
 from modelsec.registry.referrers import ReferrerBudget, attach_bundle, read_evidence
 from modelsec.verifier.stores import StoredBundle, StoreOptions
 from modelsec.verifier.stores.directory import subject_root_digest
+from modelsec.verifier.stores.receipts import MAX_DOCUMENT_BYTES, MAX_RECEIPTS, RECEIPT_MEDIA_TYPE
 
-__all__ = ["OciAttestationStore", "open_store"]
+if TYPE_CHECKING:
+    from modelsec.attestations.predicates.load_receipt import LoadReceipt
+    from modelsec.attestations.predicates.load_snapshot import LoadSnapshot
+
+__all__ = ["OciAttestationStore", "OciReceiptStore", "open_store"]
 
 
 def _is_binding(data: bytes) -> bool:
@@ -243,3 +249,110 @@ def open_store(target: str, options: StoreOptions) -> OciAttestationStore:
         max_bundles=options.max_bundles,
         options=options.registry,
     )
+
+
+@dataclass(slots=True)
+class OciReceiptStore:
+    """Load receipts as referrers of the model's manifest (`loadReceipt.store: oci://REGISTRY/REPOSITORY`).
+
+    A receipt is attached to the manifest tagged `oms-sha256-<root digest>` (`modelsec push`), with
+    `artifactType` and layer media type `application/vnd.modelsec.load-receipt.v1+json`: readers of
+    sigstore-bundle evidence (`OciAttestationStore`) never see it, and `receipts list` reads only these. The
+    registry's credentials are the access control; nothing read is trusted (`modelsec.verifier.receipts`
+    verifies every receipt). A snapshot is about no model, so this store keeps none (use a directory).
+    """
+
+    models: OciAttestationStore
+
+    @classmethod
+    def open(cls, target: str, options: RegistryOptions | None = None) -> OciReceiptStore:
+        """The store `target` (`oci://REGISTRY/REPOSITORY`) names; credentials from the environment.
+
+        Raises:
+            PolicyError: Not `oci://REGISTRY/REPOSITORY` (a tag or digest is refused).
+        """
+        try:
+            reference = parse_reference(target.removeprefix("oci://"))
+        except MalformedArtifactError as e:
+            raise PolicyError(f"loadReceipt.store: {e.diagnostics()}") from e
+        if reference.tag or reference.digest:
+            raise PolicyError(f"loadReceipt.store: {target} must name a repository, not a tag or digest")
+        return cls(
+            OciAttestationStore.open(
+                target.removeprefix("oci://"),
+                max_bundle_bytes=MAX_DOCUMENT_BYTES,
+                max_bundles=MAX_RECEIPTS,
+                options=options,
+            )
+        )
+
+    @property
+    def uri(self) -> str:
+        """`oci://REGISTRY/REPOSITORY`."""
+        return self.models.uri
+
+    def put_receipt(self, document: bytes, receipt: LoadReceipt) -> str:
+        """Attach the receipt to the model's manifest; returns `oci://...@<referrer digest>`.
+
+        Raises:
+            BackendUnavailableError: No manifest of that model in the repository (push the model first), or
+                the registry cannot be reached or refuses the write.
+        """
+        manifest = self.models._manifest(receipt.root_digest)
+        if manifest is None:
+            raise BackendUnavailableError(
+                f"{self.uri}: no model with root digest {receipt.root_digest} to attach the load receipt to "
+                "(push the model first, or keep receipts in a directory)"
+            )
+        referrer, _ = attach_bundle(
+            self.models._client,
+            self.models.reference.repository,
+            manifest,
+            document,
+            RECEIPT_MEDIA_TYPE,
+            layer_media_type=RECEIPT_MEDIA_TYPE,
+        )
+        return f"{self.models.reference.repository_uri}@{referrer}"
+
+    def put_snapshot(self, document: bytes, snapshot: LoadSnapshot) -> str:
+        """Refused: a snapshot is about no model (see the class docstring).
+
+        Raises:
+            PolicyError: Always.
+        """
+        del document, snapshot
+        raise PolicyError(
+            f"{self.uri}: a registry keeps receipts as referrers of a model; a snapshot needs a "
+            "directory store (loadReceipt.store)"
+        )
+
+    def receipts(self, root_digest: str | None) -> list[tuple[str, bytes]]:
+        """The receipt referrers of the model's manifest (`ReceiptStore.receipts`; untrusted).
+
+        Those past the read budget, or not readable as a referrer of this manifest, come back with empty
+        bytes and the reason in their source, for the reader to list as refused.
+
+        Raises:
+            PolicyError: `root_digest` is None (a registry is listed per model).
+            BackendUnavailableError: The registry cannot be read.
+        """
+        if root_digest is None:
+            raise PolicyError(f"{self.uri}: a registry lists receipts per model; name the model")
+        if not is_sha256_hex(root_digest):
+            raise MalformedArtifactError(f"{root_digest!r} is not a hex SHA-256 digest")
+        manifest = self.models._manifest(root_digest)
+        if manifest is None:
+            return []
+        budget = ReferrerBudget(max_referrers=MAX_RECEIPTS, max_bundle_bytes=MAX_DOCUMENT_BYTES)
+        reads, _ = read_evidence(
+            self.models._client,
+            self.models.reference.repository,
+            manifest["digest"],
+            budget,
+            artifact_types=(RECEIPT_MEDIA_TYPE,),
+        )
+        repository = self.models.reference.repository_uri
+        return [
+            (f"{repository}@{r.digest} ({r.note})" if r.note else f"{repository}@{r.digest}", r.data)
+            for r in reads
+        ]
