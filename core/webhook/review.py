@@ -50,10 +50,17 @@ counts. Order, failing closed at every step (any error is a deny naming the refe
    the reference passes that policy when the evidence filed for one of them does (a registry that cannot be
    read is an outage, as the store is; the bindings read is kept in the registry-evidence cache too).
    Only positive results are cached, keyed by (policy generation, policy name, digest), for
-   `cache_ttl_seconds`, together with a fingerprint of the bundles they were computed from. The store is
-   read on every decision, cached or not: a cached result is reused only while the store returns exactly
-   those bundles; a store that cannot be read denies (`cache_on_outage: deny`, the default) unless the
-   operator chose `serve`, which reuses unexpired positive results during the outage (and says so);
+   `cache_ttl_seconds`, together with a fingerprint of the bundles they were computed from and the stores'
+   revision taken before those bundles were read: the webhook's store's change token
+   (`AttestationStore.revision`: a stat of a directory store's digest directory and files, SQLite's
+   `data_version` and own writes) and the serial of each registry-evidence answer used (and of the bindings
+   answer, for a result reached through a binding). A cached decision checks that revision, reading no
+   bundle: the same revision reuses the result; any other (a write or withdrawal by any process, an
+   expired registry answer, a store that cannot tell, such as the gRPC service) reads the bundles, and the
+   result is reused only when they are exactly those it was computed from. So a withdrawn or superseded
+   attestation is never served from the cache: a store's next token sees it, a registry's within
+   `evidence_ttl_seconds`. A store that cannot be read denies (`cache_on_outage: deny`, the default) unless
+   the operator chose `serve`, which reuses unexpired positive results during the outage (and says so);
 8. the whole decision must finish within `deadline_seconds` (checked between steps; the server also stops
    waiting at the deadline): an overrun is a deny.
 

@@ -6,8 +6,9 @@ following a symlinked one, reads only regular files (`read_bundle_bytes`: no sym
 reader), newest first, and at most `max_bundles` of them (more is not an error: the rest are listed
 unread, so a flood of files cannot make the store unreadable); `delete` removes a file; writing parses
 the bundle only to learn where it goes (its subject's sha256 digest) and names the file by the SHA-256
-of its bytes, so storing twice is idempotent and concurrent writers never clobber each other. Nothing is
-trusted here: readers verify what they read.
+of its bytes, so storing twice is idempotent and concurrent writers never clobber each other; `revision`
+is a stat of the digest's directory and files, which any writer changes (the webhook's cache checks it
+instead of reading the bundles again). Nothing is trusted here: readers verify what they read.
 """
 
 from __future__ import annotations
