@@ -53,7 +53,7 @@ counts. Order, failing closed at every step (any error is a deny naming the refe
    `cache_ttl_seconds`, together with a fingerprint of the bundles they were computed from and the stores'
    revision taken before those bundles were read: the webhook's store's change token
    (`AttestationStore.revision`: a stat of a directory store's digest directory and files, SQLite's
-   `data_version` and own writes) and the serial of each registry-evidence answer used (and of the bindings
+   `data_version` and own writes, PostgreSQL's generation row) and the serial of each registry-evidence answer used (and of the bindings
    answer, for a result reached through a binding). A cached decision checks that revision, reading no
    bundle: the same revision reuses the result; any other (a write or withdrawal by any process, an
    expired registry answer, a store that cannot tell, such as the gRPC service) reads the bundles, and the

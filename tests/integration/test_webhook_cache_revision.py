@@ -2,13 +2,14 @@
 
 The webhook's cache reuses a positive result while the store's change token (`AttestationStore.revision`)
 is unchanged, without reading the bundles. The process is what is under test here: the withdrawal is made
-by a separate interpreter (`modelsec attest`-style `supersede` through the store's own class), so the token
-must come from the store itself (the file system, the database file), not from this process's memory.
+by a separate interpreter (`supersede` through the store's own class), so the token must come from the
+store itself (the file system, the SQLite file, the PostgreSQL server), not from this process's memory.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ from modelsec.policy import PolicySet
 from modelsec.signer import load_private_key_file, sign_model
 from modelsec.verifier.stores import AttestationStore
 from modelsec.verifier.stores.directory import DirectoryStore
+from modelsec.verifier.stores.records import open_record_store
 from modelsec.verifier.stores.sqlite import SqliteAttestationStore
 from modelsec.webhook.review import Reviewer, WebhookConfig
 from tests.conftest import write_tiny_model
@@ -29,12 +31,20 @@ REGISTRY = "oci://registry.internal/models"
 _SETTLE_NS = 50_000_000  # the directory store's settle time, shortened in this (the reading) process
 
 _SUPERSEDE = """
+import os
 import sys
 from pathlib import Path
 from modelsec.verifier.stores.directory import DirectoryStore
+from modelsec.verifier.stores.records import open_record_store
+from modelsec.verifier.stores.records import open_record_store
 from modelsec.verifier.stores.sqlite import SqliteAttestationStore
 kind, path, digest, bundle_id = sys.argv[1:]
-store = DirectoryStore(Path(path)) if kind == "directory" else SqliteAttestationStore(Path(path))
+if kind == "directory":
+    store = DirectoryStore(Path(path))
+elif kind == "sqlite":
+    store = SqliteAttestationStore(Path(path))
+else:
+    store = open_record_store(path, password=os.environ["STORE_PASSWORD"])
 store.supersede(digest, bundle_id)
 """
 
@@ -64,15 +74,27 @@ def _body(digest: str) -> bytes:
     return json.dumps(review).encode()
 
 
-@pytest.mark.parametrize("kind", ["directory", "sqlite"])
+@pytest.mark.parametrize("kind", ["directory", "sqlite", "postgresql"])
 def test_another_process_withdrawal_is_seen_on_the_next_cached_decision(
-    kind: str, tmp_path: Path, key_dir: Path, monkeypatch: pytest.MonkeyPatch
+    kind: str,
+    tmp_path: Path,
+    key_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
 ) -> None:
     monkeypatch.setattr(directory_module, "_SETTLE_NS", _SETTLE_NS, raising=False)
     model = write_tiny_model(tmp_path / "model", shards=1)
     digest = sign_model(model, [load_private_key_file(key_dir / "ecdsa-p256.key.pem")]).root_digest
-    path = tmp_path / ("store" if kind == "directory" else "store.db")
-    store: AttestationStore = DirectoryStore(path) if kind == "directory" else SqliteAttestationStore(path)
+    env = dict(os.environ)
+    store: AttestationStore
+    if kind == "postgresql":
+        server = request.getfixturevalue("postgres")
+        path = server.new_database()
+        env["STORE_PASSWORD"] = server.password
+        store = open_record_store(path, password=server.password)
+    else:
+        path = str(tmp_path / ("store" if kind == "directory" else "store.db"))
+        store = DirectoryStore(Path(path)) if kind == "directory" else SqliteAttestationStore(Path(path))
     filed, _ = store.put((model / "model.sig").read_bytes())
     if kind == "directory":
         time.sleep(2 * _SETTLE_NS / 1e9)  # past the settle time: the token vouches for the listing
@@ -89,11 +111,22 @@ def test_another_process_withdrawal_is_seen_on_the_next_cached_decision(
     )
     body = _body(digest)
     assert reviewer.review(body).allowed
+    queries: list[str] = []
+    if kind == "postgresql":  # every read of the store goes through `_query`: count them, then run them
+        query = store._query  # type: ignore[attr-defined]
+
+        def counted(sql: str, args: tuple[object, ...]) -> object:
+            queries.append(sql)
+            return query(sql, args)
+
+        monkeypatch.setattr(store, "_query", counted)
     cached = reviewer.review(body)
     assert cached.allowed and cached.references[0].cached
+    if kind == "postgresql":
+        assert queries == ["SELECT generation FROM modelsec_generation"]  # one query, no bundle read
     assert store.revision(digest) is not None  # the cached decision was served by the token
 
-    subprocess.run([sys.executable, "-c", _SUPERSEDE, kind, str(path), digest, filed.id], check=True)
+    subprocess.run([sys.executable, "-c", _SUPERSEDE, kind, path, digest, filed.id], env=env, check=True)
     if kind == "directory":
         time.sleep(2 * _SETTLE_NS / 1e9)  # seen by its token, not only because the listing is fresh
     decision = reviewer.review(body)

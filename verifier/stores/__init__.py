@@ -97,8 +97,8 @@ class AttestationStore(Protocol):
         tokens, taken before reading and again later, mean the store still holds what was read, so it need
         not be read again. Every writer changes the token, whichever process or connection it runs in (a
         directory: a stat of the digest's directory and files; SQLite: `PRAGMA data_version` and this
-        connection's writes). None when the store cannot tell cheaply (a registry, PostgreSQL, the
-        service): the reader reads `entries`.
+        connection's writes; PostgreSQL: a generation row a trigger bumps). None when the store cannot
+        tell cheaply (a registry, the service): the reader reads `entries`.
 
         Raises:
             BackendUnavailableError: The store cannot be reached or read.
