@@ -53,11 +53,12 @@ counts. Order, failing closed at every step (any error is a deny naming the refe
    `cache_ttl_seconds`, together with a fingerprint of the bundles they were computed from and the stores'
    revision taken before those bundles were read: the webhook's store's change token
    (`AttestationStore.revision`: a stat of a directory store's digest directory and files, SQLite's
-   `data_version` and own writes, PostgreSQL's generation row) and the serial of each registry-evidence answer used (and of the bindings
-   answer, for a result reached through a binding). A cached decision checks that revision, reading no
-   bundle: the same revision reuses the result; any other (a write or withdrawal by any process, an
-   expired registry answer, a store that cannot tell, such as the gRPC service) reads the bundles, and the
-   result is reused only when they are exactly those it was computed from. So a withdrawn or superseded
+   `data_version` and own writes, PostgreSQL's generation row) and the serial of each registry-evidence
+   answer used (and of the bindings answer, for a result reached through a binding). A cached decision
+   checks that revision, reading no bundle: the same revision reuses the result; any other (a write or
+   withdrawal by any process, an expired registry answer, a store that cannot tell, such as the gRPC
+   service) reads the bundles, and the result is reused only when they are exactly those it was computed
+   from. So a withdrawn or superseded
    attestation is never served from the cache: a store's next token sees it, a registry's within
    `evidence_ttl_seconds`. A store that cannot be read denies (`cache_on_outage: deny`, the default) unless
    the operator chose `serve`, which reuses unexpired positive results during the outage (and says so);
