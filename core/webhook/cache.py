@@ -50,14 +50,16 @@ class PositiveCache:
     def hit(self, key: tuple[str, str, str], fingerprint: str, revision: Hashable = None) -> bool:
         """Whether `key` was verified positively, from bundles with `fingerprint`, less than the TTL ago.
 
-        On a hit, `revision` (taken before those bundles were read; None: unknown) replaces the entry's, so
-        that the next decision can reuse the result by revision (`hit_revision`).
+        On a hit, a `revision` (taken before those bundles were read) replaces the entry's, so that the next
+        decision can reuse the result by revision (`hit_revision`); None leaves the entry as it is (a dry
+        run, which writes nothing).
         """
         with self._lock:
             entry = self._live(key)
             if entry is None or not hmac.compare_digest(entry[1], fingerprint):
                 return False
-            self._entries[key] = (entry[0], entry[1], revision)
+            if revision is not None:
+                self._entries[key] = (entry[0], entry[1], revision)
             return True
 
     def revision(self, key: tuple[str, str, str]) -> Hashable:

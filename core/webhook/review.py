@@ -735,7 +735,7 @@ class Reviewer:
             else:
                 revision = None
             via = "" if root == digest else f" through a signed binding to model root digest {root}"
-            if self.cache.hit(key, fingerprint, revision):
+            if self.cache.hit(key, fingerprint, None if dry_run else revision):
                 return f"verified{via} (cached)"
             verdict = verify_attestations(
                 root,

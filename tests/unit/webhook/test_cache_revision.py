@@ -217,3 +217,25 @@ def test_a_policy_store_is_read_once_per_evidence_ttl_and_a_withdrawal_seen_afte
         sig.unlink()
     clock.now += 30  # the evidence TTL (the stated bound on serving a withdrawn attestation) has run out
     assert _allowed(reviewer, body)[0] is False
+
+
+def test_a_dry_run_does_not_record_a_revision(
+    tmp_path: Path, key_dir: Path, signed_model: tuple[str, bytes], opens: list[str]
+) -> None:
+    digest, bundle = signed_model
+    store = tmp_path / "store"
+    filed, _ = DirectoryStore(store).put(bundle)
+    _settle()
+    reviewer = Reviewer(_policies(key_dir), DirectoryStore(store), WebhookConfig(cache_ttl_seconds=60))
+    body = _body(digest)
+    assert _allowed(reviewer, body)[:2] == (True, False)
+    Path(filed.source).write_bytes(bundle)  # the same bytes rewritten: a new token, the same bundles
+    _settle()
+    dry = json.dumps(review_body("Pod", f"{REGISTRY}/x@sha256:{digest}", dry_run=True)).encode()
+    assert _allowed(reviewer, dry)[:2] == (True, True)  # reused by the bundles' fingerprint
+    opens.clear()
+    assert _allowed(reviewer, body)[:2] == (True, True)
+    assert [p for p in opens if p.endswith(".sig")]  # the dry run recorded nothing: the bundles are read
+    opens.clear()
+    assert _allowed(reviewer, body)[:2] == (True, True)
+    assert not [p for p in opens if p.endswith(".sig")]  # this decision recorded the new token
