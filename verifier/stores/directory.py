@@ -195,16 +195,15 @@ class DirectoryStore:
             OSError: The directory cannot be read.
         """
         try:
-            root_mode = os.stat(self.root).st_mode
-        except FileNotFoundError:
-            root_mode = 0
-        if not stat.S_ISDIR(root_mode):
-            if self.must_exist:
-                raise BackendUnavailableError(f"attestation store {self.root} is not a directory")
-            return None
-        try:
-            fd = os.open(self.root / "sha256" / digest, _DIR_FLAGS)
+            fd = os.open(os.path.join(self.root, "sha256", digest), _DIR_FLAGS)
         except (FileNotFoundError, NotADirectoryError):
+            # Whether the store itself is there is asked only now: the common case costs one call.
+            try:
+                root_mode = os.stat(self.root).st_mode
+            except FileNotFoundError:
+                root_mode = 0
+            if not stat.S_ISDIR(root_mode) and self.must_exist:
+                raise BackendUnavailableError(f"attestation store {self.root} is not a directory") from None
             return None
         except OSError as e:
             if e.errno == errno.ELOOP:
