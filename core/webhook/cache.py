@@ -33,7 +33,7 @@ class PositiveCache:
     Each entry keeps the fingerprint of the bundles it was computed from (`bundles_fingerprint`) and,
     when the stores could tell, their revision: a value taken before those bundles were read that changes
     whenever they may have (`AttestationStore.revision`, `EvidenceCache` serials). A decision whose stores
-    still give the same revision may reuse the result without reading the bundles (`hit_revision`).
+    still give the same revision (`revision`) may reuse the result without reading the bundles.
     """
 
     def __init__(self, ttl_seconds: float, max_entries: int, clock: Callable[[], float]) -> None:
@@ -51,7 +51,7 @@ class PositiveCache:
         """Whether `key` was verified positively, from bundles with `fingerprint`, less than the TTL ago.
 
         On a hit, a `revision` (taken before those bundles were read) replaces the entry's, so that the next
-        decision can reuse the result by revision (`hit_revision`); None leaves the entry as it is (a dry
+        decision can reuse the result by revision (`revision`); None leaves the entry as it is (a dry
         run, which writes nothing).
         """
         with self._lock:
@@ -67,10 +67,6 @@ class PositiveCache:
         with self._lock:
             entry = self._live(key)
             return None if entry is None else entry[2]
-
-    def hit_revision(self, key: tuple[str, str, str], revision: Hashable) -> bool:
-        """Whether `key`'s unexpired positive result was confirmed at `revision` (never for None)."""
-        return revision is not None and self.revision(key) == revision
 
     def put(self, key: tuple[str, str, str], fingerprint: str, revision: Hashable = None) -> None:
         """Remember a positive result and the revision its bundles were read at.
