@@ -25,12 +25,13 @@ signature (`CKA_ALWAYS_AUTHENTICATE`) are not supported.
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import hmac
 import os
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -430,6 +431,46 @@ class _Pkcs11Backend:
             KeyMaterialError: The token refused to sign, returned a malformed signature, or one that does not
                 verify under its public key object.
         """
+        return self._checked(*self._token_sign(message))
+
+    def sign_many(self, messages: Sequence[bytes]) -> list[bytes]:
+        """Sign each of `messages` in the token, checking signature i while the token makes signature i+1.
+
+        Each signature is checked against the public key object exactly as `sign` checks it, on a second
+        thread: the token's `C_Sign` (python-pkcs11) and OpenSSL's ECDSA verification (`cryptography`) both
+        release the GIL, so with a second core the check is off the token's critical path. Nothing is
+        returned unless every signature passes: one that fails fails the whole call, and the caller has
+        nothing to write.
+
+        Args:
+            messages: The messages, in order.
+
+        Returns:
+            Their signatures (low-S DER), in the same order.
+
+        Raises:
+            BackendUnavailableError: As `sign`.
+            KeyMaterialError: As `sign`, for any one of the messages.
+        """
+        if len(messages) < 2:
+            return [self.sign(m) for m in messages]
+        checks: list[concurrent.futures.Future[bytes]] = []
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="modelsec-pkcs11-check") as pool:
+            try:
+                for message in messages:
+                    checks.append(pool.submit(self._checked, *self._token_sign(message)))
+            except BaseException:
+                for check in checks:
+                    check.cancel()
+                raise
+            return [check.result() for check in checks]
+
+    def _token_sign(self, message: bytes) -> tuple[bytes, bytes]:
+        """The token's signature of `message` (low-S DER, not checked yet) and the digest it signed.
+
+        Raises:
+            BackendUnavailableError, KeyMaterialError: As `sign` (not the check).
+        """
         hasher = hashes.Hash(self._scheme.hash())
         hasher.update(message)
         digest = hasher.finalize()
@@ -462,7 +503,14 @@ class _Pkcs11Backend:
         if len(raw) != 2 * size or not (0 < r < order and 0 < s < order):
             raise KeyMaterialError(f"{self._where}: the token returned a malformed ECDSA signature")
         # The same low-S form the PEM backend emits (see modelsec.signer.schemes.ecdsa).
-        signature = encode_signature(r, min(s, order - s))
+        return encode_signature(r, min(s, order - s)), digest
+
+    def _checked(self, signature: bytes, digest: bytes) -> bytes:
+        """`signature` once it verifies over `digest` under the public key object.
+
+        Raises:
+            KeyMaterialError: It does not (the private and public objects do not belong together).
+        """
         try:
             # The digest the token signed, checked as it is (one hash of the message per signature).
             self._public.verify(signature, digest, ec.ECDSA(Prehashed(self._scheme.hash())))

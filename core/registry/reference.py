@@ -48,6 +48,7 @@ What is not done: no network lookup (a CNAME or a mirror configured in the runti
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -151,6 +152,9 @@ def _is_registry(first: str) -> bool:
     return "." in first or ":" in first or first == "localhost" or first.lower() != first
 
 
+# A pure function of the text returning a frozen value, called several times per admission decision for the
+# same few images: the answers are kept (bounded; a refusal raises and is not kept).
+@functools.lru_cache(maxsize=4096)
 def parse_image_reference(text: str) -> OciReference:
     """Parse and normalise an image reference as the container runtime does (see the module docstring).
 
@@ -206,6 +210,8 @@ def oci_scheme(uri: str) -> str | None:
 
     Only the prefix is looked at: whether the rest is a reference is `parse_reference`'s to say.
     """
+    if not uri.startswith(OCI_SCHEMES):  # the common answer, without a generator
+        return None
     return next((scheme for scheme in OCI_SCHEMES if uri.startswith(scheme)), None)
 
 

@@ -65,6 +65,10 @@ class GrpcAttestationStore:
         """The stored bundles about `digest` (see `AttestationStore.bundles`)."""
         return [e.data for e in self.entries(digest)]
 
+    def revision(self, digest: str) -> None:
+        """None: the service offers no cheap change token, so readers read `entries` every time."""
+        return None
+
     def entries(self, digest: str) -> list[StoredBundle]:
         """`bundles` with each record's id and source (`<uri>#<id>`).
 

@@ -1,15 +1,17 @@
 """The caches of the admission webhook: positive results, and what registries answered.
 
-`PositiveCache`: what was verified, from which bundles, until when. `EvidenceCache`: what a registry (or a
-policy's store) answered, until when.
+`PositiveCache`: what was verified, from which bundles (and at which store revision), until when.
+`EvidenceCache`: what a registry (or a policy's store) answered, until when, each answer with a serial
+number that a positive result can name as its revision.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import itertools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import TypeVar, cast
 
 __all__ = ["EvidenceCache", "PositiveCache", "bundles_fingerprint"]
@@ -28,32 +30,49 @@ def bundles_fingerprint(bundles: Sequence[bytes]) -> str:
 class PositiveCache:
     """Positive results only, keyed by (policy generation, policy name, digest), with a TTL. Thread-safe.
 
-    Each entry keeps the fingerprint of the bundles it was computed from (`bundles_fingerprint`).
+    Each entry keeps the fingerprint of the bundles it was computed from (`bundles_fingerprint`) and,
+    when the stores could tell, their revision: a value taken before those bundles were read that changes
+    whenever they may have (`AttestationStore.revision`, `EvidenceCache` serials). A decision whose stores
+    still give the same revision (`revision`) may reuse the result without reading the bundles.
     """
 
     def __init__(self, ttl_seconds: float, max_entries: int, clock: Callable[[], float]) -> None:
         self._ttl, self._max, self._clock = ttl_seconds, max_entries, clock
-        self._entries: dict[tuple[str, str, str], tuple[float, str]] = {}
+        self._entries: dict[tuple[str, str, str], tuple[float, str, Hashable]] = {}
         self._lock = threading.Lock()
 
     def get(self, key: tuple[str, str, str]) -> str | None:
         """The bundles fingerprint of `key`'s positive result if it is younger than the TTL, else None."""
         with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                return None
-            if entry[0] <= self._clock():
-                del self._entries[key]
-                return None
-            return entry[1]
+            entry = self._live(key)
+            return None if entry is None else entry[1]
 
-    def hit(self, key: tuple[str, str, str], fingerprint: str) -> bool:
-        """Whether `key` was verified positively, from bundles with `fingerprint`, less than the TTL ago."""
-        cached = self.get(key)
-        return cached is not None and hmac.compare_digest(cached, fingerprint)
+    def hit(self, key: tuple[str, str, str], fingerprint: str, revision: Hashable = None) -> bool:
+        """Whether `key` was verified positively, from bundles with `fingerprint`, less than the TTL ago.
 
-    def put(self, key: tuple[str, str, str], fingerprint: str) -> None:
-        """Remember a positive result (expired entries, then the oldest, make room)."""
+        On a hit, a `revision` (taken before those bundles were read) replaces the entry's, so that the next
+        decision can reuse the result by revision (`revision`); None leaves the entry as it is (a dry
+        run, which writes nothing).
+        """
+        with self._lock:
+            entry = self._live(key)
+            if entry is None or not hmac.compare_digest(entry[1], fingerprint):
+                return False
+            if revision is not None:
+                self._entries[key] = (entry[0], entry[1], revision)
+            return True
+
+    def revision(self, key: tuple[str, str, str]) -> Hashable:
+        """The revision `key`'s unexpired positive result was last confirmed at (None: none, or unknown)."""
+        with self._lock:
+            entry = self._live(key)
+            return None if entry is None else entry[2]
+
+    def put(self, key: tuple[str, str, str], fingerprint: str, revision: Hashable = None) -> None:
+        """Remember a positive result and the revision its bundles were read at.
+
+        Expired entries, then the oldest, make room.
+        """
         if self._ttl <= 0:
             return
         now = self._clock()
@@ -63,7 +82,15 @@ class PositiveCache:
                     del self._entries[k]
                 while len(self._entries) >= self._max:
                     del self._entries[next(iter(self._entries))]
-            self._entries[key] = (now + self._ttl, fingerprint)
+            self._entries[key] = (now + self._ttl, fingerprint, revision)
+
+    def _live(self, key: tuple[str, str, str]) -> tuple[float, str, Hashable] | None:
+        """`key`'s entry unless it expired (dropped then); the caller holds the lock."""
+        entry = self._entries.get(key)
+        if entry is not None and entry[0] <= self._clock():
+            del self._entries[key]
+            return None
+        return entry
 
     def discard(self, key: tuple[str, str, str]) -> None:
         """Forget `key` (its bundles changed and no longer verify)."""
@@ -89,7 +116,9 @@ class EvidenceCache:
     is the bound on how long an attestation withdrawn from the registry can still be served; an empty answer
     (a miss: no manifest, no referrers, no binding) for `negative_ttl_seconds`, so that a model pushed or
     signed just after a refusal is seen that soon. An outage is never cached (it raises, and the next decision
-    asks again). At most `max_entries` answers are kept: expired ones, then the oldest, make room.
+    asks again). At most `max_entries` answers are kept: expired ones, then the oldest, make room. Each kept
+    answer has a serial number, unique in this cache, that names it while it lives (`serial`): a result
+    computed from an answer stays valid while its key still has that serial, and no longer than the TTL.
     """
 
     def __init__(
@@ -101,11 +130,15 @@ class EvidenceCache:
             max_entries,
             clock,
         )
-        self._entries: dict[tuple[str, ...], tuple[float, object]] = {}
+        self._entries: dict[tuple[str, ...], tuple[float, object, int]] = {}
+        self._serials = itertools.count(1)
         self._lock = threading.Lock()
 
-    def get_or_load(self, key: tuple[str, ...], load: Callable[[], T]) -> tuple[T, bool]:
-        """The unexpired answer for `key`, or `load()`'s (remembered); and whether it came from the cache.
+    def get_or_load(self, key: tuple[str, ...], load: Callable[[], T]) -> tuple[T, int | None]:
+        """The unexpired answer for `key`, or `load()`'s (remembered); and the serial of the answer returned.
+
+        The serial is None when the answer is not kept (a TTL of 0, or no room): a result computed from it
+        cannot be reused by serial.
 
         Raises:
             Whatever `load` raises (nothing is remembered then).
@@ -114,20 +147,28 @@ class EvidenceCache:
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None and entry[0] > now:
-                return cast(T, entry[1]), True
+                return cast(T, entry[1]), entry[2]
         value = load()
         ttl = self._ttl if value else self._negative
-        if ttl > 0 and self._max > 0:
-            now = self._clock()
-            with self._lock:
-                self._entries.pop(key, None)
-                if len(self._entries) >= self._max:
-                    for k in [k for k, v in self._entries.items() if v[0] <= now]:
-                        del self._entries[k]
-                    while len(self._entries) >= self._max:
-                        del self._entries[next(iter(self._entries))]
-                self._entries[key] = (now + ttl, value)
-        return value, False
+        if ttl <= 0 or self._max <= 0:
+            return value, None
+        now = self._clock()
+        with self._lock:
+            self._entries.pop(key, None)
+            if len(self._entries) >= self._max:
+                for k in [k for k, v in self._entries.items() if v[0] <= now]:
+                    del self._entries[k]
+                while len(self._entries) >= self._max:
+                    del self._entries[next(iter(self._entries))]
+            serial = next(self._serials)
+            self._entries[key] = (now + ttl, value, serial)
+        return value, serial
+
+    def serial(self, key: tuple[str, ...]) -> int | None:
+        """The serial of `key`'s unexpired answer, or None (none kept, or expired): reads nothing."""
+        with self._lock:
+            entry = self._entries.get(key)
+            return entry[2] if entry is not None and entry[0] > self._clock() else None
 
     def clear(self) -> None:
         """Forget every answer (the policy changed)."""

@@ -50,10 +50,18 @@ counts. Order, failing closed at every step (any error is a deny naming the refe
    the reference passes that policy when the evidence filed for one of them does (a registry that cannot be
    read is an outage, as the store is; the bindings read is kept in the registry-evidence cache too).
    Only positive results are cached, keyed by (policy generation, policy name, digest), for
-   `cache_ttl_seconds`, together with a fingerprint of the bundles they were computed from. The store is
-   read on every decision, cached or not: a cached result is reused only while the store returns exactly
-   those bundles; a store that cannot be read denies (`cache_on_outage: deny`, the default) unless the
-   operator chose `serve`, which reuses unexpired positive results during the outage (and says so);
+   `cache_ttl_seconds`, together with a fingerprint of the bundles they were computed from and the stores'
+   revision taken before those bundles were read: the webhook's store's change token
+   (`AttestationStore.revision`: a stat of a directory store's digest directory and files, SQLite's
+   `data_version` and own writes, PostgreSQL's generation row) and the serial of each registry-evidence
+   answer used (and of the bindings answer, for a result reached through a binding). A cached decision
+   checks that revision, reading no bundle: the same revision reuses the result; any other (a write or
+   withdrawal by any process, an expired registry answer, a store that cannot tell, such as the gRPC
+   service) reads the bundles, and the result is reused only when they are exactly those it was computed
+   from. So a withdrawn or superseded
+   attestation is never served from the cache: a store's next token sees it, a registry's within
+   `evidence_ttl_seconds`. A store that cannot be read denies (`cache_on_outage: deny`, the default) unless
+   the operator chose `serve`, which reuses unexpired positive results during the outage (and says so);
 8. the whole decision must finish within `deadline_seconds` (checked between steps; the server also stops
    waiting at the deadline): an overrun is a deny.
 
@@ -77,8 +85,8 @@ import hashlib
 import itertools
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 from modelsec.errors import (
     AttestationError,
@@ -179,6 +187,8 @@ def admission_review(
         elif mode is Mode.WARN:
             shown = [f"modelsec ({mode.value} mode): {m}" for m in messages]
     return {"apiVersion": api_version, "kind": "AdmissionReview", "response": response}, shown
+
+
 _UID_MAX = 256
 
 
@@ -263,11 +273,22 @@ def _bound(
     return bound
 
 
-def _links(
-    evidence: Callable[[str, Policy], tuple[list[StoredBundle], str]], policy: Policy, digest: str
-) -> list[bytes]:
+class _Evidence(NamedTuple):
+    """What the stores hold about a root digest for one policy, read once per decision.
+
+    `revision`: the change tokens of those stores taken before the read (the webhook's store's `revision`,
+    then the serial of each resolved store's answer in the registry evidence cache), or None when one of
+    them cannot tell.
+    """
+
+    entries: list[StoredBundle]
+    fingerprint: str
+    revision: tuple[Hashable, ...] | None
+
+
+def _links(evidence: Callable[[str, Policy], _Evidence], policy: Policy, digest: str) -> list[bytes]:
     """Lineage links about `digest` (a base model) from the stores this reviewer reads for `policy`."""
-    return [e.data for e in evidence(digest, policy)[0] if not e.note]
+    return [e.data for e in evidence(digest, policy).entries if not e.note]
 
 
 def _bound_tuple(
@@ -608,25 +629,32 @@ class Reviewer:
         dry_run: bool,
     ) -> ReferenceResult:
         """Every matching policy checked against the bundles filed for `digest` (read once)."""
-        own: dict[str, list[StoredBundle]] = {}
-        read: dict[tuple[tuple[str, ...], str], tuple[list[StoredBundle], str]] = {}
+        own: dict[str, tuple[list[StoredBundle], Hashable]] = {}
+        read: dict[tuple[tuple[str, ...], str], _Evidence] = {}
 
-        def store_entries(root: str) -> list[StoredBundle]:
+        def store_entries(root: str) -> tuple[list[StoredBundle], Hashable]:
             if self.store is None:
-                return []
+                return [], ()
             if root not in own:
-                own[root] = self.store.entries(root)
+                # The revision is taken before the read: a write after it changes it, so a result computed
+                # from what is read is never vouched for by a revision older than the read.
+                revision = self.store.revision(root)
+                own[root] = (self.store.entries(root), revision)
                 self._check_deadline(deadline)
             return own[root]
 
-        def evidence(root: str, policy: Policy) -> tuple[list[StoredBundle], str]:
+        def evidence(root: str, policy: Policy) -> _Evidence:
             specs = self._resolved(raw, policy)
             if (specs, root) not in read:
-                entries = store_entries(root)
+                entries, own_revision = store_entries(root)
+                parts: list[Hashable] = [own_revision]
                 for spec in specs:
-                    entries = entries + self._resolved_entries(spec, root, policy)
+                    more, serial = self._resolved_entries(spec, root, policy)
+                    entries = entries + more
+                    parts.append(serial)
                     self._check_deadline(deadline)
-                read[specs, root] = (entries, _fingerprint(root, entries))
+                revision = None if any(p is None for p in parts) else tuple(parts)
+                read[specs, root] = _Evidence(entries, _fingerprint(root, entries), revision)
             return read[specs, root]
 
         def check(policy: Policy) -> str:
@@ -637,7 +665,6 @@ class Reviewer:
             # One view of each registry manifest's referrers for the whole reference: the binding lookup
             # and the store read that follows it share one listing (and one request).
             with listing_once():
-                store_entries(digest)
                 return _result(raw, evaluate(policies, uri, check, namespace=namespace))
         except BackendUnavailableError:
             matched = policies.matching(uri, namespace)
@@ -648,18 +675,44 @@ class Reviewer:
                 return ReferenceResult(raw, True, "verified", detail, names, True)
             raise
 
+    def _revision_now(self, raw: str, policy: Policy, generation: str, cached: Hashable) -> Hashable:
+        """The revision of the evidence a cached result was confirmed at, as the stores give it now.
+
+        Nothing is read but change tokens: the webhook's store's `revision`, the serials of the registry
+        evidence cache's answers (an expired answer has none) and, for a result reached through a binding,
+        the serial of the bindings answer. None when any of them cannot tell (the bundles must be read).
+
+        Raises:
+            BackendUnavailableError: The webhook's store cannot be read.
+        """
+        if not isinstance(cached, tuple) or len(cached) < 2:
+            return None
+        root, through = cached[0], cached[1]
+        parts: list[Hashable] = [root]
+        if through:
+            parts.append(self.evidence_cache.serial(("bindings", generation, policy.name, raw)))
+        else:
+            parts.append(0)
+        parts.append(self.store.revision(root) if self.store is not None else ())
+        parts += [self.evidence_cache.serial(("entries", spec, root)) for spec in self._resolved(raw, policy)]
+        return None if any(p is None for p in parts) else tuple(parts)
+
     def _verify_policy(
         self,
         raw: str,
         digest: str,
         policy: Policy,
         key: tuple[str, str, str],
-        evidence: Callable[[str, Policy], tuple[list[StoredBundle], str]],
+        evidence: Callable[[str, Policy], _Evidence],
         deadline: float,
         dry_run: bool,
         generation: str,
     ) -> str:
         """What satisfied `policy`, bindings included.
+
+        A positive result cached for `key` is reused without reading any bundle while every store it was
+        computed from gives the revision it was confirmed at (`_revision_now`); otherwise the bundles are
+        read, and the result reused only when they are the ones it was computed from (their fingerprint).
 
         Raises:
             _PolicyRefusedError: Why `policy` refuses the reference.
@@ -667,13 +720,22 @@ class Reviewer:
         """
         from modelsec.verifier.attestations import verify_attestations
 
-        roots = [digest]
+        cached = self.cache.revision(key)
+        if cached is not None and self._revision_now(raw, policy, generation, cached) == cached:
+            root = cached[0]  # type: ignore[index]  # a tuple: `_revision_now` checked it
+            via = "" if root == digest else f" through a signed binding to model root digest {root}"
+            return f"verified{via} (cached)"
+        roots = [(digest, 0)]  # type: list[tuple[str, int | None]]  # (root, serial of the bindings read)
         reasons: list[str] = []
         while roots:
-            root = roots.pop(0)
-            entries, fingerprint = evidence(root, policy)
+            root, through = roots.pop(0)
+            entries, fingerprint, revision = evidence(root, policy)
+            if revision is not None and through is not None:
+                revision = (root, through, *revision)
+            else:
+                revision = None
             via = "" if root == digest else f" through a signed binding to model root digest {root}"
-            if self.cache.hit(key, fingerprint):
+            if self.cache.hit(key, fingerprint, None if dry_run else revision):
                 return f"verified{via} (cached)"
             verdict = verify_attestations(
                 root,
@@ -685,16 +747,16 @@ class Reviewer:
             self._check_deadline(deadline)
             if verdict.ok:
                 if not dry_run:
-                    self.cache.put(key, fingerprint)
+                    self.cache.put(key, fingerprint, revision)
                 return f"verified{via}: " + "; ".join(verdict.satisfied)
             why = "; ".join(verdict.reasons())
             reasons.append(why if root == digest else f"bound model root digest {root}: {why}")
             if root == digest and oci_scheme(raw) and self.bindings is not None:
-                bound, _ = self.evidence_cache.get_or_load(
+                bound, serial = self.evidence_cache.get_or_load(
                     ("bindings", generation, policy.name, raw),
                     functools.partial(_bound_tuple, self.bindings, raw, policy, reasons),
                 )
-                roots = list(bound)
+                roots = [(r, serial) for r in bound]
                 if not roots and not reasons:  # a cached miss: say why again
                     reasons.append("no binding signed by a trusted key names this OCI manifest")
                 self._check_deadline(deadline)
@@ -712,8 +774,10 @@ class Reviewer:
             specs = evidence_stores("", policy)  # not an image reference: refused before it gets here
         return specs
 
-    def _resolved_entries(self, spec: str, root: str, policy: Policy) -> list[StoredBundle]:
-        """What store `spec` files for `root`, through the registry-evidence cache.
+    def _resolved_entries(
+        self, spec: str, root: str, policy: Policy
+    ) -> tuple[list[StoredBundle], int | None]:
+        """What store `spec` files for `root`, through the registry-evidence cache, and the answer's serial.
 
         Raises:
             _EvidenceUnavailableError: The store cannot be reached (never cached).
@@ -725,8 +789,7 @@ class Reviewer:
             except BackendUnavailableError as e:
                 raise _unavailable(spec, e) from e
 
-        entries, _ = self.evidence_cache.get_or_load(("entries", spec, root), load)
-        return entries
+        return self.evidence_cache.get_or_load(("entries", spec, root), load)
 
     def _open(self, spec: str, policy: Policy) -> AttestationStore:
         """The resolved store `spec`, opened once (at most `_MAX_OPEN_STORES` are kept open)."""

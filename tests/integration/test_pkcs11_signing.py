@@ -10,6 +10,7 @@ import dataclasses
 import json
 import re
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -208,3 +209,80 @@ def test_service_signs_with_a_token_key(softhsm_token: Token, tmp_path: Path, ke
     finally:
         code, err = server.terminate()
     assert code == 0, err
+
+
+_MISMATCH = r"""
+import sys
+import pkcs11
+from pkcs11 import Attribute, KeyType, ObjectClass
+from pkcs11.util.ec import encode_named_curve_parameters
+
+module, token, pin = sys.argv[1:]
+with pkcs11.lib(module).get_token(token_label=token).open(rw=True, user_pin=pin) as session:
+    params = session.create_domain_parameters(
+        KeyType.EC, {Attribute.EC_PARAMS: encode_named_curve_parameters("secp256r1")}, local=True
+    )
+    mine, _ = params.generate_keypair(store=True, label="mismatched", id=b"\x0c")
+    other, _ = params.generate_keypair(store=True, label="other", id=b"\x0d")
+    point = bytes(other[Attribute.EC_POINT])
+    mine.destroy()
+    session.create_object({
+        Attribute.CLASS: ObjectClass.PUBLIC_KEY, Attribute.KEY_TYPE: KeyType.EC, Attribute.TOKEN: True,
+        Attribute.VERIFY: True, Attribute.LABEL: "mismatched", Attribute.ID: b"\x0c",
+        Attribute.EC_PARAMS: encode_named_curve_parameters("secp256r1"), Attribute.EC_POINT: point,
+    })
+"""
+
+_SIGN_MANY = r"""
+import json
+import sys
+from modelsec.errors import KeyMaterialError
+from modelsec.signer.keys import key_source
+
+backend = key_source(sys.argv[1]).open()
+try:
+    signatures = backend.sign_many([b"first", b"second", b"third"])
+except KeyMaterialError as e:
+    print(json.dumps({"error": type(e).__name__, "message": str(e)}))
+else:
+    print(json.dumps({"signatures": len(signatures)}))
+"""
+
+
+def test_a_public_object_of_another_key_fails_signing_closed(token: Token, tmp_path: Path) -> None:
+    """The token signs with one key while its public object is another's: every path refuses, none writes.
+
+    Issue 32 item 4 moved the check of each signature to a second thread (`sign_many`); it must still fail
+    the whole call, returning no signature, and `modelsec sign` must write no bundle.
+    """
+    subprocess.run(
+        [sys.executable, "-c", _MISMATCH, token.module, token.label, PIN],
+        env=token.env, check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    uri = token.uri("mismatched")
+    out = subprocess.run(
+        [sys.executable, "-c", _SIGN_MANY, uri], env=token.env, check=True, capture_output=True, text=True
+    )
+    answer = json.loads(out.stdout)
+    assert answer["error"] == "KeyMaterialError", answer
+    assert "do not belong together" in answer["message"]
+    model = write_tiny_model(tmp_path / "model")
+    before = sorted(p.name for p in model.iterdir())
+    line = _one_error_line(run_cli_process("sign", model, "--signing-key", uri, env=token.env))
+    assert "do not belong together" in line
+    assert sorted(p.name for p in model.iterdir()) == before  # no bundle written
+
+
+def test_sign_many_checks_and_returns_every_signature_in_order(softhsm_token: Token) -> None:
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from modelsec.signer.keys import key_source
+
+    backend = key_source(softhsm_token.uri()).open()
+    messages = [f"message {i}".encode() for i in range(8)]
+    signatures = backend.sign_many(messages)  # type: ignore[attr-defined]
+    public = serialization.load_pem_public_key(softhsm_token.public_key().read_bytes())
+    assert isinstance(public, ec.EllipticCurvePublicKey) and len(signatures) == len(messages)
+    for message, signature in zip(messages, signatures, strict=True):
+        public.verify(signature, message, ec.ECDSA(hashes.SHA256()))  # raises unless it is message's

@@ -329,6 +329,9 @@ def test_cli_serve_refuses_bad_tls_material(tmp_path: Path) -> None:
 
 def test_server_denies_at_the_deadline_and_reports_store_outage(webhook: Webhook, tmp_path: Path) -> None:
     class SlowStore:
+        def revision(self, digest: str) -> None:
+            return None
+
         def entries(self, digest: str) -> list[bytes]:
             time.sleep(2.0)
             return []

@@ -90,6 +90,22 @@ class AttestationStore(Protocol):
         """`bundles`, with each bundle's id and source (same errors)."""
         ...
 
+    def revision(self, digest: str) -> str | None:
+        """A cheap token that differs whenever what `entries(digest)` returns may have changed; or None.
+
+        For readers that keep something computed from `entries` (the webhook's positive cache): equal
+        tokens, taken before reading and again later, mean the store still holds what was read, so it need
+        not be read again. Every writer changes the token, whichever process or connection it runs in (a
+        directory: a stat of the digest's directory and files; SQLite: `PRAGMA data_version` and this
+        connection's writes; PostgreSQL: a generation row a trigger bumps). None when the store cannot
+        tell cheaply (a registry, the service): the reader reads `entries`.
+
+        Raises:
+            BackendUnavailableError: The store cannot be reached or read.
+            MalformedArtifactError: `digest` is not 64 lowercase hex digits.
+        """
+        ...
+
     def get(self, digest: str, bundle_id: str) -> StoredBundle:
         """One bundle filed for `digest`.
 

@@ -6,8 +6,9 @@ following a symlinked one, reads only regular files (`read_bundle_bytes`: no sym
 reader), newest first, and at most `max_bundles` of them (more is not an error: the rest are listed
 unread, so a flood of files cannot make the store unreadable); `delete` removes a file; writing parses
 the bundle only to learn where it goes (its subject's sha256 digest) and names the file by the SHA-256
-of its bytes, so storing twice is idempotent and concurrent writers never clobber each other. Nothing is
-trusted here: readers verify what they read.
+of its bytes, so storing twice is idempotent and concurrent writers never clobber each other; `revision`
+is a stat of the digest's directory and files, which any writer changes (the webhook's cache checks it
+instead of reading the bundles again). Nothing is trusted here: readers verify what they read.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import errno
 import hashlib
 import os
 import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +38,9 @@ from modelsec.verifier.trust.bundles import read_bundle_bytes
 __all__ = ["DirectoryStore", "subject_root_digest"]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# How old every timestamp of a listing must be for `revision` to vouch for it: well above any local file
+# system's clock tick (the kernel's coarse clock: at most 10 ms).
+_SETTLE_NS = 1_000_000_000
 
 
 def subject_root_digest(data: bytes, max_bytes: int) -> str:
@@ -143,26 +148,70 @@ class DirectoryStore:
                 f"attestation store {self.root} is unreadable: {e.strerror or type(e).__name__}"
             ) from e
 
-    def _listing(self, digest: str) -> list[tuple[str, int]]:
-        """The `*.sig` names filed for `digest` with their sizes, newest first (then by name)."""
+    def revision(self, digest: str) -> str | None:
+        """A stat of the digest's directory and of every file in it: changes with any write or withdrawal.
+
+        The token covers the digest directory (device, inode, modification and change times) and each
+        `*.sig` entry in it (name, inode, size, modification and change times, in nanoseconds). Filing,
+        removing or renaming a bundle changes the directory's times and the list, and rewriting one changes
+        its size or times, whichever process or tool does it; no bundle is opened (one open of the
+        directory, its listing, one `lstat` per entry). A file system's timestamps are only as fine as its
+        clock tick, so a listing in which any time is less than a second old, or in the future, gives None
+        (read `entries`): a same-size rewrite within one tick cannot then go unseen (git's "racily clean"
+        index entries). A store on a network file system whose server clock runs more than that behind
+        this host's is outside this guarantee.
+
+        Raises:
+            MalformedArtifactError: `digest` is not 64 lowercase hex digits.
+            BackendUnavailableError: The root is missing or not a directory (when `must_exist`), or
+                unreadable.
+        """
+        if not is_sha256_hex(digest):
+            raise MalformedArtifactError(f"{digest!r} is not a hex SHA-256 digest")
         try:
-            root_mode = os.stat(self.root).st_mode
-        except FileNotFoundError:
-            root_mode = 0
-        if not stat.S_ISDIR(root_mode):
-            if self.must_exist:
-                raise BackendUnavailableError(f"attestation store {self.root} is not a directory")
-            return []
+            scanned = self._scan(digest)
+        except OSError as e:
+            raise BackendUnavailableError(
+                f"attestation store {self.root} is unreadable: {e.strerror or type(e).__name__}"
+            ) from e
+        if scanned is None:
+            return "none"
+        directory, files = scanned
+        settled = time.time_ns() - _SETTLE_NS
+        stats = [directory, *(st for _, st in files)]
+        if any(st.st_mtime_ns >= settled or st.st_ctime_ns >= settled for st in stats):
+            return None
+        parts: list[tuple[object, ...]] = [
+            (directory.st_dev, directory.st_ino, directory.st_mtime_ns, directory.st_ctime_ns)
+        ]
+        parts += sorted((name, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) for name, st in files)
+        return hashlib.sha256(repr(parts).encode()).hexdigest()
+
+    def _scan(self, digest: str) -> tuple[os.stat_result, list[tuple[str, os.stat_result]]] | None:
+        """The digest directory's stat and its regular `*.sig` files' (None: no such directory here).
+
+        Raises:
+            BackendUnavailableError: The root is not a directory and `must_exist`.
+            OSError: The directory cannot be read.
+        """
         try:
-            fd = os.open(self.root / "sha256" / digest, _DIR_FLAGS)
+            fd = os.open(os.path.join(self.root, "sha256", digest), _DIR_FLAGS)
         except (FileNotFoundError, NotADirectoryError):
-            return []
+            # Whether the store itself is there is asked only now: the common case costs one call.
+            try:
+                root_mode = os.stat(self.root).st_mode
+            except FileNotFoundError:
+                root_mode = 0
+            if not stat.S_ISDIR(root_mode) and self.must_exist:
+                raise BackendUnavailableError(f"attestation store {self.root} is not a directory") from None
+            return None
         except OSError as e:
             if e.errno == errno.ELOOP:
-                return []  # a symlinked digest directory is not this store's
+                return None  # a symlinked digest directory is not this store's
             raise
-        found: list[tuple[int, str, int]] = []
+        found: list[tuple[str, os.stat_result]] = []
         try:
+            directory = os.fstat(fd)
             with os.scandir(fd) as it:
                 for entry in it:
                     if not entry.name.endswith(".sig"):
@@ -172,11 +221,18 @@ class DirectoryStore:
                     except FileNotFoundError:
                         continue  # removed while listed
                     if stat.S_ISREG(st.st_mode):
-                        found.append((st.st_mtime_ns, entry.name, st.st_size))
+                        found.append((entry.name, st))
         finally:
             os.close(fd)
-        found.sort(key=lambda f: (-f[0], f[1]))
-        return [(name, min(size, self.max_bundle_bytes + 1)) for _, name, size in found]
+        return directory, found
+
+    def _listing(self, digest: str) -> list[tuple[str, int]]:
+        """The `*.sig` names filed for `digest` with their sizes, newest first (then by name)."""
+        scanned = self._scan(digest)
+        if scanned is None:
+            return []
+        found = sorted(scanned[1], key=lambda f: (-f[1].st_mtime_ns, f[0]))
+        return [(name, min(st.st_size, self.max_bundle_bytes + 1)) for name, st in found]
 
     def get(self, digest: str, bundle_id: str) -> StoredBundle:
         """The bundle `<root>/sha256/<digest>/<bundle_id>.sig`.

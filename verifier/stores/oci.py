@@ -136,6 +136,13 @@ class OciAttestationStore:
             return None
         return {"mediaType": media_type, "digest": manifest_digest, "size": len(data)}
 
+    def revision(self, digest: str) -> None:
+        """None: a registry offers no cheap change token for a listing.
+
+        Readers that need one keep the answer for a bounded time instead (the webhook's `EvidenceCache`).
+        """
+        return None
+
     def bundles(self, digest: str) -> list[bytes]:
         """The bundles attached to the model's manifest (untrusted; see `entries` for the errors)."""
         return [e.data for e in self.entries(digest) if not e.note]

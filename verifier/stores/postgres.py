@@ -12,6 +12,9 @@ Same semantics as the SQLite store (`modelsec.verifier.stores.records`), across 
 - **Schema.** Created and migrated when a store opens, in one transaction under an advisory lock, so
   replicas that start together apply each migration once; `modelsec_schema` holds the version. Migrations
   only add, so a replica of an older release keeps working on a newer schema during a rolling update.
+- **Change token.** `revision` reads `modelsec_generation`, which a statement trigger on the records table
+  bumps in every writing transaction (so writes are serialised on that row, which puts are rare enough
+  to afford); the webhook's cache checks it instead of reading the bundles again.
 - **Connections.** One connection per store, serialised by a lock (the service's RPCs are short); a
   connection that breaks (a server restart, a failover) fails the call in progress with
   `BackendUnavailableError`, the retryable error, and is opened again by the next call.
@@ -20,8 +23,8 @@ Same semantics as the SQLite store (`modelsec.verifier.stores.records`), across 
   else from libpq (`PGPASSWORD`, `PGPASSFILE`). It never appears in `uri` or in any message.
 
 Nothing here trusts a bundle: the service verifies before `put_record`, and every reader verifies again.
-Source: PostgreSQL 15 documentation, "Advisory Locks" (13.3.5), "INSERT … ON CONFLICT", "libpq Connection
-Strings" (34.1.1) and "SSL Support" (34.19).
+Source: PostgreSQL 15 documentation, "Advisory Locks" (13.3.5), "INSERT … ON CONFLICT", "CREATE TRIGGER",
+"libpq Connection Strings" (34.1.1) and "SSL Support" (34.19).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from modelsec.verifier.stores.records import Execute, RecordStoreBase
 __all__ = ["PostgresAttestationStore", "connect_store"]
 
 _TABLE = "modelsec_attestations"
+_GENERATION = "modelsec_generation"
 # Each migration is applied once, in order, under the schema lock; append only.
 _MIGRATIONS: tuple[str, ...] = (
     f"""
@@ -58,6 +62,20 @@ _MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX {_TABLE}_by_digest ON {_TABLE} (root_digest, seq);
     """,
+    # The store's change token (`revision`): bumped by a trigger in the writing transaction, so every
+    # writer, of any release or by hand, changes it when it commits.
+    f"""
+    CREATE TABLE {_GENERATION} (generation BIGINT NOT NULL);
+    INSERT INTO {_GENERATION} (generation) VALUES (0);
+    CREATE FUNCTION {_GENERATION}_bump() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        UPDATE {_GENERATION} SET generation = generation + 1;
+        RETURN NULL;
+    END
+    $$;
+    CREATE TRIGGER {_TABLE}_generation AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON {_TABLE}
+        FOR EACH STATEMENT EXECUTE FUNCTION {_GENERATION}_bump();
+    """,  # noqa: S608 - constant SQL
 )
 # Advisory lock keys: one bigint for the schema, (class, digest prefix) pairs for the models; PostgreSQL
 # keeps the one-key and two-key forms apart.
@@ -131,6 +149,21 @@ class PostgresAttestationStore(RecordStoreBase):
     def uri(self) -> str:
         """`postgresql://USER@HOST:PORT/DATABASE`, without password or options (for diagnostics)."""
         return self._uri
+
+    def revision(self, digest: str) -> str:
+        """The store's generation: a counter that a trigger bumps in every transaction that changes a record.
+
+        One query, no bundle read. It counts writes to the whole store (any model), so it changes more
+        often than `entries(digest)` does, never less: a put, supersede or delete from any replica,
+        connection or SQL session commits its bump with its change.
+
+        Raises:
+            MalformedArtifactError: `digest` is not 64 lowercase hex digits.
+            BackendUnavailableError: The database cannot be read.
+        """
+        super().revision(digest)
+        rows = self._query(f"SELECT generation FROM {_GENERATION}", ())  # noqa: S608 - constant SQL
+        return str(rows[0][0])
 
     def check(self) -> None:
         """Raise `BackendUnavailableError` unless the database answers a query (re-connecting if needed)."""

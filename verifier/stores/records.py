@@ -245,6 +245,16 @@ class RecordStoreBase(abc.ABC):
         """The current bundles about a model root digest, oldest first."""
         return [b for _, b in self.records(digest)]
 
+    def revision(self, digest: str) -> str | None:
+        """None unless the store keeps a change token (`AttestationStore.revision`; SQLite does).
+
+        Raises:
+            MalformedArtifactError: `digest` is not 64 lowercase hex digits.
+        """
+        if not is_sha256_hex(digest):
+            raise MalformedArtifactError(f"{digest!r} is not a hex SHA-256 digest")
+        return None
+
     def entries(self, digest: str) -> list[StoredBundle]:
         """`bundles` with each bundle's record id and source (`<uri>#<id>`).
 

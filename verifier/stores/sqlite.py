@@ -60,6 +60,7 @@ class SqliteAttestationStore(RecordStoreBase):
         self.max_bundles_per_digest = max_bundles_per_digest
         self.max_bundle_bytes = max_bundle_bytes
         self._lock = threading.Lock()
+        self._writes = 0  # changes committed through this connection (`PRAGMA data_version` omits them)
         try:
             self._db = sqlite3.connect(path, timeout=10.0, check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -84,6 +85,26 @@ class SqliteAttestationStore(RecordStoreBase):
         """`sqlite://<path>`."""
         return f"sqlite://{self.path}"
 
+    def revision(self, digest: str) -> str:
+        """`PRAGMA data_version` and this connection's writes: a change token for the whole database.
+
+        SQLite changes `data_version` when another connection (of this process or any other) commits, and
+        never for this connection's own commits, which are counted here instead; so any committed put,
+        delete or supersede changes the token (https://sqlite.org/pragma.html#pragma_data_version). One
+        query, no bundle read.
+
+        Raises:
+            MalformedArtifactError: `digest` is not 64 lowercase hex digits.
+            BackendUnavailableError: The database cannot be read.
+        """
+        super().revision(digest)
+        try:
+            with self._lock:
+                (version,) = self._db.execute("PRAGMA data_version").fetchone()
+                return f"{version}.{self._writes}"
+        except sqlite3.Error as e:
+            raise BackendUnavailableError(f"{self.path}: cannot read the attestation store: {e}") from e
+
     def check(self) -> None:
         """Raise `BackendUnavailableError` unless the database answers a query."""
         self._query("SELECT 1", ())
@@ -99,6 +120,7 @@ class SqliteAttestationStore(RecordStoreBase):
         try:
             with self._lock:
                 self._db.execute("BEGIN IMMEDIATE")
+                self._writes += 1
                 try:
                     yield self._db.execute
                     self._db.execute("COMMIT")
@@ -115,6 +137,7 @@ class SqliteAttestationStore(RecordStoreBase):
     def _rowcount(self, sql: str, args: tuple[object, ...]) -> int:
         try:
             with self._lock:
+                self._writes += 1
                 return int(self._db.execute(sql, args).rowcount)
         except sqlite3.Error as e:
             raise BackendUnavailableError(f"{self.path}: cannot write the attestation store: {e}") from e

@@ -409,6 +409,9 @@ class ExplodingStore:
     def __init__(self, error: BaseException) -> None:
         self.error = error
 
+    def revision(self, digest: str) -> None:
+        return None
+
     def entries(self, digest: str) -> list[bytes]:
         raise self.error
 
@@ -450,6 +453,9 @@ def test_deadline_overrun_denies(policies: PolicySet, signed: tuple[str, Path]) 
     clock = FakeClock()
 
     class SlowStore:
+        def revision(self, digest: str) -> None:
+            return None
+
         def entries(self, digest: str) -> list[StoredBundle]:
             clock.now += 9
             return DirectoryStore(signed[1]).entries(digest)
