@@ -45,7 +45,13 @@ if TYPE_CHECKING:
     )
     from modelsec.watermark.embed import EmbedResult, TensorReport, embed_model
     from modelsec.watermark.io import ArraySource, DirectorySource, TensorRef, TensorSource
-    from modelsec.watermark.resync import AttentionLayout, NeuronGroup, ResyncReport, infer_groups, resynchronise
+    from modelsec.watermark.resync import (
+        AttentionLayout,
+        NeuronGroup,
+        ResyncReport,
+        infer_groups,
+        resynchronise,
+    )
     from modelsec.watermark.spread_spectrum import (
         SCHEME,
         WatermarkKey,

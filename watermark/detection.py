@@ -1,4 +1,4 @@
-"""Blind extraction and detection of the watermark, with a false-positive bound that needs no model of the host.
+"""Blind extraction and detection of the watermark, with a false-positive bound that holds for any host.
 
 Detection needs only the key and the suspect weights. Order of operations (an invariant):
 
@@ -17,11 +17,11 @@ Detection needs only the key and the suspect weights. Order of operations (an in
    under the null hypothesis: each extracted bit is the sign of a symmetric Rademacher sum, so +1 or -1
    with probability 1/2 each, ties only lowering `k`, independently across bits with disjoint carriers).
 5. Which bits decide presence: the pilot bits only, the message length unknown (every length
-   `8, 16, ..., max_message_bits` is tried and the smallest bound of step 6 kept), whether or not the message is given,
-   so that giving `message` never changes whether the mark is reported present. With the length given
-   (`message_length`, e.g. from an attestation) only that length is tried. Every hypothesis tried (message
-   lengths, densities, carrier sets) multiplies the false-positive bound (Bonferroni), so the reported value
-   stays an upper bound for the whole search.
+   `8, 16, ..., max_message_bits` is tried and the smallest bound of step 6 kept), whether or not the
+   message is given, so that giving `message` never changes whether the mark is reported present. With the
+   length given (`message_length`, e.g. from an attestation) only that length is tried. Every hypothesis
+   tried (message lengths, densities, carrier sets) multiplies the false-positive bound (Bonferroni), so the
+   reported value stays an upper bound for the whole search.
 6. Present ("detected") iff the false-positive bound
    `2 * tests * min(rademacher_tail_bound(Z), P[Bin(n, 1/2) >= k])` <= `max_false_positive` (default 1e-9,
    the deployment gate of issue 4) and the confidence >= `min_confidence` (default 0: an optional extra
@@ -245,7 +245,7 @@ def evaluate(
     lengths = (
         [message_length] if message_length is not None else list(range(8, params.max_message_bits + 1, 8))
     )
-    best: tuple[tuple[float, int], int, _Comparison] | None = None
+    best: tuple[tuple[float, float], int, _Comparison] | None = None
     for length in lengths:
         c, e = blocks.per_bit(p + length)
         cmp = _compare(pilot_code, c[:p], e[:p])

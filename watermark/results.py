@@ -65,7 +65,8 @@ def binomial_tail(n: int, k: int) -> tuple[float, float]:
 
 
 #: Pinelis (1994), "Extremal probabilistic problems and Hotelling's T2 test under a symmetry condition",
-#: Ann. Statist. 22(1): P[sum a_i e_i >= x] <= (2 e**3 / 9) P[N(0, 1) >= x] for Rademacher e_i, sum a_i**2 = 1.
+#: Ann. Statist. 22(1): P[sum a_i e_i >= x] <= (2 e**3 / 9) P[N(0, 1) >= x] for Rademacher e_i and
+#: sum a_i**2 = 1.
 _PINELIS = 2 * math.e**3 / 9
 _LN10 = math.log(10)
 

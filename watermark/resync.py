@@ -54,7 +54,6 @@ from __future__ import annotations
 import importlib
 import itertools
 import json
-import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -158,7 +157,9 @@ class AttentionLayout:
         path = model_dir / "config.json"
         if not path.exists():
             return None
-        raw = read_regular_file(path, "reference config.json", max_bytes=1 << 20, error=MalformedArtifactError)
+        raw = read_regular_file(
+            path, "reference config.json", max_bytes=1 << 20, error=MalformedArtifactError
+        )
         try:
             data = json.loads(raw)
         except ValueError as e:
@@ -173,15 +174,18 @@ class AttentionLayout:
         if head_dim is None and isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
             head_dim = hidden // heads
         fields = {"num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": head_dim}
+        ints: dict[str, int] = {}
         for name, value in fields.items():
             if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= 1 << 20:
                 raise MalformedArtifactError(f"{path}: {name} must be a positive integer, got {value!r}")
-        if heads % kv or head_dim % 2:
+            ints[name] = value
+        n_heads, n_kv, dim = ints["num_attention_heads"], ints["num_key_value_heads"], ints["head_dim"]
+        if n_heads % n_kv or dim % 2:
             raise MalformedArtifactError(
-                f"{path}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}, or "
-                f"head_dim {head_dim} is odd"
+                f"{path}: num_attention_heads {n_heads} is not a multiple of num_key_value_heads {n_kv}, or "
+                f"head_dim {dim} is odd"
             )
-        return cls(heads=heads, kv_heads=kv, head_dim=head_dim)
+        return cls(heads=n_heads, kv_heads=n_kv, head_dim=dim)
 
 
 @dataclass(slots=True)
@@ -366,17 +370,19 @@ def _assign(similarity: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
     return perm
 
 
-def _cosines(r_mat: npt.NDArray[np.float64], s_mat: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+def _cosines(r_mat: npt.NDArray[np.floating], s_mat: npt.NDArray[np.floating]) -> npt.NDArray[np.float64]:
     """|cosine| between every reference row (n) and suspect row (m): (n, m)."""
     import numpy as np
 
     r_norm = np.linalg.norm(r_mat, axis=1)
     s_norm = np.linalg.norm(s_mat, axis=1)
-    sim = (r_mat / np.where(r_norm > 0, r_norm, 1)[:, None]) @ (s_mat / np.where(s_norm > 0, s_norm, 1)[:, None]).T
+    sim = (r_mat / np.where(r_norm > 0, r_norm, 1)[:, None]) @ (
+        s_mat / np.where(s_norm > 0, s_norm, 1)[:, None]
+    ).T
     return np.asarray(np.abs(sim), dtype=np.float64)
 
 
-def _ls_scale(s_mat: npt.NDArray[np.float64], r_mat: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+def _ls_scale(s_mat: npt.NDArray[np.floating], r_mat: npt.NDArray[np.floating]) -> npt.NDArray[np.float64]:
     """Per-row least-squares scale `<s_j, r_j> / <r_j, r_j>` (1.0 where undefined)."""
     import numpy as np
 
@@ -413,7 +419,7 @@ def resynchronise(
     min_cosine: float = 0.5,
     max_neurons: int = 16384,
 ) -> tuple[dict[str, TensorTransform], ResyncReport]:
-    """Find the transforms that map the suspect back onto the reference (steps 1 to 3 of the module docstring).
+    """Find the transforms that map the suspect back onto the reference (steps 1-3 of the module docstring).
 
     Memory: one group's or layer's tensors (suspect and reference) at a time, plus an n x m similarity
     matrix per group; the transforms are vectors.
@@ -492,7 +498,9 @@ class _Context:
         if np.array_equal(perm, np.arange(hidden)):
             return
         if not mean_cos >= self.min_cosine:
-            self.report.skipped[anchor] = f"residual stream: mean matched cosine {mean_cos:.3f} < {self.min_cosine}"
+            self.report.skipped[anchor] = (
+                f"residual stream: mean matched cosine {mean_cos:.3f} < {self.min_cosine}"
+            )
             return
         self.report.residual_permuted = True
         self.report.mean_cosine[f"{anchor} (residual stream)"] = mean_cos
@@ -519,10 +527,16 @@ class _Context:
             return
         n = self.r_refs[group.producers[0]].shape[0]
         m = self.s_refs[group.producers[0]].shape[0]
+
         # The suspect may have more neurons (dummies); every other dimension must agree.
         def grown(name: str, axis: int) -> bool:
             s_shape, r_shape = list(self.s_refs[name].shape), list(self.r_refs[name].shape)
-            if len(s_shape) != len(r_shape) or len(s_shape) <= axis or s_shape[axis] != m or r_shape[axis] != n:
+            if (
+                len(s_shape) != len(r_shape)
+                or len(s_shape) <= axis
+                or s_shape[axis] != m
+                or r_shape[axis] != n
+            ):
                 return False
             s_shape[axis] = r_shape[axis] = 0
             return s_shape == r_shape
@@ -566,8 +580,10 @@ class _Context:
         report.dropped_neurons += int(dropped.size)
 
     def refine_consumers(self) -> None:
-        """Each consumer's own least-squares column scale, once its rows are aligned (kept only if its
-        aligned columns match the reference's)."""
+        """Each consumer's own least-squares column scale, once its rows are aligned.
+
+        Kept only where the aligned columns match the reference's (mean |cosine| >= min_cosine).
+        """
         import numpy as np
 
         for c in self.consumers:
@@ -681,7 +697,8 @@ class ResyncedSource:
         self.base = base
         self.transforms = transforms
         self._refs = [
-            TensorRef(r.name, r.dtype, _aligned_shape(r.shape, transforms.get(r.name))) for r in base.tensors()
+            TensorRef(r.name, r.dtype, _aligned_shape(r.shape, transforms.get(r.name)))
+            for r in base.tensors()
         ]
         self._base_refs = {r.name: r for r in base.tensors()}
 

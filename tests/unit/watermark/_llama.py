@@ -29,8 +29,16 @@ CONFIG = {
     "rms_norm_eps": 1e-5,
     "tie_word_embeddings": False,
 }
-HEADS, KV, D = CONFIG["num_attention_heads"], CONFIG["num_key_value_heads"], CONFIG["head_dim"]
 LAYERS = CONFIG["num_hidden_layers"]
+
+
+def geometry(cfg: dict[str, object] | None = None) -> tuple[int, int, int, int, int]:
+    """(heads, kv heads, head dim, layers, hidden) of a Llama config dict (default `CONFIG`)."""
+    c: dict[str, object] = {**CONFIG, **(cfg or {})}
+    heads, hidden = int(c["num_attention_heads"]), int(c["hidden_size"])  # type: ignore[call-overload]
+    kv = int(c.get("num_key_value_heads") or heads)  # type: ignore[call-overload]
+    d = int(c.get("head_dim") or hidden // heads)  # type: ignore[call-overload]
+    return heads, kv, d, int(c["num_hidden_layers"]), hidden  # type: ignore[call-overload]
 
 
 def _config(**overrides: int) -> object:
@@ -92,12 +100,12 @@ def _p(i: int) -> str:
     return f"model.layers.{i}"
 
 
-def permute_mlp(state: Arrays, seed: int = 11) -> Arrays:
+def permute_mlp(state: Arrays, seed: int = 11, cfg: dict[str, object] | None = None) -> Arrays:
     """Permute every layer's MLP neurons; scale `up_proj` rows by a in [0.5, 2] and `down_proj` columns by
     1/a (SiLU(gate) * up is linear in up, so the product is unchanged; gate is permuted only)."""
     rng = np.random.default_rng(seed)
     out = {k: v.copy() for k, v in state.items()}
-    for i in range(LAYERS):
+    for i in range(geometry(cfg)[3]):
         m = f"{_p(i)}.mlp"
         n = out[f"{m}.gate_proj.weight"].shape[0]
         perm = rng.permutation(n)
@@ -109,9 +117,9 @@ def permute_mlp(state: Arrays, seed: int = 11) -> Arrays:
 
 
 def _rotate_pairs(w: np.ndarray, theta: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """Rotate each RoPE pair (rows i, i + D/2 of one head, `rotate_half` layout) by theta and scale it."""
+    """Rotate each RoPE pair (rows i, i + d/2 of one head, `rotate_half` layout) by theta and scale it."""
     out = w.copy()
-    half = D // 2
+    half = w.shape[0] // 2
     a, b = w[:half], w[half:]
     c, s = np.cos(theta)[:, None], np.sin(theta)[:, None]
     out[:half] = (c * a - s * b) * scale[:, None]
@@ -119,29 +127,30 @@ def _rotate_pairs(w: np.ndarray, theta: np.ndarray, scale: np.ndarray) -> np.nda
     return out
 
 
-def permute_attention(state: Arrays, seed: int = 12) -> Arrays:
+def permute_attention(state: Arrays, seed: int = 12, cfg: dict[str, object] | None = None) -> Arrays:
     """Per layer: permute the KV groups and the query heads inside each group (GQA kept consistent), rotate
-    every RoPE pair of q and k by the same random angle per KV group with q scaled by c and k by 1/c,
+    every RoPE pair of q and k by the same random angle per kv group with q scaled by c and k by 1/c,
     permute and scale the value dimensions (b in [0.5, 2]) with `o_proj`'s columns compensating."""
     rng = np.random.default_rng(seed)
     out = {k: v.copy() for k, v in state.items()}
-    per = HEADS // KV
-    half = D // 2
-    for i in range(LAYERS):
+    heads, kv, d, layers, _ = geometry(cfg)
+    per = heads // kv
+    half = d // 2
+    for i in range(layers):
         a = f"{_p(i)}.self_attn"
         q, k, v, o = (out[f"{a}.{x}_proj.weight"] for x in "qkvo")
-        q_h = q.reshape(HEADS, D, -1)
-        k_h = k.reshape(KV, D, -1)
-        v_h = v.reshape(KV, D, -1)
-        o_h = o.reshape(o.shape[0], HEADS, D)
-        group_perm = rng.permutation(KV)
+        q_h = q.reshape(heads, d, -1)
+        k_h = k.reshape(kv, d, -1)
+        v_h = v.reshape(kv, d, -1)
+        o_h = o.reshape(o.shape[0], heads, d)
+        group_perm = rng.permutation(kv)
         new_q, new_k, new_v, new_o = (np.empty_like(x) for x in (q_h, k_h, v_h, o_h))
         for g_new, g_old in enumerate(group_perm):
             theta = rng.uniform(0, 2 * np.pi, half)
             c = rng.uniform(0.5, 2.0, half)
             new_k[g_new] = _rotate_pairs(k_h[g_old], theta, 1 / c)
-            v_perm = rng.permutation(D)
-            b = rng.uniform(0.5, 2.0, D).astype(np.float32)
+            v_perm = rng.permutation(d)
+            b = rng.uniform(0.5, 2.0, d).astype(np.float32)
             new_v[g_new] = v_h[g_old][v_perm] * b[:, None]
             head_perm = rng.permutation(per)
             for j_new, j_old in enumerate(head_perm):
@@ -155,14 +164,16 @@ def permute_attention(state: Arrays, seed: int = 12) -> Arrays:
     return out
 
 
-def permute_residual(state: Arrays, seed: int = 13) -> Arrays:
+def permute_residual(state: Arrays, seed: int = 13, cfg: dict[str, object] | None = None) -> Arrays:
     """One permutation of the hidden dimensions applied to every tensor at once (RMSNorm is invariant to a
     permutation of its input when its weight is permuted alike)."""
-    hidden = CONFIG["hidden_size"]
+    hidden = geometry(cfg)[4]
     perm = np.random.default_rng(seed).permutation(hidden)
     out = {}
     for name, w in state.items():
-        if name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight", "up_proj.weight")):
+        if name.endswith(
+            ("q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight", "up_proj.weight")
+        ):
             out[name] = w[:, perm]
         elif name in ("model.embed_tokens.weight", "lm_head.weight"):
             out[name] = w[:, perm]
@@ -173,11 +184,13 @@ def permute_residual(state: Arrays, seed: int = 13) -> Arrays:
     return out
 
 
-def add_dummy_neurons(state: Arrays, extra: int = 64, seed: int = 14) -> Arrays:
+def add_dummy_neurons(
+    state: Arrays, extra: int = 64, seed: int = 14, cfg: dict[str, object] | None = None
+) -> Arrays:
     """Add `extra` MLP neurons per layer with random in-weights and zero out-weights (shapes change)."""
     rng = np.random.default_rng(seed)
     out = {k: v.copy() for k, v in state.items()}
-    for i in range(LAYERS):
+    for i in range(geometry(cfg)[3]):
         m = f"{_p(i)}.mlp"
         hidden = out[f"{m}.gate_proj.weight"].shape[1]
         for x in ("gate", "up"):
@@ -194,9 +207,10 @@ def add_dummy_neurons(state: Arrays, extra: int = 64, seed: int = 14) -> Arrays:
     return out
 
 
-def everything(state: Arrays) -> Arrays:
+def everything(state: Arrays, cfg: dict[str, object] | None = None) -> Arrays:
     """All of the above at once: residual, attention, MLP permutations with scaling and dummy neurons."""
-    return add_dummy_neurons(permute_mlp(permute_attention(permute_residual(state))))
+    out = permute_attention(permute_residual(state, cfg=cfg), cfg=cfg)
+    return add_dummy_neurons(permute_mlp(out, cfg=cfg), cfg=cfg)
 
 
 #: The function-preserving attacks of issue 30, item 4 (name, attack).

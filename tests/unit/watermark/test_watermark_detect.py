@@ -16,8 +16,8 @@ from modelsec.watermark import (
     WatermarkParams,
     binomial_tail,
     detect,
-    rademacher_tail_bound,
     embed_model,
+    rademacher_tail_bound,
 )
 
 from .conftest import mlp_state

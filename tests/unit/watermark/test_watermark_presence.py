@@ -54,7 +54,9 @@ def test_an_evenly_weakened_mark_is_present(toy_model: Path, tmp_path: Path, wm_
     noisy = gaussian_noise(load_state(tmp_path / "marked"), 3.0)
     found = detect(noisy, wm_key, message=MSG)
     assert found.detected and found.false_positive_probability <= 1e-9
-    assert found.confidence < 0.92 and found.binomial_false_positive_probability > 1e-9  # the old rule: absent
+    assert (
+        found.confidence < 0.92 and found.binomial_false_positive_probability > 1e-9
+    )  # the old rule: absent
     assert found.z_score > 6
     # The old rule is still available as an extra requirement.
     old = DetectionThresholds(min_confidence=0.92)
@@ -67,7 +69,7 @@ def test_permuted_neurons_and_heads_read_blind_are_present_on_a_llama(tmp_path: 
     permuted, rescaled and rotated, read blind. The embedding and head carriers are untouched, so Z over all
     carriers (the first hypothesis) stays large (about 7.5 here) while only ~80 % of the 64 pilot signs
     match, which the sign rule calls absent. (The code before issue 30 still found this one, at a larger
-    Bonferroni factor, by trying the embeddings-only carrier set; the noise test above has no such way out.)"""
+    Bonferroni factor, by trying the embeddings-only carrier set; the noise test above has no way out.)"""
     key = WatermarkKey.from_bytes(bytes(range(7, 39)))
     ref = _llama.save(_llama.llama_state(), tmp_path / "ref")
     embed_model(ref, tmp_path / "marked", key, MSG)
@@ -77,7 +79,9 @@ def test_permuted_neurons_and_heads_read_blind_are_present_on_a_llama(tmp_path: 
 
     blind = detect(attack(load_state(tmp_path / "marked")), key)
     assert blind.detected and blind.false_positive_probability <= 1e-9 and not blind.resynchronised
-    assert blind.confidence < 0.92 and blind.binomial_false_positive_probability > 1e-9  # the old rule: absent
+    assert (
+        blind.confidence < 0.92 and blind.binomial_false_positive_probability > 1e-9
+    )  # the old rule: absent
     assert not detect(attack(_llama.llama_state()), key).detected
 
 

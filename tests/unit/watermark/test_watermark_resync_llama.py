@@ -50,13 +50,17 @@ def test_transform_is_undone_with_the_reference(
     attacked = attack(marked)
     # Function-preserving: the real transformers forward gives the same logits.
     assert np.allclose(_llama.logits(attacked), _llama.logits(marked), atol=1e-4)
-    assert any(attacked[k].shape != marked[k].shape or not np.array_equal(attacked[k], marked[k]) for k in marked)
+    assert any(
+        attacked[k].shape != marked[k].shape or not np.array_equal(attacked[k], marked[k]) for k in marked
+    )
     found = detect(attacked, KEY, message=MSG, reference=ref)
     assert found.detected and found.message_matched and found.bit_error_rate == 0 and found.resynchronised
     assert found.false_positive_probability <= 1e-9
     assert found.resync is not None and not found.resync.skipped
     # The tensors the attack changed, read alone: the attack defeats them blind, the reference restores them.
-    changed = [k for k in marked if attacked[k].shape != marked[k].shape or not np.allclose(attacked[k], marked[k])]
+    changed = [
+        k for k in marked if attacked[k].shape != marked[k].shape or not np.allclose(attacked[k], marked[k])
+    ]
     assert not detect(attacked, KEY, tensors=changed).detected
     alone = detect(attacked, KEY, tensors=changed, reference=ref)
     assert alone.detected and alone.false_positive_probability <= 1e-9
@@ -102,12 +106,14 @@ def test_unmarked_llamas_are_absent_for_several_keys() -> None:
         b'{"hidden_size": 128, "num_attention_heads": true}',
     ],
 )
-def test_a_malformed_reference_config_is_refused(config: bytes, tmp_path: Path, models: tuple[Path, Path]) -> None:
+def test_a_malformed_reference_config_is_refused(
+    config: bytes, tmp_path: Path, models: tuple[Path, Path]
+) -> None:
     ref, marked_dir = models
     bad = tmp_path / "ref"
     bad.mkdir()
     (bad / "model.safetensors").write_bytes((ref / "model.safetensors").read_bytes())
     (bad / "config.json").write_bytes(config)
-    with pytest.raises(MalformedArtifactError, match="config.json"):
+    with pytest.raises(MalformedArtifactError, match=r"config\.json"):
         detect(marked_dir, KEY, reference=bad)
     assert AttentionLayout.from_config(ref) == AttentionLayout(heads=4, kv_heads=2, head_dim=32)
