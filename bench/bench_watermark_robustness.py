@@ -202,23 +202,30 @@ def run_issue30(work: Path, keys: int, finetune_steps: int) -> None:
             ref = src if mode == "reference" else None
             r = detect(fn(clean), key, message=message, reference=ref)  # type: ignore[operator]
             table.setdefault((name + " [UNMARKED]", mode), []).append(r)
-    blind_ok = {
-        name: all(r.detected and r.message_matched for r in rs)
-        for (name, mode), rs in table.items()
-        if mode == "blind"
-    }
+
+    def ok(name: str, mode: str) -> bool:
+        rs = table.get((name, mode), [])
+        return bool(rs) and all(r.detected and r.message_matched for r in rs)
+
+    def needs(name: str) -> str:
+        if ok(name, "blind"):
+            return "blind"
+        if ok(name, "reference"):
+            return "reference"
+        return "NOT MET (message not read for every key)"
+
     print(
         f"WM30|attack|mode|needs|detected|message read|worst log10 FPP|worst BER|min Z (max when unmarked) "
         f"({keys} keys)"
     )
     for (name, mode), rs in table.items():
         unmarked = name.endswith("[UNMARKED]")
-        needs = "-" if unmarked else ("blind" if blind_ok.get(name) else "reference")
+        need = "-" if unmarked else needs(name)
         worst = max(r.log10_false_positive_probability for r in rs)
         if unmarked:
             worst = min(r.log10_false_positive_probability for r in rs)
         print(
-            f"WM30|{name}|{mode}|{needs}|{sum(r.detected for r in rs)}/{len(rs)}|"
+            f"WM30|{name}|{mode}|{need}|{sum(r.detected for r in rs)}/{len(rs)}|"
             f"{sum(bool(r.message_matched) for r in rs)}/{len(rs)}|{worst:.1f}|"
             f"{max(r.bit_error_rate for r in rs):.3f}|"
             f"{(max if unmarked else min)(r.z_score for r in rs):.1f}",
