@@ -117,3 +117,14 @@ def test_a_malformed_reference_config_is_refused(
     with pytest.raises(MalformedArtifactError, match=r"config\.json"):
         detect(marked_dir, KEY, reference=bad)
     assert AttentionLayout.from_config(ref) == AttentionLayout(heads=4, kv_heads=2, head_dim=32)
+
+
+def test_non_finite_weights_do_not_break_resynchronisation(models: tuple[Path, Path]) -> None:
+    """NaN and infinities in the suspect (or the reference) read as 0 for matching, as for extraction."""
+    ref, marked_dir = models
+    attacked = _llama.everything(load_state(marked_dir))
+    for name in ("model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight"):
+        attacked[name][0, :3] = [np.nan, np.inf, -np.inf]
+    attacked["model.layers.1.mlp.gate_proj.weight"][:] = np.nan
+    found = detect(attacked, KEY, message=MSG, reference=ref)
+    assert found.detected and found.false_positive_probability <= 1e-9 and found.resynchronised
