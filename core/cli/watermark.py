@@ -382,7 +382,7 @@ def _detect(
     verdict = "DETECTED" if result.detected else "NOT DETECTED"
     click.echo(
         f"{verdict}: {result.bit_matches}/{result.bits} pilot bits match (BER {result.bit_error_rate:.2%}), "
-        f"confidence {result.confidence:.3f}, false-positive probability "
+        f"presence z {result.z_score:.1f}, confidence {result.confidence:.3f}, false-positive probability "
         f"{result.false_positive_probability:.3g} (log10 {result.log10_false_positive_probability:.1f}, "
         f"{result.tests} hypotheses)"
     )
