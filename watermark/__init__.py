@@ -5,10 +5,12 @@ Public API (imported lazily, so `import modelsec.watermark` loads neither numpy 
 * `load_key_file`, `parse_key`, `generate_key_file_text`, `WatermarkKey`: the secret key (32 to 64 random
   bytes, hex text or raw; never written to weights, attestations or logs).
 * `embed_model(model_dir, out_dir, key, message)`: write a watermarked copy, shard by shard.
-* `detect(model, key, message=None, reference=None)`: blind detection with exact binomial
-  false-positive probability and confidence (cosine of ±1 bit vectors).
-* `resynchronise`, `infer_groups`, `NeuronGroup`: undo neuron permutation and scaling against the
-  registered reference model before extraction.
+* `detect(model, key, message=None, reference=None)`: blind detection by the Stouffer statistic of the
+  pilot bits, with a false-positive bound that holds for any host (Hoeffding/Pinelis), the exact binomial
+  tail of the sign rule and the confidence (cosine of ±1 bit vectors) beside it.
+* `resynchronise`, `infer_groups`, `NeuronGroup`, `AttentionLayout`: undo function-preserving transforms
+  (residual stream, neurons, dummy neurons, attention heads and RoPE pairs) against the registered
+  reference model before extraction.
 * `sign_watermark_attestation`, `write_watermark_attestation`, `verify_watermark_attestation`: the
   DSSE-signed in-toto statement (`https://modelsec.dev/watermark/v1`) about the watermarked model's root
   digest.
@@ -33,10 +35,23 @@ if TYPE_CHECKING:
         watermark_statement,
         write_watermark_attestation,
     )
-    from modelsec.watermark.detection import DetectionResult, DetectionThresholds, binomial_tail, detect
+    from modelsec.watermark.detection import (
+        DetectionResult,
+        DetectionThresholds,
+        binomial_tail,
+        detect,
+        normal_tail,
+        rademacher_tail_bound,
+    )
     from modelsec.watermark.embed import EmbedResult, TensorReport, embed_model
     from modelsec.watermark.io import ArraySource, DirectorySource, TensorRef, TensorSource
-    from modelsec.watermark.resync import NeuronGroup, ResyncReport, infer_groups, resynchronise
+    from modelsec.watermark.resync import (
+        AttentionLayout,
+        NeuronGroup,
+        ResyncReport,
+        infer_groups,
+        resynchronise,
+    )
     from modelsec.watermark.spread_spectrum import (
         SCHEME,
         WatermarkKey,
@@ -51,6 +66,7 @@ __all__ = [
     "PREDICATE_TYPE",
     "SCHEME",
     "ArraySource",
+    "AttentionLayout",
     "DetectionResult",
     "DetectionThresholds",
     "DirectorySource",
@@ -70,8 +86,10 @@ __all__ = [
     "infer_groups",
     "load_key_file",
     "model_root_digests",
+    "normal_tail",
     "parse_key",
     "parse_message",
+    "rademacher_tail_bound",
     "resynchronise",
     "sign_watermark_attestation",
     "verify_watermark_attestation",
@@ -90,6 +108,8 @@ _HOME = {
     "DetectionResult": "detection",
     "DetectionThresholds": "detection",
     "binomial_tail": "detection",
+    "normal_tail": "detection",
+    "rademacher_tail_bound": "detection",
     "detect": "detection",
     "EmbedResult": "embed",
     "TensorReport": "embed",
@@ -98,6 +118,7 @@ _HOME = {
     "DirectorySource": "io",
     "TensorRef": "io",
     "TensorSource": "io",
+    "AttentionLayout": "resync",
     "NeuronGroup": "resync",
     "ResyncReport": "resync",
     "infer_groups": "resync",

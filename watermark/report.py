@@ -24,6 +24,9 @@ _ROWS = (
     ("confidence", "confidence"),
     ("false-positive probability", "falsePositiveProbability"),
     ("log10 false-positive probability", "log10FalsePositiveProbability"),
+    ("presence z (Stouffer, pilot bits)", "zScore"),
+    ("null p-value (one hypothesis)", "nullPValue"),
+    ("binomial false-positive probability (sign rule)", "binomialFalsePositiveProbability"),
     ("hypotheses tested", "tests"),
     ("pilot bits", "pilotBits"),
     ("pilot matches", "pilotMatches"),
@@ -72,6 +75,7 @@ def _message_check(run: Mapping[str, Any]) -> tuple[str, bool, str] | None:
 
 def _detail(run: Mapping[str, Any]) -> str:
     return (
+        f"presence z {run['zScore']!r}, "
         f"{run['bitMatches']}/{run['bits']} bits match (BER {run['bitErrorRate']!r}), confidence "
         f"{run['confidence']!r}, false-positive probability {run['falsePositiveProbability']!r} "
         f"(log10 {run['log10FalsePositiveProbability']!r}, {run['tests']} hypotheses)"

@@ -1,7 +1,7 @@
-"""Detection results and thresholds, and the exact binomial false-positive probability.
+"""Detection results and thresholds; the presence statistic's null tail bound and the exact binomial tail.
 
-See `modelsec.watermark.detection` for how a result is computed and why the binomial is exact under the null
-hypothesis.
+See `modelsec.watermark.detection` for how a result is computed, what the null distribution of the presence
+statistic is, and why the bound below holds without a normality assumption.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from modelsec.errors import PolicyError
 if TYPE_CHECKING:
     from modelsec.watermark.resync import ResyncReport
 
-__all__ = ["DetectionResult", "DetectionThresholds", "binomial_tail"]
+__all__ = ["DetectionResult", "DetectionThresholds", "binomial_tail", "normal_tail", "rademacher_tail_bound"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,12 +23,16 @@ class DetectionThresholds:
     """When a mark counts as detected (the deployment gate of issue 4).
 
     Attributes:
-        min_confidence: Minimum cosine between extracted and embedded ±1 bits (0.92 tolerates 4 % bit
-            errors).
-        max_false_positive: Maximum false-positive probability (after the Bonferroni factor).
+        min_confidence: Minimum cosine between extracted and embedded ±1 pilot bits, an optional extra
+            requirement (default 0.0: more pilot bits agree than disagree). Presence is decided by the
+            false-positive bound of the Stouffer statistic, which keeps each bit's margin; a mark whose bits
+            are weakened but all still leaning the right way (neuron permutation read blind, fine-tuning)
+            has a low cosine and a tiny false-positive probability. 0.92 gives the rule before issue 30.
+        max_false_positive: Maximum false-positive probability (the presence bound after the Bonferroni
+            factor).
     """
 
-    min_confidence: float = 0.92
+    min_confidence: float = 0.0
     max_false_positive: float = 1e-9
 
     def __post_init__(self) -> None:
@@ -60,20 +64,65 @@ def binomial_tail(n: int, k: int) -> tuple[float, float]:
     return numerator / 2**n, math.log10(numerator) - n * math.log10(2)
 
 
+#: Pinelis (1994), "Extremal probabilistic problems and Hotelling's T2 test under a symmetry condition",
+#: Ann. Statist. 22(1): P[sum a_i e_i >= x] <= (2 e**3 / 9) P[N(0, 1) >= x] for Rademacher e_i and
+#: sum a_i**2 = 1.
+_PINELIS = 2 * math.e**3 / 9
+_LN10 = math.log(10)
+
+
+def normal_tail(z: float) -> tuple[float, float]:
+    """`P[N(0, 1) >= z]` and its log10 (finite where the probability underflows).
+
+    Where `erfc` underflows (z > 37) the log10 is that of the Mills-ratio bound `phi(z) / z`, which is an
+    upper bound and exact to a relative 1 / z**2.
+    """
+    if not math.isfinite(z):
+        return (0.0, -math.inf) if z > 0 else (1.0, 0.0)
+    p = 0.5 * math.erfc(z / math.sqrt(2))
+    if p > 1e-300:
+        return p, math.log10(p)
+    log10 = (-z * z / 2 - math.log(z * math.sqrt(2 * math.pi))) / _LN10
+    return 0.0, log10
+
+
+def rademacher_tail_bound(z: float) -> tuple[float, float]:
+    """An upper bound on `P[S >= z]` for every `S = sum a_i e_i` with `sum a_i**2 = 1`, `e_i` i.i.d. ±1.
+
+    `min(exp(-z**2 / 2), (2 e**3 / 9) P[N(0, 1) >= z])` for `z > 0`, 1 otherwise: Hoeffding's inequality
+    (W. Hoeffding, "Probability inequalities for sums of bounded random variables", JASA 58, 1963,
+    Theorem 2) and Pinelis's Gaussian comparison (Ann. Statist. 22(1), 1994). It holds for any weights
+    `a_i`, so it needs no normality assumption about the host weights.
+
+    Returns:
+        `(bound, log10 bound)`.
+    """
+    if not z > 0:
+        return 1.0, 0.0
+    log10_hoeffding = -z * z / 2 / _LN10
+    _, log10_normal = normal_tail(z)
+    log10 = min(0.0, log10_hoeffding, math.log10(_PINELIS) + log10_normal)
+    return (10.0**log10 if log10 > -323 else 0.0), log10
+
+
 @dataclass(frozen=True, slots=True)
 class DetectionResult:
     """What detection found.
 
     Attributes:
-        detected: The mark is present: confidence >= thresholds.min_confidence and
-            false_positive_probability <= thresholds.max_false_positive, over the pilot bits (in every mode;
-            in `message` mode exactly the `blind` verdict). Says nothing about the message.
+        detected: The mark is present: false_positive_probability <= thresholds.max_false_positive and
+            confidence >= thresholds.min_confidence, over the pilot bits (in every mode; in `message` mode
+            exactly the `blind` verdict). Says nothing about the message.
         mode: `message` (the message was given: blind presence plus the message verdict), `length` (only
             its length was given) or `blind` (length searched).
         bits: Number of compared code bits `n` (the pilot bits).
         bit_matches: Extracted bits equal to the embedded ones, `k`.
         bit_error_rate: `(n - k) / n`.
-        false_positive_probability: `P[Bin(n, 1/2) >= k]` times `tests` (capped at 1).
+        false_positive_probability: Upper bound on the probability that a model without this key's mark
+            does as well in any of the `tests` hypotheses, on either presence statistic:
+            `min(1, 2 * tests * min(rademacher_tail_bound(z_score), P[Bin(n, 1/2) >= k]))` (the factor 2
+            is the union bound over the two statistics). Before issue 30 it was the binomial tail alone,
+            which ignores how far each bit is from its threshold.
         log10_false_positive_probability: Its log10 (finite even when the probability underflows).
         confidence: Cosine between the extracted (ties = 0) and embedded ±1 vectors, in [-1, 1].
         tests: Bonferroni factor: number of hypotheses tried (densities x message lengths).
@@ -97,6 +146,12 @@ class DetectionResult:
         thresholds: The thresholds applied.
         message_matched: Only in `message` mode (else None): the mark is present and carries exactly the
             given message (same length, every bit extracted as embedded; no bit error tolerated).
+        z_score: The presence statistic: Stouffer's `sum_b m_b z_b / sqrt(n)` over the `n` pilot bits with
+            carriers (unit variance under the null hypothesis; see `modelsec.watermark.detection`).
+        null_p_value: `P[N(0, 1) >= z_score]` for the best hypothesis alone (no Bonferroni factor): the
+            null distribution's large-carrier limit, for calibration checks; not the decision.
+        binomial_false_positive_probability: The sign count's exact `P[Bin(n, 1/2) >= bit_matches]` times
+            `tests` (the pre-issue-30 figure, for comparison).
     """
 
     detected: bool
@@ -123,6 +178,9 @@ class DetectionResult:
     resync: ResyncReport | None = field(default=None, compare=False)
     thresholds: DetectionThresholds = DetectionThresholds()
     message_matched: bool | None = None
+    z_score: float = 0.0
+    null_p_value: float = 1.0
+    binomial_false_positive_probability: float = 1.0
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready summary (the decoded message as hex)."""
@@ -149,6 +207,9 @@ class DetectionResult:
             "carriers": self.carriers,
             "carrierTensors": self.carrier_tensors,
             "resynchronised": self.resynchronised,
+            "zScore": _finite(self.z_score),
+            "nullPValue": self.null_p_value,
+            "binomialFalsePositiveProbability": self.binomial_false_positive_probability,
             "thresholds": {
                 "minConfidence": self.thresholds.min_confidence,
                 "maxFalsePositiveProbability": self.thresholds.max_false_positive,

@@ -293,9 +293,11 @@ def _embed(
 @click.option(
     "--min-confidence",
     type=FiniteFloatRange(-1, 1),
-    default=0.92,
+    default=0.0,
     show_default=True,
-    help="Detected only if the cosine of extracted and embedded bits is at least this.",
+    help="Detected only if the cosine of extracted and embedded pilot bits is at least this (an extra "
+    "requirement: presence is decided by the false-positive bound of the Stouffer statistic; 0.92 gives the "
+    "rule before issue 30).",
 )
 @click.option(
     "--max-false-positive",
@@ -380,7 +382,7 @@ def _detect(
     verdict = "DETECTED" if result.detected else "NOT DETECTED"
     click.echo(
         f"{verdict}: {result.bit_matches}/{result.bits} pilot bits match (BER {result.bit_error_rate:.2%}), "
-        f"confidence {result.confidence:.3f}, false-positive probability "
+        f"presence z {result.z_score:.1f}, confidence {result.confidence:.3f}, false-positive probability "
         f"{result.false_positive_probability:.3g} (log10 {result.log10_false_positive_probability:.1f}, "
         f"{result.tests} hypotheses)"
     )

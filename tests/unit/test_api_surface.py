@@ -107,6 +107,7 @@ SURFACE: dict[str, list[str]] = {
     ],
     "modelsec.watermark": [
         "ArraySource",
+        "AttentionLayout",
         "DetectionResult",
         "DetectionThresholds",
         "DirectorySource",
@@ -128,8 +129,10 @@ SURFACE: dict[str, list[str]] = {
         "infer_groups",
         "load_key_file",
         "model_root_digests",
+        "normal_tail",
         "parse_key",
         "parse_message",
+        "rademacher_tail_bound",
         "resynchronise",
         "sign_watermark_attestation",
         "verify_watermark_attestation",

@@ -17,6 +17,7 @@ from modelsec.watermark import (
     binomial_tail,
     detect,
     embed_model,
+    rademacher_tail_bound,
 )
 
 from .conftest import mlp_state
@@ -46,13 +47,18 @@ def test_three_modes_agree_and_report_exact_statistics(marked: Path, wm_key: Wat
     assert blind.decoded_message == length.decoded_message == full.decoded_message == MSG
     # blind: 64 pilot bits, the message length searched over 64 candidates (Bonferroni factor 64).
     assert (blind.bits, blind.bit_matches, blind.tests, blind.message_bits) == (64, 64, 64, 64)
-    assert blind.log10_false_positive_probability == pytest.approx(math.log10(64 * 2.0**-64))
+    # The bound: 2 (two statistics) x 64 hypotheses x the smaller of the Stouffer bound and the binomial tail.
+    single = min(rademacher_tail_bound(blind.z_score)[1], binomial_tail(64, 64)[1])
+    assert blind.log10_false_positive_probability == pytest.approx(math.log10(2 * 64) + single)
+    assert blind.binomial_false_positive_probability == 64 * 2.0**-64
+    # Stouffer's Z over 64 pilot bits is at least sqrt(64) times the smallest margin.
+    assert blind.z_score >= 8 * blind.min_margin >= 8 * 2.9
     assert length.tests == 1
     # With the message given, presence is the blind verdict itself (same bits, statistics and Bonferroni
     # factor); the message is a second verdict at its own length.
     presence = ("detected", "bits", "bit_matches", "tests", "false_positive_probability", "confidence")
     assert [getattr(full, f) for f in presence] == [getattr(blind, f) for f in presence]
-    assert full.false_positive_probability == 64 * binomial_tail(64, 64)[0]
+    assert full.binomial_false_positive_probability == 64 * binomial_tail(64, 64)[0]
     assert (full.message_bits, full.message_matches, full.message_matched) == (64, 64, True)
     assert blind.message_matched is None and length.message_matched is None
     assert full.confidence == 1.0 and full.bit_error_rate == 0.0 and full.message_bit_error_rate == 0.0
@@ -95,8 +101,9 @@ def test_wrong_key_and_unmarked_model_are_not_detected(
 
 
 def test_thresholds_are_configurable(marked: Path, wm_key: WatermarkKey) -> None:
-    # 64 pilot bits x 64 lengths: 2**-58 > 1e-20; the message verdict needs presence.
-    strict = DetectionThresholds(min_confidence=0.92, max_false_positive=1e-20)
+    found = detect(marked, wm_key)
+    # A bound below the one reached: not present, and then the message verdict is False too.
+    strict = DetectionThresholds(max_false_positive=10 ** (found.log10_false_positive_probability - 1))
     too_strict = detect(marked, wm_key, message=MSG, thresholds=strict)
     assert not too_strict.detected and too_strict.message_matched is False
     loose = DetectionThresholds(min_confidence=0.5, max_false_positive=1e-3)
