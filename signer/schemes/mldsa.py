@@ -191,6 +191,11 @@ class _MlDsaVerifier:
     _scheme: MlDsaScheme
     _key: _PublicKey
 
+    @property
+    def key_hint(self) -> str:
+        """model_signing's hint for this key (`MlDsaScheme.key_hint`), which its bundles state."""
+        return self._scheme.key_hint(self._key)
+
     def verify(self, signature: bytes, message: bytes, *, name: str) -> None:
         problem = self._scheme.signature_form_error(signature)
         if problem is not None:
