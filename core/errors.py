@@ -41,6 +41,7 @@ __all__ = [
     "PolicyViolationError",
     "ReceiptError",
     "RegistryUnreachableError",
+    "ServerUnreachableError",
     "SignatureError",
     "UnsupportedAlgorithmError",
     "UntrustedSignerError",
@@ -307,6 +308,30 @@ class RegistryUnreachableError(BackendUnavailableError):
     def __init__(self, registry: str, problem: str, detail: str = "") -> None:
         super().__init__(f"registry {registry}: {self._NEXT[problem]}")
         self.registry, self.problem = registry, problem
+        self.details = (detail,) if detail else ()
+
+
+class ServerUnreachableError(BackendUnavailableError):
+    """The modelsec gRPC service could not be spoken to: TLS against plaintext, plaintext against TLS.
+
+    `problem` says which, and the message what to do next: `plaintext-server` (TLS was spoken to a plaintext
+    server: `--plaintext`, a `grpc://` store), `tls-server` (plaintext was spoken and the server closed the
+    connection, as a TLS server does: leave out `--plaintext`, give `--tls-ca`), `untrusted-certificate`
+    (its CA: `--tls-ca`), `tls` (another TLS failure). gRPC's own text is in `details`.
+    """
+
+    _NEXT: ClassVar[dict[str, str]] = {
+        "plaintext-server": "it answered in plaintext, not TLS: for a development server give --plaintext "
+        "(a grpc:// store)",
+        "tls-server": "it closed a plaintext connection, as a TLS server does: leave out --plaintext and "
+        "give its CA with --tls-ca (a grpcs:// store)",
+        "untrusted-certificate": "its TLS certificate is not trusted: give its CA bundle with --tls-ca",
+        "tls": "the TLS handshake failed: check the address, --tls-ca and --tls-cert/--tls-key",
+    }
+
+    def __init__(self, server: str, problem: str, detail: str = "") -> None:
+        super().__init__(f"server {server}: {self._NEXT[problem]}")
+        self.server, self.problem = server, problem
         self.details = (detail,) if detail else ()
 
 
