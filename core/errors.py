@@ -69,6 +69,11 @@ class Error(Exception):
             return message
         return f"{self.context}: {message}"
 
+    def with_details(self, *lines: str) -> Error:
+        """Add detail lines (a third-party error's own text) behind the one line; returns `self` to raise."""
+        self.details = (*self.details, *(line for line in lines if line))
+        return self
+
     def add_context(self, context: str) -> Error:
         """Prefix the diagnostic with where it happened (e.g. a release stage); returns `self` to re-raise."""
         self.context = f"{context}: {self.context}" if self.context else context

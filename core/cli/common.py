@@ -161,7 +161,9 @@ def registry_options(f: F) -> F:
         help="CA bundle of the registry's TLS certificate (default: the system roots; or $MODELSEC_OCI_CA).",
     )(f)
     return click.option(
-        "--plain-http", is_flag=True, help="Speak HTTP to the registry (development registries only)."
+        "--plain-http",
+        is_flag=True,
+        help="Speak HTTP to the registry (development registries only; or $MODELSEC_OCI_PLAIN_HTTP=1).",
     )(f)
 
 

@@ -115,7 +115,10 @@ class MlDsaScheme:
             except UnsupportedAlgorithm as e:
                 raise UnsupportedAlgorithmError(f"{name}: unsupported public key type: {e}") from e
             except ValueError as e:
-                raise KeyMaterialError(f"{name}: not a valid PEM public key ({e})") from e
+                raise KeyMaterialError(
+                    f"{name}: not a valid PEM public key: give a SubjectPublicKeyInfo PEM file (keygen writes "
+                    "PREFIX.pub.pem)"
+                ).with_details(str(e)) from e
         elif len(pem) != self.public_key_size:
             raise KeyMaterialError(
                 f"{name}: a raw {self.algorithm} public key is {self.public_key_size} bytes, got {len(pem)}"
