@@ -43,7 +43,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -387,7 +387,8 @@ class RegistryClient:
             if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
                 return "untrusted-certificate"
             return "tls"
-        if isinstance(e, self._requests.exceptions.Timeout):
+        # A read timeout in the middle of a body reaches iter_content as a ConnectionError.
+        if isinstance(e, self._requests.exceptions.Timeout) or "timed out" in text.lower():
             return "timeout"
         return "connection"
 
@@ -472,10 +473,21 @@ class RegistryClient:
             self._tokens[_repository_of(url[len(self._origin) :])] = (token, expires)
         return True
 
-    @staticmethod
-    def _read(response: Any, max_bytes: int, what: str) -> bytes:
+    def _chunks(self, response: Any) -> Iterator[bytes]:
+        """A response body's chunks, its connection's failures wrapped.
+
+        The connection failing mid-body (TLS, a reset, a timeout, a body cut short) is a
+        `RegistryUnreachableError`, never a bare requests or `ssl` error.
+        """
+        try:
+            yield from response.iter_content(_CHUNK)
+        except self._requests.RequestException as e:
+            response.close()
+            raise RegistryUnreachableError(self.registry, self._problem(e), f"{response.url}: {e}") from e
+
+    def _read(self, response: Any, max_bytes: int, what: str) -> bytes:
         out = bytearray()
-        for chunk in response.iter_content(_CHUNK):
+        for chunk in self._chunks(response):
             out += chunk
             if len(out) > max_bytes:
                 response.close()
@@ -616,7 +628,7 @@ class RegistryClient:
         """
         response = self._blob_response(repository, digest)
         h, n = hashlib.sha256(), 0
-        for chunk in response.iter_content(_CHUNK):
+        for chunk in self._chunks(response):
             n += len(chunk)
             if n > size:
                 response.close()
