@@ -47,3 +47,69 @@ def _generator():  # type: ignore[no-untyped-def]
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _completions(words: list[str], incomplete: str) -> list[str]:
+    from click.shell_completion import ShellComplete
+
+    from modelsec.cli.main import main
+
+    return [
+        c.value
+        for c in ShellComplete(main, {}, "modelsec", "_MODELSEC_COMPLETE").get_completions(words, incomplete)
+    ]
+
+
+def _commands():  # type: ignore[no-untyped-def]
+    import click
+
+    from modelsec.cli.main import main
+
+    ctx = click.Context(main, info_name="modelsec")
+    todo = [([], main)]
+    while todo:
+        words, group = todo.pop()
+        for name in group.list_commands(ctx):
+            cmd = group.get_command(ctx, name)
+            assert cmd is not None
+            yield [*words, name], cmd
+            if isinstance(cmd, click.Group):
+                todo.append(([*words, name], cmd))
+
+
+def test_completion_offers_exactly_the_visible_options_and_commands() -> None:
+    import click
+
+    for words, cmd in _commands():
+        offered = set(_completions(words, "--"))
+        visible = {
+            name
+            for p in cmd.params
+            if isinstance(p, click.Option) and not p.hidden
+            for name in (*p.opts, *p.secondary_opts)
+            if name.startswith("--")
+        }
+        assert offered == visible | {"--help"}, words
+        if isinstance(cmd, click.Group):
+            assert set(_completions(words, "")) == {n for n, c in cmd.commands.items() if not c.hidden}, words
+
+
+def test_a_hidden_alias_or_command_is_not_completed() -> None:
+    """What a deprecated spelling would be: hidden from --help, so from completion too."""
+    import click
+
+    from modelsec.cli.main import main
+    from modelsec.cli.verify import verify
+
+    alias = click.Option(["--key"], hidden=True, multiple=True)
+    old = click.Command("check", hidden=True, callback=lambda: None)
+    verify.params.append(alias)
+    main.add_command(old)
+    try:
+        assert "--key" not in _completions(["verify"], "--")
+        assert "--trusted-key" in _completions(["verify"], "--")
+        assert "check" not in _completions([], "")
+        assert "--key" not in " ".join(_completions(["verify"], "--k"))
+    finally:
+        verify.params.remove(alias)
+        main.commands.pop("check")
