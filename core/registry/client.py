@@ -699,7 +699,6 @@ class RegistryClient:
                 f"{repository}/manifests/{ref}",
                 headers={"Accept": f"{MANIFEST_MEDIA_TYPE}, {INDEX_MEDIA_TYPE}"},
                 stream=True,
-                what=what,
             )
             if response.status_code != 200:
                 _discard(response)
