@@ -25,8 +25,8 @@ that ends the retries is the last one, naming the registry and the blob.
 
 Transfers (OCI distribution spec 1.1, "Pushing blobs"): a blob up to `RegistryOptions.chunk_bytes` (16 MiB)
 goes in one POST + PUT; a larger one in PATCHes of that size with `Content-Range`, then a PUT with its
-digest. A pushed file is read once: it is hashed as it is sent, and with its expected digest (the verified
-manifest's) a file that changed is refused before the upload is committed. A pulled blob is hashed as it
+digest. A pushed file is read once: with its expected digest (the verified manifest's) the registry's own
+check of the digest at the commit refuses a file that changed; without one it is hashed as it is sent. A pulled blob is hashed as it
 is written; the caller writes into a staging file and uses it only after `stream_blob` returns.
 `run_bounded` moves several layers at once (`RegistryOptions.transfers`, 4).
 Credentials and tokens are sent to the client's own registry only (an absolute URL elsewhere, such as an
@@ -158,6 +158,10 @@ def _with_digest(location: str, digest: str) -> str:
 
 class _BodyLostError(RegistryUnreachableError):
     """The connection was lost while a body was read (the request itself was answered)."""
+
+
+class _DigestRefusedError(Exception):
+    """The registry refused an upload's commit: the bytes it received hash otherwise than the digest."""
 
 
 class _TransientUploadError(Exception):
@@ -778,11 +782,12 @@ class RegistryClient:
             self._upload(repository, read, size, digest, digest)
 
     def push_file(self, repository: str, path: Path, size: int, *, digest: str | None = None) -> str:
-        """Upload a file as a blob, reading it once and hashing it as it is sent; returns its sha256 digest.
+        """Upload a file as a blob, reading it once; returns its sha256 digest.
 
         With `digest` (e.g. from a verified manifest), a blob the repository holds already is not sent, and
-        bytes that hash otherwise (the file changed since it was hashed) are refused before the upload is
-        committed. Uploads as `put_blob` does (monolithic or chunked, resumed or restarted).
+        bytes that hash otherwise (the file changed since it was hashed) are refused at the commit by the
+        registry (then the file is hashed again to name its digest now). Without it, the file is hashed as
+        it is sent. Uploads as `put_blob` does (monolithic or chunked, resumed or restarted).
 
         Args:
             repository: The repository to push to.
@@ -822,52 +827,58 @@ class RegistryClient:
         expected: str | None,
         what: str,
     ) -> str:
-        """Send `size` bytes from `read(offset, n)` as one blob; its digest (see `put_blob`)."""
+        """Send `size` bytes from `read(offset, n)` as one blob; its digest (see `put_blob`).
+
+        Without `expected`, the bytes are hashed as they are sent and the digest is given at the end. With
+        it, they are not hashed here: the registry hashes what it received and refuses a commit whose digest
+        differs (OCI distribution 1.1, `DIGEST_INVALID`); only then is the source hashed again, to name
+        the digest it has now.
+        """
         chunk = max(1, self.options.chunk_bytes)
         about = f"blob {expected}" if expected else f"blob of {what}"
-        attempt, location, offset, hasher = 0, "", 0, hashlib.sha256()
-        while True:
-            try:
-                if not location:
-                    location, offset, hasher = self._start_upload(repository, about), 0, hashlib.sha256()
-                if size <= chunk:
-                    # Small enough for one request: the digest is known before the one PUT (monolithic).
-                    body = read(0, size)
-                    hasher.update(body)
-                    digest = self._digest_checked(hasher, expected, what, location, about)
-                    self._upload_step("PUT", _with_digest(location, digest), body, {}, (201,), about)
+        attempt, location, offset = 0, "", 0
+        hasher = hashlib.sha256() if expected is None else None
+        try:
+            while True:
+                try:
+                    if not location:
+                        location, offset = self._start_upload(repository, about), 0
+                        hasher = hashlib.sha256() if expected is None else None
+                    if size <= chunk:
+                        # Small enough for one request: the digest is known before the one PUT (monolithic).
+                        body = read(0, size)
+                        digest = expected or "sha256:" + hashlib.sha256(body).hexdigest()
+                        self._upload_step("PUT", _with_digest(location, digest), body, {}, (201,), about)
+                        return digest
+                    while offset < size:
+                        n = min(chunk, size - offset)
+                        body = read(offset, n)
+                        acknowledged = hasher.copy() if hasher is not None else None
+                        if hasher is not None:
+                            hasher.update(body)
+                        try:
+                            location = self._patch(location, offset, body, about)
+                        except _TransientUploadError:
+                            hasher = acknowledged
+                            raise
+                        offset += n
+                    digest = expected or "sha256:" + hasher.hexdigest()  # type: ignore[union-attr]
+                    self._upload_step("PUT", _with_digest(location, digest), b"", {}, (201,), about)
                     return digest
-                while offset < size:
-                    n = min(chunk, size - offset)
-                    body = read(offset, n)
-                    acknowledged = hasher.copy()
-                    hasher.update(body)
-                    try:
-                        location = self._patch(location, offset, body, about)
-                    except _TransientUploadError:
-                        hasher = acknowledged
-                        raise
-                    offset += n
-                digest = self._digest_checked(hasher, expected, what, location, about)
-                self._upload_step("PUT", _with_digest(location, digest), b"", {}, (201,), about)
-                return digest
-            except _TransientUploadError as e:
-                if attempt >= self.options.retries:
-                    raise e.error from e.__cause__
-                _backoff(attempt)
-                attempt += 1
-                if not location or size <= chunk or self._upload_offset(location, about) != offset:
-                    location = ""  # the registry holds other than what was acknowledged: from the start
-
-    def _digest_checked(
-        self, hasher: Any, expected: str | None, what: str, location: str, about: str
-    ) -> str:
-        digest = "sha256:" + hasher.hexdigest()
-        if expected is not None and not hmac.compare_digest(digest, expected):
+                except _TransientUploadError as e:
+                    if attempt >= self.options.retries:
+                        raise e.error from e.__cause__
+                    _backoff(attempt)
+                    attempt += 1
+                    if not location or size <= chunk or self._upload_offset(location, about) != offset:
+                        location = ""  # the registry holds other than what was acknowledged: from the start
+        except _DigestRefusedError:
             with contextlib.suppress(Error):
                 _discard(self.request("DELETE", location, what=about))  # cancel: nothing is committed
-            raise DigestMismatchError(what, expected, digest)
-        return digest
+            again = hashlib.sha256()
+            for start in range(0, size, chunk):
+                again.update(read(start, min(chunk, size - start)))
+            raise DigestMismatchError(what, str(expected), "sha256:" + again.hexdigest()) from None
 
     def _start_upload(self, repository: str, about: str) -> str:
         response = self._upload_step("POST", f"{repository}/blobs/uploads/", None, {}, (202,), about)
@@ -919,6 +930,8 @@ class RegistryClient:
             )
             raise _TransientUploadError(error)
         response = self._checked(method, url, response, about)
+        if response.status_code == 400 and method == "PUT" and b"DIGEST_INVALID" in response.content[:4096]:
+            raise _DigestRefusedError(about)
         if response.status_code not in ok:
             text = response.text[:300]
             raise BackendUnavailableError(

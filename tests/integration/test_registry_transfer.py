@@ -233,6 +233,9 @@ def test_a_file_changed_since_it_was_hashed_is_not_committed(
         assert refused.value.actual == "sha256:" + hashlib.sha256(bytes(changed)).hexdigest()
         assert not client.blob_exists("transfer/changed", signed)
         assert not client.blob_exists("transfer/changed", refused.value.actual)
+        # without an expected digest the file is hashed as it is sent, and that digest is committed
+        assert client.push_file("transfer/changed", path, size) == refused.value.actual
+        assert client.blob_exists("transfer/changed", refused.value.actual)
 
 
 def test_a_download_cut_mid_body_resumes_at_the_bytes_written(
