@@ -22,8 +22,8 @@ readers check it with a policy key holding the `weights` role.
    model root digest (else nothing is downloaded); a binding of the deprecated v1 form (subject = root
    digest, `manifestDigest` in the predicate) still counts, with a deprecation note in `PullResult.notes`;
 4. the layers are downloaded into a staging directory next to the destination, several at once
-   (`RegistryOptions.transfers`), each hashed as it is written and checked against its size and digest, and the weights bundles about a bound root digest are written under their default
-   names;
+   (`RegistryOptions.transfers`), each hashed as it is written and checked against its size and digest,
+   and the weights bundles about a bound root digest are written under their default names;
 5. `verify_model` verifies the staging directory against the policy, pinned to the bound root digests
    (file set, every digest, pickle and remote-code rules), and the policy's attestation requirements are
    checked with the referrer bundles;
@@ -48,13 +48,13 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from modelsec.algorithms import HashAlgorithm
 from modelsec.attestations.bundle import Bundle, parse_bundle, sign_statement
 from modelsec.attestations.predicates.oci_binding import (
     binding_statement,
     is_binding_type,
     parse_binding_statement,
 )
-from modelsec.algorithms import HashAlgorithm
 from modelsec.attestations.predicates.oms import OMS_PREDICATE_TYPE, Resource
 from modelsec.attestations.statement import is_sha256_hex, parse_statement
 from modelsec.errors import (
@@ -221,9 +221,7 @@ def push_model(
         resources = verified.manifest.resources
         layers = run_bounded(
             [
-                functools.partial(
-                    _push_layer, client, ref.repository, model_dir, r, f"{i}/{len(resources)}"
-                )
+                functools.partial(_push_layer, client, ref.repository, model_dir, r, f"{i}/{len(resources)}")
                 for i, r in enumerate(resources, 1)
             ],
             client.options.transfers,

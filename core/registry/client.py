@@ -14,7 +14,10 @@ the specification describes it: two pushers racing can drop one descriptor (push
 Credentials: `RegistryOptions.username` / `password` (from `$MODELSEC_OCI_USERNAME` /
 `$MODELSEC_OCI_PASSWORD`), else the `auths` entry for the registry in `$DOCKER_CONFIG/config.json` or
 `~/.docker/config.json` (a Kubernetes `dockerconfigjson` Secret mounted there). Basic and Bearer-token
-challenges are answered.
+challenges are answered. Credentials and tokens are sent to the client's own registry only (an absolute URL
+elsewhere, such as an upload `Location` on another host, gets no `Authorization`); a Bearer token is kept per
+repository until its `expires_in` (60 s when the token server does not say, as the Docker token
+specification defines).
 
 Retries: only what may be sent twice is. A GET or HEAD that met a refused, reset or dropped connection, or an
 HTTP 429/502/503/504, is sent again up to `RegistryOptions.retries` (3) times after an exponential back-off
@@ -26,12 +29,9 @@ that ends the retries is the last one, naming the registry and the blob.
 Transfers (OCI distribution spec 1.1, "Pushing blobs"): a blob up to `RegistryOptions.chunk_bytes` (16 MiB)
 goes in one POST + PUT; a larger one in PATCHes of that size with `Content-Range`, then a PUT with its
 digest. A pushed file is read once: with its expected digest (the verified manifest's) the registry's own
-check of the digest at the commit refuses a file that changed; without one it is hashed as it is sent. A pulled blob is hashed as it
-is written; the caller writes into a staging file and uses it only after `stream_blob` returns.
-`run_bounded` moves several layers at once (`RegistryOptions.transfers`, 4).
-Credentials and tokens are sent to the client's own registry only (an absolute URL elsewhere, such as an
-upload `Location` on another host, gets no `Authorization`); a Bearer token is kept per repository until
-its `expires_in` (60 s when the token server does not say, as the Docker token specification defines).
+check of the digest at the commit refuses a file that changed; without one it is hashed as it is sent. A
+pulled blob is hashed as it is written; the caller writes into a staging file and uses it only after
+`stream_blob` returns. `run_bounded` moves several layers at once (`RegistryOptions.transfers`, 4).
 
 Connections: a client keeps its TLS connections open (HTTP keep-alive, up to `_POOL_CONNECTIONS` per
 registry) and every body it does not want is read to its end (a small one) so the connection goes back to
@@ -49,10 +49,10 @@ is then not the caller's), does not compare pulled blobs with their digests, and
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import json
-import contextlib
 import os
 import random
 import re
@@ -580,7 +580,9 @@ class RegistryClient:
             and b"HTTPS server" in response.content[:200]
         ):
             # Go's net/http (the CNCF registry, Harbor, Zot) answers plain HTTP on a TLS port with this 400.
-            raise RegistryUnreachableError(self.registry, "tls-server", f"{method} {url}: HTTP 400", what=what)
+            raise RegistryUnreachableError(
+                self.registry, "tls-server", f"{method} {url}: HTTP 400", what=what
+            )
         return response
 
     def _checked(self, method: str, path: str, response: Any, what: str) -> Any:
@@ -803,7 +805,7 @@ class RegistryClient:
         if digest is not None and self.blob_exists(repository, digest):
             return digest
         try:
-            f = open(path, "rb")  # noqa: SIM115 - closed below; the reads are positioned (pread)
+            f = open(path, "rb")
         except OSError as e:
             raise MalformedArtifactError(f"{path}: cannot be read: {e.strerror}") from e
 
@@ -889,7 +891,7 @@ class RegistryClient:
         return self._location(self._upload_step("PATCH", location, body, headers, (202,), about), about)
 
     def _upload_offset(self, location: str, about: str) -> int:
-        """Bytes the registry holds of an upload (`GET` its location: 204 with `Range: 0-<last>`); -1: unknown."""
+        """Bytes the registry holds of an upload (GET its location: 204, `Range: 0-<last>`); -1: unknown."""
         try:
             response = self.request("GET", location, what=about)
         except Error:

@@ -51,7 +51,9 @@ def _model(root: Path, key_dir: Path, seed: int, shards: int = 3) -> Path:
     rng = np.random.default_rng(seed)
     root.mkdir(parents=True)
     for i in range(shards):
-        save_file({f"w{i}": rng.standard_normal((160, 256)).astype(np.float32)}, str(root / f"s{i}.safetensors"))
+        save_file(
+            {f"w{i}": rng.standard_normal((160, 256)).astype(np.float32)}, str(root / f"s{i}.safetensors")
+        )
     (root / "config.json").write_text('{"model_type": "transfer-test"}')
     sign_model(root, [load_private_key_file(key_dir / "ecdsa-p256.key.pem")])
     return root
@@ -91,7 +93,7 @@ def test_multi_layer_round_trip_uploads_large_layers_in_chunks_and_moves_layers_
 
     # Each shard (160 KiB + header) went in ceil(size / CHUNK) PATCHes with contiguous Content-Ranges,
     # then one empty PUT with its digest; the small files in one PUT with the body (monolithic).
-    sizes = sorted((p.stat().st_size for p in model.glob("s*.safetensors")))
+    sizes = sorted(p.stat().st_size for p in model.glob("s*.safetensors"))
     chunked = []
     monolithic = 0
     for steps in _uploads(proxy).values():

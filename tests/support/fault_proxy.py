@@ -27,7 +27,15 @@ from pathlib import Path
 
 __all__ = ["FaultProxy", "Seen", "fault_proxy"]
 
-_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "proxy-connection", "te", "upgrade"}
+_HOP = {
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "content-length",
+    "proxy-connection",
+    "te",
+    "upgrade",
+}
 
 
 @dataclass(frozen=True)
@@ -80,7 +88,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: object) -> None:
         pass
 
     def _any(self) -> None:
