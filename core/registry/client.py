@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import hashlib
 import hmac
 import json
@@ -150,6 +151,32 @@ def _backoff(attempt: int) -> None:
     """
     ceiling = min(_BACKOFF_MAX_SECONDS, _BACKOFF_SECONDS * 2**attempt)
     time.sleep(ceiling / 2 + random.uniform(0, ceiling / 2))  # noqa: S311 - timing jitter, not a secret
+
+
+@functools.cache
+def _err_clear_error() -> Callable[[], None]:
+    """OpenSSL's `ERR_clear_error` of the libcrypto that Python's `ssl` uses (a no-op where not found)."""
+    try:
+        import _ssl
+        import ctypes
+
+        function: Callable[[], None] = ctypes.CDLL(_ssl.__file__).ERR_clear_error
+        function.restype = None  # type: ignore[attr-defined]
+    except (ImportError, OSError, AttributeError):
+        return lambda: None
+    return function
+
+
+def _clear_tls_errors() -> None:
+    """Empty this thread's OpenSSL error queue before a request.
+
+    OpenSSL tells "would block" from a failure by reading the queue (`SSL_get_error`), so an error that
+    another library left in this thread turns the next TLS read or write into a spurious `SSLError` (SoftHSM2,
+    loaded in-process for a PKCS#11 key, leaves ENGINE "no such engine" from `C_Initialize`). CPython empties
+    the queue only when it opens a TLS connection; a thread that reuses a kept-alive connection another
+    thread opened (the layers move on worker threads) would otherwise meet it.
+    """
+    _err_clear_error()()
 
 
 def _with_digest(location: str, digest: str) -> str:
@@ -471,6 +498,7 @@ class RegistryClient:
     ) -> Any:
         if auth:
             headers = {**headers, "Authorization": auth}
+        _clear_tls_errors()
         try:
             return self._session.request(
                 method,

@@ -256,3 +256,33 @@ def test_a_download_cut_mid_body_resumes_at_the_bytes_written(
     assert [s.outcome for s in gets] == ["cut", "forwarded"]
     start = int(gets[1].headers["Range"].removeprefix("bytes=").removesuffix("-"))
     assert 0 < start <= len(data) // 2  # only the bytes not yet written were sent again
+
+
+def test_an_openssl_error_left_in_the_calling_thread_does_not_fail_a_push(
+    tmp_path: Path, key_dir: Path, registry: Registry, policy: Policy
+) -> None:
+    import _ssl
+    import ctypes
+
+    libcrypto = ctypes.CDLL(_ssl.__file__)  # the libcrypto Python's ssl uses, through _ssl's dependencies
+    engine_by_id, peek = getattr(libcrypto, "ENGINE_by_id", None), libcrypto.ERR_peek_error
+    if engine_by_id is None:
+        pytest.skip("this libcrypto has no ENGINE API")
+    engine_by_id.restype, engine_by_id.argtypes, peek.restype = (
+        ctypes.c_void_p,
+        [ctypes.c_char_p],
+        ctypes.c_ulong,
+    )
+    options = RegistryOptions(ca_file=registry.ca, username=USER, password=PASSWORD, chunk_bytes=CHUNK)
+    model = _model(tmp_path / "m", key_dir, seed=37)
+    # What SoftHSM2's C_Initialize does when a PKCS#11 key is loaded in-process: an ENGINE lookup that
+    # fails and leaves "no such engine" in this thread's OpenSSL error queue. The layers then move on
+    # worker threads, and this thread's next requests reuse the connections they opened.
+    assert engine_by_id(b"modelsec-no-such-engine") is None and peek() != 0
+    pushed = _push(model, key_dir, registry.address, "transfer/stale", options, policy)
+    dest = tmp_path / "pulled"
+    assert engine_by_id(b"modelsec-no-such-engine") is None and peek() != 0
+    pull_model(
+        f"oci://{registry.address}/transfer/stale@{pushed.manifest_digest}", dest, policy, options=options
+    )
+    assert (dest / "s0.safetensors").read_bytes() == (model / "s0.safetensors").read_bytes()
