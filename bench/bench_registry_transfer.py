@@ -29,6 +29,7 @@ missed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import os
 import resource
@@ -128,13 +129,18 @@ def main() -> int:
         total = sum(size for _, _, size in blobs)
         print(f"model: {len(files)} files, {total / 2**30:.3f} GiB; registry {reg.address}")
         print(f"transfers {args.transfers}, chunks {args.chunk_mib} MiB")
+        settings = {"transfers": args.transfers, "chunk_bytes": args.chunk_mib * 2**20}
+        # A client without these settings (an older commit, for a "before" figure) runs without them.
+        known = {f.name for f in dataclasses.fields(RegistryOptions)}
         options = RegistryOptions(
             ca_file=reg.ca,
             username=USER,
             password=PASSWORD,
             timeout=60,
-            transfers=args.transfers,
-            chunk_bytes=args.chunk_mib * 2**20,
+            **{k: v for k, v in settings.items() if k in known},
+        )
+        print(
+            f"client settings: {', '.join(f'{k}={v}' for k, v in settings.items() if k in known) or 'none'}"
         )
         session = requests.Session()
         session.trust_env = False
