@@ -1,7 +1,7 @@
 """Push and pull of a sharded model against the raw blob transfer of the same bytes (issue 32.3).
 
 Usage: python bench/bench_registry_transfer.py [--gib 1] [--shards 4] [--rounds 3] [--transfers 4]
-       [--chunk-mib 16]
+       [--chunk-mib 64]
 
 Set-up (a temporary directory): a real CNCF distribution registry (Debian `docker-registry` 2.8, TLS and
 htpasswd on loopback, started as the tests start it: `tests/support/oci.py`), and a model of `--gib` GiB in
@@ -89,7 +89,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--transfers", type=int, default=4)
     parser.add_argument(
-        "--chunk-mib", type=int, default=16, help="upload PATCH size (RegistryOptions.chunk_bytes)"
+        "--chunk-mib", type=int, default=64, help="upload PATCH size (RegistryOptions.chunk_bytes)"
     )
     args = parser.parse_args()
 

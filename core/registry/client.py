@@ -26,7 +26,7 @@ A blob upload is retried as a whole: it resumes at the offset the registry repor
 again with a new upload. POST, PATCH, PUT and DELETE requests are never sent twice on their own. The error
 that ends the retries is the last one, naming the registry and the blob.
 
-Transfers (OCI distribution spec 1.1, "Pushing blobs"): a blob up to `RegistryOptions.chunk_bytes` (16 MiB)
+Transfers (OCI distribution spec 1.1, "Pushing blobs"): a blob up to `RegistryOptions.chunk_bytes` (64 MiB)
 goes in one POST + PUT; a larger one in PATCHes of that size with `Content-Range`, then a PUT with its
 digest. A pushed file is read once: with its expected digest (the verified manifest's) the registry's own
 check of the digest at the commit refuses a file that changed; without one it is hashed as it is sent. A
@@ -118,7 +118,8 @@ _MAX_TOKENS = 1024  # repositories whose Bearer token (or referrers capability) 
 _NO_API_SECONDS = 60.0  # a registry without the referrers API is asked again after this long
 
 _TRANSFERS = 4  # layers pushed or pulled at once (`RegistryOptions.transfers`)
-_CHUNK_BYTES = 16 * 2**20  # upload PATCH size; a blob up to this size goes in one PUT
+_CHUNK_BYTES = 64 * 2**20  # upload PATCH size (each held in memory once); a blob up to it goes in one PUT
+# (measured: the registry spends about 23 % more CPU than on one PUT with 16 MiB PATCHes, 12 % with 64 MiB)
 _RETRIES = 3  # sends after the first, of an idempotent request or a whole blob upload
 _BACKOFF_SECONDS = 0.1  # the first back-off's ceiling; it doubles per retry ...
 _BACKOFF_MAX_SECONDS = 2.0  # ... up to this
@@ -259,8 +260,8 @@ class RegistryOptions:
         timeout: Seconds per connect and per read.
         docker_config: A Docker `config.json` to read credentials from when no username is given.
         transfers: Layers pushed or pulled at once (threads, each with its own kept-alive connection).
-        chunk_bytes: A blob larger than this is uploaded in PATCHes of this size (each held in memory
-            once), a smaller one in one PUT.
+        chunk_bytes: A blob larger than this is uploaded in PATCHes of this size, a smaller one in one PUT;
+            each is held in memory once (`transfers` x `chunk_bytes` at most).
         retries: How many times an idempotent request (GET, HEAD) or a whole blob upload is sent again
             after a transient failure (see `RegistryClient.request`); 0: never.
     """
