@@ -203,8 +203,8 @@ class _TransientUploadError(Exception):
 def run_bounded(jobs: Sequence[Callable[[], T]], limit: int) -> list[T]:
     """Run `jobs` with at most `limit` at once (threads); their results in order.
 
-    The first job to raise stops the jobs not yet started; those running finish, then its error is raised
-    (the others' errors are dropped).
+    The first job to raise (or an interrupt of the caller) stops the jobs not yet started; those running
+    finish, then its error is raised (the others' errors are dropped).
 
     Raises:
         Whatever the first failing job raised.
@@ -215,7 +215,14 @@ def run_bounded(jobs: Sequence[Callable[[], T]], limit: int) -> list[T]:
 
     with ThreadPoolExecutor(max_workers=min(limit, len(jobs)), thread_name_prefix="modelsec-oci") as pool:
         futures = [pool.submit(job) for job in jobs]
-        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        try:
+            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        except BaseException:
+            # An interrupt (Ctrl-C): start nothing more; the pool's exit waits for the jobs running, so the
+            # caller's clean-up (a staging directory removed) runs after their last write.
+            for future in futures:
+                future.cancel()
+            raise
         failed = next((f for f in futures if f in done and f.exception() is not None), None)
         if failed is not None:
             for future in futures:
