@@ -169,7 +169,7 @@ def registry_options_value(registry_ca: Path | None, plain_http: bool) -> Any:
     """The `modelsec.registry.client.RegistryOptions` of `registry_options` and the environment.
 
     Raises:
-        MalformedArtifactError: `$MODELSEC_OCI_TIMEOUT` is not a number.
+        MalformedArtifactError: `$MODELSEC_OCI_TIMEOUT` is not a number, or `_TRANSFERS` not 1-64.
     """
     from modelsec.registry.client import RegistryOptions
 
