@@ -51,12 +51,25 @@ from modelsec.verifier.stores.directory import subject_root_digest
 __all__ = ["OciAttestationStore", "open_store"]
 
 
-def _is_binding(data: bytes) -> bool:
-    try:
-        statement = parse_statement(parse_bundle(data, source="referrer").envelope.payload, what="referrer")
-    except Error:
-        return False
-    return is_binding_type(statement.predicate_type)
+# Whether a bundle is a binding, by the bundle's SHA-256 (a function of its bytes, so never stale): every
+# uncached admission reads the same referrers again, and need not parse them again to sort them.
+_BINDING_KIND: dict[str, bool] = {}
+_MAX_BINDING_KINDS = 4096
+
+
+def _is_binding(bundle_id: str, data: bytes) -> bool:
+    """Whether `data` (whose SHA-256 is `bundle_id`) is a binding statement's bundle (unverified)."""
+    known = _BINDING_KIND.get(bundle_id)
+    if known is None:
+        try:
+            payload = parse_bundle(data, source="referrer").envelope.payload
+            known = is_binding_type(parse_statement(payload, what="referrer").predicate_type)
+        except Error:
+            known = False
+        if len(_BINDING_KIND) >= _MAX_BINDING_KINDS:
+            _BINDING_KIND.clear()
+        _BINDING_KIND[bundle_id] = known
+    return known
 
 
 @dataclass(slots=True)
@@ -172,9 +185,9 @@ class OciAttestationStore:
                     entry = StoredBundle(read.digest.removeprefix("sha256:"), digest, b"", source, read.note)
                     out.append((read.digest, entry))
                 continue  # a listing entry that is not a bundle about this manifest is not evidence
-            if not _is_binding(read.data):
-                entry = StoredBundle(hashlib.sha256(read.data).hexdigest(), digest, read.data, source)
-                out.append((read.digest, entry))
+            bundle_id = hashlib.sha256(read.data).hexdigest()
+            if not _is_binding(bundle_id, read.data):
+                out.append((read.digest, StoredBundle(bundle_id, digest, read.data, source)))
         return str(manifest["digest"]), out
 
     def get(self, digest: str, bundle_id: str) -> StoredBundle:
