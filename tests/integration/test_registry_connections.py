@@ -1,9 +1,10 @@
 """The webhook's registry reads reuse one client per registry and credentials, and send nothing elsewhere.
 
-Against the real registry (Debian `docker-registry` 2.8, TLS and htpasswd): uncached admission decisions
-of a pushed model image open no new TLS connection once the shared client has one, answer no further
-authentication challenge, and list the manifest's referrers once per decision for the binding and the
-bundles together. A client never sends its registry's credentials to another host, and clients for other
+Against the real registry (Debian `docker-registry` 2.8, TLS; htpasswd, and Docker token authentication
+with JWTs): uncached admission decisions of a pushed model image open no new TLS connection once the
+shared client has one, answer no further authentication challenge (nor ask for another token), and list
+the manifest's referrers once per decision for the binding and the bundles together. A blob that the
+registry redirects to another host (its storage) is read without the registry's credentials. A client never sends its registry's credentials to another host, and clients for other
 credentials (or another registry) share no authentication state. Connections are counted from urllib3's
 own log: every new TCP+TLS connection is logged as it is opened.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import hashlib
 import json
 import logging
 import re
@@ -30,7 +32,7 @@ from modelsec.registry.client import RegistryOptions, shared_client
 from modelsec.signer import load_private_key_file, sign_model
 from modelsec.webhook.review import Reviewer, WebhookConfig
 from tests.conftest import write_tiny_model
-from tests.support.oci import PASSWORD, USER, Registry
+from tests.support.oci import PASSWORD, USER, Registry, registry_missing_reason, run_registry
 from tests.unit.webhook.test_review import review_body
 
 pytestmark = pytest.mark.integration
@@ -52,9 +54,27 @@ def _traffic(caplog: pytest.LogCaptureFixture) -> tuple[int, list[tuple[str, str
     return sum(bool(_NEW_CONNECTION.match(m)) for m in messages), requests
 
 
+@pytest.fixture(params=["htpasswd", "token"])
+def any_auth_registry(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Registry]:
+    """The session's htpasswd registry, and one with Docker token authentication (JWTs, as public registries).
+
+    The token one is started here: the session registry is htpasswd's, and a registry has one auth mode.
+    """
+    if request.param == "htpasswd":
+        yield request.getfixturevalue("registry")
+        return
+    if registry_missing_reason():
+        pytest.skip(registry_missing_reason() or "")
+    with run_registry(tmp_path_factory.mktemp("token-registry"), token_auth=True) as registry:
+        yield registry
+
+
 def test_uncached_decisions_reuse_one_connection_and_list_referrers_once(
-    tmp_path: Path, key_dir: Path, registry: Registry, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, key_dir: Path, any_auth_registry: Registry, caplog: pytest.LogCaptureFixture
 ) -> None:
+    registry = any_auth_registry
     model = write_tiny_model(tmp_path / "model", shards=1)
     signer = load_private_key_file(key_dir / "ecdsa-p256.key.pem")
     sign_model(model, [signer])
@@ -90,6 +110,7 @@ def test_uncached_decisions_reuse_one_connection_and_list_referrers_once(
     listings = [r for r in requests if f"/manifests/{pushed.manifest_digest.replace(':', '-')}" in r[1]]
     assert connections == 0, requests  # the kept-alive connection serves every decision
     assert not [r for r in requests if r[2] == 401], requests  # the credentials answered stay answered
+    assert not [r for r in requests if r[1].startswith("/token")], requests  # a token is kept, not renewed
     # The binding and the bundles are read from one listing (the tag-schema fallback index) per decision.
     assert len(listings) == decisions, requests
 
@@ -159,3 +180,74 @@ def test_credentials_never_reach_another_registry_or_another_key(
     with pytest.raises(BackendUnavailableError, match="access denied"):
         wrong.check()
     mine.check()
+
+
+class _Storage(ThreadingHTTPServer):
+    """Blob storage on another host (as S3 or GCS behind a registry): records what each request carried."""
+
+    def __init__(self, blob: bytes) -> None:
+        super().__init__(("127.0.0.1", 0), _StorageHandler)
+        self.blob = blob
+        self.seen: list[str | None] = []
+
+
+class _StorageHandler(BaseHTTPRequestHandler):
+    server: _Storage
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self.server.seen.append(self.headers.get("Authorization"))
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.server.blob)))
+        self.end_headers()
+        self.wfile.write(self.server.blob)
+
+
+class _Redirecting(ThreadingHTTPServer):
+    """A plain-HTTP registry that asks for Basic credentials and redirects blob reads to `storage`."""
+
+    def __init__(self, credentials: str, storage: str) -> None:
+        super().__init__(("127.0.0.1", 0), _RedirectingHandler)
+        self.credentials, self.storage = credentials, storage
+
+
+class _RedirectingHandler(BaseHTTPRequestHandler):
+    server: _Redirecting
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        if self.headers.get("Authorization") != f"Basic {self.server.credentials}":
+            self.send_response(401)
+            self.send_header("WWW-Authenticate", 'Basic realm="redirecting"')
+        else:
+            self.send_response(307)
+            self.send_header("Location", f"{self.server.storage}/blob?signature=storage-own-credential")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+
+def test_a_blob_redirected_to_another_host_is_read_without_the_credentials() -> None:
+    blob = b'{"a bundle": "redirected to the storage backend"}'
+    storage = _Storage(blob)
+    credentials = base64.b64encode(b"user:registry-password").decode()
+    registry = _Redirecting(credentials, f"http://127.0.0.1:{storage.server_address[1]}")
+    servers = [storage, registry]
+    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in servers]
+    for thread in threads:
+        thread.start()
+    try:
+        client = shared_client(
+            f"127.0.0.1:{registry.server_address[1]}",
+            RegistryOptions(plain_http=True, username="user", password="registry-password", timeout=5),
+        )
+        digest = "sha256:" + hashlib.sha256(blob).hexdigest()
+        assert client.get_blob("models/m", digest, 2**20, what="blob") == blob  # followed, then checked
+        assert storage.seen == [None]  # the registry's credentials never reached the other host
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
