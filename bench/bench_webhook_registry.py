@@ -152,6 +152,10 @@ def run_at_rate(reviewer: Any, image: str, rate: float, seconds: float) -> dict[
     }
 
 
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def _merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "latencies": sorted(x for r in runs for x in r["latencies"]),
@@ -193,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         help="registry authentication: JWT bearer tokens, or Basic checked with bcrypt per request",
     )
     args = parser.parse_args(argv)
+    load_start = _load()
     logging.getLogger("urllib3.connectionpool").setLevel(logging.DEBUG)
     logging.getLogger("urllib3.connectionpool").addHandler(TRAFFIC)
 
@@ -310,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.rounds} alternating rounds"
         )
         print(f"registry authentication (both stores): {AUTH[args.auth]}")
-        print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        print(f"load average (1, 5, 15 min): at the start {load_start}, at the end {_load()}")
         print("uncached ladder (sustained: the run ends within 2 % + 0.2 s of its schedule):")
         print("\n".join(f"  {line}" for line in trace))
         print(
