@@ -2,10 +2,12 @@
 
 Against the real registry (Debian `docker-registry` 2.8, TLS; htpasswd, and Docker token authentication
 with JWTs): uncached admission decisions of a pushed model image open no new TLS connection once the
-shared client has one, answer no further authentication challenge (nor ask for another token), and list
-the manifest's referrers once per decision for the binding and the bundles together. A blob that the
-registry redirects to another host (its storage) is read without the registry's credentials. A client never sends its registry's credentials to another host, and clients for other
-credentials (or another registry) share no authentication state. Connections are counted from urllib3's
+shared client has its (two: the model's root tag is read beside the referrers listing), answer no further
+authentication challenge (nor ask for another token), list the manifest's referrers once per decision for
+the binding and the bundles together, and read the root tag where it points at each decision. A blob that
+the registry redirects to another host (its storage) is read without the registry's credentials. A client
+never sends its registry's credentials to another host, and clients for other credentials (or another
+registry) share no authentication state. Connections are counted from urllib3's
 own log: every new TCP+TLS connection is logged as it is opened.
 """
 
@@ -28,7 +30,7 @@ import pytest
 from modelsec.distribution.push_pull import bound_root_digests, push_model
 from modelsec.errors import BackendUnavailableError
 from modelsec.policy import Policy, PolicySet
-from modelsec.registry.client import RegistryOptions, shared_client
+from modelsec.registry.client import RegistryOptions, canonical_json, shared_client
 from modelsec.signer import load_private_key_file, sign_model
 from modelsec.webhook.review import Reviewer, WebhookConfig
 from tests.conftest import write_tiny_model
@@ -71,16 +73,16 @@ def any_auth_registry(
         yield registry
 
 
-def test_uncached_decisions_reuse_one_connection_and_list_referrers_once(
-    tmp_path: Path, key_dir: Path, any_auth_registry: Registry, caplog: pytest.LogCaptureFixture
-) -> None:
-    registry = any_auth_registry
+def _uncached_reviewer(
+    tmp_path: Path, key_dir: Path, registry: Registry, repository: str
+) -> tuple[Reviewer, bytes, Any]:
+    """A model pushed to `repository`, a reviewer with every cache off, a Pod naming the image by digest."""
     model = write_tiny_model(tmp_path / "model", shards=1)
     signer = load_private_key_file(key_dir / "ecdsa-p256.key.pem")
     sign_model(model, [signer])
     policy = Policy.from_key_files([key_dir / "ecdsa-p256.pub.pem"])
     options = _options(registry)
-    pushed = push_model(model, f"oci://{registry.address}/models/pooled:v1", policy, signer, options=options)
+    pushed = push_model(model, f"oci://{registry.address}/{repository}:v1", policy, signer, options=options)
     entry = {
         "name": "models",
         "match": [f"oci://{registry.address}/models/**"],
@@ -97,22 +99,55 @@ def test_uncached_decisions_reuse_one_connection_and_list_referrers_once(
     )
     body = copy.deepcopy(review_body("Pod"))
     body["request"]["object"]["spec"]["containers"][0]["image"] = (
-        f"{registry.address}/models/pooled@{pushed.manifest_digest}"
+        f"{registry.address}/{repository}@{pushed.manifest_digest}"
     )
-    assert reviewer.review(json.dumps(body).encode()).allowed  # the first decision may connect
+    return reviewer, json.dumps(body).encode(), pushed
+
+
+def test_uncached_decisions_reuse_one_connection_and_list_referrers_once(
+    tmp_path: Path, key_dir: Path, any_auth_registry: Registry, caplog: pytest.LogCaptureFixture
+) -> None:
+    registry = any_auth_registry
+    reviewer, review, pushed = _uncached_reviewer(tmp_path, key_dir, registry, "models/pooled")
+    for _ in range(2):  # the first decisions may connect: from the second on, two requests are in flight
+        assert reviewer.review(review).allowed
 
     caplog.set_level(logging.DEBUG, logger="urllib3.connectionpool")
     decisions = 5
     for _ in range(decisions):
-        decision = reviewer.review(json.dumps(body).encode())
+        decision = reviewer.review(review)
         assert decision.allowed and decision.reason == "verified", decision.messages
     connections, requests = _traffic(caplog)
     listings = [r for r in requests if f"/manifests/{pushed.manifest_digest.replace(':', '-')}" in r[1]]
     assert connections == 0, requests  # the kept-alive connection serves every decision
     assert not [r for r in requests if r[2] == 401], requests  # the credentials answered stay answered
     assert not [r for r in requests if r[1].startswith("/token")], requests  # a token is kept, not renewed
-    # The binding and the bundles are read from one listing (the tag-schema fallback index) per decision.
+    # The binding and the bundles are read from one listing (the tag-schema fallback index) per decision,
+    # and the model's root tag once per decision (read beside the listing, from the second decision on).
     assert len(listings) == decisions, requests
+    root_tags = [r for r in requests if r[1].endswith(f"/manifests/oms-sha256-{pushed.root_digest}")]
+    assert len(root_tags) == decisions, requests
+
+
+def test_each_uncached_decision_reads_where_the_root_tag_points_now(
+    tmp_path: Path, key_dir: Path, registry: Registry
+) -> None:
+    # The root tag is read beside the referrers listing, guessed from the previous decision: a guess of
+    # what to read, never an answer. A tag moved between two decisions is seen by the second one.
+    reviewer, review, pushed = _uncached_reviewer(tmp_path, key_dir, registry, "models/moving")
+    client = shared_client(registry.address, _options(registry))
+    tag = f"oms-sha256-{pushed.root_digest}"
+    data, media_type, _ = client.get_manifest("models/moving", pushed.manifest_digest)
+    moved = json.loads(data)
+    moved["annotations"] = {**moved.get("annotations", {}), "org.example.moved": "1"}  # no evidence attached
+    for _ in range(2):
+        assert reviewer.review(review).allowed
+    client.put_manifest("models/moving", tag, canonical_json(moved), media_type)
+    decision = reviewer.review(review)
+    assert not decision.allowed and decision.reason == "attestation", decision.messages
+    assert "missing signature" in decision.messages[0]  # the moved tag's manifest holds no evidence
+    client.put_manifest("models/moving", tag, data, media_type)
+    assert reviewer.review(review).allowed
 
 
 class _Recorder(ThreadingHTTPServer):

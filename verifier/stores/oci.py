@@ -44,7 +44,13 @@ from modelsec.registry.client import (
     root_tag,
     shared_client,
 )
-from modelsec.registry.referrers import ReferrerBudget, attach_bundle, read_evidence
+from modelsec.registry.referrers import (
+    ReferrerBudget,
+    attach_bundle,
+    manifest_in_block,
+    prefetch_manifest,
+    read_evidence,
+)
 from modelsec.verifier.stores import StoredBundle, StoreOptions
 from modelsec.verifier.stores.directory import subject_root_digest
 
@@ -55,6 +61,7 @@ __all__ = ["OciAttestationStore", "open_store"]
 # uncached admission reads the same referrers again, and need not parse them again to sort them.
 _BINDING_KIND: dict[str, bool] = {}
 _MAX_BINDING_KINDS = 4096
+_MAX_GUESSES = 4096  # manifests whose last root tag is remembered, per store
 
 
 def _is_binding(bundle_id: str, data: bytes) -> bool:
@@ -87,6 +94,9 @@ class OciAttestationStore:
     max_bundles: int = 256
     options: RegistryOptions = field(default_factory=RegistryOptions)
     _client: Any = field(default=None, repr=False)
+    # Manifest digest -> the model root digest whose root tag named it last: which root tag to read early
+    # (`prefetch_manifest`) in a decision about that manifest. Never an answer, only a choice of what to read.
+    _bound_last: dict[str, str] = field(default_factory=dict, repr=False)
 
     @classmethod
     def open(
@@ -129,18 +139,26 @@ class OciAttestationStore:
 
     def _manifest(self, digest: str) -> dict[str, Any] | None:
         """The descriptor of the manifest whose referrers hold `digest`'s bundles (None: no such model)."""
-        if self.reference.digest is None and self._client.known_manifest(
-            self.reference.repository, f"sha256:{digest}"
-        ):
+        repository = self.reference.repository
+        if self.reference.digest is None and self._client.known_manifest(repository, f"sha256:{digest}"):
             # An OCI manifest's digest (a model image named by digest, before its binding is read) is not a
-            # model root digest, so no root tag names it: the lookup is skipped, its answer known.
+            # model root digest, so no root tag names it: the lookup is skipped, its answer known. The
+            # model it was last bound to will most likely be asked for next in this decision, once its
+            # binding is read: its root tag is read meanwhile (a guess that only chooses what to read).
+            guess = self._bound_last.get(digest)
+            if guess is not None:
+                prefetch_manifest(self._client, repository, root_tag(guess))
             return None
         try:
-            data, media_type, manifest_digest = self._client.get_manifest(
-                self.reference.repository, self.reference.digest or root_tag(digest)
+            data, media_type, manifest_digest = manifest_in_block(
+                self._client, repository, self.reference.digest or root_tag(digest)
             )
         except NotFoundError:
             return None
+        if self.reference.digest is None:
+            if len(self._bound_last) >= _MAX_GUESSES:
+                self._bound_last.clear()
+            self._bound_last[manifest_digest.removeprefix("sha256:")] = digest
         return {"mediaType": media_type, "digest": manifest_digest, "size": len(data)}
 
     def bundles(self, digest: str) -> list[bytes]:
