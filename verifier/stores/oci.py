@@ -18,6 +18,9 @@ Credentials and TLS: `RegistryOptions.from_env` (`$MODELSEC_OCI_USERNAME`, `_PAS
 `config.json` under `$DOCKER_CONFIG`). The store reads through the process's shared client for its registry
 and options (`modelsec.registry.client.shared_client`): connections and tokens are kept between reads,
 and referrer manifests and bundles, fetched by digest, are read once (tags and listings every time).
+Inside a decision (`modelsec.registry.referrers.listing_once`), the root tag of the model that a manifest's
+tag named last is read while that manifest's referrers are listed (`prefetch_manifest`): both requests are
+in flight at once, and the tag's answer serves that decision only.
 """
 
 from __future__ import annotations
