@@ -37,7 +37,9 @@ configurations run at `--rate`. The uncached ones run at `--rate` when the direc
 otherwise they step down a ladder of rates (200, 150, 100, 75, 50, ... req/s), alternating for `--rounds`
 rounds at each, to the highest rate both sustain in every round (the highest common rate; the directory
 store's own sustained rate and each step's p99 are printed too). Each p99 is over all rounds of its
-rate. The registry requests and new connections per decision are counted from urllib3's log.
+rate. The registry requests and new connections per decision are counted from urllib3's log; the CPU per
+decision of this process (the webhook and the load generator) and of the registry process are read from
+/proc (the registry shares the machine's cores: what it spends, the webhook cannot).
 
 Targets (issue 28): p99 of `registry, uncached` <= 3x `directory, uncached`; `registry, cached` <= 1.2x
 `directory, cached`, at the same rate in the same run. Exit status 1 if a request was not allowed or a
@@ -118,10 +120,18 @@ class _Traffic(logging.Handler):
 TRAFFIC = _Traffic()
 
 
-def run_at_rate(reviewer: Any, image: str, rate: float, seconds: float) -> dict[str, Any]:
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (/proc/PID/stat, fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_at_rate(reviewer: Any, image: str, rate: float, seconds: float, registry_pid: int) -> dict[str, Any]:
     """Decide `rate * seconds` requests on schedule: latencies (ms, from each scheduled send), refusals,
-    whether the rate was sustained, and the registry requests and new connections per decision."""
+    whether the rate was sustained, the registry requests and new connections per decision, and the CPU
+    per decision of this process (the webhook and the load) and of the registry process."""
     total = max(1, int(rate * seconds))
+    cpu0, registry_cpu0 = time.process_time(), _cpu_seconds(registry_pid)
     latencies: list[float] = []
     refused = 0
     lock = threading.Lock()
@@ -149,6 +159,8 @@ def run_at_rate(reviewer: Any, image: str, rate: float, seconds: float) -> dict[
         "sustained": overrun <= 0.02 * total / rate + 0.2,
         "requests": (TRAFFIC.requests - requests0) / total,
         "connections": (TRAFFIC.connections - connections0) / total,
+        "cpu": (time.process_time() - cpu0) / total * 1000,
+        "registry_cpu": (_cpu_seconds(registry_pid) - registry_cpu0) / total * 1000,
     }
 
 
@@ -163,6 +175,8 @@ def _merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "sustained": all(r["sustained"] for r in runs),
         "requests": sum(r["requests"] for r in runs) / len(runs),
         "connections": sum(r["connections"] for r in runs) / len(runs),
+        "cpu": sum(r["cpu"] for r in runs) / len(runs),
+        "registry_cpu": sum(r["registry_cpu"] for r in runs) / len(runs),
     }
 
 
@@ -276,7 +290,9 @@ def main(argv: list[str] | None = None) -> int:
         runs: dict[str, list[dict[str, Any]]] = {"directory, cached": [], "registry, cached": []}
         for _ in range(max(1, args.rounds)):
             for name in runs:
-                runs[name].append(run_at_rate(reviewers[name], image, args.rate, args.seconds))
+                runs[name].append(
+                    run_at_rate(reviewers[name], image, args.rate, args.seconds, reg.process.pid)
+                )
         results.update({name: _merge(r) for name, r in runs.items()})
         rates = {name: args.rate for name in runs}
         # Uncached: down the ladder from --rate until both stores sustain the rate in every round (the
@@ -287,7 +303,9 @@ def main(argv: list[str] | None = None) -> int:
             pair: dict[str, list[dict[str, Any]]] = {"directory, uncached": [], "registry, uncached": []}
             for _ in range(max(1, args.rounds)):
                 for name in pair:
-                    pair[name].append(run_at_rate(reviewers[name], image, rate, args.seconds))
+                    pair[name].append(
+                        run_at_rate(reviewers[name], image, rate, args.seconds, reg.process.pid)
+                    )
                 if not pair["directory, uncached"][-1]["sustained"]:
                     break  # the directory store falls behind: no ratio at this rate
             step = {name: _merge(r) for name, r in pair.items() if r}
@@ -343,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
                     str(m["refused"]),
                     f"{m['requests']:.2f}",
                     f"{m['connections']:.3f}",
+                    f"{m['cpu']:.2f}",
+                    f"{m['registry_cpu']:.2f}",
                     f"{percentile(lat, 50):.2f}",
                     f"{p99[name]:.2f}",
                 ]
@@ -357,11 +377,13 @@ def main(argv: list[str] | None = None) -> int:
                     "not allowed",
                     "registry req/decision",
                     "new conn/decision",
+                    "CPU ms/decision",
+                    "registry CPU ms/decision",
                     "p50 ms",
                     "p99 ms",
                 ],
                 rows,
-                right=(1, 2, 3, 4, 5, 6, 7, 8),
+                right=(1, 2, 3, 4, 5, 6, 7, 8, 9, 10),
             )
         )
         ratios = {
