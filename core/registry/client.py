@@ -19,8 +19,7 @@ Credentials and tokens are sent to the client's own registry only (an absolute U
 upload `Location` on another host, gets no `Authorization`); a Bearer token is kept per repository until
 its `expires_in` (60 s when the token server does not say, as the Docker token specification defines).
 
-Connections: the client speaks urllib3 directly (requests' session layer cost as much CPU per request as
-urllib3's own work). It keeps its TLS connections open (HTTP keep-alive, up to `_POOL_CONNECTIONS` per
+Connections: a client keeps its TLS connections open (HTTP keep-alive, up to `_POOL_CONNECTIONS` per
 registry) and every body it does not want is read to its end (a small one) so the connection goes back to
 the pool. A long-lived process (the webhook) shares one client per registry and credentials through
 `shared_client` (a bounded, thread-safe `ClientPool`), so a decision pays neither a TLS handshake nor an
@@ -44,7 +43,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -214,64 +213,6 @@ def _credentials(options: RegistryOptions, registry: str) -> str | None:
     return _docker_credentials(options.docker_config, registry)
 
 
-_USER_AGENT = "modelsec"
-
-
-def _default_ca_bundle() -> str | None:
-    """The CA bundle used when no `ca_file` is given: certifi's (as requests uses), else the system roots."""
-    try:
-        import certifi
-    except ModuleNotFoundError:
-        return None
-    return str(certifi.where())
-
-
-class _Response:
-    """An HTTP answer as the client reads it: urllib3's response under the names requests gives them.
-
-    The client speaks urllib3 directly: requests' session layer (settings merged, cookies, hooks) cost
-    about as much CPU per request as urllib3's own work, and a webhook makes a registry request on every
-    uncached decision. `close` keeps the connection for the next request when the body was read to its
-    end, and closes it otherwise (as requests does).
-    """
-
-    __slots__ = ("_consumed", "_raw", "headers", "status_code")
-
-    def __init__(self, raw: Any, *, consumed: bool) -> None:
-        self._raw = raw
-        self._consumed = consumed
-        self.status_code: int = raw.status
-        self.headers: Any = raw.headers
-
-    def iter_content(self, chunk_size: int) -> Iterator[bytes]:
-        """The body in chunks of at most `chunk_size` bytes."""
-        if self._consumed:
-            yield self._raw.data
-            return
-        for chunk in self._raw.stream(chunk_size):
-            if chunk:
-                yield chunk
-        self._consumed = True
-
-    @property
-    def content(self) -> bytes:
-        """The whole body (read now if it was streamed)."""
-        data = bytes(self._raw.data if self._consumed else self._raw.read())
-        self._consumed = True
-        return data
-
-    @property
-    def text(self) -> str:
-        """The body as text (undecodable bytes replaced: for messages only)."""
-        return self.content.decode("utf-8", "replace")
-
-    def close(self) -> None:
-        """Give the connection back to the pool if the body was read, else close it."""
-        if not self._consumed:
-            self._raw.close()
-        self._raw.release_conn()
-
-
 def _discard(response: Any) -> None:
     """Give `response`'s connection back to the pool: read a small unwanted body to its end, else close.
 
@@ -350,30 +291,27 @@ class RegistryClient:
             clock: Monotonic seconds, for token lifetimes (tests inject one).
 
         Raises:
-            BackendUnavailableError: The oci extra (urllib3) is not installed.
+            BackendUnavailableError: The oci extra (requests) is not installed.
             KeyMaterialError: The Docker config file cannot be read (see `_docker_credentials`).
         """
         try:
-            import urllib3
+            import requests
+            import requests.adapters
         except ModuleNotFoundError as e:
             raise BackendUnavailableError(
                 "OCI registries need the oci extra: pip install 'modelsec[oci]'"
             ) from e
         self.registry = registry
         self.options = options or RegistryOptions()
-        self._urllib3 = urllib3
-        self._http = urllib3.PoolManager(
-            num_pools=4,  # the registry, and the hosts its redirects and token realm name
-            maxsize=_POOL_CONNECTIONS,
-            cert_reqs="CERT_REQUIRED",
-            ca_certs=str(self.options.ca_file) if self.options.ca_file else _default_ca_bundle(),
+        self._requests = requests
+        self._session = requests.Session()
+        self._session.trust_env = False  # no proxies or netrc credentials from the environment
+        adapter = requests.adapters.HTTPAdapter(
+            pool_connections=1, pool_maxsize=_POOL_CONNECTIONS, max_retries=0
         )
-        # No retry after a network error (the caller's deadline holds); redirects are followed, and
-        # urllib3 drops `Authorization` when one leads to another host.
-        self._retries = urllib3.Retry(
-            total=None, connect=0, read=0, status=0, other=0, redirect=30, raise_on_redirect=False
-        )
-        self._timeout = urllib3.Timeout(connect=self.options.timeout, read=self.options.timeout)
+        for prefix in ("http://", "https://"):
+            self._session.mount(prefix, adapter)
+        self._verify: bool | str = str(self.options.ca_file) if self.options.ca_file else True
         # Docker Hub is named `docker.io` (what references normalise to) and served at its API host.
         endpoint = DOCKER_HUB_ENDPOINT if registry == DOCKER_HUB else registry
         self._origin = ("http" if self.options.plain_http else "https") + f"://{endpoint}"
@@ -388,8 +326,8 @@ class RegistryClient:
         self._content = _ContentCache(_CONTENT_ITEM_BYTES, _CONTENT_TOTAL_BYTES)
 
     def close(self) -> None:
-        """Close the connections (a pooled client from `shared_client` is closed by its pool, never here)."""
-        self._http.clear()
+        """Close the HTTP session (a pooled client from `shared_client` is closed by its pool, never here)."""
+        self._session.close()
 
     # -- transport ---------------------------------------------------------------------------------------
 
@@ -412,31 +350,27 @@ class RegistryClient:
 
     def _send(
         self, method: str, url: str, headers: dict[str, str], data: Any, stream: bool, auth: str | None
-    ) -> _Response:
-        headers = {"User-Agent": _USER_AGENT, **headers}
+    ) -> Any:
         if auth:
-            headers["Authorization"] = auth
+            headers = {**headers, "Authorization": auth}
         try:
-            raw = self._http.request(
+            return self._session.request(
                 method,
                 url,
-                body=data,
                 headers=headers,
-                preload_content=not stream,
-                timeout=self._timeout,
-                retries=self._retries,
+                data=data,
+                stream=stream,
+                verify=self._verify,
+                timeout=self.options.timeout,
+                allow_redirects=True,
             )
-        except self._urllib3.exceptions.HTTPError as e:
-            cause = e.reason if isinstance(e, self._urllib3.exceptions.MaxRetryError) and e.reason else e
-            raise RegistryUnreachableError(
-                self.registry, self._problem(cause), f"{method} {url}: {cause}"
-            ) from e
-        return _Response(raw, consumed=not stream)
+        except self._requests.RequestException as e:
+            raise RegistryUnreachableError(self.registry, self._problem(e), f"{method} {url}: {e}") from e
 
     def _problem(self, e: Exception) -> str:
-        """Which `RegistryUnreachableError.problem` a urllib3 exception is (see that class)."""
+        """Which `RegistryUnreachableError.problem` a requests exception is (see that class)."""
         text = str(e)
-        if isinstance(e, self._urllib3.exceptions.SSLError):
+        if isinstance(e, self._requests.exceptions.SSLError):
             # OpenSSL's words for a TLS client that got an HTTP answer (1.1: wrong version number; 3.x: record
             # layer failure / packet length too long).
             if any(
@@ -453,10 +387,7 @@ class RegistryClient:
             if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
                 return "untrusted-certificate"
             return "tls"
-        # urllib3 derives NewConnectionError (refused, unresolvable) from its connect-timeout class.
-        if isinstance(e, self._urllib3.exceptions.TimeoutError) and not isinstance(
-            e, self._urllib3.exceptions.NewConnectionError
-        ):
+        if isinstance(e, self._requests.exceptions.Timeout):
             return "timeout"
         return "connection"
 
@@ -522,16 +453,11 @@ class RegistryClient:
             return False
         headers = {"Authorization": f"Basic {self._basic}"} if self._basic else {}
         try:
-            got = self._http.request(
-                "GET",
-                realm,
-                fields=params,
-                headers={"User-Agent": _USER_AGENT, **headers},
-                timeout=self._timeout,
-                retries=self._retries,
+            got = self._session.get(
+                realm, params=params, headers=headers, verify=self._verify, timeout=self.options.timeout
             )
-            body = json.loads(got.data) if got.status == 200 else {}
-        except (self._urllib3.exceptions.HTTPError, ValueError) as e:
+            body = got.json() if got.status_code == 200 else {}
+        except (self._requests.RequestException, ValueError) as e:
             raise BackendUnavailableError(f"registry {self.registry}: token request failed") from e
         token = body.get("token") or body.get("access_token") if isinstance(body, dict) else None
         if not isinstance(token, str) or not token or sent == f"Bearer {token}":
@@ -825,7 +751,7 @@ class ClientPool:
         """The client for `registry` reached with `options`, created on first use.
 
         Raises:
-            BackendUnavailableError: The oci extra (urllib3) is not installed.
+            BackendUnavailableError: The oci extra (requests) is not installed.
             KeyMaterialError: The Docker config file cannot be read (see `_docker_credentials`).
         """
         key = (registry, options, _credentials(options, registry))
@@ -856,7 +782,7 @@ def shared_client(registry: str, options: RegistryOptions | None = None) -> Regi
     make a client of their own.
 
     Raises:
-        BackendUnavailableError: The oci extra (urllib3) is not installed.
+        BackendUnavailableError: The oci extra (requests) is not installed.
         KeyMaterialError: The Docker config file cannot be read.
     """
     return _POOL.get(registry, options or RegistryOptions.from_env())
