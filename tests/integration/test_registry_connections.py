@@ -124,9 +124,10 @@ def test_uncached_decisions_reuse_one_connection_and_list_referrers_once(
         assert decision.allowed and decision.reason == "verified", decision.messages
     connections, requests = _traffic(caplog, registry.address)
     listings = [r for r in requests if f"/manifests/{pushed.manifest_digest.replace(':', '-')}" in r[1]]
-    # The kept-alive connections serve every decision: two at most in all, as a decision has two requests
-    # in flight at most (the model's root tag is read beside the referrers listing).
-    assert opened + connections <= 2, requests
+    # The kept-alive connections serve every decision: the first may connect twice (requests does not keep
+    # the connection that answered a token challenge), and the later ones open one more at most, as a decision
+    # has two requests in flight (the model's root tag is read beside the referrers listing).
+    assert opened <= 2 and connections <= 1, (opened, connections, requests)
     assert not [r for r in requests if r[2] == 401], requests  # the credentials answered stay answered
     assert not [r for r in requests if r[1].startswith("/token")], requests  # a token is kept, not renewed
     # The binding and the bundles are read from one listing (the tag-schema fallback index) per decision,
