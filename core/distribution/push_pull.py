@@ -418,8 +418,19 @@ def _verify_weights_signature(bundle: Bundle, policy: Policy) -> TrustedKey:
     return key
 
 
-def _collect(client: RegistryClient, ref: OciReference, manifest_digest: str, policy: Policy) -> _Evidence:
-    """Read every referrer, keep the verified bindings of this manifest and the bundles about them."""
+def _collect(
+    client: RegistryClient,
+    ref: OciReference,
+    manifest_digest: str,
+    policy: Policy,
+    *,
+    bindings_only: bool = False,
+) -> _Evidence:
+    """Read every referrer, keep the verified bindings of this manifest and the bundles about them.
+
+    With `bindings_only`, the bundles about the bound models are neither checked nor kept (only `bound`
+    is filled): the caller reads and verifies the models' evidence itself.
+    """
     found = _Evidence()
     budget = ReferrerBudget(max_referrers=_MAX_REFERRERS, max_bundle_bytes=policy.limits.max_bundle_bytes)
     reads, skipped = read_evidence(client, ref.repository, manifest_digest, budget)
@@ -464,7 +475,7 @@ def _collect(client: RegistryClient, ref: OciReference, manifest_digest: str, po
                     f"{source}: deprecated binding ({statement.predicate_type}, subject = the model root "
                     "digest): other tools cannot read it; push the model again to attach a current one"
                 )
-        else:
+        elif not bindings_only:
             statements.append((source, data, bundle, statement))
     for source, data, bundle, statement in statements:
         root = statement.subjects[0].digest.get("sha256", "")
@@ -532,7 +543,8 @@ def bound_root_digests(reference: str, policy: Policy, *, options: RegistryOptio
     # its own would pay a TLS handshake and an authentication challenge each time.
     client = shared_client(ref.registry, options)
     _, _, digest = client.get_manifest(ref.repository, ref.ref)
-    return _collect(client, ref, digest, policy).bound
+    # The bundles about the bound models are the caller's to verify (admission reads them from its stores).
+    return _collect(client, ref, digest, policy, bindings_only=True).bound
 
 
 def _open_new(root: Path, relative: str) -> Any:
