@@ -52,7 +52,6 @@ import argparse
 import concurrent.futures
 import cProfile
 import io
-import json
 import logging
 import os
 import pstats
@@ -67,7 +66,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests.support: the registry the tests start
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _common import machine_lines, percentile, render_table  # noqa: E402
+from _common import machine_lines, percentile, pod_review, render_table  # noqa: E402
 
 THREADS = 8
 AUTH = {
@@ -77,27 +76,6 @@ AUTH = {
 SORT = "cumulative"
 LADDER = (200.0, 150.0, 100.0, 75.0, 50.0, 35.0, 25.0, 15.0, 10.0, 5.0)  # uncached rates tried, req/s
 
-
-def _pod(image: str, uid: str) -> bytes:
-    body = {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": uid,
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "namespace": "ml",
-            "name": "bench",
-            "operation": "CREATE",
-            "object": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": "bench", "namespace": "ml"},
-                "spec": {"containers": [{"name": "model", "image": image}]},
-            },
-        },
-    }
-    return json.dumps(body).encode()
 
 
 class _Traffic(logging.Handler):
@@ -144,7 +122,7 @@ def run_at_rate(reviewer: Any, image: str, rate: float, seconds: float, registry
         delay = scheduled - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
-        decision = reviewer.review(_pod(image, f"uid-{index}"))
+        decision = reviewer.review(pod_review(image, f"uid-{index}"))
         elapsed = (time.perf_counter() - scheduled) * 1000
         with lock:
             latencies.append(elapsed)
@@ -186,7 +164,7 @@ def _profile(reviewers: dict[str, Any], image: str, count: int) -> None:
         started, cpu = time.perf_counter(), time.process_time()
         profiler.enable()
         for index in range(count):
-            reviewer.review(_pod(image, f"profile-{index}"))
+            reviewer.review(pod_review(image, f"profile-{index}"))
         profiler.disable()
         wall = (time.perf_counter() - started) / count * 1000
         cpu_ms = (time.process_time() - cpu) / count * 1000
@@ -276,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
             "registry, uncached": Reviewer(policies, None, uncached, bindings=bindings, registry=options),
         }
         for reviewer in reviewers.values():
-            decision = reviewer.review(_pod(image, "warm-up"))  # fills what is cached, opens the connection
+            # fills what is cached, opens the connection
+            decision = reviewer.review(pod_review(image, "warm-up"))
             if not decision.allowed:
                 print(f"warm-up decision refused: {decision.messages}")
                 return 1
