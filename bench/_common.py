@@ -495,3 +495,26 @@ def console_script(name: str) -> str | None:
     """The installed console script `name` next to this interpreter, else on PATH."""
     here = Path(sys.executable).parent / name
     return str(here) if here.exists() else shutil.which(name)
+
+
+def pod_review(image: str, uid: str) -> bytes:
+    """An AdmissionReview (admission.k8s.io/v1): a Pod CREATE in namespace `ml`, one container `image`."""
+    body = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": "ml",
+            "name": "bench",
+            "operation": "CREATE",
+            "object": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "bench", "namespace": "ml"},
+                "spec": {"containers": [{"name": "model", "image": image}]},
+            },
+        },
+    }
+    return json.dumps(body).encode()

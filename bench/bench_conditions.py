@@ -47,8 +47,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests.support: the provenance helper the tests use
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _common import load_average, machine_lines, percentile, render_table  # noqa: E402
-from bench_webhook_registry import THREADS, _pod, run_at_rate  # noqa: E402
+from _common import load_average, machine_lines, percentile, pod_review, render_table  # noqa: E402
+from bench_webhook_registry import THREADS, run_at_rate  # noqa: E402
 
 TARGET = 1.2
 REGISTRY = "registry.internal/models"
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             "conditions, uncached": Reviewer(with_conditions, DirectoryStore(store), uncached),
         }
         for name, reviewer in reviewers.items():
-            decision = reviewer.review(_pod(image, "warm-up"))
+            decision = reviewer.review(pod_review(image, "warm-up"))
             if not decision.allowed:
                 print(f"{name}: warm-up decision refused: {decision.messages}")
                 return 1
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
 
         condition_ms = _sequential_ms(first_sight, 200)
         decision_ms = {
-            name: _sequential_ms(lambda r=reviewers[name]: r.review(_pod(image, "seq")), 200)
+            name: _sequential_ms(lambda r=reviewers[name]: r.review(pod_review(image, "seq")), 200)
             for name in ("plain, uncached", "conditions, uncached")
         }
 

@@ -1,11 +1,19 @@
 """Admission latency with the evidence in the registry, against a directory store in the same run (issue 28).
 
-Usage: python bench/bench_webhook_registry.py [--seconds 10] [--rate 200] [--rounds 2] [--profile N]
+Usage: python bench/bench_webhook_registry.py [--seconds 10] [--rate 200] [--rounds 2] [--auth token|htpasswd]
+       [--profile N]
 
-Set-up (a temporary directory): a real CNCF distribution registry (Debian `docker-registry` 2.8, TLS and
-htpasswd on loopback, started as the tests start it: `tests/support/oci.py`; the tag-schema fallback of the
-referrers API), a tiny safetensors model signed with ECDSA P-256 and pushed with `modelsec push` (its
-signature and binding attached as referrers), and the same signature filed in a directory store.
+Set-up (a temporary directory): a real CNCF distribution registry (Debian `docker-registry` 2.8, TLS on
+loopback, started as the tests start it: `tests/support/oci.py`; the tag-schema fallback of the referrers
+API), a tiny safetensors model signed with ECDSA P-256 and pushed with `modelsec push` (its signature and
+binding attached as referrers), and the same signature filed in a directory store.
+
+Registry authentication (`--auth`, printed with the figures; the same registry serves both stores):
+`token` (default), the Docker token authentication that public registries (Docker Hub, GHCR, Harbor, Quay)
+use: a token server on loopback grants ES256 JWTs valid 300 s, the client keeps its token, and the
+registry checks a JWT signature per request. `htpasswd`: Basic credentials that the registry checks with
+bcrypt (cost 5, htpasswd's default) on every request, about 2 ms of the registry's CPU each here, on the
+same 2 cores as the webhook and the load (the set-up of the earlier runs).
 
 Each configuration decides Pod AdmissionReviews that name the model image by its OCI manifest digest (a
 modelcar, as a cluster names it: the binding is read, then the evidence of the bound model root digest), in
@@ -29,7 +37,9 @@ configurations run at `--rate`. The uncached ones run at `--rate` when the direc
 otherwise they step down a ladder of rates (200, 150, 100, 75, 50, ... req/s), alternating for `--rounds`
 rounds at each, to the highest rate both sustain in every round (the highest common rate; the directory
 store's own sustained rate and each step's p99 are printed too). Each p99 is over all rounds of its
-rate. The registry requests and new connections per decision are counted from urllib3's log.
+rate. The registry requests and new connections per decision are counted from urllib3's log; the CPU per
+decision of this process (the webhook and the load generator) and of the registry process are read from
+/proc (the registry shares the machine's cores: what it spends, the webhook cannot).
 
 Targets (issue 28): p99 of `registry, uncached` <= 3x `directory, uncached`; `registry, cached` <= 1.2x
 `directory, cached`, at the same rate in the same run. Exit status 1 if a request was not allowed or a
@@ -42,8 +52,8 @@ import argparse
 import concurrent.futures
 import cProfile
 import io
-import json
 import logging
+import os
 import pstats
 import sys
 import tempfile
@@ -56,33 +66,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests.support: the registry the tests start
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _common import machine_lines, percentile, render_table  # noqa: E402
+from _common import machine_lines, percentile, pod_review, render_table  # noqa: E402
 
 THREADS = 8
+AUTH = {
+    "token": "token (Docker token auth: ES256 JWT from a loopback token server, 300 s, kept by the client)",
+    "htpasswd": "htpasswd (Basic, bcrypt cost 5 checked by the registry on every request)",
+}
 SORT = "cumulative"
 LADDER = (200.0, 150.0, 100.0, 75.0, 50.0, 35.0, 25.0, 15.0, 10.0, 5.0)  # uncached rates tried, req/s
 
-
-def _pod(image: str, uid: str) -> bytes:
-    body = {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": uid,
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "namespace": "ml",
-            "name": "bench",
-            "operation": "CREATE",
-            "object": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": "bench", "namespace": "ml"},
-                "spec": {"containers": [{"name": "model", "image": image}]},
-            },
-        },
-    }
-    return json.dumps(body).encode()
 
 
 class _Traffic(logging.Handler):
@@ -105,10 +98,18 @@ class _Traffic(logging.Handler):
 TRAFFIC = _Traffic()
 
 
-def run_at_rate(reviewer: Any, image: str, rate: float, seconds: float) -> dict[str, Any]:
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (/proc/PID/stat, fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_at_rate(reviewer: Any, image: str, rate: float, seconds: float, registry_pid: int) -> dict[str, Any]:
     """Decide `rate * seconds` requests on schedule: latencies (ms, from each scheduled send), refusals,
-    whether the rate was sustained, and the registry requests and new connections per decision."""
+    whether the rate was sustained, the registry requests and new connections per decision, and the CPU
+    per decision of this process (the webhook and the load) and of the registry process."""
     total = max(1, int(rate * seconds))
+    cpu0, registry_cpu0 = time.process_time(), _cpu_seconds(registry_pid)
     latencies: list[float] = []
     refused = 0
     lock = threading.Lock()
@@ -121,7 +122,7 @@ def run_at_rate(reviewer: Any, image: str, rate: float, seconds: float) -> dict[
         delay = scheduled - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
-        decision = reviewer.review(_pod(image, f"uid-{index}"))
+        decision = reviewer.review(pod_review(image, f"uid-{index}"))
         elapsed = (time.perf_counter() - scheduled) * 1000
         with lock:
             latencies.append(elapsed)
@@ -136,7 +137,13 @@ def run_at_rate(reviewer: Any, image: str, rate: float, seconds: float) -> dict[
         "sustained": overrun <= 0.02 * total / rate + 0.2,
         "requests": (TRAFFIC.requests - requests0) / total,
         "connections": (TRAFFIC.connections - connections0) / total,
+        "cpu": (time.process_time() - cpu0) / total * 1000,
+        "registry_cpu": (_cpu_seconds(registry_pid) - registry_cpu0) / total * 1000,
     }
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def _merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -146,6 +153,8 @@ def _merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "sustained": all(r["sustained"] for r in runs),
         "requests": sum(r["requests"] for r in runs) / len(runs),
         "connections": sum(r["connections"] for r in runs) / len(runs),
+        "cpu": sum(r["cpu"] for r in runs) / len(runs),
+        "registry_cpu": sum(r["registry_cpu"] for r in runs) / len(runs),
     }
 
 
@@ -155,7 +164,7 @@ def _profile(reviewers: dict[str, Any], image: str, count: int) -> None:
         started, cpu = time.perf_counter(), time.process_time()
         profiler.enable()
         for index in range(count):
-            reviewer.review(_pod(image, f"profile-{index}"))
+            reviewer.review(pod_review(image, f"profile-{index}"))
         profiler.disable()
         wall = (time.perf_counter() - started) / count * 1000
         cpu_ms = (time.process_time() - cpu) / count * 1000
@@ -173,7 +182,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per configuration")
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="profile N uncached decisions")
+    parser.add_argument(
+        "--auth",
+        choices=("token", "htpasswd"),
+        default="token",
+        help="registry authentication: JWT bearer tokens, or Basic checked with bcrypt per request",
+    )
     args = parser.parse_args(argv)
+    load_start = _load()
     logging.getLogger("urllib3.connectionpool").setLevel(logging.DEBUG)
     logging.getLogger("urllib3.connectionpool").addHandler(TRAFFIC)
 
@@ -194,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     with (
         tempfile.TemporaryDirectory(prefix="bench-webhook-registry-") as tmp,
-        run_registry(Path(tmp) / "r") as reg,
+        run_registry(Path(tmp) / "r", token_auth=args.auth == "token") as reg,
     ):
         root = Path(tmp)
         private, public = generate_private_key_pem("ecdsa-p256")
@@ -238,11 +254,13 @@ def main(argv: list[str] | None = None) -> int:
             "registry, uncached": Reviewer(policies, None, uncached, bindings=bindings, registry=options),
         }
         for reviewer in reviewers.values():
-            decision = reviewer.review(_pod(image, "warm-up"))  # fills what is cached, opens the connection
+            # fills what is cached, opens the connection
+            decision = reviewer.review(pod_review(image, "warm-up"))
             if not decision.allowed:
                 print(f"warm-up decision refused: {decision.messages}")
                 return 1
         if args.profile:
+            print(f"registry authentication (both stores): {AUTH[args.auth]}")
             _profile({k: v for k, v in reviewers.items() if "uncached" in k}, image, args.profile)
             return 0
 
@@ -251,7 +269,9 @@ def main(argv: list[str] | None = None) -> int:
         runs: dict[str, list[dict[str, Any]]] = {"directory, cached": [], "registry, cached": []}
         for _ in range(max(1, args.rounds)):
             for name in runs:
-                runs[name].append(run_at_rate(reviewers[name], image, args.rate, args.seconds))
+                runs[name].append(
+                    run_at_rate(reviewers[name], image, args.rate, args.seconds, reg.process.pid)
+                )
         results.update({name: _merge(r) for name, r in runs.items()})
         rates = {name: args.rate for name in runs}
         # Uncached: down the ladder from --rate until both stores sustain the rate in every round (the
@@ -262,7 +282,9 @@ def main(argv: list[str] | None = None) -> int:
             pair: dict[str, list[dict[str, Any]]] = {"directory, uncached": [], "registry, uncached": []}
             for _ in range(max(1, args.rounds)):
                 for name in pair:
-                    pair[name].append(run_at_rate(reviewers[name], image, rate, args.seconds))
+                    pair[name].append(
+                        run_at_rate(reviewers[name], image, rate, args.seconds, reg.process.pid)
+                    )
                 if not pair["directory, uncached"][-1]["sustained"]:
                     break  # the directory store falls behind: no ratio at this rate
             step = {name: _merge(r) for name, r in pair.items() if r}
@@ -289,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
             f"in process, model image by manifest digest, {THREADS} threads, {args.seconds:g} s per run, "
             f"{args.rounds} alternating rounds"
         )
+        print(f"registry authentication (both stores): {AUTH[args.auth]}")
+        print(f"load average (1, 5, 15 min): at the start {load_start}, at the end {_load()}")
         print("uncached ladder (sustained: the run ends within 2 % + 0.2 s of its schedule):")
         print("\n".join(f"  {line}" for line in trace))
         print(
@@ -316,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
                     str(m["refused"]),
                     f"{m['requests']:.2f}",
                     f"{m['connections']:.3f}",
+                    f"{m['cpu']:.2f}",
+                    f"{m['registry_cpu']:.2f}",
                     f"{percentile(lat, 50):.2f}",
                     f"{p99[name]:.2f}",
                 ]
@@ -330,11 +356,13 @@ def main(argv: list[str] | None = None) -> int:
                     "not allowed",
                     "registry req/decision",
                     "new conn/decision",
+                    "CPU ms/decision",
+                    "registry CPU ms/decision",
                     "p50 ms",
                     "p99 ms",
                 ],
                 rows,
-                right=(1, 2, 3, 4, 5, 6, 7, 8),
+                right=(1, 2, 3, 4, 5, 6, 7, 8, 9, 10),
             )
         )
         ratios = {

@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests.support: the registry the tests start
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _common import load_average, machine_lines, render_table  # noqa: E402
+from _common import load_average, machine_lines, pod_review, render_table  # noqa: E402
 from bench_webhook import HOST, _client_context, _free_port, _write_tls  # noqa: E402
 
 TARGET_US = 500.0
@@ -70,27 +70,6 @@ sys.exit(main(sys.argv[1:], prog_name="modelsec"))
 """
 _TICK = os.sysconf("SC_CLK_TCK")
 
-
-def _pod(image: str, uid: str) -> bytes:
-    body = {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": uid,
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "namespace": "ml",
-            "name": "bench",
-            "operation": "CREATE",
-            "object": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": "bench", "namespace": "ml"},
-                "spec": {"containers": [{"name": "model", "image": image}]},
-            },
-        },
-    }
-    return json.dumps(body).encode()
 
 
 def cpu_seconds(pid: int) -> float:
@@ -228,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             ],
         }
         (root / "policy.json").write_text(json.dumps(doc))
-        body = _pod(f"{reg.address}/models/bench@{pushed.manifest_digest}", "bench-uid")
+        body = pod_review(f"{reg.address}/models/bench@{pushed.manifest_digest}", "bench-uid")
         (root / "review.json").write_bytes(body)
         script = root / "post.lua"
         script.write_text(

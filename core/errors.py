@@ -295,7 +295,8 @@ class RegistryUnreachableError(BackendUnavailableError):
     `problem` says which, and the message what to do next: `plain-http-server` (the registry speaks plain
     HTTP: `--plain-http` / `MODELSEC_OCI_PLAIN_HTTP=1` for a development registry), `untrusted-certificate`
     (its CA: `--registry-ca` / `MODELSEC_OCI_CA`), `tls-server` (plain HTTP was sent to a TLS registry),
-    `tls` (another TLS failure), `timeout`, `connection`. The third-party error's own text is in `details`.
+    `tls` (another TLS failure), `timeout`, `connection`. The third-party error's own text is in `details`;
+    `what` names the request's object (a blob, a manifest) when one was being transferred.
     """
 
     _NEXT: ClassVar[dict[str, str]] = {
@@ -310,9 +311,10 @@ class RegistryUnreachableError(BackendUnavailableError):
         "connection": "cannot connect: check the address and that the registry is running, then retry",
     }
 
-    def __init__(self, registry: str, problem: str, detail: str = "") -> None:
-        super().__init__(f"registry {registry}: {self._NEXT[problem]}")
-        self.registry, self.problem = registry, problem
+    def __init__(self, registry: str, problem: str, detail: str = "", *, what: str = "") -> None:
+        where = f"registry {registry}: {what}" if what else f"registry {registry}"
+        super().__init__(f"{where}: {self._NEXT[problem]}")
+        self.registry, self.problem, self.what = registry, problem, what
         self.details = (detail,) if detail else ()
 
 

@@ -108,7 +108,9 @@ def fail(
     message = f"{e.diagnostics()} ({hint})" if hint else e.diagnostics()
     if as_json:
         details = {"details": list(e.details)} if e.details else None
-        reply(fields, ok=False, kind=type(e).__name__, message=message, error_fields=details)
+        # A private subclass (e.g. the registry client's `_BodyLostError`) is reported as its public class.
+        kind = next(c for c in type(e).__mro__ if not c.__name__.startswith("_")).__name__
+        reply(fields, ok=False, kind=kind, message=message, error_fields=details)
     else:
         click.echo(f"modelsec: error: {message}", err=True)
         ctx = click.get_current_context(silent=True)
@@ -174,7 +176,7 @@ def registry_options_value(registry_ca: Path | None, plain_http: bool) -> Any:
     """The `modelsec.registry.client.RegistryOptions` of `registry_options` and the environment.
 
     Raises:
-        MalformedArtifactError: `$MODELSEC_OCI_TIMEOUT` is not a number.
+        MalformedArtifactError: `$MODELSEC_OCI_TIMEOUT` is not a number, or `_TRANSFERS` not 1-64.
     """
     from modelsec.registry.client import RegistryOptions
 

@@ -21,9 +21,9 @@ readers check it with a policy key holding the `weights` role.
 3. a binding signed by a trusted key has this manifest digest as its subject, and its predicate names the
    model root digest (else nothing is downloaded); a binding of the deprecated v1 form (subject = root
    digest, `manifestDigest` in the predicate) still counts, with a deprecation note in `PullResult.notes`;
-4. the layers are downloaded into a staging directory next to the destination, each checked against its
-   size and digest, and the weights bundles about a bound root digest are written under their default
-   names;
+4. the layers are downloaded into a staging directory next to the destination, several at once
+   (`RegistryOptions.transfers`), each hashed as it is written and checked against its size and digest,
+   and the weights bundles about a bound root digest are written under their default names;
 5. `verify_model` verifies the staging directory against the policy, pinned to the bound root digests
    (file set, every digest, pickle and remote-code rules), and the policy's attestation requirements are
    checked with the referrer bundles;
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import hmac
 import json
@@ -42,18 +43,19 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from modelsec.algorithms import HashAlgorithm
 from modelsec.attestations.bundle import Bundle, parse_bundle, sign_statement
 from modelsec.attestations.predicates.oci_binding import (
     binding_statement,
     is_binding_type,
     parse_binding_statement,
 )
-from modelsec.attestations.predicates.oms import OMS_PREDICATE_TYPE
+from modelsec.attestations.predicates.oms import OMS_PREDICATE_TYPE, Resource
 from modelsec.attestations.statement import is_sha256_hex, parse_statement
 from modelsec.errors import (
     Error,
@@ -74,6 +76,7 @@ from modelsec.registry.client import (
     descriptor,
     parse_reference,
     root_tag,
+    run_bounded,
     shared_client,
 )
 from modelsec.registry.referrers import ReferrerBudget, attach_bundle, read_evidence
@@ -120,13 +123,6 @@ _DOC_NAMES = re.compile(r"^(readme|license|licence|notice)(\.[a-z]+)?$", re.IGNO
 _MAX_REFERRERS = 256  # evidence referrers read per manifest (more are listed unread, never refused)
 
 
-def _chunks(path: Path) -> Iterator[bytes]:
-    """A file's bytes in 1 MiB chunks (for hashing before an upload)."""
-    with open(path, "rb") as f:
-        while chunk := f.read(2**20):
-            yield chunk
-
-
 def _layer_media_type(name: str) -> str:
     base = PurePosixPath(name).name
     if base.endswith(WEIGHT_SUFFIXES):
@@ -145,18 +141,25 @@ class PushResult:
     referrers: tuple[str, ...]
 
 
-def _file_layer(model_dir: Path, name: str) -> tuple[dict[str, Any], Path]:
+def _push_layer(
+    client: RegistryClient, repository: str, model_dir: Path, resource: Resource, position: str
+) -> dict[str, Any]:
+    """Upload one signed file as a raw layer (read once, hashed as it is sent); its layer descriptor.
+
+    The verified manifest's SHA-256 of the file, where it has one (`hash_type` sha256), is the expected
+    digest: a file changed since verification is refused before its upload is committed.
+    """
+    name = resource.name
     path = model_dir / name
-    h, size = hashlib.sha256(), 0
+    step(f"push: layer {position} {name}")
     try:
-        for chunk in _chunks(path):
-            h.update(chunk)
-            size += len(chunk)
+        size = os.stat(path).st_size
     except OSError as e:
         raise MalformedArtifactError(f"{path}: cannot be read: {e.strerror}") from e
+    expected = f"sha256:{resource.digest.hex()}" if resource.algorithm == HashAlgorithm.SHA256 else None
+    digest = client.push_file(repository, path, size, digest=expected)
     annotations = {FILEPATH_ANNOTATION: name, TITLE_ANNOTATION: name}
-    desc = {"mediaType": _layer_media_type(name), "digest": f"sha256:{h.hexdigest()}", "size": size}
-    return {**desc, "annotations": annotations}, path
+    return {"mediaType": _layer_media_type(name), "digest": digest, "size": size, "annotations": annotations}
 
 
 def _bundle_files(model_dir: Path, policy: Policy) -> list[tuple[str, bytes]]:
@@ -186,8 +189,10 @@ def push_model(
     signed file then becomes one raw layer. The bundles in the directory (`model.sig`, `model.sm2.sig`, …,
     `model.gate.sig`, `model.watermark.sig`, the statements in `model.attestations/`) and a binding of the
     manifest digest to the root digest, signed with `binding_key`, are attached as referrers. The manifest
-    is tagged with the reference's tag and with `root_tag(root digest)`. A file changed between verification
-    and upload is not detected here; `pull` refuses it.
+    is tagged with the reference's tag and with `root_tag(root digest)`. Up to `RegistryOptions.transfers`
+    layers are uploaded at once, each file read once and hashed as it is sent; a file changed between
+    verification and upload is refused before its upload is committed when the manifest holds SHA-256 file
+    digests (`hash_type` sha256; with SM3 or BLAKE3 it is not detected here, and `pull` refuses it).
 
     Args:
         model_dir: A signed model directory.
@@ -202,8 +207,10 @@ def push_model(
 
     Raises:
         MalformedArtifactError: A bad reference, a single-file model, or an unreadable file.
-        SignatureError, DigestMismatchError, FileSetMismatchError, PolicyViolationError: From verification.
-        BackendUnavailableError: The registry refused or could not be reached.
+        SignatureError, DigestMismatchError, FileSetMismatchError, PolicyViolationError: From verification
+            (a `DigestMismatchError` also for a file changed during the upload).
+        BackendUnavailableError: The registry refused or could not be reached (after the retries that
+            `modelsec.registry.client` describes).
     """
     model_dir = Path(model_dir)
     ref = parse_reference(reference)
@@ -217,13 +224,14 @@ def push_model(
     bundles = _bundle_files(model_dir, ModelAdmission.of(policy).policy)
     client = RegistryClient(ref.registry, options or RegistryOptions.from_env())
     try:
-        layers = []
-        for i, name in enumerate(names, 1):
-            step(f"push: layer {i}/{len(names)} {name}")
-            layer, path = _file_layer(model_dir, name)
-            with open(path, "rb") as f:
-                client.put_blob(ref.repository, layer["digest"], layer["size"], f)
-            layers.append(layer)
+        resources = verified.manifest.resources
+        layers = run_bounded(
+            [
+                functools.partial(_push_layer, client, ref.repository, model_dir, r, f"{i}/{len(resources)}")
+                for i, r in enumerate(resources, 1)
+            ],
+            client.options.transfers,
+        )
         config = canonical_json(
             {
                 "descriptor": {"name": model_dir.name},
@@ -411,8 +419,19 @@ def _verify_weights_signature(bundle: Bundle, policy: Policy) -> TrustedKey:
     return key
 
 
-def _collect(client: RegistryClient, ref: OciReference, manifest_digest: str, policy: Policy) -> _Evidence:
-    """Read every referrer, keep the verified bindings of this manifest and the bundles about them."""
+def _collect(
+    client: RegistryClient,
+    ref: OciReference,
+    manifest_digest: str,
+    policy: Policy,
+    *,
+    bindings_only: bool = False,
+) -> _Evidence:
+    """Read every referrer, keep the verified bindings of this manifest and the bundles about them.
+
+    With `bindings_only`, the bundles about the bound models are neither checked nor kept (only `bound`
+    is filled): the caller reads and verifies the models' evidence itself.
+    """
     found = _Evidence()
     budget = ReferrerBudget(max_referrers=_MAX_REFERRERS, max_bundle_bytes=policy.limits.max_bundle_bytes)
     reads, skipped = read_evidence(client, ref.repository, manifest_digest, budget)
@@ -457,7 +476,7 @@ def _collect(client: RegistryClient, ref: OciReference, manifest_digest: str, po
                     f"{source}: deprecated binding ({statement.predicate_type}, subject = the model root "
                     "digest): other tools cannot read it; push the model again to attach a current one"
                 )
-        else:
+        elif not bindings_only:
             statements.append((source, data, bundle, statement))
     for source, data, bundle, statement in statements:
         root = statement.subjects[0].digest.get("sha256", "")
@@ -529,7 +548,8 @@ def bound_root_digests(reference: str, policy: Policy, *, options: RegistryOptio
     # its own would pay a TLS handshake and an authentication challenge each time.
     client = shared_client(ref.registry, options)
     _, _, digest = client.get_manifest(ref.repository, ref.ref)
-    return _collect(client, ref, digest, policy).bound
+    # The bundles about the bound models are the caller's to verify (admission reads them from its stores).
+    return _collect(client, ref, digest, policy, bindings_only=True).bound
 
 
 def _open_new(root: Path, relative: str) -> Any:
@@ -630,10 +650,18 @@ def _stage(
 ) -> tuple[str, tuple[str, ...]]:
     """Download, place the evidence and verify `staging`: the root digest and the signing keys' names."""
     policy = admission.policy
-    for i, (path, digest, size) in enumerate(layers, 1):
+
+    def pull_layer(i: int, path: str, digest: str, size: int) -> None:
         step(f"pull: layer {i}/{len(layers)} {path} ({size} bytes)")
         with _open_new(staging, path) as sink:
             client.stream_blob(ref.repository, digest, size, sink, what=f"{ref.repository_uri}: {path}")
+
+    # Several layers at once, each hashed as it is written into the staging directory; nothing there is
+    # used before every layer and then the whole model verified (pull_model removes it otherwise).
+    run_bounded(
+        [functools.partial(pull_layer, i, *layer) for i, layer in enumerate(layers, 1)],
+        client.options.transfers,
+    )
     for name, data in evidence.weights.items():
         (staging / name).write_bytes(data)
     # The referrers' statements go where `verify_model` reads a model's evidence (`model.attestations/`), so

@@ -16,17 +16,22 @@ labels: nothing is selected or trusted by them.
 
 Inside `listing_once()` (the webhook opens one per decision), each manifest's referrers are listed once:
 the binding lookup (`modelsec.distribution.push_pull.bound_root_digests`) and the `oci://` store read the
-same listing, so they decide on one view of the registry, and the registry is asked once.
+same listing, so they decide on one view of the registry, and the registry is asked once. A manifest read
+started early in the block (`prefetch_manifest`, on the kept-alive connections, while the decision's other
+request is in flight) is answered to the block's next `manifest_in_block` of it; nothing is kept past
+the block.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import concurrent.futures
 import contextlib
 import contextvars
 import hmac
 import json
+import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
@@ -53,6 +58,8 @@ __all__ = [
     "attach_bundle",
     "evidence_descriptors",
     "listing_once",
+    "manifest_in_block",
+    "prefetch_manifest",
     "read_evidence",
     "read_referrer_bundle",
     "sigstore_annotations",
@@ -105,6 +112,53 @@ _LISTINGS: contextvars.ContextVar[
 ] = contextvars.ContextVar("modelsec_referrer_listings", default=None)
 
 
+# Manifest reads started in the current `listing_once` block and not yet taken, by (client, repository, ref).
+_ManifestRead = concurrent.futures.Future[tuple[bytes, str, str]]
+_PREFETCHED: contextvars.ContextVar[
+    dict[tuple[int, str, str], tuple[RegistryClient, _ManifestRead]] | None
+] = contextvars.ContextVar("modelsec_prefetched_manifests", default=None)
+_PREFETCH_THREADS = 8  # reads in flight at once (a webhook decides on a few threads, one read each)
+_prefetch_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_prefetch_lock = threading.Lock()
+
+
+def prefetch_manifest(client: RegistryClient, repository: str, ref: str) -> None:
+    """Start `client.get_manifest(repository, ref)` now, for `manifest_in_block` later in this block.
+
+    Outside a `listing_once` block, nothing is done. The answer is the registry's at the time of the
+    read, within the block (one decision): it is never kept for another block, so it is as fresh as a read
+    made when it is needed. One that is not taken is dropped.
+    """
+    global _prefetch_pool
+    started = _PREFETCHED.get()
+    key = (id(client), repository, ref)
+    if started is None or key in started:
+        return
+    with _prefetch_lock:
+        if _prefetch_pool is None:
+            _prefetch_pool = concurrent.futures.ThreadPoolExecutor(
+                _PREFETCH_THREADS, thread_name_prefix="modelsec-registry-prefetch"
+            )
+        pool = _prefetch_pool
+    started[key] = (client, pool.submit(client.get_manifest, repository, ref))
+
+
+def manifest_in_block(client: RegistryClient, repository: str, ref: str) -> tuple[bytes, str, str]:
+    """`client.get_manifest(repository, ref)`, answered by this block's `prefetch_manifest` of it if any.
+
+    A prefetched read is taken once (a second call reads again) and raises what the read raised.
+
+    Raises:
+        NotFoundError, DigestMismatchError, MalformedArtifactError, BackendUnavailableError: As
+            `RegistryClient.get_manifest`.
+    """
+    started = _PREFETCHED.get()
+    entry = started.pop((id(client), repository, ref), None) if started is not None else None
+    if entry is None:
+        return client.get_manifest(repository, ref)
+    return entry[1].result()
+
+
 @contextlib.contextmanager
 def listing_once() -> Iterator[None]:
     """Within the block, list each manifest's referrers at most once per client (this thread or task).
@@ -118,10 +172,11 @@ def listing_once() -> Iterator[None]:
     if _LISTINGS.get() is not None:
         yield
         return
-    token = _LISTINGS.set({})
+    token, prefetched = _LISTINGS.set({}), _PREFETCHED.set({})
     try:
         yield
     finally:
+        _PREFETCHED.reset(prefetched)
         _LISTINGS.reset(token)
 
 

@@ -116,8 +116,8 @@ class MlDsaScheme:
                 raise UnsupportedAlgorithmError(f"{name}: unsupported public key type: {e}") from e
             except ValueError as e:
                 raise KeyMaterialError(
-                    f"{name}: not a valid PEM public key: give a SubjectPublicKeyInfo PEM file (keygen writes "
-                    "PREFIX.pub.pem)"
+                    f"{name}: not a valid PEM public key: give a SubjectPublicKeyInfo PEM file (keygen "
+                    "writes PREFIX.pub.pem)"
                 ).with_details(str(e)) from e
         elif len(pem) != self.public_key_size:
             raise KeyMaterialError(

@@ -8,20 +8,32 @@ say so.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hmac
 import json
 import os
+import secrets
 import shutil
 import socket
+import ssl
 import subprocess
+import threading
 import time
+import urllib.parse
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import requests
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
+from cryptography.hazmat.primitives.serialization import Encoding
 
 from modelsec.registry.client import (
     BUNDLE_ARTIFACT_TYPE,
@@ -74,15 +86,120 @@ def _htpasswd(path: Path) -> None:
     path.write_text(f"{USER}:{hashed}\n")
 
 
+TOKEN_SERVICE, TOKEN_ISSUER = "modelsec-test-registry", "modelsec-test-token-issuer"
+TOKEN_LIFETIME = 300  # seconds, as a token server's `expires_in` says it (Docker Hub's: 300)
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _jwt(claims: dict[str, Any], key: ec.EllipticCurvePrivateKey, cert: x509.Certificate) -> str:
+    """An ES256 JWT as a Docker token server signs it: the signing certificate in `x5c`."""
+    header = {
+        "typ": "JWT",
+        "alg": "ES256",
+        "x5c": [base64.b64encode(cert.public_bytes(Encoding.DER)).decode()],
+    }
+    signing_input = f"{_b64url(json.dumps(header).encode())}.{_b64url(json.dumps(claims).encode())}"
+    r, s = decode_dss_signature(key.sign(signing_input.encode(), ec.ECDSA(hashes.SHA256())))
+    return f"{signing_input}.{_b64url(r.to_bytes(32, 'big') + s.to_bytes(32, 'big'))}"
+
+
 @contextlib.contextmanager
-def run_registry(directory: Path) -> Iterator[Registry]:
-    """Start `docker-registry` on a free loopback port; yields once `/v2/` answers (401: auth required)."""
-    binary = shutil.which(REGISTRY_BINARY) or shutil.which(REGISTRY_BINARY, path="/usr/bin")
-    if binary is None:
-        raise FileNotFoundError(REGISTRY_BINARY)
-    ca = TestCA.create(directory / "ca")
-    cert, key = ca.issue_server(directory / "ca")
-    _htpasswd(directory / "htpasswd")
+def _token_server(cert: Path, key: Path, signer: tuple[Path, Path]) -> Iterator[str]:
+    """A Docker token server (the registry token authentication specification) on a loopback TLS port.
+
+    `GET /token?service=…&scope=repository:NAME:ACTIONS` with the test's Basic credentials answers a JWT
+    granting the requested actions for `TOKEN_LIFETIME` seconds; anything else is a 401. Yields the realm.
+    """
+    signing_cert = x509.load_pem_x509_certificate(signer[0].read_bytes())
+    signing_key = serialization.load_pem_private_key(signer[1].read_bytes(), None)
+    assert isinstance(signing_key, ec.EllipticCurvePrivateKey)
+    expected = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            url = urllib.parse.urlsplit(self.path)
+            query = urllib.parse.parse_qs(url.query)
+            sent = self.headers.get("Authorization", "")
+            if url.path != "/token" or not hmac.compare_digest(sent.encode(), expected.encode()):
+                self.send_response(401)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            access = []
+            for scope in query.get("scope", []):
+                kind, _, rest = scope.partition(":")
+                name, _, actions = rest.rpartition(":")
+                access.append({"type": kind, "name": name, "actions": actions.split(",")})
+            now = int(time.time())
+            claims = {
+                "iss": TOKEN_ISSUER,
+                "sub": USER,
+                "aud": query.get("service", [""])[0],
+                "exp": now + TOKEN_LIFETIME,
+                "nbf": now - 10,
+                "iat": now,
+                "jti": secrets.token_hex(8),
+                "access": access,
+            }
+            body = json.dumps(
+                {"token": _jwt(claims, signing_key, signing_cert), "expires_in": TOKEN_LIFETIME}
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"https://127.0.0.1:{server.server_address[1]}/token"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextlib.contextmanager
+def run_registry(directory: Path, *, token_auth: bool = False) -> Iterator[Registry]:
+    """Start `docker-registry` on a free loopback port; yields once `/v2/` answers (401: auth required).
+
+    Authentication is htpasswd (Basic, checked with bcrypt on every request), or with `token_auth` the
+    Docker token authentication that public registries use: a token server (`_token_server`, same CA)
+    grants ES256 JWTs for the test's credentials, and the registry checks each request's token.
+    """
+    with contextlib.ExitStack() as stack:
+        binary = shutil.which(REGISTRY_BINARY) or shutil.which(REGISTRY_BINARY, path="/usr/bin")
+        if binary is None:
+            raise FileNotFoundError(REGISTRY_BINARY)
+        ca = TestCA.create(directory / "ca")
+        cert, key = ca.issue_server(directory / "ca")
+        if token_auth:
+            signer = ca.issue(directory / "ca", "token-signer", cn=TOKEN_ISSUER)
+            realm = stack.enter_context(_token_server(cert, key, signer))
+            auth = (
+                f"token: {{realm: '{realm}', service: {TOKEN_SERVICE}, issuer: {TOKEN_ISSUER}, "
+                f"rootcertbundle: {ca.path}}}"
+            )
+        else:
+            _htpasswd(directory / "htpasswd")
+            auth = f"htpasswd: {{realm: modelsec-test, path: {directory / 'htpasswd'}}}"
+        yield stack.enter_context(_start_registry(directory, binary, ca, cert, key, auth))
+
+
+@contextlib.contextmanager
+def _start_registry(
+    directory: Path, binary: str, ca: TestCA, cert: Path, key: Path, auth: str
+) -> Iterator[Registry]:
     port = _free_port()
     storage = directory / "storage"
     config = directory / "config.yml"
@@ -96,7 +213,7 @@ http:
   addr: 127.0.0.1:{port}
   tls: {{certificate: {cert}, key: {key}}}
 auth:
-  htpasswd: {{realm: modelsec-test, path: {directory / "htpasswd"}}}
+  {auth}
 """
     )
     log = open(directory / "registry.log", "wb")

@@ -268,3 +268,12 @@ def test_wording(
     assert doc["kind"] == cls.__name__ and doc["message"] == line
     assert doc.get("details", []) == list(error.details)
     assert os.linesep not in doc["message"]
+
+
+def test_a_private_subclass_is_reported_as_its_public_class(raise_command: list[errors.Error], cli) -> None:  # type: ignore[no-untyped-def]
+    class _Lost(errors.RegistryUnreachableError):
+        pass
+
+    raise_command.append(_Lost("r.example", "connection", "reset"))
+    doc = json.loads(cli("_raise", "--json").stdout)["error"]
+    assert doc["kind"] == "RegistryUnreachableError"

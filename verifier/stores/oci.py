@@ -18,6 +18,9 @@ Credentials and TLS: `RegistryOptions.from_env` (`$MODELSEC_OCI_USERNAME`, `_PAS
 `config.json` under `$DOCKER_CONFIG`). The store reads through the process's shared client for its registry
 and options (`modelsec.registry.client.shared_client`): connections and tokens are kept between reads,
 and referrer manifests and bundles, fetched by digest, are read once (tags and listings every time).
+Inside a decision (`modelsec.registry.referrers.listing_once`), the root tag of the model that a manifest's
+tag named last is read while that manifest's referrers are listed (`prefetch_manifest`): both requests are
+in flight at once, and the tag's answer serves that decision only.
 """
 
 from __future__ import annotations
@@ -45,7 +48,13 @@ from modelsec.registry.client import (
     root_tag,
     shared_client,
 )
-from modelsec.registry.referrers import ReferrerBudget, attach_bundle, read_evidence
+from modelsec.registry.referrers import (
+    ReferrerBudget,
+    attach_bundle,
+    manifest_in_block,
+    prefetch_manifest,
+    read_evidence,
+)
 from modelsec.verifier.stores import StoredBundle, StoreOptions
 from modelsec.verifier.stores.directory import subject_root_digest
 from modelsec.verifier.stores.receipts import MAX_DOCUMENT_BYTES, MAX_RECEIPTS, RECEIPT_MEDIA_TYPE
@@ -57,12 +66,26 @@ if TYPE_CHECKING:
 __all__ = ["OciAttestationStore", "OciReceiptStore", "open_store"]
 
 
-def _is_binding(data: bytes) -> bool:
-    try:
-        statement = parse_statement(parse_bundle(data, source="referrer").envelope.payload, what="referrer")
-    except Error:
-        return False
-    return is_binding_type(statement.predicate_type)
+# Whether a bundle is a binding, by the bundle's SHA-256 (a function of its bytes, so never stale): every
+# uncached admission reads the same referrers again, and need not parse them again to sort them.
+_BINDING_KIND: dict[str, bool] = {}
+_MAX_BINDING_KINDS = 4096
+_MAX_GUESSES = 4096  # manifests whose last root tag is remembered, per store
+
+
+def _is_binding(bundle_id: str, data: bytes) -> bool:
+    """Whether `data` (whose SHA-256 is `bundle_id`) is a binding statement's bundle (unverified)."""
+    known = _BINDING_KIND.get(bundle_id)
+    if known is None:
+        try:
+            payload = parse_bundle(data, source="referrer").envelope.payload
+            known = is_binding_type(parse_statement(payload, what="referrer").predicate_type)
+        except Error:
+            known = False
+        if len(_BINDING_KIND) >= _MAX_BINDING_KINDS:
+            _BINDING_KIND.clear()
+        _BINDING_KIND[bundle_id] = known
+    return known
 
 
 @dataclass(slots=True)
@@ -80,6 +103,9 @@ class OciAttestationStore:
     max_bundles: int = 256
     options: RegistryOptions = field(default_factory=RegistryOptions)
     _client: Any = field(default=None, repr=False)
+    # Manifest digest -> the model root digest whose root tag named it last: which root tag to read early
+    # (`prefetch_manifest`) in a decision about that manifest. Never an answer, only a choice of what to read.
+    _bound_last: dict[str, str] = field(default_factory=dict, repr=False)
 
     @classmethod
     def open(
@@ -122,18 +148,26 @@ class OciAttestationStore:
 
     def _manifest(self, digest: str) -> dict[str, Any] | None:
         """The descriptor of the manifest whose referrers hold `digest`'s bundles (None: no such model)."""
-        if self.reference.digest is None and self._client.known_manifest(
-            self.reference.repository, f"sha256:{digest}"
-        ):
+        repository = self.reference.repository
+        if self.reference.digest is None and self._client.known_manifest(repository, f"sha256:{digest}"):
             # An OCI manifest's digest (a model image named by digest, before its binding is read) is not a
-            # model root digest, so no root tag names it: the lookup is skipped, its answer known.
+            # model root digest, so no root tag names it: the lookup is skipped, its answer known. The
+            # model it was last bound to will most likely be asked for next in this decision, once its
+            # binding is read: its root tag is read meanwhile (a guess that only chooses what to read).
+            guess = self._bound_last.get(digest)
+            if guess is not None:
+                prefetch_manifest(self._client, repository, root_tag(guess))
             return None
         try:
-            data, media_type, manifest_digest = self._client.get_manifest(
-                self.reference.repository, self.reference.digest or root_tag(digest)
+            data, media_type, manifest_digest = manifest_in_block(
+                self._client, repository, self.reference.digest or root_tag(digest)
             )
         except NotFoundError:
             return None
+        if self.reference.digest is None:
+            if len(self._bound_last) >= _MAX_GUESSES:
+                self._bound_last.clear()
+            self._bound_last[manifest_digest.removeprefix("sha256:")] = digest
         return {"mediaType": media_type, "digest": manifest_digest, "size": len(data)}
 
     def revision(self, digest: str) -> None:
@@ -185,9 +219,9 @@ class OciAttestationStore:
                     entry = StoredBundle(read.digest.removeprefix("sha256:"), digest, b"", source, read.note)
                     out.append((read.digest, entry))
                 continue  # a listing entry that is not a bundle about this manifest is not evidence
-            if not _is_binding(read.data):
-                entry = StoredBundle(hashlib.sha256(read.data).hexdigest(), digest, read.data, source)
-                out.append((read.digest, entry))
+            bundle_id = hashlib.sha256(read.data).hexdigest()
+            if not _is_binding(bundle_id, read.data):
+                out.append((read.digest, StoredBundle(bundle_id, digest, read.data, source)))
         return str(manifest["digest"]), out
 
     def get(self, digest: str, bundle_id: str) -> StoredBundle:
