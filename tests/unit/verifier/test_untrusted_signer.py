@@ -58,3 +58,15 @@ def test_wrong_trusted_key_through_the_cli(signed: Path, key_dir: Path, cli) -> 
     assert first == r.stderr.strip() and detail and detail[0].startswith("  other.pub.pem: ")
     doc = json.loads(cli("verify", signed, "--trusted-key", other, "--json").stdout)
     assert doc["error"]["kind"] == "UntrustedSignerError" and doc["error"]["details"]
+
+
+def test_no_key_of_the_bundles_algorithm_says_what_to_give(tmp_path: Path, key_dir: Path, cli) -> None:  # type: ignore[no-untyped-def]
+    model = write_tiny_model(tmp_path / "sm2-only", seed=32)
+    sign_model(model, [load_private_key_file(key_dir / "sm2.key.pem")])
+    with pytest.raises(SignatureError) as info:
+        verify_model(model, Policy.from_key_files([key_dir / "ecdsa-p256.pub.pem"]))
+    message = str(info.value)
+    assert "model.sm2.sig not checked (no configured key of its algorithm)" in message and "\n" not in message
+    assert message.endswith("give the signer's public key (--trusted-key) or a policy that trusts it")
+    r = cli("verify", model, "--trusted-key", key_dir / "ecdsa-p256.pub.pem")
+    assert r.returncode == 1 and "--trusted-key" in r.stderr and r.stderr.count("\n") == 1
