@@ -18,6 +18,7 @@ them to status codes, the webhook denies on any of them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
 __all__ = [
@@ -40,8 +41,10 @@ __all__ = [
     "PolicyViolationError",
     "ReceiptError",
     "RegistryUnreachableError",
+    "ServerUnreachableError",
     "SignatureError",
     "UnsupportedAlgorithmError",
+    "UntrustedSignerError",
     "VerificationError",
 ]
 
@@ -65,6 +68,11 @@ class Error(Exception):
         if not self.context or message.startswith(f"{self.context}: "):
             return message
         return f"{self.context}: {message}"
+
+    def with_details(self, *lines: str) -> Error:
+        """Add detail lines (a third-party error's own text) behind the one line; returns `self` to raise."""
+        self.details = (*self.details, *(line for line in lines if line))
+        return self
 
     def add_context(self, context: str) -> Error:
         """Prefix the diagnostic with where it happened (e.g. a release stage); returns `self` to re-raise."""
@@ -109,6 +117,63 @@ class FileSetMismatchError(VerificationError):
 
 class SignatureError(VerificationError):
     """No trusted key produced a valid signature, or a required signature is missing."""
+
+
+def _short_keyid(keyid: str) -> str:
+    """A key id's first 16 hex digits, after its scheme prefix if it has one (`ML_DSA_65:`)."""
+    prefix, _, digits = keyid.rpartition(":")
+    return f"{prefix}:{digits[:16]}" if prefix else digits[:16]
+
+
+class UntrustedSignerError(SignatureError):
+    """A bundle signed by a key not trusted here: it names no trusted key, and none verifies it.
+
+    Not an invalid signature (that is a plain `SignatureError`: the bundle names a trusted key that does not
+    verify it), but most often another signer's, e.g. one of two co-signers' bundles met with the other's key.
+    The message names the key id the bundle states (unverified: it only says whom to ask for the key), the
+    keys tried with their key ids (hex SHA-256 of the canonical public key PEM, first 16 digits), and what to
+    do; each key's own reason is in `details`.
+
+    Attributes:
+        path: The bundle (a file or an `oci://` referrer).
+        keyid: The key id the bundle names (`publicKey.hint` or the DSSE `keyid`); "" when it names none.
+        tried: The names of the trusted keys tried (those allowed to sign `role`).
+        tried_keyids: Their key ids, in the same order.
+        role: What the signing key had to be allowed to sign (`weights`, `watermark`, `gate`); None: any.
+        named_key: The name of the configured key the bundle names when that key may not sign `role`.
+    """
+
+    _SHOWN: ClassVar[int] = 3
+    NEXT_STEP: ClassVar[str] = (
+        ": verify with the signer's public key (--trusted-key) or a policy that trusts it"
+    )
+
+    def __init__(
+        self,
+        path: str,
+        keyid: str,
+        tried: Sequence[tuple[str, str]],
+        *,
+        role: str | None = "weights",
+        reasons: Sequence[str] = (),
+        named_key: str | None = None,
+    ) -> None:
+        names = [f"{name} (key id {_short_keyid(kid)})" for name, kid in tried[: self._SHOWN]]
+        if len(tried) > self._SHOWN:
+            names.append(f"{len(tried) - self._SHOWN} more")
+        stated = f"it names key id {_short_keyid(keyid)}" if keyid else "it names no key id"
+        if named_key is not None:  # a configured key, but not one allowed to sign this role
+            stated += f": {named_key}, not allowed to sign {role!r}"
+        allowed = f"no trusted key allowed to sign {role!r}" if role else "no trusted key"
+        keys = "tried " + ", ".join(names) if names else f"no configured key may sign {role!r}"
+        super().__init__(
+            f"{path}: signed by a key not trusted here: {allowed} verifies its signature ({stated}; {keys})"
+            + self.NEXT_STEP
+        )
+        self.path, self.keyid, self.role, self.named_key = path, keyid, role, named_key
+        self.tried = tuple(name for name, _ in tried)
+        self.tried_keyids = tuple(kid for _, kid in tried)
+        self.details = tuple(reasons)
 
 
 class AttestationError(VerificationError):
@@ -250,6 +315,30 @@ class RegistryUnreachableError(BackendUnavailableError):
         where = f"registry {registry}: {what}" if what else f"registry {registry}"
         super().__init__(f"{where}: {self._NEXT[problem]}")
         self.registry, self.problem, self.what = registry, problem, what
+        self.details = (detail,) if detail else ()
+
+
+class ServerUnreachableError(BackendUnavailableError):
+    """The modelsec gRPC service could not be spoken to: TLS against plaintext, plaintext against TLS.
+
+    `problem` says which, and the message what to do next: `plaintext-server` (TLS was spoken to a plaintext
+    server: `--plaintext`, a `grpc://` store), `tls-server` (plaintext was spoken and the server closed the
+    connection, as a TLS server does: leave out `--plaintext`, give `--tls-ca`), `untrusted-certificate`
+    (its CA: `--tls-ca`), `tls` (another TLS failure). gRPC's own text is in `details`.
+    """
+
+    _NEXT: ClassVar[dict[str, str]] = {
+        "plaintext-server": "it answered in plaintext, not TLS: for a development server give --plaintext "
+        "(a grpc:// store)",
+        "tls-server": "it closed a plaintext connection, as a TLS server does: leave out --plaintext and "
+        "give its CA with --tls-ca (a grpcs:// store)",
+        "untrusted-certificate": "its TLS certificate is not trusted: give its CA bundle with --tls-ca",
+        "tls": "the TLS handshake failed: check the address, --tls-ca and --tls-cert/--tls-key",
+    }
+
+    def __init__(self, server: str, problem: str, detail: str = "") -> None:
+        super().__init__(f"server {server}: {self._NEXT[problem]}")
+        self.server, self.problem = server, problem
         self.details = (detail,) if detail else ()
 
 

@@ -38,9 +38,14 @@ def _esc(text: str) -> str:
 
 
 def _paragraphs(text: str) -> str:
-    """Click help text as groff: blank lines split paragraphs; a block opened by a backspace is verbatim."""
+    """Click help text as groff: blank lines split paragraphs; a block opened by a backspace is verbatim.
+
+    The whole text is the page: what follows a form feed (left out of `--help` by click) included.
+    """
     out = []
-    for block in text.strip().split("\n\n"):
+    for block in text.replace("\f", "").strip().split("\n\n"):
+        if not block.strip():
+            continue
         if block.startswith("\b\n"):
             out.append(".nf\n" + _esc(block[2:]) + "\n.fi")
         else:

@@ -17,7 +17,7 @@ import binascii
 import hashlib
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -75,6 +75,15 @@ class TrustedKey:
     def may(self, role: str) -> bool:
         """Whether this key may sign statements of `role`."""
         return not self.roles or role in self.roles
+
+    def is_named_by(self, selectors: Collection[str]) -> bool:
+        """Whether a bundle's stated key ids (`publicKey.hint`, DSSE `keyid`) name this key.
+
+        A bundle names a key by `keyid`, or by its scheme's own hint where it has one (model_signing's
+        `ML_DSA_65:<hex SHA-256 of the raw key>`). Only ordering and wording depend on it, never trust.
+        """
+        hint = getattr(self._verifier, "key_hint", None)
+        return self.keyid in selectors or (hint is not None and hint in selectors)
 
     def verify(self, signature: bytes, message: bytes) -> None:
         """Verify a signature over `message` with this key.

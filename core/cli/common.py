@@ -22,12 +22,14 @@ __all__ = [
     "KEY_PASSWORD_HELP",
     "PASSWORD_ENV",
     "POLICY_ENV",
+    "TIMESTAMP_HELP",
     "_command_name",
     "_password",
     "digest_str",
     "fail",
     "json_option",
     "key_password_option",
+    "key_password_option_with",
     "key_password_sources",
     "limits",
     "open_signing_key",
@@ -44,6 +46,7 @@ __all__ = [
     "signing_keys_option",
     "skipped_note",
     "timestamp_option",
+    "timestamp_option_with",
     "timestamper",
     "trusted_keys_option",
     "usage_error_reply",
@@ -105,7 +108,9 @@ def fail(
     message = f"{e.diagnostics()} ({hint})" if hint else e.diagnostics()
     if as_json:
         details = {"details": list(e.details)} if e.details else None
-        reply(fields, ok=False, kind=type(e).__name__, message=message, error_fields=details)
+        # A private subclass (e.g. the registry client's `_BodyLostError`) is reported as its public class.
+        kind = next(c for c in type(e).__mro__ if not c.__name__.startswith("_")).__name__
+        reply(fields, ok=False, kind=kind, message=message, error_fields=details)
     else:
         click.echo(f"modelsec: error: {message}", err=True)
         ctx = click.get_current_context(silent=True)
@@ -161,7 +166,9 @@ def registry_options(f: F) -> F:
         help="CA bundle of the registry's TLS certificate (default: the system roots; or $MODELSEC_OCI_CA).",
     )(f)
     return click.option(
-        "--plain-http", is_flag=True, help="Speak HTTP to the registry (development registries only)."
+        "--plain-http",
+        is_flag=True,
+        help="Speak HTTP to the registry (development registries only; or $MODELSEC_OCI_PLAIN_HTTP=1).",
     )(f)
 
 
@@ -242,8 +249,8 @@ def report_path(_ctx: click.Context, _param: click.Parameter, value: Path | None
     return value
 
 
-def timestamp_option(f: F) -> F:
-    """`--timestamp-url URL` into the parameter `timestamp_url` (see `timestamper`)."""
+def timestamp_option_with(help_text: str) -> Callable[[F], F]:
+    """`timestamp_option` with a help text of the command's own (a short one, its detail in the man page)."""
     from modelsec.cli.values import timestamp_url_value
 
     return click.option(
@@ -251,11 +258,21 @@ def timestamp_option(f: F) -> F:
         "timestamp_url",
         metavar="URL",
         callback=timestamp_url_value,
-        help="RFC 3161 timestamp authority (http:// or https://): each bundle's signature is timestamped "
-        "and the timestamp stored in the bundle (verificationMaterial.timestampVerificationData). If the "
-        "TSA fails, or dates the timestamp more than 5 minutes from this machine's clock, signing fails and "
-        "no bundle is written.",
-    )(f)
+        help=help_text,
+    )
+
+
+TIMESTAMP_HELP = (
+    "RFC 3161 timestamp authority (http:// or https://): each bundle's signature is timestamped and the "
+    "timestamp stored in the bundle (verificationMaterial.timestampVerificationData). If the TSA fails, or "
+    "dates the timestamp more than 5 minutes from this machine's clock, signing fails and no bundle is "
+    "written."
+)
+
+
+def timestamp_option(f: F) -> F:
+    """`--timestamp-url URL` into the parameter `timestamp_url` (see `timestamper`)."""
+    return timestamp_option_with(TIMESTAMP_HELP)(f)
 
 
 def timestamper(url: str | None) -> Callable[[bytes], list[bytes]] | None:
@@ -291,13 +308,18 @@ _MAX_PASSWORD_FILE_BYTES = 64 * 1024
 
 def key_password_option(f: F) -> F:
     """`--key-password KEY=env:VAR|file:PATH`, repeatable, into the parameter `key_passwords`."""
+    return key_password_option_with(KEY_PASSWORD_HELP)(f)
+
+
+def key_password_option_with(help_text: str) -> Callable[[F], F]:
+    """`key_password_option` with a help text of the command's own (short, the detail in the man page)."""
     return click.option(
         "--key-password",
         "key_passwords",
         multiple=True,
         metavar="KEY=env:VAR|file:PATH",
-        help=KEY_PASSWORD_HELP,
-    )(f)
+        help=help_text,
+    )
 
 
 def _same_file_key(path: Path) -> str:

@@ -5,6 +5,7 @@ Registered on the root group by `modelsec.cli.main`; `modelsec.signer` loads ins
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -12,11 +13,13 @@ import click
 
 from modelsec.algorithms import HashAlgorithm
 from modelsec.cli.common import (
+    KEY_PASSWORD_HELP,
+    TIMESTAMP_HELP,
     digest_str,
     fail,
     ignore_paths_option,
     json_option,
-    key_password_option,
+    key_password_option_with,
     key_password_sources,
     open_signing_key,
     progress_bar,
@@ -26,7 +29,7 @@ from modelsec.cli.common import (
     server_options,
     signatures_option,
     signing_keys_option,
-    timestamp_option,
+    timestamp_option_with,
     timestamper,
 )
 from modelsec.errors import Error, KeyMaterialError
@@ -37,88 +40,118 @@ __all__ = ["sign"]
 _TENSOR_DIGESTS = [HashAlgorithm.BLAKE3.value, HashAlgorithm.SHA256.value, HashAlgorithm.SM3.value, "none"]
 
 
+# What `sign --help` leaves to the man page: the long description (each option's detail below).
+_DESCRIPTION = """\
+Keys are local PEM files (--signing-key) or key versions held by a modelsec signing service (--server with
+--key-version): the manifest is built here and only the statement (digests, no weights) is sent; each
+returned bundle is checked to sign exactly that statement with the server's (or the pinned) key.
+
+Without a terminal (CI), unencrypted keys need nothing; each encrypted key takes its password from its
+own --key-password source, else from $MODELSEC_KEY_PASSWORD, e.g.
+`sign M --signing-key ci-p256.key.pem --signing-key ci-sm2.key.pem
+--key-password ci-sm2.key.pem=env:SM2_KEY_PASSWORD`.
+
+With --signing-certificate the bundle is model_signing's certificate-mode bundle (the x509 chain in its
+verification material); verify it under a policy authority (x509 roots and identities) or with
+`model_signing verify certificate`.
+
+An existing bundle is never replaced without --force (exit 1, nothing written), and neither is a
+default-named bundle of another key left signing other files beside the new one.
+"""
+
+# The long explanations of the options: the man page and the CLI reference (after `\f`), not `--help`.
+_DETAILS = {
+    "--signing-key": "Private key PEM (repeatable: one bundle per key). An encrypted key's password: see "
+    "--key-password.",
+    "--key-password": KEY_PASSWORD_HELP,
+    "--key-version": "A key version held by the --server (repeatable): hash here, sign there; the key never "
+    "leaves it.",
+    "--pin-key": "Expected public key PEM of each --key-version, in the same order (refuse any other key).",
+    "--signing-certificate": "Certificate mode (model_signing's `sign certificate`): the PEM signing "
+    "certificate of the one --signing-key (PEM or pkcs11:); the bundle carries it and --certificate-chain "
+    "as x509CertificateChain instead of a public-key hint.",
+    "--certificate-chain": "PEM file(s) with the rest of the signing certificate's chain, intermediates "
+    "first (repeatable).",
+    "--signature": "Bundle output path, one per key (local --signing-key first, then --key-version, in "
+    "order; default: model.sig, model.p384.sig, model.sm2.sig, model.ml-dsa-{44,65,87}.sig in MODEL_DIR, by "
+    "the key's algorithm). Required when MODEL_DIR is a single file (e.g. FILE.sig): the default names in "
+    "its folder are the folder's own signature.",
+    "--force": "Replace existing bundles at the output paths, and delete the default-named bundles in "
+    "MODEL_DIR that sign other files (a stale model.sm2.sig beside a new model.sig). Without it both are "
+    "refused and nothing is written; co-signatures of the same files are always kept.",
+    "--tensor-digest": "Per-tensor digest algorithm recorded in the modelsec extension ('none': plain OMS).",
+    "--hash-type": "File digests of the manifest ECDSA/ML-DSA keys sign (OMS hash_type; 'blake3' as "
+    "model_signing's hashing_algorithm='blake3': faster, no SHA-256 pass; SM2 keys refuse it).",
+    "--allow-unverifiable": "Sign even when MODEL_DIR holds what verification under the default policy "
+    "always refuses (refused here by default): pickle files, by name (pytorch_model.bin, *.pt, ...) or by "
+    "content (a torch zip, a gzip/xz/bz2/zstd or tar-wrapped pickle, an archive too large to inspect); *.py "
+    "code; and *.json files (config, tokenizer, at any depth) that name code (auto_map, custom_pipelines), "
+    "are not strict JSON (syntax errors, duplicate keys, NaN/Infinity) or exceed the JSON side-file size "
+    "limit; and a weight index at any depth (*.index.json, *.index.<variant>.json) whose weight_map names a "
+    "file outside its folder, a pickle shard, a file that is not a shard of the model, or a tensor its "
+    "shard does not hold.",
+    "--ignore-paths": "Leave this path (a file, or a directory with everything below it) out of the "
+    "signature and record it in the signed ignore list (repeatable). As model_signing's --ignore-paths: a "
+    "relative path is taken from the current directory, not from MODEL_DIR (e.g. MODEL_DIR/README.md). A "
+    "path outside MODEL_DIR, or one that does not exist, is refused (usage error).",
+    "--timestamp-url": TIMESTAMP_HELP,
+}
+
+
 @click.command(name="sign")
 @click.argument("model_dir", type=click.Path(path_type=Path))
-@signing_keys_option(
-    "Private key PEM (repeatable: one bundle per key). An encrypted key's password: see --key-password."
-)
-@key_password_option
+@signing_keys_option("Private key PEM, one bundle per key (repeatable).")
+@key_password_option_with("Password source of one encrypted key (repeatable).")
 @click.option(
     "--key-version",
     "key_versions",
     multiple=True,
     metavar="NAME/VERSION",
-    help="A key version held by the --server (repeatable): hash here, sign there; the key never leaves it.",
+    help="A key version of the --server (repeatable).",
 )
 @click.option(
     "--pin-key",
     "pins",
     type=click.Path(path_type=Path, dir_okay=False),
     multiple=True,
-    help="Expected public key PEM of each --key-version, in the same order (refuse any other key).",
+    help="Public key PEM each --key-version must have.",
 )
 @click.option(
     "--signing-certificate",
     type=click.Path(path_type=Path, dir_okay=False),
-    help="Certificate mode (model_signing's `sign certificate`): the PEM signing certificate of the one "
-    "--signing-key (PEM or pkcs11:); the bundle carries it and --certificate-chain as "
-    "x509CertificateChain instead of a public-key hint.",
+    help="Certificate mode: the key's certificate.",
 )
 @click.option(
     "--certificate-chain",
     "certificate_chains",
     multiple=True,
     type=click.Path(path_type=Path, dir_okay=False),
-    help="PEM file(s) with the rest of the signing certificate's chain, intermediates first (repeatable).",
+    help="The rest of its chain, intermediates first.",
 )
 @server_options(required=False)
-@signatures_option(
-    "Bundle output path, one per key (local --signing-key first, then --key-version, in order; default: "
-    "model.sig, model.p384.sig, model.sm2.sig, model.ml-dsa-{44,65,87}.sig in MODEL_DIR, by the key's "
-    "algorithm). Required when MODEL_DIR is a single file (e.g. FILE.sig): the default names in its "
-    "folder are the folder's own signature."
-)
-@click.option(
-    "--force",
-    is_flag=True,
-    help="Replace existing bundles at the output paths, and delete the default-named bundles in MODEL_DIR "
-    "that sign other files (a stale model.sm2.sig beside a new model.sig). Without it both are refused and "
-    "nothing is written; co-signatures of the same files are always kept.",
-)
+@signatures_option("Bundle output path, one per key.")
+@click.option("--force", is_flag=True, help="Replace existing or stale bundles.")
 @click.option(
     "--tensor-digest",
     type=click.Choice(_TENSOR_DIGESTS),
     default="blake3",
     show_default=True,
-    help="Per-tensor digest algorithm recorded in the modelsec extension ('none': plain OMS).",
+    help="Per-tensor digests ('none': plain OMS).",
 )
 @click.option(
     "--hash-type",
     type=click.Choice([HashAlgorithm.SHA256.value, HashAlgorithm.BLAKE3.value]),
     default="sha256",
     show_default=True,
-    help="File digests of the manifest ECDSA/ML-DSA keys sign (OMS hash_type; 'blake3' as model_signing's "
-    "hashing_algorithm='blake3': faster, no SHA-256 pass; SM2 keys refuse it).",
+    help="File digests of ECDSA/ML-DSA manifests.",
 )
 @click.option(
     "--allow-unverifiable",
     is_flag=True,
-    help="Sign even when MODEL_DIR holds what verification under the default policy always refuses "
-    "(refused here by default): pickle files, by name (pytorch_model.bin, *.pt, ...) or by content (a "
-    "torch zip, a gzip/xz/bz2/zstd or tar-wrapped pickle, an archive too large to inspect); *.py code; "
-    "and *.json files "
-    "(config, tokenizer, at any depth) that name code (auto_map, custom_pipelines), are not strict JSON "
-    "(syntax errors, duplicate keys, NaN/Infinity) or exceed the JSON side-file size limit; and a weight "
-    "index at any depth (*.index.json, *.index.<variant>.json) whose weight_map names a file outside its "
-    "folder, a pickle shard, a file that is not a shard of the model, or a tensor its shard does not hold.",
+    help="Sign pickles, code, what verify refuses.",
 )
-@ignore_paths_option(
-    "Leave this path (a file, or a directory with everything below it) out of the signature and record it "
-    "in the signed ignore list (repeatable). As model_signing's --ignore-paths: a relative path is taken "
-    "from the current directory, not from MODEL_DIR (e.g. MODEL_DIR/README.md). A path outside MODEL_DIR, "
-    "or one that does not exist, is refused (usage error)."
-)
-@timestamp_option
+@ignore_paths_option("Leave PATH unsigned (repeatable).")
+@timestamp_option_with("RFC 3161 timestamp authority.")
 @json_option
 @quiet_option
 def sign(
@@ -147,21 +180,8 @@ def sign(
 ) -> None:
     """Hash every file of MODEL_DIR once and write one signature bundle per key.
 
-    Keys are local PEM files (--signing-key) or key versions held by a modelsec signing service (--server with
-    --key-version): the manifest is built here and only the statement (digests, no weights) is sent; each
-    returned bundle is checked to sign exactly that statement with the server's (or the pinned) key.
-
-    Without a terminal (CI), unencrypted keys need nothing; each encrypted key takes its password from its
-    own --key-password source, else from $MODELSEC_KEY_PASSWORD, e.g.
-    `sign M --signing-key ci-p256.key.pem --signing-key ci-sm2.key.pem
-    --key-password ci-sm2.key.pem=env:SM2_KEY_PASSWORD`.
-
-    With --signing-certificate the bundle is model_signing's certificate-mode bundle (the x509 chain in its
-    verification material); verify it under a policy authority (x509 roots and identities) or with
-    `model_signing verify certificate`.
-
-    An existing bundle is never replaced without --force (exit 1, nothing written), and neither is a
-    default-named bundle of another key left signing other files beside the new one.
+    Keys: local PEM files (--signing-key) or key versions of a signing service (--server, --key-version).
+    An existing bundle is never replaced without --force. Each option in detail: `man modelsec-sign`.
     """
     from modelsec.signer import sign_model
     from modelsec.signer.layout import relative_ignore_paths
@@ -245,6 +265,13 @@ def sign(
         click.echo(f"  {b.algorithm.value:<10} -> {b.path}")
     for p in result.removed:
         click.echo(f"  removed {p} (it signed other files)")
+
+
+# `--help` stops at the form feed (click); the man page and the CLI reference show what follows it.
+sign.help = (
+    f"{inspect.cleandoc(sign.help or '')}\n\n\f\n{_DESCRIPTION}\n\nEach option in detail:\n\n"
+    + "\n\n".join(f"{option}: {text}" for option, text in _DETAILS.items())
+)
 
 
 def _read_pinned_key(path: Path) -> bytes:

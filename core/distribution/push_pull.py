@@ -62,6 +62,7 @@ from modelsec.errors import (
     MalformedArtifactError,
     PolicyError,
     SignatureError,
+    UntrustedSignerError,
 )
 from modelsec.modelformat.model_files import WEIGHT_SUFFIXES
 from modelsec.policy import Policy
@@ -497,7 +498,10 @@ def _collect(
 
 def _no_binding(what: str, reasons: Sequence[str]) -> SignatureError:
     """The refusal of a manifest no trusted binding names: one line, each skipped referrer in `details`."""
-    first = reasons[0] if reasons else "no referrers"
+    # The line ends with what to do; a skipped signature's own advice says the same.
+    first = reasons[0].removesuffix(UntrustedSignerError.NEXT_STEP) if reasons else "no referrers"
+    # The referrer is in the manifest's repository: its short digest names it here, `details` in full.
+    first = re.sub(r"^oci://[^@\s]+@(sha256:[0-9a-f]{12})[0-9a-f]{52}", r"referrer \1…", first)
     first = first if len(first) <= 400 else f"{first[:399]}…"
     more = f"; {len(reasons) - 1} more skipped (--verbose lists them)" if len(reasons) > 1 else ""
     error = SignatureError(
@@ -510,9 +514,10 @@ def _no_binding(what: str, reasons: Sequence[str]) -> SignatureError:
 
 def _reason_code(e: Error) -> str:
     """A skipped referrer's reason code for an error (`SkippedReferrer.reason`)."""
+    if isinstance(e, UntrustedSignerError):
+        return "untrusted-key"
     if isinstance(e, SignatureError):
-        # The wording of `verify_bundle_signature`: "invalid" only for a bundle naming a trusted key.
-        return "untrusted-key" if "not trusted here" in str(e) else "invalid-signature"
+        return "invalid-signature"
     return type(e).__name__
 
 

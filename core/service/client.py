@@ -36,6 +36,7 @@ from modelsec.errors import (
     MalformedArtifactError,
     NotFoundError,
     PermissionDeniedError,
+    ServerUnreachableError,
     VerificationError,
 )
 from modelsec.safe_io import read_regular_file
@@ -69,12 +70,37 @@ _ERRORS: dict[grpc.StatusCode, type[Error]] = {
 }
 
 
-def error_for_status(method: str, error: grpc.RpcError) -> Error:
-    """The `modelsec.errors` instance for a failed call (see the module docstring)."""
+def error_for_status(
+    method: str, error: grpc.RpcError, *, target: str | None = None, plaintext: bool = False
+) -> Error:
+    """The `modelsec.errors` instance for a failed call (see the module docstring).
+
+    With `target`, a connection that failed for TLS (TLS spoken to a plaintext server, plaintext to a TLS
+    server, an untrusted certificate) is a `ServerUnreachableError` saying what to give instead.
+    """
     code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
     detail = error.details() if hasattr(error, "details") else str(error)
     raised = error_from_status(f"{method}: {code.name}", error)
-    return raised if raised is not None else _ERRORS.get(code, Error)(f"{method}: {code.name}: {detail}")
+    if raised is not None:
+        return raised
+    problem = _tls_problem(detail or "", plaintext) if code is grpc.StatusCode.UNAVAILABLE else None
+    if target is not None and problem is not None:
+        return ServerUnreachableError(target, problem, f"{method}: {code.name}: {detail}")
+    return _ERRORS.get(code, Error)(f"{method}: {code.name}: {detail}")
+
+
+def _tls_problem(detail: str, plaintext: bool) -> str | None:
+    """Which `ServerUnreachableError.problem` gRPC's UNAVAILABLE text is, or None (not a TLS failure)."""
+    if plaintext:
+        # A TLS server drops the plaintext HTTP/2 preface without a word.
+        return "tls-server" if "Socket closed" in detail or "Connection reset" in detail else None
+    if "handshake failed" not in detail.lower() and "SSL_ERROR" not in detail:
+        return None
+    if "WRONG_VERSION_NUMBER" in detail or "wrong version number" in detail or "packet length" in detail:
+        return "plaintext-server"
+    if "CERTIFICATE_VERIFY_FAILED" in detail:
+        return "untrusted-certificate"
+    return "tls"
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +146,7 @@ class ModelsecClient:
 
     def __init__(self, target: str, options: ChannelOptions | None = None) -> None:
         self.options = options or ChannelOptions()
+        self.target = target
         opts: list[tuple[str, Any]] = []
         if self.options.server_name:
             opts.append(("grpc.ssl_target_name_override", self.options.server_name))
@@ -151,11 +178,14 @@ class ModelsecClient:
         """Close the channel."""
         self.channel.close()
 
+    def _error(self, method: str, e: grpc.RpcError) -> Error:
+        return error_for_status(method, e, target=self.target, plaintext=self.options.plaintext)
+
     def _call(self, method: str, fn: Any, request: Any, timeout: float | None = None) -> Any:
         try:
             return fn(request, timeout=timeout or self.options.timeout, metadata=self._metadata)
         except grpc.RpcError as e:
-            raise error_for_status(method, e) from None
+            raise self._error(method, e) from None
 
     # -- signing -------------------------------------------------------------------------------------------
 
@@ -224,7 +254,7 @@ class ModelsecClient:
             )
             return list(stream)
         except grpc.RpcError as e:
-            raise error_for_status("GetAttestations", e) from None
+            raise self._error("GetAttestations", e) from None
 
     def bundles(self, digest: str) -> list[bytes]:
         """The stored bundles about a digest (the webhook's `AttestationStore` protocol)."""
@@ -293,7 +323,7 @@ class ModelsecClient:
         try:
             yield from call
         except grpc.RpcError as e:
-            raise error_for_status("RunGate", e) from None
+            raise self._error("RunGate", e) from None
         finally:
             call.cancel()
 

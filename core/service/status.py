@@ -34,6 +34,7 @@ ERROR_CLASSES: dict[str, type[errors.Error]] = {
 _FIELDS: dict[type[errors.Error], tuple[str, ...]] = {
     errors.DigestMismatchError: ("path", "expected", "actual", "algorithm"),
     errors.FileSetMismatchError: ("model", "extra", "missing"),
+    errors.UntrustedSignerError: ("path", "keyid"),
 }
 _MAX_METADATA_CHARS = 1024
 _LIST_FIELDS = frozenset({"extra", "missing"})

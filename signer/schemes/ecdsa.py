@@ -77,7 +77,10 @@ class EcdsaScheme:
         except UnsupportedAlgorithm as e:
             raise UnsupportedAlgorithmError(f"{name}: unsupported public key type: {e}") from e
         except ValueError as e:
-            raise KeyMaterialError(f"{name}: not a valid PEM public key ({e})") from e
+            raise KeyMaterialError(
+                f"{name}: not a valid PEM public key: give a SubjectPublicKeyInfo PEM file (keygen writes "
+                "PREFIX.pub.pem)"
+            ).with_details(str(e)) from e
         self._check_curve(key, name)
         if not isinstance(key, ec.EllipticCurvePublicKey):
             raise KeyMaterialError(f"{name}: not a public key")

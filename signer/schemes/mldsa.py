@@ -115,7 +115,10 @@ class MlDsaScheme:
             except UnsupportedAlgorithm as e:
                 raise UnsupportedAlgorithmError(f"{name}: unsupported public key type: {e}") from e
             except ValueError as e:
-                raise KeyMaterialError(f"{name}: not a valid PEM public key ({e})") from e
+                raise KeyMaterialError(
+                    f"{name}: not a valid PEM public key: give a SubjectPublicKeyInfo PEM file (keygen "
+                    "writes PREFIX.pub.pem)"
+                ).with_details(str(e)) from e
         elif len(pem) != self.public_key_size:
             raise KeyMaterialError(
                 f"{name}: a raw {self.algorithm} public key is {self.public_key_size} bytes, got {len(pem)}"
@@ -190,6 +193,11 @@ class _MlDsaKeyBackend:
 class _MlDsaVerifier:
     _scheme: MlDsaScheme
     _key: _PublicKey
+
+    @property
+    def key_hint(self) -> str:
+        """model_signing's hint for this key (`MlDsaScheme.key_hint`), which its bundles state."""
+        return self._scheme.key_hint(self._key)
 
     def verify(self, signature: bytes, message: bytes, *, name: str) -> None:
         problem = self._scheme.signature_form_error(signature)

@@ -201,7 +201,10 @@ def test_sign_refuses_json_side_files_verify_refuses(
 
 
 def test_allow_unverifiable_help_lists_what_it_covers() -> None:
-    text = " ".join(run("sign", "--help").stdout.split())
+    # The list is the man page's (`sign --help` is short: issue 31); the committed page is kept current.
+    page = Path(__file__).resolve().parents[2] / "docs" / "man" / "modelsec-sign.1"
+    text = " ".join(page.read_text().replace("\\-", "-").split())
+    assert "man modelsec-sign" in run("sign", "--help").stdout
     covers = (
         "pickle",
         "*.py",

@@ -162,3 +162,54 @@ def test_attest_list_skips_what_verify_skips_in_the_registry(
     skipped = [row for row in rows if row["skipped"]]
     assert skipped and all(row["signer"] is None for row in skipped)
     assert any(row["signer"] and row["signer"]["algorithm"] == "ecdsa-p256" for row in rows)
+
+
+class _CutShort(_Quiet):
+    """A registry whose blobs end early: `Content-Length: 100`, 10 bytes, then the connection closes."""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        if self.path.startswith("/v2/") and "/blobs/" in self.path:
+            self.send_header("Content-Length", "100")
+            self.end_headers()
+            self.wfile.write(b"x" * 10)
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+
+def test_a_connection_failing_mid_body_is_a_registry_error(tmp_path: Path) -> None:
+    """Not a bare requests/urllib3/ssl error: what a reset or TLS failure in the middle of a blob raises."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _CutShort)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    address = f"127.0.0.1:{server.server_address[1]}"
+    client = RegistryClient(address, RegistryOptions(plain_http=True, timeout=5))
+    try:
+        with pytest.raises(RegistryUnreachableError) as info:
+            client.get_blob("models/x", "sha256:" + "a" * 64, 1000, what="blob")
+        with pytest.raises(RegistryUnreachableError), (tmp_path / "sink").open("wb") as sink:
+            client.stream_blob("models/x", "sha256:" + "a" * 64, 100, sink, what="blob")
+    finally:
+        client.close()
+        server.shutdown()
+        server.server_close()
+    error = info.value
+    assert error.registry == address and error.problem == "connection"
+    assert "\n" not in str(error) and error.details and "IncompleteRead" in error.details[0]
+
+
+def test_tls_to_a_plain_http_timestamp_authority_says_what_to_give(plain_http: str) -> None:
+    """The TSA client's `ssl.SSLError` is the detail; the line says what to do (here: an http:// URL)."""
+    from modelsec.errors import BackendUnavailableError
+    from modelsec.verifier.trust.timestamps import request_timestamp
+
+    url = f"https://{plain_http}/tsa"
+    with pytest.raises(BackendUnavailableError) as info:
+        request_timestamp(b"signature", url, timeout=5)
+    error = info.value
+    assert str(error).startswith(f"{url}: timestamp authority unavailable: ") and "\n" not in str(error)
+    assert "give an http:// URL" in str(error) and "SSL" not in str(error)
+    assert error.details and "SSL" in error.details[0]

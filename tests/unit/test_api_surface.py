@@ -33,8 +33,10 @@ SURFACE: dict[str, list[str]] = {
         "PolicyViolationError",
         "ReceiptError",
         "RegistryUnreachableError",
+        "ServerUnreachableError",
         "SignatureError",
         "UnsupportedAlgorithmError",
+        "UntrustedSignerError",
         "VerificationError",
     ],
     "modelsec.attestations": [

@@ -16,6 +16,7 @@ from modelsec.errors import (
     MalformedArtifactError,
     PolicyViolationError,
     SignatureError,
+    UntrustedSignerError,
 )
 from modelsec.limits import Limits
 from modelsec.modelformat.model_files import open_beneath
@@ -139,6 +140,7 @@ def verify_bundle_signature(
         SignatureError: No configured key verifies the signature over the PAE, and no authority vouches for
             the bundle's certificate and signature.
             Or an X.509 bundle carries a timestamp a TSA vouches for that is dated in the future.
+            `UntrustedSignerError` (a subclass) when the bundle names no key tried: another signer's.
         MalformedArtifactError: The bundle's certificates are malformed (only read when authorities are
             configured).
         BackendUnavailableError: A Sigstore authority is configured without the `sigstore` package, or an
@@ -147,14 +149,14 @@ def verify_bundle_signature(
     """
     selectors = {bundle.hint, bundle.signature.keyid} - {""}
     candidates = sorted(
-        (k for k in keys if role is None or k.may(role)), key=lambda k: k.keyid not in selectors
+        (k for k in keys if role is None or k.may(role)), key=lambda k: not k.is_named_by(selectors)
     )
     message = bundle.envelope.pae()
     shape = signature_algorithms(bundle.signature.sig)
     reasons = []
     # "Invalid" only when the bundle names a key the caller trusts; a bundle of another signer is not
     # invalid, only not trusted here (pull or verify with one of two signers' keys meets the other's).
-    named = any(k.keyid in selectors for k in candidates)
+    named = any(k.is_named_by(selectors) for k in candidates)
     for key in candidates:
         try:
             key.verify(bundle.signature.sig, message)
@@ -167,6 +169,7 @@ def verify_bundle_signature(
             reasons.append(reason)
             continue
         return key
+    refusals: list[str] = []
     if authorities:
         vouched, refusals = verify_with_authorities(
             bundle, authorities, role=role, timestamp_authorities=timestamp_authorities
@@ -174,6 +177,18 @@ def verify_bundle_signature(
         if vouched is not None:
             return vouched
         reasons.extend(refusals)
+    # An authority's refusal (another identity, an untrusted root) is the reason itself: it stays in the line.
+    if not named and not refusals:
+        stated = bundle.hint or bundle.signature.keyid
+        other_role = next((k.name for k in keys if k.is_named_by(selectors)), None)
+        raise UntrustedSignerError(
+            bundle.source,
+            stated,
+            [(k.name, k.keyid) for k in candidates],
+            role=role,
+            reasons=reasons,
+            named_key=other_role,
+        )
     detail = "; ".join(reasons) if reasons else f"no configured key may sign {role!r}"
     verdict = "invalid signature" if named else "signed by a key not trusted here"
     raise SignatureError(

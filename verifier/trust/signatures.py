@@ -235,7 +235,12 @@ def verify_signatures(
         verified.append(VerifiedBundle(path, key, manifest))
     if not verified:
         unchecked = "".join(f"; {p.name} not checked (no configured key of its algorithm)" for p in skipped)
-        raise SignatureError(f"{model}: no signature bundle was signed by a configured key{unchecked}")
+        advice = (
+            ": give the signer's public key (--trusted-key) or a policy that trusts it" if skipped else ""
+        )
+        raise SignatureError(
+            f"{model}: no signature bundle was signed by a configured key{unchecked}{advice}"
+        )
     missing_algs = policy.require_algorithms - {b.algorithm for b in verified}
     if missing_algs:
         missing = ", ".join(sorted(a.value for a in missing_algs))

@@ -21,6 +21,7 @@ check (`modelsec.verifier.trust.x509_chain.trusted_times`) and the time check of
 from __future__ import annotations
 
 import hashlib
+import ssl
 import threading
 import urllib.error
 import urllib.request
@@ -87,6 +88,20 @@ def load_timestamp_authority(path: Path, *, name: str | None = None) -> Timestam
     return TimestampAuthority(name or path.name, roots, tuple(c for c in certs if c.subject != c.issuer))
 
 
+def _next_step(e: OSError) -> str:
+    """What to do about a TSA that could not be spoken to (`e`: urllib's error, its `reason` the cause)."""
+    if isinstance(e, urllib.error.HTTPError):
+        return f"it answered HTTP {e.code}: check the URL"
+    reason = getattr(e, "reason", e)
+    if isinstance(reason, ssl.SSLCertVerificationError):
+        return "its TLS certificate is not trusted by this machine's roots (or $SSL_CERT_FILE)"
+    if isinstance(reason, ssl.SSLError):
+        return "the TLS handshake failed: for a plain-HTTP TSA, give an http:// URL"
+    if isinstance(reason, TimeoutError):
+        return "no answer in time: check the URL and the network, then retry"
+    return "cannot connect: check the URL and that the TSA is running, then retry"
+
+
 def check_timestamp_url(url: str) -> None:
     """Refuse a TSA URL that is not `http://` or `https://` (urllib would open `file:` and others).
 
@@ -136,7 +151,9 @@ def request_timestamp(signature: bytes, url: str, *, timeout: float = 30.0) -> b
         with urllib.request.urlopen(http, timeout=timeout) as reply:  # noqa: S310
             body = reply.read(_MAX_RESPONSE_BYTES + 1)
     except (urllib.error.URLError, OSError) as e:
-        raise BackendUnavailableError(f"{url}: timestamp authority unavailable: {e}") from e
+        raise BackendUnavailableError(
+            f"{url}: timestamp authority unavailable: {_next_step(e)}"
+        ).with_details(str(e)) from e
     if len(body) > _MAX_RESPONSE_BYTES:
         raise MalformedArtifactError(f"{url}: timestamp response exceeds {_MAX_RESPONSE_BYTES} bytes")
     response = _decode(body, what=f"{url}: timestamp response")

@@ -13,7 +13,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
 from modelsec.attestations.bundle import parse_bundle
-from modelsec.errors import AuthenticationError, BackendUnavailableError, PermissionDeniedError
+from modelsec.errors import (
+    AuthenticationError,
+    BackendUnavailableError,
+    PermissionDeniedError,
+    ServerUnreachableError,
+)
 from modelsec.service.client import ChannelOptions, ModelsecClient
 from modelsec.signer import load_private_key_file, sign_model
 from tests.conftest import write_tiny_model
@@ -104,8 +109,9 @@ def test_tls_with_bearer_token(tmp_path: Path, key_dir: Path, tls: dict[str, Pat
         with ModelsecClient(
             server.target, ChannelOptions(ca=tls["rogue"], server_name="localhost", token="t0ken")
         ) as c:
-            with pytest.raises(BackendUnavailableError, match="UNAVAILABLE"):
+            with pytest.raises(ServerUnreachableError) as info:
                 c.list_keys()
+            assert info.value.problem == "untrusted-certificate" and "UNAVAILABLE" in info.value.details[0]
 
 
 def test_health_and_reflection_with_the_standard_clients(

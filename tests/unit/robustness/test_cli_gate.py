@@ -72,7 +72,7 @@ def _run(
         ("float-labels", "MalformedArtifactError", "integer class indices"),
         ("out-of-range", "MalformedArtifactError", "outside the valid range"),
         ("wrong-shape", "PolicyError", "cannot run on dataset inputs of shape"),
-        ("untrusted", "SignatureError", "no trusted key"),
+        ("untrusted", "UntrustedSignerError", "no trusted key"),
         ("bad-arch", "PolicyError", "does not match the verified weights"),
         ("missing-key", "KeyMaterialError", "cannot read the key file"),
         ("bad-eps", "UsageError", "Invalid value for '--eps': -1.0 is not in the range x>=0"),

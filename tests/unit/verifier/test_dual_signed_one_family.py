@@ -113,11 +113,12 @@ def test_a_key_of_another_curve_is_named_as_such(
         "verify", model, "-s", model / "model.sig", "--trusted-key", key_dir / "ecdsa-p256.pub.pem", "--json"
     )
     assert code == 1
-    message = out["error"]["message"]
-    # Another signer's bundle: not "invalid", only not signed by a key trusted here (issue 31).
+    message, (detail,) = out["error"]["message"], out["error"]["details"]
+    # Another signer's bundle: not "invalid", only not signed by a key trusted here (issue 31); each key's
+    # reason is the detail (--verbose, `error.details`).
     assert "model.sig: signed by a key not trusted here" in message and "invalid" not in message
-    assert "ecdsa-p256.pub.pem: an ecdsa-p256 key cannot have made this signature" in message
-    assert "(it has the form of an ecdsa-p384 signature)" in message
+    assert "ecdsa-p256.pub.pem: an ecdsa-p256 key cannot have made this signature" in detail
+    assert "(it has the form of an ecdsa-p384 signature)" in detail
     # ...and the other way round: a P-384 key, the P-256 bundle.
     code, out, _ = _invoke(
         "verify",
@@ -128,10 +129,10 @@ def test_a_key_of_another_curve_is_named_as_such(
         key_dir / "ecdsa-p384.pub.pem",
         "--json",
     )
-    message = out["error"]["message"]
-    assert "an ecdsa-p384 key cannot have made this signature" not in message  # in range for P-384: it checks
-    assert "does not verify under key" in message
-    assert "(it has the form of an ecdsa-p256 or sm2 signature)" in message
+    (detail,) = out["error"]["details"]
+    assert "an ecdsa-p384 key cannot have made this signature" not in detail  # in range for P-384: it checks
+    assert "does not verify under key" in detail
+    assert "(it has the form of an ecdsa-p256 or sm2 signature)" in detail
 
 
 def test_a_key_of_another_parameter_set_is_named_as_such(dual: dict[str, Path], key_dir: Path) -> None:
@@ -146,7 +147,7 @@ def test_a_key_of_another_parameter_set_is_named_as_such(dual: dict[str, Path], 
         "--json",
     )
     assert code == 1
-    message = out["error"]["message"]
-    assert "ml-dsa-65.pub.pem: an ml-dsa-65 key cannot have made this signature" in message
+    message, (detail,) = out["error"]["message"], out["error"]["details"]
+    assert "ml-dsa-65.pub.pem: an ml-dsa-65 key cannot have made this signature" in detail
     assert "signed by a key not trusted here" in message and "invalid" not in message
-    assert "(it has the form of an ml-dsa-44 signature)" in message
+    assert "(it has the form of an ml-dsa-44 signature)" in detail

@@ -73,7 +73,8 @@ def test_wrong_key_of_a_checkable_scheme_is_still_refused(
 ) -> None:
     code, out, _ = _invoke(*command, both_signed, "--trusted-key", key_dir / "other.pub.pem", "--json")
     assert code == 1
-    assert json.loads(out)["error"]["kind"] == "SignatureError"
+    # Another signer's bundle (a SignatureError subclass naming the key id it states and the keys tried).
+    assert json.loads(out)["error"]["kind"] == "UntrustedSignerError"
 
 
 def test_explicit_sm2_signature_is_checked_not_skipped(both_signed: Path, key_dir: Path) -> None:
@@ -86,7 +87,7 @@ def test_explicit_sm2_signature_is_checked_not_skipped(both_signed: Path, key_di
         key_dir / "ecdsa-p256.pub.pem",
         "--json",
     )
-    assert code == 1 and json.loads(out)["error"]["kind"] == "SignatureError"
+    assert code == 1 and json.loads(out)["error"]["kind"] == "UntrustedSignerError"  # a SignatureError
 
 
 @pytest.mark.parametrize("command", [["inspect"], ["attest", "list"]])
