@@ -4,7 +4,9 @@ Public API (imported lazily, so `import modelsec.watermark` loads neither numpy 
 
 * `load_key_file`, `parse_key`, `generate_key_file_text`, `WatermarkKey`: the secret key (32 to 64 random
   bytes, hex text or raw; never written to weights, attestations or logs).
-* `embed_model(model_dir, out_dir, key, message)`: write a watermarked copy, shard by shard.
+* `embed_model(model_dir, out_dir, key, message)`: write a watermarked copy, shard by shard: for a causal
+  LM the careful mark (graded, weakest detectable, measured against issue 30's fidelity bar or refused;
+  `modelsec.watermark.careful`); `embed_fixed` (or `careless=True`) for the fixed-strength mark.
 * `detect(model, key, message=None, reference=None)`: blind detection with exact binomial
   false-positive probability and confidence (cosine of ±1 bit vectors).
 * `resynchronise`, `infer_groups`, `NeuronGroup`: undo neuron permutation and scaling against the
@@ -34,7 +36,7 @@ if TYPE_CHECKING:
         write_watermark_attestation,
     )
     from modelsec.watermark.detection import DetectionResult, DetectionThresholds, binomial_tail, detect
-    from modelsec.watermark.embed import EmbedResult, TensorReport, embed_model
+    from modelsec.watermark.embed import EmbedResult, TensorReport, embed_fixed, embed_model
     from modelsec.watermark.io import ArraySource, DirectorySource, TensorRef, TensorSource
     from modelsec.watermark.resync import NeuronGroup, ResyncReport, infer_groups, resynchronise
     from modelsec.watermark.spread_spectrum import (
@@ -65,6 +67,7 @@ __all__ = [
     "WatermarkParams",
     "binomial_tail",
     "detect",
+    "embed_fixed",
     "embed_model",
     "generate_key_file_text",
     "infer_groups",
@@ -93,6 +96,7 @@ _HOME = {
     "detect": "detection",
     "EmbedResult": "embed",
     "TensorReport": "embed",
+    "embed_fixed": "embed",
     "embed_model": "embed",
     "ArraySource": "io",
     "DirectorySource": "io",

@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 
     from modelsec.watermark.fidelity import FidelityReport
 
-__all__ = ["EmbedResult", "TensorReport", "embed_model"]
+__all__ = ["EmbedResult", "TensorReport", "embed_fixed", "embed_model"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,8 +147,84 @@ def embed_model(
     thresholds: DetectionThresholds | None = None,
     limits: Limits | None = None,
     grades: Mapping[str, float] | None = None,
+    careless: bool = False,
+    weakest_anyway: bool = False,
 ) -> EmbedResult:
-    """Write a watermarked copy of a safetensors model directory.
+    """Write a watermarked copy of a model directory: the careful mark for causal LMs, by default.
+
+    A transformers causal LM (config.json naming a `...ForCausalLM` architecture) gets the careful mark
+    (`modelsec.watermark.careful.embed_careful`: cached per-tensor grades, the weakest detectable margin,
+    measured against issue 30's fidelity bar and refused when it misses it) unless `careless` is set or
+    `grades` are given. Every other model, and those two cases, get the fixed-strength mark of
+    `embed_fixed` (margin `params.kappa`, default 3, uniform unless `grades` are given), which measures
+    nothing about the model's outputs.
+
+    Args:
+        model_dir: The unmarked model (safetensors shards plus side files).
+        out_dir: Where to write the marked model (see `embed_fixed`).
+        key: The watermark key (never written anywhere).
+        message: 1 to `max_message_bits / 8` bytes.
+        params: Scheme parameters (careful default: kappa `CAREFUL_KAPPA`; fixed default: `WatermarkParams()`).
+        thresholds: Embed-time detection thresholds (defaults 0.92 / 1e-9).
+        limits: Parser limits.
+        grades: Explicit per-tensor grades: the fixed mark with them (see `embed_fixed`).
+        careless: The fixed kappa-3 ungraded mark even for a causal LM, nothing measured (the CLI's
+            `--no-fidelity-check`).
+        weakest_anyway: Careful path only: write the careful mark even when it misses the bar (the CLI's
+            `--weakest-mark`; the figures are still reported).
+
+    Returns:
+        What was embedded; `fidelity` is set on the careful path.
+
+    Raises:
+        PolicyError: As for `embed_fixed`; on the careful path also a bar the probe cannot bound, or no
+            `transformers` installed.
+        GateFailedError: Careful path: the mark misses the bar or is not detected (nothing is written; the
+            message gives the figures and names the options that embed anyway).
+        MalformedArtifactError: As for `embed_fixed`, or the model cannot be loaded by the probe.
+        PolicyViolationError: A symlink or special file in `model_dir`.
+
+    Example:
+        >>> from modelsec.watermark import embed_model, load_key_file
+        >>> embed_model(Path("llm"), Path("llm-wm"), load_key_file(Path("wm.key")), b"acme/llm v3")
+        ... # doctest: +SKIP
+    """
+    if not careless and grades is None and _is_causal_lm(Path(model_dir)):
+        from modelsec.watermark.careful import embed_careful
+
+        return embed_careful(
+            model_dir,
+            out_dir,
+            key,
+            message,
+            params=params,
+            thresholds=thresholds,
+            limits=limits,
+            weakest_anyway=weakest_anyway,
+        )
+    return embed_fixed(
+        model_dir, out_dir, key, message, params=params, thresholds=thresholds, limits=limits, grades=grades
+    )
+
+
+def _is_causal_lm(model_dir: Path) -> bool:
+    from modelsec.watermark.fidelity import CausalLMProbe, auto_probe
+
+    return isinstance(auto_probe(model_dir), CausalLMProbe)
+
+
+def embed_fixed(
+    model_dir: Path,
+    out_dir: Path,
+    key: WatermarkKey,
+    message: bytes,
+    *,
+    params: WatermarkParams | None = None,
+    thresholds: DetectionThresholds | None = None,
+    limits: Limits | None = None,
+    grades: Mapping[str, float] | None = None,
+) -> EmbedResult:
+    """Write a watermarked copy of a safetensors model directory at a fixed strength (nothing measured).
 
     Guarantees: every code bit reaches `m_b z_b >= kappa` before the cast back to the stored dtype (the
     result's `detection.min_margin` reports it after the cast); no weight changes by more than
@@ -180,8 +256,8 @@ def embed_model(
         PolicyViolationError: A symlink or special file in `model_dir`.
 
     Example:
-        >>> from modelsec.watermark import embed_model, load_key_file
-        >>> embed_model(Path("model"), Path("model-wm"), load_key_file(Path("wm.key")), b"acme/minilm v3")
+        >>> from modelsec.watermark import embed_fixed, load_key_file
+        >>> embed_fixed(Path("model"), Path("model-wm"), load_key_file(Path("wm.key")), b"acme/minilm v3")
         ... # doctest: +SKIP
     """
     import numpy as np
