@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 
     from modelsec.watermark.fidelity import FidelityReport
 
-__all__ = ["EmbedResult", "TensorReport", "embed_fixed", "embed_model"]
+__all__ = ["EmbedResult", "GriddedTensor", "TensorReport", "embed_fixed", "embed_model"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +80,25 @@ class TensorReport:
     shape: tuple[int, ...]
     carriers: int
     max_relative_change: float
+
+
+@dataclass(frozen=True, slots=True)
+class GriddedTensor:
+    """A carrier tensor found on a quantisation grid (`modelsec.watermark.grid`), e.g. dequantised GGUF.
+
+    The mark moves its carriers by a fraction of their magnitude, far below one step of the grid, so
+    re-quantising the marked tensor to this grid snaps it back: the mark does *not* survive that round
+    trip in this tensor.
+
+    Attributes:
+        name: Tensor name.
+        kind: `Q4_0`, `Q4_1` or `Q8_0`.
+        carriers: Carrier elements in it.
+    """
+
+    name: str
+    kind: str
+    carriers: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +127,8 @@ class EmbedResult:
         bytes_processed: Bytes of safetensors files read and written (each counted once).
         fidelity: The measured fidelity loss and its budget (`embed_within_budget`), or None when not
             measured.
+        gridded: Carrier tensors on a quantisation grid: re-quantising the marked model to that grid
+            removes the mark from them (`survives_requantisation` says whether any carrier is left).
     """
 
     out_dir: Path
@@ -129,6 +150,25 @@ class EmbedResult:
     shards: int
     bytes_processed: int
     fidelity: FidelityReport | None = None
+    gridded: tuple[GriddedTensor, ...] = ()
+
+    @property
+    def gridded_carriers(self) -> int:
+        """Carriers in tensors on a quantisation grid (lost to re-quantisation to it)."""
+        return sum(g.carriers for g in self.gridded)
+
+    def requantisation_notice(self) -> str | None:
+        """What re-quantising to the model's own grid does to the mark, in words (None: no gridded tensor)."""
+        if not self.gridded:
+            return None
+        kinds = ", ".join(sorted({g.kind for g in self.gridded}))
+        return (
+            f"{len(self.gridded)} of {len(self.tensors)} carrier tensors sit on a quantisation grid ({kinds}; "
+            f"{self.gridded_carriers} of {self.carriers} carriers): the mark moves them by less than one grid "
+            "step, so re-quantising the marked model to that grid removes the mark from them"
+            + ("; no carrier is left off the grid: the mark does not survive re-quantisation"
+               if self.gridded_carriers >= self.carriers else "")
+        )  # fmt: skip
 
 
 def capacity_bits(carriers: int, params: WatermarkParams) -> int:
@@ -359,6 +399,7 @@ def embed_fixed(
         message_commitment=key.message_commitment(message),
         shards=len(source.shards),
         bytes_processed=writer.bytes_processed,
+        gridded=tuple(writer.gridded),
     )
 
 
@@ -440,6 +481,7 @@ class _Writer:
         self.delta_sq = 0.0
         self.weight_sq = 0.0
         self.bytes_processed = 0
+        self.gridded: list[GriddedTensor] = []
 
     def run(self) -> None:
         # Everything is written through descriptors: the output's parent is opened once and the staging
@@ -542,9 +584,14 @@ class _Writer:
         """Change the carriers of one tensor in `data` (its raw bytes) in place; what changed."""
         import numpy as np
 
+        from modelsec.watermark.grid import grid_of
+
         g = self.params.block_size
         plan = self.plan_for(ref)
         raw = data.view(RAW_DTYPES[ref.dtype])
+        kind = grid_of(decode(raw, ref.dtype, copy=False)) if host.finite else None
+        if kind is not None:
+            self.gridded.append(GriddedTensor(ref.name, kind, plan.carriers))
         grid = raw[: (ref.numel // g) * g].reshape(-1, g)
         old_raw = np.take(grid, plan.blocks, axis=0)
         old = decode(old_raw, ref.dtype, copy=False)

@@ -80,20 +80,28 @@ def grid_of(values: npt.NDArray[np.floating]) -> str | None:
     if not spread.any():
         return None
     blocks = blocks[spread]
+    head = blocks[:64]  # most tensors are on no grid: a few blocks tell, before the whole tensor is checked
     for kind in GRID_KINDS:
-        d, m = _scales(blocks, kind)
-        offset, lo, hi = _levels(kind)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            q = (blocks - m[:, None]) / d[:, None]
-        r = np.rint(q)
-        if (
-            np.isfinite(q).all()
-            and (np.abs(q - r) <= _TOLERANCE).all()
-            and (r >= lo - offset).all()
-            and (r <= hi - offset).all()
-        ):
+        if _on_grid(head, kind) and _on_grid(blocks, kind):
             return kind
     return None
+
+
+def _on_grid(blocks: npt.NDArray[np.float32], kind: str) -> bool:
+    """Whether every block (rows with a spread) lies on `kind`'s grid within `_TOLERANCE` of a step."""
+    import numpy as np
+
+    d, m = _scales(blocks, kind)
+    offset, lo, hi = _levels(kind)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = (blocks - m[:, None]) / d[:, None]
+    r = np.rint(q)
+    return bool(
+        np.isfinite(q).all()
+        and (np.abs(q - r) <= _TOLERANCE).all()
+        and (r >= lo - offset).all()
+        and (r <= hi - offset).all()
+    )
 
 
 def requantise(values: npt.NDArray[np.floating], kind: str) -> npt.NDArray[np.float32]:

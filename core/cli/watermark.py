@@ -278,6 +278,8 @@ def _embed(
                 "kappa": result.params.kappa,
                 "carrierSet": result.params.carrier_set,
                 "fidelity": None if result.fidelity is None else result.fidelity.to_json(),
+                "griddedTensors": [{"name": g.name, "kind": g.kind, "carriers": g.carriers} for g in result.gridded],
+                "requantisationNotice": result.requantisation_notice(),
                 "detection": d.to_json(),
             }
         )
@@ -309,6 +311,9 @@ def _embed(
             f"  fidelity {f.metric} = {f.value:.3g} <= budget {f.budget:g} on {f.probes} probes "
             f"(kappa {result.params.kappa:g}, carriers: {result.params.carrier_set})"
         )
+    notice = result.requantisation_notice()
+    if notice is not None:
+        click.echo(f"  WARNING: {notice}")
     if digest is not None:
         click.echo(f"  attestation {attestation} for model root digest sha256:{digest}")
 
