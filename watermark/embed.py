@@ -86,9 +86,9 @@ class TensorReport:
 class GriddedTensor:
     """A carrier tensor found on a quantisation grid (`modelsec.watermark.grid`), e.g. dequantised GGUF.
 
-    The mark moves its carriers by a fraction of their magnitude, far below one step of the grid, so
-    re-quantising the marked tensor to this grid snaps it back: the mark does *not* survive that round
-    trip in this tensor.
+    The mark moves its carriers by a fraction of their magnitude, mostly below one step of the grid, so
+    re-quantising the marked tensor to this grid snaps most of it back (large weights and moved block
+    extremes keep some); `EmbedResult.requantised` says whether the whole mark survives that round trip.
 
     Attributes:
         name: Tensor name.
@@ -127,8 +127,10 @@ class EmbedResult:
         bytes_processed: Bytes of safetensors files read and written (each counted once).
         fidelity: The measured fidelity loss and its budget (`embed_within_budget`), or None when not
             measured.
-        gridded: Carrier tensors on a quantisation grid: re-quantising the marked model to that grid
-            removes the mark from them (`survives_requantisation` says whether any carrier is left).
+        gridded: Carrier tensors on a quantisation grid.
+        requantised: Detection (message known, same thresholds) on the written weights with every gridded
+            tensor re-quantised to its grid (`modelsec.watermark.grid.requantise`), i.e. what `detect`
+            finds after the model is re-released on its own grid; None when no tensor is gridded.
     """
 
     out_dir: Path
@@ -151,24 +153,39 @@ class EmbedResult:
     bytes_processed: int
     fidelity: FidelityReport | None = None
     gridded: tuple[GriddedTensor, ...] = ()
+    requantised: DetectionResult | None = None
 
     @property
     def gridded_carriers(self) -> int:
-        """Carriers in tensors on a quantisation grid (lost to re-quantisation to it)."""
+        """Carriers in tensors on a quantisation grid."""
         return sum(g.carriers for g in self.gridded)
+
+    @property
+    def survives_requantisation(self) -> bool | None:
+        """Whether the mark is still detected with its message after re-quantisation (None: no grid)."""
+        r = self.requantised
+        return None if r is None else bool(r.detected and r.message_matched is not False)
 
     def requantisation_notice(self) -> str | None:
         """What re-quantising to the model's own grid does to the mark, in words (None: no gridded tensor)."""
-        if not self.gridded:
+        r = self.requantised
+        if r is None:
             return None
         kinds = ", ".join(sorted({g.kind for g in self.gridded}))
-        return (
+        where = (
             f"{len(self.gridded)} of {len(self.tensors)} carrier tensors sit on a quantisation grid ({kinds}; "
-            f"{self.gridded_carriers} of {self.carriers} carriers): the mark moves them by less than one grid "
-            "step, so re-quantising the marked model to that grid removes the mark from them"
-            + ("; no carrier is left off the grid: the mark does not survive re-quantisation"
-               if self.gridded_carriers >= self.carriers else "")
-        )  # fmt: skip
+            f"{self.gridded_carriers} of {self.carriers} carriers)"
+        )
+        figures = (
+            f"bit error rate {r.bit_error_rate:.2f}, confidence {r.confidence:.3f}, false-positive "
+            f"probability {r.false_positive_probability:.3g}, message bits {r.message_matches}/{r.message_bits}"
+        )
+        if self.survives_requantisation:
+            return f"{where}: the mark survives re-quantisation to that grid ({figures})"
+        return (
+            f"{where}: the mark does NOT survive re-quantisation to that grid: re-quantised, it is not "
+            f"detected with its message ({figures}); a stronger mark (--kappa) moves more weights by whole steps"
+        )
 
 
 def capacity_bits(carriers: int, params: WatermarkParams) -> int:
@@ -377,6 +394,13 @@ def embed_fixed(
         k,
     )
     detection, _ = evaluate(blocks, key, params, thresholds, message=message)
+    requantised = None
+    if writer.gridded:
+        rq = ExtractedBlocks(
+            np.concatenate(writer.slots), np.concatenate(writer.rq_c), np.concatenate(writer.rq_e),
+            carriers, len(writer.rq_c), k,
+        )  # fmt: skip
+        requantised, _ = evaluate(rq, key, params, thresholds, message=message)
     active = strength[np.isfinite(strength)]
     return EmbedResult(
         out_dir=Path(out_dir),
@@ -400,6 +424,7 @@ def embed_fixed(
         shards=len(source.shards),
         bytes_processed=writer.bytes_processed,
         gridded=tuple(writer.gridded),
+        requantised=requantised,
     )
 
 
@@ -482,6 +507,8 @@ class _Writer:
         self.weight_sq = 0.0
         self.bytes_processed = 0
         self.gridded: list[GriddedTensor] = []
+        self.rq_c: list[Any] = []  # per-block sums after re-quantising gridded tensors (others: as written)
+        self.rq_e: list[Any] = []
 
     def run(self) -> None:
         # Everything is written through descriptors: the output's parent is opened once and the staging
@@ -584,14 +611,12 @@ class _Writer:
         """Change the carriers of one tensor in `data` (its raw bytes) in place; what changed."""
         import numpy as np
 
-        from modelsec.watermark.grid import grid_of
+        from modelsec.watermark.grid import grid_of, requantise
 
         g = self.params.block_size
         plan = self.plan_for(ref)
         raw = data.view(RAW_DTYPES[ref.dtype])
-        kind = grid_of(decode(raw, ref.dtype, copy=False)) if host.finite else None
-        if kind is not None:
-            self.gridded.append(GriddedTensor(ref.name, kind, plan.carriers))
+        kind = grid_of(decode(raw, ref.dtype, copy=False))
         grid = raw[: (ref.numel // g) * g].reshape(-1, g)
         old_raw = np.take(grid, plan.blocks, axis=0)
         old = decode(old_raw, ref.dtype, copy=False)
@@ -619,6 +644,15 @@ class _Writer:
         stats = block_statistics(written, plan, full=False)
         if stats is not None:
             outcome.blocks = (stats.slots, stats.c, stats.e)
+            outcome.requantised = (stats.c, stats.e)
+            if kind is not None:
+                # What the tensor reads after re-quantisation to its grid (the stored dtype's rounding
+                # aside: the grid's values are float32, as dequantised GGUF weights are).
+                snapped = requantise(decode(raw, ref.dtype), kind)[: (ref.numel // g) * g].reshape(-1, g)
+                rq = block_statistics(np.take(snapped, plan.blocks, axis=0), plan, full=False)
+                outcome.gridded = GriddedTensor(ref.name, kind, plan.carriers)
+                zeros = np.zeros(len(stats.c))
+                outcome.requantised = (zeros, zeros) if rq is None else (rq.c, rq.e)
         return outcome
 
     def _apply(self, o: _Outcome) -> None:
@@ -632,6 +666,11 @@ class _Writer:
             self.slots.append(o.blocks[0])
             self.c.append(o.blocks[1])
             self.e.append(o.blocks[2])
+        if o.requantised is not None:
+            self.rq_c.append(o.requantised[0])
+            self.rq_e.append(o.requantised[1])
+        if o.gridded is not None:
+            self.gridded.append(o.gridded)
 
     def _exact(
         self, ref: TensorRef, plan: CarrierPlan, host: _Host, block_strength: npt.NDArray[np.float64]
@@ -681,6 +720,8 @@ class _Outcome:
     sum_rel: float
     count_rel: int
     blocks: tuple[Any, Any, Any] | None = None
+    requantised: tuple[Any, Any] | None = None
+    gridded: GriddedTensor | None = None
 
 
 def _open_out_parent(out_dir: Path) -> int:

@@ -279,6 +279,7 @@ def _embed(
                 "carrierSet": result.params.carrier_set,
                 "fidelity": None if result.fidelity is None else result.fidelity.to_json(),
                 "griddedTensors": [{"name": g.name, "kind": g.kind, "carriers": g.carriers} for g in result.gridded],
+                "survivesRequantisation": result.survives_requantisation,
                 "requantisationNotice": result.requantisation_notice(),
                 "detection": d.to_json(),
             }
@@ -313,7 +314,7 @@ def _embed(
         )
     notice = result.requantisation_notice()
     if notice is not None:
-        click.echo(f"  WARNING: {notice}")
+        click.echo(f"  {'' if result.survives_requantisation else 'WARNING: '}{notice}")
     if digest is not None:
         click.echo(f"  attestation {attestation} for model root digest sha256:{digest}")
 
