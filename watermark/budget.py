@@ -365,4 +365,3 @@ def _refusal(
         f"bound {thresholds.max_false_positive:g} loses {weakest.loss:.3g} (tried {losses}); raise the "
         "budget, shorten the message, or lower the minimum margin"
     )
-

@@ -141,11 +141,11 @@ def embed_careful(
     """
     from modelsec.signer.statements import model_root_digest
     from modelsec.watermark.grading import (
-        GRADIENT_PROJECTIONS,
         _SEED,
+        GRADIENT_PROJECTIONS,
         cached_grades,
-        gradient_sensitivities,
         grades_from_sensitivities,
+        gradient_sensitivities,
     )
     from modelsec.watermark.output import check_out_dir, move_dir_into_place
 
@@ -191,7 +191,14 @@ def embed_careful(
     try:
         marked = work / "m"
         result = embed_fixed(
-            model_dir, marked, key, message, params=params, thresholds=thresholds, limits=limits, grades=grades
+            model_dir,
+            marked,
+            key,
+            message,
+            params=params,
+            thresholds=thresholds,
+            limits=limits,
+            grades=grades,
         )
         d = result.detection
         if not d.detected or d.message_matched is False:

@@ -173,18 +173,21 @@ class EmbedResult:
             return None
         kinds = ", ".join(sorted({g.kind for g in self.gridded}))
         where = (
-            f"{len(self.gridded)} of {len(self.tensors)} carrier tensors sit on a quantisation grid ({kinds}; "
+            f"{len(self.gridded)} of {len(self.tensors)} carrier tensors sit on a quantisation grid "
+            f"({kinds}; "
             f"{self.gridded_carriers} of {self.carriers} carriers)"
         )
         figures = (
             f"bit error rate {r.bit_error_rate:.2f}, confidence {r.confidence:.3f}, false-positive "
-            f"probability {r.false_positive_probability:.3g}, message bits {r.message_matches}/{r.message_bits}"
+            f"probability {r.false_positive_probability:.3g}, message bits "
+            f"{r.message_matches}/{r.message_bits}"
         )
         if self.survives_requantisation:
             return f"{where}: the mark survives re-quantisation to that grid ({figures})"
         return (
             f"{where}: the mark does NOT survive re-quantisation to that grid: re-quantised, it is not "
-            f"detected with its message ({figures}); a stronger mark (--kappa) moves more weights by whole steps"
+            f"detected with its message ({figures}); a stronger mark (--kappa) moves more weights by whole "
+            "steps"
         )
 
 
@@ -221,7 +224,8 @@ def embed_model(
         out_dir: Where to write the marked model (see `embed_fixed`).
         key: The watermark key (never written anywhere).
         message: 1 to `max_message_bits / 8` bytes.
-        params: Scheme parameters (careful default: kappa `CAREFUL_KAPPA`; fixed default: `WatermarkParams()`).
+        params: Scheme parameters (careful default: kappa `CAREFUL_KAPPA`; fixed default:
+            `WatermarkParams()`).
         thresholds: Embed-time detection thresholds (defaults 0.92 / 1e-9).
         limits: Parser limits.
         grades: Explicit per-tensor grades: the fixed mark with them (see `embed_fixed`).

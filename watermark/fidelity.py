@@ -563,13 +563,16 @@ class GreedyFidelity:
         out: list[str] = []
         if self.changed_upper_bound > 1.0 - min_unchanged:
             out.append(
-                f"{self.pairs - self.gated_unchanged}/{self.pairs} probe continuations changed at a top-2 gap "
+                f"{self.pairs - self.gated_unchanged}/{self.pairs} probe continuations changed at a top-2 "
+                "gap "
                 f"over {self.gate_nats:g} nats: the changed rate is bounded only by "
                 f"{self.changed_upper_bound:.2%} ({self.confidence:.0%} Clopper-Pearson), over "
                 f"{1.0 - min_unchanged:.2%}"
             )
         if self.flip_rate > self.bf16_flip_rate:
-            out.append(f"teacher-forced top-1 flip rate {self.flip_rate:.3%} > bf16's {self.bf16_flip_rate:.3%}")
+            out.append(
+                f"teacher-forced top-1 flip rate {self.flip_rate:.3%} > bf16's {self.bf16_flip_rate:.3%}"
+            )
         if self.mean_kl > self.bf16_mean_kl:
             out.append(f"mean KL {self.mean_kl:.3g} nats > bf16's {self.bf16_mean_kl:.3g}")
         worst = max((abs(p) for p in self.perplexity_change), default=0.0)
@@ -583,7 +586,8 @@ class GreedyFidelity:
         return (
             f"{self.gated_unchanged}/{self.pairs} continuations unchanged at a top-2 gap over "
             f"{self.gate_nats:g} nats ({self.gated_rate:.2%}; changed rate <= {self.changed_upper_bound:.2%} "
-            f"at {self.confidence:.0%}), {self.tie_rate:.2%} at {NEAR_TIE_NATS:g} nats, {self.exact_rate:.2%} "
+            f"at {self.confidence:.0%}), {self.tie_rate:.2%} at {NEAR_TIE_NATS:g} nats, "
+            f"{self.exact_rate:.2%} "
             f"identical; teacher-forced flips {self.flip_rate:.3%} (bf16 {self.bf16_flip_rate:.3%}), mean KL "
             f"{self.mean_kl:.3g} (bf16 {self.bf16_mean_kl:.3g}); perplexity change <= {ppl:.3%}"
         )

@@ -184,8 +184,10 @@ def gradient_sensitivities(model: Any, groups: Sequence[Any], *, projections: in
 
 
 def grades_cache_dir() -> Path:
-    """Where cached grades live: `$MODELSEC_GRADES_CACHE`, else `$XDG_CACHE_HOME/modelsec/grades`, else
-    `~/.cache/modelsec/grades`."""
+    """The grades cache directory.
+
+    `$MODELSEC_GRADES_CACHE`, else `$XDG_CACHE_HOME/modelsec/grades`, else `~/.cache/modelsec/grades`.
+    """
     import os
 
     explicit = os.environ.get("MODELSEC_GRADES_CACHE")

@@ -38,7 +38,9 @@ def _f16(x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
     return x.astype(np.float16).astype(np.float32)
 
 
-def _scales(blocks: npt.NDArray[np.float32], kind: str) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+def _scales(
+    blocks: npt.NDArray[np.float32], kind: str
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
     """Per-block `(d, m)` as the reference quantiser computes them (float32, before the float16 store)."""
     import numpy as np
 
@@ -129,8 +131,9 @@ def requantise(values: npt.NDArray[np.floating], kind: str) -> npt.NDArray[np.fl
         inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
     scaled = (blocks - m[:, None]) * inv[:, None]
     if kind == "Q8_0":
-        q = np.rint(scaled)  # roundf: ties away from zero; rint's ties-to-even differs only on exact .5
+        q = np.trunc(scaled + np.copysign(np.float32(0.5), scaled))  # roundf: halves away from zero
     else:
         q = np.trunc(scaled + np.float32(offset + 0.5)) - offset  # (int8)(x * id + offset + 0.5)
     q = np.clip(q + offset, lo, hi) - offset
-    return (q * _f16(d)[:, None] + _f16(m)[:, None]).astype(np.float32).reshape(x.shape)
+    out: npt.NDArray[np.float32] = (q * _f16(d)[:, None] + _f16(m)[:, None]).astype(np.float32)
+    return out.reshape(x.shape)

@@ -204,7 +204,9 @@ def _embed(
     if architecture is not None and no_fidelity_check:
         raise click.UsageError("--arch measures fidelity: do not combine it with --no-fidelity-check")
     if weakest_mark and no_fidelity_check:
-        raise click.UsageError("--weakest-mark is the careful mark: do not combine it with --no-fidelity-check")
+        raise click.UsageError(
+            "--weakest-mark is the careful mark: do not combine it with --no-fidelity-check"
+        )
     sources = key_password_sources(key_passwords, [sign_key] if sign_key else [])
     from modelsec.watermark.careful import CAREFUL_KAPPA
 
@@ -278,7 +280,9 @@ def _embed(
                 "kappa": result.params.kappa,
                 "carrierSet": result.params.carrier_set,
                 "fidelity": None if result.fidelity is None else result.fidelity.to_json(),
-                "griddedTensors": [{"name": g.name, "kind": g.kind, "carriers": g.carriers} for g in result.gridded],
+                "griddedTensors": [
+                    {"name": g.name, "kind": g.kind, "carriers": g.carriers} for g in result.gridded
+                ],
                 "survivesRequantisation": result.survives_requantisation,
                 "requantisationNotice": result.requantisation_notice(),
                 "detection": d.to_json(),
@@ -299,12 +303,14 @@ def _embed(
         f"false-positive probability {d.false_positive_probability:.3g} "
         f"(log10 {d.log10_false_positive_probability:.1f})"
     )
-    if result.fidelity is not None and result.fidelity.greedy is not None:
+    greedy = None if result.fidelity is None else result.fidelity.greedy
+    if result.fidelity is not None and greedy is not None:
         f = result.fidelity
         click.echo(
             f"  fidelity ({'meets' if f.met else 'MISSES'} the bar: changed rate <= {f.budget:.2%}; kappa "
-            f"{result.params.kappa:g}, graded, grades {'from the cache' if f.grades_cached else 'computed'}): "
-            f"{f.greedy.summary()}"
+            f"{result.params.kappa:g}, graded, grades "
+            f"{'from the cache' if f.grades_cached else 'computed'}): "
+            f"{greedy.summary()}"
         )
     elif result.fidelity is not None:
         f = result.fidelity

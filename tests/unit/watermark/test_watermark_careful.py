@@ -112,8 +112,10 @@ def test_weakest_anyway_and_the_grades_cache(lm: Path, tmp_path: Path, cache: Pa
 
 
 def test_a_bar_the_probe_cannot_bound_is_refused_first(lm: Path, tmp_path: Path, cache: Path) -> None:
-    with pytest.raises(PolicyError, match=r"240 probe prompts bound the changed rate at 1\.240% even with none"
-                       r" changed .* it needs at least 2995 prompts"):  # fmt: skip
+    bar = (
+        r"240 probe prompts bound the changed rate at 1\.240% even with none changed .* at least 2995 prompts"
+    )
+    with pytest.raises(PolicyError, match=bar):
         embed_careful(lm, tmp_path / "out", KEY, b"F", min_unchanged=0.999)
     assert _siblings(tmp_path) == [] and not cache.exists()
     r = run_cli("watermark", "embed", lm, "--watermark-key", _key_file(tmp_path), "-m", "F", "-o",
@@ -138,7 +140,9 @@ def test_cli_default_and_explicit_options(lm: Path, tmp_path: Path, cache: Path)
     assert err["ok"] is False and "--weakest-mark" in json.dumps(err), err
     assert not (tmp_path / "o").exists()
 
-    r = run_cli("watermark", "embed", lm, "--watermark-key", key, "-m", "F", "-o", tmp_path / "w", "--weakest-mark")
+    r = run_cli(
+        "watermark", "embed", lm, "--watermark-key", key, "-m", "F", "-o", tmp_path / "w", "--weakest-mark"
+    )
     assert r.returncode == 0, r.stderr
     assert "MISSES the bar" in r.stdout and "grades from the cache" in r.stdout and "bf16" in r.stdout
 

@@ -40,7 +40,9 @@ def test_grid_found_and_requantisation_is_idempotent(kind: str) -> None:
     assert grid_of(off) is None
 
 
-@pytest.mark.parametrize(("kind", "kappa", "survives"), [("Q4_1", 1.0, False), ("Q4_1", 3.0, True), ("Q8_0", 1.0, True)])
+@pytest.mark.parametrize(
+    ("kind", "kappa", "survives"), [("Q4_1", 1.0, False), ("Q4_1", 3.0, True), ("Q8_0", 1.0, True)]
+)
 def test_embed_says_whether_the_mark_survives_requantisation(
     kind: str, kappa: float, survives: bool, tmp_path: Path
 ) -> None:
@@ -72,6 +74,8 @@ def test_cli_warns(tmp_path: Path) -> None:
     key = tmp_path / "wm.key"
     key.write_text(bytes(range(1, 33)).hex() + "\n")
     key.chmod(0o600)
-    r = run_cli("watermark", "embed", src, "--watermark-key", key, "-m", "Q4", "-o", tmp_path / "o", "--kappa", "1")
+    r = run_cli(
+        "watermark", "embed", src, "--watermark-key", key, "-m", "Q4", "-o", tmp_path / "o", "--kappa", "1"
+    )
     assert r.returncode == 0, r.stderr
     assert "WARNING:" in r.stdout and "Q4_1" in r.stdout and "does NOT survive re-quantisation" in r.stdout
