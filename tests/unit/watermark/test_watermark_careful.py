@@ -20,7 +20,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from modelsec.errors import GateFailedError, PolicyError  # noqa: E402
-from modelsec.watermark import WatermarkKey, detect, embed_model  # noqa: E402
+from modelsec.signer import load_trusted_key  # noqa: E402
+from modelsec.watermark import WatermarkKey, detect, embed_model, verify_watermark_attestation  # noqa: E402
 from modelsec.watermark.careful import CAREFUL_KAPPA, CAREFUL_PROMPTS, embed_careful  # noqa: E402
 from modelsec.watermark.fidelity import (  # noqa: E402
     GreedyFidelityProbe,
@@ -132,7 +133,7 @@ def _key_file(tmp_path: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_cli_default_and_explicit_options(lm: Path, tmp_path: Path, cache: Path) -> None:
+def test_cli_default_and_explicit_options(lm: Path, tmp_path: Path, cache: Path, key_dir: Path) -> None:
     key = _key_file(tmp_path)
     r = run_cli("watermark", "embed", lm, "--watermark-key", key, "-m", "F", "-o", tmp_path / "o", "--json")
     assert r.returncode == 1
@@ -140,11 +141,16 @@ def test_cli_default_and_explicit_options(lm: Path, tmp_path: Path, cache: Path)
     assert err["ok"] is False and "--weakest-mark" in json.dumps(err), err
     assert not (tmp_path / "o").exists()
 
-    r = run_cli(
-        "watermark", "embed", lm, "--watermark-key", key, "-m", "F", "-o", tmp_path / "w", "--weakest-mark"
-    )
+    att = tmp_path / "w.watermark.json"
+    signing = key_dir / "ecdsa-p256.key.pem"
+    r = run_cli("watermark", "embed", lm, "--watermark-key", key, "-m", "F", "-o", tmp_path / "w",
+                "--weakest-mark", "--signing-key", signing, "--attestation", att)  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "MISSES the bar" in r.stdout and "grades from the cache" in r.stdout and "bf16" in r.stdout
+    trusted = load_trusted_key((key_dir / "ecdsa-p256.pub.pem").read_bytes(), name="ci")
+    fidelity = verify_watermark_attestation(att, [trusted], model_dir=tmp_path / "w").predicate["fidelity"]
+    assert fidelity["metric"] == "gated-greedy-changed-upper-bound" and fidelity["met"] is False
+    assert fidelity["greedy"]["pairs"] == len(CAREFUL_PROMPTS) and fidelity["greedy"]["bf16MeanKl"] > 0
 
     r = run_cli("watermark", "embed", lm, "--watermark-key", key, "-m", "F", "-o", tmp_path / "c",
                 "--no-fidelity-check", "--json")  # fmt: skip
