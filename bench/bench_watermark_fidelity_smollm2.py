@@ -131,8 +131,7 @@ def main() -> None:
             f"key {i}: {per_key[-1]:.0f} s (grades {'cached' if r.fidelity.grades_cached else 'computed'}), "
             f"bar {'met' if r.fidelity.met else 'MISSED'}; probe: {r.fidelity.greedy.summary()}; blind "
             f"detection {blind.detected} message {blind.decoded_message!r} fpp "
-            f"{blind.false_positive_probability:.3g}; gridded tensors {len(r.gridded)} "
-            f"({sorted({g.kind for g in r.gridded})})",
+            f"{blind.false_positive_probability:.3g}; {r.requantisation_notice()}",
             flush=True,
         )
         marked.append(out)
