@@ -29,6 +29,7 @@ from modelsec.watermark.fidelity import (  # noqa: E402
     clopper_pearson_upper,
 )
 from modelsec.watermark.grading import (  # noqa: E402
+    cached_grades,
     grades_from_sensitivities,
     gradient_sensitivities,
     probe_sensitivities,
@@ -108,8 +109,27 @@ def test_weakest_anyway_and_the_grades_cache(lm: Path, tmp_path: Path, cache: Pa
     assert tampered.fidelity is not None and tampered.fidelity.grades_cached is False
     assert (tmp_path / "c" / "model.safetensors").read_bytes() == weights
     assert json.loads(entry.read_text())["grades"] != doc["grades"]
-    entry.write_text("{not json")
-    assert embed_model(lm, tmp_path / "d", KEY, b"F", weakest_anyway=True).fidelity.grades_cached is False  # type: ignore[union-attr]
+
+
+def test_grades_cache_refuses_damaged_and_foreign_files(tmp_path: Path) -> None:
+    calls: list[int] = []
+
+    def compute() -> dict[str, float]:
+        calls.append(1)
+        return {"a": 1.0, "b": 0.5}
+
+    def grades(root: str = "ab" * 32, names: tuple[str, ...] = ("a", "b")) -> tuple[dict[str, float], bool]:
+        return cached_grades(root, {"probe": "p"}, names, compute, cache_dir=tmp_path)
+
+    assert grades() == ({"a": 1.0, "b": 0.5}, False) and grades() == ({"a": 1.0, "b": 0.5}, True)
+    (entry,) = tmp_path.glob("*.json")
+    good = entry.read_text()
+    for bad in ("{not json", "[]", good.replace('"b": 0.5', '"b": 0.25'), good.replace("0.5", "NaN")):
+        entry.write_text(bad)
+        assert grades() == ({"a": 1.0, "b": 0.5}, False)
+    assert grades(root="cd" * 32)[1] is False  # another model: another entry
+    assert grades(names=("a",)) == ({"a": 1.0}, False)  # the grades must cover exactly the tensors asked
+    assert len(calls) == 7
 
 
 def test_a_bar_the_probe_cannot_bound_is_refused_first(lm: Path, tmp_path: Path, cache: Path) -> None:
