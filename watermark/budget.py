@@ -1,5 +1,11 @@
 """Embed within a fidelity budget: the strongest mark whose measured effect on the model stays in budget.
 
+`modelsec watermark embed` uses this search for encoders and `--arch` classifiers. Causal LMs get the careful
+mark instead (`modelsec.watermark.careful`, issue 30): the weakest detectable graded mark judged by gated
+greedy agreement with a stated bound, teacher-forced flips and KL against bf16, and perplexity. The
+measurements below are why: this module's probe loss (any changed continuation of 16 prompts) cannot tell a
+near-tie from a real change and bounds nothing.
+
 Order of preference when they conflict (issue 18): the false-positive bound, then the fidelity budget, then
 capacity. The search (`embed_within_budget`):
 
