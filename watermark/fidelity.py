@@ -148,7 +148,7 @@ def _transformers() -> Any:
             raise  # an extra's module (torch, numpy): the CLI names the extra to install
         raise PolicyError(
             "measuring the fidelity of a transformers model needs the `transformers` package; install it, or "
-            "embed without a fidelity budget"
+            "embed without measuring fidelity (--no-fidelity-check; API: careless=True)"
         ) from e
     return transformers
 
