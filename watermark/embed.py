@@ -186,8 +186,8 @@ class EmbedResult:
             return f"{where}: the mark survives re-quantisation to that grid ({figures})"
         return (
             f"{where}: the mark does NOT survive re-quantisation to that grid: re-quantised, it is not "
-            f"detected with its message ({figures}); a stronger mark (--kappa) moves more weights by whole "
-            "steps"
+            f"detected with its message ({figures}); a stronger mark (larger --kappa) moves more weights by "
+            "whole steps and may survive: this check reports it"
         )
 
 
