@@ -138,6 +138,7 @@ def embed_careful(
         GateFailedError: The mark is not detected at embed time, or misses the bar (the figures, and the
             options that embed anyway, are in the message). Nothing is written.
         MalformedArtifactError: The model cannot be read or loaded.
+        PolicyViolationError: A link or special file in `model_dir` (before the model is loaded).
     """
     from modelsec.signer.statements import model_root_digest
     from modelsec.watermark.grading import (
@@ -165,6 +166,8 @@ def embed_careful(
         )
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     check_out_dir(model_dir, out_dir)
+    # The directory walk refuses links and special files before transformers reads anything from it.
+    root_digest = model_root_digest(model_dir, limits=limits)
     probe = GreedyFidelityProbe(prompts)
     probe.prepare(model_dir)
     model = probe.model
@@ -176,7 +179,7 @@ def embed_careful(
         "seed": _SEED,
     }
     grades, from_cache = cached_grades(
-        model_root_digest(model_dir, limits=limits),
+        root_digest,
         settings,
         names,
         lambda: grades_from_sensitivities(

@@ -19,7 +19,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from modelsec.errors import GateFailedError, PolicyError  # noqa: E402
+from modelsec.errors import GateFailedError, PolicyError, PolicyViolationError  # noqa: E402
 from modelsec.signer import load_trusted_key  # noqa: E402
 from modelsec.watermark import WatermarkKey, detect, embed_model, verify_watermark_attestation  # noqa: E402
 from modelsec.watermark.careful import CAREFUL_KAPPA, CAREFUL_PROMPTS, embed_careful  # noqa: E402
@@ -215,3 +215,12 @@ def test_the_metric_gates_and_measures_against_bf16(lm: Path, tmp_path: Path) ->
     strict = GreedyFidelityProbe(CAREFUL_PROMPTS[:48], gate_nats=0.0)
     strict.prepare(lm)
     assert strict.measure([tmp_path / "careless"]).gated_unchanged == both.exact_unchanged // 2
+
+
+def test_a_link_in_the_model_is_refused_before_anything_loads(lm: Path, tmp_path: Path, cache: Path) -> None:
+    src = tmp_path / "src"
+    shutil.copytree(lm, src)
+    (src / "extra.json").symlink_to("/etc/hostname")
+    with pytest.raises(PolicyViolationError, match=r"extra\.json"):
+        embed_model(src, tmp_path / "out", KEY, b"F")
+    assert _siblings(tmp_path) == ["src"] and not cache.exists()
