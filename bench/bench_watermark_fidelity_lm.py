@@ -82,7 +82,7 @@ def matrix(lm: Path, work: Path, prompts: list[str], keys: int) -> None:
             embed_model(lm, out, _key(i), b"F", params=WEAKEST, grades=grades)
         except PolicyError:  # a bit would move its top-graded carriers > 25 %: the search tries ungraded
             ungraded.append(i)
-            embed_model(lm, out, _key(i), b"F", params=WEAKEST)
+            embed_model(lm, out, _key(i), b"F", params=WEAKEST, careless=True)
         changed.extend((p, i) for p in held_out.compare(out)[0])
         ppl_after.append(F.perplexity(out))
         blind = wm_detect(out, _key(i))  # blind: the key only, default thresholds
@@ -153,7 +153,7 @@ def near_ties(lm: Path, work: Path, prompts: list[str], seeds: int) -> None:
         _noisy_copy(lm, work / f"noise{seed}", seed)
         changed += len(held_out.compare(work / f"noise{seed}")[0])
         shutil.rmtree(work / f"noise{seed}")
-    mark = embed_model(lm, work / "mark", KEY, b"F", params=WEAKEST)
+    mark = embed_model(lm, work / "mark", KEY, b"F", params=WEAKEST, careless=True)
     print(f"prompts with a top-2 logit gap < 1e-3 nats: {ties} (smallest {min(margins):.2g})")
     print(f"relative weight noise {NOISE_RELATIVE:g}: {changed} / {seeds * len(prompts)} pairs changed")
     print(

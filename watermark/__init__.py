@@ -4,7 +4,9 @@ Public API (imported lazily, so `import modelsec.watermark` loads neither numpy 
 
 * `load_key_file`, `parse_key`, `generate_key_file_text`, `WatermarkKey`: the secret key (32 to 64 random
   bytes, hex text or raw; never written to weights, attestations or logs).
-* `embed_model(model_dir, out_dir, key, message)`: write a watermarked copy, shard by shard.
+* `embed_model(model_dir, out_dir, key, message)`: write a watermarked copy, shard by shard: for a causal
+  LM the careful mark (graded, weakest detectable, measured against the greedy-fidelity bar or refused;
+  `modelsec.watermark.careful`); `embed_fixed` (or `careless=True`) for the fixed-strength mark.
 * `detect(model, key, message=None, reference=None)`: blind detection by the Stouffer statistic of the
   pilot bits, with a false-positive bound that holds for any host (Hoeffding/Pinelis), the exact binomial
   tail of the sign rule and the confidence (cosine of ±1 bit vectors) beside it.
@@ -43,7 +45,7 @@ if TYPE_CHECKING:
         normal_tail,
         rademacher_tail_bound,
     )
-    from modelsec.watermark.embed import EmbedResult, TensorReport, embed_model
+    from modelsec.watermark.embed import EmbedResult, TensorReport, embed_fixed, embed_model
     from modelsec.watermark.io import ArraySource, DirectorySource, TensorRef, TensorSource
     from modelsec.watermark.resync import (
         AttentionLayout,
@@ -81,6 +83,7 @@ __all__ = [
     "WatermarkParams",
     "binomial_tail",
     "detect",
+    "embed_fixed",
     "embed_model",
     "generate_key_file_text",
     "infer_groups",
@@ -113,6 +116,7 @@ _HOME = {
     "detect": "detection",
     "EmbedResult": "embed",
     "TensorReport": "embed",
+    "embed_fixed": "embed",
     "embed_model": "embed",
     "ArraySource": "io",
     "DirectorySource": "io",

@@ -1,5 +1,11 @@
 """Embed within a fidelity budget: the strongest mark whose measured effect on the model stays in budget.
 
+`modelsec watermark embed` uses this search for encoders and `--arch` classifiers. Causal LMs get the careful
+mark instead (`modelsec.watermark.careful`, issue 30): the weakest detectable graded mark judged by gated
+greedy agreement with a stated bound, teacher-forced flips and KL against bf16, and perplexity. The
+measurements below are why: this module's probe loss (any changed continuation of 16 prompts) cannot tell a
+near-tie from a real change and bounds nothing.
+
 Order of preference when they conflict (issue 18): the false-positive bound, then the fidelity budget, then
 capacity. The search (`embed_within_budget`):
 
@@ -85,7 +91,7 @@ from modelsec.errors import GateFailedError, PolicyError
 from modelsec.limits import Limits
 from modelsec.signer.watermark_keys import WatermarkKey
 from modelsec.watermark.detection import DetectionThresholds
-from modelsec.watermark.embed import EmbedResult, embed_model
+from modelsec.watermark.embed import EmbedResult, embed_fixed
 from modelsec.watermark.fidelity import FidelityProbe, FidelityReport, check_budget
 from modelsec.watermark.grading import grades_from_sensitivities, probe_sensitivities
 from modelsec.watermark.spread_spectrum import CARRIER_SETS, WatermarkParams
@@ -165,7 +171,7 @@ def embed_within_budget(
         raise PolicyError(f"min_kappa must be in (0, kappa={params.kappa}], got {min_kappa}")
     if not 0 <= steps <= 10:
         raise PolicyError(f"steps must be in [0, 10], got {steps}")
-    from modelsec.watermark.output import check_out_dir
+    from modelsec.watermark.output import check_out_dir, move_dir_into_place
 
     check_out_dir(Path(model_dir), Path(out_dir))
     probe.prepare(Path(model_dir))
@@ -181,7 +187,7 @@ def embed_within_budget(
         best = search.run(params, sets, min_kappa, steps, tried)
         if best is None or best.result is None or best.directory is None:
             raise GateFailedError(_refusal(model_dir, probe, max_fidelity_loss, thresholds, tried))
-        _move_into_place(best.directory, Path(out_dir))
+        move_dir_into_place(best.directory, Path(out_dir))
         best.directory = None
         report = FidelityReport(
             metric=probe.metric,
@@ -245,7 +251,7 @@ class _Search:
         return t
 
     def _embed(self, directory: Path, params: WatermarkParams, kappa: float, graded: bool) -> EmbedResult:
-        return embed_model(
+        return embed_fixed(
             self.model_dir,
             directory,
             self.key,
@@ -365,14 +371,3 @@ def _refusal(
         f"bound {thresholds.max_false_positive:g} loses {weakest.loss:.3g} (tried {losses}); raise the "
         "budget, shorten the message, or lower the minimum margin"
     )
-
-
-def _move_into_place(directory: Path, out_dir: Path) -> None:
-    import os
-
-    try:
-        if out_dir.exists():
-            out_dir.rmdir()
-        os.rename(directory, out_dir)
-    except OSError as e:
-        raise PolicyError(f"{out_dir}: cannot move the watermarked model into place: {e.strerror}") from None

@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 
     from modelsec.watermark.fidelity import FidelityReport
 
-__all__ = ["EmbedResult", "TensorReport", "embed_model"]
+__all__ = ["EmbedResult", "GriddedTensor", "TensorReport", "embed_fixed", "embed_model"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +80,25 @@ class TensorReport:
     shape: tuple[int, ...]
     carriers: int
     max_relative_change: float
+
+
+@dataclass(frozen=True, slots=True)
+class GriddedTensor:
+    """A carrier tensor found on a quantisation grid (`modelsec.watermark.grid`), e.g. dequantised GGUF.
+
+    The mark moves its carriers by a fraction of their magnitude, mostly below one step of the grid, so
+    re-quantising the marked tensor to this grid snaps most of it back (large weights and moved block
+    extremes keep some); `EmbedResult.requantised` says whether the whole mark survives that round trip.
+
+    Attributes:
+        name: Tensor name.
+        kind: `Q4_0`, `Q4_1` or `Q8_0`.
+        carriers: Carrier elements in it.
+    """
+
+    name: str
+    kind: str
+    carriers: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +127,10 @@ class EmbedResult:
         bytes_processed: Bytes of safetensors files read and written (each counted once).
         fidelity: The measured fidelity loss and its budget (`embed_within_budget`), or None when not
             measured.
+        gridded: Carrier tensors on a quantisation grid.
+        requantised: Detection (message known, same thresholds) on the written weights with every gridded
+            tensor re-quantised to its grid (`modelsec.watermark.grid.requantise`), i.e. what `detect`
+            finds after the model is re-released on its own grid; None when no tensor is gridded.
     """
 
     out_dir: Path
@@ -129,6 +152,43 @@ class EmbedResult:
     shards: int
     bytes_processed: int
     fidelity: FidelityReport | None = None
+    gridded: tuple[GriddedTensor, ...] = ()
+    requantised: DetectionResult | None = None
+
+    @property
+    def gridded_carriers(self) -> int:
+        """Carriers in tensors on a quantisation grid."""
+        return sum(g.carriers for g in self.gridded)
+
+    @property
+    def survives_requantisation(self) -> bool | None:
+        """Whether the mark is still detected with its message after re-quantisation (None: no grid)."""
+        r = self.requantised
+        return None if r is None else bool(r.detected and r.message_matched is not False)
+
+    def requantisation_notice(self) -> str | None:
+        """What re-quantising to the model's own grid does to the mark, in words (None: no gridded tensor)."""
+        r = self.requantised
+        if r is None:
+            return None
+        kinds = ", ".join(sorted({g.kind for g in self.gridded}))
+        where = (
+            f"{len(self.gridded)} of {len(self.tensors)} carrier tensors sit on a quantisation grid "
+            f"({kinds}; "
+            f"{self.gridded_carriers} of {self.carriers} carriers)"
+        )
+        figures = (
+            f"bit error rate {r.bit_error_rate:.2f}, confidence {r.confidence:.3f}, false-positive "
+            f"probability {r.false_positive_probability:.3g}, message bits "
+            f"{r.message_matches}/{r.message_bits}"
+        )
+        if self.survives_requantisation:
+            return f"{where}: the mark survives re-quantisation to that grid ({figures})"
+        return (
+            f"{where}: the mark does NOT survive re-quantisation to that grid: re-quantised, it is not "
+            f"detected with its message ({figures}); a stronger mark (larger --kappa) moves more weights by "
+            "whole steps and may survive: this check reports it"
+        )
 
 
 def capacity_bits(carriers: int, params: WatermarkParams) -> int:
@@ -147,8 +207,85 @@ def embed_model(
     thresholds: DetectionThresholds | None = None,
     limits: Limits | None = None,
     grades: Mapping[str, float] | None = None,
+    careless: bool = False,
+    weakest_anyway: bool = False,
 ) -> EmbedResult:
-    """Write a watermarked copy of a safetensors model directory.
+    """Write a watermarked copy of a model directory: the careful mark for causal LMs, by default.
+
+    A transformers causal LM (config.json naming a `...ForCausalLM` architecture) gets the careful mark
+    (`modelsec.watermark.careful.embed_careful`: cached per-tensor grades, the weakest detectable margin,
+    measured against issue 30's fidelity bar and refused when it misses it) unless `careless` is set or
+    `grades` are given. Every other model, and those two cases, get the fixed-strength mark of
+    `embed_fixed` (margin `params.kappa`, default 3, uniform unless `grades` are given), which measures
+    nothing about the model's outputs.
+
+    Args:
+        model_dir: The unmarked model (safetensors shards plus side files).
+        out_dir: Where to write the marked model (see `embed_fixed`).
+        key: The watermark key (never written anywhere).
+        message: 1 to `max_message_bits / 8` bytes.
+        params: Scheme parameters (careful default: kappa `CAREFUL_KAPPA`; fixed default:
+            `WatermarkParams()`).
+        thresholds: Embed-time detection thresholds (defaults 0.92 / 1e-9).
+        limits: Parser limits.
+        grades: Explicit per-tensor grades: the fixed mark with them (see `embed_fixed`).
+        careless: The fixed kappa-3 ungraded mark even for a causal LM, nothing measured (the CLI's
+            `--no-fidelity-check`).
+        weakest_anyway: Careful path only: write the careful mark even when it misses the bar (the CLI's
+            `--weakest-mark`; the figures are still reported).
+
+    Returns:
+        What was embedded; `fidelity` is set on the careful path.
+
+    Raises:
+        PolicyError: As for `embed_fixed`; on the careful path also a bar the probe cannot bound, or no
+            `transformers` installed.
+        GateFailedError: Careful path: the mark misses the bar or is not detected (nothing is written; the
+            message gives the figures and names the options that embed anyway).
+        MalformedArtifactError: As for `embed_fixed`, or the model cannot be loaded by the probe.
+        PolicyViolationError: A symlink or special file in `model_dir`.
+
+    Example:
+        >>> from modelsec.watermark import embed_model, load_key_file
+        >>> embed_model(Path("llm"), Path("llm-wm"), load_key_file(Path("wm.key")), b"acme/llm v3")
+        ... # doctest: +SKIP
+    """
+    if not careless and grades is None and _is_causal_lm(Path(model_dir)):
+        from modelsec.watermark.careful import embed_careful
+
+        return embed_careful(
+            model_dir,
+            out_dir,
+            key,
+            message,
+            params=params,
+            thresholds=thresholds,
+            limits=limits,
+            weakest_anyway=weakest_anyway,
+        )
+    return embed_fixed(
+        model_dir, out_dir, key, message, params=params, thresholds=thresholds, limits=limits, grades=grades
+    )
+
+
+def _is_causal_lm(model_dir: Path) -> bool:
+    from modelsec.watermark.fidelity import CausalLMProbe, auto_probe
+
+    return isinstance(auto_probe(model_dir), CausalLMProbe)
+
+
+def embed_fixed(
+    model_dir: Path,
+    out_dir: Path,
+    key: WatermarkKey,
+    message: bytes,
+    *,
+    params: WatermarkParams | None = None,
+    thresholds: DetectionThresholds | None = None,
+    limits: Limits | None = None,
+    grades: Mapping[str, float] | None = None,
+) -> EmbedResult:
+    """Write a watermarked copy of a safetensors model directory at a fixed strength (nothing measured).
 
     Guarantees: every code bit reaches `m_b z_b >= kappa` before the cast back to the stored dtype (the
     result's `detection.min_margin` reports it after the cast); no weight changes by more than
@@ -180,8 +317,8 @@ def embed_model(
         PolicyViolationError: A symlink or special file in `model_dir`.
 
     Example:
-        >>> from modelsec.watermark import embed_model, load_key_file
-        >>> embed_model(Path("model"), Path("model-wm"), load_key_file(Path("wm.key")), b"acme/minilm v3")
+        >>> from modelsec.watermark import embed_fixed, load_key_file
+        >>> embed_fixed(Path("model"), Path("model-wm"), load_key_file(Path("wm.key")), b"acme/minilm v3")
         ... # doctest: +SKIP
     """
     import numpy as np
@@ -261,6 +398,13 @@ def embed_model(
         k,
     )
     detection, _ = evaluate(blocks, key, params, thresholds, message=message)
+    requantised = None
+    if writer.gridded:
+        rq = ExtractedBlocks(
+            np.concatenate(writer.slots), np.concatenate(writer.rq_c), np.concatenate(writer.rq_e),
+            carriers, len(writer.rq_c), k,
+        )  # fmt: skip
+        requantised, _ = evaluate(rq, key, params, thresholds, message=message)
     active = strength[np.isfinite(strength)]
     return EmbedResult(
         out_dir=Path(out_dir),
@@ -283,6 +427,8 @@ def embed_model(
         message_commitment=key.message_commitment(message),
         shards=len(source.shards),
         bytes_processed=writer.bytes_processed,
+        gridded=tuple(writer.gridded),
+        requantised=requantised,
     )
 
 
@@ -364,6 +510,9 @@ class _Writer:
         self.delta_sq = 0.0
         self.weight_sq = 0.0
         self.bytes_processed = 0
+        self.gridded: list[GriddedTensor] = []
+        self.rq_c: list[Any] = []  # per-block sums after re-quantising gridded tensors (others: as written)
+        self.rq_e: list[Any] = []
 
     def run(self) -> None:
         # Everything is written through descriptors: the output's parent is opened once and the staging
@@ -466,9 +615,12 @@ class _Writer:
         """Change the carriers of one tensor in `data` (its raw bytes) in place; what changed."""
         import numpy as np
 
+        from modelsec.watermark.grid import grid_of, requantise
+
         g = self.params.block_size
         plan = self.plan_for(ref)
         raw = data.view(RAW_DTYPES[ref.dtype])
+        kind = grid_of(decode(raw, ref.dtype, copy=False))
         grid = raw[: (ref.numel // g) * g].reshape(-1, g)
         old_raw = np.take(grid, plan.blocks, axis=0)
         old = decode(old_raw, ref.dtype, copy=False)
@@ -496,6 +648,15 @@ class _Writer:
         stats = block_statistics(written, plan, full=False)
         if stats is not None:
             outcome.blocks = (stats.slots, stats.c, stats.e)
+            outcome.requantised = (stats.c, stats.e)
+            if kind is not None:
+                # What the tensor reads after re-quantisation to its grid (the stored dtype's rounding
+                # aside: the grid's values are float32, as dequantised GGUF weights are).
+                snapped = requantise(decode(raw, ref.dtype), kind)[: (ref.numel // g) * g].reshape(-1, g)
+                rq = block_statistics(np.take(snapped, plan.blocks, axis=0), plan, full=False)
+                outcome.gridded = GriddedTensor(ref.name, kind, plan.carriers)
+                zeros = np.zeros(len(stats.c))
+                outcome.requantised = (zeros, zeros) if rq is None else (rq.c, rq.e)
         return outcome
 
     def _apply(self, o: _Outcome) -> None:
@@ -509,6 +670,11 @@ class _Writer:
             self.slots.append(o.blocks[0])
             self.c.append(o.blocks[1])
             self.e.append(o.blocks[2])
+        if o.requantised is not None:
+            self.rq_c.append(o.requantised[0])
+            self.rq_e.append(o.requantised[1])
+        if o.gridded is not None:
+            self.gridded.append(o.gridded)
 
     def _exact(
         self, ref: TensorRef, plan: CarrierPlan, host: _Host, block_strength: npt.NDArray[np.float64]
@@ -558,6 +724,8 @@ class _Outcome:
     sum_rel: float
     count_rel: int
     blocks: tuple[Any, Any, Any] | None = None
+    requantised: tuple[Any, Any] | None = None
+    gridded: GriddedTensor | None = None
 
 
 def _open_out_parent(out_dir: Path) -> int:

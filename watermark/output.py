@@ -75,6 +75,20 @@ def move_into_place(parent_fd: int, staging: str, out_dir: Path) -> None:
         raise PolicyError(f"{out_dir}: cannot move the watermarked model into place: {e.strerror}") from None
 
 
+def move_dir_into_place(directory: Path, out_dir: Path) -> None:
+    """Rename a finished candidate directory (a sibling of `out_dir`) onto `out_dir`, replacing an empty one.
+
+    Raises:
+        PolicyError: The rename failed (`out_dir` not empty, permissions): nothing was moved.
+    """
+    try:
+        if out_dir.exists():
+            out_dir.rmdir()
+        os.rename(directory, out_dir)
+    except OSError as e:
+        raise PolicyError(f"{out_dir}: cannot move the watermarked model into place: {e.strerror}") from None
+
+
 def write_new(staging_fd: int, name: str, chunks: Iterable[Any], out_dir: Path) -> None:
     """Create `name` beneath `staging_fd` (no link followed, never over an existing file); write it.
 

@@ -112,10 +112,9 @@ _watermark_key_option = click.option(
 @click.option(
     "--kappa",
     type=FiniteFloatRange(0, 100, min_open=True),
-    default=3.0,
-    show_default=True,
-    help="Margin of every bit, in standard deviations of the host correlation (with a fidelity budget: "
-    "the largest margin tried).",
+    default=None,
+    help="Margin of every bit, in standard deviations of the host correlation [default: 1 for the careful "
+    "mark of a causal LM, 3 otherwise; with a fidelity budget: the largest margin tried].",
 )
 @click.option(
     "--max-relative-change",
@@ -147,7 +146,27 @@ _watermark_key_option = click.option(
     help="Probe inputs for --arch: safetensors or .npz with `inputs` (N,...) and `labels` (N,), as for "
     "`gate pgd --data` (labels unused), or a loader.",
 )
-@click.option("--no-fidelity-check", is_flag=True, help="Do not measure fidelity (nothing is attested).")
+@click.option(
+    "--min-unchanged",
+    type=FiniteFloatRange(0, 1, min_open=True),
+    default=0.98,
+    show_default=True,
+    help="Causal LMs: the bar of the careful mark: the 95 % Clopper-Pearson bound on the fraction of probe "
+    "continuations changed at a top-2 gap over 0.05 nats must leave at least this unchanged (also: "
+    "teacher-forced flips and KL no larger than bf16 inference's, perplexity within 0.5 %).",
+)
+@click.option(
+    "--weakest-mark",
+    is_flag=True,
+    help="Causal LMs: write the careful (weakest detectable, graded) mark even if it misses the bar; its "
+    "figures are reported and attested as measured.",
+)
+@click.option(
+    "--no-fidelity-check",
+    is_flag=True,
+    help="The careless mark: fixed margin (--kappa, default 3), ungraded, nothing measured or attested "
+    "about fidelity.",
+)
 @json_option
 def _embed(
     model_dir: Path,
@@ -162,10 +181,18 @@ def _embed(
     max_fidelity_loss: float,
     architecture: str | None,
     probe_data: str | None,
+    min_unchanged: float,
+    weakest_mark: bool,
     no_fidelity_check: bool,
     as_json: bool,
 ) -> None:
-    """Write a watermarked copy of MODEL_DIR to --out (dtype, shapes and side files kept)."""
+    """Write a watermarked copy of MODEL_DIR to --out (dtype, shapes and side files kept).
+
+    A causal LM gets the careful mark by default (graded, weakest detectable, grades cached under
+    $XDG_CACHE_HOME/modelsec/grades, measured on 240 probe prompts against --min-unchanged; refused with
+    the figures when it misses the bar); other transformers models the strongest mark within
+    --max-fidelity-loss; --no-fidelity-check the fixed mark.
+    """
     from modelsec.errors import Error
     from modelsec.watermark.embed import embed_model
     from modelsec.watermark.spread_spectrum import WatermarkParams, load_key_file, parse_message
@@ -176,9 +203,19 @@ def _embed(
         raise click.UsageError("--arch and --probe-data must be given together")
     if architecture is not None and no_fidelity_check:
         raise click.UsageError("--arch measures fidelity: do not combine it with --no-fidelity-check")
+    if weakest_mark and no_fidelity_check:
+        raise click.UsageError(
+            "--weakest-mark is the careful mark: do not combine it with --no-fidelity-check"
+        )
     sources = key_password_sources(key_passwords, [sign_key] if sign_key else [])
+    from modelsec.watermark.careful import CAREFUL_KAPPA
+
+    causal = not no_fidelity_check and architecture is None and _is_causal_lm(model_dir)
     with usage_errors("--kappa", "--max-relative-change"):
-        params = WatermarkParams(kappa=kappa, max_relative_change=max_relative_change)
+        params = WatermarkParams(
+            kappa=kappa if kappa is not None else (CAREFUL_KAPPA if causal else 3.0),
+            max_relative_change=max_relative_change,
+        )
     try:
         key = load_key_file(key_file)
         payload = parse_message(message)
@@ -191,8 +228,20 @@ def _embed(
             probe: Any = _classifier_probe(model_dir, architecture, probe_data)
         else:
             probe = None if no_fidelity_check else auto_probe(model_dir)
-        if probe is None:
-            result = embed_model(model_dir, out_dir, key, payload, params=params)
+        if causal:
+            from modelsec.watermark.careful import embed_careful
+
+            result = embed_careful(
+                model_dir,
+                out_dir,
+                key,
+                payload,
+                params=params,
+                min_unchanged=min_unchanged,
+                weakest_anyway=weakest_mark,
+            )
+        elif probe is None:
+            result = embed_model(model_dir, out_dir, key, payload, params=params, careless=True)
         else:
             from modelsec.watermark.budget import embed_within_budget
 
@@ -231,6 +280,11 @@ def _embed(
                 "kappa": result.params.kappa,
                 "carrierSet": result.params.carrier_set,
                 "fidelity": None if result.fidelity is None else result.fidelity.to_json(),
+                "griddedTensors": [
+                    {"name": g.name, "kind": g.kind, "carriers": g.carriers} for g in result.gridded
+                ],
+                "survivesRequantisation": result.survives_requantisation,
+                "requantisationNotice": result.requantisation_notice(),
                 "detection": d.to_json(),
             }
         )
@@ -249,14 +303,37 @@ def _embed(
         f"false-positive probability {d.false_positive_probability:.3g} "
         f"(log10 {d.log10_false_positive_probability:.1f})"
     )
-    if result.fidelity is not None:
+    greedy = None if result.fidelity is None else result.fidelity.greedy
+    if result.fidelity is not None and greedy is not None:
+        f = result.fidelity
+        click.echo(
+            f"  fidelity ({'meets' if f.met else 'MISSES'} the bar: changed rate <= {f.budget:.2%}; kappa "
+            f"{result.params.kappa:g}, graded, grades "
+            f"{'from the cache' if f.grades_cached else 'computed'}): "
+            f"{greedy.summary()}"
+        )
+    elif result.fidelity is not None:
         f = result.fidelity
         click.echo(
             f"  fidelity {f.metric} = {f.value:.3g} <= budget {f.budget:g} on {f.probes} probes "
             f"(kappa {result.params.kappa:g}, carriers: {result.params.carrier_set})"
         )
+    notice = result.requantisation_notice()
+    if notice is not None:
+        click.echo(f"  {'' if result.survives_requantisation else 'WARNING: '}{notice}")
     if digest is not None:
         click.echo(f"  attestation {attestation} for model root digest sha256:{digest}")
+
+
+def _is_causal_lm(model_dir: Path) -> bool:
+    """Whether `embed` gives MODEL_DIR the careful mark (a transformers causal LM); errors come later."""
+    from modelsec.errors import Error
+    from modelsec.watermark.fidelity import CausalLMProbe, auto_probe
+
+    try:
+        return isinstance(auto_probe(model_dir), CausalLMProbe)
+    except Error:
+        return False  # reported by the embedding itself, with the model named
 
 
 @watermark.command(name="detect")

@@ -67,7 +67,7 @@ def test_grades_lower_the_cost_at_the_same_margin(
     probe, grades = probed
     assert max(grades.values()) == 1.0 and grades["lm_head.weight"] < 0.1  # the output head is spared
     params = WatermarkParams(kappa=1.0)
-    uniform = embed_model(lm, tmp_path / "uniform", KEY, b"F", params=params)
+    uniform = embed_model(lm, tmp_path / "uniform", KEY, b"F", params=params, careless=True)
     graded = embed_model(lm, tmp_path / "graded", KEY, b"F", params=params, grades=grades)
     lu, du = probe.loss(tmp_path / "uniform")
     lg, dg = probe.loss(tmp_path / "graded")
