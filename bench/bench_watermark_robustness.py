@@ -6,9 +6,10 @@ Usage: python bench/bench_watermark_robustness.py [--models classifier,minilm,ll
 
 Issue 30 (`llama`): the shipped fortunes Llama (`tests/unit/watermark/fixtures/fortunes-llama`: a real
 `LlamaForCausalLM`, 0.53M parameters, trained on the fortunes text) marked with `--keys` keys (each its own
-message) by `embed_model` with its default parameters, then each attack; every cell is the product's own
-`detect` at the default gate (false-positive probability <= 1e-9) with the message given, so "detected" is
-presence and "msg" is the message read back exactly. Rows (`WM30|attack|mode|...`): casts, int8, int4,
+message) by `embed_fixed` with its default parameters (the fixed kappa-3 mark: the careful default of
+`embed_model` refuses this small model, whose near-ties no detectable mark keeps), then each attack;
+every cell is the product's own `detect` at the default gate (false-positive probability <= 1e-9) with the
+message given, so "detected" is presence and "msg" is the message read back exactly. Rows (`WM30|attack|mode|...`): casts, int8, int4,
 noise, 50 % pruning, `--finetune-steps` steps of AdamW (lr 3e-4, batch 16 x 96 tokens of the fortunes
 training text, the fixture's own recipe), and the function-preserving transforms of
 `tests/unit/watermark/_llama.py` (MLP / attention / residual permutations with scaling, dummy neurons, all at
@@ -51,7 +52,7 @@ import numpy as np
 import torch
 from _common import load_average, machine_lines
 
-from modelsec.watermark import DetectionResult, WatermarkKey, detect, embed_model
+from modelsec.watermark import DetectionResult, WatermarkKey, detect, embed_fixed
 from tests.unit.watermark import _helpers as H
 from tests.unit.watermark import _llama
 
@@ -81,7 +82,7 @@ def run(name: str, work: Path, wrong_keys: int) -> None:
         permute = H.permute_scale_bert
     out = work / f"{name}-marked"
     t0 = time.perf_counter()
-    embedded = embed_model(src, out, key, message)
+    embedded = embed_fixed(src, out, key, message)
     print(
         f"WMEMBED|{name}|{time.perf_counter() - t0:.1f} s|max_rel_change={embedded.max_relative_change:.4f}|"
         f"rel_l2={embedded.relative_l2_change:.4f}|carriers={embedded.carriers}|shards={embedded.shards}"
@@ -99,7 +100,7 @@ def run(name: str, work: Path, wrong_keys: int) -> None:
     attacked = permute(marked)
     row(name, "permute+scale (no resync)", detect(attacked, key, message=message), "not detected")
     row(name, "permute+scale + resync", detect(attacked, key, message=message, reference=src), "BER 0")
-    embed_model(out, work / f"{name}-twice", WatermarkKey.from_bytes(os.urandom(32)), message[::-1])
+    embed_fixed(out, work / f"{name}-twice", WatermarkKey.from_bytes(os.urandom(32)), message[::-1])
     row(
         name, "second mark, other key", detect(work / f"{name}-twice", key, message=message), "msgBER <= 0.01"
     )
@@ -183,7 +184,7 @@ def run_issue30(work: Path, keys: int, finetune_steps: int) -> None:
         key = WatermarkKey.from_bytes(rng.bytes(32))
         message = f"ACME-{i}".encode()
         out = work / f"fortunes-marked-{i}"
-        embedded = embed_model(src, out, key, message)
+        embedded = embed_fixed(src, out, key, message)
         marked = H.load_state(out)
         print(
             f"WM30EMBED|key {i}|kappa {embedded.params.kappa}|"

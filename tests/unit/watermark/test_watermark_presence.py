@@ -15,6 +15,7 @@ from modelsec.watermark import (
     WatermarkKey,
     WatermarkParams,
     detect,
+    embed_fixed,
     embed_model,
     normal_tail,
     rademacher_tail_bound,
@@ -72,7 +73,7 @@ def test_permuted_neurons_and_heads_read_blind_are_present_on_a_llama(tmp_path: 
     Bonferroni factor, by trying the embeddings-only carrier set; the noise test above has no way out.)"""
     key = WatermarkKey.from_bytes(bytes(range(7, 39)))
     ref = _llama.save(_llama.llama_state(), tmp_path / "ref")
-    embed_model(ref, tmp_path / "marked", key, MSG)
+    embed_fixed(ref, tmp_path / "marked", key, MSG)  # fixed mark: a random-weight LM has no fidelity to keep
 
     def attack(state: _llama.Arrays) -> _llama.Arrays:
         return _llama.permute_mlp(_llama.permute_attention(state))

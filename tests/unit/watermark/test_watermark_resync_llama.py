@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from modelsec.errors import MalformedArtifactError
-from modelsec.watermark import AttentionLayout, WatermarkKey, detect, embed_model
+from modelsec.watermark import AttentionLayout, WatermarkKey, detect, embed_fixed
 
 from . import _llama
 from ._helpers import load_state
@@ -37,7 +37,7 @@ BLIND = {
 def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("llama")
     ref = _llama.save(_llama.llama_state(), root / "ref")
-    embed_model(ref, root / "marked", KEY, MSG)
+    embed_fixed(ref, root / "marked", KEY, MSG)
     return ref, root / "marked"
 
 
