@@ -9,8 +9,8 @@ Issue 30 (`llama`): the shipped fortunes Llama (`tests/unit/watermark/fixtures/f
 message) by `embed_fixed` with its default parameters (the fixed kappa-3 mark: the careful default of
 `embed_model` refuses this small model, whose near-ties no detectable mark keeps), then each attack;
 every cell is the product's own `detect` at the default gate (false-positive probability <= 1e-9) with the
-message given, so "detected" is presence and "msg" is the message read back exactly. Rows (`WM30|attack|mode|...`): casts, int8, int4,
-noise, 50 % pruning, `--finetune-steps` steps of AdamW (lr 3e-4, batch 16 x 96 tokens of the fortunes
+message given, so "detected" is presence and "msg" is the message read back exactly. Rows
+(`WM30|attack|mode|...`): casts, int8, int4, noise, 50 % pruning, `--finetune-steps` steps of AdamW (lr 3e-4, batch 16 x 96 tokens of the fortunes
 training text, the fixture's own recipe), and the function-preserving transforms of
 `tests/unit/watermark/_llama.py` (MLP / attention / residual permutations with scaling, dummy neurons, all at
 once), each read blind and with the registered reference (the unmarked original directory, whose
