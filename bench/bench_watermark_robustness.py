@@ -10,12 +10,14 @@ message) by `embed_fixed` with its default parameters (the fixed kappa-3 mark: t
 `embed_model` refuses this small model, whose near-ties no detectable mark keeps), then each attack;
 every cell is the product's own `detect` at the default gate (false-positive probability <= 1e-9) with the
 message given, so "detected" is presence and "msg" is the message read back exactly. Rows
-(`WM30|attack|mode|...`): casts, int8, int4, noise, 50 % pruning, `--finetune-steps` steps of AdamW (lr 3e-4, batch 16 x 96 tokens of the fortunes
-training text, the fixture's own recipe), and the function-preserving transforms of
+(`WM30|attack|mode|...`): casts, int8, int4, noise, 50 % pruning, `--finetune-steps` steps of AdamW
+(lr 3e-4, batch 16 x 96 tokens of the fortunes training text, the fixture's own recipe), and the
+function-preserving transforms of
 `tests/unit/watermark/_llama.py` (MLP / attention / residual permutations with scaling, dummy neurons, all at
 once), each read blind and with the registered reference (the unmarked original directory, whose
-`config.json` gives the head geometry). The `needs` column says whether the reference is needed. Pending:
-re-quantisation to the source grid (issue 30 item 5, the quantisation-aware mark, is another item's work).
+`config.json` gives the head geometry). The `needs` column says whether the reference is needed. Not a row:
+re-quantisation to the source grid (`embed` measures it for grid-sitting tensors and warns; no mark here
+survives a 4-bit grid).
 
 Models (the tests' helpers, `tests/unit/watermark/_helpers.py`):
 * `classifier`: the shipped 64-512-512-10 ReLU MLP on scikit-learn digits (300k weights, 64-bit message,
