@@ -140,6 +140,7 @@ def embed_careful(
         MalformedArtifactError: The model cannot be read or loaded.
         PolicyViolationError: A link or special file in `model_dir` (before the model is loaded).
     """
+    from modelsec.progress import step
     from modelsec.signer.statements import model_root_digest
     from modelsec.watermark.grading import (
         _SEED,
@@ -169,6 +170,7 @@ def embed_careful(
     # The directory walk refuses links and special files before transformers reads anything from it.
     root_digest = model_root_digest(model_dir, limits=limits)
     probe = GreedyFidelityProbe(prompts)
+    step(f"watermark: the unmarked model's continuations of {len(prompts)} probe prompts")
     probe.prepare(model_dir)
     model = probe.model
     names = {n for n, p in model.named_parameters() if p.dim() >= 2 and p.dtype.is_floating_point}
@@ -178,6 +180,7 @@ def embed_careful(
         "projections": GRADIENT_PROJECTIONS,
         "seed": _SEED,
     }
+    step("watermark: grading the tensors (or reading the cached grades)")
     grades, from_cache = cached_grades(
         root_digest,
         settings,
@@ -211,6 +214,7 @@ def embed_careful(
                 f"{d.false_positive_probability:.3g}, message bits {d.message_matches}/{d.message_bits}); "
                 "shorten the message or raise --kappa"
             )
+        step(f"watermark: measuring the marked model on {probe.size} probe prompts")
         fid = probe.measure([marked])
         short = fid.shortfalls(min_unchanged, max_perplexity_change)
         if short and not weakest_anyway:

@@ -538,6 +538,7 @@ class _Writer:
 
     def _write_all(self, staging_fd: int) -> None:
         from modelsec.modelformat.model_files import open_beneath
+        from modelsec.progress import step
         from modelsec.signer.layout import MODEL_IGNORE_PATHS
 
         shards = {s.name: (s, refs) for s, refs in self.source.iter_shards()}
@@ -548,6 +549,7 @@ class _Writer:
             with os.fdopen(fd, "rb") as f:
                 if file.name in shards:
                     shard, refs = shards[file.name]
+                    step(f"watermark: writing {file.name} ({shard.size} bytes)")
                     outcomes: dict[str, _Outcome] = {}
                     write_new(staging_fd, file.name, self._stream_shard(f, shard, outcomes), self.out_dir)
                     # Applied in name order, as by the whole-shard writer: the sums are equal to the last bit.

@@ -21,6 +21,7 @@ from modelsec.cli.common import (
     key_password_option,
     key_password_sources,
     open_signing_key,
+    progress_status,
     reply,
     report_path,
     write_key_file,
@@ -222,38 +223,39 @@ def _embed(
         signer = None
         if sign_key is not None:
             signer = open_signing_key(sign_key, sources)
-        from modelsec.watermark.fidelity import auto_probe
+        with progress_status(f"watermark embed: {model_dir}", not as_json):
+            from modelsec.watermark.fidelity import auto_probe
 
-        if architecture is not None and probe_data is not None:
-            probe: Any = _classifier_probe(model_dir, architecture, probe_data)
-        else:
-            probe = None if no_fidelity_check else auto_probe(model_dir)
-        if causal:
-            from modelsec.watermark.careful import embed_careful
+            if architecture is not None and probe_data is not None:
+                probe: Any = _classifier_probe(model_dir, architecture, probe_data)
+            else:
+                probe = None if no_fidelity_check else auto_probe(model_dir)
+            if causal:
+                from modelsec.watermark.careful import embed_careful
 
-            result = embed_careful(
-                model_dir,
-                out_dir,
-                key,
-                payload,
-                params=params,
-                min_unchanged=min_unchanged,
-                weakest_anyway=weakest_mark,
-            )
-        elif probe is None:
-            result = embed_model(model_dir, out_dir, key, payload, params=params, careless=True)
-        else:
-            from modelsec.watermark.budget import embed_within_budget
+                result = embed_careful(
+                    model_dir,
+                    out_dir,
+                    key,
+                    payload,
+                    params=params,
+                    min_unchanged=min_unchanged,
+                    weakest_anyway=weakest_mark,
+                )
+            elif probe is None:
+                result = embed_model(model_dir, out_dir, key, payload, params=params, careless=True)
+            else:
+                from modelsec.watermark.budget import embed_within_budget
 
-            result = embed_within_budget(
-                model_dir,
-                out_dir,
-                key,
-                payload,
-                probe=probe,
-                max_fidelity_loss=max_fidelity_loss,
-                params=params,
-            )
+                result = embed_within_budget(
+                    model_dir,
+                    out_dir,
+                    key,
+                    payload,
+                    probe=probe,
+                    max_fidelity_loss=max_fidelity_loss,
+                    params=params,
+                )
         digest = None
         if signer is not None and attestation is not None:
             from modelsec.watermark.attestation import write_watermark_attestation
@@ -431,16 +433,17 @@ def _detect(
             _check_message_length(message, message_bits, params)
             if payload is None and message_bits is None:
                 message_bits = hints.message_bits
-        result = detect(
-            model_dir,
-            key,
-            message=payload,
-            message_length=message_bits,
-            reference=reference,
-            tensors=tensors,
-            params=params,
-            thresholds=thresholds,
-        )
+        with progress_status(f"watermark detect: {model_dir}", not as_json):
+            result = detect(
+                model_dir,
+                key,
+                message=payload,
+                message_length=message_bits,
+                reference=reference,
+                tensors=tensors,
+                params=params,
+                thresholds=thresholds,
+            )
         if report is not None:
             from modelsec.watermark.report import write_detection_report
 

@@ -224,3 +224,17 @@ def test_output_directory_and_capacity_errors(tmp_path: Path) -> None:
     empty = tmp_path / "empty-out"
     empty.mkdir()
     assert embed_model(src, empty, KEY, MSG).detection.detected  # an empty directory is accepted
+
+
+def test_embed_reports_each_shard_as_a_progress_step(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The library reports its steps on `modelsec.progress` (the CLI draws them on a terminal only)."""
+    import logging
+
+    src = _sharded(tmp_path / "src", shards=3)
+    with caplog.at_level(logging.INFO, logger="modelsec.progress"):
+        embed_model(src, tmp_path / "out", KEY, MSG)
+    steps = [r.getMessage() for r in caplog.records if r.name == "modelsec.progress"]
+    shards = sorted(p.name for p in src.glob("*.safetensors"))
+    assert [s.split()[2] for s in steps if s.startswith("watermark: writing ")] == shards, steps
