@@ -414,7 +414,7 @@ def detect(
         tensors: Read carriers only from these tensors (e.g. the attestation's carrier tensors), so that
             large unmarked tensors added to the suspect cannot dilute the correlation.
         params: Scheme parameters (default: the defaults used by `embed_model`).
-        thresholds: Decision thresholds (default 0.92 / 1e-9).
+        thresholds: Decision thresholds (default `DetectionThresholds()`: false-positive bound <= 1e-9).
         limits: Parser limits for directories.
 
     Returns:

@@ -226,7 +226,7 @@ def embed_model(
         message: 1 to `max_message_bits / 8` bytes.
         params: Scheme parameters (careful default: kappa `CAREFUL_KAPPA`; fixed default:
             `WatermarkParams()`).
-        thresholds: Embed-time detection thresholds (defaults 0.92 / 1e-9).
+        thresholds: Embed-time detection thresholds (default `DetectionThresholds()`: false-positive bound <= 1e-9).
         limits: Parser limits.
         grades: Explicit per-tensor grades: the fixed mark with them (see `embed_fixed`).
         careless: The fixed kappa-3 ungraded mark even for a causal LM, nothing measured (the CLI's
@@ -300,7 +300,7 @@ def embed_fixed(
         key: The watermark key (never written anywhere).
         message: 1 to `max_message_bits / 8` bytes.
         params: Scheme parameters (defaults: `WatermarkParams()`).
-        thresholds: Thresholds for the embed-time detection (defaults 0.92 / 1e-9).
+        thresholds: Thresholds for the embed-time detection (default `DetectionThresholds()`: bound <= 1e-9).
         limits: Parser limits.
         grades: Per-tensor strength grades (tensor name -> factor in [0, 1], absent: 1): the carriers of a
             tensor move by `grade * t_b` of their magnitude, and `t_b` is solved for the graded sums, so
