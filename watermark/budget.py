@@ -150,7 +150,7 @@ def embed_within_budget(
         params: Scheme parameters; `params.kappa` is the largest margin tried (default 3.0).
         min_kappa: The smallest margin tried.
         steps: Bisection steps between the margins.
-        thresholds: Embed-time detection thresholds (default `DetectionThresholds()`: false-positive bound <= 1e-9).
+        thresholds: Embed-time detection thresholds (default `DetectionThresholds()`: bound <= 1e-9).
         limits: Parser limits.
         grade: Also try per-tensor strength grades from measured sensitivity (`modelsec.watermark.grading`)
             for every carrier set (for probes that support it).

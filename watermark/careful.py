@@ -121,7 +121,7 @@ def embed_careful(
         key: The watermark key.
         message: The message.
         params: Scheme parameters (default: `WatermarkParams(kappa=CAREFUL_KAPPA)`).
-        thresholds: Embed-time detection thresholds (default `DetectionThresholds()`: false-positive bound <= 1e-9).
+        thresholds: Embed-time detection thresholds (default `DetectionThresholds()`: bound <= 1e-9).
         limits: Parser limits.
         prompts: Probe prompts (default `CAREFUL_PROMPTS`).
         min_unchanged: The bar on the gated unchanged rate, in (0, 1].

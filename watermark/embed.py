@@ -226,7 +226,7 @@ def embed_model(
         message: 1 to `max_message_bits / 8` bytes.
         params: Scheme parameters (careful default: kappa `CAREFUL_KAPPA`; fixed default:
             `WatermarkParams()`).
-        thresholds: Embed-time detection thresholds (default `DetectionThresholds()`: false-positive bound <= 1e-9).
+        thresholds: Embed-time detection thresholds (default `DetectionThresholds()`: bound <= 1e-9).
         limits: Parser limits.
         grades: Explicit per-tensor grades: the fixed mark with them (see `embed_fixed`).
         careless: The fixed kappa-3 ungraded mark even for a causal LM, nothing measured (the CLI's
