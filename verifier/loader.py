@@ -60,7 +60,6 @@ from modelsec.verifier.admission import (
 )
 from modelsec.verifier.audit import record_verified_model
 from modelsec.verifier.pinning import pinned_root_digests
-from modelsec.verifier.receipts import emit_receipt_for
 from modelsec.verifier.verification import (
     INDEX_NAME,
     SignedModel,
@@ -84,6 +83,27 @@ __all__ = [
     "open_model",
     "resolve_policy",
 ]
+
+
+def emit_receipt_for(
+    admission: ModelAdmission,
+    root_digest: str,
+    model_name: str,
+    files: Sequence[str],
+    tensors: int,
+    device: str,
+    pins: Collection[str] | None,
+) -> str | None:
+    """`modelsec.verifier.receipts.emit_receipt_for`, importing that module only when a receipt is asked for.
+
+    The receipt machinery (TPM access, the receipt store) is imported by the first load under a policy with
+    `loadReceipt`, not by `from modelsec.verifier import load_model`.
+    """
+    if admission.policy.load_receipt is None:
+        return None
+    from modelsec.verifier import receipts
+
+    return receipts.emit_receipt_for(admission, root_digest, model_name, files, tensors, device, pins)
 
 
 def resolve_policy(model_path: Path, policy: Policy | PolicySet | ModelAdmission | None) -> Policy:

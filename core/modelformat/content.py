@@ -36,20 +36,22 @@ chunks), so what is classified is what was verified; nothing is re-opened.
 
 from __future__ import annotations
 
-import bz2
 import io
-import lzma
 import os
 import pickletools
-import tarfile
 import warnings
-import zipfile
 import zlib
 from collections.abc import Callable
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from modelsec.limits import Limits
 from modelsec.modelformat.model_files import PICKLE_SUFFIXES
+
+# tarfile, zipfile, bz2 and lzma are imported by the readers that need them: the hashing engine imports this
+# module, and the verified loader's start-up would otherwise pay for four archive libraries.
+if TYPE_CHECKING:
+    import tarfile
+    import zipfile
 
 __all__ = ["ContentSniffer", "pickle_finding"]
 
@@ -253,6 +255,8 @@ class _Inspector:
     ) -> str | None:
         if decompress is None:
             return f"a {name} stream that modelsec has no library to inspect (it may hold pickles)"
+        import lzma
+
         try:
             out, ended = decompress(data, self._take(self.window))
         except (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError):
@@ -266,6 +270,8 @@ class _Inspector:
         return None if inner is None else f"{article} {name}-compressed {_without_article(inner)}"
 
     def _tar(self, data: bytes, size: int, depth: int) -> str | None:
+        import tarfile
+
         try:
             archive = tarfile.open(fileobj=_Window(data, size), mode="r:")
         except tarfile.TarError:
@@ -290,6 +296,8 @@ class _Inspector:
         return head
 
     def _zip(self, data: bytes, size: int, tail: bytes, depth: int) -> str | None:
+        import zipfile
+
         try:
             archive = zipfile.ZipFile(_Window(data, size, tail))
         except zipfile.BadZipFile:
@@ -305,6 +313,8 @@ class _Inspector:
         return None
 
     def _zip_head(self, archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> Callable[[], _Head]:
+        import zipfile
+
         def head() -> _Head:
             if info.is_dir() or not info.file_size:
                 return None
@@ -347,6 +357,8 @@ def _without_article(text: str) -> str:
 
 
 def _is_tar(data: bytes) -> bool:
+    import tarfile
+
     if len(data) < tarfile.BLOCKSIZE:
         return False
     try:
@@ -401,8 +413,12 @@ def _wrapper(data: bytes) -> tuple[str, _Decompress | None] | None:
     if data.startswith(b"\x1f\x8b"):
         return "gzip", _stdlib(lambda: zlib.decompressobj(wbits=31))
     if data.startswith(b"\xfd7zXZ\x00"):
+        import lzma
+
         return "xz", _stdlib(lambda: lzma.LZMADecompressor(lzma.FORMAT_XZ))
     if data[:3] == b"BZh" and data[3:4].isdigit() and data[3:4] != b"0":
+        import bz2
+
         return "bzip2", _stdlib(bz2.BZ2Decompressor)
     if data.startswith(b"\x28\xb5\x2f\xfd"):
         return "zstd", _zstd()
@@ -413,6 +429,8 @@ def _wrapper(data: bytes) -> tuple[str, _Decompress | None] | None:
     if len(data) > 1 and data[0] == 0x78 and (data[0] * 256 + data[1]) % 31 == 0:
         return "zlib", _stdlib(zlib.decompressobj)
     if data.startswith(b"]\x00\x00"):
+        import lzma
+
         return "lzma", _stdlib(lambda: lzma.LZMADecompressor(lzma.FORMAT_ALONE))
     return None
 

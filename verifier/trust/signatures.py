@@ -13,6 +13,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
 from modelsec.attestations.bundle import Bundle, parse_bundle
@@ -45,7 +46,6 @@ from modelsec.signer.layout import (
 )
 from modelsec.signer.schemes import scheme_for
 from modelsec.verifier.admission import ModelAdmission
-from modelsec.verifier.attestations import AttestationVerdict, find_attestation_bundles, verify_attestations
 from modelsec.verifier.pinning import expected_digest_set
 from modelsec.verifier.stores import StoredBundle
 from modelsec.verifier.trust.bundles import (
@@ -56,6 +56,9 @@ from modelsec.verifier.trust.bundles import (
     read_bundle,
     verify_bundle_signature,
 )
+
+if TYPE_CHECKING:  # the attestation checks are imported when a policy requires attestations
+    from modelsec.verifier.attestations import AttestationVerdict
 
 __all__ = [
     "SignedModel",
@@ -257,6 +260,8 @@ def verify_signatures(
     if policy.requires_attestations:
         # Evidence about the weights is checked before any weight byte is read (no hashing wasted on a model
         # the policy refuses anyway); it is bound to the root digest the verified bundles sign.
+        from modelsec.verifier.attestations import find_attestation_bundles, verify_attestations
+
         root = first.subject_digest["sha256"]
         found = find_attestation_bundles(model_dir if root_fd is None else None, root, policy)
         if root_fd is not None:
