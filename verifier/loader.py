@@ -158,23 +158,21 @@ def _verify_whole_shards(
             )
         )
         computed = dict(side)
+        # The side files' digests are known: compare and interpret them (JSON parsing can take a noticeable
+        # share of a load) while the shards are read and hashed, not after.
+        read = shard_io.read_shards(
+            root_fd,
+            shards,
+            signed,
+            limits,
+            pinned,
+            model,
+            workers=min(os.cpu_count() or 1, 2),
+            meanwhile=lambda: check_digests(signed, side, policy, root_fd, whole_model=False),
+        )
         buffers: dict[str, Any] = {}
-        workers = max(1, min(len(shards), os.cpu_count() or 1, 2))
-        arena = shard_io.SmallBufferArena.for_shards(root_fd, shards)
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="modelsec-load") as pool:
-            futures = {
-                n: pool.submit(shard_io.read_and_hash_shard, root_fd, n, signed, limits, pinned, model, arena)
-                for n in shards
-            }
-            try:
-                # The side files' digests are known: compare and interpret them (JSON parsing can take a
-                # noticeable share of a load) while the shards are read and hashed, not after.
-                check_digests(signed, side, policy, root_fd, whole_model=False)
-                for n, f in futures.items():
-                    computed[n], buffers[n] = f.result()
-            finally:
-                for f in futures.values():
-                    f.cancel()
+        for n in shards:
+            computed[n], buffers[n] = read[n]
         check_digests(signed, computed, policy, root_fd, whole_model=whole_model, json_checked=side)
     finally:
         os.close(root_fd)
