@@ -325,7 +325,7 @@ def read_shards(
     model: str,
     *,
     workers: int,
-    meanwhile: Callable[[], None],
+    meanwhile: Callable[[], object],
 ) -> dict[str, tuple[FileDigests, Any]]:
     """`read_and_hash_shard` of every name, on `workers` reader threads, while `meanwhile` runs here.
 

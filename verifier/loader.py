@@ -12,7 +12,8 @@ bytes or is refused.
   mappings). A reader thread maps fresh memory and fills it in `Limits.hash_chunk_bytes` steps while the
   caller's thread hashes what has arrived, so allocating, reading and hashing overlap; a shard of fewer
   than 8 chunks is filled first and hashed after, without a thread. Shards are processed two at a time
-  (one per core); side files are compared and interpreted meanwhile.
+  (one per core: two reader threads each take the next shard, `_shard_buffers.read_shards`); side files are
+  compared and interpreted meanwhile.
 * Partial loads (`tensors=[...]`) with per-tensor digests in the signed manifest read only the needed byte
   ranges; the header's dtype, shape and offsets must equal the signed entry, and the range's digest must
   equal the signed tensor digest. Without per-tensor digests (a plain OMS bundle, e.g. from
