@@ -36,9 +36,9 @@ chunks), so what is classified is what was verified; nothing is re-opened.
 
 from __future__ import annotations
 
+import functools
 import io
 import os
-import pickletools
 import warnings
 import zlib
 from collections.abc import Callable
@@ -68,7 +68,6 @@ _PREFIX_STEP = 4096
 # The inspected decompressed output of all streams of one file together, in units of the window.
 _TOTAL_BUDGET_WINDOWS = 4
 _ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
-_OPCODE_CHARS = frozenset(op.code for op in pickletools.opcodes)
 # Opcodes that import or call something (or hand an id to the consumer's `persistent_load`): a pickle
 # without them only builds plain values.
 _CODE_OPCODES = frozenset(
@@ -169,10 +168,20 @@ class _OpcodeCounter:
         return len(text)
 
 
+@functools.cache
+def _opcode_chars() -> frozenset[str]:
+    """The first characters a pickle can start with (pickletools is imported by the first classification)."""
+    import pickletools
+
+    return frozenset(op.code for op in pickletools.opcodes)
+
+
 def _pickle_protocol(data: bytes, size: int) -> str | None:
     """Describe `data` (the first bytes of `size`) as a pickle, or None when it is not one."""
-    if not data or chr(data[0]) not in _OPCODE_CHARS:
+    if not data or chr(data[0]) not in _opcode_chars():
         return None
+    import pickletools
+
     window, names, count, stopped = _Window(data, size), set(), 0, True
     try:
         for opcode, _arg, _pos in pickletools.genops(window):  # type: ignore[arg-type]

@@ -47,7 +47,6 @@ from modelsec.signer.layout import (
 from modelsec.signer.schemes import scheme_for
 from modelsec.verifier.admission import ModelAdmission
 from modelsec.verifier.pinning import expected_digest_set
-from modelsec.verifier.stores import StoredBundle
 from modelsec.verifier.trust.bundles import (
     check_bundle_name,
     check_bundle_size,
@@ -59,6 +58,7 @@ from modelsec.verifier.trust.bundles import (
 
 if TYPE_CHECKING:  # the attestation checks are imported when a policy requires attestations
     from modelsec.verifier.attestations import AttestationVerdict
+    from modelsec.verifier.stores import StoredBundle
 
 __all__ = [
     "SignedModel",
@@ -322,6 +322,8 @@ def _attestations_at(root_fd: int, model_dir: Path, root: str, limits: Limits) -
     One that cannot be read (a link, a special file) is passed on by path: reading it there fails the same
     way, and `verify_attestations` lists the reason among the ignored bundles.
     """
+    from modelsec.verifier.stores import StoredBundle
+
     found: list[Path | StoredBundle] = []
     names = [p.name for p in find_attestation_files(model_dir, root_fd=root_fd)]
     names += [f"{STATEMENTS_DIR_NAME}/{n}" for n in _statement_names_at(root_fd)]

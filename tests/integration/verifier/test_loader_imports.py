@@ -29,6 +29,8 @@ NOT_AT_IMPORT = {
     "lzma": "content sniffing of xz/lzma streams",
     "bz2": "content sniffing of bzip2 streams",
     "tempfile": "bundle writers",
+    "pickletools": "the first content classification",
+    "modelsec.verifier.stores": "attestation stores",
     "platform": "the openat2 syscall number (os.uname)",
 }
 
