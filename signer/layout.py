@@ -21,8 +21,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import secrets
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -255,6 +253,8 @@ def write_bundle_file(path: Path, data: bytes, *, what: str = "bundle", replace:
     """
     if path.is_symlink():
         raise PolicyError(f"{path}: refusing to write the {what} through a symlink")
+    import tempfile  # writers only: the verifier imports this module for its names
+
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent if str(path.parent) else ".")
         try:
@@ -297,6 +297,8 @@ def write_bundle_at(directory: Path, name: str, data: bytes, *, what: str) -> No
         dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as e:
         raise PolicyError(f"{directory}: cannot open the directory for the {what}: {e.strerror}") from e
+    import secrets
+
     tmp = f".{name}.{secrets.token_hex(8)}"
     try:
         fd = os.open(

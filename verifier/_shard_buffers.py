@@ -13,7 +13,7 @@ import mmap
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache, partial
 from typing import Any
@@ -316,6 +316,71 @@ def read_and_hash_shard(
         os.close(fd)
 
 
+def read_shards(
+    root_fd: int,
+    names: Sequence[str],
+    signed: SignedModel,
+    limits: Limits,
+    pinned: bool,
+    model: str,
+    *,
+    workers: int,
+    meanwhile: Callable[[], object],
+) -> dict[str, tuple[FileDigests, Any]]:
+    """`read_and_hash_shard` of every name, on `workers` reader threads, while `meanwhile` runs here.
+
+    Each reader takes the next name (in order) when it has finished its shard: a loop per thread, not a task
+    and a future per shard, so a model of many small shards pays no per-shard scheduling. Small shards share
+    one `SmallBufferArena`. Every buffer is still filled only by the reader of its own shard.
+
+    Returns:
+        Name -> (digests, private buffer), for every name.
+
+    Raises:
+        What `meanwhile` raises, else the failure of the first shard (in `names` order) that failed. After
+        the first failure no reader starts another shard, and nothing is returned until every reader stopped.
+    """
+    arena = SmallBufferArena.for_shards(root_fd, names)
+    results: dict[str, tuple[FileDigests, Any]] = {}
+    failures: dict[int, BaseException] = {}
+    lock = threading.Lock()
+    pending = iter(enumerate(names))
+    stop = False
+
+    def reader() -> None:
+        while True:
+            with lock:
+                item = None if stop or failures else next(pending, None)
+            if item is None:
+                return
+            i, name = item
+            try:
+                results[name] = read_and_hash_shard(root_fd, name, signed, limits, pinned, model, arena)
+            except BaseException as e:  # noqa: BLE001 - raised by the caller's thread below
+                with lock:
+                    failures[i] = e
+                return
+
+    threads = [
+        threading.Thread(target=reader, name="modelsec-load", daemon=True)
+        for _ in range(max(1, min(workers, len(names))))
+    ]
+    for t in threads:
+        t.start()
+    try:
+        meanwhile()
+    except BaseException:
+        with lock:
+            stop = True
+        raise
+    finally:
+        for t in threads:
+            t.join()
+    if failures:
+        raise failures[min(failures)]
+    return results
+
+
 def _private_buffer(torch: Any, size: int) -> tuple[Any, Callable[[int, int], None] | None]:
     """A private CPU buffer of `size` bytes, and how to map a slice of it before it is written (or None).
 
@@ -382,19 +447,23 @@ def _can_populate_slices() -> bool:
     return True
 
 
+@cache
+def _torch_dtype(name: str) -> Any:
+    """The torch dtype of a safetensors dtype name, or None where this torch has none (looked up once)."""
+    torch_name = TORCH_DTYPES.get(name)
+    return getattr(torch_module(), torch_name, None) if torch_name else None
+
+
 def tensor_from(buffer: Any, data_start: int, info: TensorInfo | TensorEntry, name: str, what: str) -> Any:
-    torch = torch_module()
-    dtype_name = TORCH_DTYPES.get(info.dtype)
-    dtype = getattr(torch, dtype_name, None) if dtype_name else None
+    dtype = _torch_dtype(info.dtype)
     if dtype is None:
         raise UnsupportedAlgorithmError(
             f"{what}: tensor `{name}` has dtype {info.dtype}, which torch cannot hold"
         )
     if info.end == info.begin:
-        return torch.empty(info.shape, dtype=dtype)
+        return torch_module().empty(info.shape, dtype=dtype)
     raw = buffer[data_start + info.begin : data_start + info.end]
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    if (data_start + info.begin) % itemsize:
+    if (data_start + info.begin) % dtype.itemsize:
         raw = raw.clone()  # misaligned for its dtype: one copy, still of the verified bytes
     return raw.view(dtype).reshape(info.shape)
 

@@ -12,7 +12,8 @@ bytes or is refused.
   mappings). A reader thread maps fresh memory and fills it in `Limits.hash_chunk_bytes` steps while the
   caller's thread hashes what has arrived, so allocating, reading and hashing overlap; a shard of fewer
   than 8 chunks is filled first and hashed after, without a thread. Shards are processed two at a time
-  (one per core); side files are compared and interpreted meanwhile.
+  (one per core: two reader threads each take the next shard, `_shard_buffers.read_shards`); side files are
+  compared and interpreted meanwhile.
 * Partial loads (`tensors=[...]`) with per-tensor digests in the signed manifest read only the needed byte
   ranges; the header's dtype, shape and offsets must equal the signed entry, and the range's digest must
   equal the signed tensor digest. Without per-tensor digests (a plain OMS bundle, e.g. from
@@ -60,7 +61,6 @@ from modelsec.verifier.admission import (
 )
 from modelsec.verifier.audit import record_verified_model
 from modelsec.verifier.pinning import pinned_root_digests
-from modelsec.verifier.receipts import emit_receipt_for
 from modelsec.verifier.verification import (
     INDEX_NAME,
     SignedModel,
@@ -84,6 +84,27 @@ __all__ = [
     "open_model",
     "resolve_policy",
 ]
+
+
+def emit_receipt_for(
+    admission: ModelAdmission,
+    root_digest: str,
+    model_name: str,
+    files: Sequence[str],
+    tensors: int,
+    device: str,
+    pins: Collection[str] | None,
+) -> str | None:
+    """`modelsec.verifier.receipts.emit_receipt_for`, importing that module only when a receipt is asked for.
+
+    The receipt machinery (TPM access, the receipt store) is imported by the first load under a policy with
+    `loadReceipt`, not by `from modelsec.verifier import load_model`.
+    """
+    if admission.policy.load_receipt is None:
+        return None
+    from modelsec.verifier import receipts
+
+    return receipts.emit_receipt_for(admission, root_digest, model_name, files, tensors, device, pins)
 
 
 def resolve_policy(model_path: Path, policy: Policy | PolicySet | ModelAdmission | None) -> Policy:
@@ -138,23 +159,21 @@ def _verify_whole_shards(
             )
         )
         computed = dict(side)
+        # The side files' digests are known: compare and interpret them (JSON parsing can take a noticeable
+        # share of a load) while the shards are read and hashed, not after.
+        read = shard_io.read_shards(
+            root_fd,
+            shards,
+            signed,
+            limits,
+            pinned,
+            model,
+            workers=min(os.cpu_count() or 1, 2),
+            meanwhile=lambda: check_digests(signed, side, policy, root_fd, whole_model=False),
+        )
         buffers: dict[str, Any] = {}
-        workers = max(1, min(len(shards), os.cpu_count() or 1, 2))
-        arena = shard_io.SmallBufferArena.for_shards(root_fd, shards)
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="modelsec-load") as pool:
-            futures = {
-                n: pool.submit(shard_io.read_and_hash_shard, root_fd, n, signed, limits, pinned, model, arena)
-                for n in shards
-            }
-            try:
-                # The side files' digests are known: compare and interpret them (JSON parsing can take a
-                # noticeable share of a load) while the shards are read and hashed, not after.
-                check_digests(signed, side, policy, root_fd, whole_model=False)
-                for n, f in futures.items():
-                    computed[n], buffers[n] = f.result()
-            finally:
-                for f in futures.values():
-                    f.cancel()
+        for n in shards:
+            computed[n], buffers[n] = read[n]
         check_digests(signed, computed, policy, root_fd, whole_model=whole_model, json_checked=side)
     finally:
         os.close(root_fd)

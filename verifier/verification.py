@@ -38,6 +38,7 @@ import stat
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from modelsec.algorithms import SignatureAlgorithm
 from modelsec.attestations.predicates.oms import Manifest
@@ -46,7 +47,6 @@ from modelsec.modelformat.hashing import ProgressCallback
 from modelsec.modelformat.model_files import PICKLE_SUFFIXES, open_beneath, open_model_root
 from modelsec.policy import Policy, PolicySet
 from modelsec.verifier.admission import ModelAdmission, admit_opened
-from modelsec.verifier.attestations import AttestationVerdict
 from modelsec.verifier.files import (
     check_digests,
     check_file_set,
@@ -63,6 +63,9 @@ from modelsec.verifier.trust.signatures import (
     bind_single_file,
     verify_signatures,
 )
+
+if TYPE_CHECKING:
+    from modelsec.verifier.attestations import AttestationVerdict
 
 __all__ = [
     "INDEX_NAME",

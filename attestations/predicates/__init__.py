@@ -26,18 +26,22 @@ not: which fields are required (the parsers) and what values a policy accepts
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from modelsec.attestations._numbers import parse_rfc3339
-from modelsec.attestations.predicates import gate, load_receipt, load_snapshot, oci_binding, oms, watermark
-from modelsec.attestations.predicates.gate import check_gate_predicate
-from modelsec.attestations.predicates.watermark import check_watermark_predicate
-from modelsec.attestations.statement import Statement
 from modelsec.errors import AttestationError
-from modelsec.limits import Limits
+
+if TYPE_CHECKING:
+    from modelsec.attestations._numbers import parse_rfc3339
+    from modelsec.attestations.predicates.gate import check_gate_predicate
+    from modelsec.attestations.predicates.watermark import check_watermark_predicate
+    from modelsec.attestations.statement import Statement
+    from modelsec.limits import Limits
+
+    PREDICATE_KINDS: Mapping[str, PredicateKind]
 
 __all__ = [
     "PREDICATE_KINDS",
@@ -100,49 +104,89 @@ class PredicateKind:
     about: str = "model"
 
 
-_KINDS = (
-    PredicateKind(oms.OMS_PREDICATE_TYPE, "weights", oms.parse_manifest, oms.manifest_statement),
-    PredicateKind(
-        gate.GATE_PREDICATE_TYPE,
-        "gate",
-        gate.parse_gate_statement,
-        gate.gate_statement,
-        gate.check_gate_predicate,
-        records_run=True,
-    ),
-    PredicateKind(
-        watermark.WATERMARK_PREDICATE_TYPE,
-        "watermark",
-        watermark.parse_watermark_statement,
-        watermark.watermark_statement,
-        watermark.check_watermark_predicate,
-        records_run=True,
-    ),
-    PredicateKind(
-        oci_binding.OCI_BINDING_PREDICATE_TYPE,
-        "weights",
-        oci_binding.parse_binding_statement,
-        oci_binding.binding_statement,
-        about="oci-manifest",
-    ),
-    PredicateKind(
-        load_receipt.LOAD_RECEIPT_PREDICATE_TYPE,
-        "node",
-        load_receipt.parse_receipt_statement,
-        load_receipt.receipt_statement,
-        about="load",
-    ),
-    PredicateKind(
-        load_snapshot.LOAD_SNAPSHOT_PREDICATE_TYPE,
-        "node",
-        load_snapshot.parse_snapshot_statement,
-        load_snapshot.snapshot_statement,
-        about="node",
-    ),
-)
+@functools.cache
+def _kinds() -> Mapping[str, PredicateKind]:
+    """`PREDICATE_KINDS`, built on first use.
 
-PREDICATE_KINDS: Mapping[str, PredicateKind] = MappingProxyType({k.predicate_type: k for k in _KINDS})
-"""Every predicate type modelsec reads and writes, by type URI (read-only)."""
+    The predicate modules are imported here, not with this package: the verified loader imports
+    `modelsec.attestations.predicates.oms` (and so this package), and its start-up would otherwise pay for
+    every other predicate's module.
+    """
+    from modelsec.attestations.predicates import (
+        gate,
+        load_receipt,
+        load_snapshot,
+        oci_binding,
+        oms,
+        watermark,
+    )
+
+    kinds = (
+        PredicateKind(oms.OMS_PREDICATE_TYPE, "weights", oms.parse_manifest, oms.manifest_statement),
+        PredicateKind(
+            gate.GATE_PREDICATE_TYPE,
+            "gate",
+            gate.parse_gate_statement,
+            gate.gate_statement,
+            gate.check_gate_predicate,
+            records_run=True,
+        ),
+        PredicateKind(
+            watermark.WATERMARK_PREDICATE_TYPE,
+            "watermark",
+            watermark.parse_watermark_statement,
+            watermark.watermark_statement,
+            watermark.check_watermark_predicate,
+            records_run=True,
+        ),
+        PredicateKind(
+            oci_binding.OCI_BINDING_PREDICATE_TYPE,
+            "weights",
+            oci_binding.parse_binding_statement,
+            oci_binding.binding_statement,
+            about="oci-manifest",
+        ),
+        PredicateKind(
+            load_receipt.LOAD_RECEIPT_PREDICATE_TYPE,
+            "node",
+            load_receipt.parse_receipt_statement,
+            load_receipt.receipt_statement,
+            about="load",
+        ),
+        PredicateKind(
+            load_snapshot.LOAD_SNAPSHOT_PREDICATE_TYPE,
+            "node",
+            load_snapshot.parse_snapshot_statement,
+            load_snapshot.snapshot_statement,
+            about="node",
+        ),
+    )
+    return MappingProxyType({k.predicate_type: k for k in kinds})
+
+
+_LAZY = {
+    "check_gate_predicate": "modelsec.attestations.predicates.gate",
+    "check_watermark_predicate": "modelsec.attestations.predicates.watermark",
+    "parse_rfc3339": "modelsec.attestations._numbers",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """`PREDICATE_KINDS` and the re-exported checkers, imported on first use (PEP 562).
+
+    `PREDICATE_KINDS` (a read-only `Mapping[str, PredicateKind]`) is every predicate type modelsec reads and
+    writes, by type URI.
+    """
+    if name == "PREDICATE_KINDS":
+        value: Any = _kinds()
+    elif name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
 
 def predicate_kind(predicate_type: str, *, what: str) -> PredicateKind:
@@ -158,7 +202,7 @@ def predicate_kind(predicate_type: str, *, what: str) -> PredicateKind:
     Raises:
         AttestationError: The type is not one modelsec knows (`{what}: unknown predicateType '...'`).
     """
-    kind = PREDICATE_KINDS.get(predicate_type)
+    kind = _kinds().get(predicate_type)
     if kind is None:
         raise AttestationError(f"{what}: unknown predicateType {predicate_type!r}")
     return kind
@@ -170,6 +214,6 @@ def check_predicate_numbers(statement: Statement, *, what: str) -> None:
     Raises:
         MalformedArtifactError: As the checker for the statement's predicate type.
     """
-    kind = PREDICATE_KINDS.get(statement.predicate_type)
+    kind = _kinds().get(statement.predicate_type)
     if kind is not None and kind.check_numbers is not None:
         kind.check_numbers(statement.predicate, what=what)

@@ -36,20 +36,22 @@ chunks), so what is classified is what was verified; nothing is re-opened.
 
 from __future__ import annotations
 
-import bz2
+import functools
 import io
-import lzma
 import os
-import pickletools
-import tarfile
 import warnings
-import zipfile
 import zlib
 from collections.abc import Callable
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from modelsec.limits import Limits
 from modelsec.modelformat.model_files import PICKLE_SUFFIXES
+
+# tarfile, zipfile, bz2 and lzma are imported by the readers that need them: the hashing engine imports this
+# module, and the verified loader's start-up would otherwise pay for four archive libraries.
+if TYPE_CHECKING:
+    import tarfile
+    import zipfile
 
 __all__ = ["ContentSniffer", "pickle_finding"]
 
@@ -66,7 +68,6 @@ _PREFIX_STEP = 4096
 # The inspected decompressed output of all streams of one file together, in units of the window.
 _TOTAL_BUDGET_WINDOWS = 4
 _ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
-_OPCODE_CHARS = frozenset(op.code for op in pickletools.opcodes)
 # Opcodes that import or call something (or hand an id to the consumer's `persistent_load`): a pickle
 # without them only builds plain values.
 _CODE_OPCODES = frozenset(
@@ -167,10 +168,20 @@ class _OpcodeCounter:
         return len(text)
 
 
+@functools.cache
+def _opcode_chars() -> frozenset[str]:
+    """The first characters a pickle can start with (pickletools is imported by the first classification)."""
+    import pickletools
+
+    return frozenset(op.code for op in pickletools.opcodes)
+
+
 def _pickle_protocol(data: bytes, size: int) -> str | None:
     """Describe `data` (the first bytes of `size`) as a pickle, or None when it is not one."""
-    if not data or chr(data[0]) not in _OPCODE_CHARS:
+    if not data or chr(data[0]) not in _opcode_chars():
         return None
+    import pickletools
+
     window, names, count, stopped = _Window(data, size), set(), 0, True
     try:
         for opcode, _arg, _pos in pickletools.genops(window):  # type: ignore[arg-type]
@@ -253,6 +264,8 @@ class _Inspector:
     ) -> str | None:
         if decompress is None:
             return f"a {name} stream that modelsec has no library to inspect (it may hold pickles)"
+        import lzma
+
         try:
             out, ended = decompress(data, self._take(self.window))
         except (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError):
@@ -266,6 +279,8 @@ class _Inspector:
         return None if inner is None else f"{article} {name}-compressed {_without_article(inner)}"
 
     def _tar(self, data: bytes, size: int, depth: int) -> str | None:
+        import tarfile
+
         try:
             archive = tarfile.open(fileobj=_Window(data, size), mode="r:")
         except tarfile.TarError:
@@ -290,6 +305,8 @@ class _Inspector:
         return head
 
     def _zip(self, data: bytes, size: int, tail: bytes, depth: int) -> str | None:
+        import zipfile
+
         try:
             archive = zipfile.ZipFile(_Window(data, size, tail))
         except zipfile.BadZipFile:
@@ -305,6 +322,8 @@ class _Inspector:
         return None
 
     def _zip_head(self, archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> Callable[[], _Head]:
+        import zipfile
+
         def head() -> _Head:
             if info.is_dir() or not info.file_size:
                 return None
@@ -347,6 +366,8 @@ def _without_article(text: str) -> str:
 
 
 def _is_tar(data: bytes) -> bool:
+    import tarfile
+
     if len(data) < tarfile.BLOCKSIZE:
         return False
     try:
@@ -401,8 +422,12 @@ def _wrapper(data: bytes) -> tuple[str, _Decompress | None] | None:
     if data.startswith(b"\x1f\x8b"):
         return "gzip", _stdlib(lambda: zlib.decompressobj(wbits=31))
     if data.startswith(b"\xfd7zXZ\x00"):
+        import lzma
+
         return "xz", _stdlib(lambda: lzma.LZMADecompressor(lzma.FORMAT_XZ))
     if data[:3] == b"BZh" and data[3:4].isdigit() and data[3:4] != b"0":
+        import bz2
+
         return "bzip2", _stdlib(bz2.BZ2Decompressor)
     if data.startswith(b"\x28\xb5\x2f\xfd"):
         return "zstd", _zstd()
@@ -413,6 +438,8 @@ def _wrapper(data: bytes) -> tuple[str, _Decompress | None] | None:
     if len(data) > 1 and data[0] == 0x78 and (data[0] * 256 + data[1]) % 31 == 0:
         return "zlib", _stdlib(zlib.decompressobj)
     if data.startswith(b"]\x00\x00"):
+        import lzma
+
         return "lzma", _stdlib(lambda: lzma.LZMADecompressor(lzma.FORMAT_ALONE))
     return None
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import platform
 import stat
 import sys
 
@@ -39,7 +38,9 @@ class _OpenHow(ctypes.Structure):
 
 
 def _load_syscall() -> tuple[object, int] | None:
-    number = _SYSCALL_NUMBERS.get(platform.machine())
+    # What platform.machine() returns on POSIX, without importing platform (loader start-up cost).
+    machine = os.uname().machine if hasattr(os, "uname") else ""
+    number = _SYSCALL_NUMBERS.get(machine)
     if not sys.platform.startswith("linux") or number is None:
         return None
     try:

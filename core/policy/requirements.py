@@ -13,12 +13,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from modelsec.errors import Error, PolicyError
-from modelsec.policy.cel import CompiledCondition, compile_condition
 from modelsec.policy.trust import TimestampAuthority
 from modelsec.signer.keys import TrustedKey, load_trusted_key_file
-from modelsec.signer.watermark_keys import load_key_file, parse_message
 
 if TYPE_CHECKING:
+    from modelsec.policy.cel import CompiledCondition
     from modelsec.policy.models import ConditionModel, LoadReceiptModel, RobustnessModel, WatermarkModel
 
 __all__ = [
@@ -133,6 +132,8 @@ def watermark_requirement(
     key_file = (base_dir / w.key_file) if w.key_file else None
     commitment = None
     if w.message is not None and key_file is not None:  # the model refuses a message without keyFile
+        from modelsec.signer.watermark_keys import load_key_file, parse_message  # only with a message
+
         field = "message"
         try:
             message = parse_message(w.message)
@@ -207,7 +208,11 @@ def condition_requirements(
             raise PolicyError(f"{at}.signers: {unknown} name no key or authority of the policy")
         if any(r.name == c.name for r in out):
             raise PolicyError(f"{at}.name: {c.name!r} is used twice")
-        compiled = compile_condition(c.condition, where=at) if c.condition is not None else None
+        compiled = None
+        if c.condition is not None:
+            from modelsec.policy.cel import compile_condition  # only policies with CEL conditions need it
+
+            compiled = compile_condition(c.condition, where=at)
         lineage = None
         if c.lineage is not None:
             lineage = Lineage(

@@ -12,15 +12,16 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cryptography import x509
-from cryptography.hazmat.primitives.serialization import Encoding
-
 from modelsec.errors import PolicyError, SignatureError
 from modelsec.safe_io import read_regular_file
-from modelsec.signer.keys import TrustedKey
 
+# cryptography.x509 and the signer's key registry are imported where certificates are read: `modelsec.policy`
+# is imported by the loader, whose start-up pays for every module imported here.
 if TYPE_CHECKING:
+    from cryptography import x509
+
     from modelsec.policy.models import KeyRefModel, TimestampAuthorityModel
+    from modelsec.signer.keys import TrustedKey
 
 __all__ = [
     "KeyWindow",
@@ -103,6 +104,8 @@ def read_pem_certificates(path: Path, where: str) -> list[x509.Certificate]:
     except PolicyError as e:
         e.add_context(where)
         raise
+    from cryptography import x509
+
     try:
         return x509.load_pem_x509_certificates(data)
     except ValueError as e:
@@ -115,6 +118,8 @@ def read_root_ders(path: Path, where: str) -> list[bytes]:
     Raises:
         PolicyError: The file cannot be read, is too large or holds no valid PEM certificate.
     """
+    from cryptography.hazmat.primitives.serialization import Encoding
+
     return [c.public_bytes(Encoding.DER) for c in read_pem_certificates(path, where)]
 
 

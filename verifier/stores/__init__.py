@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -230,6 +229,8 @@ def _registered_opener(scheme: str) -> Callable[[str, StoreOptions], Attestation
 
     Loading it imports its module: a missing extra surfaces as that module's `ModuleNotFoundError`.
     """
+    from importlib.metadata import entry_points  # only for schemes modelsec does not know (start-up cost)
+
     for entry_point in entry_points(group=ENTRY_POINT_GROUP, name=scheme):
         opener: Callable[[str, StoreOptions], AttestationStore] = entry_point.load()
         return opener
@@ -237,6 +238,8 @@ def _registered_opener(scheme: str) -> Callable[[str, StoreOptions], Attestation
 
 
 def _known_schemes() -> list[str]:
+    from importlib.metadata import entry_points
+
     return sorted({s for s in _OPENERS if s} | {e.name for e in entry_points(group=ENTRY_POINT_GROUP)})
 
 

@@ -24,7 +24,6 @@ from modelsec.policy import Authority, Policy, TimestampAuthority
 from modelsec.signer.keys import TrustedKey
 from modelsec.signer.layout import OMS_BUNDLE_NAME
 from modelsec.signer.schemes import all_schemes, scheme_for, scheme_for_bundle_name
-from modelsec.verifier.trust.identity import verify_with_authorities
 from modelsec.verifier.trust.timestamp_backend import check_bundle_timestamps
 
 __all__ = [
@@ -171,6 +170,10 @@ def verify_bundle_signature(
         return key
     refusals: list[str] = []
     if authorities:
+        # Imported here: certificate chains (cryptography.x509) are only for policies with authorities, and
+        # the loader's start-up would otherwise pay for them.
+        from modelsec.verifier.trust.identity import verify_with_authorities
+
         vouched, refusals = verify_with_authorities(
             bundle, authorities, role=role, timestamp_authorities=timestamp_authorities
         )

@@ -13,6 +13,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
 from modelsec.attestations.bundle import Bundle, parse_bundle
@@ -45,9 +46,7 @@ from modelsec.signer.layout import (
 )
 from modelsec.signer.schemes import scheme_for
 from modelsec.verifier.admission import ModelAdmission
-from modelsec.verifier.attestations import AttestationVerdict, find_attestation_bundles, verify_attestations
 from modelsec.verifier.pinning import expected_digest_set
-from modelsec.verifier.stores import StoredBundle
 from modelsec.verifier.trust.bundles import (
     check_bundle_name,
     check_bundle_size,
@@ -56,6 +55,10 @@ from modelsec.verifier.trust.bundles import (
     read_bundle,
     verify_bundle_signature,
 )
+
+if TYPE_CHECKING:  # the attestation checks are imported when a policy requires attestations
+    from modelsec.verifier.attestations import AttestationVerdict
+    from modelsec.verifier.stores import StoredBundle
 
 __all__ = [
     "SignedModel",
@@ -262,6 +265,8 @@ def verify_signatures(
     if policy.requires_attestations:
         # Evidence about the weights is checked before any weight byte is read (no hashing wasted on a model
         # the policy refuses anyway); it is bound to the root digest the verified bundles sign.
+        from modelsec.verifier.attestations import find_attestation_bundles, verify_attestations
+
         root = first.subject_digest["sha256"]
         found = find_attestation_bundles(model_dir if root_fd is None else None, root, policy)
         if root_fd is not None:
@@ -322,6 +327,8 @@ def _attestations_at(root_fd: int, model_dir: Path, root: str, limits: Limits) -
     One that cannot be read (a link, a special file) is passed on by path: reading it there fails the same
     way, and `verify_attestations` lists the reason among the ignored bundles.
     """
+    from modelsec.verifier.stores import StoredBundle
+
     found: list[Path | StoredBundle] = []
     names = [p.name for p in find_attestation_files(model_dir, root_fd=root_fd)]
     names += [f"{STATEMENTS_DIR_NAME}/{n}" for n in _statement_names_at(root_fd)]

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
+from modelsec.errors import SignatureError
 from modelsec.signer.schemes.base import KeyBackend, PublicKeyVerifier
 
 if TYPE_CHECKING:
@@ -40,7 +41,6 @@ class Sm2Scheme:
 
         GB/T 32918.2-2016 section 7.1, steps B1-B2 and B5.
         """
-        from modelsec.errors import SignatureError
         from modelsec.signer.der import decode_signature
         from modelsec.signer.schemes.sm2._core import SM2_ORDER
 
@@ -110,15 +110,27 @@ class _Sm2KeyBackend:
 @dataclass(frozen=True, slots=True, repr=False)
 class _Sm2Verifier:
     _key: Sm2PublicKey
+    # As `_Sm2KeyBackend`: the backend `MODELSEC_SM2_BACKEND` chose at this key's first verification.
+    _backend: Sm2Backend | None = field(default=None, compare=False)
 
     def verify(self, signature: bytes, message: bytes, *, name: str) -> None:
-        from modelsec.errors import SignatureError
-        from modelsec.signer.schemes.sm2 import api as sm2
+        backend = self._backend
+        if backend is None:
+            from modelsec.signer.schemes.sm2 import api as sm2
 
-        problem = SM2.signature_form_error(signature)
-        if problem is not None:
-            raise SignatureError(f"invalid signature: an sm2 key cannot have made this signature ({problem})")
-        sm2.default_backend().verify(self._key, message, signature)
+            backend = sm2.default_backend()
+            object.__setattr__(self, "_backend", backend)
+        try:
+            # Every backend decodes the signature strictly (`decode_sm2_signature`) before any arithmetic,
+            # so the form is checked once here; its reason is looked up only for a refused signature.
+            backend.verify(self._key, message, signature)
+        except SignatureError:
+            problem = SM2.signature_form_error(signature)
+            if problem is not None:
+                raise SignatureError(
+                    f"invalid signature: an sm2 key cannot have made this signature ({problem})"
+                ) from None
+            raise
 
 
 SM2 = Sm2Scheme()
