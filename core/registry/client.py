@@ -467,7 +467,8 @@ class RegistryClient:
         self._lock = threading.Lock()
         # What answered the last challenges: Basic for the whole registry, a Bearer token per repository.
         self._basic_accepted = False
-        self._tokens: dict[str, tuple[str, float]] = {}
+        # repository -> (bearer token, expiry on self._clock, the actions it was granted for: pull, push...)
+        self._tokens: dict[str, tuple[str, float, frozenset[str]]] = {}
         self._no_referrers_api: dict[str, float] = {}  # repository -> until when the fallback tag is read
         self._content = _ContentCache(_CONTENT_ITEM_BYTES, _CONTENT_TOTAL_BYTES)
 
@@ -602,14 +603,19 @@ class RegistryClient:
         headers = dict(headers or {})
         sent = self._authorization(url)
         response = self._send(method, url, headers, data, stream, sent, what)
-        # Another thread may have answered the challenge meanwhile: then retry with its credentials.
-        if response.status_code == 401 and (
-            self._authorization(url) != sent or self._answer(response, url, sent)
-        ):
+        # A 401 is answered at most twice: with credentials another thread stored meanwhile, and then (their
+        # token may be for a narrower scope: `pull` where this request needs `pull,push`) with this
+        # request's own challenge answered here.
+        for _ in range(2):
+            if response.status_code != 401 or (
+                self._authorization(url) == sent and not self._answer(response, url, sent)
+            ):
+                break
             _discard(response)
             if hasattr(data, "seek"):
                 data.seek(0)
-            response = self._send(method, url, headers, data, stream, self._authorization(url), what)
+            sent = self._authorization(url)
+            response = self._send(method, url, headers, data, stream, sent, what)
         if (
             self.options.plain_http
             and response.status_code == 400
@@ -651,6 +657,19 @@ class RegistryClient:
         realm = params.pop("realm", "")
         if not realm.startswith(("https://", "http://")):
             return False
+        repository = _repository_of(url[len(self._origin) :])
+        # One token per repository serves every request to it, so it is asked for every action granted so
+        # far as well as this challenge's: a `pull` token answered on another thread never replaces one for
+        # `pull,push` (a push moves layers on several threads at once).
+        scope_type, _, rest = params.get("scope", "").partition(":")
+        name, _, actions = rest.rpartition(":")
+        wanted = frozenset(a for a in actions.split(",") if a)
+        if scope_type == "repository" and name and wanted:
+            with self._lock:
+                held = self._tokens.get(repository)
+                if held is not None and self._clock() < held[1]:
+                    wanted |= held[2]
+            params["scope"] = f"repository:{name}:{','.join(sorted(wanted))}"
         headers = {"Authorization": f"Basic {self._basic}"} if self._basic else {}
         try:
             got = self._session.get(
@@ -668,8 +687,10 @@ class RegistryClient:
         with self._lock:
             if len(self._tokens) >= _MAX_TOKENS:
                 self._tokens.clear()
-            expires = self._clock() + max(0.0, float(lifetime) - _TOKEN_MARGIN)
-            self._tokens[_repository_of(url[len(self._origin) :])] = (token, expires)
+            now, held = self._clock(), self._tokens.get(repository)
+            if held is not None and now < held[1] and held[2] >= wanted and sent != f"Bearer {held[0]}":
+                return True  # another thread stored a token for these actions meanwhile: use that one
+            self._tokens[repository] = (token, now + max(0.0, float(lifetime) - _TOKEN_MARGIN), wanted)
         return True
 
     def _retrying(self, fetch: Callable[[], T]) -> T:

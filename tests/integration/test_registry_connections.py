@@ -294,3 +294,30 @@ def test_a_blob_redirected_to_another_host_is_read_without_the_credentials() -> 
         for server in servers:
             server.shutdown()
             server.server_close()
+
+
+def test_parallel_layer_uploads_answer_each_scope_of_a_token_registry(
+    tmp_path: Path, key_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Four layers pushed at once to a token-auth registry: one thread's token for `pull` (its HEAD of a blob)
+    must not stand for another's upload, which the registry challenges for `pull,push`. The thread that
+    meets the other's token refused asks for its own scope, once; the push and a pull back succeed."""
+    from modelsec.distribution.push_pull import pull_model
+
+    if registry_missing_reason():
+        pytest.skip(registry_missing_reason() or "")
+    signer = load_private_key_file(key_dir / "ecdsa-p256.key.pem")
+    policy = Policy.from_key_files([key_dir / "ecdsa-p256.pub.pem"])
+    with run_registry(tmp_path_factory.mktemp("token-push"), token_auth=True) as registry:
+        for attempt in range(3):  # each repository starts without a token: three chances for the race
+            model = write_tiny_model(tmp_path / f"model-{attempt}", shards=6, seed=attempt)
+            sign_model(model, [signer])
+            options = RegistryOptions(
+                ca_file=registry.ca, username=USER, password=PASSWORD, timeout=5, transfers=4
+            )
+            ref = f"oci://{registry.address}/models/parallel-{attempt}:v1"
+            pushed = push_model(model, ref, policy, signer, options=options)
+            assert pushed.layers >= 6
+            by_digest = f"oci://{registry.address}/models/parallel-{attempt}@{pushed.manifest_digest}"
+            pulled = pull_model(by_digest, tmp_path / f"pulled-{attempt}", policy, options=options)
+            assert pulled.root_digest == pushed.root_digest
