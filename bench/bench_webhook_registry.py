@@ -104,6 +104,17 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _pin(registry_pid: int, cpu: int) -> None:
+    """Every thread of the registry onto `cpu` (threads it starts later inherit it); this process off it."""
+    others = set(os.sched_getaffinity(0)) - {cpu}
+    if cpu not in os.sched_getaffinity(0) or not others:
+        raise SystemExit(f"--registry-cpu {cpu}: needs that CPU and at least one other")
+    for task in Path(f"/proc/{registry_pid}/task").iterdir():
+        os.sched_setaffinity(int(task.name), {cpu})
+    os.sched_setaffinity(0, others)
+    print(f"registry pinned to CPU {cpu}, webhook and load generator to {sorted(others)} (both stores alike)")
+
+
 def run_at_rate(reviewer: Any, image: str, rate: float, seconds: float, registry_pid: int) -> dict[str, Any]:
     """Decide `rate * seconds` requests on schedule: latencies (ms, from each scheduled send), refusals,
     whether the rate was sustained, the registry requests and new connections per decision, and the CPU
@@ -188,6 +199,14 @@ def main(argv: list[str] | None = None) -> int:
         default="token",
         help="registry authentication: JWT bearer tokens, or Basic checked with bcrypt per request",
     )
+    parser.add_argument(
+        "--registry-cpu",
+        type=int,
+        default=None,
+        metavar="N",
+        help="pin the registry (every thread) to CPU N and this process (webhook, load generator) to the "
+        "others, as where the registry runs on its own machine; applies to both stores alike",
+    )
     args = parser.parse_args(argv)
     load_start = _load()
     logging.getLogger("urllib3.connectionpool").setLevel(logging.DEBUG)
@@ -213,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         run_registry(Path(tmp) / "r", token_auth=args.auth == "token") as reg,
     ):
         root = Path(tmp)
+        if args.registry_cpu is not None:
+            _pin(reg.process.pid, args.registry_cpu)
         private, public = generate_private_key_pem("ecdsa-p256")
         (root / "key.pem").write_bytes(private)
         (root / "key.pub.pem").write_bytes(public)
