@@ -126,6 +126,7 @@ SURFACE: dict[str, list[str]] = {
         "WatermarkParams",
         "binomial_tail",
         "detect",
+        "embed_fixed",
         "embed_model",
         "generate_key_file_text",
         "infer_groups",

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ from modelsec.errors import BackendUnavailableError
 from modelsec.verifier.stores.records import Execute, RecordStoreBase, StoredRecord, StoreFullError
 
 __all__ = ["SqliteAttestationStore", "StoreFullError", "StoredRecord"]
+
+_BUSY_TIMEOUT = 10.0  # seconds a connection waits for another's lock (and the open for a replica's set-up)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS attestations (
@@ -61,24 +64,41 @@ class SqliteAttestationStore(RecordStoreBase):
         self.max_bundle_bytes = max_bundle_bytes
         self._lock = threading.Lock()
         self._writes = 0  # changes committed through this connection (`PRAGMA data_version` omits them)
-        try:
-            self._db = sqlite3.connect(path, timeout=10.0, check_same_thread=False, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
-            self._db.executescript(_SCHEMA)
-            # Check and migrate under the write lock: processes opening one database at once would otherwise
-            # both see the column missing and the second ALTER would fail.
-            self._db.execute("BEGIN IMMEDIATE")
+        deadline = time.monotonic() + _BUSY_TIMEOUT
+        while True:
             try:
-                columns = {row[1] for row in self._db.execute("PRAGMA table_info(attestations)")}
-                if "superseded_at" not in columns:  # a database written before records could be superseded
-                    self._db.execute("ALTER TABLE attestations ADD COLUMN superseded_at TEXT")
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-        except sqlite3.Error as e:
-            raise BackendUnavailableError(f"{path}: cannot open the attestation store: {e}") from e
+                self._db = sqlite3.connect(
+                    path, timeout=_BUSY_TIMEOUT, check_same_thread=False, isolation_level=None
+                )
+            except sqlite3.Error as e:
+                raise BackendUnavailableError(f"{path}: cannot open the attestation store: {e}") from e
+            try:
+                self._set_up()
+                break
+            except sqlite3.Error as e:
+                self._db.close()
+                # Switching a database to WAL while another connection (a replica starting at the same
+                # time) holds its write lock answers SQLITE_BUSY at once, without the busy timeout: wait here.
+                busy = isinstance(e, sqlite3.OperationalError) and "locked" in str(e)
+                if not busy or time.monotonic() >= deadline:
+                    raise BackendUnavailableError(f"{path}: cannot open the attestation store: {e}") from e
+                time.sleep(0.02)
+
+    def _set_up(self) -> None:
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(_SCHEMA)
+        # Check and migrate under the write lock: processes opening one database at once would otherwise
+        # both see the column missing and the second ALTER would fail.
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(attestations)")}
+            if "superseded_at" not in columns:  # a database written before records could be superseded
+                self._db.execute("ALTER TABLE attestations ADD COLUMN superseded_at TEXT")
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
 
     @property
     def uri(self) -> str:

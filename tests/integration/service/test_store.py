@@ -178,6 +178,26 @@ def test_concurrent_writers_share_one_database(backend: tuple[str, str | None], 
     assert len(bundles) == 121 and bundles.count(b"shared") == 1
 
 
+def test_a_replica_opening_while_another_holds_the_write_lock_waits_for_it(tmp_path: Path) -> None:
+    """Replicas start at once: switching a fresh database to WAL while another connection holds its write lock
+    answers SQLITE_BUSY at once (no busy timeout for that), which refused the open; it now waits for the lock."""
+    import sqlite3
+
+    path = tmp_path / "s.db"
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("CREATE TABLE other_writer(a)")
+    other.execute("BEGIN IMMEDIATE")
+    other.execute("INSERT INTO other_writer VALUES (1)")
+    release = threading.Timer(0.3, lambda: other.execute("COMMIT"))
+    release.start()
+    try:
+        store = open_record_store(f"sqlite://{path}")
+    finally:
+        release.join()
+        other.close()
+    assert _put(store, b"after the other writer") is True and store.bundles(D1) == [b"after the other writer"]
+
+
 def test_unopenable_database_is_unavailable(tmp_path: Path) -> None:
     (tmp_path / "dir.db").mkdir()
     with pytest.raises(BackendUnavailableError, match="cannot open the attestation store"):
