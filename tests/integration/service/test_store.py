@@ -180,7 +180,7 @@ def test_concurrent_writers_share_one_database(backend: tuple[str, str | None], 
 
 def test_a_replica_opening_while_another_holds_the_write_lock_waits_for_it(tmp_path: Path) -> None:
     """Replicas start at once: switching a fresh database to WAL while another connection holds its write lock
-    answers SQLITE_BUSY at once (no busy timeout for that), which refused the open; it now waits for the lock."""
+    answers SQLITE_BUSY at once (no busy timeout for that), which refused the open; now it waits for it."""
     import sqlite3
 
     path = tmp_path / "s.db"
