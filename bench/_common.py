@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -518,3 +518,44 @@ def pod_review(image: str, uid: str) -> bytes:
         },
     }
     return json.dumps(body).encode()
+
+
+def signed_model_in_registry(root: Path, registry: Any) -> tuple[Any, dict[str, Any], Any]:
+    """A one-shard model signed with a fresh P-256 key (`root/key.pem`, `root/key.pub.pem`), pushed to
+    `registry` as `models/bench:v1`, its signature also in the directory store `root/store`.
+
+    Returns the registry options, a ModelPolicy document trusting the key for `oci://REGISTRY/models/**`,
+    and the push result (`manifest_digest`, `root_digest`).
+    """
+    from modelsec.distribution.push_pull import push_model
+    from modelsec.policy import Policy
+    from modelsec.registry.client import RegistryOptions
+    from modelsec.signer import load_private_key_file, sign_model
+    from modelsec.signer.keys import generate_private_key_pem
+    from modelsec.verifier.attestations import store_bundle
+    from tests.conftest import write_tiny_model
+    from tests.support.oci import PASSWORD, USER
+
+    private, public = generate_private_key_pem("ecdsa-p256")
+    (root / "key.pem").write_bytes(private)
+    (root / "key.pub.pem").write_bytes(public)
+    signer = load_private_key_file(root / "key.pem")
+    model = write_tiny_model(root / "model", shards=1)
+    sign_model(model, [signer])
+    options = RegistryOptions(ca_file=registry.ca, username=USER, password=PASSWORD, timeout=5)
+    pushed = push_model(
+        model,
+        f"oci://{registry.address}/models/bench:v1",
+        Policy.from_key_files([root / "key.pub.pem"]),
+        signer,
+        options=options,
+    )
+    store_bundle(root / "store", (model / "model.sig").read_bytes())
+    doc = {
+        "apiVersion": "modelsec.dev/v1alpha1",
+        "kind": "ModelPolicy",
+        "policies": [
+            {"name": "models", "match": [f"oci://{registry.address}/models/**"], "keys": ["key.pub.pem"]}
+        ],
+    }
+    return options, doc, pushed

@@ -66,7 +66,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests.support: the registry the tests start
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _common import machine_lines, percentile, pod_review, render_table  # noqa: E402
+from _common import machine_lines, percentile, pod_review, render_table, signed_model_in_registry  # noqa: E402
 
 THREADS = 8
 AUTH = {
@@ -212,16 +212,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("urllib3.connectionpool").setLevel(logging.DEBUG)
     logging.getLogger("urllib3.connectionpool").addHandler(TRAFFIC)
 
-    from modelsec.distribution.push_pull import bound_root_digests, push_model
+    from modelsec.distribution.push_pull import bound_root_digests
     from modelsec.policy import Policy, PolicySet
-    from modelsec.registry.client import RegistryOptions
-    from modelsec.signer import load_private_key_file, sign_model
-    from modelsec.signer.keys import generate_private_key_pem
-    from modelsec.verifier.attestations import store_bundle
     from modelsec.verifier.stores.directory import DirectoryStore
     from modelsec.webhook.review import Reviewer, WebhookConfig
-    from tests.conftest import write_tiny_model
-    from tests.support.oci import PASSWORD, USER, registry_missing_reason, run_registry
+    from tests.support.oci import registry_missing_reason, run_registry
 
     missing = registry_missing_reason()
     if missing:
@@ -234,28 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(tmp)
         if args.registry_cpu is not None:
             _pin(reg.process.pid, args.registry_cpu)
-        private, public = generate_private_key_pem("ecdsa-p256")
-        (root / "key.pem").write_bytes(private)
-        (root / "key.pub.pem").write_bytes(public)
-        signer = load_private_key_file(root / "key.pem")
-        model = write_tiny_model(root / "model", shards=1)
-        sign_model(model, [signer])
-        options = RegistryOptions(ca_file=reg.ca, username=USER, password=PASSWORD, timeout=5)
-        pushed = push_model(
-            model,
-            f"oci://{reg.address}/models/bench:v1",
-            Policy.from_key_files([root / "key.pub.pem"]),
-            signer,
-            options=options,
-        )
-        store_bundle(root / "store", (model / "model.sig").read_bytes())
-        doc = {
-            "apiVersion": "modelsec.dev/v1alpha1",
-            "kind": "ModelPolicy",
-            "policies": [
-                {"name": "models", "match": [f"oci://{reg.address}/models/**"], "keys": ["key.pub.pem"]}
-            ],
-        }
+        options, doc, pushed = signed_model_in_registry(root, reg)
         policies = PolicySet.from_mapping(doc, base_dir=root, source="bench-policy")
         image = f"{reg.address}/models/bench@{pushed.manifest_digest}"
 

@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests.support: the registry the tests start
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _common import load_average, machine_lines, pod_review, render_table  # noqa: E402
+from _common import load_average, machine_lines, pod_review, render_table, signed_model_in_registry  # noqa: E402
 from bench_webhook import HOST, _client_context, _free_port, _write_tls  # noqa: E402
 
 TARGET_US = 500.0
@@ -162,14 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="wrk threads")
     args = parser.parse_args(argv)
 
-    from modelsec.distribution.push_pull import push_model
-    from modelsec.policy import Policy
-    from modelsec.registry.client import RegistryOptions
-    from modelsec.signer import load_private_key_file, sign_model
-    from modelsec.signer.keys import generate_private_key_pem
-    from modelsec.verifier.attestations import store_bundle
-    from tests.conftest import write_tiny_model
-    from tests.support.oci import PASSWORD, USER, registry_missing_reason, run_registry
+    from tests.support.oci import registry_missing_reason, run_registry
 
     missing = registry_missing_reason() or (
         "" if shutil.which("wrk") else "wrk not installed (apt-get install wrk)"
@@ -184,28 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     ):
         root = Path(tmp)
         ca, cert, key = _write_tls(root)
-        private, public = generate_private_key_pem("ecdsa-p256")
-        (root / "key.pem").write_bytes(private)
-        (root / "key.pub.pem").write_bytes(public)
-        signer = load_private_key_file(root / "key.pem")
-        model = write_tiny_model(root / "model", shards=1)
-        sign_model(model, [signer])
-        options = RegistryOptions(ca_file=reg.ca, username=USER, password=PASSWORD, timeout=5)
-        pushed = push_model(
-            model,
-            f"oci://{reg.address}/models/bench:v1",
-            Policy.from_key_files([root / "key.pub.pem"]),
-            signer,
-            options=options,
-        )
-        store_bundle(root / "store", (model / "model.sig").read_bytes())
-        doc = {
-            "apiVersion": "modelsec.dev/v1alpha1",
-            "kind": "ModelPolicy",
-            "policies": [
-                {"name": "models", "match": [f"oci://{reg.address}/models/**"], "keys": ["key.pub.pem"]}
-            ],
-        }
+        _options, doc, pushed = signed_model_in_registry(root, reg)
         (root / "policy.json").write_text(json.dumps(doc))
         body = pod_review(f"{reg.address}/models/bench@{pushed.manifest_digest}", "bench-uid")
         (root / "review.json").write_bytes(body)
