@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 from modelsec.algorithms import SignatureAlgorithm
 from modelsec.attestations.predicates.oms import Manifest
 from modelsec.errors import MalformedArtifactError, PolicyViolationError
-from modelsec.modelformat.hashing import ProgressCallback
+from modelsec.modelformat.hashing import PrehashedFile, ProgressCallback
 from modelsec.modelformat.model_files import PICKLE_SUFFIXES, open_beneath, open_model_root
 from modelsec.policy import Policy, PolicySet
 from modelsec.verifier.admission import ModelAdmission, admit_opened
@@ -139,6 +139,7 @@ def verify_model(
     expected_digests: Collection[str] | None = None,
     ignore_paths: Sequence[str] = (),
     dir_fd: int | None = None,
+    prehashed: Mapping[str, PrehashedFile] | None = None,
 ) -> VerifiedModel:
     """Verify every file of a model directory (or one file of it) against its signed bundles.
 
@@ -171,6 +172,14 @@ def verify_model(
             `model_path.name` is looked up in it without following a link, and `model_path` otherwise only
             names the model in messages. A server passes the descriptor it resolved beneath its read root,
             so no later rename of the path can change what is verified. Not closed here.
+        prehashed: Only for a caller that wrote the model's files itself into a directory no other party
+            can write, hashing each one's bytes as it wrote them (`modelsec.distribution.push_pull`'s
+            pull, so that a download is not read twice): signed name -> `PrehashedFile`. A listed file is not
+            read again when those digests cover every digest compared (file algorithms, tensor algorithm,
+            the policy's limits) and its identity (device, inode, size, mtime, ctime) is unchanged since
+            its last write; a changed identity is refused. Every check of steps 1-5 runs as without it,
+            on those digests and headers; a file not listed, or not covered, is hashed here. The caller
+            vouches that the bytes it hashed are the bytes it wrote, in a file nobody else could write.
 
     The model directory is opened once; its default bundles, the walk and every file read go through that
     descriptor, so the directory whose bundles verified is the one walked and the one hashed, even if its
@@ -187,8 +196,8 @@ def verify_model(
         SignatureError: No bundle, a bundle no trusted key verifies, or a required algorithm did not sign.
         MalformedArtifactError: A bundle, statement, manifest or safetensors header is malformed.
         FileSetMismatchError: Files were added, removed or renamed.
-        DigestMismatchError: A file or tensor differs from the manifest, or the signed root digest is not one
-            of `expected_digests`.
+        DigestMismatchError: A file or tensor differs from the manifest, the signed root digest is not one
+            of `expected_digests`, or a `prehashed` file's identity changed since it was written.
         PolicyViolationError: Symlinks, special files, pickle formats, or remote code (by default); no
             policy of a `PolicySet` matches.
         ModelMovedError: The path named another directory than the one opened, or than the one the
@@ -216,6 +225,7 @@ def verify_model(
             progress=progress,
             expected_digests=expected_digests,
             ignore_paths=ignore_paths,
+            prehashed=prehashed,
         )
     finally:
         os.close(root_fd)
@@ -232,6 +242,7 @@ def _verify_open_model(
     progress: ProgressCallback | None,
     expected_digests: Collection[str] | None,
     ignore_paths: Sequence[str],
+    prehashed: Mapping[str, PrehashedFile] | None = None,
 ) -> VerifiedModel:
     model_path = model_dir / single if single is not None else model_dir
     policy = admission.policy
@@ -269,6 +280,7 @@ def _verify_open_model(
         whole_model=whole,
         progress=progress,
         root_fd=root_fd,
+        prehashed=prehashed,
     )
     return VerifiedModel(
         root_digest=signed.root_digest,
