@@ -345,6 +345,44 @@ def test_pull_verifies_the_digests_taken_as_written_and_reads_no_layer_again(
     assert sorted(hashed_by_verifier) == sorted(p.name for p in model.iterdir() if p.name != "model.sig")
 
 
+def test_a_download_started_again_is_hashed_from_its_first_byte_again(
+    tmp_path: Path,
+    key_dir: Path,
+    proxy: FaultProxy,
+    tls: dict[str, Path],
+    policy: Policy,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model = tmp_path / "m"
+    model.mkdir()
+    # Over two 1 MiB reads: the cut comes after some bytes were written (and hashed), so the restart must
+    # truncate the file and begin hashing again.
+    weights = np.random.default_rng(42).standard_normal((768, 1024)).astype(np.float32)
+    save_file({"w": weights}, str(model / "s0.safetensors"))
+    sign_model(model, [load_private_key_file(key_dir / "ecdsa-p256.key.pem")])
+    options = RegistryOptions(ca_file=tls["ca"], username=USER, password=PASSWORD, timeout=10, transfers=1)
+    pushed = _push(model, key_dir, proxy.address, "transfer/restart", options, policy)
+    shard = "sha256:" + hashlib.sha256((model / "s0.safetensors").read_bytes()).hexdigest()
+    proxy.reset()
+    proxy.fail("GET", re.escape(f"/blobs/{shard}"), "cut", 1)  # half the body written and hashed
+    proxy.fail("GET", re.escape(f"/blobs/{shard}"), "no-range", 1)  # then the whole blob again, from byte 0
+    hashed_by_verifier: list[str] = []
+    engine = files_module.hash_files
+
+    def spy(root_fd: int, names: list[str], **kw: object) -> object:
+        hashed_by_verifier.extend(names)
+        return engine(root_fd, names, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(files_module, "hash_files", spy)
+    dest = tmp_path / "pulled"
+    result = pull_model(f"oci://{proxy.address}/transfer/restart:v1", dest, policy, options=options)
+    assert [s.outcome for s in proxy.seen if shard in s.path] == ["cut", "no-range"]
+    assert result.root_digest == pushed.root_digest
+    assert (dest / "s0.safetensors").read_bytes() == (model / "s0.safetensors").read_bytes()
+    # The restart began the per-tensor and header hashing again too: its digests were used, not re-read.
+    assert hashed_by_verifier == []
+
+
 @pytest.mark.parametrize("when", ["before verification", "after verification"])
 def test_a_staged_file_changed_after_it_was_written_is_refused_and_nothing_lands(
     tmp_path: Path,
