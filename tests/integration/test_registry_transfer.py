@@ -320,12 +320,18 @@ def _flip_in_place(path: Path) -> None:
     os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
 
 
+@pytest.mark.parametrize("sm2", [False, True], ids=["ecdsa", "ecdsa+sm2"])
 def test_pull_verifies_the_digests_taken_as_written_and_reads_no_layer_again(
-    tmp_path: Path, key_dir: Path, registry: Registry, policy: Policy, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, key_dir: Path, registry: Registry, monkeypatch: pytest.MonkeyPatch, sm2: bool
 ) -> None:
     options = RegistryOptions(ca_file=registry.ca, username=USER, password=PASSWORD, chunk_bytes=CHUNK)
-    model = _model(tmp_path / "m", key_dir, seed=38)
-    pushed = _push(model, key_dir, registry.address, "transfer/once", options, policy)
+    model = _model(tmp_path / "m", key_dir, seed=38 + sm2)
+    keys = [key_dir / "ecdsa-p256.pub.pem"]
+    if sm2:  # a second bundle with SM3 file digests: streamed as well (the SHA-256 is the layer digest)
+        sign_model(model, [load_private_key_file(key_dir / "sm2.key.pem")])
+        keys.append(key_dir / "sm2.pub.pem")
+    policy = Policy.from_key_files(keys)
+    pushed = _push(model, key_dir, registry.address, f"transfer/once{int(sm2)}", options, policy)
     hashed_by_verifier: list[str] = []
     engine = files_module.hash_files
 
@@ -335,14 +341,17 @@ def test_pull_verifies_the_digests_taken_as_written_and_reads_no_layer_again(
 
     monkeypatch.setattr(files_module, "hash_files", spy)
     dest = tmp_path / "pulled"
-    result = pull_model(f"oci://{registry.address}/transfer/once:v1", dest, policy, options=options)
+    result = pull_model(f"oci://{registry.address}/transfer/once{int(sm2)}:v1", dest, policy, options=options)
     assert result.root_digest == pushed.root_digest and result.files == 4
+    assert len(result.signers) == len(keys)  # each bundle verified
     assert hashed_by_verifier == []  # every layer's digests (file, header, tensors) came from the download
     for path in model.glob("s*.safetensors"):
         assert (dest / path.name).read_bytes() == path.read_bytes()
     # The same directory verified from disk: the same root digest, and every file hashed there.
     assert verify_model(dest, policy).root_digest == pushed.root_digest
-    assert sorted(hashed_by_verifier) == sorted(p.name for p in model.iterdir() if p.name != "model.sig")
+    assert sorted(hashed_by_verifier) == sorted(
+        p.name for p in model.iterdir() if not p.name.endswith(".sig")
+    )
 
 
 def test_a_download_started_again_is_hashed_from_its_first_byte_again(
