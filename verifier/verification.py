@@ -16,7 +16,10 @@ opened before step 4):
 4. Every file is hashed once (all needed digests in one pass, safetensors headers parsed strictly, every
    other file's bytes classified by `modelsec.modelformat.content`) and compared in constant time;
    per-tensor digests are compared when the manifest carries them. Then, under `refusePickle`, a file whose
-   hashed bytes are or may hold a pickle is refused whatever its name (`PickleContentError`).
+   hashed bytes are or may hold a pickle is refused whatever its name (`PickleContentError`). A file
+   given in `prehashed` (a pull that hashed it as it wrote it, `modelsec.modelformat.hashing.PrehashedFile`)
+   is not read again when its identity is unchanged and its digests cover all of these; the comparisons
+   and refusals are the same.
 5. Side files are interpreted only after their bytes matched: every `*.json` file at any depth is read
    again (bounded by `Limits.max_json_side_file_bytes`; a larger one is refused, never skipped), re-hashed
    and searched for code references (`auto_map` at any nesting depth, `custom_pipelines`): refused unless
