@@ -343,7 +343,7 @@ class Pkcs11KeySource:
         except ValueError as e:
             raise KeyMaterialError(f"{where}: the token's public key is not a point on the curve") from e
         return _Pkcs11Backend(
-            scheme, public_key, login, key, p11, where, ec.ECDSA(Prehashed(scheme.hash())), scheme.hash.name
+            scheme, public_key, login, key, p11, where, ec.ECDSA(Prehashed(scheme.hash())), scheme.hash().name
         )
 
 
