@@ -192,9 +192,15 @@ class EmbedResult:
 
 
 def capacity_bits(carriers: int, params: WatermarkParams) -> int:
-    """Longest message (bits, a multiple of 8) that gives every code bit `min_carriers_per_bit` carriers."""
-    bits = carriers // params.min_carriers_per_bit - params.pilot_bits
-    return max(0, min(params.max_message_bits, bits - bits % 8))
+    """Longest message (bits, a multiple of 8) that gives every code bit `min_carriers_per_bit` carriers.
+
+    The code bits are the pilot plus the message's code word under `params.message_code`
+    (`modelsec.watermark.message_code.message_capacity`).
+    """
+    from modelsec.watermark.message_code import message_capacity
+
+    code_bits = carriers // params.min_carriers_per_bit - params.pilot_bits
+    return min(params.max_message_bits, message_capacity(code_bits, params.message_code))
 
 
 def embed_model(
