@@ -17,11 +17,11 @@ Detection needs only the key and the suspect weights. Order of operations (an in
    under the null hypothesis: each extracted bit is the sign of a symmetric Rademacher sum, so +1 or -1
    with probability 1/2 each, ties only lowering `k`, independently across bits with disjoint carriers).
 5. Which bits decide presence: the pilot bits only, the message length unknown (every length
-   `8, 16, ..., max_message_bits` is tried, under the parameters' message code and, unless that is
-   already `none`, under `none` too, which marks made before error correction use; the smallest bound of
-   step 6 is kept), whether or not the message is given, so that giving `message` never changes whether the
+   `8, 16, ..., max_message_bits` is tried, under the parameters' message code; under the default `auto`
+   under crc32-conv7 and under `none`, which marks made before error correction and small models use; the
+   smallest bound of step 6 is kept), whether or not the message is given, so that giving `message` never changes whether the
    mark is reported present. With the length given (`message_length`, e.g. from an attestation, with its
-   recorded code) only that length and code are tried. Every hypothesis
+   recorded code) only that length is tried (under both codes for `auto`). Every hypothesis
    tried (message lengths, densities, carrier sets) multiplies the false-positive bound (Bonferroni), so the
    reported value stays an upper bound for the whole search.
 6. Present ("detected") iff the false-positive bound
@@ -75,7 +75,12 @@ from modelsec.watermark.results import (
     normal_tail,
     rademacher_tail_bound,
 )
-from modelsec.watermark.message_code import LEGACY_MESSAGE_CODE, DecodedBits
+from modelsec.watermark.message_code import (
+    AUTO_MESSAGE_CODE,
+    DEFAULT_MESSAGE_CODE,
+    LEGACY_MESSAGE_CODE,
+    DecodedBits,
+)
 from modelsec.watermark.spread_spectrum import (
     CARRIER_SETS,
     WatermarkKey,
@@ -254,7 +259,7 @@ def evaluate(
         [message_length] if message_length is not None else list(range(8, params.max_message_bits + 1, 8))
     )
     best: tuple[tuple[float, float], int, str, _Comparison] | None = None
-    hypotheses = [(length, code) for code in _codes(params, message_length) for length in lengths]
+    hypotheses = [(length, code) for code in _codes(params) for length in lengths]
     for length, code in hypotheses:
         c, e = blocks.per_bit(params.code_length(length, code))
         cmp = _compare(pilot_code, c[:p], e[:p])
@@ -274,11 +279,11 @@ def evaluate(
     return result, tests
 
 
-def _codes(params: WatermarkParams, message_length: int | None) -> list[str]:
-    """Message codes to try: the given one; blind, also `none`, which marks made before the code used."""
-    if message_length is not None or params.message_code == LEGACY_MESSAGE_CODE:
-        return [params.message_code]
-    return [params.message_code, LEGACY_MESSAGE_CODE]
+def _codes(params: WatermarkParams) -> list[str]:
+    """Message codes to try: the parameters' code; for `auto` (the default) both, crc32-conv7 first."""
+    if params.message_code == AUTO_MESSAGE_CODE:
+        return [DEFAULT_MESSAGE_CODE, LEGACY_MESSAGE_CODE]
+    return [params.message_code]
 
 
 def _read_message(
@@ -304,8 +309,8 @@ def _with_message(
     """Add the message verdict to a blind presence result (step 8 of the module docstring)."""
     bits = message_bits(message)
     p = params.pilot_bits
-    # The code the blind search found at this length; otherwise the parameters' code.
-    code_name = present.message_code if present.message_bits == len(bits) else params.message_code
+    # The code the blind search found at this length; otherwise the parameters' (first) code.
+    code_name = present.message_code if present.message_bits == len(bits) else _codes(params)[0]
     code = code_word(key, bits, params, code_name)
     c, e = blocks.per_bit(len(code))
     raw = _compare(code[p:], c[p:], e[p:])

@@ -23,7 +23,7 @@ import math
 import os
 import shutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +40,7 @@ from modelsec.watermark.output import (
     move_into_place,
     write_new,
 )
+from modelsec.watermark.message_code import AUTO_MESSAGE_CODE, DEFAULT_MESSAGE_CODE, LEGACY_MESSAGE_CODE
 from modelsec.watermark.spread_spectrum import (
     CarrierPlan,
     WatermarkKey,
@@ -340,8 +341,9 @@ def embed_fixed(
         )
     check_out_dir(Path(model_dir), Path(out_dir))
     bits = message_bits(message)
-    code = code_word(key, bits, params)
-    n_code = len(code)
+    codes = [params.message_code]
+    if params.message_code == AUTO_MESSAGE_CODE:  # the code where the model carries it, else none
+        codes = [DEFAULT_MESSAGE_CODE, LEGACY_MESSAGE_CODE]
 
     with DirectorySource(Path(model_dir), limits=limits) as source:
         eligible = [r for r in source.tensors() if is_eligible(r.dtype, r.shape, params, r.name)]
@@ -352,35 +354,18 @@ def embed_fixed(
             )
         k = density_log2_for(sum(r.numel for r in eligible), params)
         carriers = sum(carrier_count(r.shape, k, params) for r in eligible)
-        if carriers < n_code * params.min_carriers_per_bit:
-            raise PolicyError(
-                f"message too long for capacity: {len(bits)} bits need "
-                f"{n_code * params.min_carriers_per_bit} carriers ({params.min_carriers_per_bit} per code "
-                f"bit incl. {params.pilot_bits} pilot bits), "
-                f"the model has {carriers}; this model's capacity is {capacity_bits(carriers, params)} bits"
-            )
-
-        # Pass 1: measure the host (in a function, so its working set is freed before pass 2).
-        c0, e0, a0, q0, g2, host = _measure(source, eligible, key, k, params, n_code, grades or {})
-        target = params.kappa * (1.0 + params.margin_slack)
-        strength = solve_strength(code, c0, e0, a0, q0, target, g2)
-        worst = int(np.argmax(strength))
-        top_grade = max((h.grade for h in host.values()), default=1.0)
-        if (
-            not math.isfinite(float(strength[worst]))
-            or strength[worst] * top_grade > params.max_relative_change
-        ):
-            need = (
-                "unreachable"
-                if not math.isfinite(float(strength[worst]))
-                else f"{strength[worst] * top_grade:.1%}"
-            )
-            raise PolicyError(
-                f"message too long for capacity: code bit {worst} needs a relative change of {need} "
-                f"> max_relative_change {params.max_relative_change:.1%} ({len(bits)} message bits over "
-                f"{carriers} carriers); shorten the message (capacity "
-                f"{capacity_bits(carriers, params)} bits) or lower kappa"
-            )
+        for attempt, code_name in enumerate(codes, start=1):
+            try:
+                params_used = replace(params, message_code=code_name)
+                code = code_word(key, bits, params_used)
+                n_code = len(code)
+                # Pass 1: measure the host (in a function, so its working set is freed before pass 2).
+                host, strength = _strengths(source, eligible, key, k, params_used, code, carriers, grades)
+                break
+            except PolicyError:
+                if attempt == len(codes):
+                    raise
+        params = params_used
         signed_strength = strength * np.asarray(code, dtype=np.float64)
 
         # Pass 2: write.
@@ -436,6 +421,51 @@ def embed_fixed(
         gridded=tuple(writer.gridded),
         requantised=requantised,
     )
+
+
+def _strengths(
+    source: DirectorySource,
+    eligible: Sequence[TensorRef],
+    key: WatermarkKey,
+    k: int,
+    params: WatermarkParams,
+    code: Sequence[int],
+    carriers: int,
+    grades: Mapping[str, float] | None,
+) -> tuple[dict[str, _Host], npt.NDArray[np.float64]]:
+    """Pass 1 and the strengths `t_b` for one code word, or PolicyError when the model cannot carry it.
+
+    Raises:
+        PolicyError: Fewer than `min_carriers_per_bit` carriers per code bit, a strength beyond
+            `max_relative_change`, or a grade outside [0, 1].
+    """
+    import numpy as np
+
+    n_code = len(code)
+    n_message = n_code - params.pilot_bits
+    if carriers < n_code * params.min_carriers_per_bit:
+        raise PolicyError(
+            f"message too long for capacity: {n_message} code bits ({params.message_code}) need "
+            f"{n_code * params.min_carriers_per_bit} carriers ({params.min_carriers_per_bit} per code "
+            f"bit incl. {params.pilot_bits} pilot bits), "
+            f"the model has {carriers}; this model's capacity is {capacity_bits(carriers, params)} bits"
+        )
+    c0, e0, a0, q0, g2, host = _measure(source, eligible, key, k, params, n_code, grades or {})
+    target = params.kappa * (1.0 + params.margin_slack)
+    strength = solve_strength(code, c0, e0, a0, q0, target, g2)
+    worst = int(np.argmax(strength))
+    top_grade = max((h.grade for h in host.values()), default=1.0)
+    if not math.isfinite(float(strength[worst])) or strength[worst] * top_grade > params.max_relative_change:
+        need = (
+            "unreachable" if not math.isfinite(float(strength[worst])) else f"{strength[worst] * top_grade:.1%}"
+        )
+        raise PolicyError(
+            f"message too long for capacity: code bit {worst} needs a relative change of {need} "
+            f"> max_relative_change {params.max_relative_change:.1%} ({n_message} message code bits "
+            f"({params.message_code}) over {carriers} carriers); shorten the message (capacity "
+            f"{capacity_bits(carriers, params)} bits) or lower kappa"
+        )
+    return host, strength
 
 
 def _measure(

@@ -6,7 +6,9 @@ attestation as `parameters.messageCode`):
 * `none`: the `L` message bits are the code bits; each is read as the sign of its correlation, nothing is
   corrected or checked. Every mark made before issue 30's error correction (an attestation without
   `messageCode`) uses it; blind detection still tries it.
-* `crc32-conv7` (the default for new marks): the message bits, then their CRC-32 (the IEEE 802.3 / zlib
+* `crc32-conv7` (new marks, wherever the model can carry it: the default `auto` falls back to `none`
+  when the longer code word exceeds the model's capacity or the relative-change bound, and the result and
+  attestation record which code was used): the message bits, then their CRC-32 (the IEEE 802.3 / zlib
   polynomial 0x04C11DB7, reflected, initial value and final XOR 0xFFFFFFFF, over the message bytes; 32
   bits, most significant first), then 6 zero tail bits, are encoded by the rate-1/2, constraint-length-7
   convolutional code with generators 133 and 171 (octal), the code of IEEE 802.11-2020 section 17.3.5.6
@@ -41,6 +43,7 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
 __all__ = [
+    "AUTO_MESSAGE_CODE",
     "DEFAULT_MESSAGE_CODE",
     "LEGACY_MESSAGE_CODE",
     "MESSAGE_CODES",
@@ -54,7 +57,11 @@ __all__ = [
 
 LEGACY_MESSAGE_CODE = "none"
 DEFAULT_MESSAGE_CODE = "crc32-conv7"
+#: The codes a mark can carry (what attestations record).
 MESSAGE_CODES: tuple[str, ...] = (LEGACY_MESSAGE_CODE, DEFAULT_MESSAGE_CODE)
+#: The parameters' default: embedding uses crc32-conv7 where the model can carry its longer code word and
+#: `none` otherwise (and records which); detection tries both.
+AUTO_MESSAGE_CODE = "auto"
 CRC_BITS = 32
 _K = 7  # constraint length
 _MEMORY = _K - 1
@@ -64,15 +71,18 @@ _STATES = 1 << _MEMORY
 
 
 def coded_length(message_bits: int, code: str) -> int:
-    """Code bits that carry a message of `message_bits` bits (`L`, or `2 * (L + 38)` for crc32-conv7)."""
+    """Code bits that carry a message of `message_bits` bits (`L`, or `2 * (L + 38)` for crc32-conv7 and
+    `auto`)."""
     if code == LEGACY_MESSAGE_CODE:
         return message_bits
     return _RATE * (message_bits + CRC_BITS + _MEMORY)
 
 
 def message_capacity(code_bits: int, code: str) -> int:
-    """Longest message (bits, a multiple of 8) whose code word fits in `code_bits` bits (0 if none)."""
-    bits = code_bits if code == LEGACY_MESSAGE_CODE else code_bits // _RATE - CRC_BITS - _MEMORY
+    """Longest message (bits, a multiple of 8) whose code word fits in `code_bits` bits (0 if none; `auto`:
+    that of `none`, its fallback)."""
+    coded = code == DEFAULT_MESSAGE_CODE
+    bits = code_bits // _RATE - CRC_BITS - _MEMORY if coded else code_bits
     return max(0, bits - bits % 8)
 
 

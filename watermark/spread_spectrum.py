@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING
 
 from modelsec.errors import PolicyError
 from modelsec.watermark.message_code import (
+    AUTO_MESSAGE_CODE,
     DEFAULT_MESSAGE_CODE,
     LEGACY_MESSAGE_CODE,
     MESSAGE_CODES,
@@ -80,6 +81,7 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
 __all__ = [
+    "AUTO_MESSAGE_CODE",
     "CARRIER_SETS",
     "DEFAULT_MESSAGE_CODE",
     "LEGACY_MESSAGE_CODE",
@@ -141,9 +143,10 @@ class WatermarkParams:
         margin_slack: Embedding aims at `kappa * (1 + margin_slack)` so that the per-tensor RMS change and
             the dtype cast cannot pull a bit below `kappa`.
         carrier_set: Which eligible tensors carry bits (`CARRIER_SETS`).
-        message_code: Error correction of the message (`modelsec.watermark.message_code.MESSAGE_CODES`):
-            `crc32-conv7` for new marks; `none` is what every mark made before it used (an attestation
-            without `messageCode`).
+        message_code: Error correction of the message (`modelsec.watermark.message_code`): `crc32-conv7`,
+            `none` (what every mark made before it used; an attestation without `messageCode`), or `auto`
+            (default): embedding uses crc32-conv7 where the model can carry it and `none` otherwise
+            (`EmbedResult.params` holds the one used), detection tries both.
     """
 
     kappa: float = 3.0
@@ -157,7 +160,7 @@ class WatermarkParams:
     min_carriers_per_bit: int = 1024
     margin_slack: float = 0.02
     carrier_set: str = "all"
-    message_code: str = DEFAULT_MESSAGE_CODE
+    message_code: str = AUTO_MESSAGE_CODE
 
     def __post_init__(self) -> None:
         problems = []
@@ -183,8 +186,8 @@ class WatermarkParams:
             problems.append("margin_slack must be in [0, 1)")
         if self.carrier_set not in CARRIER_SETS:
             problems.append(f"carrier_set must be one of {', '.join(CARRIER_SETS)}")
-        if self.message_code not in MESSAGE_CODES:
-            problems.append(f"message_code must be one of {', '.join(MESSAGE_CODES)}")
+        if self.message_code not in (*MESSAGE_CODES, AUTO_MESSAGE_CODE):
+            problems.append(f"message_code must be one of {', '.join((*MESSAGE_CODES, AUTO_MESSAGE_CODE))}")
         if problems:
             raise PolicyError("invalid watermark parameters: " + "; ".join(problems))
 
@@ -239,7 +242,9 @@ def code_word(
         `params.code_length(L)` values in {-1, +1}; the pilot and pad are prefixes of fixed key streams,
         so they do not depend on `L` or the code.
     """
-    coded = encode(message_bit_list, message_code or params.message_code) if message_bit_list else []
+    code = message_code or params.message_code
+    code = DEFAULT_MESSAGE_CODE if code == AUTO_MESSAGE_CODE else code
+    coded = encode(message_bit_list, code) if message_bit_list else []
     pilot = _stream_bits(key, b"pilot", params.pilot_bits)
     pad = _stream_bits(key, b"whiten", len(coded))
     bits = pilot + [m ^ p for m, p in zip(coded, pad, strict=True)]

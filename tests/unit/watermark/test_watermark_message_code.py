@@ -184,3 +184,22 @@ def test_codec_corrects_soft_errors_and_flags_garbage() -> None:
         assert found.bits == bits and found.valid is True and found.code_bit_errors == 5
         garbage = [decode(rng.standard_normal(word.size), length, DEFAULT_MESSAGE_CODE) for _ in range(50)]
         assert not any(g.valid for g in garbage)
+
+
+def test_a_model_too_small_for_the_code_gets_the_message_uncoded_and_says_so(
+    toy_model: Path, tmp_path: Path, wm_key: WatermarkKey
+) -> None:
+    from modelsec.errors import PolicyError
+
+    long_message = b"ACME-clf-v2"  # 88 bits: 64 + 88 fit the toy model's code bits, 64 + 2 x 126 do not
+    with pytest.raises(PolicyError, match=r"message too long for capacity: .*crc32-conv7"):
+        embed_model(
+            toy_model, tmp_path / "strict", wm_key, long_message,
+            params=WatermarkParams(message_code=DEFAULT_MESSAGE_CODE),
+        )  # fmt: skip
+    assert not (tmp_path / "strict").exists()
+    result = embed_model(toy_model, tmp_path / "auto", wm_key, long_message)
+    assert result.params.message_code == LEGACY_MESSAGE_CODE and result.code_bits == 64 + 88
+    assert result.params.to_json()["messageCode"] == LEGACY_MESSAGE_CODE  # what the attestation records
+    found = detect(tmp_path / "auto", wm_key)
+    assert found.decoded_message == long_message and found.message_code == LEGACY_MESSAGE_CODE
