@@ -272,6 +272,7 @@ def _embed(
                 "attestation": None if attestation is None else str(attestation),
                 "messageBits": result.message_bits,
                 "codeBits": result.code_bits,
+                "messageCode": result.params.message_code,
                 "carriers": result.carriers,
                 "carrierTensors": len(result.tensors),
                 "densityLog2": result.density_log2,
@@ -291,9 +292,14 @@ def _embed(
             }
         )
         return
+    coding = (
+        "no error correction: the model cannot carry the longer crc32-conv7 code word"
+        if result.params.message_code == "none"
+        else f"{result.params.message_code}: {result.code_bits - result.params.pilot_bits} code bits"
+    )
     click.echo(
-        f"watermarked {result.message_bits} message bits (+{result.params.pilot_bits} pilot) into "
-        f"{result.carriers} weights of {len(result.tensors)} tensors -> {result.out_dir}"
+        f"watermarked {result.message_bits} message bits ({coding}; +{result.params.pilot_bits} pilot) "
+        f"into {result.carriers} weights of {len(result.tensors)} tensors -> {result.out_dir}"
     )
     click.echo(
         f"  max relative change {result.max_relative_change:.2%}, mean {result.mean_relative_change:.2%}, "
