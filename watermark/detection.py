@@ -19,11 +19,11 @@ Detection needs only the key and the suspect weights. Order of operations (an in
 5. Which bits decide presence: the pilot bits only, the message length unknown (every length
    `8, 16, ..., max_message_bits` is tried, under the parameters' message code; under the default `auto`
    under crc32-conv7 and under `none`, which marks made before error correction and small models use; the
-   smallest bound of step 6 is kept), whether or not the message is given, so that giving `message` never changes whether the
-   mark is reported present. With the length given (`message_length`, e.g. from an attestation, with its
-   recorded code) only that length is tried (under both codes for `auto`). Every hypothesis
-   tried (message lengths, densities, carrier sets) multiplies the false-positive bound (Bonferroni), so the
-   reported value stays an upper bound for the whole search.
+   smallest bound of step 6 is kept), whether or not the message is given, so that giving `message` never
+   changes whether the mark is reported present. With the length given (`message_length`, e.g. from an
+   attestation, with its recorded code) only that length is tried (under both codes for `auto`). Every
+   hypothesis tried (message lengths, codes, densities, carrier sets) multiplies the false-positive bound
+   (Bonferroni), so the reported value stays an upper bound for the whole search.
 6. Present ("detected") iff the false-positive bound
    `2 * tests * min(rademacher_tail_bound(Z), P[Bin(n, 1/2) >= k])` <= `max_false_positive` (default 1e-9,
    the deployment gate of issue 4) and the confidence >= `min_confidence` (default 0: an optional extra
@@ -68,18 +68,18 @@ from typing import TYPE_CHECKING, Any
 from modelsec.errors import PolicyError
 from modelsec.limits import Limits
 from modelsec.watermark.io import TensorRef, TensorSource, open_source
+from modelsec.watermark.message_code import (
+    AUTO_MESSAGE_CODE,
+    DEFAULT_MESSAGE_CODE,
+    LEGACY_MESSAGE_CODE,
+    DecodedBits,
+)
 from modelsec.watermark.results import (
     DetectionResult,
     DetectionThresholds,
     binomial_tail,
     normal_tail,
     rademacher_tail_bound,
-)
-from modelsec.watermark.message_code import (
-    AUTO_MESSAGE_CODE,
-    DEFAULT_MESSAGE_CODE,
-    LEGACY_MESSAGE_CODE,
-    DecodedBits,
 )
 from modelsec.watermark.spread_spectrum import (
     CARRIER_SETS,
@@ -522,7 +522,6 @@ def detect(
         if tests != result.tests:
             result = _rescore(result, tests)
         if resync_report is not None:
-
             result = replace(result, resynchronised=True, resync=resync_report)
         return result
     finally:
@@ -538,7 +537,6 @@ def _hypotheses(
     The other carrier sets are tried only with default parameters (`embed_within_budget` may have chosen
     one); each hypothesis counts in the Bonferroni factor.
     """
-
     sets = [params.carrier_set]
     if blind_sets:
         sets += [c for c in CARRIER_SETS if c != params.carrier_set]
@@ -559,7 +557,6 @@ def _hypotheses(
 
 def _rescore(result: DetectionResult, tests: int) -> DetectionResult:
     """Apply the final Bonferroni factor `tests` to a result computed with a smaller one."""
-
     fpp, log10_fpp, _, binomial = _presence(result.z_score, result.bits, result.bit_matches, tests)
     detected = _is_detected(result.confidence, log10_fpp, result.thresholds)
     return replace(

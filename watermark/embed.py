@@ -32,6 +32,7 @@ from modelsec.limits import Limits
 from modelsec.modelformat.openat2 import open_beneath_fd
 from modelsec.watermark.detection import DetectionResult, DetectionThresholds, ExtractedBlocks, evaluate
 from modelsec.watermark.io import RAW_DTYPES, DirectorySource, ShardFile, TensorRef, decode, encode
+from modelsec.watermark.message_code import AUTO_MESSAGE_CODE, DEFAULT_MESSAGE_CODE, LEGACY_MESSAGE_CODE
 from modelsec.watermark.output import (
     COPY_CHUNK,
     check_out_dir,
@@ -40,7 +41,6 @@ from modelsec.watermark.output import (
     move_into_place,
     write_new,
 )
-from modelsec.watermark.message_code import AUTO_MESSAGE_CODE, DEFAULT_MESSAGE_CODE, LEGACY_MESSAGE_CODE
 from modelsec.watermark.spread_spectrum import (
     CarrierPlan,
     WatermarkKey,
@@ -456,9 +456,8 @@ def _strengths(
     worst = int(np.argmax(strength))
     top_grade = max((h.grade for h in host.values()), default=1.0)
     if not math.isfinite(float(strength[worst])) or strength[worst] * top_grade > params.max_relative_change:
-        need = (
-            "unreachable" if not math.isfinite(float(strength[worst])) else f"{strength[worst] * top_grade:.1%}"
-        )
+        reachable = math.isfinite(float(strength[worst]))
+        need = f"{strength[worst] * top_grade:.1%}" if reachable else "unreachable"
         raise PolicyError(
             f"message too long for capacity: code bit {worst} needs a relative change of {need} "
             f"> max_relative_change {params.max_relative_change:.1%} ({n_message} message code bits "

@@ -44,10 +44,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AUTO_MESSAGE_CODE",
+    "CRC_BITS",
     "DEFAULT_MESSAGE_CODE",
     "LEGACY_MESSAGE_CODE",
     "MESSAGE_CODES",
-    "CRC_BITS",
     "DecodedBits",
     "coded_length",
     "decode",
@@ -71,16 +71,17 @@ _STATES = 1 << _MEMORY
 
 
 def coded_length(message_bits: int, code: str) -> int:
-    """Code bits that carry a message of `message_bits` bits (`L`, or `2 * (L + 38)` for crc32-conv7 and
-    `auto`)."""
+    """Code bits that carry an `L`-bit message: `L` for none, `2 * (L + 38)` for crc32-conv7 and auto."""
     if code == LEGACY_MESSAGE_CODE:
         return message_bits
     return _RATE * (message_bits + CRC_BITS + _MEMORY)
 
 
 def message_capacity(code_bits: int, code: str) -> int:
-    """Longest message (bits, a multiple of 8) whose code word fits in `code_bits` bits (0 if none; `auto`:
-    that of `none`, its fallback)."""
+    """Longest message (bits, a multiple of 8) whose code word fits in `code_bits` bits (auto: none's).
+
+    0 when no message fits.
+    """
     coded = code == DEFAULT_MESSAGE_CODE
     bits = code_bits // _RATE - CRC_BITS - _MEMORY if coded else code_bits
     return max(0, bits - bits % 8)

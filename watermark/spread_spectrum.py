@@ -55,16 +55,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from modelsec.errors import PolicyError
-from modelsec.watermark.message_code import (
-    AUTO_MESSAGE_CODE,
-    DEFAULT_MESSAGE_CODE,
-    LEGACY_MESSAGE_CODE,
-    MESSAGE_CODES,
-    DecodedBits,
-    coded_length,
-    decode,
-    encode,
-)
 from modelsec.signer.watermark_keys import (
     KEY_FILE_MAX_BYTES,
     KEY_MAX_BYTES,
@@ -75,6 +65,16 @@ from modelsec.signer.watermark_keys import (
     parse_key,
     parse_message,
 )
+from modelsec.watermark.message_code import (
+    AUTO_MESSAGE_CODE,
+    DEFAULT_MESSAGE_CODE,
+    LEGACY_MESSAGE_CODE,
+    MESSAGE_CODES,
+    DecodedBits,
+    coded_length,
+    decode,
+    encode,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -84,12 +84,12 @@ __all__ = [
     "AUTO_MESSAGE_CODE",
     "CARRIER_SETS",
     "DEFAULT_MESSAGE_CODE",
-    "LEGACY_MESSAGE_CODE",
-    "MESSAGE_CODES",
     "FLOAT_DTYPES",
     "KEY_FILE_MAX_BYTES",
     "KEY_MAX_BYTES",
     "KEY_MIN_BYTES",
+    "LEGACY_MESSAGE_CODE",
+    "MESSAGE_CODES",
     "SCHEME",
     "BitStatistics",
     "CarrierPlan",

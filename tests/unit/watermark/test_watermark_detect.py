@@ -48,7 +48,8 @@ def test_three_modes_agree_and_report_exact_statistics(marked: Path, wm_key: Wat
     # blind: 64 pilot bits, the message length searched over 64 candidates under each of the two message
     # codes (Bonferroni factor 128).
     assert (blind.bits, blind.bit_matches, blind.tests, blind.message_bits) == (64, 64, 128, 64)
-    # The bound: 2 (two statistics) x 128 hypotheses x the smaller of the Stouffer bound and the binomial tail.
+    # The bound: 2 (two statistics) x 128 hypotheses x the smaller of the Stouffer bound and the binomial
+    # tail.
     single = min(rademacher_tail_bound(blind.z_score)[1], binomial_tail(64, 64)[1])
     assert blind.log10_false_positive_probability == pytest.approx(math.log10(2 * 128) + single)
     assert blind.binomial_false_positive_probability == 128 * 2.0**-64
@@ -165,7 +166,8 @@ def test_false_positive_probability_is_calibrated_on_unmarked_models(wm_key: Wat
     matches = []
     for seed in range(40):
         state = mlp_state(seed=100 + seed, hidden=128)
-        result = detect(state, wm_key, message_length=64, params=WatermarkParams(density_log2=0))
+        one = WatermarkParams(density_log2=0, message_code="crc32-conv7")  # one hypothesis: length, code
+        result = detect(state, wm_key, message_length=64, params=one)
         matches.append(result.pilot_matches)
         assert result.log10_false_positive_probability > -6
     assert abs(np.mean(matches) - 32) < 2.5

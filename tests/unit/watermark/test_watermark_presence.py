@@ -109,7 +109,8 @@ def test_null_p_values_are_calibrated_over_random_keys() -> None:
 
     state = {"w.0": np.random.default_rng(1).standard_normal((64, 128)).astype(np.float32)}
     source = ArraySource(state)
-    params = WatermarkParams(density_log2=0, min_tensor_elements=4096)
+    # One hypothesis: the length and the message code given (as an attestation records them).
+    params = WatermarkParams(density_log2=0, min_tensor_elements=4096, message_code="crc32-conv7")
     rng = np.random.default_rng(2)
     p_values, bounds = [], []
     for _ in range(1500):
