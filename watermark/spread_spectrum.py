@@ -263,13 +263,13 @@ def decode_message_bits(key: WatermarkKey, code: Sequence[int], params: Watermar
 
 
 def decode_message(
-    key: WatermarkKey, z: Sequence[float], message_bits: int, message_code: str
+    key: WatermarkKey, z: npt.NDArray[np.float64], message_bits: int, message_code: str
 ) -> DecodedBits:
     """Decode the message part of a code word from its per-bit statistics.
 
     Args:
         key: The watermark key (its whitening pad is removed first).
-        z: float (coded_length(message_bits, message_code),) per-bit `z_b` of the message part, in code
+        z: float64 (coded_length(message_bits, message_code),) per-bit `z_b` of the message part, in code
             order (0 for a bit without carriers).
         message_bits: `L`.
         message_code: The code (`modelsec.watermark.message_code.MESSAGE_CODES`).
@@ -280,7 +280,7 @@ def decode_message(
     import numpy as np
 
     pad = np.asarray(_stream_bits(key, b"whiten", len(z)), dtype=np.float64)
-    return decode(np.asarray(z, dtype=np.float64) * (1.0 - 2.0 * pad), message_bits, message_code)
+    return decode(z * (1.0 - 2.0 * pad), message_bits, message_code)
 
 
 # --- carriers -----------------------------------------------------------------------------------------------
