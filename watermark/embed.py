@@ -111,7 +111,8 @@ class EmbedResult:
         params: Scheme parameters.
         density_log2: Carrier density exponent used (one carrier block per `2**k`).
         message_bits: Message length `L` in bits.
-        code_bits: `pilot_bits + L`.
+        code_bits: `pilot_bits` plus the message's code word under `params.message_code` (`L` for `none`,
+            `2 * (L + 38)` for crc32-conv7).
         carriers: Carrier elements.
         tensors: The carrier tensors.
         max_relative_change: Largest |w' - w| / |w| over all weights (after the cast; fraction).
@@ -306,7 +307,10 @@ def embed_fixed(
             `model_dir` or inside it.
         key: The watermark key (never written anywhere).
         message: 1 to `max_message_bits / 8` bytes.
-        params: Scheme parameters (defaults: `WatermarkParams()`).
+        params: Scheme parameters (defaults: `WatermarkParams()`). With `message_code` `auto` (the
+            default) the message is error-corrected (crc32-conv7) unless the model cannot carry that longer
+            code word (capacity or `max_relative_change`), in which case it is embedded uncoded (`none`);
+            the result's `params.message_code` says which (pass 1 then runs twice).
         thresholds: Thresholds for the embed-time detection (default `DetectionThresholds()`: bound <= 1e-9).
         limits: Parser limits.
         grades: Per-tensor strength grades (tensor name -> factor in [0, 1], absent: 1): the carriers of a
