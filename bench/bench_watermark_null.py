@@ -79,7 +79,8 @@ def rate_line(values: np.ndarray, what: str) -> str:
 
 def null_run(name: str, state: dict[str, np.ndarray], keys: int, rng: np.random.Generator) -> None:
     source = ArraySource(state)
-    params, k = next(iter(hypotheses(source, WatermarkParams(), blind_sets=False)))
+    # One hypothesis: the length and the code (as an attestation records them) given.
+    params, k = next(iter(hypotheses(source, WatermarkParams(message_code="crc32-conv7"), blind_sets=False)))
     thresholds = DetectionThresholds()
     pv, bounds = np.empty(keys), np.empty(keys)
     t0 = time.perf_counter()

@@ -9,7 +9,8 @@ Issue 30 (`llama`): the shipped fortunes Llama (`tests/unit/watermark/fixtures/f
 message) by `embed_fixed` with its default parameters (the fixed kappa-3 mark: the careful default of
 `embed_model` refuses this small model, whose near-ties no detectable mark keeps), then each attack;
 every cell is the product's own `detect` at the default gate (false-positive probability <= 1e-9) with the
-message given, so "detected" is presence and "msg" is the message read back exactly. Rows
+message given, so "detected" is presence and "msg" is the message read back exactly (after error
+correction: `modelsec.watermark.message_code`, whose raw code-bit error rate is the last but one column). Rows
 (`WM30|attack|mode|...`): casts, int8, int4, noise, 50 % pruning, `--finetune-steps` steps of AdamW
 (lr 3e-4, batch 16 x 96 tokens of the fortunes training text, the fixture's own recipe), and the
 function-preserving transforms of
@@ -191,6 +192,8 @@ def run_issue30(work: Path, keys: int, finetune_steps: int) -> None:
         print(
             f"WM30EMBED|key {i}|kappa {embedded.params.kappa}|"
             f"max_rel_change={embedded.max_relative_change:.4f}|"
+            f"rel_l2={embedded.relative_l2_change:.3e}|code {embedded.params.message_code} "
+            f"{embedded.code_bits} bits|"
             f"carriers={embedded.carriers}",
             flush=True,
         )
@@ -218,8 +221,8 @@ def run_issue30(work: Path, keys: int, finetune_steps: int) -> None:
         return "NOT MET (message not read for every key)"
 
     print(
-        f"WM30|attack|mode|needs|detected|message read|worst log10 FPP|worst BER|min Z (max when unmarked) "
-        f"({keys} keys)"
+        f"WM30|attack|mode|needs|detected|message read|worst log10 FPP|worst BER|min Z (max when unmarked)|"
+        f"worst message code BER before correction|message not decoded ({keys} keys)"
     )
     for (name, mode), rs in table.items():
         unmarked = name.endswith("[UNMARKED]")
@@ -231,7 +234,9 @@ def run_issue30(work: Path, keys: int, finetune_steps: int) -> None:
             f"WM30|{name}|{mode}|{need}|{sum(r.detected for r in rs)}/{len(rs)}|"
             f"{sum(bool(r.message_matched) for r in rs)}/{len(rs)}|{worst:.1f}|"
             f"{max(r.bit_error_rate for r in rs):.3f}|"
-            f"{(max if unmarked else min)(r.z_score for r in rs):.1f}",
+            f"{(max if unmarked else min)(r.z_score for r in rs):.1f}|"
+            f"{max(r.code_bit_error_rate or 0.0 for r in rs):.3f}|"
+            f"{sum(r.message_decoded is False for r in rs)}/{len(rs)}",
             flush=True,
         )
     print("WM30|re-quantisation to the source grid|-|-|pending (issue 30 item 5: quantisation-aware mark)")

@@ -23,7 +23,7 @@ import math
 import os
 import shutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +32,7 @@ from modelsec.limits import Limits
 from modelsec.modelformat.openat2 import open_beneath_fd
 from modelsec.watermark.detection import DetectionResult, DetectionThresholds, ExtractedBlocks, evaluate
 from modelsec.watermark.io import RAW_DTYPES, DirectorySource, ShardFile, TensorRef, decode, encode
+from modelsec.watermark.message_code import AUTO_MESSAGE_CODE, DEFAULT_MESSAGE_CODE, LEGACY_MESSAGE_CODE
 from modelsec.watermark.output import (
     COPY_CHUNK,
     check_out_dir,
@@ -110,7 +111,8 @@ class EmbedResult:
         params: Scheme parameters.
         density_log2: Carrier density exponent used (one carrier block per `2**k`).
         message_bits: Message length `L` in bits.
-        code_bits: `pilot_bits + L`.
+        code_bits: `pilot_bits` plus the message's code word under `params.message_code` (`L` for `none`,
+            `2 * (L + 38)` for crc32-conv7).
         carriers: Carrier elements.
         tensors: The carrier tensors.
         max_relative_change: Largest |w' - w| / |w| over all weights (after the cast; fraction).
@@ -192,9 +194,15 @@ class EmbedResult:
 
 
 def capacity_bits(carriers: int, params: WatermarkParams) -> int:
-    """Longest message (bits, a multiple of 8) that gives every code bit `min_carriers_per_bit` carriers."""
-    bits = carriers // params.min_carriers_per_bit - params.pilot_bits
-    return max(0, min(params.max_message_bits, bits - bits % 8))
+    """Longest message (bits, a multiple of 8) that gives every code bit `min_carriers_per_bit` carriers.
+
+    The code bits are the pilot plus the message's code word under `params.message_code`
+    (`modelsec.watermark.message_code.message_capacity`).
+    """
+    from modelsec.watermark.message_code import message_capacity
+
+    code_bits = carriers // params.min_carriers_per_bit - params.pilot_bits
+    return min(params.max_message_bits, message_capacity(code_bits, params.message_code))
 
 
 def embed_model(
@@ -299,7 +307,10 @@ def embed_fixed(
             `model_dir` or inside it.
         key: The watermark key (never written anywhere).
         message: 1 to `max_message_bits / 8` bytes.
-        params: Scheme parameters (defaults: `WatermarkParams()`).
+        params: Scheme parameters (defaults: `WatermarkParams()`). With `message_code` `auto` (the
+            default) the message is error-corrected (crc32-conv7) unless the model cannot carry that longer
+            code word (capacity or `max_relative_change`), in which case it is embedded uncoded (`none`);
+            the result's `params.message_code` says which (pass 1 then runs twice).
         thresholds: Thresholds for the embed-time detection (default `DetectionThresholds()`: bound <= 1e-9).
         limits: Parser limits.
         grades: Per-tensor strength grades (tensor name -> factor in [0, 1], absent: 1): the carriers of a
@@ -334,8 +345,9 @@ def embed_fixed(
         )
     check_out_dir(Path(model_dir), Path(out_dir))
     bits = message_bits(message)
-    code = code_word(key, bits, params)
-    n_code = len(code)
+    codes = [params.message_code]
+    if params.message_code == AUTO_MESSAGE_CODE:  # the code where the model carries it, else none
+        codes = [DEFAULT_MESSAGE_CODE, LEGACY_MESSAGE_CODE]
 
     with DirectorySource(Path(model_dir), limits=limits) as source:
         eligible = [r for r in source.tensors() if is_eligible(r.dtype, r.shape, params, r.name)]
@@ -346,35 +358,18 @@ def embed_fixed(
             )
         k = density_log2_for(sum(r.numel for r in eligible), params)
         carriers = sum(carrier_count(r.shape, k, params) for r in eligible)
-        if carriers < n_code * params.min_carriers_per_bit:
-            raise PolicyError(
-                f"message too long for capacity: {len(bits)} bits need "
-                f"{n_code * params.min_carriers_per_bit} carriers ({params.min_carriers_per_bit} per code "
-                f"bit incl. {params.pilot_bits} pilot bits), "
-                f"the model has {carriers}; this model's capacity is {capacity_bits(carriers, params)} bits"
-            )
-
-        # Pass 1: measure the host (in a function, so its working set is freed before pass 2).
-        c0, e0, a0, q0, g2, host = _measure(source, eligible, key, k, params, n_code, grades or {})
-        target = params.kappa * (1.0 + params.margin_slack)
-        strength = solve_strength(code, c0, e0, a0, q0, target, g2)
-        worst = int(np.argmax(strength))
-        top_grade = max((h.grade for h in host.values()), default=1.0)
-        if (
-            not math.isfinite(float(strength[worst]))
-            or strength[worst] * top_grade > params.max_relative_change
-        ):
-            need = (
-                "unreachable"
-                if not math.isfinite(float(strength[worst]))
-                else f"{strength[worst] * top_grade:.1%}"
-            )
-            raise PolicyError(
-                f"message too long for capacity: code bit {worst} needs a relative change of {need} "
-                f"> max_relative_change {params.max_relative_change:.1%} ({len(bits)} message bits over "
-                f"{carriers} carriers); shorten the message (capacity "
-                f"{capacity_bits(carriers, params)} bits) or lower kappa"
-            )
+        for attempt, code_name in enumerate(codes, start=1):
+            try:
+                params_used = replace(params, message_code=code_name)
+                code = code_word(key, bits, params_used)
+                n_code = len(code)
+                # Pass 1: measure the host (in a function, so its working set is freed before pass 2).
+                host, strength = _strengths(source, eligible, key, k, params_used, code, carriers, grades)
+                break
+            except PolicyError:
+                if attempt == len(codes):
+                    raise
+        params = params_used
         signed_strength = strength * np.asarray(code, dtype=np.float64)
 
         # Pass 2: write.
@@ -430,6 +425,50 @@ def embed_fixed(
         gridded=tuple(writer.gridded),
         requantised=requantised,
     )
+
+
+def _strengths(
+    source: DirectorySource,
+    eligible: Sequence[TensorRef],
+    key: WatermarkKey,
+    k: int,
+    params: WatermarkParams,
+    code: Sequence[int],
+    carriers: int,
+    grades: Mapping[str, float] | None,
+) -> tuple[dict[str, _Host], npt.NDArray[np.float64]]:
+    """Pass 1 and the strengths `t_b` for one code word, or PolicyError when the model cannot carry it.
+
+    Raises:
+        PolicyError: Fewer than `min_carriers_per_bit` carriers per code bit, a strength beyond
+            `max_relative_change`, or a grade outside [0, 1].
+    """
+    import numpy as np
+
+    n_code = len(code)
+    n_message = n_code - params.pilot_bits
+    if carriers < n_code * params.min_carriers_per_bit:
+        raise PolicyError(
+            f"message too long for capacity: {n_message} code bits ({params.message_code}) need "
+            f"{n_code * params.min_carriers_per_bit} carriers ({params.min_carriers_per_bit} per code "
+            f"bit incl. {params.pilot_bits} pilot bits), "
+            f"the model has {carriers}; this model's capacity is {capacity_bits(carriers, params)} bits"
+        )
+    c0, e0, a0, q0, g2, host = _measure(source, eligible, key, k, params, n_code, grades or {})
+    target = params.kappa * (1.0 + params.margin_slack)
+    strength = solve_strength(code, c0, e0, a0, q0, target, g2)
+    worst = int(np.argmax(strength))
+    top_grade = max((h.grade for h in host.values()), default=1.0)
+    if not math.isfinite(float(strength[worst])) or strength[worst] * top_grade > params.max_relative_change:
+        reachable = math.isfinite(float(strength[worst]))
+        need = f"{strength[worst] * top_grade:.1%}" if reachable else "unreachable"
+        raise PolicyError(
+            f"message too long for capacity: code bit {worst} needs a relative change of {need} "
+            f"> max_relative_change {params.max_relative_change:.1%} ({n_message} message code bits "
+            f"({params.message_code}) over {carriers} carriers); shorten the message (capacity "
+            f"{capacity_bits(carriers, params)} bits) or lower kappa"
+        )
+    return host, strength
 
 
 def _measure(

@@ -47,7 +47,9 @@ def test_embed_says_whether_the_mark_survives_requantisation(
     kind: str, kappa: float, survives: bool, tmp_path: Path
 ) -> None:
     src = _gridded(kind, tmp_path)
-    result = embed_fixed(src, tmp_path / "marked", KEY, b"Q4", params=WatermarkParams(kappa=kappa))
+    # Uncoded (`none`): error correction reads the kappa-1 Q4_1 message back (test_cli_warns: kappa 0.5).
+    params = WatermarkParams(kappa=kappa, message_code="none")
+    result = embed_fixed(src, tmp_path / "marked", KEY, b"Q4", params=params)
     assert {g.name for g in result.gridded} == {t.name for t in result.tensors}
     assert {g.kind for g in result.gridded} == {kind} and result.gridded_carriers == result.carriers
     assert result.survives_requantisation is survives
@@ -75,7 +77,7 @@ def test_cli_warns(tmp_path: Path) -> None:
     key.write_text(bytes(range(1, 33)).hex() + "\n")
     key.chmod(0o600)
     r = run_cli(
-        "watermark", "embed", src, "--watermark-key", key, "-m", "Q4", "-o", tmp_path / "o", "--kappa", "1"
+        "watermark", "embed", src, "--watermark-key", key, "-m", "Q4", "-o", tmp_path / "o", "--kappa", "0.5"
     )
     assert r.returncode == 0, r.stderr
     assert "WARNING:" in r.stdout and "Q4_1" in r.stdout and "does NOT survive re-quantisation" in r.stdout
