@@ -152,9 +152,16 @@ def extract_blocks(
     """
     import numpy as np
 
+    from modelsec.watermark.grid_mark import extract_grid, find_grids, grid_plans
+
     slots, cs, es = [], [], []
     carriers = tensors = 0
-    for ref in eligible_tensors(source, params):
+    refs = eligible_tensors(source, params)
+    # Tensors on a quantisation grid carry the grid mark instead (`modelsec.watermark.grid_mark`).
+    kinds = find_grids(source, refs)
+    for ref in refs:
+        if ref.name in kinds:
+            continue
         plan = carrier_plan(key, ref.name, ref.shape, density_log2, params)
         if not plan.blocks.size:
             continue
@@ -166,6 +173,13 @@ def extract_blocks(
         slots.append(stats.slots)
         cs.append(stats.c)
         es.append(stats.e)
+    grid_plan_list = grid_plans(key, refs, kinds, params)
+    g_slots, g_c, g_e, g_count = extract_grid(source, grid_plan_list)
+    slots += g_slots
+    cs += g_c
+    es += g_e
+    carriers += g_count
+    tensors += len(grid_plan_list)
     if not slots:
         empty = np.zeros(0)
         return ExtractedBlocks(np.zeros(0, dtype=np.uint32), empty, empty, carriers, 0, density_log2)

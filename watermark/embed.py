@@ -31,6 +31,20 @@ from modelsec.errors import MalformedArtifactError, PolicyError
 from modelsec.limits import Limits
 from modelsec.modelformat.openat2 import open_beneath_fd
 from modelsec.watermark.detection import DetectionResult, DetectionThresholds, ExtractedBlocks, evaluate
+from modelsec.watermark.grid import GGUF_BLOCK
+from modelsec.watermark.grid_mark import (
+    ELEMENTS_PER_BIT,
+    GRID_SCHEME,
+    MIN_READABLE_PER_BIT,
+    GridPlan,
+    choose_moves,
+    cost_of,
+    find_grids,
+    grid_entries,
+    grid_plans,
+    move,
+    read_candidates,
+)
 from modelsec.watermark.io import RAW_DTYPES, DirectorySource, ShardFile, TensorRef, decode, encode
 from modelsec.watermark.output import (
     COPY_CHUNK,
@@ -60,7 +74,7 @@ if TYPE_CHECKING:
 
     from modelsec.watermark.fidelity import FidelityReport
 
-__all__ = ["EmbedResult", "GriddedTensor", "TensorReport", "embed_fixed", "embed_model"]
+__all__ = ["EmbedResult", "GridMarkRecord", "GriddedTensor", "TensorReport", "embed_fixed", "embed_model"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +113,29 @@ class GriddedTensor:
     name: str
     kind: str
     carriers: int
+
+
+@dataclass(frozen=True, slots=True)
+class GridMarkRecord:
+    """The grid mark of an embedding (`modelsec.watermark.grid_mark`): what detection re-derives, recorded.
+
+    Attributes:
+        elements: Candidates over all grid tensors (`grid_mark.grid_elements(params)` unless a tensor has
+            fewer blocks than its share).
+        tensors: The grid tensors, each with its kind and candidate count (`carriers`).
+    """
+
+    elements: int
+    tensors: tuple[GriddedTensor, ...]
+
+    def to_json(self) -> dict[str, object]:
+        """The record as in the attestation's `carriers.grid`."""
+        return {
+            "scheme": GRID_SCHEME,
+            "elements": self.elements,
+            "elementsPerBit": ELEMENTS_PER_BIT,
+            "tensors": [{"name": t.name, "kind": t.kind, "elements": t.carriers} for t in self.tensors],
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +191,7 @@ class EmbedResult:
     fidelity: FidelityReport | None = None
     gridded: tuple[GriddedTensor, ...] = ()
     requantised: DetectionResult | None = None
+    grid_mark: GridMarkRecord | None = None
 
     @property
     def gridded_carriers(self) -> int:
@@ -345,8 +383,15 @@ def embed_fixed(
                 f"and {params.min_tensor_elements} elements): message too long for capacity 0"
             )
         k = density_log2_for(sum(r.numel for r in eligible), params)
-        carriers = sum(carrier_count(r.shape, k, params) for r in eligible)
-        if carriers < n_code * params.min_carriers_per_bit:
+        # Tensors on a quantisation grid carry the grid mark (whole steps), the others the float mark.
+        kinds = find_grids(source, eligible)
+        float_refs = [r for r in eligible if r.name not in kinds]
+        plans = grid_plans(key, eligible, kinds, params)
+        float_carriers = sum(carrier_count(r.shape, k, params) for r in float_refs)
+        grid_count = sum(int(p.blocks.size) for p in plans)
+        carriers = float_carriers + grid_count
+        float_mark = float_carriers >= n_code * params.min_carriers_per_bit
+        if not float_mark and not plans:
             raise PolicyError(
                 f"message too long for capacity: {len(bits)} bits need "
                 f"{n_code * params.min_carriers_per_bit} carriers ({params.min_carriers_per_bit} per code "
@@ -355,9 +400,22 @@ def embed_fixed(
             )
 
         # Pass 1: measure the host (in a function, so its working set is freed before pass 2).
-        c0, e0, a0, q0, g2, host = _measure(source, eligible, key, k, params, n_code, grades or {})
+        c0, e0, a0, q0, g2, host = _measure(
+            source, float_refs if float_mark else [], key, k, params, n_code, grades or {}
+        )
+        grid_work, per_bit = _grid_moves(source, plans, code, grades or {})
+        if not float_mark and int(per_bit.min()) < MIN_READABLE_PER_BIT:
+            raise PolicyError(
+                f"message too long for capacity: the grid mark's code bit {int(per_bit.argmin())} has "
+                f"{int(per_bit.min())} readable candidates (blocks with an element between the grid's extremes), "
+                f"it needs {MIN_READABLE_PER_BIT}; {len(plans)} tensors sit on a quantisation grid, and the "
+                f"others have {float_carriers} float carriers, under the {n_code * params.min_carriers_per_bit} "
+                "the float mark needs; shorten the message"
+            )
         target = params.kappa * (1.0 + params.margin_slack)
-        strength = solve_strength(code, c0, e0, a0, q0, target, g2)
+        strength = (
+            solve_strength(code, c0, e0, a0, q0, target, g2) if float_mark else np.zeros(n_code)
+        )
         worst = int(np.argmax(strength))
         top_grade = max((h.grade for h in host.values()), default=1.0)
         if (
@@ -386,6 +444,8 @@ def embed_fixed(
             host,
             signed_strength,
             n_code,
+            grid=grid_work,
+            density_log2=k,
         )
         writer.run()
 
@@ -429,7 +489,54 @@ def embed_fixed(
         bytes_processed=writer.bytes_processed,
         gridded=tuple(writer.gridded),
         requantised=requantised,
+        grid_mark=GridMarkRecord(grid_count, tuple(g for g in writer.gridded if g.name in grid_work))
+        if grid_work
+        else None,
     )
+
+
+def _grid_moves(
+    source: DirectorySource,
+    plans: Sequence[GridPlan],
+    code: Sequence[int],
+    grades: Mapping[str, float],
+) -> tuple[dict[str, tuple[GridPlan, Any]], Any]:
+    """Pass 1 of the grid mark: which candidates of each grid tensor move (`grid_mark.choose_moves`).
+
+    Returns:
+        Tensor name -> (plan, bool mask of the candidates to move), and the readable candidates per code bit.
+    """
+    import numpy as np
+
+    if not plans:
+        return {}, np.zeros(len(code), dtype=np.int64)
+    m = np.asarray(code, dtype=np.int64)
+    bits, agree, readable, cost = [], [], [], []
+    for plan in plans:
+        blocks = source.read_blocks(plan.ref, plan.blocks, GGUF_BLOCK)
+        read = read_candidates(blocks, plan)
+        grade = _grade(grades, plan.ref.name)
+        rms = math.sqrt(float(np.mean(np.square(blocks, dtype=np.float64))))
+        b = (plan.slots % np.uint32(len(code))).astype(np.intp)
+        bits.append(b)
+        agree.append(read.votes == m[b])
+        readable.append(read.positions >= 0)
+        cost.append(cost_of(read, rms, grade))
+    all_bits, all_readable = np.concatenate(bits), np.concatenate(readable)
+    chosen = choose_moves(all_bits, np.concatenate(agree), all_readable, np.concatenate(cost), len(code))
+    out: dict[str, tuple[GridPlan, Any]] = {}
+    at = 0
+    for plan in plans:
+        out[plan.ref.name] = (plan, chosen[at : at + plan.blocks.size])
+        at += plan.blocks.size
+    return out, np.bincount(all_bits[all_readable], minlength=len(code))
+
+
+def _grade(grades: Mapping[str, float], name: str) -> float:
+    grade = float(grades.get(name, 1.0))
+    if not (math.isfinite(grade) and 0.0 <= grade <= 1.0):
+        raise PolicyError(f"{name}: strength grade must be in [0, 1], got {grade}")
+    return grade
 
 
 def _measure(
@@ -458,9 +565,7 @@ def _measure(
         stats = block_statistics(source.read_blocks(ref, plan.blocks, params.block_size), plan, full=True)
         if stats is None or stats.a is None or stats.q is None:
             continue
-        grade = float(grades.get(ref.name, 1.0))
-        if not (math.isfinite(grade) and 0.0 <= grade <= 1.0):
-            raise PolicyError(f"{ref.name}: strength grade must be in [0, 1], got {grade}")
+        grade = _grade(grades, ref.name)
         host[ref.name] = _Host(energy=stats.e * (stats.rms * stats.rms), finite=stats.finite, grade=grade)
         bit = (stats.slots % np.uint32(n_code)).astype(np.intp)
         c0 += np.bincount(bit, weights=stats.c, minlength=n_code)
@@ -492,8 +597,13 @@ class _Writer:
         host: dict[str, _Host],
         signed_strength: npt.NDArray[np.float64],
         n_code: int,
+        *,
+        grid: Mapping[str, tuple[GridPlan, Any]] | None = None,
+        density_log2: int = 0,
     ) -> None:
         self.source = source
+        self.grid = dict(grid or {})
+        self.density_log2 = density_log2
         self.out_dir = out_dir
         self.params = params
         self.plan_for = plan_for
@@ -576,7 +686,8 @@ class _Writer:
             if shard.header.data_start + info.begin != pos:
                 raise self._changed(shard)  # the strict parser admits no gap: the header was replaced
             host = self.host.get(info.name)
-            if host is None:
+            work = self.grid.get(info.name)
+            if host is None and work is None:
                 for left in range(info.nbytes, 0, -COPY_CHUNK):
                     chunk = f.read(min(left, COPY_CHUNK))
                     if len(chunk) != min(left, COPY_CHUNK):
@@ -584,9 +695,11 @@ class _Writer:
                     yield chunk
             else:
                 data = self._read_exact(f, info.nbytes, shard)
-                outcomes[info.name] = self._mark_tensor(
-                    data, TensorRef(info.name, info.dtype, info.shape), host
-                )
+                ref = TensorRef(info.name, info.dtype, info.shape)
+                outcomes[info.name] = (
+                    self._mark_grid(data, ref, *work) if host is None and work is not None
+                    else self._mark_tensor(data, ref, host)  # type: ignore[arg-type]
+                )  # fmt: skip
                 yield data
                 del data  # release this tensor before the next one is read
             pos += info.nbytes
@@ -660,6 +773,42 @@ class _Writer:
                 zeros = np.zeros(len(stats.c))
                 outcome.requantised = (zeros, zeros) if rq is None else (rq.c, rq.e)
         return outcome
+
+    def _mark_grid(self, data: npt.NDArray[np.uint8], ref: TensorRef, plan: GridPlan, chosen: Any) -> _Outcome:
+        """Move the chosen grid candidates of one tensor in `data` (its raw F32/F64 bytes) by whole steps."""
+        import numpy as np
+
+        from modelsec.watermark.grid import requantise
+
+        flat = data.view(RAW_DTYPES[ref.dtype])
+        rows = flat[: (ref.numel // GGUF_BLOCK) * GGUF_BLOCK].reshape(-1, GGUF_BLOCK)
+        wide = flat.astype(np.float64)
+        weight_sq = float(wide @ wide)
+        del wide
+        before = read_candidates(np.take(rows, plan.blocks, axis=0), plan)
+        where = plan.blocks * GGUF_BLOCK + before.positions
+        moved = where[chosen]
+        old = flat[moved].astype(np.float64)
+        move(flat, plan, before, chosen)
+        delta = flat[moved].astype(np.float64) - old
+        ok = old != 0
+        rel = np.abs(delta[ok]) / np.abs(old[ok])
+        after = read_candidates(np.take(rows, plan.blocks, axis=0), plan)
+        snapped = requantise(flat, plan.kind).reshape(-1, GGUF_BLOCK)
+        rq = read_candidates(np.take(snapped, plan.blocks, axis=0), plan)
+        n = int(plan.blocks.size)
+        return _Outcome(
+            report=TensorReport(ref.name, ref.dtype, ref.shape, n, float(rel.max()) if rel.size else 0.0),
+            # The relative L2 change divides by the carriers' energy times 2**k (a stratified sample of the
+            # float carriers); a grid tensor's whole energy is scaled to match.
+            weight_sq=weight_sq / 2**self.density_log2,
+            delta_sq=float(delta @ delta),
+            sum_rel=float(rel.sum()),
+            count_rel=int((before.positions >= 0).sum()),  # the mean is over candidates, moved or not
+            blocks=grid_entries(plan, after),
+            requantised=grid_entries(plan, rq)[1:],
+            gridded=GriddedTensor(ref.name, plan.kind, n),
+        )
 
     def _apply(self, o: _Outcome) -> None:
         self.weight_sq += o.weight_sq

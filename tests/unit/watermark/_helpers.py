@@ -443,3 +443,35 @@ ATTACKS: list[tuple[str, Callable[[Arrays], Arrays], float]] = [
     ("noise 1.0 rms", lambda s: gaussian_noise(s, 1.0), 0.02),
     ("prune 50% magnitude", prune_magnitude, 0.01),
 ]
+
+
+def regridded_copy(src: Path, dst: Path, kind: str | None = None) -> Path:
+    """A copy of model directory `src` with its weights put on a quantisation grid (`modelsec.watermark.grid`).
+
+    With `kind`, every float tensor of at least 2 dimensions is quantised to it and dequantised, as a GGUF
+    release converted back to safetensors is; without, every tensor already on a grid is re-quantised to its
+    own grid (a re-release to the source grid). Side files are copied; the safetensors metadata is kept.
+    """
+    import shutil
+
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    from modelsec.watermark.grid import grid_of, requantise
+
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in sorted(src.iterdir()):
+        if f.suffix != ".safetensors":
+            shutil.copy(f, dst / f.name)
+            continue
+        with safe_open(str(f), framework="numpy") as st:
+            metadata = st.metadata()
+            state = {k: st.get_tensor(k) for k in st.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+        for name, w in state.items():
+            if w.ndim < 2 or w.dtype != np.float32:
+                continue
+            target = kind or grid_of(w)
+            if target is not None:
+                state[name] = requantise(w, target)
+        save_file(state, str(dst / f.name), metadata=metadata)
+    return dst
