@@ -8,6 +8,10 @@ Detection needs only the key and the suspect weights. Order of operations (an in
    reference.
 2. The carrier density is re-derived from the headers exactly as at embedding time; the carriers of every
    eligible tensor are gathered and reduced to per-block correlation sums (`scheme.block_statistics`).
+   Eligible F32/F64 tensors that sit on a quantisation grid carry the grid mark instead
+   (`modelsec.watermark.grid_mark`): each of their candidates enters the same sums as one block with
+   correlation +-1 (its keyed parity vote) and energy 1, a Rademacher chip under the null like any other,
+   so everything below applies to both marks at once.
 3. Per code bit: `z_b = c_b / sqrt(E_b)`, extracted bit `sign(c_b)` (0 -> tie, counted as an error).
 4. The presence statistic over the `n` pilot bits that have carriers (issue 30): Stouffer's
    `Z = sum_b m_b z_b / sqrt(n)` (`m_b` the key's ±1 pilot bits). Unlike a count of matching signs it keeps
@@ -140,6 +144,9 @@ def extract_blocks(
     source: TensorSource, key: WatermarkKey, params: WatermarkParams, density_log2: int
 ) -> ExtractedBlocks:
     """Gather and reduce every carrier block of `source` (one tensor in memory at a time).
+
+    Tensors on a quantisation grid contribute their grid-mark candidates instead of float carriers
+    (`grid_mark.find_grids`, `grid_mark.extract_grid`).
 
     Args:
         source: The suspect's tensors.

@@ -13,6 +13,11 @@ Two passes over the shards (an invariant; see `embed_model`):
    one tensor plus the carriers' statistics, never a whole shard. Other files (config, tokenizer, index)
    are copied byte for byte; signature bundles (`model.sig` ...) are not, since they no longer match.
 
+Carrier tensors stored as F32/F64 that sit on a quantisation grid (dequantised GGUF) take no float mark:
+they carry the grid mark (`modelsec.watermark.grid_mark`), planned in pass 1 (which candidates move) and
+written in pass 2 by whole grid steps, so that re-quantisation to their grid leaves them unchanged. The
+float mark then covers the other tensors only, and is left out when they cannot carry the code.
+
 The output appears atomically: files are written to a fresh sibling directory that is renamed to
 `out_dir` at the end. A shard that changes between the two passes is refused.
 """
@@ -100,9 +105,11 @@ class TensorReport:
 class GriddedTensor:
     """A carrier tensor found on a quantisation grid (`modelsec.watermark.grid`), e.g. dequantised GGUF.
 
-    The mark moves its carriers by a fraction of their magnitude, mostly below one step of the grid, so
-    re-quantising the marked tensor to this grid snaps most of it back (large weights and moved block
-    extremes keep some); `EmbedResult.requantised` says whether the whole mark survives that round trip.
+    An F32/F64 one carries the grid mark (`modelsec.watermark.grid_mark`: keyed elements moved by whole
+    steps), which re-quantisation to this grid leaves unchanged. An F16/BF16 one carries the float mark,
+    which moves its carriers by a fraction of their magnitude, mostly below one step of the grid, so
+    re-quantising it snaps most of that back. `EmbedResult.requantised` says whether the whole mark
+    survives the round trip.
 
     Attributes:
         name: Tensor name.
@@ -168,6 +175,8 @@ class EmbedResult:
         requantised: Detection (message known, same thresholds) on the written weights with every gridded
             tensor re-quantised to its grid (`modelsec.watermark.grid.requantise`), i.e. what `detect`
             finds after the model is re-released on its own grid; None when no tensor is gridded.
+        grid_mark: The grid mark's candidates and tensors (F32/F64 tensors on a grid), None when there is
+            none; recorded in the attestation as `carriers.grid`.
     """
 
     out_dir: Path
@@ -222,10 +231,15 @@ class EmbedResult:
         )
         if self.survives_requantisation:
             return f"{where}: the mark survives re-quantisation to that grid ({figures})"
+        marked_by_steps = {t.name for t in self.grid_mark.tensors} if self.grid_mark is not None else set()
+        floats = sorted(g.name for g in self.gridded if g.name not in marked_by_steps)
         return (
             f"{where}: the mark does NOT survive re-quantisation to that grid: re-quantised, it is not "
-            f"detected with its message ({figures}); a stronger mark (larger --kappa) moves more weights by "
-            "whole steps and may survive: this check reports it"
+            f"detected with its message ({figures}); {len(floats)} of them "
+            f"(e.g. {floats[0] if floats else '-'}) "
+            "are stored as F16/BF16 and carry the float mark, which re-quantisation snaps back (the grid "
+            "mark, whole steps, needs F32/F64 storage); a stronger mark (larger --kappa) moves more weights "
+            "by whole steps and may survive: this check reports it"
         )
 
 
@@ -325,11 +339,17 @@ def embed_fixed(
 ) -> EmbedResult:
     """Write a watermarked copy of a safetensors model directory at a fixed strength (nothing measured).
 
-    Guarantees: every code bit reaches `m_b z_b >= kappa` before the cast back to the stored dtype (the
-    result's `detection.min_margin` reports it after the cast); no weight changes by more than
-    `params.max_relative_change` of its magnitude and no sign flips; dtypes, shapes, tensor names, header
-    metadata and all non-carrier bytes are unchanged. Not guaranteed: anything about the model's accuracy
-    (measure fidelity on your own data; see the tests for MiniLM and a classifier).
+    Guarantees: every code bit reaches `m_b z_b >= kappa` over the float carriers before the cast back to
+    the stored dtype (the result's `detection.min_margin` reports it after the cast, over float and grid
+    carriers together); no float-marked weight changes by more than `params.max_relative_change` of its
+    magnitude and none flips its sign; dtypes, shapes, tensor names, header metadata and all non-carrier
+    bytes are unchanged. F32/F64 tensors on a quantisation grid instead carry the grid mark
+    (`modelsec.watermark.grid_mark`): at most `grid_mark.grid_elements(params)` elements move, each by one
+    step of its block to a level that does not set the block's scale (the change is one grid step, not a
+    fraction of the weight, and may cross zero), and each such tensor stays on its grid, a fixed point of
+    re-quantisation to it (`result.requantised` checks that on the written weights). Not guaranteed:
+    anything about the model's accuracy (measure fidelity on your own data; see the tests for MiniLM and a
+    classifier).
 
     Args:
         model_dir: The unmarked model (safetensors shards plus side files).
@@ -349,8 +369,10 @@ def embed_fixed(
         What was embedded, the change statistics and the detection at embed time.
 
     Raises:
-        PolicyError: Empty or too long a message, a message beyond the model's capacity, no eligible tensor,
-            or an unusable `out_dir` (exists and not empty, inside `model_dir`, not writable).
+        PolicyError: Empty or too long a message, a message beyond the model's capacity (for a model whose
+            carriers all sit on a grid: a code bit with fewer than `grid_mark.MIN_READABLE_PER_BIT`
+            candidates that have an element between their block's extremes), no eligible tensor, or an
+            unusable `out_dir` (exists and not empty, inside `model_dir`, not writable).
         MalformedArtifactError: No safetensors file, a malformed header, or a shard changed between passes.
         PolicyViolationError: A symlink or special file in `model_dir`.
 
@@ -407,9 +429,11 @@ def embed_fixed(
         if not float_mark and int(per_bit.min()) < MIN_READABLE_PER_BIT:
             raise PolicyError(
                 f"message too long for capacity: the grid mark's code bit {int(per_bit.argmin())} has "
-                f"{int(per_bit.min())} readable candidates (blocks with an element between the grid's extremes), "
+                f"{int(per_bit.min())} readable candidates (blocks with an element between the grid's "
+                "extremes), "
                 f"it needs {MIN_READABLE_PER_BIT}; {len(plans)} tensors sit on a quantisation grid, and the "
-                f"others have {float_carriers} float carriers, under the {n_code * params.min_carriers_per_bit} "
+                f"others have {float_carriers} float carriers, under the "
+                f"{n_code * params.min_carriers_per_bit} "
                 "the float mark needs; shorten the message"
             )
         target = params.kappa * (1.0 + params.margin_slack)
@@ -774,7 +798,9 @@ class _Writer:
                 outcome.requantised = (zeros, zeros) if rq is None else (rq.c, rq.e)
         return outcome
 
-    def _mark_grid(self, data: npt.NDArray[np.uint8], ref: TensorRef, plan: GridPlan, chosen: Any) -> _Outcome:
+    def _mark_grid(
+        self, data: npt.NDArray[np.uint8], ref: TensorRef, plan: GridPlan, chosen: Any
+    ) -> _Outcome:
         """Move the chosen grid candidates of one tensor in `data` (its raw F32/F64 bytes) by whole steps."""
         import numpy as np
 

@@ -110,7 +110,7 @@ def _on_grid(blocks: npt.NDArray[np.float32], kind: str) -> bool:
 def levels(
     blocks: npt.NDArray[np.floating], kind: str
 ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.float32], npt.NDArray[np.float32]]:
-    """ggml's reference quantiser on whole blocks: integer levels and the float16-stored `(d, m)`.
+    """The reference quantiser of ggml on whole blocks: integer levels and the float16-stored `(d, m)`.
 
     The level is the signed step count (`x = level d + m`): `q - 8` for Q4_0 (in [-8, 7]), `q` for Q4_1
     (in [0, 15]) and Q8_0 (in [-127, 127]). Rounding as `quantize_row_*_ref` in llama.cpp's ggml-quants.c:

@@ -296,7 +296,9 @@ def choose_moves(
     return chosen
 
 
-def move(flat: npt.NDArray[np.floating], plan: GridPlan, read: GridRead, chosen: npt.NDArray[np.bool_]) -> None:
+def move(
+    flat: npt.NDArray[np.floating], plan: GridPlan, read: GridRead, chosen: npt.NDArray[np.bool_]
+) -> None:
     """Move the chosen candidates of one tensor by one step to an adjacent interior level, in place.
 
     Args:

@@ -445,19 +445,20 @@ ATTACKS: list[tuple[str, Callable[[Arrays], Arrays], float]] = [
 ]
 
 
-def regridded_copy(src: Path, dst: Path, kind: str | None = None) -> Path:
-    """A copy of model directory `src` with its weights put on a quantisation grid (`modelsec.watermark.grid`).
+def regridded_copy(src: Path, dst: Path, kind: str, only: tuple[str, ...] | None = None) -> Path:
+    """A copy of model directory `src` whose float32 matrices are quantised to `kind` and dequantised.
 
-    With `kind`, every float tensor of at least 2 dimensions is quantised to it and dequantised, as a GGUF
-    release converted back to safetensors is; without, every tensor already on a grid is re-quantised to its
-    own grid (a re-release to the source grid). Side files are copied; the safetensors metadata is kept.
+    What a GGUF release converted back to safetensors holds, and, applied to a marked model, a re-release
+    to that grid (`modelsec.watermark.grid.requantise`, ggml's reference rounding). `only` limits it to
+    those tensors (default: every float32 tensor of at least 2 dimensions). Side files are copied; the
+    safetensors metadata is kept.
     """
     import shutil
 
     from safetensors import safe_open
     from safetensors.numpy import save_file
 
-    from modelsec.watermark.grid import grid_of, requantise
+    from modelsec.watermark.grid import requantise
 
     dst.mkdir(parents=True, exist_ok=True)
     for f in sorted(src.iterdir()):
@@ -466,12 +467,9 @@ def regridded_copy(src: Path, dst: Path, kind: str | None = None) -> Path:
             continue
         with safe_open(str(f), framework="numpy") as st:
             metadata = st.metadata()
-            state = {k: st.get_tensor(k) for k in st.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+            state = {k: st.get_tensor(k) for k in st.keys()}
         for name, w in state.items():
-            if w.ndim < 2 or w.dtype != np.float32:
-                continue
-            target = kind or grid_of(w)
-            if target is not None:
-                state[name] = requantise(w, target)
+            if w.ndim >= 2 and w.dtype == np.float32 and (only is None or name in only):
+                state[name] = requantise(w, kind)
         save_file(state, str(dst / f.name), metadata=metadata)
     return dst
