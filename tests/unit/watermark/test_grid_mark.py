@@ -8,14 +8,19 @@ tensor is a fixed point of the reference re-quantiser and the mark is read blind
 
 from __future__ import annotations
 
+import base64
+import json
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from modelsec.algorithms import SignatureAlgorithm
 from modelsec.errors import PolicyError
-from modelsec.watermark import WatermarkKey, WatermarkParams, detect, embed_fixed
+from modelsec.signer import generate_private_key_pem, load_private_key
+from modelsec.watermark import WatermarkKey, WatermarkParams, detect, embed_fixed, write_watermark_attestation
+from modelsec.watermark.attestation import read_detection_hints
 from modelsec.watermark.careful import CAREFUL_KAPPA
 from modelsec.watermark.grid import GGUF_BLOCK, GRID_KINDS, grid_of, interior_levels, levels, requantise
 from modelsec.watermark.grid_mark import AGREEMENT, ELEMENTS_PER_BIT
@@ -155,3 +160,21 @@ def test_elements_per_bit_meet_the_gate_with_margin() -> None:
     # Every message length is tried (64 hypotheses), times 3 densities, times 2 statistics.
     log10_bound = rademacher_tail_bound(stouffer)[1] + math.log10(2 * 3 * params.max_message_bits // 8)
     assert log10_bound < -29
+
+
+def test_attestation_records_the_grid_and_its_hints_find_the_mark_after_requantisation(
+    q41_llama: Path, tmp_path: Path
+) -> None:
+    private, _ = generate_private_key_pem(SignatureAlgorithm.ECDSA_P256)
+    result = embed_fixed(q41_llama, tmp_path / "marked", KEY, MESSAGE, params=WEAK)
+    _, path = write_watermark_attestation(result, load_private_key(private, name="ci"), tmp_path / "wm.json")
+    statement = json.loads(base64.b64decode(json.loads(path.read_text())["dsseEnvelope"]["payload"]))
+    grid = statement["predicate"]["carriers"]["grid"]
+    assert grid["scheme"] == "modelsec-grid-qim/v1" and grid["elementsPerBit"] == ELEMENTS_PER_BIT
+    assert grid["elements"] == sum(t["elements"] for t in grid["tensors"]) == result.carriers
+    assert {t["kind"] for t in grid["tensors"]} == {"Q4_1"}
+    hints = read_detection_hints(path)
+    assert set(hints.tensors) == {t["name"] for t in grid["tensors"]}
+    rq = regridded_copy(tmp_path / "marked", tmp_path / "rq", "Q4_1")
+    found = detect(rq, KEY, message_length=hints.message_bits, tensors=hints.tensors, params=hints.params)
+    assert found.detected and found.tests == 1 and found.decoded_message == MESSAGE
