@@ -141,7 +141,12 @@ def eligible_tensors(source: TensorSource, params: WatermarkParams) -> list[Tens
 
 
 def extract_blocks(
-    source: TensorSource, key: WatermarkKey, params: WatermarkParams, density_log2: int
+    source: TensorSource,
+    key: WatermarkKey,
+    params: WatermarkParams,
+    density_log2: int,
+    *,
+    grid_kinds: Mapping[str, str] | None = None,
 ) -> ExtractedBlocks:
     """Gather and reduce every carrier block of `source` (one tensor in memory at a time).
 
@@ -153,6 +158,8 @@ def extract_blocks(
         key: The watermark key.
         params: Scheme parameters.
         density_log2: Carrier density exponent.
+        grid_kinds: `grid_mark.find_grids` of (at least) the eligible tensors, when already known (the
+            grid found in the weights; default: found here).
 
     Returns:
         The per-block sums.
@@ -165,7 +172,11 @@ def extract_blocks(
     carriers = tensors = 0
     refs = eligible_tensors(source, params)
     # Tensors on a quantisation grid carry the grid mark instead (`modelsec.watermark.grid_mark`).
-    kinds = find_grids(source, refs)
+    names = {r.name for r in refs}
+    if grid_kinds is None:
+        kinds = find_grids(source, refs)
+    else:
+        kinds = {n: k for n, k in grid_kinds.items() if n in names}
     for ref in refs:
         if ref.name in kinds:
             continue
@@ -482,8 +493,14 @@ def detect(
             source = _Only(source, frozenset(tensors))
         tests = 0
         result: DetectionResult | None = None
+        from dataclasses import replace
+
+        from modelsec.watermark.grid_mark import find_grids
+
+        # The grid is a property of the weights: found once for every hypothesis (carrier set, density).
+        kinds = find_grids(source, eligible_tensors(source, replace(params, carrier_set="all")))
         for p, k in _hypotheses(source, params, blind_sets=blind_sets):
-            blocks = extract_blocks(source, key, p, k)
+            blocks = extract_blocks(source, key, p, k, grid_kinds=kinds)
             tried, tests = evaluate(
                 blocks,
                 key,
