@@ -121,7 +121,8 @@ def find_grids(source: TensorSource, refs: Sequence[TensorRef]) -> dict[str, str
         if ref.dtype not in GRID_DTYPES or not n_blocks or ref.numel % GGUF_BLOCK:
             continue
         head = source.read_blocks(ref, np.arange(min(n_blocks, _HEAD_BLOCKS), dtype=np.int64), GGUF_BLOCK)
-        if grid_of(head) is None:
+        # Constant blocks (a zeroed padding row) tell nothing: only a head that has a spread can rule out.
+        if (head.max(axis=1) > head.min(axis=1)).any() and grid_of(head) is None:
             continue
         kind = grid_of(source.read(ref))
         if kind is not None:

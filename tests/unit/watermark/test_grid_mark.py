@@ -178,3 +178,13 @@ def test_attestation_records_the_grid_and_its_hints_find_the_mark_after_requanti
     rq = regridded_copy(tmp_path / "marked", tmp_path / "rq", "Q4_1")
     found = detect(rq, KEY, message_length=hints.message_bits, tensors=hints.tensors, params=hints.params)
     assert found.detected and found.tests == 1 and found.decoded_message == MESSAGE
+
+
+def test_a_grid_tensor_whose_first_rows_are_zero_is_still_found(tmp_path: Path) -> None:
+    """A zeroed padding row at the start of an embedding must not hide the grid of the rest."""
+    state = _grid_state("Q4_1")
+    state["net.2.weight"][:8] = 0.0  # 8 rows of 512: the first 128 blocks are constant
+    src = save_state(state, tmp_path / "src")
+    result = embed_fixed(src, tmp_path / "marked", KEY, b"Z", params=WEAK)
+    assert result.grid_mark is not None and "net.2.weight" in {t.name for t in result.grid_mark.tensors}
+    assert result.survives_requantisation
