@@ -16,7 +16,9 @@ Two passes over the shards (an invariant; see `embed_model`):
 Carrier tensors stored as F32/F64 that sit on a quantisation grid (dequantised GGUF) take no float mark:
 they carry the grid mark (`modelsec.watermark.grid_mark`), planned in pass 1 (which candidates move) and
 written in pass 2 by whole grid steps, so that re-quantisation to their grid leaves them unchanged. The
-float mark then covers the other tensors only, and is left out when they cannot carry the code.
+float mark then covers the other tensors only; where they are too few to carry the code alone, the grid
+mark carries it and each bit's float carriers are still marked when its margin is within reach (unmarked,
+their host correlation would add noise to the grid's votes).
 
 The output appears atomically: files are written to a fresh sibling directory that is renamed to
 `out_dir` at the end. A shard that changes between the two passes is refused.
@@ -340,7 +342,8 @@ def embed_fixed(
     """Write a watermarked copy of a safetensors model directory at a fixed strength (nothing measured).
 
     Guarantees: every code bit reaches `m_b z_b >= kappa` over the float carriers before the cast back to
-    the stored dtype (the result's `detection.min_margin` reports it after the cast, over float and grid
+    the stored dtype (with tensors on a grid and too few float carriers for the code: every bit whose
+    margin is within `max_relative_change`; the result's `detection.min_margin` reports it after the cast, over float and grid
     carriers together); no float-marked weight changes by more than `params.max_relative_change` of its
     magnitude and none flips its sign; dtypes, shapes, tensor names, header metadata and all non-carrier
     bytes are unchanged. F32/F64 tensors on a quantisation grid instead carry the grid mark
@@ -422,9 +425,7 @@ def embed_fixed(
             )
 
         # Pass 1: measure the host (in a function, so its working set is freed before pass 2).
-        c0, e0, a0, q0, g2, host = _measure(
-            source, float_refs if float_mark else [], key, k, params, n_code, grades or {}
-        )
+        c0, e0, a0, q0, g2, host = _measure(source, float_refs, key, k, params, n_code, grades or {})
         grid_work, per_bit = _grid_moves(source, plans, code, grades or {})
         if not float_mark and int(per_bit.min()) < MIN_READABLE_PER_BIT:
             raise PolicyError(
@@ -437,11 +438,14 @@ def embed_fixed(
                 "the float mark needs; shorten the message"
             )
         target = params.kappa * (1.0 + params.margin_slack)
-        strength = (
-            solve_strength(code, c0, e0, a0, q0, target, g2) if float_mark else np.zeros(n_code)
-        )
-        worst = int(np.argmax(strength))
+        strength = solve_strength(code, c0, e0, a0, q0, target, g2)
         top_grade = max((h.grade for h in host.values()), default=1.0)
+        if not float_mark:
+            # Too few float carriers to carry the code alone: the grid mark carries it, and the float
+            # carriers are marked where they can be, so that they add to each bit's sum rather than noise.
+            reachable = np.isfinite(strength) & (strength * top_grade <= params.max_relative_change)
+            strength = np.where(reachable, strength, 0.0)
+        worst = int(np.argmax(strength))
         if (
             not math.isfinite(float(strength[worst]))
             or strength[worst] * top_grade > params.max_relative_change

@@ -188,3 +188,21 @@ def test_a_grid_tensor_whose_first_rows_are_zero_is_still_found(tmp_path: Path) 
     result = embed_fixed(src, tmp_path / "marked", KEY, b"Z", params=WEAK)
     assert result.grid_mark is not None and "net.2.weight" in {t.name for t in result.grid_mark.tensors}
     assert result.survives_requantisation
+
+
+def test_too_few_float_carriers_beside_a_grid_still_read_the_message(tmp_path: Path) -> None:
+    """Float carriers too few to carry the code alone are marked where they can be, not left as noise.
+
+    65,536 float carriers over 88 code bits are about 745 per bit, under the 1,024 the float mark needs:
+    unmarked, their host correlation (standard deviation about 27 per bit) would outweigh the grid votes of
+    a bit (about 59 candidates, three quarters agreeing: a sum of about 30).
+    """
+    state = _grid_state("Q4_1")
+    state["extra.weight"] = np.random.default_rng(7).standard_normal((256, 256)).astype(np.float32)
+    src = save_state(state, tmp_path / "src")
+    result = embed_fixed(src, tmp_path / "marked", KEY, b"FEW", params=WEAK)
+    assert result.grid_mark is not None and "extra.weight" not in {t.name for t in result.grid_mark.tensors}
+    assert not np.array_equal(load_state(tmp_path / "marked")["extra.weight"], state["extra.weight"])
+    grid = ("net.0.weight", "net.2.weight", "net.4.weight")
+    found = detect(regridded_copy(tmp_path / "marked", tmp_path / "rq", "Q4_1", only=grid), KEY, message=b"FEW")
+    assert found.detected and found.message_matched
