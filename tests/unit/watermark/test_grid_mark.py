@@ -204,5 +204,6 @@ def test_too_few_float_carriers_beside_a_grid_still_read_the_message(tmp_path: P
     assert result.grid_mark is not None and "extra.weight" not in {t.name for t in result.grid_mark.tensors}
     assert not np.array_equal(load_state(tmp_path / "marked")["extra.weight"], state["extra.weight"])
     grid = ("net.0.weight", "net.2.weight", "net.4.weight")
-    found = detect(regridded_copy(tmp_path / "marked", tmp_path / "rq", "Q4_1", only=grid), KEY, message=b"FEW")
+    rq = regridded_copy(tmp_path / "marked", tmp_path / "rq", "Q4_1", only=grid)
+    found = detect(rq, KEY, message=b"FEW")
     assert found.detected and found.message_matched
