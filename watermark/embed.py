@@ -344,8 +344,8 @@ def embed_fixed(
     Guarantees: every code bit reaches `m_b z_b >= kappa` over the float carriers before the cast back to
     the stored dtype (with tensors on a grid and too few float carriers for the code: every bit whose
     margin is within `max_relative_change`; the result's `detection.min_margin` reports it after the cast,
-    over float and grid carriers together); no float-marked weight changes by more than `params.max_relative_change` of its
-    magnitude and none flips its sign; dtypes, shapes, tensor names, header metadata and all non-carrier
+    over float and grid carriers together); no float-marked weight changes by more than
+    `params.max_relative_change` of its magnitude and none flips its sign; dtypes, shapes, tensor names, header metadata and all non-carrier
     bytes are unchanged. F32/F64 tensors on a quantisation grid instead carry the grid mark
     (`modelsec.watermark.grid_mark`): at most `grid_mark.grid_elements(params)` elements move, each by one
     step of its block to a level that does not set the block's scale (the change is one grid step, not a
