@@ -345,8 +345,8 @@ def embed_fixed(
     the stored dtype (with tensors on a grid and too few float carriers for the code: every bit whose
     margin is within `max_relative_change`; the result's `detection.min_margin` reports it after the cast,
     over float and grid carriers together); no float-marked weight changes by more than
-    `params.max_relative_change` of its magnitude and none flips its sign; dtypes, shapes, tensor names, header metadata and all non-carrier
-    bytes are unchanged. F32/F64 tensors on a quantisation grid instead carry the grid mark
+    `params.max_relative_change` of its magnitude and none flips its sign; dtypes, shapes, tensor names,
+    header metadata and all non-carrier bytes are unchanged. F32/F64 tensors on a quantisation grid instead carry the grid mark
     (`modelsec.watermark.grid_mark`): at most `grid_mark.grid_elements(params)` elements move, each by one
     step of its block to a level that does not set the block's scale (the change is one grid step, not a
     fraction of the weight, and may cross zero), and each such tensor stays on its grid, a fixed point of
