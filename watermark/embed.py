@@ -341,18 +341,17 @@ def embed_fixed(
 ) -> EmbedResult:
     """Write a watermarked copy of a safetensors model directory at a fixed strength (nothing measured).
 
-    Guarantees: every code bit reaches `m_b z_b >= kappa` over the float carriers before the cast back to
-    the stored dtype (with tensors on a grid and too few float carriers for the code: every bit whose
-    margin is within `max_relative_change`; the result's `detection.min_margin` reports it after the cast,
-    over float and grid carriers together); no float-marked weight changes by more than
-    `params.max_relative_change` of its magnitude and none flips its sign; dtypes, shapes, tensor names,
-    header metadata and all non-carrier bytes are unchanged. F32/F64 tensors on a quantisation grid instead carry the grid mark
+    Guarantees: every code bit reaches `m_b z_b >= kappa` over the float carriers before the cast back to the
+    stored dtype (with tensors on a grid and too few float carriers for the code: every bit whose margin is
+    within `max_relative_change`; the result's `detection.min_margin` reports it after the cast, over float
+    and grid carriers together); no float-marked weight changes by more than `params.max_relative_change` of
+    its magnitude and none flips its sign; dtypes, shapes, tensor names, header metadata and all non-carrier
+    bytes are unchanged. F32/F64 tensors on a quantisation grid instead carry the grid mark
     (`modelsec.watermark.grid_mark`): at most `grid_mark.grid_elements(params)` elements move, each by one
     step of its block to a level that does not set the block's scale (the change is one grid step, not a
     fraction of the weight, and may cross zero), and each such tensor stays on its grid, a fixed point of
-    re-quantisation to it (`result.requantised` checks that on the written weights). Not guaranteed:
-    anything about the model's accuracy (measure fidelity on your own data; see the tests for MiniLM and a
-    classifier).
+    re-quantisation to it (`result.requantised` checks that on the written weights). Not guaranteed: anything
+    about the model's accuracy (measure fidelity on your own data; see the tests for MiniLM and a classifier).
 
     Args:
         model_dir: The unmarked model (safetensors shards plus side files).
