@@ -235,13 +235,17 @@ class EmbedResult:
             return f"{where}: the mark survives re-quantisation to that grid ({figures})"
         marked_by_steps = {t.name for t in self.grid_mark.tensors} if self.grid_mark is not None else set()
         floats = sorted(g.name for g in self.gridded if g.name not in marked_by_steps)
+        why = (
+            f"{len(floats)} of them (e.g. {floats[0]}) are stored as F16/BF16 and carry the float mark, "
+            "which re-quantisation snaps back (the grid mark, whole steps, needs F32/F64 storage); a "
+            "stronger mark (larger --kappa) moves more of their weights by whole steps and may survive: "
+            "this check reports it"
+            if floats
+            else "the grid mark's candidates do not carry every bit"
+        )
         return (
             f"{where}: the mark does NOT survive re-quantisation to that grid: re-quantised, it is not "
-            f"detected with its message ({figures}); {len(floats)} of them "
-            f"(e.g. {floats[0] if floats else '-'}) "
-            "are stored as F16/BF16 and carry the float mark, which re-quantisation snaps back (the grid "
-            "mark, whole steps, needs F32/F64 storage); a stronger mark (larger --kappa) moves more weights "
-            "by whole steps and may survive: this check reports it"
+            f"detected with its message ({figures}); {why}"
         )
 
 
