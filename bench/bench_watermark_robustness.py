@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Robustness matrices: issue 4's (bit error rates, false positives) and issue 30's (5 keys x each attack).
 
-Usage: python bench/bench_watermark_robustness.py [--models classifier,minilm,llama] [--wrong-keys 200]
-       [--keys 5] [--finetune-steps 200]
+Usage: python bench/bench_watermark_robustness.py [--models classifier,minilm,llama[,llama-grid]]
+       [--wrong-keys 200] [--keys 5] [--finetune-steps 200]
 
 Issue 30 (`llama`): the shipped fortunes Llama (`tests/unit/watermark/fixtures/fortunes-llama`: a real
 `LlamaForCausalLM`, 0.53M parameters, trained on the fortunes text) marked with `--keys` keys (each its own
@@ -16,9 +16,11 @@ correction: `modelsec.watermark.message_code`, whose raw code-bit error rate is 
 function-preserving transforms of
 `tests/unit/watermark/_llama.py` (MLP / attention / residual permutations with scaling, dummy neurons, all at
 once), each read blind and with the registered reference (the unmarked original directory, whose
-`config.json` gives the head geometry). The `needs` column says whether the reference is needed. Not a row:
-re-quantisation to the source grid (`embed` measures it for grid-sitting tensors and warns; no mark here
-survives a 4-bit grid).
+`config.json` gives the head geometry). The `needs` column says whether the reference is needed. The last
+row, re-quantisation to the source grid, runs on a Q4_1 copy of the fortunes Llama (every matrix quantised
+and dequantised, as a GGUF release converted back), which `embed_fixed` gives the grid mark; the attack
+re-quantises the marked copy to Q4_1 and `detect` reads it blind (`WM30GRID`: how many marked copies the
+round trip left bit-identical).
 
 Models (the tests' helpers, `tests/unit/watermark/_helpers.py`):
 * `classifier`: the shipped 64-512-512-10 ReLU MLP on scikit-learn digits (300k weights, 64-bit message,
@@ -239,7 +241,51 @@ def run_issue30(work: Path, keys: int, finetune_steps: int) -> None:
             f"{sum(r.message_decoded is False for r in rs)}/{len(rs)}",
             flush=True,
         )
-    print("WM30|re-quantisation to the source grid|-|-|pending (issue 30 item 5: quantisation-aware mark)")
+    _requantisation_row(src, work, keys)
+
+
+def _requantisation_row(src: Path, work: Path, keys: int) -> None:
+    """Issue 30 item 5: the fortunes Llama released as Q4_1 (quantised and dequantised), marked, re-quantised.
+
+    Every matrix of the Q4_1 copy sits on its grid, so `embed_fixed` gives it the grid mark
+    (`modelsec.watermark.grid_mark`); the attack re-quantises every matrix of the marked model to Q4_1 with
+    ggml's reference rounding (`H.regridded_copy`), and `detect` reads it blind (no reference) with the
+    message given. The unmarked Q4_1 copy, re-quantised, must stay absent.
+    """
+    src_q = H.regridded_copy(src, work / "fortunes-q41", "Q4_1")
+    name = "re-quantisation to the source grid (Q4_1 copy)"
+    rng = np.random.default_rng(305)
+    marked_rs, unmarked_rs, fixed_points = [], [], 0
+    clean_rq = H.regridded_copy(src_q, work / "fortunes-q41-rq", "Q4_1")
+    for i in range(keys):
+        key = WatermarkKey.from_bytes(rng.bytes(32))
+        message = f"ACME-{i}".encode()
+        out = work / f"fortunes-q41-marked-{i}"
+        embedded = embed_fixed(src_q, out, key, message)
+        attacked = H.regridded_copy(out, work / f"fortunes-q41-rq-{i}", "Q4_1")
+        before, after = H.load_state(out), H.load_state(attacked)
+        fixed_points += all(np.array_equal(before[k], after[k]) for k in before)
+        marked_rs.append(detect(attacked, key, message=message))
+        unmarked_rs.append(detect(clean_rq, key, message=message))
+        grid = embedded.grid_mark
+        print(
+            f"WM30EMBED|Q4_1 key {i}|grid mark {grid.elements if grid else 0} candidates in "
+            f"{len(grid.tensors) if grid else 0} tensors|"
+            f"relative L2 change {embedded.relative_l2_change:.4f}|"
+            f"survives (embed's own check) {embedded.survives_requantisation}",
+            flush=True,
+        )
+    for label, rs, unmarked in ((name, marked_rs, False), (name + " [UNMARKED]", unmarked_rs, True)):
+        ok = all(r.detected and r.message_matched for r in rs)
+        worst = (min if unmarked else max)(r.log10_false_positive_probability for r in rs)
+        print(
+            f"WM30|{label}|blind|{'-' if unmarked else ('blind' if ok else 'NOT MET')}|"
+            f"{sum(r.detected for r in rs)}/{len(rs)}|{sum(bool(r.message_matched) for r in rs)}/{len(rs)}|"
+            f"{worst:.1f}|{max(r.bit_error_rate for r in rs):.3f}|"
+            f"{(max if unmarked else min)(r.z_score for r in rs):.1f}",
+            flush=True,
+        )
+    print(f"WM30GRID|marked models that re-quantisation leaves bit-identical: {fixed_points}/{keys}")
 
 
 def main() -> None:
@@ -258,6 +304,10 @@ def main() -> None:
             t0 = time.perf_counter()
             if name == "llama":
                 run_issue30(work, args.keys, args.finetune_steps)
+            elif name == "llama-grid":  # the re-quantisation row alone (it is also the last row of `llama`)
+                from tests.unit.watermark import _fortunes_lm
+
+                _requantisation_row(_fortunes_lm.model_dir(), work, args.keys)
             else:
                 run(name, work, args.wrong_keys)
             print(f"{name}: {time.perf_counter() - t0:.0f} s")

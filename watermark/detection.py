@@ -8,6 +8,10 @@ Detection needs only the key and the suspect weights. Order of operations (an in
    reference.
 2. The carrier density is re-derived from the headers exactly as at embedding time; the carriers of every
    eligible tensor are gathered and reduced to per-block correlation sums (`scheme.block_statistics`).
+   Eligible F32/F64 tensors that sit on a quantisation grid carry the grid mark instead
+   (`modelsec.watermark.grid_mark`): each of their candidates enters the same sums as one block with
+   correlation +-1 (its keyed parity vote) and energy 1, a Rademacher chip under the null like any other,
+   so everything below applies to both marks at once.
 3. Per code bit: `z_b = c_b / sqrt(E_b)`, extracted bit `sign(c_b)` (0 -> tie, counted as an error).
 4. The presence statistic over the `n` pilot bits that have carriers (issue 30): Stouffer's
    `Z = sum_b m_b z_b / sqrt(n)` (`m_b` the key's ±1 pilot bits). Unlike a count of matching signs it keeps
@@ -150,24 +154,45 @@ def eligible_tensors(source: TensorSource, params: WatermarkParams) -> list[Tens
 
 
 def extract_blocks(
-    source: TensorSource, key: WatermarkKey, params: WatermarkParams, density_log2: int
+    source: TensorSource,
+    key: WatermarkKey,
+    params: WatermarkParams,
+    density_log2: int,
+    *,
+    grid_kinds: Mapping[str, str] | None = None,
 ) -> ExtractedBlocks:
     """Gather and reduce every carrier block of `source` (one tensor in memory at a time).
+
+    Tensors on a quantisation grid contribute their grid-mark candidates instead of float carriers
+    (`grid_mark.find_grids`, `grid_mark.extract_grid`).
 
     Args:
         source: The suspect's tensors.
         key: The watermark key.
         params: Scheme parameters.
         density_log2: Carrier density exponent.
+        grid_kinds: `grid_mark.find_grids` of (at least) the eligible tensors, when already known (the
+            grid found in the weights; default: found here).
 
     Returns:
         The per-block sums.
     """
     import numpy as np
 
+    from modelsec.watermark.grid_mark import extract_grid, find_grids, grid_plans
+
     slots, cs, es = [], [], []
     carriers = tensors = 0
-    for ref in eligible_tensors(source, params):
+    refs = eligible_tensors(source, params)
+    # Tensors on a quantisation grid carry the grid mark instead (`modelsec.watermark.grid_mark`).
+    names = {r.name for r in refs}
+    if grid_kinds is None:
+        kinds = find_grids(source, refs)
+    else:
+        kinds = {n: k for n, k in grid_kinds.items() if n in names}
+    for ref in refs:
+        if ref.name in kinds:
+            continue
         plan = carrier_plan(key, ref.name, ref.shape, density_log2, params)
         if not plan.blocks.size:
             continue
@@ -179,6 +204,13 @@ def extract_blocks(
         slots.append(stats.slots)
         cs.append(stats.c)
         es.append(stats.e)
+    grid_plan_list = grid_plans(key, refs, kinds, params)
+    g_slots, g_c, g_e, g_count = extract_grid(source, grid_plan_list)
+    slots += g_slots
+    cs += g_c
+    es += g_e
+    carriers += g_count
+    tensors += len(grid_plan_list)
     if not slots:
         empty = np.zeros(0)
         return ExtractedBlocks(np.zeros(0, dtype=np.uint32), empty, empty, carriers, 0, density_log2)
@@ -500,8 +532,14 @@ def detect(
             source = _Only(source, frozenset(tensors))
         tests = 0
         result: DetectionResult | None = None
+        from dataclasses import replace
+
+        from modelsec.watermark.grid_mark import find_grids
+
+        # The grid is a property of the weights: found once for every hypothesis (carrier set, density).
+        kinds = find_grids(source, eligible_tensors(source, replace(params, carrier_set="all")))
         for p, k in _hypotheses(source, params, blind_sets=blind_sets):
-            blocks = extract_blocks(source, key, p, k)
+            blocks = extract_blocks(source, key, p, k, grid_kinds=kinds)
             tried, tests = evaluate(
                 blocks,
                 key,

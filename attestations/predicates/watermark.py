@@ -85,6 +85,8 @@ _WATERMARK_FIELDS: dict[str, Range] = {
     "parameters.codeBits": _int(0, COUNT),
     "parameters.messageBits": _int(0, 65536),
     "carriers.count": _int(0, COUNT),
+    "carriers.grid.elements": _int(0, COUNT),
+    "carriers.grid.elementsPerBit": _int(0, COUNT),
     "embedding.maxRelativeChange": _real(0.0, BIG_REAL),
     "embedding.meanRelativeChange": _real(0.0, BIG_REAL),
     "embedding.relativeL2Change": _real(0.0, BIG_REAL),
@@ -524,6 +526,11 @@ class EmbeddingRecord(Protocol):
         """The measured fidelity, or None when not measured."""
         ...
 
+    @property
+    def grid_mark(self) -> _JsonRecord | None:
+        """The grid mark in tensors on a quantisation grid (issue 30 item 5), or None when there is none."""
+        ...
+
 
 def build_watermark_predicate(
     record: EmbeddingRecord,
@@ -566,6 +573,8 @@ def build_watermark_predicate(
                 {"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "carriers": t.carriers}
                 for t in record.tensors
             ],
+            # Optional (issue 30 item 5): older predicates have no tensor on a grid.
+            **({"grid": record.grid_mark.to_json()} if record.grid_mark is not None else {}),
         },
         "embedding": {
             "maxRelativeChange": record.max_relative_change,

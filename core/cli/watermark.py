@@ -286,6 +286,7 @@ def _embed(
                 "griddedTensors": [
                     {"name": g.name, "kind": g.kind, "carriers": g.carriers} for g in result.gridded
                 ],
+                "gridMark": None if result.grid_mark is None else result.grid_mark.to_json(),
                 "survivesRequantisation": result.survives_requantisation,
                 "requantisationNotice": result.requantisation_notice(),
                 "detection": d.to_json(),
