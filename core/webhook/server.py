@@ -354,6 +354,37 @@ async def _read_body(request: Request, max_body: int) -> bytes | None:
     return b"".join(chunks)
 
 
+async def _decision(
+    reviewer: Reviewer,
+    executor: concurrent.futures.Executor,
+    parsed: AdmissionRequest,
+    started: float,
+    decide: Callable[[AdmissionRequest, float], Decision],
+    cached: Callable[[AdmissionRequest, float], Decision | None] | None,
+) -> Decision:
+    """`cached`'s decision made here on the event loop, else `decide`'s in a worker within the deadline.
+
+    A decision the cache answers (`Reviewer.decide_cached`: memory and a local listing) costs less than the
+    hand-over to a worker thread and back; any other runs in `executor`, and the wait stops at the
+    deadline (a deny). Never raises: a failure is a deny.
+    """
+    if cached is not None:
+        try:
+            decision = cached(parsed, started)
+        except Exception as e:  # noqa: BLE001 - fail closed: a bug here is a deny, never an allow
+            return reviewer.deny(parsed, "error", f"internal error: {type(e).__name__}")
+        if decision is not None:
+            return decision
+    remaining = max(0.0, reviewer.config.deadline_seconds - (time.monotonic() - started))
+    try:
+        async with asyncio.timeout(remaining):
+            return await asyncio.get_running_loop().run_in_executor(executor, decide, parsed, started)
+    except TimeoutError:
+        return reviewer.deny_deadline(parsed)
+    except Exception as e:  # noqa: BLE001 - fail closed: an executor failure is a deny, never an allow
+        return reviewer.deny(parsed, "error", f"internal error: {type(e).__name__}")
+
+
 def create_app(
     reviewer: Reviewer,
     *,
@@ -405,10 +436,16 @@ def create_app(
         _audit.info(json.dumps({"event": "admission-bad-request", "error": message}, sort_keys=True))
         return JSONResponse({"error": message}, status_code=400)
 
-    async def answer(request: Request, decide: Callable[[AdmissionRequest, float], Decision]) -> Response:
+    async def answer(
+        request: Request,
+        decide: Callable[[AdmissionRequest, float], Decision],
+        cached: Callable[[AdmissionRequest, float], Decision | None] | None = None,
+    ) -> Response:
         started = time.monotonic()
         try:
-            body = await asyncio.wait_for(_read_body(request, max_body), timeout=deadline)
+            # `asyncio.timeout`, not `wait_for`: no task per request, the same deadline.
+            async with asyncio.timeout(deadline):
+                body = await _read_body(request, max_body)
         except TimeoutError:
             # A body trickling in (slowloris) must not hold a connection and its buffer: the apiserver
             # sends its review at once, so a body still arriving at the deadline is refused, the
@@ -426,20 +463,18 @@ def create_app(
             parsed = reviewer.parse(body)
         except BadRequestError as e:
             return bad_request(e.diagnostics(), started)
-        loop = asyncio.get_running_loop()
-        try:
-            remaining = max(0.0, deadline - (time.monotonic() - started))
-            future = loop.run_in_executor(executor, lambda: decide(parsed, started))
-            decision = await asyncio.wait_for(future, timeout=remaining)
-        except TimeoutError:
-            decision = reviewer.deny_deadline(parsed)
-        except Exception as e:  # noqa: BLE001 - fail closed: an executor failure is a deny, never an allow
-            decision = reviewer.deny(parsed, "error", f"internal error: {type(e).__name__}")
+        decision = await _decision(reviewer, executor, parsed, started, decide, cached)
         record(decision, started)
         return JSONResponse(decision.response)
 
+    def decide(parsed: AdmissionRequest, started: float) -> Decision:
+        return reviewer.decide(parsed, started=started)
+
+    def decide_cached(parsed: AdmissionRequest, started: float) -> Decision | None:
+        return reviewer.decide_cached(parsed, started=started)
+
     async def validate(request: Request) -> Response:
-        return await answer(request, lambda parsed, started: reviewer.decide(parsed, started=started))
+        return await answer(request, decide, decide_cached)
 
     async def mutate(request: Request) -> Response:
         if mutator is None:
