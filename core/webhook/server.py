@@ -50,7 +50,7 @@ import ssl
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -63,7 +63,7 @@ from starlette.routing import Route
 
 from modelsec import __version__
 from modelsec.errors import BackendUnavailableError, Error, KeyMaterialError
-from modelsec.observability import DecisionTracer, decision_tracer, register_runtime_metrics
+from modelsec.observability import DecisionTracer, JsonMessage, decision_tracer, register_runtime_metrics
 from modelsec.webhook.mutate import Mutator
 from modelsec.webhook.reload import PolicyReloader
 from modelsec.webhook.review import AdmissionRequest, BadRequestError, Decision, Reviewer
@@ -299,6 +299,20 @@ class _Metrics:
     registry: CollectorRegistry
     decisions: Counter
     latency: Histogram
+    # The series of each label set, looked up once (`labels()` checks and locks on every call).
+    _counts: dict[tuple[str, str], Any] = field(default_factory=dict)
+    _latencies: dict[tuple[str, str, str], Any] = field(default_factory=dict)
+
+    def record(self, outcome: str, policy: str, reason: str, seconds: float) -> None:
+        """Count one decision and observe its latency."""
+        count = self._counts.get((outcome, reason))
+        if count is None:
+            count = self._counts[outcome, reason] = self.decisions.labels(outcome, reason)
+        latency = self._latencies.get((outcome, policy, reason))
+        if latency is None:
+            latency = self._latencies[outcome, policy, reason] = self.latency.labels(outcome, policy, reason)
+        count.inc()
+        latency.observe(seconds)
 
     @classmethod
     def create(cls) -> _Metrics:
@@ -419,8 +433,7 @@ def create_app(
 
     def record(decision: Decision, started: float) -> None:
         elapsed = time.monotonic() - started
-        metrics.decisions.labels(_outcome(decision), decision.reason).inc()
-        metrics.latency.labels(_outcome(decision), _policy_label(decision), decision.reason).observe(elapsed)
+        metrics.record(_outcome(decision), _policy_label(decision), decision.reason, elapsed)
         _trace(tracer, decision, elapsed)
         line = {
             "ts": datetime.now(UTC).isoformat(timespec="milliseconds"),
@@ -428,7 +441,7 @@ def create_app(
             "latencyMs": round(elapsed * 1000, 3),
             **decision.audit_record(),
         }
-        _audit.info(json.dumps(line, sort_keys=True))
+        _audit.info(JsonMessage(line))
 
     def bad_request(message: str, started: float) -> Response:
         metrics.decisions.labels("bad-request", "no-uid").inc()
