@@ -55,7 +55,9 @@ counts. Order, failing closed at every step (any error is a deny naming the refe
    (`AttestationStore.revision`: a stat of a directory store's digest directory and files, SQLite's
    `data_version` and own writes, PostgreSQL's generation row) and the serial of each registry-evidence
    answer used (and of the bindings answer, for a result reached through a binding). A cached decision
-   checks that revision, reading no bundle: the same revision reuses the result; any other (a write or
+   checks that revision, reading no bundle (`Reviewer.decide_cached` does this much and no more, for the
+   server's event loop: where memory and a local directory listing cannot vouch, `decide` runs in a worker):
+   the same revision reuses the result; any other (a write or
    withdrawal by any process, an expired registry answer, a store that cannot tell, such as the gRPC
    service) reads the bundles, and the result is reused only when they are exactly those it was computed
    from. So a withdrawn or superseded

@@ -8,11 +8,14 @@ Routes: `POST /validate` (AdmissionReview v1 in and out), `POST /mutate` (the mu
 
 This module takes no trust decision: it reads the body (at most `WebhookConfig.max_body_bytes`, within
 `WebhookConfig.deadline_seconds`: a body still arriving then is answered 408 and its connection closed), lets
-`Reviewer.parse` find the uid (HTTP 400 without one), runs `Reviewer.decide` in a worker thread and stops
-waiting at `WebhookConfig.deadline_seconds` (a deny), logs one JSON audit line per decision on the logger
-`modelsec.webhook.audit`, and counts it. TLS only: the serving certificate and key are re-read when their
-files change on disk (checked every `reload_interval` seconds; a pair that does not load is logged and the
-previous one kept), so a rotated Kubernetes Secret takes effect without a restart. The policy file is
+`Reviewer.parse` find the uid (HTTP 400 without one), answers a review its cache decides on the event loop
+(`Reviewer.decide_cached`: cached results whose stores' revision memory and a local directory listing still
+vouch for; no worker hand-over, so a cached decision never waits behind slow verifications), runs
+`Reviewer.decide` in a worker thread for every other and stops waiting at `WebhookConfig.deadline_seconds`
+(a deny), logs one JSON audit line per decision on the logger `modelsec.webhook.audit`, and counts it.
+TLS only: the serving certificate and key are re-read when their files change on disk (checked every
+`reload_interval` seconds; a pair that does not load is logged and the previous one kept), so a rotated
+Kubernetes Secret takes effect without a restart. The policy file is
 re-read the same way when it changes (`modelsec.webhook.reload`: an updated ConfigMap takes effect without a
 restart; a file that does not load is logged and the previous policy kept).
 
