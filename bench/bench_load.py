@@ -101,7 +101,8 @@ elif mode == "partial":
         names = list(f.keys())
     t0, c0, f0 = time.perf_counter(), cpu(), faults()
     n = len(load_model(model, policy, tensors=names))
-print(json.dumps({"seconds": time.perf_counter() - t0, "cpu": cpu() - c0, "tensors": n, "minflt": faults() - f0}))
+out = {"seconds": time.perf_counter() - t0, "cpu": cpu() - c0, "tensors": n, "minflt": faults() - f0}
+print(json.dumps(out))
 """
 
 
@@ -291,10 +292,11 @@ def main() -> None:
             f"{limit_gb / per_gb:.2f} of the limit by CPU (target >= 0.85)"
         )
         print(
-            f"  its page faults: {statistics.median(faults) / (total / GIB):,.0f} per GiB (median; 4 KiB pages "
-            f"262,144, huge pages 512); system-wide during those runs: {kernel['compact_stall']} direct "
-            f"compaction stalls ({kernel['compact_fail']} failed), {kernel['thp_fault_alloc']} huge pages "
-            f"faulted, {kernel['thp_fault_fallback']} fell back to 4 KiB"
+            f"  its page faults: {statistics.median(faults) / (total / GIB):,.0f} per GiB (median; "
+            f"4 KiB pages 262,144, huge pages 512); system-wide during those runs: "
+            f"{kernel['compact_stall']} direct compaction stalls ({kernel['compact_fail']} failed), "
+            f"{kernel['thp_fault_alloc']} huge pages faulted, {kernel['thp_fault_fallback']} fell back "
+            "to 4 KiB"
         )
     full, part = by_label[sha], by_label["verified partial: shard 1 of N tensors"]
     if full.ok and part.ok:
