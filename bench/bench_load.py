@@ -33,8 +33,8 @@ over the load's CPU s/GB, target >= 0.85), and the verified load's CPU s/GB of `
 against 4 shards holding the same 1 GiB (target <= 1.15), alternated over `--repeat` rounds, medians. Beside
 the first: the verified load's page faults per GiB and the kernel's compaction counters during those runs
 (system-wide). Measured 2026-12-06 (perf, 2-vCPU VM under load): beyond SHA-256 itself, a 4-shard load's CPU
-goes mostly to the kernel providing fresh private memory (zeroing ~0.10 CPU s/GB in huge pages; where memory
-is fragmented, synchronous compaction for them another 0.1-0.25), while Python is ~4 % of it.
+goes mostly to the kernel providing fresh private memory (zeroing ~0.12 CPU s/GB in huge pages; where memory
+is fragmented, synchronous compaction for them another 0.13-0.24), while Python is ~4 % of it.
 
 Usage: python bench/bench_load.py [--size-gib 4] [--shards 4] [--repeat 3] [--many-shards 1000] [--quick]
 """
