@@ -64,19 +64,26 @@ def has_open(pid: int, path: str) -> bool:
     return False
 
 
+_RESET_SIGINT_AND_EXEC = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.argv[1], sys.argv[1:])"
+)
+
+
 def interrupt_while_hashing(*args: str | Path) -> tuple[subprocess.CompletedProcess[str], float]:
     """Start the CLI, send SIGINT once it has read 32 MiB of the model; return its result and its exit time.
 
     A real process: the signal and the exit status are what is tested."""
     proc = subprocess.Popen(
-        [EXE, *map(str, args)],
+        # As from a shell: SIGINT at its default. An ignored SIGINT is inherited across exec, and a library
+        # that a test before this one ran in the pytest process may have left it ignored. It is reset in a
+        # small launcher that then execs the CLI (same pid), not in a `preexec_fn`: that runs Python in a
+        # child forked from this multi-threaded process (gRPC's threads among them) and can abort it.
+        [sys.executable, "-c", _RESET_SIGINT_AND_EXEC, EXE, *map(str, args)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
         text=True,
-        # As from a shell: SIGINT at its default. An ignored SIGINT is inherited across exec, and a library
-        # that a test before this one ran in the pytest process may have left it ignored.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     # rchar counts every read, the interpreter's own imports included: count from when the model file is open,
     # so that the signal lands while the model is hashed (not during start-up, however slow a cold start is).
@@ -87,7 +94,9 @@ def interrupt_while_hashing(*args: str | Path) -> tuple[subprocess.CompletedProc
     start = bytes_read(proc.pid) if proc.poll() is None else 0
     while proc.poll() is None and bytes_read(proc.pid) - start < 32 * 2**20 and time.monotonic() < deadline:
         time.sleep(0.002)
-    assert proc.poll() is None, "finished before it could be interrupted"
+    if proc.poll() is not None:
+        out, err = proc.communicate()
+        raise AssertionError(f"finished ({proc.returncode}) before it could be interrupted: {out!r} {err!r}")
     proc.send_signal(signal.SIGINT)
     sent = time.monotonic()
     out, err = proc.communicate(timeout=60)
