@@ -2,7 +2,7 @@
 """Robustness matrices: issue 4's (bit error rates, false positives) and issue 30's (5 keys x each attack).
 
 Usage: python bench/bench_watermark_robustness.py [--models classifier,minilm,llama,smollm2]
-       [--wrong-keys 200] [--keys 5] [--finetune-steps 200] [--work DIR]
+       [--wrong-keys 200] [--keys 5] [--first-key 0] [--finetune-steps 200] [--work DIR]
 
 Issue 30's matrix (`run_issue30`, one function for both models; rows `WM30|...` for `llama`, `WM30S|...`
 for `smollm2`): the model marked with `--keys` keys (each its own message `ACME-<i>`), then each attack;
@@ -15,7 +15,8 @@ all at once; head geometry from the model's `config.json`), each read blind and 
 reference (the unmarked original directory). The `needs` column says whether the reference is needed.
 The same attacks on the unmarked model follow (`[UNMARKED]`: must stay absent). The last column is what
 the attack does to the model itself: held-out perplexity of key 0's marked model after the attack, against
-the unmarked model's (F.perplexity: windows of 96 tokens), so a row whose attack destroys the model shows.
+the unmarked model's (F.perplexity: windows of 96 tokens), so a row whose attack destroys the model shows
+("-" when key 0 is not in the run). `--first-key K` runs keys K.. only, to split a long run in parts.
 
 * `llama`: the shipped fortunes Llama (`tests/unit/watermark/fixtures/fortunes-llama`: a real
   `LlamaForCausalLM`, 0.53M parameters, trained on the fortunes text) marked by `embed_fixed` with its
@@ -147,7 +148,8 @@ class Subject:
 
     tag: str
     src: Path
-    keys: list[WatermarkKey]
+    #: (index, key): the index names the key and its message `ACME-<index>`.
+    keys: list[tuple[int, WatermarkKey]]
     #: Marks `src` into the directory with the key and message; returns the `EMBED` line's fields.
     embed: Callable[[Path, WatermarkKey, bytes], str]
     #: Fine-tuning batch (sequences x tokens) and the attacks only this model has.
@@ -210,7 +212,7 @@ def _save_like(state: H.Arrays, src: Path, dst: Path) -> Path:
     return dst
 
 
-def llama_subject(work: Path, keys: int) -> Subject:
+def llama_subject(work: Path, keys: range) -> Subject:
     """The shipped fortunes Llama, marked by `embed_fixed` (kappa 3), batch 16 x 96 (the fixture's recipe)."""
     from tests.unit.watermark import _fortunes_lm as F
 
@@ -224,11 +226,12 @@ def llama_subject(work: Path, keys: int) -> Subject:
         return f"kappa {e.params.kappa}|max_rel_change={e.max_relative_change:.4f}|carriers={e.carriers}"
 
     held = F.fortunes()[1]
-    keyring = [WatermarkKey.from_bytes(rng.bytes(32)) for _ in range(keys)]
+    ring = [WatermarkKey.from_bytes(rng.bytes(32)) for _ in range(keys.stop)]
+    keyring = [(i, ring[i]) for i in keys]
     return Subject("WM30", src, keyring, embed, (F.BATCH, F.SEQ), [], held[:200])
 
 
-def smollm2_subject(work: Path, keys: int) -> Subject:
+def smollm2_subject(work: Path, keys: range) -> Subject:
     """SmolLM2-135M-Instruct as shipped (Q4_1 GGUF, dequantised) with the careful mark `embed` gives by
     default for a causal LM (`embed_careful`: cached grades, kappa 1; `weakest_anyway` so that a key missing
     the bar is still measured, the bar's verdict printed), the keys of the fidelity bench, batch 4 x 64."""
@@ -260,7 +263,7 @@ def smollm2_subject(work: Path, keys: int) -> Subject:
         return S.requantise_to_grid(state, shipped)[0]
 
     extra = [("re-quantised to the shipped Q4_1/Q8_0 grid", requantised)]
-    keyring = [S.key_of(i) for i in range(keys)]
+    keyring = [(i, S.key_of(i)) for i in keys]
     return Subject("WM30S", src, keyring, embed, (4, 64), extra, F.fortunes()[1][:50])
 
 
@@ -300,7 +303,7 @@ def run_issue30(subject: Subject, work: Path, finetune_steps: int) -> None:
     base_ppl = F.perplexity(src, subject.perplexity_texts)
     ppl: dict[str, float] = {}
     clean = H.load_state(src)
-    for i, key in enumerate(subject.keys):
+    for i, key in subject.keys:
         message = f"ACME-{i}".encode()
         out = work / f"{tag}-marked-{i}"
         print(f"{tag}EMBED|key {i}|{subject.embed(out, key, message)}", flush=True)
@@ -358,7 +361,7 @@ def run_issue30(subject: Subject, work: Path, finetune_steps: int) -> None:
         worst = max(r.log10_false_positive_probability for r in rs)
         if unmarked:
             worst = min(r.log10_false_positive_probability for r in rs)
-        change = "-" if unmarked else _change(ppl[name] / base_ppl)
+        change = _change(ppl[name] / base_ppl) if name in ppl else "-"
         print(
             f"{tag}|{name}|{mode}|{need}|{sum(r.detected for r in rs)}/{len(rs)}|"
             f"{sum(bool(r.message_matched) for r in rs)}/{len(rs)}|{worst:.1f}|"
@@ -371,7 +374,7 @@ def run_issue30(subject: Subject, work: Path, finetune_steps: int) -> None:
 
 
 #: Issue 30's matrix models (`--models`).
-ISSUE30: dict[str, Callable[[Path, int], Subject]] = {"llama": llama_subject, "smollm2": smollm2_subject}
+ISSUE30: dict[str, Callable[[Path, range], Subject]] = {"llama": llama_subject, "smollm2": smollm2_subject}
 
 
 def main() -> None:
@@ -379,6 +382,7 @@ def main() -> None:
     ap.add_argument("--models", default="classifier,minilm,llama")
     ap.add_argument("--wrong-keys", type=int, default=200)
     ap.add_argument("--keys", type=int, default=5, help="keys of the issue-30 matrix (llama, smollm2)")
+    ap.add_argument("--first-key", type=int, default=0, help="issue 30: run keys first..first+keys-1")
     ap.add_argument(
         "--finetune-steps", type=int, default=200, help="fine-tuning steps of the issue-30 matrix"
     )
@@ -395,7 +399,8 @@ def main() -> None:
         for name in args.models.split(","):
             t0 = time.perf_counter()
             if name in ISSUE30:
-                run_issue30(ISSUE30[name](work, args.keys), work, args.finetune_steps)
+                keys = range(args.first_key, args.first_key + args.keys)
+                run_issue30(ISSUE30[name](work, keys), work, args.finetune_steps)
             else:
                 run(name, work, args.wrong_keys)
             print(f"{name}: {time.perf_counter() - t0:.0f} s")
