@@ -299,6 +299,40 @@ def run_issue30(subject: Subject, work: Path, finetune_steps: int) -> None:
     for name, fn in transforms:
         attacks += [(name, fn, "blind"), (name, fn, "reference")]
     table: dict[tuple[str, str], list[DetectionResult]] = {}
+
+    def ok(name: str, mode: str) -> bool:
+        rs = table.get((name, mode), [])
+        return bool(rs) and all(r.detected and r.message_matched for r in rs)
+
+    def needs(name: str) -> str:
+        if ok(name, "blind"):
+            return "blind"
+        if ok(name, "reference"):
+            return "reference"
+        return "NOT MET (message not read for every key)"
+
+    def print_table(done: list[int]) -> None:
+        """The rows over the keys done so far (printed after every key: a cut-short run keeps them)."""
+        print(
+            f"{tag}|attack|mode|needs|detected|message read|worst log10 FPP|worst BER|"
+            f"min Z (max when unmarked)|perplexity vs unmarked (key 0) "
+            f"({len(done)} keys: {','.join(map(str, done))}; unmarked held-out perplexity {base_ppl:.4g})"
+        )
+        for (name, mode), rs in table.items():
+            unmarked = name.endswith("[UNMARKED]")
+            need = "-" if unmarked else needs(name)
+            worst = max(r.log10_false_positive_probability for r in rs)
+            if unmarked:
+                worst = min(r.log10_false_positive_probability for r in rs)
+            change = _change(ppl[name] / base_ppl) if name in ppl else "-"
+            print(
+                f"{tag}|{name}|{mode}|{need}|{sum(r.detected for r in rs)}/{len(rs)}|"
+                f"{sum(bool(r.message_matched) for r in rs)}/{len(rs)}|{worst:.1f}|"
+                f"{max(r.bit_error_rate for r in rs):.3f}|"
+                f"{(max if unmarked else min)(r.z_score for r in rs):.1f}|{change}",
+                flush=True,
+            )
+
     # What each attack does to the model: perplexity of key 0's marked model under it vs the unmarked model.
     base_ppl = F.perplexity(src, subject.perplexity_texts)
     ppl: dict[str, float] = {}
@@ -338,37 +372,8 @@ def run_issue30(subject: Subject, work: Path, finetune_steps: int) -> None:
             table.setdefault((name + " [UNMARKED]", mode), []).append(r)
         print(f"{tag}KEY|key {i}|attacks and detection {time.perf_counter() - t0:.0f} s", flush=True)
         shutil.rmtree(out, ignore_errors=True)
+        print_table([j for j, _ in subject.keys if j <= i])
 
-    def ok(name: str, mode: str) -> bool:
-        rs = table.get((name, mode), [])
-        return bool(rs) and all(r.detected and r.message_matched for r in rs)
-
-    def needs(name: str) -> str:
-        if ok(name, "blind"):
-            return "blind"
-        if ok(name, "reference"):
-            return "reference"
-        return "NOT MET (message not read for every key)"
-
-    keys = len(subject.keys)
-    print(
-        f"{tag}|attack|mode|needs|detected|message read|worst log10 FPP|worst BER|min Z (max when unmarked)|"
-        f"perplexity vs unmarked (key 0) ({keys} keys; unmarked held-out perplexity {base_ppl:.4g})"
-    )
-    for (name, mode), rs in table.items():
-        unmarked = name.endswith("[UNMARKED]")
-        need = "-" if unmarked else needs(name)
-        worst = max(r.log10_false_positive_probability for r in rs)
-        if unmarked:
-            worst = min(r.log10_false_positive_probability for r in rs)
-        change = _change(ppl[name] / base_ppl) if name in ppl else "-"
-        print(
-            f"{tag}|{name}|{mode}|{need}|{sum(r.detected for r in rs)}/{len(rs)}|"
-            f"{sum(bool(r.message_matched) for r in rs)}/{len(rs)}|{worst:.1f}|"
-            f"{max(r.bit_error_rate for r in rs):.3f}|"
-            f"{(max if unmarked else min)(r.z_score for r in rs):.1f}|{change}",
-            flush=True,
-        )
     if not subject.extra:
         print(f"{tag}|re-quantisation to the source grid|-|-|not a row: this model is not on a grid")
 
