@@ -185,10 +185,12 @@ def main() -> int:
         ceiling = samples[(_RAW, "raw token sign + one OpenSSL verify")]
         per_round = [o[1] / r[1] for o, r in zip(ours, raw, strict=True)]
         per_round_ceiling = [v[1] / r[1] for v, r in zip(ceiling, raw, strict=True)]
+        of_ceiling = [o[1] / v[1] for o, v in zip(ours, ceiling, strict=True)]
         print(
             f"PKCS#11 sign / raw token rate (CPU, median of rounds): {statistics.median(per_round):.2f} "
             f"(issue 32 target >= 0.8); raw sign + one OpenSSL verify of it, no modelsec code: "
-            f"{statistics.median(per_round_ceiling):.2f} of raw (the ceiling while each signature is checked)"
+            f"{statistics.median(per_round_ceiling):.2f} of raw (the ceiling while each signature is "
+            f"checked); PKCS#11 sign / that ceiling (CPU): {statistics.median(of_ceiling):.2f}"
         )
     if pipelined:
         raw = samples[(_RAW, "raw token sign")]
@@ -223,6 +225,7 @@ def _raw_token_ops(token: KeyBackend, message: bytes) -> dict[str, Callable[[], 
 
     key, mechanism, lock = token._key, token._p11.Mechanism.ECDSA, token._login.lock  # type: ignore[attr-defined]
     public = ec.EllipticCurvePublicKey.from_encoded_point(ec.SECP256R1(), _point(token))
+    algorithm = ec.ECDSA(Prehashed(hashes.SHA256()))  # made once: the ceiling has no per-signature set-up
 
     def raw() -> bytes:
         with lock:
@@ -233,7 +236,7 @@ def _raw_token_ops(token: KeyBackend, message: bytes) -> dict[str, Callable[[], 
         with lock:
             rs = key.sign(digest, mechanism=mechanism)
         signature = encode_dss_signature(int.from_bytes(rs[:32], "big"), int.from_bytes(rs[32:], "big"))
-        public.verify(signature, digest, ec.ECDSA(Prehashed(hashes.SHA256())))
+        public.verify(signature, digest, algorithm)
 
     return {"raw token sign": raw, "raw token sign + one OpenSSL verify": raw_and_verify}
 

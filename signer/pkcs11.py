@@ -38,7 +38,7 @@ from typing import Any
 from urllib.parse import unquote_to_bytes
 
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import Prehashed
 
@@ -342,7 +342,9 @@ class Pkcs11KeySource:
             public_key = ec.EllipticCurvePublicKey.from_encoded_point(scheme.curve(), point)
         except ValueError as e:
             raise KeyMaterialError(f"{where}: the token's public key is not a point on the curve") from e
-        return _Pkcs11Backend(scheme, public_key, login, key, p11, where)
+        return _Pkcs11Backend(
+            scheme, public_key, login, key, p11, where, ec.ECDSA(Prehashed(scheme.hash())), scheme.hash().name
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -409,6 +411,9 @@ class _Pkcs11Backend:
     _key: Any
     _p11: ModuleType
     _where: str
+    # Made once per key, not per signature: the check's verification parameters and the digest's name.
+    _check_algorithm: ec.ECDSA
+    _digest_name: str
 
     def __repr__(self) -> str:
         return f"<PKCS#11 key backend {self.algorithm} {self._where}>"
@@ -471,9 +476,7 @@ class _Pkcs11Backend:
         Raises:
             BackendUnavailableError, KeyMaterialError: As `sign` (not the check).
         """
-        hasher = hashes.Hash(self._scheme.hash())
-        hasher.update(message)
-        digest = hasher.finalize()
+        digest = hashlib.new(self._digest_name, message).digest()
         exceptions = self._p11.exceptions
         gone = (
             exceptions.DeviceRemoved,
@@ -512,8 +515,9 @@ class _Pkcs11Backend:
             KeyMaterialError: It does not (the private and public objects do not belong together).
         """
         try:
-            # The digest the token signed, checked as it is (one hash of the message per signature).
-            self._public.verify(signature, digest, ec.ECDSA(Prehashed(self._scheme.hash())))
+            # The digest the token signed, checked as it is (one hash of the message per signature), by the
+            # public key decoded once per key: one OpenSSL verification and no other work per signature.
+            self._public.verify(signature, digest, self._check_algorithm)
         except InvalidSignature:
             raise KeyMaterialError(
                 f"{self._where}: the token's signature does not verify under its public key object "

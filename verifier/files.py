@@ -22,7 +22,14 @@ from modelsec.errors import (
     PolicyViolationError,
 )
 from modelsec.limits import Limits
-from modelsec.modelformat.hashing import FileDigests, ProgressCallback, hash_files, is_safetensors_name
+from modelsec.modelformat.hashing import (
+    FileDigests,
+    PrehashedFile,
+    ProgressCallback,
+    check_identity,
+    hash_files,
+    is_safetensors_name,
+)
 from modelsec.modelformat.model_files import (
     CODE_SUFFIXES,
     PICKLE_SUFFIXES,
@@ -124,8 +131,14 @@ def verify_files(
     whole_model: bool,
     progress: ProgressCallback | None = None,
     root_fd: int | None = None,
+    prehashed: Mapping[str, PrehashedFile] | None = None,
 ) -> tuple[Mapping[str, FileDigests], int]:
     """Hash the files `names` of a signed model once and compare every digest with its manifests.
+
+    A file of `prehashed` is not read again when those digests cover every digest compared here
+    (`PrehashedFile.covers`: the file algorithms, the tensor algorithm, the same limits); its identity is
+    then checked first (`check_identity`), and a file whose identity changed is refused, not re-hashed.
+    Every other file is hashed here. The comparisons are the same either way.
 
     Args:
         signed: From `verify_signatures`; `names` from `check_file_set`.
@@ -136,12 +149,14 @@ def verify_files(
         progress: Byte-count callback.
         root_fd: The model directory's descriptor that the walk used (not closed here); default: the
             directory is opened by its path.
+        prehashed: Digests of files hashed as they were written, by name (`verify_model`).
 
     Returns:
         The computed digests by file, and how many per-tensor digests were checked.
 
     Raises:
-        DigestMismatchError, MalformedArtifactError, PolicyViolationError: As `check_digests`.
+        DigestMismatchError, MalformedArtifactError, PolicyViolationError: As `check_digests`; also a
+            prehashed file whose identity changed (`DigestMismatchError`, `compared` "file identity ...").
     """
     if root_fd is None:
         fd = signed.open_root()
@@ -154,18 +169,27 @@ def verify_files(
                 whole_model=whole_model,
                 progress=progress,
                 root_fd=fd,
+                prehashed=prehashed,
             )
         finally:
             os.close(fd)
+    model = str(signed.model_dir)
+    taken: dict[str, FileDigests] = {}
+    for name in names:
+        entry = (prehashed or {}).get(name)
+        if entry is not None and entry.covers(signed.file_hashes, tensor_hash, policy.limits):
+            check_identity(root_fd, name, entry.identity, model=model)
+            taken[name] = entry.digests
     computed = hash_files(
         root_fd,
-        names,
+        [n for n in names if n not in taken],
         algorithms=signed.file_hashes,
         tensor_hash=tensor_hash,
         limits=policy.limits,
         progress=progress,
-        model=str(signed.model_dir),
+        model=model,
     )
+    computed.update(taken)
     return computed, check_digests(signed, computed, policy, root_fd, whole_model=whole_model)
 
 

@@ -16,7 +16,10 @@ opened before step 4):
 4. Every file is hashed once (all needed digests in one pass, safetensors headers parsed strictly, every
    other file's bytes classified by `modelsec.modelformat.content`) and compared in constant time;
    per-tensor digests are compared when the manifest carries them. Then, under `refusePickle`, a file whose
-   hashed bytes are or may hold a pickle is refused whatever its name (`PickleContentError`).
+   hashed bytes are or may hold a pickle is refused whatever its name (`PickleContentError`). A file
+   given in `prehashed` (a pull that hashed it as it wrote it, `modelsec.modelformat.hashing.PrehashedFile`)
+   is not read again when its identity is unchanged and its digests cover all of these; the comparisons
+   and refusals are the same.
 5. Side files are interpreted only after their bytes matched: every `*.json` file at any depth is read
    again (bounded by `Limits.max_json_side_file_bytes`; a larger one is refused, never skipped), re-hashed
    and searched for code references (`auto_map` at any nesting depth, `custom_pipelines`): refused unless
@@ -35,7 +38,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -43,7 +46,7 @@ from typing import TYPE_CHECKING
 from modelsec.algorithms import SignatureAlgorithm
 from modelsec.attestations.predicates.oms import Manifest
 from modelsec.errors import MalformedArtifactError, PolicyViolationError
-from modelsec.modelformat.hashing import ProgressCallback
+from modelsec.modelformat.hashing import PrehashedFile, ProgressCallback
 from modelsec.modelformat.model_files import PICKLE_SUFFIXES, open_beneath, open_model_root
 from modelsec.policy import Policy, PolicySet
 from modelsec.verifier.admission import ModelAdmission, admit_opened
@@ -139,6 +142,7 @@ def verify_model(
     expected_digests: Collection[str] | None = None,
     ignore_paths: Sequence[str] = (),
     dir_fd: int | None = None,
+    prehashed: Mapping[str, PrehashedFile] | None = None,
 ) -> VerifiedModel:
     """Verify every file of a model directory (or one file of it) against its signed bundles.
 
@@ -171,6 +175,14 @@ def verify_model(
             `model_path.name` is looked up in it without following a link, and `model_path` otherwise only
             names the model in messages. A server passes the descriptor it resolved beneath its read root,
             so no later rename of the path can change what is verified. Not closed here.
+        prehashed: Only for a caller that wrote the model's files itself into a directory no other party
+            can write, hashing each one's bytes as it wrote them (`modelsec.distribution.push_pull`'s
+            pull, so that a download is not read twice): signed name -> `PrehashedFile`. A listed file is not
+            read again when those digests cover every digest compared (file algorithms, tensor algorithm,
+            the policy's limits) and its identity (device, inode, size, mtime, ctime) is unchanged since
+            its last write; a changed identity is refused. Every check of steps 1-5 runs as without it,
+            on those digests and headers; a file not listed, or not covered, is hashed here. The caller
+            vouches that the bytes it hashed are the bytes it wrote, in a file nobody else could write.
 
     The model directory is opened once; its default bundles, the walk and every file read go through that
     descriptor, so the directory whose bundles verified is the one walked and the one hashed, even if its
@@ -187,8 +199,8 @@ def verify_model(
         SignatureError: No bundle, a bundle no trusted key verifies, or a required algorithm did not sign.
         MalformedArtifactError: A bundle, statement, manifest or safetensors header is malformed.
         FileSetMismatchError: Files were added, removed or renamed.
-        DigestMismatchError: A file or tensor differs from the manifest, or the signed root digest is not one
-            of `expected_digests`.
+        DigestMismatchError: A file or tensor differs from the manifest, the signed root digest is not one
+            of `expected_digests`, or a `prehashed` file's identity changed since it was written.
         PolicyViolationError: Symlinks, special files, pickle formats, or remote code (by default); no
             policy of a `PolicySet` matches.
         ModelMovedError: The path named another directory than the one opened, or than the one the
@@ -216,6 +228,7 @@ def verify_model(
             progress=progress,
             expected_digests=expected_digests,
             ignore_paths=ignore_paths,
+            prehashed=prehashed,
         )
     finally:
         os.close(root_fd)
@@ -232,6 +245,7 @@ def _verify_open_model(
     progress: ProgressCallback | None,
     expected_digests: Collection[str] | None,
     ignore_paths: Sequence[str],
+    prehashed: Mapping[str, PrehashedFile] | None = None,
 ) -> VerifiedModel:
     model_path = model_dir / single if single is not None else model_dir
     policy = admission.policy
@@ -269,6 +283,7 @@ def _verify_open_model(
         whole_model=whole,
         progress=progress,
         root_fd=root_fd,
+        prehashed=prehashed,
     )
     return VerifiedModel(
         root_digest=signed.root_digest,

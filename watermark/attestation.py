@@ -352,6 +352,7 @@ def detection_hints(predicate: Mapping[str, Any], *, what: str) -> DetectionHint
         max_message_bits=recorded.max_message_bits,
         min_carriers_per_bit=recorded.min_carriers_per_bit,
         carrier_set=recorded.carrier_set,
+        message_code=recorded.message_code,
     )
     return DetectionHints(
         params=params,

@@ -8,6 +8,10 @@ Detection needs only the key and the suspect weights. Order of operations (an in
    reference.
 2. The carrier density is re-derived from the headers exactly as at embedding time; the carriers of every
    eligible tensor are gathered and reduced to per-block correlation sums (`scheme.block_statistics`).
+   Eligible F32/F64 tensors that sit on a quantisation grid carry the grid mark instead
+   (`modelsec.watermark.grid_mark`): each of their candidates enters the same sums as one block with
+   correlation +-1 (its keyed parity vote) and energy 1, a Rademacher chip under the null like any other,
+   so everything below applies to both marks at once.
 3. Per code bit: `z_b = c_b / sqrt(E_b)`, extracted bit `sign(c_b)` (0 -> tie, counted as an error).
 4. The presence statistic over the `n` pilot bits that have carriers (issue 30): Stouffer's
    `Z = sum_b m_b z_b / sqrt(n)` (`m_b` the key's ±1 pilot bits). Unlike a count of matching signs it keeps
@@ -17,21 +21,28 @@ Detection needs only the key and the suspect weights. Order of operations (an in
    under the null hypothesis: each extracted bit is the sign of a symmetric Rademacher sum, so +1 or -1
    with probability 1/2 each, ties only lowering `k`, independently across bits with disjoint carriers).
 5. Which bits decide presence: the pilot bits only, the message length unknown (every length
-   `8, 16, ..., max_message_bits` is tried and the smallest bound of step 6 kept), whether or not the
-   message is given, so that giving `message` never changes whether the mark is reported present. With the
-   length given (`message_length`, e.g. from an attestation) only that length is tried. Every hypothesis
-   tried (message lengths, densities, carrier sets) multiplies the false-positive bound (Bonferroni), so the
-   reported value stays an upper bound for the whole search.
+   `8, 16, ..., max_message_bits` is tried, under the parameters' message code; under the default `auto`
+   under crc32-conv7 and under `none`, which marks made before error correction and small models use; the
+   smallest bound of step 6 is kept), whether or not the message is given, so that giving `message` never
+   changes whether the mark is reported present. With the length given (`message_length`, e.g. from an
+   attestation, with its recorded code) only that length is tried (under both codes for `auto`). Every
+   hypothesis tried (message lengths, codes, densities, carrier sets) multiplies the false-positive bound
+   (Bonferroni), so the reported value stays an upper bound for the whole search.
 6. Present ("detected") iff the false-positive bound
    `2 * tests * min(rademacher_tail_bound(Z), P[Bin(n, 1/2) >= k])` <= `max_false_positive` (default 1e-9,
    the deployment gate of issue 4) and the confidence >= `min_confidence` (default 0: an optional extra
    requirement). Both statistics are kept because each sees evidence the other misses: `Z` a mark whose
    bits are all weakened but still lean the right way; the sign count a mark embedded with a tiny margin
    whose every bit still has the right sign. The factor 2 is the union bound over the two.
-7. With the message given, a second, separate verdict: `message_matched` iff the mark is present, the
-   message found has the given length, and every one of its bits is extracted as embedded (exact match; a
-   tie counts as an error). The message statistics (`message_matches`, `message_bit_error_rate`, compared
-   at the given message's length) are reported whatever the verdict. Nothing here is error-corrected.
+7. The message is read at the hypothesis found (`modelsec.watermark.message_code`): with `crc32-conv7`,
+   by soft-decision Viterbi decoding of the message part's `z_b`, and reported (`decoded_message`) only
+   when its CRC-32 holds (`message_decoded`; a false accept has probability 2**-32 per result), so a few
+   wrong code bits are corrected and a garbage read is reported as not decoded; with `none`, as the signs.
+8. With the message given, a second, separate verdict: `message_matched` iff the mark is present, the
+   message found has the given length, its check holds (crc32-conv7) and every one of its bits is decoded
+   as embedded (exact match). The message statistics (`message_matches` and `message_bit_error_rate` after
+   correction, `code_bit_error_rate` before it, at the given message's length) are reported whatever the
+   verdict.
 
 The null distribution of `Z` (a model without this key's mark, i.e. weights that do not depend on the key's
 chip stream). Each chip `s_i` is a bit of an AES-CTR keystream (a PRF, so modelled as i.i.d. fair ±1), and
@@ -54,13 +65,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from modelsec.errors import PolicyError
 from modelsec.limits import Limits
 from modelsec.watermark.io import TensorRef, TensorSource, open_source
+from modelsec.watermark.message_code import (
+    AUTO_MESSAGE_CODE,
+    DEFAULT_MESSAGE_CODE,
+    LEGACY_MESSAGE_CODE,
+    DecodedBits,
+)
 from modelsec.watermark.results import (
     DetectionResult,
     DetectionThresholds,
@@ -75,7 +92,7 @@ from modelsec.watermark.spread_spectrum import (
     block_statistics,
     carrier_plan,
     code_word,
-    decode_message_bits,
+    decode_message,
     density_log2_for,
     is_eligible,
     message_bits,
@@ -137,24 +154,45 @@ def eligible_tensors(source: TensorSource, params: WatermarkParams) -> list[Tens
 
 
 def extract_blocks(
-    source: TensorSource, key: WatermarkKey, params: WatermarkParams, density_log2: int
+    source: TensorSource,
+    key: WatermarkKey,
+    params: WatermarkParams,
+    density_log2: int,
+    *,
+    grid_kinds: Mapping[str, str] | None = None,
 ) -> ExtractedBlocks:
     """Gather and reduce every carrier block of `source` (one tensor in memory at a time).
+
+    Tensors on a quantisation grid contribute their grid-mark candidates instead of float carriers
+    (`grid_mark.find_grids`, `grid_mark.extract_grid`).
 
     Args:
         source: The suspect's tensors.
         key: The watermark key.
         params: Scheme parameters.
         density_log2: Carrier density exponent.
+        grid_kinds: `grid_mark.find_grids` of (at least) the eligible tensors, when already known (the
+            grid found in the weights; default: found here).
 
     Returns:
         The per-block sums.
     """
     import numpy as np
 
+    from modelsec.watermark.grid_mark import extract_grid, find_grids, grid_plans
+
     slots, cs, es = [], [], []
     carriers = tensors = 0
-    for ref in eligible_tensors(source, params):
+    refs = eligible_tensors(source, params)
+    # Tensors on a quantisation grid carry the grid mark instead (`modelsec.watermark.grid_mark`).
+    names = {r.name for r in refs}
+    if grid_kinds is None:
+        kinds = find_grids(source, refs)
+    else:
+        kinds = {n: k for n, k in grid_kinds.items() if n in names}
+    for ref in refs:
+        if ref.name in kinds:
+            continue
         plan = carrier_plan(key, ref.name, ref.shape, density_log2, params)
         if not plan.blocks.size:
             continue
@@ -166,6 +204,13 @@ def extract_blocks(
         slots.append(stats.slots)
         cs.append(stats.c)
         es.append(stats.e)
+    grid_plan_list = grid_plans(key, refs, kinds, params)
+    g_slots, g_c, g_e, g_count = extract_grid(source, grid_plan_list)
+    slots += g_slots
+    cs += g_c
+    es += g_e
+    carriers += g_count
+    tensors += len(grid_plan_list)
     if not slots:
         empty = np.zeros(0)
         return ExtractedBlocks(np.zeros(0, dtype=np.uint32), empty, empty, carriers, 0, density_log2)
@@ -223,14 +268,14 @@ def evaluate(
     message_length: int | None = None,
     tests_before: int = 0,
 ) -> tuple[DetectionResult, int]:
-    """Decide from per-block sums (steps 3 to 7 of the module docstring).
+    """Decide from per-block sums (steps 3 to 8 of the module docstring).
 
     Args:
         blocks: From `extract_blocks`.
         key: The watermark key.
         params: Scheme parameters.
         thresholds: Decision thresholds.
-        message: The expected message, if known: adds the message verdict (step 7) to the blind result.
+        message: The expected message, if known: adds the message verdict (step 8) to the blind result.
         message_length: Its length in bits, if known (ignored when `message` is given).
         tests_before: Hypotheses already tried (earlier densities), added to the Bonferroni factor.
 
@@ -245,24 +290,45 @@ def evaluate(
     lengths = (
         [message_length] if message_length is not None else list(range(8, params.max_message_bits + 1, 8))
     )
-    best: tuple[tuple[float, float], int, _Comparison] | None = None
-    for length in lengths:
-        c, e = blocks.per_bit(p + length)
+    best: tuple[tuple[float, float], int, str, _Comparison] | None = None
+    hypotheses = [(length, code) for code in _codes(params) for length in lengths]
+    for length, code in hypotheses:
+        c, e = blocks.per_bit(params.code_length(length, code))
         cmp = _compare(pilot_code, c[:p], e[:p])
         rank = (-_log10_single(cmp.z, cmp.bits, cmp.matches), cmp.z)
         if best is None or rank > best[0]:
-            best = (rank, length, cmp)
+            best = (rank, length, code, cmp)
     assert best is not None
-    _, length, pilot = best
-    tests = tests_before + len(lengths)
+    _, length, code, pilot = best
+    tests = tests_before + len(hypotheses)
     mode = "length" if message_length is not None else "blind"
-    c, e = blocks.per_bit(p + length)
-    everything = _compare(code_word(key, [0] * length, params), c, e)
-    decoded = decode_message_bits(key, everything.extracted, params)
+    read = _read_message(blocks, key, params, length, code)
+    decoded = read.message if read.valid is not False else None  # never a message that failed its check
     result = _result(mode, pilot, tests, thresholds, blocks, message_bits=length, decoded=decoded)
+    result = replace(result, message_code=code, message_decoded=read.valid)
     if mode == "blind" and not result.detected:
         result = _replace_message(result)
     return result, tests
+
+
+def _codes(params: WatermarkParams) -> list[str]:
+    """Message codes to try: the parameters' code; for `auto` (the default) both, crc32-conv7 first."""
+    if params.message_code == AUTO_MESSAGE_CODE:
+        return [DEFAULT_MESSAGE_CODE, LEGACY_MESSAGE_CODE]
+    return [params.message_code]
+
+
+def _read_message(
+    blocks: ExtractedBlocks, key: WatermarkKey, params: WatermarkParams, length: int, code: str
+) -> DecodedBits:
+    """Decode the message part at one (length, code) hypothesis from the per-bit `z_b`."""
+    import numpy as np
+
+    c, e = blocks.per_bit(params.code_length(length, code))
+    p = params.pilot_bits
+    with np.errstate(invalid="ignore", divide="ignore"):
+        z = np.where(e[p:] > 0, c[p:] / np.sqrt(e[p:]), 0.0)
+    return decode_message(key, z, length, code)
 
 
 def _with_message(
@@ -272,21 +338,28 @@ def _with_message(
     params: WatermarkParams,
     message: bytes,
 ) -> DetectionResult:
-    """Add the message verdict to a blind presence result (step 7 of the module docstring)."""
-    from dataclasses import replace
-
+    """Add the message verdict to a blind presence result (step 8 of the module docstring)."""
     bits = message_bits(message)
     p = params.pilot_bits
-    code = code_word(key, bits, params)
+    # The code the blind search found at this length; otherwise the parameters' (first) code.
+    code_name = present.message_code if present.message_bits == len(bits) else _codes(params)[0]
+    code = code_word(key, bits, params, code_name)
     c, e = blocks.per_bit(len(code))
-    msg = _compare(code[p:], c[p:], e[p:])
+    raw = _compare(code[p:], c[p:], e[p:])
+    read = _read_message(blocks, key, params, len(bits), code_name)
+    matches = sum(int(a == b) for a, b in zip(read.bits, bits, strict=True))
+    if read.valid is None:  # no code: the raw signs are the message
+        matches = raw.matches
     return replace(
         present,
         mode="message",
         message_bits=len(bits),
-        message_matches=msg.matches,
-        message_bit_error_rate=(len(bits) - msg.matches) / len(bits),
-        message_matched=_message_matched(present, len(bits), msg.matches),
+        message_matches=matches,
+        message_bit_error_rate=(len(bits) - matches) / len(bits),
+        code_bit_error_rate=(raw.bits - raw.matches) / raw.bits,
+        message_code=code_name,
+        message_decoded=read.valid,
+        message_matched=_message_matched(present, len(bits), matches) and read.valid is not False,
     )
 
 
@@ -298,9 +371,7 @@ def _message_matched(present: DetectionResult, given_bits: int, matches: int) ->
 
 def _replace_message(result: DetectionResult) -> DetectionResult:
     """Drop the guessed length and decoded bytes of a blind search that found nothing."""
-    from dataclasses import replace
-
-    return replace(result, message_bits=None, decoded_message=None)
+    return replace(result, message_bits=None, decoded_message=None, message_decoded=None)
 
 
 def _log10_single(z: float, bits: int, matches: int) -> float:
@@ -461,8 +532,14 @@ def detect(
             source = _Only(source, frozenset(tensors))
         tests = 0
         result: DetectionResult | None = None
+        from dataclasses import replace
+
+        from modelsec.watermark.grid_mark import find_grids
+
+        # The grid is a property of the weights: found once for every hypothesis (carrier set, density).
+        kinds = find_grids(source, eligible_tensors(source, replace(params, carrier_set="all")))
         for p, k in _hypotheses(source, params, blind_sets=blind_sets):
-            blocks = extract_blocks(source, key, p, k)
+            blocks = extract_blocks(source, key, p, k, grid_kinds=kinds)
             tried, tests = evaluate(
                 blocks,
                 key,
@@ -483,8 +560,6 @@ def detect(
         if tests != result.tests:
             result = _rescore(result, tests)
         if resync_report is not None:
-            from dataclasses import replace
-
             result = replace(result, resynchronised=True, resync=resync_report)
         return result
     finally:
@@ -500,8 +575,6 @@ def _hypotheses(
     The other carrier sets are tried only with default parameters (`embed_within_budget` may have chosen
     one); each hypothesis counts in the Bonferroni factor.
     """
-    from dataclasses import replace
-
     sets = [params.carrier_set]
     if blind_sets:
         sets += [c for c in CARRIER_SETS if c != params.carrier_set]
@@ -522,8 +595,6 @@ def _hypotheses(
 
 def _rescore(result: DetectionResult, tests: int) -> DetectionResult:
     """Apply the final Bonferroni factor `tests` to a result computed with a smaller one."""
-    from dataclasses import replace
-
     fpp, log10_fpp, _, binomial = _presence(result.z_score, result.bits, result.bit_matches, tests)
     detected = _is_detected(result.confidence, log10_fpp, result.thresholds)
     return replace(

@@ -13,6 +13,13 @@ Two passes over the shards (an invariant; see `embed_model`):
    one tensor plus the carriers' statistics, never a whole shard. Other files (config, tokenizer, index)
    are copied byte for byte; signature bundles (`model.sig` ...) are not, since they no longer match.
 
+Carrier tensors stored as F32/F64 that sit on a quantisation grid (dequantised GGUF) take no float mark:
+they carry the grid mark (`modelsec.watermark.grid_mark`), planned in pass 1 (which candidates move) and
+written in pass 2 by whole grid steps, so that re-quantisation to their grid leaves them unchanged. The
+float mark then covers the other tensors only; where they are too few to carry the code alone, the grid
+mark carries it and each bit's float carriers are still marked when its margin is within reach (unmarked,
+their host correlation would add noise to the grid's votes).
+
 The output appears atomically: files are written to a fresh sibling directory that is renamed to
 `out_dir` at the end. A shard that changes between the two passes is refused.
 """
@@ -23,7 +30,7 @@ import math
 import os
 import shutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +38,22 @@ from modelsec.errors import MalformedArtifactError, PolicyError
 from modelsec.limits import Limits
 from modelsec.modelformat.openat2 import open_beneath_fd
 from modelsec.watermark.detection import DetectionResult, DetectionThresholds, ExtractedBlocks, evaluate
+from modelsec.watermark.grid import GGUF_BLOCK
+from modelsec.watermark.grid_mark import (
+    ELEMENTS_PER_BIT,
+    GRID_SCHEME,
+    MIN_READABLE_PER_BIT,
+    GridPlan,
+    choose_moves,
+    cost_of,
+    find_grids,
+    grid_entries,
+    grid_plans,
+    move,
+    read_candidates,
+)
 from modelsec.watermark.io import RAW_DTYPES, DirectorySource, ShardFile, TensorRef, decode, encode
+from modelsec.watermark.message_code import AUTO_MESSAGE_CODE, DEFAULT_MESSAGE_CODE, LEGACY_MESSAGE_CODE
 from modelsec.watermark.output import (
     COPY_CHUNK,
     check_out_dir,
@@ -60,7 +82,7 @@ if TYPE_CHECKING:
 
     from modelsec.watermark.fidelity import FidelityReport
 
-__all__ = ["EmbedResult", "GriddedTensor", "TensorReport", "embed_fixed", "embed_model"]
+__all__ = ["EmbedResult", "GridMarkRecord", "GriddedTensor", "TensorReport", "embed_fixed", "embed_model"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,9 +108,11 @@ class TensorReport:
 class GriddedTensor:
     """A carrier tensor found on a quantisation grid (`modelsec.watermark.grid`), e.g. dequantised GGUF.
 
-    The mark moves its carriers by a fraction of their magnitude, mostly below one step of the grid, so
-    re-quantising the marked tensor to this grid snaps most of it back (large weights and moved block
-    extremes keep some); `EmbedResult.requantised` says whether the whole mark survives that round trip.
+    An F32/F64 one carries the grid mark (`modelsec.watermark.grid_mark`: keyed elements moved by whole
+    steps), which re-quantisation to this grid leaves unchanged. An F16/BF16 one carries the float mark,
+    which moves its carriers by a fraction of their magnitude, mostly below one step of the grid, so
+    re-quantising it snaps most of that back. `EmbedResult.requantised` says whether the whole mark
+    survives the round trip.
 
     Attributes:
         name: Tensor name.
@@ -102,6 +126,29 @@ class GriddedTensor:
 
 
 @dataclass(frozen=True, slots=True)
+class GridMarkRecord:
+    """The grid mark of an embedding (`modelsec.watermark.grid_mark`): what detection re-derives, recorded.
+
+    Attributes:
+        elements: Candidates over all grid tensors (`grid_mark.grid_elements(params)` unless a tensor has
+            fewer blocks than its share).
+        tensors: The grid tensors, each with its kind and candidate count (`carriers`).
+    """
+
+    elements: int
+    tensors: tuple[GriddedTensor, ...]
+
+    def to_json(self) -> dict[str, object]:
+        """The record as in the attestation's `carriers.grid`."""
+        return {
+            "scheme": GRID_SCHEME,
+            "elements": self.elements,
+            "elementsPerBit": ELEMENTS_PER_BIT,
+            "tensors": [{"name": t.name, "kind": t.kind, "elements": t.carriers} for t in self.tensors],
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class EmbedResult:
     """What `embed_model` did.
 
@@ -110,7 +157,8 @@ class EmbedResult:
         params: Scheme parameters.
         density_log2: Carrier density exponent used (one carrier block per `2**k`).
         message_bits: Message length `L` in bits.
-        code_bits: `pilot_bits + L`.
+        code_bits: `pilot_bits` plus the message's code word under `params.message_code` (`L` for `none`,
+            `2 * (L + 38)` for crc32-conv7).
         carriers: Carrier elements.
         tensors: The carrier tensors.
         max_relative_change: Largest |w' - w| / |w| over all weights (after the cast; fraction).
@@ -131,6 +179,8 @@ class EmbedResult:
         requantised: Detection (message known, same thresholds) on the written weights with every gridded
             tensor re-quantised to its grid (`modelsec.watermark.grid.requantise`), i.e. what `detect`
             finds after the model is re-released on its own grid; None when no tensor is gridded.
+        grid_mark: The grid mark's candidates and tensors (F32/F64 tensors on a grid), None when there is
+            none; recorded in the attestation as `carriers.grid`.
     """
 
     out_dir: Path
@@ -154,6 +204,7 @@ class EmbedResult:
     fidelity: FidelityReport | None = None
     gridded: tuple[GriddedTensor, ...] = ()
     requantised: DetectionResult | None = None
+    grid_mark: GridMarkRecord | None = None
 
     @property
     def gridded_carriers(self) -> int:
@@ -184,17 +235,32 @@ class EmbedResult:
         )
         if self.survives_requantisation:
             return f"{where}: the mark survives re-quantisation to that grid ({figures})"
+        marked_by_steps = {t.name for t in self.grid_mark.tensors} if self.grid_mark is not None else set()
+        floats = sorted(g.name for g in self.gridded if g.name not in marked_by_steps)
+        why = (
+            f"{len(floats)} of them (e.g. {floats[0]}) are stored as F16/BF16 and carry the float mark, "
+            "which re-quantisation snaps back (the grid mark, whole steps, needs F32/F64 storage); a "
+            "stronger mark (larger --kappa) moves more of their weights by whole steps and may survive: "
+            "this check reports it"
+            if floats
+            else "the grid mark's candidates do not carry every bit"
+        )
         return (
             f"{where}: the mark does NOT survive re-quantisation to that grid: re-quantised, it is not "
-            f"detected with its message ({figures}); a stronger mark (larger --kappa) moves more weights by "
-            "whole steps and may survive: this check reports it"
+            f"detected with its message ({figures}); {why}"
         )
 
 
 def capacity_bits(carriers: int, params: WatermarkParams) -> int:
-    """Longest message (bits, a multiple of 8) that gives every code bit `min_carriers_per_bit` carriers."""
-    bits = carriers // params.min_carriers_per_bit - params.pilot_bits
-    return max(0, min(params.max_message_bits, bits - bits % 8))
+    """Longest message (bits, a multiple of 8) that gives every code bit `min_carriers_per_bit` carriers.
+
+    The code bits are the pilot plus the message's code word under `params.message_code`
+    (`modelsec.watermark.message_code.message_capacity`).
+    """
+    from modelsec.watermark.message_code import message_capacity
+
+    code_bits = carriers // params.min_carriers_per_bit - params.pilot_bits
+    return min(params.max_message_bits, message_capacity(code_bits, params.message_code))
 
 
 def embed_model(
@@ -287,11 +353,17 @@ def embed_fixed(
 ) -> EmbedResult:
     """Write a watermarked copy of a safetensors model directory at a fixed strength (nothing measured).
 
-    Guarantees: every code bit reaches `m_b z_b >= kappa` before the cast back to the stored dtype (the
-    result's `detection.min_margin` reports it after the cast); no weight changes by more than
-    `params.max_relative_change` of its magnitude and no sign flips; dtypes, shapes, tensor names, header
-    metadata and all non-carrier bytes are unchanged. Not guaranteed: anything about the model's accuracy
-    (measure fidelity on your own data; see the tests for MiniLM and a classifier).
+    Guarantees: every code bit reaches `m_b z_b >= kappa` over the float carriers before the cast back to the
+    stored dtype (with tensors on a grid and too few float carriers for the code: every bit whose margin is
+    within `max_relative_change`; the result's `detection.min_margin` reports it after the cast, over float
+    and grid carriers together); no float-marked weight changes by more than `params.max_relative_change` of
+    its magnitude and none flips its sign; dtypes, shapes, tensor names, header metadata and all non-carrier
+    bytes are unchanged. F32/F64 tensors on a quantisation grid instead carry the grid mark
+    (`modelsec.watermark.grid_mark`): at most `grid_mark.grid_elements(params)` elements move, each by one
+    step of its block to a level that does not set the block's scale (the change is one grid step, not a
+    fraction of the weight, and may cross zero), and each such tensor stays on its grid, a fixed point of
+    re-quantisation to it (`result.requantised` checks that on the written weights). Not guaranteed: anything
+    about the model's accuracy (measure fidelity on your own data; see the tests for MiniLM and a classifier).
 
     Args:
         model_dir: The unmarked model (safetensors shards plus side files).
@@ -299,7 +371,10 @@ def embed_fixed(
             `model_dir` or inside it.
         key: The watermark key (never written anywhere).
         message: 1 to `max_message_bits / 8` bytes.
-        params: Scheme parameters (defaults: `WatermarkParams()`).
+        params: Scheme parameters (defaults: `WatermarkParams()`). With `message_code` `auto` (the
+            default) the message is error-corrected (crc32-conv7) unless the model cannot carry that longer
+            code word (capacity or `max_relative_change`), in which case it is embedded uncoded (`none`);
+            the result's `params.message_code` says which (pass 1 then runs twice).
         thresholds: Thresholds for the embed-time detection (default `DetectionThresholds()`: bound <= 1e-9).
         limits: Parser limits.
         grades: Per-tensor strength grades (tensor name -> factor in [0, 1], absent: 1): the carriers of a
@@ -311,8 +386,10 @@ def embed_fixed(
         What was embedded, the change statistics and the detection at embed time.
 
     Raises:
-        PolicyError: Empty or too long a message, a message beyond the model's capacity, no eligible tensor,
-            or an unusable `out_dir` (exists and not empty, inside `model_dir`, not writable).
+        PolicyError: Empty or too long a message, a message beyond the model's capacity (for a model whose
+            carriers all sit on a grid: a code bit with fewer than `grid_mark.MIN_READABLE_PER_BIT`
+            candidates that have an element between their block's extremes), no eligible tensor, or an
+            unusable `out_dir` (exists and not empty, inside `model_dir`, not writable).
         MalformedArtifactError: No safetensors file, a malformed header, or a shard changed between passes.
         PolicyViolationError: A symlink or special file in `model_dir`.
 
@@ -334,8 +411,9 @@ def embed_fixed(
         )
     check_out_dir(Path(model_dir), Path(out_dir))
     bits = message_bits(message)
-    code = code_word(key, bits, params)
-    n_code = len(code)
+    codes = [params.message_code]
+    if params.message_code == AUTO_MESSAGE_CODE:  # the code where the model carries it, else none
+        codes = [DEFAULT_MESSAGE_CODE, LEGACY_MESSAGE_CODE]
 
     with DirectorySource(Path(model_dir), limits=limits) as source:
         eligible = [r for r in source.tensors() if is_eligible(r.dtype, r.shape, params, r.name)]
@@ -345,36 +423,27 @@ def embed_fixed(
                 f"and {params.min_tensor_elements} elements): message too long for capacity 0"
             )
         k = density_log2_for(sum(r.numel for r in eligible), params)
-        carriers = sum(carrier_count(r.shape, k, params) for r in eligible)
-        if carriers < n_code * params.min_carriers_per_bit:
-            raise PolicyError(
-                f"message too long for capacity: {len(bits)} bits need "
-                f"{n_code * params.min_carriers_per_bit} carriers ({params.min_carriers_per_bit} per code "
-                f"bit incl. {params.pilot_bits} pilot bits), "
-                f"the model has {carriers}; this model's capacity is {capacity_bits(carriers, params)} bits"
-            )
-
-        # Pass 1: measure the host (in a function, so its working set is freed before pass 2).
-        c0, e0, a0, q0, g2, host = _measure(source, eligible, key, k, params, n_code, grades or {})
-        target = params.kappa * (1.0 + params.margin_slack)
-        strength = solve_strength(code, c0, e0, a0, q0, target, g2)
-        worst = int(np.argmax(strength))
-        top_grade = max((h.grade for h in host.values()), default=1.0)
-        if (
-            not math.isfinite(float(strength[worst]))
-            or strength[worst] * top_grade > params.max_relative_change
-        ):
-            need = (
-                "unreachable"
-                if not math.isfinite(float(strength[worst]))
-                else f"{strength[worst] * top_grade:.1%}"
-            )
-            raise PolicyError(
-                f"message too long for capacity: code bit {worst} needs a relative change of {need} "
-                f"> max_relative_change {params.max_relative_change:.1%} ({len(bits)} message bits over "
-                f"{carriers} carriers); shorten the message (capacity "
-                f"{capacity_bits(carriers, params)} bits) or lower kappa"
-            )
+        # Tensors on a quantisation grid carry the grid mark (whole steps), the others the float mark.
+        kinds = find_grids(source, eligible)
+        float_refs = [r for r in eligible if r.name not in kinds]
+        float_carriers = sum(carrier_count(r.shape, k, params) for r in float_refs)
+        for attempt, code_name in enumerate(codes, start=1):
+            try:
+                params_used = replace(params, message_code=code_name)
+                code = code_word(key, bits, params_used)
+                n_code = len(code)
+                plans = grid_plans(key, eligible, kinds, params_used)
+                grid_count = sum(int(p.blocks.size) for p in plans)
+                carriers = float_carriers + grid_count
+                # Pass 1: measure the host (in a function, so its working set is freed before pass 2).
+                host, strength, grid_work = _strengths(
+                    source, float_refs, plans, key, k, params_used, code, float_carriers, grades
+                )
+                break
+            except PolicyError:
+                if attempt == len(codes):
+                    raise
+        params = params_used
         signed_strength = strength * np.asarray(code, dtype=np.float64)
 
         # Pass 2: write.
@@ -386,6 +455,8 @@ def embed_fixed(
             host,
             signed_strength,
             n_code,
+            grid=grid_work,
+            density_log2=k,
         )
         writer.run()
 
@@ -429,7 +500,117 @@ def embed_fixed(
         bytes_processed=writer.bytes_processed,
         gridded=tuple(writer.gridded),
         requantised=requantised,
+        grid_mark=GridMarkRecord(grid_count, tuple(g for g in writer.gridded if g.name in grid_work))
+        if grid_work
+        else None,
     )
+
+
+def _strengths(
+    source: DirectorySource,
+    float_refs: Sequence[TensorRef],
+    plans: Sequence[GridPlan],
+    key: WatermarkKey,
+    k: int,
+    params: WatermarkParams,
+    code: Sequence[int],
+    float_carriers: int,
+    grades: Mapping[str, float] | None,
+) -> tuple[dict[str, _Host], npt.NDArray[np.float64], dict[str, tuple[GridPlan, Any]]]:
+    """Pass 1, the float strengths `t_b` and the grid moves for one code word, or PolicyError.
+
+    Raises:
+        PolicyError: The model cannot carry the code word: fewer than `min_carriers_per_bit` float carriers
+            per code bit and no grid tensors, too few readable grid candidates for a bit where the float
+            carriers cannot carry the code alone, a strength beyond `max_relative_change`, or a grade
+            outside [0, 1].
+    """
+    import numpy as np
+
+    n_code = len(code)
+    n_message = n_code - params.pilot_bits
+    carriers = float_carriers + sum(int(p.blocks.size) for p in plans)
+    float_mark = float_carriers >= n_code * params.min_carriers_per_bit
+    if not float_mark and not plans:
+        raise PolicyError(
+            f"message too long for capacity: {n_message} code bits ({params.message_code}) need "
+            f"{n_code * params.min_carriers_per_bit} carriers ({params.min_carriers_per_bit} per code "
+            f"bit incl. {params.pilot_bits} pilot bits), "
+            f"the model has {carriers}; this model's capacity is {capacity_bits(carriers, params)} bits"
+        )
+    c0, e0, a0, q0, g2, host = _measure(source, float_refs, key, k, params, n_code, grades or {})
+    grid_work, per_bit = _grid_moves(source, plans, code, grades or {})
+    if not float_mark and int(per_bit.min()) < MIN_READABLE_PER_BIT:
+        raise PolicyError(
+            f"message too long for capacity: the grid mark's code bit {int(per_bit.argmin())} has "
+            f"{int(per_bit.min())} readable candidates (blocks with an element between the grid's extremes), "
+            f"it needs {MIN_READABLE_PER_BIT}; {len(plans)} tensors sit on a quantisation grid, and the "
+            f"others have {float_carriers} float carriers, under the {n_code * params.min_carriers_per_bit} "
+            f"the float mark needs for {n_message} code bits ({params.message_code}); shorten the message"
+        )
+    target = params.kappa * (1.0 + params.margin_slack)
+    strength = solve_strength(code, c0, e0, a0, q0, target, g2)
+    top_grade = max((h.grade for h in host.values()), default=1.0)
+    if not float_mark:
+        # Too few float carriers to carry the code alone: the grid mark carries it, and the float
+        # carriers are marked where they can be, so that they add to each bit's sum rather than noise.
+        reachable = np.isfinite(strength) & (strength * top_grade <= params.max_relative_change)
+        strength = np.where(reachable, strength, 0.0)
+    worst = int(np.argmax(strength))
+    if not math.isfinite(float(strength[worst])) or strength[worst] * top_grade > params.max_relative_change:
+        reachable_worst = math.isfinite(float(strength[worst]))
+        need = f"{strength[worst] * top_grade:.1%}" if reachable_worst else "unreachable"
+        raise PolicyError(
+            f"message too long for capacity: code bit {worst} needs a relative change of {need} "
+            f"> max_relative_change {params.max_relative_change:.1%} ({n_message} message code bits "
+            f"({params.message_code}) over {carriers} carriers); shorten the message (capacity "
+            f"{capacity_bits(carriers, params)} bits) or lower kappa"
+        )
+    return host, strength, grid_work
+
+
+def _grid_moves(
+    source: DirectorySource,
+    plans: Sequence[GridPlan],
+    code: Sequence[int],
+    grades: Mapping[str, float],
+) -> tuple[dict[str, tuple[GridPlan, Any]], Any]:
+    """Pass 1 of the grid mark: which candidates of each grid tensor move (`grid_mark.choose_moves`).
+
+    Returns:
+        Tensor name -> (plan, bool mask of the candidates to move), and the readable candidates per code bit.
+    """
+    import numpy as np
+
+    if not plans:
+        return {}, np.zeros(len(code), dtype=np.int64)
+    m = np.asarray(code, dtype=np.int64)
+    bits, agree, readable, cost = [], [], [], []
+    for plan in plans:
+        blocks = source.read_blocks(plan.ref, plan.blocks, GGUF_BLOCK)
+        read = read_candidates(blocks, plan)
+        grade = _grade(grades, plan.ref.name)
+        rms = math.sqrt(float(np.mean(np.square(blocks, dtype=np.float64))))
+        b = (plan.slots % np.uint32(len(code))).astype(np.intp)
+        bits.append(b)
+        agree.append(read.votes == m[b])
+        readable.append(read.positions >= 0)
+        cost.append(cost_of(read, rms, grade))
+    all_bits, all_readable = np.concatenate(bits), np.concatenate(readable)
+    chosen = choose_moves(all_bits, np.concatenate(agree), all_readable, np.concatenate(cost), len(code))
+    out: dict[str, tuple[GridPlan, Any]] = {}
+    at = 0
+    for plan in plans:
+        out[plan.ref.name] = (plan, chosen[at : at + plan.blocks.size])
+        at += plan.blocks.size
+    return out, np.bincount(all_bits[all_readable], minlength=len(code))
+
+
+def _grade(grades: Mapping[str, float], name: str) -> float:
+    grade = float(grades.get(name, 1.0))
+    if not (math.isfinite(grade) and 0.0 <= grade <= 1.0):
+        raise PolicyError(f"{name}: strength grade must be in [0, 1], got {grade}")
+    return grade
 
 
 def _measure(
@@ -458,9 +639,7 @@ def _measure(
         stats = block_statistics(source.read_blocks(ref, plan.blocks, params.block_size), plan, full=True)
         if stats is None or stats.a is None or stats.q is None:
             continue
-        grade = float(grades.get(ref.name, 1.0))
-        if not (math.isfinite(grade) and 0.0 <= grade <= 1.0):
-            raise PolicyError(f"{ref.name}: strength grade must be in [0, 1], got {grade}")
+        grade = _grade(grades, ref.name)
         host[ref.name] = _Host(energy=stats.e * (stats.rms * stats.rms), finite=stats.finite, grade=grade)
         bit = (stats.slots % np.uint32(n_code)).astype(np.intp)
         c0 += np.bincount(bit, weights=stats.c, minlength=n_code)
@@ -492,8 +671,13 @@ class _Writer:
         host: dict[str, _Host],
         signed_strength: npt.NDArray[np.float64],
         n_code: int,
+        *,
+        grid: Mapping[str, tuple[GridPlan, Any]] | None = None,
+        density_log2: int = 0,
     ) -> None:
         self.source = source
+        self.grid = dict(grid or {})
+        self.density_log2 = density_log2
         self.out_dir = out_dir
         self.params = params
         self.plan_for = plan_for
@@ -576,7 +760,8 @@ class _Writer:
             if shard.header.data_start + info.begin != pos:
                 raise self._changed(shard)  # the strict parser admits no gap: the header was replaced
             host = self.host.get(info.name)
-            if host is None:
+            work = self.grid.get(info.name)
+            if host is None and work is None:
                 for left in range(info.nbytes, 0, -COPY_CHUNK):
                     chunk = f.read(min(left, COPY_CHUNK))
                     if len(chunk) != min(left, COPY_CHUNK):
@@ -584,9 +769,11 @@ class _Writer:
                     yield chunk
             else:
                 data = self._read_exact(f, info.nbytes, shard)
-                outcomes[info.name] = self._mark_tensor(
-                    data, TensorRef(info.name, info.dtype, info.shape), host
-                )
+                ref = TensorRef(info.name, info.dtype, info.shape)
+                outcomes[info.name] = (
+                    self._mark_grid(data, ref, *work) if host is None and work is not None
+                    else self._mark_tensor(data, ref, host)  # type: ignore[arg-type]
+                )  # fmt: skip
                 yield data
                 del data  # release this tensor before the next one is read
             pos += info.nbytes
@@ -660,6 +847,44 @@ class _Writer:
                 zeros = np.zeros(len(stats.c))
                 outcome.requantised = (zeros, zeros) if rq is None else (rq.c, rq.e)
         return outcome
+
+    def _mark_grid(
+        self, data: npt.NDArray[np.uint8], ref: TensorRef, plan: GridPlan, chosen: Any
+    ) -> _Outcome:
+        """Move the chosen grid candidates of one tensor in `data` (its raw F32/F64 bytes) by whole steps."""
+        import numpy as np
+
+        from modelsec.watermark.grid import requantise
+
+        flat = data.view(RAW_DTYPES[ref.dtype])
+        rows = flat[: (ref.numel // GGUF_BLOCK) * GGUF_BLOCK].reshape(-1, GGUF_BLOCK)
+        wide = flat.astype(np.float64)
+        weight_sq = float(wide @ wide)
+        del wide
+        before = read_candidates(np.take(rows, plan.blocks, axis=0), plan)
+        where = plan.blocks * GGUF_BLOCK + before.positions
+        moved = where[chosen]
+        old = flat[moved].astype(np.float64)
+        move(flat, plan, before, chosen)
+        delta = flat[moved].astype(np.float64) - old
+        ok = old != 0
+        rel = np.abs(delta[ok]) / np.abs(old[ok])
+        after = read_candidates(np.take(rows, plan.blocks, axis=0), plan)
+        snapped = requantise(flat, plan.kind).reshape(-1, GGUF_BLOCK)
+        rq = read_candidates(np.take(snapped, plan.blocks, axis=0), plan)
+        n = int(plan.blocks.size)
+        return _Outcome(
+            report=TensorReport(ref.name, ref.dtype, ref.shape, n, float(rel.max()) if rel.size else 0.0),
+            # The relative L2 change divides by the carriers' energy times 2**k (a stratified sample of the
+            # float carriers); a grid tensor's whole energy is scaled to match.
+            weight_sq=weight_sq / 2**self.density_log2,
+            delta_sq=float(delta @ delta),
+            sum_rel=float(rel.sum()),
+            count_rel=int((before.positions >= 0).sum()),  # the mean is over candidates, moved or not
+            blocks=grid_entries(plan, after),
+            requantised=grid_entries(plan, rq)[1:],
+            gridded=GriddedTensor(ref.name, plan.kind, n),
+        )
 
     def _apply(self, o: _Outcome) -> None:
         self.weight_sq += o.weight_sq

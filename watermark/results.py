@@ -131,10 +131,11 @@ class DetectionResult:
         message_bits: Message length in bits (given or found), or None when nothing was found.
         message_matches: Bits of the given message extracted correctly at its length (only when the
             message was given).
-        message_bit_error_rate: Bit error rate of the given message alone (only when it was given).
+        message_bit_error_rate: Bit error rate of the given message alone, after error correction (only
+            when it was given).
         decoded_message: The extracted message bytes, at the length found (None when the length is unknown
-            and nothing was detected; in `message` mode, the blind search's message, so it may differ from
-            the given one in length).
+            and nothing was detected, or when the message code's check failed: `message_decoded` False; in
+            `message` mode, the blind search's message, so it may differ from the given one in length).
         min_margin: Smallest `m_b z_b` over the compared bits (negative: a bit error); units of standard
             deviations of the host correlation.
         median_margin: Median `m_b z_b`.
@@ -152,6 +153,13 @@ class DetectionResult:
             null distribution's large-carrier limit, for calibration checks; not the decision.
         binomial_false_positive_probability: The sign count's exact `P[Bin(n, 1/2) >= bit_matches]` times
             `tests` (the pre-issue-30 figure, for comparison).
+        message_code: The message code of the hypothesis reported (`modelsec.watermark.message_code`:
+            `crc32-conv7`, or `none` for marks made before error correction).
+        message_decoded: Whether the message decoded with its check holding (crc32-conv7: the CRC-32, false
+            accept 2**-32 per result); False: the message could not be decoded and `decoded_message` is
+            None; None: nothing checked (`none` code, or nothing found).
+        code_bit_error_rate: Only in `message` mode: the raw error rate of the message's code bits before
+            correction (what the channel did; `message_bit_error_rate` is what is left after decoding).
     """
 
     detected: bool
@@ -181,6 +189,9 @@ class DetectionResult:
     z_score: float = 0.0
     null_p_value: float = 1.0
     binomial_false_positive_probability: float = 1.0
+    message_code: str = "none"
+    message_decoded: bool | None = None
+    code_bit_error_rate: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready summary (the decoded message as hex)."""
@@ -200,6 +211,9 @@ class DetectionResult:
             "messageMatches": self.message_matches,
             "messageBitErrorRate": self.message_bit_error_rate,
             "messageMatched": self.message_matched,
+            "messageCode": self.message_code,
+            "messageDecoded": self.message_decoded,
+            "codeBitErrorRate": self.code_bit_error_rate,
             "decodedMessageHex": None if self.decoded_message is None else self.decoded_message.hex(),
             "minMargin": _finite(self.min_margin),
             "medianMargin": _finite(self.median_margin),

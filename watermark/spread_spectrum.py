@@ -23,10 +23,13 @@ Scheme `modelsec-ss-mult/v1` (post hoc: no retraining, no training data):
   model carries about `2**target_carriers_log2` to twice that many carriers whatever its size (all
   weights of small models); it is recorded in the attestation and re-derived from the headers at
   detection time.
-* **Code word.** `pilot_bits` key-derived pilot bits followed by the `L = 8 * len(message)` message bits,
-  XOR-ed with a key-derived whitening pad (so any message gives a balanced ±1 code word). A carrier block
-  with slot `u` carries code bit `u mod (pilot_bits + L)`. Because the pilot does not depend on the
-  message, detection needs only the key (the message length is searched, with a Bonferroni correction).
+* **Code word.** `pilot_bits` key-derived pilot bits followed by the code bits of the `L = 8 * len(message)`
+  message bits under `message_code` (`modelsec.watermark.message_code`: `crc32-conv7`, a CRC-32 and a
+  rate-1/2 convolutional code of `2 * (L + 38)` bits, by default; `none`, the `L` bits themselves, for
+  marks made before issue 30's error correction), XOR-ed with a key-derived whitening pad (so any message
+  gives a balanced ±1 code word). A carrier block with slot `u` carries code bit `u mod n`, `n` the code
+  word's length. Because the pilot does not depend on the message, detection needs only the key (the
+  message length and code are searched, with a Bonferroni correction).
 * **Statistic.** For each tensor, `x = w / rms` where `rms` is the root mean square of its carrier
   elements (this makes detection invariant to rescaling a whole tensor). Bit `b` has correlation
   `c_b = sum(s_i x_i)` and energy `E_b = sum(x_i**2)` over its carriers; `z_b = c_b / sqrt(E_b)` is
@@ -41,7 +44,7 @@ Scheme `modelsec-ss-mult/v1` (post hoc: no retraining, no training data):
   moves `z_b` by a standard normal times `a`, whatever the number of carriers.
 
 Shapes and units: weights are handled as float32 (float64 for F64 tensors); per-bit arrays have length
-`pilot_bits + L`; relative changes are fractions of |w| (0.05 = 5 %).
+`n = pilot_bits + coded_length(L, message_code)`; relative changes are fractions of |w| (0.05 = 5 %).
 """
 
 from __future__ import annotations
@@ -62,17 +65,31 @@ from modelsec.signer.watermark_keys import (
     parse_key,
     parse_message,
 )
+from modelsec.watermark.message_code import (
+    AUTO_MESSAGE_CODE,
+    DEFAULT_MESSAGE_CODE,
+    LEGACY_MESSAGE_CODE,
+    MESSAGE_CODES,
+    DecodedBits,
+    coded_length,
+    decode,
+    encode,
+)
 
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
 __all__ = [
+    "AUTO_MESSAGE_CODE",
     "CARRIER_SETS",
+    "DEFAULT_MESSAGE_CODE",
     "FLOAT_DTYPES",
     "KEY_FILE_MAX_BYTES",
     "KEY_MAX_BYTES",
     "KEY_MIN_BYTES",
+    "LEGACY_MESSAGE_CODE",
+    "MESSAGE_CODES",
     "SCHEME",
     "BitStatistics",
     "CarrierPlan",
@@ -81,6 +98,8 @@ __all__ = [
     "carrier_count",
     "carrier_plan",
     "code_word",
+    "decode_message",
+    "decode_message_bits",
     "density_log2_for",
     "generate_key_file_text",
     "is_eligible",
@@ -124,6 +143,10 @@ class WatermarkParams:
         margin_slack: Embedding aims at `kappa * (1 + margin_slack)` so that the per-tensor RMS change and
             the dtype cast cannot pull a bit below `kappa`.
         carrier_set: Which eligible tensors carry bits (`CARRIER_SETS`).
+        message_code: Error correction of the message (`modelsec.watermark.message_code`): `crc32-conv7`,
+            `none` (what every mark made before it used; an attestation without `messageCode`), or `auto`
+            (default): embedding uses crc32-conv7 where the model can carry it and `none` otherwise
+            (`EmbedResult.params` holds the one used), detection tries both.
     """
 
     kappa: float = 3.0
@@ -137,6 +160,7 @@ class WatermarkParams:
     min_carriers_per_bit: int = 1024
     margin_slack: float = 0.02
     carrier_set: str = "all"
+    message_code: str = AUTO_MESSAGE_CODE
 
     def __post_init__(self) -> None:
         problems = []
@@ -162,6 +186,8 @@ class WatermarkParams:
             problems.append("margin_slack must be in [0, 1)")
         if self.carrier_set not in CARRIER_SETS:
             problems.append(f"carrier_set must be one of {', '.join(CARRIER_SETS)}")
+        if self.message_code not in (*MESSAGE_CODES, AUTO_MESSAGE_CODE):
+            problems.append(f"message_code must be one of {', '.join((*MESSAGE_CODES, AUTO_MESSAGE_CODE))}")
         if problems:
             raise PolicyError("invalid watermark parameters: " + "; ".join(problems))
 
@@ -177,7 +203,12 @@ class WatermarkParams:
             "maxMessageBits": self.max_message_bits,
             "minCarriersPerBit": self.min_carriers_per_bit,
             "carrierSet": self.carrier_set,
+            "messageCode": self.message_code,
         }
+
+    def code_length(self, message_bits: int, message_code: str | None = None) -> int:
+        """`n`: pilot bits plus the code bits of an `message_bits`-bit message (default code: this one's)."""
+        return self.pilot_bits + coded_length(message_bits, message_code or self.message_code)
 
 
 # --- messages (parse_message: modelsec.signer.watermark_keys) -----------------------------------------------
@@ -193,26 +224,35 @@ def _stream_bits(key: WatermarkKey, label: bytes, n: int) -> list[int]:
     return message_bits(data)[:n]
 
 
-def code_word(key: WatermarkKey, message_bit_list: Sequence[int], params: WatermarkParams) -> list[int]:
-    """The embedded ±1 code word: pilot bits, then message bits XOR a whitening pad (1 -> +1, 0 -> -1).
+def code_word(
+    key: WatermarkKey,
+    message_bit_list: Sequence[int],
+    params: WatermarkParams,
+    message_code: str | None = None,
+) -> list[int]:
+    """The embedded ±1 code word: pilot bits, then the message's code bits XOR a whitening pad (1 -> +1).
 
     Args:
         key: The watermark key.
         message_bit_list: `L` message bits (0/1); may be empty (pilot only).
-        params: Supplies `pilot_bits`.
+        params: Supplies `pilot_bits` and the default `message_code`.
+        message_code: The message code (default `params.message_code`).
 
     Returns:
-        `pilot_bits + L` values in {-1, +1}; the pilot and pad are prefixes of fixed key streams, so they do
-        not depend on `L`.
+        `params.code_length(L)` values in {-1, +1}; the pilot and pad are prefixes of fixed key streams,
+        so they do not depend on `L` or the code.
     """
+    code = message_code or params.message_code
+    code = DEFAULT_MESSAGE_CODE if code == AUTO_MESSAGE_CODE else code
+    coded = encode(message_bit_list, code) if message_bit_list else []
     pilot = _stream_bits(key, b"pilot", params.pilot_bits)
-    pad = _stream_bits(key, b"whiten", len(message_bit_list))
-    bits = pilot + [m ^ p for m, p in zip(message_bit_list, pad, strict=True)]
+    pad = _stream_bits(key, b"whiten", len(coded))
+    bits = pilot + [m ^ p for m, p in zip(coded, pad, strict=True)]
     return [1 if b else -1 for b in bits]
 
 
 def decode_message_bits(key: WatermarkKey, code: Sequence[int], params: WatermarkParams) -> bytes:
-    """Invert `code_word` for the message part of an extracted ±1 code (zeros decode as 0 bits)."""
+    """Invert `code_word` with the `none` code for the message part of an extracted ±1 code (0 -> bit 0)."""
     msg = code[params.pilot_bits :]
     pad = _stream_bits(key, b"whiten", len(msg))
     bits = [(1 if c > 0 else 0) ^ p for c, p in zip(msg, pad, strict=True)]
@@ -220,6 +260,27 @@ def decode_message_bits(key: WatermarkKey, code: Sequence[int], params: Watermar
     for i in range(0, len(bits) - len(bits) % 8, 8):
         out.append(int("".join(map(str, bits[i : i + 8])), 2))
     return bytes(out)
+
+
+def decode_message(
+    key: WatermarkKey, z: npt.NDArray[np.float64], message_bits: int, message_code: str
+) -> DecodedBits:
+    """Decode the message part of a code word from its per-bit statistics.
+
+    Args:
+        key: The watermark key (its whitening pad is removed first).
+        z: float64 (coded_length(message_bits, message_code),) per-bit `z_b` of the message part, in code
+            order (0 for a bit without carriers).
+        message_bits: `L`.
+        message_code: The code (`modelsec.watermark.message_code.MESSAGE_CODES`).
+
+    Returns:
+        The decision (`DecodedBits`: for crc32-conv7, `valid` says whether its CRC-32 holds).
+    """
+    import numpy as np
+
+    pad = np.asarray(_stream_bits(key, b"whiten", len(z)), dtype=np.float64)
+    return decode(z * (1.0 - 2.0 * pad), message_bits, message_code)
 
 
 # --- carriers -----------------------------------------------------------------------------------------------

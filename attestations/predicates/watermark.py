@@ -85,6 +85,8 @@ _WATERMARK_FIELDS: dict[str, Range] = {
     "parameters.codeBits": _int(0, COUNT),
     "parameters.messageBits": _int(0, 65536),
     "carriers.count": _int(0, COUNT),
+    "carriers.grid.elements": _int(0, COUNT),
+    "carriers.grid.elementsPerBit": _int(0, COUNT),
     "embedding.maxRelativeChange": _real(0.0, BIG_REAL),
     "embedding.meanRelativeChange": _real(0.0, BIG_REAL),
     "embedding.relativeL2Change": _real(0.0, BIG_REAL),
@@ -103,6 +105,7 @@ _WATERMARK_FIELDS: dict[str, Range] = {
     "detection.messageBits": _int(0, 65536, nullable=True),
     "detection.messageMatches": _int(0, 65536, nullable=True),
     "detection.messageBitErrorRate": _real(0.0, 1.0, nullable=True),
+    "detection.codeBitErrorRate": _real(0.0, 1.0, nullable=True),
     "detection.minMargin": _real(-BIG_REAL, BIG_REAL, nullable=True),
     "detection.medianMargin": _real(-BIG_REAL, BIG_REAL, nullable=True),
     "detection.densityLog2": _int(0, 64, nullable=True),
@@ -336,6 +339,8 @@ class RecordedParameters:
         tensors: The attested carrier tensor names.
         key_commitment: The attested key commitment.
         carrier_set: Which eligible tensors carry bits (`carrierSet`; `all` when not recorded).
+        message_code: The message's error-correcting code (`messageCode`; `none` when not recorded: marks
+            made before error correction).
     """
 
     scheme: str
@@ -352,6 +357,7 @@ class RecordedParameters:
     tensors: tuple[str, ...]
     key_commitment: str
     carrier_set: str = "all"
+    message_code: str = "none"
 
 
 def _parameter(parameters: Mapping[str, Any], name: str, what: str) -> int | float:
@@ -392,8 +398,12 @@ def parse_recorded_parameters(predicate: Mapping[str, Any], *, what: str) -> Rec
     carrier_set = parameters.get("carrierSet", "all")  # absent before issue 18: all eligible tensors
     if not isinstance(carrier_set, str):
         raise MalformedArtifactError(f"{what}: watermark predicate parameters.carrierSet is not a string")
+    message_code = parameters.get("messageCode", "none")  # absent before error correction (issue 30)
+    if not isinstance(message_code, str):
+        raise MalformedArtifactError(f"{what}: watermark predicate parameters.messageCode is not a string")
     return RecordedParameters(
         carrier_set=carrier_set,
+        message_code=message_code,
         scheme=scheme,
         tensors=tuple(t["name"] for t in tensors),
         key_commitment=commitment,
@@ -516,6 +526,11 @@ class EmbeddingRecord(Protocol):
         """The measured fidelity, or None when not measured."""
         ...
 
+    @property
+    def grid_mark(self) -> _JsonRecord | None:
+        """The grid mark in tensors on a quantisation grid (issue 30 item 5), or None when there is none."""
+        ...
+
 
 def build_watermark_predicate(
     record: EmbeddingRecord,
@@ -558,6 +573,8 @@ def build_watermark_predicate(
                 {"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "carriers": t.carriers}
                 for t in record.tensors
             ],
+            # Optional (issue 30 item 5): older predicates have no tensor on a grid.
+            **({"grid": record.grid_mark.to_json()} if record.grid_mark is not None else {}),
         },
         "embedding": {
             "maxRelativeChange": record.max_relative_change,

@@ -272,6 +272,7 @@ def _embed(
                 "attestation": None if attestation is None else str(attestation),
                 "messageBits": result.message_bits,
                 "codeBits": result.code_bits,
+                "messageCode": result.params.message_code,
                 "carriers": result.carriers,
                 "carrierTensors": len(result.tensors),
                 "densityLog2": result.density_log2,
@@ -285,15 +286,21 @@ def _embed(
                 "griddedTensors": [
                     {"name": g.name, "kind": g.kind, "carriers": g.carriers} for g in result.gridded
                 ],
+                "gridMark": None if result.grid_mark is None else result.grid_mark.to_json(),
                 "survivesRequantisation": result.survives_requantisation,
                 "requantisationNotice": result.requantisation_notice(),
                 "detection": d.to_json(),
             }
         )
         return
+    coding = (
+        "no error correction: the model cannot carry the longer crc32-conv7 code word"
+        if result.params.message_code == "none"
+        else f"{result.params.message_code}: {result.code_bits - result.params.pilot_bits} code bits"
+    )
     click.echo(
-        f"watermarked {result.message_bits} message bits (+{result.params.pilot_bits} pilot) into "
-        f"{result.carriers} weights of {len(result.tensors)} tensors -> {result.out_dir}"
+        f"watermarked {result.message_bits} message bits ({coding}; +{result.params.pilot_bits} pilot) "
+        f"into {result.carriers} weights of {len(result.tensors)} tensors -> {result.out_dir}"
     )
     click.echo(
         f"  max relative change {result.max_relative_change:.2%}, mean {result.mean_relative_change:.2%}, "
@@ -468,14 +475,26 @@ def _detect(
     )
     if result.detected and result.decoded_message is not None:
         text = _printable(result.decoded_message)
+        checked = " (CRC-32 checked)" if result.message_decoded else " (no error correction: unchecked)"
         click.echo(
             f"  message ({8 * len(result.decoded_message)} bits): hex:{result.decoded_message.hex()}"
             + (f" ({text!r})" if text else "")
+            + checked
+        )
+    elif result.detected and result.message_decoded is False:
+        click.echo(
+            f"  message NOT DECODED: the {result.message_bits}-bit message's {result.message_code} code word "
+            "has too many errors (its CRC-32 fails); no message is reported"
         )
     if result.message_matched is not None:
         click.echo(
             f"  given message {'MATCHED' if result.message_matched else 'NOT MATCHED'}: "
-            f"{result.message_matches}/{result.message_bits} of its bits extracted as embedded"
+            f"{result.message_matches}/{result.message_bits} of its bits decoded as embedded"
+            + (
+                f" ({result.code_bit_error_rate:.2%} of its code bits wrong before correction)"
+                if result.code_bit_error_rate is not None
+                else ""
+            )
         )
     if result.resync is not None:
         click.echo(
@@ -546,6 +565,8 @@ def _detect_refusal(result: Any) -> str | None:
     found = result.decoded_message
     if found is not None and 8 * len(found) != result.message_bits:
         return f"{present}: {8 * len(found)} message bits found, {result.message_bits} given"
+    if result.message_decoded is False:
+        return f"{present}: its message could not be decoded (CRC-32 fails after error correction)"
     differ = result.message_bits - result.message_matches
     return f"{present}: {differ}/{result.message_bits} message bits differ"
 

@@ -21,14 +21,22 @@ readers check it with a policy key holding the `weights` role.
 3. a binding signed by a trusted key has this manifest digest as its subject, and its predicate names the
    model root digest (else nothing is downloaded); a binding of the deprecated v1 form (subject = root
    digest, `manifestDigest` in the predicate) still counts, with a deprecation note in `PullResult.notes`;
-4. the layers are downloaded into a staging directory next to the destination, several at once
-   (`RegistryOptions.transfers`), each hashed as it is written and checked against its size and digest,
-   and the weights bundles about a bound root digest are written under their default names;
+4. the layers are downloaded into a private staging directory next to the destination (mode 0700, each
+   file created with `O_EXCL`, no link followed), several at once (`RegistryOptions.transfers`), each
+   checked against its size and digest, and the weights bundles about a bound root digest are written
+   under their default names. Each byte is read from the network once: as it is written, it is hashed for
+   the layer digest (SHA-256, which is also the file's OMS digest) and fed to a
+   `modelsec.modelformat.hashing.StreamHasher` for every other digest the signed manifests name (SM3
+   file digests; the safetensors header, parsed strictly, and each tensor's digest over its byte range);
+   the file's identity (device, inode, size, mtime, ctime) is recorded after its last write;
 5. `verify_model` verifies the staging directory against the policy, pinned to the bound root digests
    (file set, every digest, pickle and remote-code rules), and the policy's attestation requirements are
-   checked with the referrer bundles;
-6. only then is the staging directory renamed to the destination (one `rename`); on any error it is
-   removed and the destination does not exist.
+   checked with the referrer bundles. It takes the digests of step 4 (`prehashed`) instead of reading a
+   file again only where they cover every digest it compares and the file's identity is unchanged (else
+   it refuses: `DigestMismatchError` on the file identity); a file whose streamed hashing failed (e.g. a
+   malformed header) is hashed by the verifier, which refuses it in its own order, as before;
+6. the identity of every prehashed file is checked once more, then the staging directory is renamed to
+   the destination (one `rename`); on any error it is removed and the destination does not exist.
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -55,7 +63,7 @@ from modelsec.attestations.predicates.oci_binding import (
     is_binding_type,
     parse_binding_statement,
 )
-from modelsec.attestations.predicates.oms import OMS_PREDICATE_TYPE, Resource
+from modelsec.attestations.predicates.oms import OMS_PREDICATE_TYPE, Resource, parse_manifest
 from modelsec.attestations.statement import is_sha256_hex, parse_statement
 from modelsec.errors import (
     Error,
@@ -64,7 +72,14 @@ from modelsec.errors import (
     SignatureError,
     UntrustedSignerError,
 )
-from modelsec.modelformat.model_files import WEIGHT_SUFFIXES
+from modelsec.modelformat.hashing import (
+    FileDigests,
+    FileIdentity,
+    PrehashedFile,
+    StreamHasher,
+    check_identity,
+)
+from modelsec.modelformat.model_files import WEIGHT_SUFFIXES, open_model_root
 from modelsec.policy import Policy
 from modelsec.progress import step
 from modelsec.registry.client import (
@@ -650,11 +665,29 @@ def _stage(
 ) -> tuple[str, tuple[str, ...]]:
     """Download, place the evidence and verify `staging`: the root digest and the signing keys' names."""
     policy = admission.policy
+    algorithms, tensor_hash = _streamed_digests(evidence, policy)
+    hashed: dict[str, PrehashedFile] = {}
 
     def pull_layer(i: int, path: str, digest: str, size: int) -> None:
         step(f"pull: layer {i}/{len(layers)} {path} ({size} bytes)")
-        with _open_new(staging, path) as sink:
-            client.stream_blob(ref.repository, digest, size, sink, what=f"{ref.repository_uri}: {path}")
+        what = f"{ref.repository_uri}: {path}"
+
+        def start() -> StreamHasher:
+            return StreamHasher(
+                path, size, algorithms=algorithms, tensor_hash=tensor_hash, limits=policy.limits, what=what
+            )
+
+        with _open_new(staging, path) as file:
+            sink = _HashingSink(file, start)
+            client.stream_blob(ref.repository, digest, size, sink, what=what)
+            file.flush()
+            identity = FileIdentity.of(os.fstat(file.fileno()))
+        streamed = sink.result()
+        if streamed is not None:
+            # stream_blob verified this SHA-256 over the very bytes written: the layer digest is the file's.
+            sha256 = {HashAlgorithm.SHA256: bytes.fromhex(digest.removeprefix("sha256:"))}
+            digests = dataclasses.replace(streamed, digests={**streamed.digests, **sha256})
+            hashed[path] = PrehashedFile(digests, identity, tensor_hash, policy.limits)
 
     # Several layers at once, each hashed as it is written into the staging directory; nothing there is
     # used before every layer and then the whole model verified (pull_model removes it otherwise).
@@ -680,7 +713,7 @@ def _stage(
     # it with the path it opens (DESIGN decision 20 guards local models, whose path is what was matched).
     unbound = dataclasses.replace(admission, uri="")
     step("pull: verifying the staged model")
-    verified = verify_model(staging, unbound, expected_digests=sorted(evidence.bound))
+    verified = verify_model(staging, unbound, expected_digests=sorted(evidence.bound), prehashed=hashed)
     # The stores every front door reads (`modelsec.verifier.stores.evidence_stores`): the referrers, read
     # above, and the policy's attestationStore.
     found = [*evidence.other, *find_attestation_bundles(None, verified.root_digest, policy)]
@@ -693,7 +726,78 @@ def _stage(
             statement_file.unlink()
     if staged and not any(statements.iterdir()):
         statements.rmdir()
+    # The files whose digests were taken as written are, right before the rename, still those files.
+    root_fd = open_model_root(staging)
+    try:
+        for name, entry in hashed.items():
+            check_identity(root_fd, name, entry.identity, model=str(staging))
+    finally:
+        os.close(root_fd)
     return verified.root_digest, tuple(b.key.name for b in verified.bundles)
+
+
+def _streamed_digests(
+    evidence: _Evidence, policy: Policy
+) -> tuple[list[HashAlgorithm], HashAlgorithm | None]:
+    """What to hash while layers arrive besides their SHA-256: the file and tensor algorithms signed.
+
+    Those the weights bundles' manifests name (file hash types, the per-tensor algorithm): a guess from
+    bundles whose signatures verified. `verify_model` decides what it compares, and hashes any file these
+    digests do not cover itself.
+    """
+    algorithms: list[HashAlgorithm] = []
+    tensor_hash: HashAlgorithm | None = None
+    for name, data in evidence.weights.items():
+        try:
+            statement = parse_statement(parse_bundle(data, source=name).envelope.payload, what=name)
+            manifest = parse_manifest(statement, what=name, limits=policy.limits)
+        except Error:
+            continue  # refused by `verify_model`, which reads these bundles again
+        if manifest.hash_type is not HashAlgorithm.SHA256 and manifest.hash_type not in algorithms:
+            algorithms.append(manifest.hash_type)
+        tensor_hash = tensor_hash or manifest.tensor_hash
+    return algorithms, tensor_hash
+
+
+class _HashingSink:
+    """A staged file being written, each byte also fed to a `StreamHasher` (`stream_blob` writes into it).
+
+    A hashing refusal (a malformed safetensors header) is not raised here: the layer digest is checked
+    first, as it always was, and the verifier then hashes that file itself and refuses it in its own order.
+    """
+
+    def __init__(self, file: Any, start: Callable[[], StreamHasher]) -> None:
+        self._file, self._start = file, start
+        self._hasher: StreamHasher | None = start()
+
+    def write(self, data: bytes, /) -> int:
+        if self._hasher is not None:
+            try:
+                self._hasher.update(data)
+            except MalformedArtifactError:
+                self._hasher = None
+        return int(self._file.write(data))
+
+    def seekable(self) -> bool:
+        return bool(self._file.seekable())
+
+    def seek(self, offset: int, /) -> int:
+        if offset != 0:  # a resumed download continues in place; only a restart seeks, to 0
+            raise ValueError(f"seek to {offset}")
+        self._hasher = self._start()
+        return int(self._file.seek(0))
+
+    def truncate(self) -> int:
+        return int(self._file.truncate())
+
+    def result(self) -> FileDigests | None:
+        """The digests of the bytes written, or None where hashing refused them (the verifier hashes it)."""
+        if self._hasher is None:
+            return None
+        try:
+            return self._hasher.finish()
+        except MalformedArtifactError:
+            return None
 
 
 def _place_attestations(staging: Path, accepted: Sequence[Any], bundles: Sequence[StoredBundle]) -> None:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from modelsec.algorithms import HashAlgorithm
-from modelsec.errors import BackendUnavailableError, MalformedArtifactError
+from modelsec.errors import BackendUnavailableError, DigestMismatchError, MalformedArtifactError
 from modelsec.limits import Limits
 from modelsec.modelformat.content import ContentSniffer
 from modelsec.modelformat.model_files import open_beneath
@@ -48,8 +48,12 @@ from modelsec.modelformat.safetensors_header import SafetensorsHeader, parse_hea
 __all__ = [
     "ChunkSource",
     "FileDigests",
+    "FileIdentity",
     "Hasher",
+    "PrehashedFile",
+    "StreamHasher",
     "TensorDigest",
+    "check_identity",
     "hash_files",
     "hash_source",
     "hmac_sm3",
@@ -197,6 +201,100 @@ class FileDigests:
     pickle: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class FileIdentity:
+    """What `fstat` says about one file: equal identities mean the same inode, not rewritten since.
+
+    Attributes:
+        device: `st_dev`.
+        inode: `st_ino`.
+        size: `st_size`, bytes.
+        mtime_ns: `st_mtime_ns` (any write sets it).
+        ctime_ns: `st_ctime_ns` (any write, `utime`, `chmod` or link sets it; no caller can set it back).
+
+    Timestamps come from the file system's clock, whose tick is coarse (about 1-4 ms on Linux): a write
+    in the same tick as the last one is not told apart. Hence this binds digests to a file only where no
+    other party can write it (a private staging directory, the file created with `O_EXCL`).
+    """
+
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> FileIdentity:
+        """The identity in a stat result."""
+        return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    def describe(self) -> str:
+        """One line for messages: `dev:inode size mtime ctime`."""
+        return f"{self.device}:{self.inode} {self.size} bytes mtime {self.mtime_ns} ctime {self.ctime_ns}"
+
+
+@dataclass(frozen=True, slots=True)
+class PrehashedFile:
+    """Digests a writer computed from a file's bytes as it wrote them, bound to the file it wrote.
+
+    The one way digests computed elsewhere reach the verifier (`verify_model(prehashed=...)`, used by
+    `modelsec.distribution.push_pull.pull_model` alone): the verifier takes `digests` instead of reading the
+    file only when the file's identity still equals `identity` and every digest it needs was computed under
+    its own limits; otherwise it hashes the file itself. Every comparison is the verifier's, as for a file
+    it hashed.
+
+    Attributes:
+        digests: What `StreamHasher` computed from the bytes written (the writer adds a SHA-256 it verified
+            on the same bytes, e.g. an OCI layer digest).
+        identity: The file's identity after its last write (`os.fstat` of the descriptor written).
+        tensor_hash: The per-tensor digest algorithm of `digests.tensors`, or None.
+        limits: The limits the safetensors header was parsed under.
+    """
+
+    digests: FileDigests
+    identity: FileIdentity
+    tensor_hash: HashAlgorithm | None
+    limits: Limits
+
+    def covers(
+        self, algorithms: Sequence[HashAlgorithm], tensor_hash: HashAlgorithm | None, limits: Limits
+    ) -> bool:
+        """Whether these digests hold every digest a verification with these parameters compares."""
+        return (
+            all(a in self.digests.digests for a in algorithms)
+            and (tensor_hash is None or self.tensor_hash is tensor_hash)
+            and self.limits == limits
+            and self.identity.size == self.digests.size
+        )
+
+
+def check_identity(root_fd: int, name: str, expected: FileIdentity, *, model: str) -> None:
+    """Refuse a file whose identity is no longer the one recorded when its bytes were hashed.
+
+    Args:
+        root_fd: Descriptor of the model root.
+        name: Relative name, opened beneath `root_fd` without following links.
+        expected: The identity recorded by the writer (`PrehashedFile.identity`).
+        model: Names the model in errors.
+
+    Raises:
+        DigestMismatchError: The file was replaced, rewritten or touched since (`compared` = "file identity").
+        MalformedArtifactError, PolicyViolationError: As `open_beneath` (missing, a link).
+    """
+    fd = open_beneath(root_fd, name, what=model)
+    try:
+        actual = FileIdentity.of(os.fstat(fd))
+    finally:
+        os.close(fd)
+    if actual != expected:
+        raise DigestMismatchError(
+            f"{model}/{name}",
+            expected.describe(),
+            actual.describe(),
+            compared="file identity (changed since its bytes were hashed as written)",
+        )
+
+
 def is_safetensors_name(name: str) -> bool:
     """Whether `name` is parsed as safetensors (by extension, never by sniffing content)."""
     return name.endswith(".safetensors")
@@ -294,47 +392,142 @@ def hash_source(
         MalformedArtifactError: Malformed safetensors header, or the source yields more or fewer bytes.
     """
     what = what or name
-    file_hashers = [new_hasher(a) for a in algorithms]
-    header: SafetensorsHeader | None = None
-    tensor_digests: dict[str, TensorDigest] | None = None
+    state = StreamHasher(name, size, algorithms=algorithms, tensor_hash=tensor_hash, limits=limits, what=what)
     if is_safetensors_name(name):
-        prefix = source.read_exact(min(8, size))
-        n = parse_header_length(prefix, size, path=what, limits=limits)
-        raw_header = source.read_exact(n)
-        header = parse_header(raw_header, size, path=what, limits=limits)
-        for h in file_hashers:
-            h.update(prefix)
-            h.update(raw_header)
+        state.update(source.read_exact(min(8, size)))  # the length prefix
+        state.update(source.read_exact(state.header_missing))  # the header, parsed strictly
         if progress:
-            progress(8 + n)
-    walker = _TensorWalker(header, tensor_hash) if header is not None and tensor_hash is not None else None
-    sniffer = ContentSniffer(size, limits) if header is None else None
-    if helper is not None and (walker is not None or len(file_hashers) > 1):
-        by_cost = sorted(zip(algorithms, file_hashers, strict=True), key=lambda p: -_COST.get(p[0].value, 3))
+            progress(state.seen)
+    if helper is not None and (state.walker is not None or len(state.file_hashers) > 1):
+        by_cost = sorted(
+            zip(state.algorithms, state.file_hashers, strict=True), key=lambda p: -_COST.get(p[0].value, 3)
+        )
         side: list[_Absorber] = [h for _, h in by_cost[1:]]
-        if sniffer is not None:
-            side.append(sniffer)
-        _split_pass(source, walker, [by_cost[0][1]], side, progress, helper)
+        if state.sniffer is not None:
+            side.append(state.sniffer)
+        _split_pass(source, state.walker, [by_cost[0][1]], side, progress, helper)
+        # The source yields exactly `size` bytes (it refuses a file that shrinks or grows).
+        state.seen = size
     else:
         for chunk in source.chunks():
-            for h in file_hashers:
-                h.update(chunk)
-            if sniffer is not None:
-                sniffer.update(chunk)
-            if walker is not None:
-                walker.feed(chunk)
+            state.update(chunk)
             if progress:
                 progress(len(chunk))
-    if walker is not None:
-        tensor_digests = walker.result
-    return FileDigests(
-        name=name,
-        size=size,
-        digests={a: h.digest() for a, h in zip(algorithms, file_hashers, strict=True)},
-        header=header,
-        tensors=tensor_digests,
-        pickle=sniffer.finding() if sniffer is not None else None,
-    )
+    return state.finish()
+
+
+class StreamHasher:
+    """Push-mode counterpart of `hash_source`: one file's digests from bytes handed over as they arrive.
+
+    For a writer that produces a file (a download) and must not read it back: each chunk given to `update`
+    is absorbed exactly as `hash_source` absorbs a file's bytes, so `finish` returns the `FileDigests` that
+    `hash_source` would compute for a file holding the same bytes under the same `name` and `limits`
+    (`*.safetensors`: the header is parsed strictly as soon as its bytes are in, then every tensor's byte
+    range is digested; other files: the pickle verdict of `modelsec.modelformat.content`). The header bytes
+    are buffered until complete (bounded by `Limits.max_safetensors_header_bytes`), the data section is not.
+
+    Nothing here binds the digests to a file on disk: `PrehashedFile` adds the file's identity for that.
+
+    Args:
+        name: Relative name; `*.safetensors` names are parsed strictly.
+        size: Bytes the file will have (a descriptor's size): more is refused at once, fewer by `finish`.
+        algorithms: File digest algorithms.
+        tensor_hash: Per-tensor digest algorithm for safetensors files, or None.
+        limits: Parser limits.
+        what: Names the file in errors; defaults to `name`.
+
+    Raises (from `update` and `finish`):
+        MalformedArtifactError: Malformed safetensors header, or more or fewer bytes than `size`.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        size: int,
+        *,
+        algorithms: Sequence[HashAlgorithm],
+        tensor_hash: HashAlgorithm | None,
+        limits: Limits,
+        what: str | None = None,
+    ) -> None:
+        self.name, self.size, self.what, self.limits = name, size, what or name, limits
+        self.algorithms = list(dict.fromkeys(algorithms))
+        self.tensor_hash = tensor_hash
+        self.file_hashers = [new_hasher(a) for a in self.algorithms]
+        self.header: SafetensorsHeader | None = None
+        self.walker: _TensorWalker | None = None
+        self.sniffer: ContentSniffer | None = None
+        self.seen = 0
+        # Safetensors: the header's bytes until it is complete (then None); `_header_end` once its length
+        # prefix is in.
+        self._pending: bytearray | None = bytearray() if is_safetensors_name(name) else None
+        self._header_end: int | None = None
+        if self._pending is None:
+            self.sniffer = ContentSniffer(size, limits)
+
+    def update(self, data: bytes | memoryview, /) -> None:
+        """Absorb the next bytes of the file (see the class docstring for the errors)."""
+        self.seen += len(data)
+        if self.seen > self.size:
+            raise MalformedArtifactError(f"{self.what}: more than the {self.size} bytes announced")
+        if self._pending is not None:
+            self._pending += data
+            data = self._take_header(self._pending)
+            if not data:
+                return
+        for h in self.file_hashers:
+            h.update(data)
+        if self.sniffer is not None:
+            self.sniffer.update(data)
+        if self.walker is not None:
+            self.walker.feed(memoryview(data))
+
+    @property
+    def header_missing(self) -> int:
+        """Bytes still needed before the safetensors header can be parsed (0 once parsed, or not safetensors).
+
+        Known once the 8-byte length prefix is in; before that, the bytes missing from the prefix.
+        """
+        if self._pending is None:
+            return 0
+        end = self._header_end if self._header_end is not None else min(8, self.size)
+        return end - len(self._pending)
+
+    def _take_header(self, pending: bytearray) -> memoryview:
+        """Parse the header once its bytes are in; the data-section bytes that came with them."""
+        if self._header_end is None:
+            if len(pending) < min(8, self.size):
+                return memoryview(b"")
+            prefix = bytes(pending[:8])
+            self._header_end = 8 + parse_header_length(prefix, self.size, path=self.what, limits=self.limits)
+        if len(pending) < self._header_end:
+            return memoryview(b"")
+        end, self._pending = self._header_end, None
+        self.header = parse_header(bytes(pending[8:end]), self.size, path=self.what, limits=self.limits)
+        for h in self.file_hashers:
+            h.update(memoryview(pending)[:end])
+        if self.tensor_hash is not None:
+            self.walker = _TensorWalker(self.header, self.tensor_hash)
+        return memoryview(pending)[end:]
+
+    def finish(self) -> FileDigests:
+        """The file's digests, once exactly `size` bytes were absorbed.
+
+        Raises:
+            MalformedArtifactError: Fewer bytes than `size` (or a safetensors header never completed).
+        """
+        if self._pending is not None and self.seen == self.size:
+            self._take_header(self._pending)  # a file shorter than its header's length prefix: refused there
+        if self.seen != self.size or self._pending is not None:
+            raise MalformedArtifactError(f"{self.what}: {self.seen} bytes, not the {self.size} announced")
+        return FileDigests(
+            name=self.name,
+            size=self.size,
+            digests={a: h.digest() for a, h in zip(self.algorithms, self.file_hashers, strict=True)},
+            header=self.header,
+            tensors=self.walker.result if self.walker is not None else None,
+            pickle=self.sniffer.finding() if self.sniffer is not None else None,
+        )
 
 
 def _hash_one(

@@ -89,48 +89,30 @@ from typing import TYPE_CHECKING
 from modelsec.algorithms import HashAlgorithm, SignatureAlgorithm
 from modelsec.errors import Error, ModelMovedError, PolicyError
 from modelsec.limits import Limits
-from modelsec.policy import trust
-from modelsec.policy.authorities import (
-    Authority,
-    IdentityRule,
-    SigstoreAuthority,
-    X509Authority,
-    authority_from_model,
-)
-from modelsec.policy.requirements import (
-    ConditionRequirement,
-    LoadReceiptRequirement,
-    RobustnessRequirement,
-    WatermarkRequirement,
-    condition_requirements,
-    load_receipt_requirement,
-    robustness_requirement,
-    watermark_requirement,
-)
-from modelsec.policy.trust import KeyWindow, TimestampAuthority, check_validity_window
-from modelsec.registry.reference import normalize_model_uri
-from modelsec.signer.keys import TrustedKey, load_trusted_key_file
-from modelsec.signer.schemes import scheme_for
 
+# The parts a policy is made of (authorities, requirements, TSAs and key windows), the key registry and OCI
+# reference normalisation are imported by what uses them (parsing a policy file, `from_key_files`,
+# `can_sign`, `matching`): the loader imports this module, and its import is paid for by every process the
+# runtime guard starts (issue 32 item 5).
 if TYPE_CHECKING:  # pydantic is imported when a file is parsed, not by every `import modelsec.policy`
+    from modelsec.policy.authorities import Authority
     from modelsec.policy.models import KeyRefModel, PolicyModel
+    from modelsec.policy.requirements import (
+        ConditionRequirement,
+        LoadReceiptRequirement,
+        RobustnessRequirement,
+        WatermarkRequirement,
+    )
+    from modelsec.policy.trust import KeyWindow, TimestampAuthority
+    from modelsec.signer.keys import TrustedKey
 
 __all__ = [
     "API_VERSION",
     "POLICY_ENV",
     "ROLES",
-    "Authority",
-    "IdentityRule",
-    "KeyWindow",
     "NamespaceRule",
     "Policy",
     "PolicySet",
-    "RobustnessRequirement",
-    "SigstoreAuthority",
-    "TimestampAuthority",
-    "WatermarkRequirement",
-    "X509Authority",
-    "check_validity_window",
     "model_uri",
 ]
 
@@ -222,6 +204,8 @@ class Policy:
         """
         if any(k.algorithm is algorithm and k.may("weights") for k in self.keys):
             return True
+        from modelsec.signer.schemes import scheme_for
+
         return scheme_for(algorithm).certified and any(a.may("weights") for a in self.authorities)
 
     def __post_init__(self) -> None:
@@ -248,6 +232,8 @@ class Policy:
             KeyMaterialError: A key file cannot be read or parsed.
             UnsupportedAlgorithmError: A key of an unsupported type.
         """
+        from modelsec.signer.keys import load_trusted_key_file
+
         return cls(
             keys=tuple(load_trusted_key_file(p) for p in paths),
             require_algorithms=frozenset(require),
@@ -353,6 +339,8 @@ class PolicySet:
         Raises:
             InvalidReferenceError: `uri` is an `oci://` URI that is not a valid reference.
         """
+        from modelsec.registry.reference import normalize_model_uri
+
         uri = normalize_model_uri(uri)
         return tuple(
             e.policy
@@ -424,6 +412,15 @@ class PolicySet:
 
 def _policy(item: PolicyModel, where: str, base_dir: Path) -> Policy:
     """A validated policy entry as a `Policy`: keys loaded, paths resolved against `base_dir`."""
+    from modelsec.policy import trust
+    from modelsec.policy.authorities import authority_from_model
+    from modelsec.policy.requirements import (
+        condition_requirements,
+        load_receipt_requirement,
+        robustness_requirement,
+        watermark_requirement,
+    )
+
     if not item.keys and not item.authorities:
         raise PolicyError(f"{where}: trusts nothing: give at least one of keys and authorities")
     keys = tuple(_load_key(k, f"{where}.keys[{j}]", base_dir) for j, k in enumerate(item.keys))
@@ -500,6 +497,8 @@ def _load_key(item: str | KeyRefModel, where: str, base_dir: Path) -> TrustedKey
     else:
         path, name, roles = item.path, item.name, frozenset[str](item.roles)
     full = Path(path) if os.path.isabs(path) else base_dir / path
+    from modelsec.signer.keys import load_trusted_key_file
+
     try:
         return load_trusted_key_file(full, name=name or Path(path).name, roles=roles)
     except Error as e:

@@ -63,7 +63,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, Any, Protocol, TypeVar
 
 from modelsec.errors import (
     BackendUnavailableError,
@@ -82,6 +82,7 @@ __all__ = [
     "EMPTY_CONFIG",
     "INDEX_MEDIA_TYPE",
     "MANIFEST_MEDIA_TYPE",
+    "BlobSink",
     "ClientPool",
     "OciReference",
     "RegistryClient",
@@ -126,6 +127,26 @@ _BACKOFF_MAX_SECONDS = 2.0  # ... up to this
 _RETRY_STATUS = frozenset({429, 502, 503, 504})  # answers that say "try again" (RFC 9110 15.6.4, RFC 6585 4)
 
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+class BlobSink(Protocol):
+    """Where `RegistryClient.stream_blob` writes a blob: a binary file, or a wrapper that sees every byte."""
+
+    def write(self, data: bytes, /) -> int:
+        """Write the next bytes."""
+        ...
+
+    def seekable(self) -> bool:
+        """Whether `seek(0)` and `truncate()` start the blob again (a download the registry cannot resume)."""
+        ...
+
+    def seek(self, offset: int, /) -> int:
+        """Go back to `offset` (only 0 is asked for)."""
+        ...
+
+    def truncate(self) -> int:
+        """Drop everything after the current position."""
+        ...
 
 
 def _transient(cause: BaseException | None) -> bool:
@@ -1015,11 +1036,13 @@ class RegistryClient:
             )
         return response
 
-    def stream_blob(self, repository: str, digest: str, size: int, sink: IO[bytes], *, what: str) -> None:
+    def stream_blob(self, repository: str, digest: str, size: int, sink: BlobSink, *, what: str) -> None:
         """Write a blob to `sink`, refusing it unless it is exactly `size` bytes hashing to `digest`.
 
-        Each byte is hashed as it is written (nothing is read back). The caller must not use `sink`'s bytes
-        before this returns: a refused blob may have been written in part (write into a staging file).
+        Each byte is hashed as it is written (nothing is read back), and handed to `sink.write` in order,
+        after every earlier byte, once per attempt (a restart seeks `sink` to 0 first). The caller must not
+        use `sink`'s bytes before this returns: a refused blob may have been written in part (write into a
+        staging file).
         A connection lost mid-body is resumed with a `Range` request at the bytes written (or, where the
         registry ignores the range, started again when `sink` can be truncated), at most
         `RegistryOptions.retries` times.

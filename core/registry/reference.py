@@ -210,9 +210,11 @@ def oci_scheme(uri: str) -> str | None:
 
     Only the prefix is looked at: whether the rest is a reference is `parse_reference`'s to say.
     """
-    if not uri.startswith(OCI_SCHEMES):  # the common answer, without a generator
-        return None
-    return next((scheme for scheme in OCI_SCHEMES if uri.startswith(scheme)), None)
+    if uri.startswith(OCI_SCHEMES):
+        for scheme in OCI_SCHEMES:
+            if uri.startswith(scheme):
+                return scheme
+    return None
 
 
 def parse_reference(uri: str) -> OciReference:
@@ -233,11 +235,14 @@ def parse_reference(uri: str) -> OciReference:
     return ref
 
 
+@functools.lru_cache(maxsize=1024)
 def normalize_model_uri(uri: str) -> str:
     """The form a model URI is compared in: an OCI one as `OciReference.repository_uri`, others unchanged.
 
     `oci://` and `modelsec+oci://` URIs both become `oci://REGISTRY/REPOSITORY`; the tag is dropped
-    (policies match the repository; a tag pins nothing).
+    (policies match the repository; a tag pins nothing). A pure function of `uri`, so its answers are kept
+    (the last 1,024): one admission decision normalises each reference several times (its sources, the
+    policies it matches), and the webhook sees the same references again and again. A refusal is not kept.
 
     Raises:
         InvalidReferenceError: An OCI URI that is not a reference (see `parse_reference`).

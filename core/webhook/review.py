@@ -55,7 +55,9 @@ counts. Order, failing closed at every step (any error is a deny naming the refe
    (`AttestationStore.revision`: a stat of a directory store's digest directory and files, SQLite's
    `data_version` and own writes, PostgreSQL's generation row) and the serial of each registry-evidence
    answer used (and of the bindings answer, for a result reached through a binding). A cached decision
-   checks that revision, reading no bundle: the same revision reuses the result; any other (a write or
+   checks that revision, reading no bundle (`Reviewer.decide_cached` does this much and no more, for the
+   server's event loop: where memory and a local directory listing cannot vouch, `decide` runs in a worker):
+   the same revision reuses the result; any other (a write or
    withdrawal by any process, an expired registry answer, a store that cannot tell, such as the gRPC
    service) reads the bundles, and the result is reused only when they are exactly those it was computed
    from. So a withdrawn or superseded
@@ -79,6 +81,7 @@ write it, so a dry run leaves no trace in the webhook's state besides logs and m
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import functools
 import hashlib
@@ -193,6 +196,14 @@ _UID_MAX = 256
 
 
 _MAX_OPEN_STORES = 256  # resolved stores kept open (one per registry repository or policy store)
+
+
+class _NotCachedError(Exception):
+    """`Reviewer.decide_cached`: a reference cannot be answered from memory and a local listing alone.
+
+    Not an `Error`: it is no refusal, and no handler may turn it into a verdict; `decide_cached` returns None
+    and the caller decides the whole request again with `decide`.
+    """
 
 
 class _PolicyRefusedError(AttestationError):
@@ -450,6 +461,38 @@ class Reviewer:
         Returns:
             The decision, with the response in the request's apiVersion and the uid echoed.
         """
+        return self._decide(request, started, cached_only=False)
+
+    def decide_cached(self, request: AdmissionRequest, *, started: float | None = None) -> Decision | None:
+        """`decide`, if it can be done without waiting on anything: else None (call `decide`).
+
+        The same steps and the same answer as `decide`, but a reference whose policies all have a cached
+        positive result is answered only when the stores' revision it was confirmed at is still theirs, as
+        memory and a local directory tell it: the registry-evidence cache's serials and, for the webhook's
+        own store, a `DirectoryStore`'s `revision` (one listing of the digest's directory, no bundle read).
+        Anything else (a result not cached, a revision changed or unknown, a store that must be asked over
+        a connection: SQLite, PostgreSQL, the gRPC service) gives None, and nothing is written: the caller
+        then runs `decide`, which reads the evidence. What is allowed here is exactly what `decide` would
+        allow from its cache at this revision, and a refusal (a malformed review, a missing or unmatched
+        reference) is the refusal `decide` gives. For the server's event loop, which answers a cached
+        decision without handing it to a worker thread (`modelsec.webhook.server`).
+
+        Args:
+            request: From `parse`.
+            started: When the deadline started (monotonic seconds; default now).
+
+        Returns:
+            The decision, or None when the evidence must be read (or a store asked) first.
+        """
+        if self.store is not None and not isinstance(self.store, DirectoryStore):
+            return None
+        try:
+            return self._decide(request, started, cached_only=True)
+        except _NotCachedError:
+            return None
+
+    def _decide(self, request: AdmissionRequest, started: float | None, *, cached_only: bool) -> Decision:
+        """`decide`; with `cached_only`, `_NotCachedError` where a reference needs more than its cache."""
         deadline = (self._clock() if started is None else started) + self.config.deadline_seconds
         policies, generation = self._state
         dry_run = False
@@ -480,7 +523,8 @@ class Reviewer:
                 return self._answer(request, "deny", "missing-references", (message,), (), dry_run, info)
             return self._answer(request, "allow", "no-references", (), (), dry_run, info)
         results = image_results + tuple(
-            self._decide_reference(ref, policies, generation, namespace, deadline, dry_run) for ref in refs
+            self._decide_reference(ref, policies, generation, namespace, deadline, dry_run, cached_only)
+            for ref in refs
         )
         refused = [r for r in results if not r.allowed]
         if refused:
@@ -598,6 +642,7 @@ class Reviewer:
         namespace: str,
         deadline: float,
         dry_run: bool,
+        cached_only: bool = False,
     ) -> ReferenceResult:
         """Step 6: one admission evaluation of the reference (`modelsec.verifier.admission.evaluate`)."""
         raw = pending.raw
@@ -609,7 +654,11 @@ class Reviewer:
             if ref.digest is None or not matched:
                 verdict = evaluate(policies, uri, _unreachable, namespace=namespace, pinned=False)
                 return _result(raw, verdict)
-            return self._verify(raw, ref.uri, ref.digest, policies, namespace, generation, deadline, dry_run)
+            return self._verify(
+                raw, ref.uri, ref.digest, policies, namespace, generation, deadline, dry_run, cached_only
+            )
+        except _NotCachedError:
+            raise
         except Error as e:
             if not matched:  # a malformed reference: no policy's mode applies to it
                 return ReferenceResult(raw, False, _reason_for(e), e.diagnostics())
@@ -627,8 +676,13 @@ class Reviewer:
         generation: str,
         deadline: float,
         dry_run: bool,
+        cached_only: bool = False,
     ) -> ReferenceResult:
-        """Every matching policy checked against the bundles filed for `digest` (read once)."""
+        """Every matching policy checked against the bundles filed for `digest` (read once).
+
+        With `cached_only`, a policy without a cached result that its stores' revision still vouches for
+        raises `_NotCachedError` (nothing is read, nothing written).
+        """
         own: dict[str, tuple[list[StoredBundle], Hashable]] = {}
         read: dict[tuple[tuple[str, ...], str], _Evidence] = {}
 
@@ -659,6 +713,8 @@ class Reviewer:
 
         def check(policy: Policy) -> str:
             key = (generation, policy.name, digest)
+            if cached_only:
+                return self._cached_policy(raw, digest, policy, key, generation)
             return self._verify_policy(raw, digest, policy, key, evidence, deadline, dry_run, generation)
 
         try:
@@ -667,6 +723,8 @@ class Reviewer:
             with listing_once():
                 return _result(raw, evaluate(policies, uri, check, namespace=namespace))
         except BackendUnavailableError:
+            if cached_only:
+                raise _NotCachedError from None  # `decide` reads, and says what is unavailable
             matched = policies.matching(uri, namespace)
             keys = [(generation, p.name, digest) for p in matched]
             if self.config.cache_on_outage is CacheOnOutage.SERVE and all(self.cache.get(k) for k in keys):
@@ -697,6 +755,22 @@ class Reviewer:
         parts += [self.evidence_cache.serial(("entries", spec, root)) for spec in self._resolved(raw, policy)]
         return None if any(p is None for p in parts) else tuple(parts)
 
+    def _cached_policy(
+        self, raw: str, digest: str, policy: Policy, key: tuple[str, str, str], generation: str
+    ) -> str:
+        """What satisfied `policy`, from the cache, while the stores' revision is the one it was confirmed at.
+
+        Raises:
+            _NotCachedError: No unexpired positive result for `key`, or the revision changed or is unknown.
+            BackendUnavailableError: The webhook's store cannot be read.
+        """
+        cached = self.cache.revision(key)
+        if cached is None or self._revision_now(raw, policy, generation, cached) != cached:
+            raise _NotCachedError
+        root = cached[0]  # type: ignore[index]  # a tuple: `_revision_now` checked it
+        via = "" if root == digest else f" through a signed binding to model root digest {root}"
+        return f"verified{via} (cached)"
+
     def _verify_policy(
         self,
         raw: str,
@@ -720,11 +794,8 @@ class Reviewer:
         """
         from modelsec.verifier.attestations import verify_attestations
 
-        cached = self.cache.revision(key)
-        if cached is not None and self._revision_now(raw, policy, generation, cached) == cached:
-            root = cached[0]  # type: ignore[index]  # a tuple: `_revision_now` checked it
-            via = "" if root == digest else f" through a signed binding to model root digest {root}"
-            return f"verified{via} (cached)"
+        with contextlib.suppress(_NotCachedError):
+            return self._cached_policy(raw, digest, policy, key, generation)
         roots = [(digest, 0)]  # type: list[tuple[str, int | None]]  # (root, serial of the bindings read)
         reasons: list[str] = []
         while roots:

@@ -8,11 +8,14 @@ Routes: `POST /validate` (AdmissionReview v1 in and out), `POST /mutate` (the mu
 
 This module takes no trust decision: it reads the body (at most `WebhookConfig.max_body_bytes`, within
 `WebhookConfig.deadline_seconds`: a body still arriving then is answered 408 and its connection closed), lets
-`Reviewer.parse` find the uid (HTTP 400 without one), runs `Reviewer.decide` in a worker thread and stops
-waiting at `WebhookConfig.deadline_seconds` (a deny), logs one JSON audit line per decision on the logger
-`modelsec.webhook.audit`, and counts it. TLS only: the serving certificate and key are re-read when their
-files change on disk (checked every `reload_interval` seconds; a pair that does not load is logged and the
-previous one kept), so a rotated Kubernetes Secret takes effect without a restart. The policy file is
+`Reviewer.parse` find the uid (HTTP 400 without one), answers a review its cache decides on the event loop
+(`Reviewer.decide_cached`: cached results whose stores' revision memory and a local directory listing still
+vouch for; no worker hand-over, so a cached decision never waits behind slow verifications), runs
+`Reviewer.decide` in a worker thread for every other and stops waiting at `WebhookConfig.deadline_seconds`
+(a deny), logs one JSON audit line per decision on the logger `modelsec.webhook.audit`, and counts it.
+TLS only: the serving certificate and key are re-read when their files change on disk (checked every
+`reload_interval` seconds; a pair that does not load is logged and the previous one kept), so a rotated
+Kubernetes Secret takes effect without a restart. The policy file is
 re-read the same way when it changes (`modelsec.webhook.reload`: an updated ConfigMap takes effect without a
 restart; a file that does not load is logged and the previous policy kept).
 
@@ -50,7 +53,7 @@ import ssl
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -63,7 +66,7 @@ from starlette.routing import Route
 
 from modelsec import __version__
 from modelsec.errors import BackendUnavailableError, Error, KeyMaterialError
-from modelsec.observability import DecisionTracer, decision_tracer, register_runtime_metrics
+from modelsec.observability import DecisionTracer, JsonMessage, decision_tracer, register_runtime_metrics
 from modelsec.webhook.mutate import Mutator
 from modelsec.webhook.reload import PolicyReloader
 from modelsec.webhook.review import AdmissionRequest, BadRequestError, Decision, Reviewer
@@ -299,6 +302,20 @@ class _Metrics:
     registry: CollectorRegistry
     decisions: Counter
     latency: Histogram
+    # The series of each label set, looked up once (`labels()` checks and locks on every call).
+    _counts: dict[tuple[str, str], Any] = field(default_factory=dict)
+    _latencies: dict[tuple[str, str, str], Any] = field(default_factory=dict)
+
+    def record(self, outcome: str, policy: str, reason: str, seconds: float) -> None:
+        """Count one decision and observe its latency."""
+        count = self._counts.get((outcome, reason))
+        if count is None:
+            count = self._counts[outcome, reason] = self.decisions.labels(outcome, reason)
+        latency = self._latencies.get((outcome, policy, reason))
+        if latency is None:
+            latency = self._latencies[outcome, policy, reason] = self.latency.labels(outcome, policy, reason)
+        count.inc()
+        latency.observe(seconds)
 
     @classmethod
     def create(cls) -> _Metrics:
@@ -354,6 +371,37 @@ async def _read_body(request: Request, max_body: int) -> bytes | None:
     return b"".join(chunks)
 
 
+async def _decision(
+    reviewer: Reviewer,
+    executor: concurrent.futures.Executor,
+    parsed: AdmissionRequest,
+    started: float,
+    decide: Callable[[AdmissionRequest, float], Decision],
+    cached: Callable[[AdmissionRequest, float], Decision | None] | None,
+) -> Decision:
+    """`cached`'s decision made here on the event loop, else `decide`'s in a worker within the deadline.
+
+    A decision the cache answers (`Reviewer.decide_cached`: memory and a local listing) costs less than the
+    hand-over to a worker thread and back; any other runs in `executor`, and the wait stops at the
+    deadline (a deny). Never raises: a failure is a deny.
+    """
+    if cached is not None:
+        try:
+            decision = cached(parsed, started)
+        except Exception as e:  # noqa: BLE001 - fail closed: a bug here is a deny, never an allow
+            return reviewer.deny(parsed, "error", f"internal error: {type(e).__name__}")
+        if decision is not None:
+            return decision
+    remaining = max(0.0, reviewer.config.deadline_seconds - (time.monotonic() - started))
+    try:
+        async with asyncio.timeout(remaining):
+            return await asyncio.get_running_loop().run_in_executor(executor, decide, parsed, started)
+    except TimeoutError:
+        return reviewer.deny_deadline(parsed)
+    except Exception as e:  # noqa: BLE001 - fail closed: an executor failure is a deny, never an allow
+        return reviewer.deny(parsed, "error", f"internal error: {type(e).__name__}")
+
+
 def create_app(
     reviewer: Reviewer,
     *,
@@ -388,8 +436,7 @@ def create_app(
 
     def record(decision: Decision, started: float) -> None:
         elapsed = time.monotonic() - started
-        metrics.decisions.labels(_outcome(decision), decision.reason).inc()
-        metrics.latency.labels(_outcome(decision), _policy_label(decision), decision.reason).observe(elapsed)
+        metrics.record(_outcome(decision), _policy_label(decision), decision.reason, elapsed)
         _trace(tracer, decision, elapsed)
         line = {
             "ts": datetime.now(UTC).isoformat(timespec="milliseconds"),
@@ -397,7 +444,7 @@ def create_app(
             "latencyMs": round(elapsed * 1000, 3),
             **decision.audit_record(),
         }
-        _audit.info(json.dumps(line, sort_keys=True))
+        _audit.info(JsonMessage(line))
 
     def bad_request(message: str, started: float) -> Response:
         metrics.decisions.labels("bad-request", "no-uid").inc()
@@ -405,10 +452,16 @@ def create_app(
         _audit.info(json.dumps({"event": "admission-bad-request", "error": message}, sort_keys=True))
         return JSONResponse({"error": message}, status_code=400)
 
-    async def answer(request: Request, decide: Callable[[AdmissionRequest, float], Decision]) -> Response:
+    async def answer(
+        request: Request,
+        decide: Callable[[AdmissionRequest, float], Decision],
+        cached: Callable[[AdmissionRequest, float], Decision | None] | None = None,
+    ) -> Response:
         started = time.monotonic()
         try:
-            body = await asyncio.wait_for(_read_body(request, max_body), timeout=deadline)
+            # `asyncio.timeout`, not `wait_for`: no task per request, the same deadline.
+            async with asyncio.timeout(deadline):
+                body = await _read_body(request, max_body)
         except TimeoutError:
             # A body trickling in (slowloris) must not hold a connection and its buffer: the apiserver
             # sends its review at once, so a body still arriving at the deadline is refused, the
@@ -426,20 +479,18 @@ def create_app(
             parsed = reviewer.parse(body)
         except BadRequestError as e:
             return bad_request(e.diagnostics(), started)
-        loop = asyncio.get_running_loop()
-        try:
-            remaining = max(0.0, deadline - (time.monotonic() - started))
-            future = loop.run_in_executor(executor, lambda: decide(parsed, started))
-            decision = await asyncio.wait_for(future, timeout=remaining)
-        except TimeoutError:
-            decision = reviewer.deny_deadline(parsed)
-        except Exception as e:  # noqa: BLE001 - fail closed: an executor failure is a deny, never an allow
-            decision = reviewer.deny(parsed, "error", f"internal error: {type(e).__name__}")
+        decision = await _decision(reviewer, executor, parsed, started, decide, cached)
         record(decision, started)
         return JSONResponse(decision.response)
 
+    def decide(parsed: AdmissionRequest, started: float) -> Decision:
+        return reviewer.decide(parsed, started=started)
+
+    def decide_cached(parsed: AdmissionRequest, started: float) -> Decision | None:
+        return reviewer.decide_cached(parsed, started=started)
+
     async def validate(request: Request) -> Response:
-        return await answer(request, lambda parsed, started: reviewer.decide(parsed, started=started))
+        return await answer(request, decide, decide_cached)
 
     async def mutate(request: Request) -> Response:
         if mutator is None:

@@ -6,8 +6,11 @@ Against the session registry (distribution 2.8, TLS + htpasswd), reached through
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import os
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,12 +18,25 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
+from modelsec.attestations.bundle import parse_bundle, sign_statement
+from modelsec.attestations.predicates.oms import manifest_statement, parse_manifest
+from modelsec.attestations.statement import parse_statement
+from modelsec.distribution import push_pull
 from modelsec.distribution.push_pull import pull_model, push_model
 from modelsec.errors import BackendUnavailableError, DigestMismatchError, RegistryUnreachableError
 from modelsec.policy import Policy
-from modelsec.registry.client import MANIFEST_MEDIA_TYPE, RegistryClient, RegistryOptions, canonical_json
+from modelsec.registry.client import (
+    MANIFEST_MEDIA_TYPE,
+    RegistryClient,
+    RegistryOptions,
+    canonical_json,
+    descriptor,
+)
+from modelsec.registry.referrers import attach_bundle
 from modelsec.signer.keys import load_private_key_file
 from modelsec.signer.signing import sign_model
+from modelsec.verifier import files as files_module
+from modelsec.verifier import verify_model
 from tests.support.fault_proxy import FaultProxy, fault_proxy
 from tests.support.oci import PASSWORD, USER, Registry
 
@@ -286,3 +302,183 @@ def test_an_openssl_error_left_in_the_calling_thread_does_not_fail_a_push(
         f"oci://{registry.address}/transfer/stale@{pushed.manifest_digest}", dest, policy, options=options
     )
     assert (dest / "s0.safetensors").read_bytes() == (model / "s0.safetensors").read_bytes()
+
+
+# Pull reads each byte once (issue 32.3): the layer's digests are computed as it is written and handed to
+# the verifier, bound to the staged file's identity.
+
+
+def _flip_in_place(path: Path) -> None:
+    """Change one byte of a staged tensor in place (same inode and size) and set its mtime back."""
+    time.sleep(0.05)  # past the file system clock tick (FileIdentity: a write in the same tick is unseen)
+    before = path.stat()
+    with open(path, "r+b") as f:
+        f.seek(before.st_size - 1)
+        last = f.read(1)
+        f.seek(before.st_size - 1)
+        f.write(bytes([last[0] ^ 1]))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+@pytest.mark.parametrize("sm2", [False, True], ids=["ecdsa", "ecdsa+sm2"])
+def test_pull_verifies_the_digests_taken_as_written_and_reads_no_layer_again(
+    tmp_path: Path, key_dir: Path, registry: Registry, monkeypatch: pytest.MonkeyPatch, sm2: bool
+) -> None:
+    options = RegistryOptions(ca_file=registry.ca, username=USER, password=PASSWORD, chunk_bytes=CHUNK)
+    model = _model(tmp_path / "m", key_dir, seed=38 + sm2)
+    keys = [key_dir / "ecdsa-p256.pub.pem"]
+    if sm2:  # a second bundle with SM3 file digests: streamed as well (the SHA-256 is the layer digest)
+        sign_model(model, [load_private_key_file(key_dir / "sm2.key.pem")])
+        keys.append(key_dir / "sm2.pub.pem")
+    policy = Policy.from_key_files(keys)
+    pushed = _push(model, key_dir, registry.address, f"transfer/once{int(sm2)}", options, policy)
+    hashed_by_verifier: list[str] = []
+    engine = files_module.hash_files
+
+    def spy(root_fd: int, names: list[str], **kw: object) -> object:
+        hashed_by_verifier.extend(names)
+        return engine(root_fd, names, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(files_module, "hash_files", spy)
+    dest = tmp_path / "pulled"
+    result = pull_model(f"oci://{registry.address}/transfer/once{int(sm2)}:v1", dest, policy, options=options)
+    assert result.root_digest == pushed.root_digest and result.files == 4
+    assert len(result.signers) == len(keys)  # each bundle verified
+    assert hashed_by_verifier == []  # every layer's digests (file, header, tensors) came from the download
+    for path in model.glob("s*.safetensors"):
+        assert (dest / path.name).read_bytes() == path.read_bytes()
+    # The same directory verified from disk: the same root digest, and every file hashed there.
+    assert verify_model(dest, policy).root_digest == pushed.root_digest
+    assert sorted(hashed_by_verifier) == sorted(
+        p.name for p in model.iterdir() if not p.name.endswith(".sig")
+    )
+
+
+def test_a_download_started_again_is_hashed_from_its_first_byte_again(
+    tmp_path: Path,
+    key_dir: Path,
+    proxy: FaultProxy,
+    tls: dict[str, Path],
+    policy: Policy,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model = tmp_path / "m"
+    model.mkdir()
+    # Over two 1 MiB reads: the cut comes after some bytes were written (and hashed), so the restart must
+    # truncate the file and begin hashing again.
+    weights = np.random.default_rng(42).standard_normal((768, 1024)).astype(np.float32)
+    save_file({"w": weights}, str(model / "s0.safetensors"))
+    sign_model(model, [load_private_key_file(key_dir / "ecdsa-p256.key.pem")])
+    options = RegistryOptions(ca_file=tls["ca"], username=USER, password=PASSWORD, timeout=10, transfers=1)
+    pushed = _push(model, key_dir, proxy.address, "transfer/restart", options, policy)
+    shard = "sha256:" + hashlib.sha256((model / "s0.safetensors").read_bytes()).hexdigest()
+    proxy.reset()
+    proxy.fail("GET", re.escape(f"/blobs/{shard}"), "cut", 1)  # half the body written and hashed
+    proxy.fail("GET", re.escape(f"/blobs/{shard}"), "no-range", 1)  # then the whole blob again, from byte 0
+    hashed_by_verifier: list[str] = []
+    engine = files_module.hash_files
+
+    def spy(root_fd: int, names: list[str], **kw: object) -> object:
+        hashed_by_verifier.extend(names)
+        return engine(root_fd, names, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(files_module, "hash_files", spy)
+    dest = tmp_path / "pulled"
+    result = pull_model(f"oci://{proxy.address}/transfer/restart:v1", dest, policy, options=options)
+    assert [s.outcome for s in proxy.seen if shard in s.path] == ["cut", "no-range"]
+    assert result.root_digest == pushed.root_digest
+    assert (dest / "s0.safetensors").read_bytes() == (model / "s0.safetensors").read_bytes()
+    # The restart began the per-tensor and header hashing again too: its digests were used, not re-read.
+    assert hashed_by_verifier == []
+
+
+@pytest.mark.parametrize("when", ["before verification", "after verification"])
+def test_a_staged_file_changed_after_it_was_written_is_refused_and_nothing_lands(
+    tmp_path: Path,
+    key_dir: Path,
+    registry: Registry,
+    policy: Policy,
+    monkeypatch: pytest.MonkeyPatch,
+    when: str,
+) -> None:
+    options = RegistryOptions(ca_file=registry.ca, username=USER, password=PASSWORD, chunk_bytes=CHUNK)
+    model = _model(tmp_path / "m", key_dir, seed=39)
+    pushed = _push(model, key_dir, registry.address, "transfer/staged", options, policy)
+    verify = push_pull.verify_model
+    tampered: list[Path] = []
+
+    def tamper_around_verify(staging: Path, *args: object, **kw: object) -> object:
+        shard = Path(staging) / "s1.safetensors"
+        tampered.append(shard)
+        if when == "before verification":
+            _flip_in_place(shard)
+        result = verify(staging, *args, **kw)  # type: ignore[arg-type]
+        if when == "after verification":
+            _flip_in_place(shard)
+        return result
+
+    monkeypatch.setattr(push_pull, "verify_model", tamper_around_verify)
+    dest = tmp_path / "pulled"
+    with pytest.raises(DigestMismatchError) as refused:
+        pull_model(
+            f"oci://{registry.address}/transfer/staged@{pushed.manifest_digest}",
+            dest,
+            policy,
+            options=options,
+        )
+    assert tampered and refused.value.path == str(tampered[0])
+    assert "file identity" in str(refused.value) and refused.value.expected != refused.value.actual
+    _nothing_landed(dest)
+
+
+def test_a_blob_tampered_in_its_header_is_refused_on_its_layer_digest(
+    tmp_path: Path, key_dir: Path, registry: Registry, policy: Policy
+) -> None:
+    options = RegistryOptions(ca_file=registry.ca, username=USER, password=PASSWORD, chunk_bytes=CHUNK)
+    model = _model(tmp_path / "m", key_dir, seed=40)
+    _push(model, key_dir, registry.address, "transfer/header", options, policy)
+    digest = "sha256:" + hashlib.sha256((model / "s0.safetensors").read_bytes()).hexdigest()
+    blob = registry.blob_path(digest)
+    data = bytearray(blob.read_bytes())
+    data[:8] = (2**40).to_bytes(8, "little")  # a header length no parser accepts
+    blob.write_bytes(bytes(data))
+    dest = tmp_path / "pulled"
+    with pytest.raises(DigestMismatchError) as refused:
+        pull_model(f"oci://{registry.address}/transfer/header:v1", dest, policy, options=options)
+    assert refused.value.expected == digest and refused.value.path.endswith("s0.safetensors")
+    assert refused.value.actual == "sha256:" + hashlib.sha256(bytes(data)).hexdigest()
+    _nothing_landed(dest)
+
+
+def test_a_tensor_digest_the_signed_manifest_lists_otherwise_is_refused(
+    tmp_path: Path, key_dir: Path, registry: Registry, policy: Policy
+) -> None:
+    options = RegistryOptions(ca_file=registry.ca, username=USER, password=PASSWORD, chunk_bytes=CHUNK)
+    model = _model(tmp_path / "m", key_dir, seed=41)
+    pushed = _push(model, key_dir, registry.address, "transfer/tensor", options, policy)
+    # A trusted key signs a manifest whose file digests are right and one tensor digest is not.
+    bundle = parse_bundle((model / "model.sig").read_bytes(), source="model.sig")
+    signed = parse_manifest(parse_statement(bundle.envelope.payload, what="model.sig"), what="model.sig")
+    entry = signed.tensors["s1.safetensors"]["w1"]
+    wrong = bytes([entry.digest[0] ^ 1]) + entry.digest[1:]
+    tensors = {**signed.tensors, "s1.safetensors": {"w1": dataclasses.replace(entry, digest=wrong)}}
+    forged = sign_statement(
+        manifest_statement(dataclasses.replace(signed, tensors=tensors)),
+        load_private_key_file(key_dir / "ecdsa-p256.key.pem"),
+    )
+    client = RegistryClient(registry.address, options)
+    manifest = client.get_manifest("transfer/tensor", pushed.manifest_digest)[0]
+    subject = descriptor(MANIFEST_MEDIA_TYPE, manifest)
+    client.delete_referrer("transfer/tensor", pushed.referrers[1], pushed.manifest_digest)
+    attach_bundle(client, "transfer/tensor", subject, forged)
+    dest = tmp_path / "pulled"
+    with pytest.raises(DigestMismatchError) as refused:
+        pull_model(
+            f"oci://{registry.address}/transfer/tensor@{pushed.manifest_digest}",
+            dest,
+            policy,
+            options=options,
+        )
+    assert refused.value.path.endswith("s1.safetensors:`w1`") and refused.value.algorithm == "blake3"
+    assert (refused.value.expected, refused.value.actual) == (wrong.hex(), entry.digest.hex())
+    _nothing_landed(dest)

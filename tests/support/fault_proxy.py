@@ -7,7 +7,8 @@ registry returns point at the proxy. Bodies are whole in memory: for test-sized 
 
 A fault is `(method, path pattern, action, times)`: the first `times` requests that match get `action`:
 `"503"` (an answer `503 Service Unavailable`), `"drop"` (the request is read, then the connection closed
-without an answer) or `"cut"` (forwarded, then the connection is closed half-way through the answer's body).
+without an answer), `"cut"` (forwarded, then the connection is closed half-way through the answer's body) or
+`"no-range"` (forwarded without its `Range` header, as a registry that ignores ranges answers: 200, whole).
 Every request is logged in `seen` with what happened to it.
 """
 
@@ -46,7 +47,7 @@ class Seen:
     path: str
     headers: dict[str, str]
     body_bytes: int
-    outcome: str  # "forwarded", "503", "drop", "cut"
+    outcome: str  # "forwarded", "503", "drop", "cut", "no-range"
 
 
 @dataclass
@@ -114,7 +115,7 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if proxy.delay and "/blobs/" in self.path and self.command in ("GET", "PATCH", "PUT"):
                 time.sleep(proxy.delay)
-            status, reason, answer_headers, data = self._forward(body)
+            status, reason, answer_headers, data = self._forward(body, drop_range=action == "no-range")
         finally:
             with proxy.lock:
                 proxy.in_flight -= 1
@@ -134,14 +135,16 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self.wfile.write(data)
 
-    def _forward(self, body: bytes) -> tuple[int, str, list[tuple[str, str]], bytes]:
+    def _forward(
+        self, body: bytes, *, drop_range: bool = False
+    ) -> tuple[int, str, list[tuple[str, str]], bytes]:
         proxy = self.server.proxy
         context = ssl.create_default_context(cafile=str(proxy.upstream_ca))
         upstream = http.client.HTTPSConnection(*proxy.upstream, context=context, timeout=30)
         try:
             upstream.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
             for name, value in self.headers.items():
-                if name.lower() not in _HOP:
+                if name.lower() not in _HOP and not (drop_range and name.lower() == "range"):
                     upstream.putheader(name, value)
             upstream.putheader("Content-Length", str(len(body)))
             upstream.endheaders(body or None)

@@ -7,6 +7,7 @@ import stat
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 
@@ -20,11 +21,14 @@ from modelsec.errors import (
 )
 from modelsec.limits import Limits
 from modelsec.modelformat.model_files import open_beneath
-from modelsec.policy import Authority, Policy, TimestampAuthority
+from modelsec.policy import Policy
 from modelsec.signer.keys import TrustedKey
 from modelsec.signer.layout import OMS_BUNDLE_NAME
 from modelsec.signer.schemes import all_schemes, scheme_for, scheme_for_bundle_name
 from modelsec.verifier.trust.timestamp_backend import check_bundle_timestamps
+
+if TYPE_CHECKING:
+    from modelsec.policy import Authority, TimestampAuthority
 
 __all__ = [
     "check_bundle_name",

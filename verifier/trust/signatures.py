@@ -35,11 +35,10 @@ from modelsec.errors import (
 from modelsec.limits import Limits
 from modelsec.modelformat.model_files import open_beneath, open_model_root
 from modelsec.policy import Policy
+from modelsec.signer import layout
 from modelsec.signer.keys import TrustedKey
 from modelsec.signer.layout import (
     BUNDLE_SUFFIXES,
-    RESERVED_BUNDLE_NAMES,
-    SIGNATURE_FILE_NAMES,
     STATEMENTS_DIR_NAME,
     find_attestation_files,
     find_default_bundles,
@@ -196,7 +195,7 @@ def verify_signatures(
     else:
         bundle_paths = find_default_bundles(model_dir, root_fd=root_fd)
     if not bundle_paths:
-        looked_for = ", ".join(SIGNATURE_FILE_NAMES)
+        looked_for = ", ".join(layout.SIGNATURE_FILE_NAMES)
         raise SignatureError(f"{model}: no signature bundle found (looked for {looked_for})")
     verified: list[VerifiedBundle] = []
     skipped: list[Path] = []
@@ -379,7 +378,7 @@ def _excluded_paths(
     Python API records no ignore path for it) and modelsec's reserved names are left out of every walk,
     whichever bundle's ignore list names them.
     """
-    excluded = dict.fromkeys((*RESERVED_BUNDLE_NAMES, *ignore_paths))
+    excluded = dict.fromkeys((*layout.RESERVED_BUNDLE_NAMES, *ignore_paths))
     root = os.path.abspath(model_dir)
     for p in bundle_paths:
         rel = os.path.relpath(os.path.abspath(p), root)

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 
 from modelsec.attestations.bundle import Bundle
 from modelsec.errors import BackendUnavailableError
-from modelsec.policy import TimestampAuthority
 
 if TYPE_CHECKING:
+    from modelsec.policy import TimestampAuthority
     from modelsec.verifier.trust.timestamps import CheckedTimestamps
 
 __all__ = ["check_bundle_timestamps", "timestamps_module"]

@@ -32,6 +32,13 @@ NOT_AT_IMPORT = {
     "pickletools": "the first content classification",
     "modelsec.verifier.stores": "attestation stores",
     "platform": "the openat2 syscall number (os.uname)",
+    "modelsec.signer.schemes.ecdsa": "the scheme registry's first question (a key, a bundle name)",
+    "modelsec.signer.schemes.mldsa": "the scheme registry's first question",
+    "modelsec.signer.schemes.sm2.scheme": "the scheme registry's first question",
+    "modelsec.policy.requirements": "parsing a policy file",
+    "modelsec.policy.authorities": "parsing a policy file",
+    "modelsec.policy.trust": "parsing a policy file",
+    "modelsec.registry.reference": "matching a policy file's patterns",
 }
 
 _CODE = """
@@ -40,7 +47,15 @@ from modelsec.verifier import load_model
 before = sorted(sys.modules)
 from modelsec.attestations.predicates import PREDICATE_KINDS, check_gate_predicate
 import modelsec.signer
+from modelsec.signer.layout import MODEL_IGNORE_PATHS, RESERVED_BUNDLE_NAMES, SIGNATURE_FILE_NAMES
+from modelsec.signer.schemes import all_schemes
+from modelsec.policy import Authority, KeyWindow, RobustnessRequirement
 print(json.dumps({
+    "signature_names": list(SIGNATURE_FILE_NAMES),
+    "scheme_names": [s.default_bundle_name for s in all_schemes()],
+    "ignore": list(MODEL_IGNORE_PATHS),
+    "reserved": list(RESERVED_BUNDLE_NAMES),
+    "policy_parts": [KeyWindow.__module__, RobustnessRequirement.__module__, str(Authority)],
     "before": before,
     "kinds": len(PREDICATE_KINDS),
     "gate_checker": check_gate_predicate.__module__,
@@ -61,3 +76,9 @@ def test_load_model_import_leaves_the_heavy_modules_for_first_use() -> None:
     assert out["kinds"] == 6
     assert out["gate_checker"] == "modelsec.attestations.predicates.gate"
     assert out["sign_model"] == "modelsec.signer.signing"
+    # The names made from the scheme registry are the registry's, in its order, wherever they are asked.
+    assert out["signature_names"] == out["scheme_names"]
+    assert out["ignore"][4 : 4 + len(out["scheme_names"])] == out["scheme_names"]
+    assert out["reserved"][: len(out["scheme_names"])] == out["scheme_names"]
+    assert out["policy_parts"][:2] == ["modelsec.policy.trust", "modelsec.policy.requirements"]
+    assert "modelsec.policy.authorities.X509Authority" in out["policy_parts"][2]

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from modelsec.errors import MalformedArtifactError
-from modelsec.watermark import WatermarkKey, embed_model
+from modelsec.watermark import WatermarkKey, WatermarkParams, embed_model
 
 KEY = WatermarkKey.from_bytes(bytes(range(1, 33)))
 MSG = b"stream v1"
@@ -86,7 +86,8 @@ def _digests(root: Path) -> dict[str, str]:
 
 def test_streamed_output_is_byte_identical_to_the_whole_shard_writer(tmp_path: Path) -> None:
     model = _write_model(tmp_path / "m")
-    result = embed_model(model, tmp_path / "out", KEY, MSG)
+    # GOLDEN was written by the whole-shard writer with the uncoded message (`none`).
+    result = embed_model(model, tmp_path / "out", KEY, MSG, params=WatermarkParams(message_code="none"))
     assert _digests(tmp_path / "out") == GOLDEN
     assert result.detection.detected
     assert [t.name for t in result.tensors] == ["b.weight", "m.weight", "z.weight", "c.weight", "d.weight"]

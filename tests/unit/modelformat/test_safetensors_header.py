@@ -379,3 +379,32 @@ def test_arbitrary_bytes_never_raise_anything_else(tail: bytes, declared: int) -
     except MalformedArtifactError:
         return
     assert_consistent(header, blob, raw)
+
+
+def _blob(header_text: str, data: bytes) -> bytes:
+    raw = header_text.encode()
+    return struct.pack("<Q", len(raw)) + raw + data
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "w",  # no `-0` and no long digit run: integers take the decoder's C path
+        "layer-0.w",  # a `-0` inside a string: the hooked path, same result
+        "w" + "7" * 641,  # an over-long digit run inside a string: the hooked path, same result
+    ],
+)
+def test_integers_decode_the_same_on_either_path(name: str) -> None:
+    text = f'{{"{name}":{{"dtype":"U8","shape":[2,2],"data_offsets":[0,4]}}}}'
+    header, _ = parse_bytes(_blob(text, bytes(4)))
+    (info,) = header.tensors
+    assert (info.name, info.shape, info.begin, info.end) == (name, (2, 2), 0, 4)
+    assert all(type(v) is int for v in (*info.shape, info.begin, info.end))
+
+
+@pytest.mark.parametrize("offsets", ["[-0,4]", "[ -0 , 4 ]"])
+def test_negative_zero_offset_is_refused_whatever_else_the_header_holds(offsets: str) -> None:
+    # serde_json reads `-0` as a float, so safetensors refuses it; as the integer 0 it would select [0, 4).
+    text = f'{{"w":{{"dtype":"U8","shape":[4],"data_offsets":{offsets}}}}}'
+    with pytest.raises(MalformedArtifactError, match=r"`w`: data_offsets must be an array of two integers"):
+        parse_bytes(_blob(text, bytes(4)))

@@ -443,3 +443,33 @@ ATTACKS: list[tuple[str, Callable[[Arrays], Arrays], float]] = [
     ("noise 1.0 rms", lambda s: gaussian_noise(s, 1.0), 0.02),
     ("prune 50% magnitude", prune_magnitude, 0.01),
 ]
+
+
+def regridded_copy(src: Path, dst: Path, kind: str, only: tuple[str, ...] | None = None) -> Path:
+    """A copy of model directory `src` whose float32 matrices are quantised to `kind` and dequantised.
+
+    What a GGUF release converted back to safetensors holds, and, applied to a marked model, a re-release
+    to that grid (`modelsec.watermark.grid.requantise`, ggml's reference rounding). `only` limits it to
+    those tensors (default: every float32 tensor of at least 2 dimensions). Side files are copied; the
+    safetensors metadata is kept.
+    """
+    import shutil
+
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    from modelsec.watermark.grid import requantise
+
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in sorted(src.iterdir()):
+        if f.suffix != ".safetensors":
+            shutil.copy(f, dst / f.name)
+            continue
+        with safe_open(str(f), framework="numpy") as st:
+            metadata = st.metadata()
+            state = {k: st.get_tensor(k) for k in st.keys()}
+        for name, w in state.items():
+            if w.ndim >= 2 and w.dtype == np.float32 and (only is None or name in only):
+                state[name] = requantise(w, kind)
+        save_file(state, str(dst / f.name), metadata=metadata)
+    return dst

@@ -104,7 +104,7 @@ def test_every_candidate_present_with_message_errors_is_refused_saying_so(tmp_pa
             KEY,
             MESSAGE,
             probe=RelativeL2Probe(),
-            params=WatermarkParams(kappa=0.002),
+            params=WatermarkParams(kappa=0.002, message_code="none"),  # uncoded: errors stay errors
             min_kappa=0.001,
             steps=1,
             max_fidelity_loss=0.1,

@@ -45,20 +45,22 @@ def test_three_modes_agree_and_report_exact_statistics(marked: Path, wm_key: Wat
     assert blind.mode == "blind" and length.mode == "length" and full.mode == "message"
     assert blind.detected and length.detected and full.detected
     assert blind.decoded_message == length.decoded_message == full.decoded_message == MSG
-    # blind: 64 pilot bits, the message length searched over 64 candidates (Bonferroni factor 64).
-    assert (blind.bits, blind.bit_matches, blind.tests, blind.message_bits) == (64, 64, 64, 64)
-    # The bound: 2 (two statistics) x 64 hypotheses x the smaller of the Stouffer bound and the binomial tail.
+    # blind: 64 pilot bits, the message length searched over 64 candidates under each of the two message
+    # codes (Bonferroni factor 128).
+    assert (blind.bits, blind.bit_matches, blind.tests, blind.message_bits) == (64, 64, 128, 64)
+    # The bound: 2 (two statistics) x 128 hypotheses x the smaller of the Stouffer bound and the binomial
+    # tail.
     single = min(rademacher_tail_bound(blind.z_score)[1], binomial_tail(64, 64)[1])
-    assert blind.log10_false_positive_probability == pytest.approx(math.log10(2 * 64) + single)
-    assert blind.binomial_false_positive_probability == 64 * 2.0**-64
+    assert blind.log10_false_positive_probability == pytest.approx(math.log10(2 * 128) + single)
+    assert blind.binomial_false_positive_probability == 128 * 2.0**-64
     # Stouffer's Z over 64 pilot bits is at least sqrt(64) times the smallest margin.
     assert blind.z_score >= 8 * blind.min_margin >= 8 * 2.9
-    assert length.tests == 1
+    assert length.tests == 2  # the length given, the code not: both codes
     # With the message given, presence is the blind verdict itself (same bits, statistics and Bonferroni
     # factor); the message is a second verdict at its own length.
     presence = ("detected", "bits", "bit_matches", "tests", "false_positive_probability", "confidence")
     assert [getattr(full, f) for f in presence] == [getattr(blind, f) for f in presence]
-    assert full.binomial_false_positive_probability == 64 * binomial_tail(64, 64)[0]
+    assert full.binomial_false_positive_probability == 128 * binomial_tail(64, 64)[0]
     assert (full.message_bits, full.message_matches, full.message_matched) == (64, 64, True)
     assert blind.message_matched is None and length.message_matched is None
     assert full.confidence == 1.0 and full.bit_error_rate == 0.0 and full.message_bit_error_rate == 0.0
@@ -97,7 +99,7 @@ def test_wrong_key_and_unmarked_model_are_not_detected(
             assert result.confidence < 0.92
     blind = detect(toy_model, wm_key)
     assert blind.message_bits is None and blind.decoded_message is None
-    assert blind.tests == 2 * 64  # densities k0 and k0 + 1, 64 message lengths each
+    assert blind.tests == 2 * 2 * 64  # densities k0 and k0 + 1, 64 message lengths under 2 codes each
 
 
 def test_thresholds_are_configurable(marked: Path, wm_key: WatermarkKey) -> None:
@@ -144,7 +146,7 @@ def test_whole_tensor_rescaling_and_an_added_tensor_do_not_hide_the_mark(
     state = _load(marked)
     state["dummy.weight"] = np.zeros((1024, 4096), dtype=np.float32)
     padded = detect(state, wm_key)
-    assert padded.detected and padded.density_log2 == 0 and padded.tests == 2 * 64
+    assert padded.detected and padded.density_log2 == 0 and padded.tests == 2 * 2 * 64
 
 
 def test_restricting_to_the_attested_tensors_defeats_dilution(marked: Path, wm_key: WatermarkKey) -> None:
@@ -164,7 +166,8 @@ def test_false_positive_probability_is_calibrated_on_unmarked_models(wm_key: Wat
     matches = []
     for seed in range(40):
         state = mlp_state(seed=100 + seed, hidden=128)
-        result = detect(state, wm_key, message_length=64, params=WatermarkParams(density_log2=0))
+        one = WatermarkParams(density_log2=0, message_code="crc32-conv7")  # one hypothesis: length, code
+        result = detect(state, wm_key, message_length=64, params=one)
         matches.append(result.pilot_matches)
         assert result.log10_false_positive_probability > -6
     assert abs(np.mean(matches) - 32) < 2.5

@@ -51,7 +51,8 @@ def test_tail_bound_holds_for_every_rademacher_sum() -> None:
 def test_an_evenly_weakened_mark_is_present(toy_model: Path, tmp_path: Path, wm_key: WatermarkKey) -> None:
     """Noise of 3 x RMS leaves every bit leaning the right way on average but flips ~15 % of the signs: the
     64-bit sign rule (confidence >= 0.92 and binomial tail) calls it absent, Stouffer's Z does not."""
-    embed_model(toy_model, tmp_path / "marked", wm_key, MSG)
+    # Uncoded (`none`): the premise is about the pilot bits of this one seeded noise draw.
+    embed_model(toy_model, tmp_path / "marked", wm_key, MSG, params=WatermarkParams(message_code="none"))
     noisy = gaussian_noise(load_state(tmp_path / "marked"), 3.0)
     found = detect(noisy, wm_key, message=MSG)
     assert found.detected and found.false_positive_probability <= 1e-9
@@ -108,7 +109,8 @@ def test_null_p_values_are_calibrated_over_random_keys() -> None:
 
     state = {"w.0": np.random.default_rng(1).standard_normal((64, 128)).astype(np.float32)}
     source = ArraySource(state)
-    params = WatermarkParams(density_log2=0, min_tensor_elements=4096)
+    # One hypothesis: the length and the message code given (as an attestation records them).
+    params = WatermarkParams(density_log2=0, min_tensor_elements=4096, message_code="crc32-conv7")
     rng = np.random.default_rng(2)
     p_values, bounds = [], []
     for _ in range(1500):

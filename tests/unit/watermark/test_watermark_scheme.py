@@ -122,7 +122,7 @@ def test_parse_message_forms() -> None:
 
 def test_code_word_pilot_is_independent_of_the_message_and_decodes() -> None:
     key = WatermarkKey.from_bytes(KEY)
-    params = WatermarkParams()
+    params = WatermarkParams(message_code="none")  # the format of every mark made before error correction
     msg = b"hello, world"
     code = code_word(key, message_bits(msg), params)
     assert len(code) == params.pilot_bits + 8 * len(msg)

@@ -10,12 +10,15 @@ the next decision reads the store and denies.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -239,3 +242,116 @@ def test_a_dry_run_does_not_record_a_revision(
     opens.clear()
     assert _allowed(reviewer, body)[:2] == (True, True)
     assert not [p for p in opens if p.endswith(".sig")]  # this decision recorded the new token
+
+
+def test_the_event_loops_cached_answer_sees_another_writers_withdrawal(
+    tmp_path: Path, key_dir: Path, signed_model: tuple[str, bytes], opens: list[str]
+) -> None:
+    # `decide_cached` is what the server answers on its event loop: the same revision check, never stale.
+    digest, bundle = signed_model
+    store = tmp_path / "store"
+    filed, _ = DirectoryStore(store).put(bundle)
+    _settle()
+    reviewer = Reviewer(_policies(key_dir), DirectoryStore(store), WebhookConfig(cache_ttl_seconds=60))
+    body = _body(digest)
+    assert reviewer.decide_cached(reviewer.parse(body)) is None  # nothing cached yet: read by `decide`
+    assert len(reviewer.cache) == 0
+    assert _allowed(reviewer, body)[:2] == (True, False)
+    opens.clear()
+    decision = reviewer.decide_cached(reviewer.parse(body))
+    assert decision is not None and decision.response["response"]["allowed"] is True
+    assert decision.references[0].cached
+    assert [p for p in opens if p.startswith(str(store))] == [str(store / "sha256" / digest)]
+
+    DirectoryStore(store).supersede(digest, filed.id)  # another writer withdraws the bundle
+    _settle()
+    opens.clear()
+    assert reviewer.decide_cached(reviewer.parse(body)) is None
+    assert not [p for p in opens if p.endswith(".sig")]  # no bundle read on the event loop
+    assert _allowed(reviewer, body) == (False, False, "attestation")
+
+
+def test_the_event_loop_asks_no_sqlite_store(
+    tmp_path: Path, key_dir: Path, signed_model: tuple[str, bytes]
+) -> None:
+    digest, bundle = signed_model
+    store = SqliteAttestationStore(tmp_path / "store.db")
+    store.put(bundle)
+    reviewer = Reviewer(_policies(key_dir), store, WebhookConfig(cache_ttl_seconds=60))
+    body = _body(digest)
+    assert _allowed(reviewer, body)[:2] == (True, False)
+    queries: list[str] = []
+    store._db.set_trace_callback(queries.append)
+    assert reviewer.decide_cached(reviewer.parse(body)) is None  # a query waits: a worker's job
+    assert queries == []
+
+
+def _post(app: Any, body: bytes) -> dict[str, Any]:
+    """One POST /validate through the ASGI application, as uvicorn hands it over; the AdmissionReview."""
+    received = [{"type": "http.request", "body": body, "more_body": False}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return received.pop(0) if received else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "https", "path": "/validate", "raw_path": b"/validate", "query_string": b"",
+        "root_path": "", "headers": [(b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 40000), "server": ("127.0.0.1", 8443),
+    }  # fmt: skip
+
+    async def run() -> dict[str, Any]:
+        await app(scope, receive, send)
+        answer: dict[str, Any] = json.loads(b"".join(m.get("body", b"") for m in sent if "body" in m))
+        return answer
+
+    return run()  # type: ignore[return-value]  # a coroutine, awaited by the caller
+
+
+def test_a_cached_decision_is_not_queued_behind_a_busy_worker(
+    tmp_path: Path, key_dir: Path, signed_model: tuple[str, bytes]
+) -> None:
+    # The server answers a cached decision itself: an uncached one that holds the only worker (here, a
+    # registry that does not answer) does not delay it, and the slow one still gets its own verdict.
+    pytest.importorskip("starlette")
+    from modelsec.webhook.server import create_app
+
+    digest, bundle = signed_model
+    DirectoryStore(tmp_path / "store").put(bundle)
+    _settle()
+    in_worker, release = threading.Event(), threading.Event()
+
+    def bindings(raw: str, policy: object) -> set[str]:  # the registry, slow to answer
+        in_worker.set()
+        release.wait(10)
+        return set()
+
+    config = WebhookConfig(cache_ttl_seconds=60, deadline_seconds=5)
+    reviewer = Reviewer(_policies(key_dir), DirectoryStore(tmp_path / "store"), config, bindings=bindings)
+    assert _allowed(reviewer, _body(digest))[:2] == (True, False)
+    app = create_app(reviewer, workers=1)
+    unsigned = json.dumps(review_body("Pod", f"{REGISTRY}/x@sha256:{'e' * 64}", uid="slow")).encode()
+
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any], float]:
+        slow = asyncio.ensure_future(_post(app, unsigned))
+        for _ in range(500):
+            if in_worker.is_set():
+                break
+            await asyncio.sleep(0.01)
+        assert in_worker.is_set(), "the uncached decision never asked the registry"
+        started = time.monotonic()
+        cached = await _post(app, _body(digest))
+        took = time.monotonic() - started
+        release.set()
+        return cached, await slow, took
+
+    cached, slow, took = asyncio.run(scenario())
+    assert cached["response"]["allowed"] is True
+    assert cached["response"]["auditAnnotations"]["reason"] == "verified"
+    assert took < 2  # not after the worker (released only now) and not at the 5 s deadline
+    assert slow["response"]["allowed"] is False
+    assert slow["response"]["uid"] == "slow"
