@@ -36,6 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import numpy as np
 import torch
 from _common import load_average, machine_lines
 
@@ -48,7 +49,7 @@ from tests.unit.watermark import _fortunes_lm as F
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def _key(i: int) -> WatermarkKey:
+def key_of(i: int) -> WatermarkKey:
     return WatermarkKey.from_bytes(hashlib.sha256(b"modelsec issue 30 key %d" % i).digest())
 
 
@@ -123,10 +124,10 @@ def main() -> None:
         out = work / f"key{i}"
         shutil.rmtree(out, ignore_errors=True)
         t = time.perf_counter()
-        r = embed_careful(lm, out, _key(i), b"F", weakest_anyway=True, cache_dir=cache)
+        r = embed_careful(lm, out, key_of(i), b"F", weakest_anyway=True, cache_dir=cache)
         per_key.append(time.perf_counter() - t)
         assert r.fidelity is not None and r.fidelity.greedy is not None
-        blind = wm_detect(out, _key(i))
+        blind = wm_detect(out, key_of(i))
         print(
             f"key {i}: {per_key[-1]:.0f} s (grades {'cached' if r.fidelity.grades_cached else 'computed'}), "
             f"bar {'met' if r.fidelity.met else 'MISSED'}; probe: {r.fidelity.greedy.summary()}; blind "
@@ -159,30 +160,40 @@ def main() -> None:
     for i in range(args.careless_keys):
         out = work / f"careless{i}"
         shutil.rmtree(out, ignore_errors=True)
-        embed_model(lm, out, _key(100 + i), b"F", careless=True)
+        embed_model(lm, out, key_of(100 + i), b"F", careless=True)
         print(f"careless kappa 3 ungraded, key {100 + i}: {probe.measure([out]).summary()}", flush=True)
 
     if marked:
-        _requantised_detection(marked[0], _key(0), work / "requantised")
+        _requantised_detection(marked[0], key_of(0), work / "requantised")
     print(f"load average after {load_average()}")
+
+
+def requantise_to_grid(
+    weights: dict[str, np.ndarray], ref: dict[str, np.ndarray]
+) -> tuple[dict[str, np.ndarray], int]:
+    """`weights` with every matrix whose counterpart in `ref` (the model as shipped) sits on a GGUF grid
+    re-quantised to that grid (`modelsec.watermark.grid`), and the number of such matrices."""
+    from modelsec.watermark.grid import grid_of, requantise
+
+    out = dict(weights)
+    done = 0
+    for name, w in weights.items():
+        kind = grid_of(ref[name]) if w.ndim >= 2 and name in ref else None
+        if kind is not None:
+            out[name] = requantise(w, kind)
+            done += 1
+    return out, done
 
 
 def _requantised_detection(marked: Path, key: WatermarkKey, out: Path) -> None:
     """Detection after re-quantising every gridded tensor of the marked model to its grid."""
     from safetensors.numpy import load_file, save_file
 
-    from modelsec.watermark.grid import grid_of, requantise
-
     shutil.rmtree(out, ignore_errors=True)
     shutil.copytree(marked, out)
     weights = load_file(str(out / "model.safetensors"))
     ref = load_file(str(marked.parent / "smollm2-q4_1" / "model.safetensors"))
-    done = 0
-    for name, w in weights.items():
-        kind = grid_of(ref[name]) if w.ndim >= 2 else None
-        if kind is not None:
-            weights[name] = requantise(w, kind)
-            done += 1
+    weights, done = requantise_to_grid(weights, ref)
     os.unlink(out / "model.safetensors")
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     d = wm_detect(out, key)

@@ -33,8 +33,12 @@ LAYERS = CONFIG["num_hidden_layers"]
 
 
 def geometry(cfg: dict[str, object] | None = None) -> tuple[int, int, int, int, int]:
-    """(heads, kv heads, head dim, layers, hidden) of a Llama config dict (default `CONFIG`)."""
-    c: dict[str, object] = {**CONFIG, **(cfg or {})}
+    """(heads, kv heads, head dim, layers, hidden) of a Llama config dict (default `CONFIG`).
+
+    A given config is read alone: a real model's `config.json` without `head_dim` (or without
+    `num_key_value_heads`) means hidden / heads (and as many KV heads as heads), not `CONFIG`'s values.
+    """
+    c: dict[str, object] = dict(CONFIG if cfg is None else cfg)
     heads, hidden = int(c["num_attention_heads"]), int(c["hidden_size"])  # type: ignore[call-overload]
     kv = int(c.get("num_key_value_heads") or heads)  # type: ignore[call-overload]
     d = int(c.get("head_dim") or hidden // heads)  # type: ignore[call-overload]
@@ -81,16 +85,31 @@ def save(state: Arrays, root: Path) -> Path:
     return root
 
 
-def logits(state: Arrays, seed: int = 5) -> np.ndarray:
-    """The real transformers forward on a fixed batch of token ids (2 x 24), float64 logits."""
+def logits(state: Arrays, seed: int = 5, cfg: dict[str, object] | None = None) -> np.ndarray:
+    """The real transformers forward on a fixed batch of token ids (2 x 24), float64 logits.
+
+    `cfg` is the model's config dict (default `CONFIG`); the MLP width comes from the weights. With a tied
+    output head the state holds no `lm_head.weight` (as `save_pretrained` writes it).
+    """
     import torch
     import transformers
 
     intermediate = state["model.layers.0.mlp.gate_proj.weight"].shape[0]
-    model = transformers.LlamaForCausalLM(_config(intermediate_size=intermediate))  # type: ignore[arg-type]
-    model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.items()})
+    config = (
+        _config(intermediate_size=intermediate)
+        if cfg is None
+        else transformers.LlamaConfig(**{**cfg, "intermediate_size": intermediate})
+    )
+    model = transformers.LlamaForCausalLM(config)  # type: ignore[arg-type]
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    missing, unexpected = model.load_state_dict(
+        {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.items()}, strict=False
+    )
+    if unexpected or set(missing) - ({"lm_head.weight"} if tied else set()):
+        raise KeyError(f"the state does not fit the config: missing {missing}, unexpected {unexpected}")
     model.eval()
-    ids = torch.from_numpy(np.random.default_rng(seed).integers(0, CONFIG["vocab_size"], (2, 24)))
+    vocab = int((cfg or CONFIG)["vocab_size"])  # type: ignore[call-overload]
+    ids = torch.from_numpy(np.random.default_rng(seed).integers(0, vocab, (2, 24)))
     with torch.no_grad():
         out = model(input_ids=ids).logits
     return np.asarray(out.double().numpy())

@@ -74,6 +74,42 @@ def test_transform_is_undone_with_the_reference(
         assert not r.detected and not r.message_matched and r.log10_false_positive_probability > -6
 
 
+#: SmolLM2-135M's attention in miniature: 9 query heads in 3 KV groups, a tied output head, and no
+#: `head_dim` in the config (a real config may omit it: then it is hidden / heads).
+GQA_TIED: dict[str, object] = {
+    "vocab_size": 256,
+    "hidden_size": 72,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "max_position_embeddings": 64,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": True,
+}
+
+
+@pytest.mark.parametrize(("name", "attack"), _llama.TRANSFORMS, ids=[n for n, _ in _llama.TRANSFORMS])
+def test_transforms_keep_the_function_of_a_gqa_model_with_a_tied_head(
+    name: str, attack: Callable[..., _llama.Arrays]
+) -> None:
+    """The robustness bench runs these transforms on SmolLM2 with its own config.json: they must stay
+    function-preserving there, not assume the small model's head geometry."""
+    import torch
+    import transformers
+
+    torch.manual_seed(3)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**GQA_TIED))
+    state = {k: v.detach().numpy().copy() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    attacked = attack(state, cfg=GQA_TIED)
+    assert "lm_head.weight" not in attacked
+    assert any(
+        attacked[k].shape != state[k].shape or not np.array_equal(attacked[k], state[k]) for k in state
+    )
+    before, after = _llama.logits(state, cfg=GQA_TIED), _llama.logits(attacked, cfg=GQA_TIED)
+    assert np.allclose(after, before, atol=1e-4), name
+
+
 def test_each_transform_is_reported(models: tuple[Path, Path]) -> None:
     ref, marked_dir = models
     marked = load_state(marked_dir)
