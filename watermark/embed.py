@@ -295,8 +295,9 @@ def embed_fixed(
 ) -> EmbedResult:
     """Write a watermarked copy of a safetensors model directory at a fixed strength (nothing measured).
 
-    Guarantees: every code bit reaches `m_b z_b >= kappa` before the cast back to the stored dtype (the
-    result's `detection.min_margin` reports it after the cast); no weight changes by more than
+    Guarantees: every pilot bit (and uncoded message bit) reaches `m_b z_b >= kappa` before the cast back
+    to the stored dtype (the result's `detection.min_margin` reports the pilot's after the cast), every
+    crc32-conv7 code bit `m_b z_b >= params.code_margin * kappa`; no weight changes by more than
     `params.max_relative_change` of its magnitude and no sign flips; dtypes, shapes, tensor names, header
     metadata and all non-carrier bytes are unchanged. Not guaranteed: anything about the model's accuracy
     (measure fidelity on your own data; see the tests for MiniLM and a classifier).
@@ -455,7 +456,7 @@ def _strengths(
             f"the model has {carriers}; this model's capacity is {capacity_bits(carriers, params)} bits"
         )
     c0, e0, a0, q0, g2, host = _measure(source, eligible, key, k, params, n_code, grades or {})
-    target = params.kappa * (1.0 + params.margin_slack)
+    target = params.bit_margins(n_code) * (1.0 + params.margin_slack)
     strength = solve_strength(code, c0, e0, a0, q0, target, g2)
     worst = int(np.argmax(strength))
     top_grade = max((h.grade for h in host.values()), default=1.0)
