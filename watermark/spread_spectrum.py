@@ -37,11 +37,11 @@ Scheme `modelsec-ss-mult/v1` (post hoc: no retraining, no training data):
   and the extracted bit is `sign(c_b)`.
 * **Embedding** (informed, multiplicative, bounded). Every carrier of bit `b` becomes
   `w' = w + m_b t_b s_i |w_i|` (`m_b` = ±1 code bit), i.e. its magnitude changes by the same fraction
-  `t_b` and its sign never flips; `t_b >= 0` is the smallest value that makes `m_b z_b >= kappa` after
-  embedding (`code_margin * kappa` for the crc32-conv7 code bits of the message, which the soft decoder
-  and the CRC protect; a closed-form quadratic, see `solve_strength`), and `t_b <= max_relative_change` is enforced,
-  so no weight changes by more than that fraction of its magnitude. The margin `kappa` (in standard
-  deviations of the host correlation) sets robustness: additive noise of `a` times each tensor's RMS
+  `t_b` and its sign never flips; `t_b >= 0` is the smallest value that makes `m_b z_b >= kappa`
+  after embedding (`code_margin * kappa` for the crc32-conv7 code bits of the message, which the soft
+  decoder and the CRC protect; a closed-form quadratic, see `solve_strength`), and
+  `t_b <= max_relative_change` is enforced, so no weight changes by more than that fraction of its
+  magnitude. The margin `kappa` (in standard deviations of the host correlation) sets robustness: additive noise of `a` times each tensor's RMS
   moves `z_b` by a standard normal times `a`, whatever the number of carriers.
 
 Shapes and units: weights are handled as float32 (float64 for F64 tensors); per-bit arrays have length

@@ -405,7 +405,7 @@ def parse_recorded_parameters(predicate: Mapping[str, Any], *, what: str) -> Rec
     message_code = parameters.get("messageCode", "none")  # absent before error correction (issue 30)
     if not isinstance(message_code, str):
         raise MalformedArtifactError(f"{what}: watermark predicate parameters.messageCode is not a string")
-    code_margin = parameters.get("codeMargin", 1.0)  # absent before issue 30's code margin: every bit at kappa
+    code_margin = parameters.get("codeMargin", 1.0)  # absent before the code margin: every bit at kappa
     if isinstance(code_margin, bool) or not isinstance(code_margin, int | float):
         raise MalformedArtifactError(f"{what}: watermark predicate parameters.codeMargin is not a number")
     return RecordedParameters(
