@@ -41,8 +41,9 @@ Scheme `modelsec-ss-mult/v1` (post hoc: no retraining, no training data):
   after embedding (`code_margin * kappa` for the crc32-conv7 code bits of the message, which the soft
   decoder and the CRC protect; a closed-form quadratic, see `solve_strength`), and
   `t_b <= max_relative_change` is enforced, so no weight changes by more than that fraction of its
-  magnitude. The margin `kappa` (in standard deviations of the host correlation) sets robustness: additive noise of `a` times each tensor's RMS
-  moves `z_b` by a standard normal times `a`, whatever the number of carriers.
+  magnitude. The margin `kappa` (in standard deviations of the host correlation) sets robustness:
+  additive noise of `a` times each tensor's RMS moves `z_b` by a standard normal times `a`, whatever the
+  number of carriers.
 
 Shapes and units: weights are handled as float32 (float64 for F64 tensors); per-bit arrays have length
 `n = pilot_bits + coded_length(L, message_code)`; relative changes are fractions of |w| (0.05 = 5 %).
