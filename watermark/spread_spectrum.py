@@ -125,7 +125,7 @@ _EMBEDDING_NAMES = frozenset({"lm_head", "wte", "wpe", "shared"})
 
 _MAX_DENSITY_LOG2 = 32
 #: `WatermarkParams.code_margin`'s default (measured: `bench/README.md`, "Code margin").
-DEFAULT_CODE_MARGIN = 0.5
+DEFAULT_CODE_MARGIN = 0.45
 
 
 @dataclass(frozen=True, slots=True)

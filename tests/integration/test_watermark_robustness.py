@@ -178,7 +178,7 @@ def minilm(tmp_path_factory: pytest.TempPathFactory) -> Marked:
     src = H.write_minilm_copy(root / "src", shard_bytes=30_000_000)
     key = WatermarkKey.from_bytes(bytes(range(101, 133)))
     message = bytes(range(32))  # 256 bits
-    # The default: the error-corrected word (652 code bits) at code margin 0.5 costs no more than the
+    # The default: the error-corrected word (652 code bits) at its code margin costs no more than the
     # uncoded 320 bits at kappa 3, so issue 4's cosine target (>= 0.999) holds for it.
     result = embed_model(src, root / "marked", key, message)
     assert result.params.message_code == "crc32-conv7"
