@@ -5,7 +5,8 @@ Two passes over the shards (an invariant; see `embed_model`):
 1. **Measure.** Every eligible tensor's carrier blocks are gathered through a read-only memory map and
    reduced to per-bit sums of the host (`scheme.block_statistics`); nothing is written. Memory: one
    tensor's carriers.
-2. **Write.** The smallest multiplicative strengths that put every code bit at the margin are solved
+2. **Write.** The smallest multiplicative strengths that put every code bit at its margin (kappa;
+   `code_margin` x kappa for crc32-conv7 message code bits: `WatermarkParams.bit_margins`) are solved
    (`scheme.solve_strength`); then each shard in turn is read into private memory, its carriers are changed
    in float32 (float64 for F64) and cast back to the shard's own dtype (round-to-nearest-even, other bytes
    untouched, dtype and shape kept), the per-bit sums are measured again *on the cast values*, and the
