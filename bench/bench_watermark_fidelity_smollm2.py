@@ -130,7 +130,9 @@ def main() -> None:
         blind = wm_detect(out, key_of(i))
         print(
             f"key {i}: {per_key[-1]:.0f} s (grades {'cached' if r.fidelity.grades_cached else 'computed'}), "
-            f"bar {'met' if r.fidelity.met else 'MISSED'}; probe: {r.fidelity.greedy.summary()}; blind "
+            f"bar {'met' if r.fidelity.met else 'MISSED'}; code {r.params.message_code} ({r.code_bits} bits, "
+            f"code margin {r.params.code_margin:g}), rel L2 {r.relative_l2_change:.3e}; "
+            f"probe: {r.fidelity.greedy.summary()}; blind "
             f"detection {blind.detected} message {blind.decoded_message!r} fpp "
             f"{blind.false_positive_probability:.3g}; {r.requantisation_notice()}",
             flush=True,

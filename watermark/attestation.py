@@ -353,6 +353,7 @@ def detection_hints(predicate: Mapping[str, Any], *, what: str) -> DetectionHint
         min_carriers_per_bit=recorded.min_carriers_per_bit,
         carrier_set=recorded.carrier_set,
         message_code=recorded.message_code,
+        code_margin=recorded.code_margin,
     )
     return DetectionHints(
         params=params,

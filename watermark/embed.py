@@ -5,7 +5,8 @@ Two passes over the shards (an invariant; see `embed_model`):
 1. **Measure.** Every eligible tensor's carrier blocks are gathered through a read-only memory map and
    reduced to per-bit sums of the host (`scheme.block_statistics`); nothing is written. Memory: one
    tensor's carriers.
-2. **Write.** The smallest multiplicative strengths that put every code bit at the margin are solved
+2. **Write.** The smallest multiplicative strengths that put every code bit at its margin (kappa;
+   `code_margin` x kappa for crc32-conv7 message code bits: `WatermarkParams.bit_margins`) are solved
    (`scheme.solve_strength`); then each shard in turn is read into private memory, its carriers are changed
    in float32 (float64 for F64) and cast back to the shard's own dtype (round-to-nearest-even, other bytes
    untouched, dtype and shape kept), the per-bit sums are measured again *on the cast values*, and the
@@ -353,9 +354,10 @@ def embed_fixed(
 ) -> EmbedResult:
     """Write a watermarked copy of a safetensors model directory at a fixed strength (nothing measured).
 
-    Guarantees: every code bit reaches `m_b z_b >= kappa` over the float carriers before the cast back to the
-    stored dtype (with tensors on a grid and too few float carriers for the code: every bit whose margin is
-    within `max_relative_change`; the result's `detection.min_margin` reports it after the cast, over float
+    Guarantees: every pilot bit (and uncoded message bit) reaches `m_b z_b >= kappa` over the float carriers
+    before the cast back to the stored dtype, every crc32-conv7 code bit `m_b z_b >= params.code_margin *
+    kappa` (with tensors on a grid and too few float carriers for the code: every bit whose margin is within
+    `max_relative_change`; the result's `detection.min_margin` reports the pilot's after the cast, over float
     and grid carriers together); no float-marked weight changes by more than `params.max_relative_change` of
     its magnitude and none flips its sign; dtypes, shapes, tensor names, header metadata and all non-carrier
     bytes are unchanged. F32/F64 tensors on a quantisation grid instead carry the grid mark
@@ -548,7 +550,7 @@ def _strengths(
             f"others have {float_carriers} float carriers, under the {n_code * params.min_carriers_per_bit} "
             f"the float mark needs for {n_message} code bits ({params.message_code}); shorten the message"
         )
-    target = params.kappa * (1.0 + params.margin_slack)
+    target = params.bit_margins(n_code) * (1.0 + params.margin_slack)
     strength = solve_strength(code, c0, e0, a0, q0, target, g2)
     top_grade = max((h.grade for h in host.values()), default=1.0)
     if not float_mark:

@@ -83,6 +83,8 @@ _WATERMARK_FIELDS: dict[str, Range] = {
     "parameters.maxMessageBits": _int(0, 65536),
     "parameters.minCarriersPerBit": _int(0, COUNT),
     "parameters.codeBits": _int(0, COUNT),
+    # Optional: absent before the coded bits got their own margin (issue 30): every bit at kappa.
+    "parameters.codeMargin": _real(0.0, 1.0),
     "parameters.messageBits": _int(0, 65536),
     "carriers.count": _int(0, COUNT),
     "carriers.grid.elements": _int(0, COUNT),
@@ -341,6 +343,9 @@ class RecordedParameters:
         carrier_set: Which eligible tensors carry bits (`carrierSet`; `all` when not recorded).
         message_code: The message's error-correcting code (`messageCode`; `none` when not recorded: marks
             made before error correction).
+        code_margin: The coded message bits' margin as a fraction of `kappa` (`codeMargin`; 1.0 when not
+            recorded: marks made before it embedded every bit at `kappa`). For the record: detection does not
+            use it.
     """
 
     scheme: str
@@ -358,6 +363,7 @@ class RecordedParameters:
     key_commitment: str
     carrier_set: str = "all"
     message_code: str = "none"
+    code_margin: float = 1.0
 
 
 def _parameter(parameters: Mapping[str, Any], name: str, what: str) -> int | float:
@@ -401,9 +407,13 @@ def parse_recorded_parameters(predicate: Mapping[str, Any], *, what: str) -> Rec
     message_code = parameters.get("messageCode", "none")  # absent before error correction (issue 30)
     if not isinstance(message_code, str):
         raise MalformedArtifactError(f"{what}: watermark predicate parameters.messageCode is not a string")
+    code_margin = parameters.get("codeMargin", 1.0)  # absent before the code margin: every bit at kappa
+    if isinstance(code_margin, bool) or not isinstance(code_margin, int | float):
+        raise MalformedArtifactError(f"{what}: watermark predicate parameters.codeMargin is not a number")
     return RecordedParameters(
         carrier_set=carrier_set,
         message_code=message_code,
+        code_margin=float(code_margin),
         scheme=scheme,
         tensors=tuple(t["name"] for t in tensors),
         key_commitment=commitment,

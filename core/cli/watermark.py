@@ -114,8 +114,9 @@ _watermark_key_option = click.option(
     "--kappa",
     type=FiniteFloatRange(0, 100, min_open=True),
     default=None,
-    help="Margin of every bit, in standard deviations of the host correlation [default: 1 for the careful "
-    "mark of a causal LM, 3 otherwise; with a fidelity budget: the largest margin tried].",
+    help="Margin of the pilot bits, in standard deviations of the host correlation (the error-corrected "
+    "message bits get a fixed fraction of it, recorded as codeMargin) [default: 1 for the careful mark "
+    "of a causal LM, 3 otherwise; with a fidelity budget: the largest margin tried].",
 )
 @click.option(
     "--max-relative-change",

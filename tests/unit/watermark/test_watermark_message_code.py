@@ -20,7 +20,8 @@ from modelsec.watermark.message_code import (
     decode,
     encode,
 )
-from modelsec.watermark.spread_spectrum import carrier_plan
+from modelsec.watermark.spread_spectrum import DEFAULT_CODE_MARGIN, carrier_plan
+from tests.unit.watermark._helpers import gaussian_noise
 
 MSG = b"ACME-clf"
 LEGACY = WatermarkParams(message_code=LEGACY_MESSAGE_CODE)
@@ -148,7 +149,7 @@ def test_old_marks_still_read_blind_and_from_their_attestation(legacy: Path, wm_
             {
                 "scheme": {"name": "modelsec-ss-mult/v1"},
                 "parameters": {
-                    **{k: v for k, v in LEGACY.to_json().items() if k != "messageCode"},
+                    **{k: v for k, v in LEGACY.to_json().items() if k not in ("messageCode", "codeMargin")},
                     "densityLog2": blind.density_log2,
                     "codeBits": 128,
                     "messageBits": 64,
@@ -160,6 +161,7 @@ def test_old_marks_still_read_blind_and_from_their_attestation(legacy: Path, wm_
     )
     hints = detection_hints(predicate, what="old.sig")
     assert hints.params.message_code == LEGACY_MESSAGE_CODE
+    assert hints.params.code_margin == 1.0  # every bit at kappa, as such marks were made
     hinted = detect(legacy, wm_key, params=hints.params, message_length=hints.message_bits)
     assert hinted.detected and hinted.tests == 1 and hinted.decoded_message == MSG
 
@@ -203,3 +205,51 @@ def test_a_model_too_small_for_the_code_gets_the_message_uncoded_and_says_so(
     assert result.params.to_json()["messageCode"] == LEGACY_MESSAGE_CODE  # what the attestation records
     found = detect(tmp_path / "auto", wm_key)
     assert found.decoded_message == long_message and found.message_code == LEGACY_MESSAGE_CODE
+
+
+def test_the_coded_mark_costs_no_more_than_the_uncoded_one_and_still_reads_through_noise(
+    toy_model: Path, tmp_path: Path, wm_key: WatermarkKey
+) -> None:
+    """The code bits sit at `code_margin * kappa` (the pilot at kappa): at kappa 3 the error-corrected mark
+    changes the weights no more than the uncoded one, and after noise of 1.0 x RMS it still reads its
+    message where the uncoded mark does."""
+    coded = embed_model(toy_model, tmp_path / "coded", wm_key, MSG)
+    uncoded = embed_model(toy_model, tmp_path / "uncoded", wm_key, MSG, params=LEGACY)
+    assert coded.params.message_code == DEFAULT_MESSAGE_CODE
+    assert coded.relative_l2_change <= uncoded.relative_l2_change
+    assert coded.mean_relative_change <= uncoded.mean_relative_change
+    assert coded.params.code_margin == DEFAULT_CODE_MARGIN
+    # Presence keeps its margin: every pilot bit at kappa, with the same evidence as the uncoded mark.
+    assert coded.detection.min_margin >= coded.params.kappa
+    assert coded.detection.message_matched and coded.detection.message_decoded
+    for seed in range(3):
+        for root in (tmp_path / "coded", tmp_path / "uncoded"):
+            r = detect(gaussian_noise(_load(root), 1.0, seed=seed), wm_key, message=MSG)
+            assert r.detected and r.message_matched, (root.name, seed)
+
+
+def test_the_code_margin_is_recorded_and_old_records_mean_full_margin(
+    toy_model: Path, tmp_path: Path, wm_key: WatermarkKey
+) -> None:
+    from modelsec.attestations.predicates.watermark import parse_recorded_parameters
+    from modelsec.errors import MalformedArtifactError, PolicyError
+
+    result = embed_model(toy_model, tmp_path / "m", wm_key, MSG, params=WatermarkParams(code_margin=0.6))
+    assert result.params.to_json()["codeMargin"] == 0.6
+    predicate: dict[str, Any] = {
+        "scheme": {"name": "modelsec-ss-mult/v1"},
+        "parameters": {**result.params.to_json(), "densityLog2": result.density_log2, "messageBits": 64},
+        "keyCommitment": {"value": wm_key.commitment()},
+        "carriers": {"tensors": [{"name": t.name} for t in result.tensors]},
+    }
+    hints = detection_hints(predicate, what="m.sig")
+    assert hints.params.code_margin == 0.6 and hints.params.message_code == DEFAULT_MESSAGE_CODE
+    found = detect(tmp_path / "m", wm_key, params=hints.params, message_length=hints.message_bits)
+    assert found.detected and found.decoded_message == MSG
+    for bad in (1.5, -0.1, "half", True):
+        predicate["parameters"]["codeMargin"] = bad
+        with pytest.raises(MalformedArtifactError, match="codeMargin"):
+            parse_recorded_parameters(predicate, what="m.sig")
+    for bad_margin in (0.0, 1.01, float("nan")):
+        with pytest.raises(PolicyError, match="code_margin must be in"):
+            WatermarkParams(code_margin=bad_margin)

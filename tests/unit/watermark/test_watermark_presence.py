@@ -49,11 +49,10 @@ def test_tail_bound_holds_for_every_rademacher_sum() -> None:
 
 
 def test_an_evenly_weakened_mark_is_present(toy_model: Path, tmp_path: Path, wm_key: WatermarkKey) -> None:
-    """Noise of 3 x RMS leaves every bit leaning the right way on average but flips ~15 % of the signs: the
+    """Noise of 2.5 x RMS leaves every bit leaning the right way on average but flips ~15 % of the signs: the
     64-bit sign rule (confidence >= 0.92 and binomial tail) calls it absent, Stouffer's Z does not."""
-    # Uncoded (`none`): the premise is about the pilot bits of this one seeded noise draw.
-    embed_model(toy_model, tmp_path / "marked", wm_key, MSG, params=WatermarkParams(message_code="none"))
-    noisy = gaussian_noise(load_state(tmp_path / "marked"), 3.0)
+    embed_model(toy_model, tmp_path / "marked", wm_key, MSG)  # the default: the error-corrected message
+    noisy = gaussian_noise(load_state(tmp_path / "marked"), 2.5)
     found = detect(noisy, wm_key, message=MSG)
     assert found.detected and found.false_positive_probability <= 1e-9
     assert (
