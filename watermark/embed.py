@@ -122,12 +122,14 @@ class GriddedTensor:
     Attributes:
         name: Tensor name.
         kind: `Q4_0`, `Q4_1` or `Q8_0`.
-        carriers: Its grid-mark candidates (F32/F64), or its float carrier elements (F16/BF16).
+        carriers: Its float carrier elements.
+        candidates: Its grid-mark candidates (F32/F64; 0 for F16/BF16).
     """
 
     name: str
     kind: str
     carriers: int
+    candidates: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +139,7 @@ class GridMarkRecord:
     Attributes:
         elements: Candidates over all grid tensors (`grid_mark.grid_elements(params)` unless a tensor has
             fewer blocks than its share).
-        tensors: The grid tensors, each with its kind and candidate count (`carriers`).
+        tensors: The grid tensors, each with its kind and candidate count (`candidates`).
     """
 
     elements: int
@@ -149,7 +151,7 @@ class GridMarkRecord:
             "scheme": GRID_SCHEME,
             "elements": self.elements,
             "elementsPerBit": ELEMENTS_PER_BIT,
-            "tensors": [{"name": t.name, "kind": t.kind, "elements": t.carriers} for t in self.tensors],
+            "tensors": [{"name": t.name, "kind": t.kind, "elements": t.candidates} for t in self.tensors],
         }
 
 
@@ -213,8 +215,8 @@ class EmbedResult:
 
     @property
     def gridded_carriers(self) -> int:
-        """Carriers in tensors on a quantisation grid."""
-        return sum(g.carriers for g in self.gridded)
+        """Carriers (float carrier elements and grid-mark candidates) in tensors on a quantisation grid."""
+        return sum(g.carriers + g.candidates for g in self.gridded)
 
     @property
     def survives_requantisation(self) -> bool | None:
@@ -923,7 +925,7 @@ class _Writer:
                 outcome.blocks = (stats.slots, stats.c, stats.e)
             snapped = requantise(raw, gplan.kind).reshape(-1, GGUF_BLOCK)
             outcome.requantised = grid_entries(gplan, read_candidates(np.take(snapped, gplan.blocks, axis=0), gplan))
-            outcome.gridded = GriddedTensor(ref.name, gplan.kind, int(gplan.blocks.size))
+            outcome.gridded = GriddedTensor(ref.name, gplan.kind, plan.carriers, int(gplan.blocks.size))
         elif stats is not None:
             outcome.blocks = (stats.slots, stats.c, stats.e)
             outcome.requantised = (stats.slots, stats.c, stats.e)
@@ -1000,7 +1002,7 @@ class _Writer:
             count_rel=int((before.positions >= 0).sum()),  # the mean is over candidates, moved or not
             blocks=grid_entries(plan, after),
             requantised=grid_entries(plan, rq),
-            gridded=GriddedTensor(ref.name, plan.kind, n),
+            gridded=GriddedTensor(ref.name, plan.kind, 0, n),
         )
 
     def _apply(self, o: _Outcome) -> None:
