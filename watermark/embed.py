@@ -55,6 +55,7 @@ from modelsec.watermark.grid_mark import (
     grid_entries,
     grid_plans,
     move,
+    moved_values,
     read_candidates,
 )
 from modelsec.watermark.io import RAW_DTYPES, DirectorySource, ShardFile, TensorRef, decode, encode
@@ -549,9 +550,9 @@ def _strengths(
             f"bit incl. {params.pilot_bits} pilot bits), "
             f"the model has {carriers}; this model's capacity is {capacity_bits(carriers, params)} bits"
         )
-    frozen = {p.ref.name: p.blocks for p in plans}
+    grid_work, per_bit, moved = _grid_moves(source, plans, code, grades or {})
+    frozen = {p.ref.name: (p.blocks, *moved[p.ref.name]) for p in plans}
     c0, e0, a0, q0, g2, host = _measure(source, float_refs, key, k, params, n_code, grades or {}, frozen)
-    grid_work, per_bit = _grid_moves(source, plans, code, grades or {})
     if not float_mark and int(per_bit.min()) < MIN_READABLE_PER_BIT:
         raise PolicyError(
             f"message too long for capacity: the grid mark's code bit {int(per_bit.argmin())} has "
@@ -586,21 +587,23 @@ def _grid_moves(
     plans: Sequence[GridPlan],
     code: Sequence[int],
     grades: Mapping[str, float],
-) -> tuple[dict[str, tuple[GridPlan, Any]], Any]:
+) -> tuple[dict[str, tuple[GridPlan, Any]], Any, dict[str, tuple[Any, Any]]]:
     """Pass 1 of the grid mark: which candidates of each grid tensor move (`grid_mark.choose_moves`).
 
     Returns:
-        Tensor name -> (plan, bool mask of the candidates to move), and the readable candidates per code bit.
+        Tensor name -> (plan, bool mask of the candidates to move); the readable candidates per code bit;
+        tensor name -> the moves' flat element indices and values (`grid_mark.moved_values`).
     """
     import numpy as np
 
     if not plans:
-        return {}, np.zeros(len(code), dtype=np.int64)
+        return {}, np.zeros(len(code), dtype=np.int64), {}
     m = np.asarray(code, dtype=np.int64)
-    bits, agree, readable, cost = [], [], [], []
+    bits, agree, readable, cost, reads = [], [], [], [], []
     for plan in plans:
         blocks = source.read_blocks(plan.ref, plan.blocks, GGUF_BLOCK)
         read = read_candidates(blocks, plan)
+        reads.append(read)
         grade = _grade(grades, plan.ref.name)
         rms = math.sqrt(float(np.mean(np.square(blocks, dtype=np.float64))))
         b = (plan.slots % np.uint32(len(code))).astype(np.intp)
@@ -611,11 +614,14 @@ def _grid_moves(
     all_bits, all_readable = np.concatenate(bits), np.concatenate(readable)
     chosen = choose_moves(all_bits, np.concatenate(agree), all_readable, np.concatenate(cost), len(code))
     out: dict[str, tuple[GridPlan, Any]] = {}
+    moved: dict[str, tuple[Any, Any]] = {}
     at = 0
-    for plan in plans:
-        out[plan.ref.name] = (plan, chosen[at : at + plan.blocks.size])
+    for plan, read in zip(plans, reads, strict=True):
+        mine = chosen[at : at + plan.blocks.size]
+        out[plan.ref.name] = (plan, mine)
+        moved[plan.ref.name] = moved_values(plan, read, mine)
         at += plan.blocks.size
-    return out, np.bincount(all_bits[all_readable], minlength=len(code))
+    return out, np.bincount(all_bits[all_readable], minlength=len(code)), moved
 
 
 def _grade(grades: Mapping[str, float], name: str) -> float:
@@ -633,13 +639,15 @@ def _measure(
     params: WatermarkParams,
     n_code: int,
     grades: Mapping[str, float],
-    frozen: Mapping[str, npt.NDArray[np.int64]] | None = None,
+    frozen: Mapping[str, tuple[Any, Any, Any]] | None = None,
 ) -> tuple[Any, Any, Any, Any, Any, dict[str, _Host]]:
     """Pass 1: per-bit host sums `(c, E, A, Q, E2)` (float64, `n_code`; A, Q, E2 graded), per-tensor facts.
 
-    `frozen`: tensor name -> the `GGUF_BLOCK`-element blocks that pass 2 restores to their grid values (the
-    grid mark's candidate blocks): their carrier elements count as host (`c`, `E`) but not as marked
-    (`A`, `Q` exclude them), so the strengths solved from these sums still reach the margin without them.
+    `frozen`: tensor name -> (the `GGUF_BLOCK`-element blocks that pass 2 restores to their grid values,
+    i.e. the grid mark's candidate blocks; the flat indices and values of the grid moves in them,
+    `grid_mark.moved_values`). Their carrier elements count as host, with the grid moves applied (`c`,
+    `E`), but not as marked (`A`, `Q` exclude them), so the strengths solved from these sums reach the
+    margin on the values pass 2 writes.
     """
     import numpy as np
 
@@ -655,11 +663,21 @@ def _measure(
         if not plan.blocks.size:
             continue
         values = source.read_blocks(ref, plan.blocks, params.block_size)
+        held = None
+        if frozen and ref.name in frozen:
+            grid_blocks, where, moved_to = frozen[ref.name]
+            held = frozen_elements(plan, grid_blocks, ref.numel)
+            # The grid moves that land on float carriers, as pass 2 writes them.
+            hit = np.flatnonzero(np.isin(where // params.block_size, plan.blocks))
+            if hit.size:
+                values = np.array(values)
+                row = np.searchsorted(plan.blocks, where[hit] // params.block_size)
+                values[row, where[hit] % params.block_size] = moved_to[hit].astype(values.dtype)
         stats = block_statistics(values, plan, full=True)
         if stats is None or stats.a is None or stats.q is None:
             continue
-        if frozen and ref.name in frozen:
-            _unmark_frozen(stats, values, plan, frozen[ref.name], ref.numel)
+        if held is not None:
+            _unmark_frozen(stats, values, plan, held)
         grade = _grade(grades, ref.name)
         host[ref.name] = _Host(energy=stats.e * (stats.rms * stats.rms), finite=stats.finite, grade=grade)
         bit = (stats.slots % np.uint32(n_code)).astype(np.intp)
@@ -687,12 +705,11 @@ def frozen_elements(
 
 
 def _unmark_frozen(
-    stats: Any, values: npt.NDArray[np.floating], plan: CarrierPlan, grid_blocks: Any, numel: int
+    stats: Any, values: npt.NDArray[np.floating], plan: CarrierPlan, frozen: npt.NDArray[np.bool_]
 ) -> None:
     """Drop the frozen carrier elements (`frozen_elements`) from `stats.a` and `stats.q`, in place."""
     import numpy as np
 
-    frozen = frozen_elements(plan, grid_blocks, numel)
     rows = np.flatnonzero(frozen.any(axis=1))
     if not rows.size:
         return

@@ -79,6 +79,7 @@ __all__ = [
     "grid_entries",
     "grid_plans",
     "move",
+    "moved_values",
     "read_candidates",
 ]
 
@@ -310,6 +311,15 @@ def move(
         read: `read_candidates` of its unmarked values.
         chosen: bool (n,) the candidates to move (each has an element).
     """
+    where, values = moved_values(plan, read, chosen)
+    flat[where] = values.astype(flat.dtype)
+
+
+def moved_values(
+    plan: GridPlan, read: GridRead, chosen: npt.NDArray[np.bool_]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+    """Where `move` writes and what: int64 flat element indices of the chosen candidates (increasing with
+    the candidates) and their float32 values one step away (the embedder's pass 1 measures them)."""
     import numpy as np
 
     lo, hi = interior_levels(plan.kind)
@@ -318,7 +328,7 @@ def move(
     new = read.levels[idx] + step
     new = np.where((new < lo) | (new > hi), read.levels[idx] - step, new)
     values = dequantise(new, read.d[idx], read.m[idx])
-    flat[plan.blocks[idx] * GGUF_BLOCK + read.positions[idx]] = values.astype(flat.dtype)
+    return plan.blocks[idx] * GGUF_BLOCK + read.positions[idx], values
 
 
 def cost_of(read: GridRead, rms: float, grade: float) -> npt.NDArray[np.float64]:
