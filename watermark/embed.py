@@ -692,8 +692,17 @@ def _measure(
 def frozen_elements(
     plan: CarrierPlan, grid_blocks: npt.NDArray[np.int64], numel: int
 ) -> npt.NDArray[np.bool_]:
-    """bool (n, block_size): which carrier elements of `plan` lie in one of the `GGUF_BLOCK`-element blocks
-    `grid_blocks` (the grid mark's candidate blocks, restored to their grid values after the float mark)."""
+    """Which carrier elements of `plan` lie in the grid mark's candidate blocks.
+
+    Args:
+        plan: A tensor's float carrier plan.
+        grid_blocks: int64 indices of its `GGUF_BLOCK`-element candidate blocks (restored to their grid
+            values after the float mark).
+        numel: The tensor's element count.
+
+    Returns:
+        bool (n, block_size), in `plan`'s order.
+    """
     import numpy as np
 
     g = plan.signs.shape[1]
@@ -941,7 +950,9 @@ class _Writer:
             elif stats is not None:
                 outcome.blocks = (stats.slots, stats.c, stats.e)
             snapped = requantise(raw, gplan.kind).reshape(-1, GGUF_BLOCK)
-            outcome.requantised = grid_entries(gplan, read_candidates(np.take(snapped, gplan.blocks, axis=0), gplan))
+            outcome.requantised = grid_entries(
+                gplan, read_candidates(np.take(snapped, gplan.blocks, axis=0), gplan)
+            )
             outcome.gridded = GriddedTensor(ref.name, gplan.kind, plan.carriers, int(gplan.blocks.size))
         elif stats is not None:
             outcome.blocks = (stats.slots, stats.c, stats.e)

