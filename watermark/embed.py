@@ -42,7 +42,13 @@ from typing import TYPE_CHECKING, Any
 from modelsec.errors import MalformedArtifactError, PolicyError
 from modelsec.limits import Limits
 from modelsec.modelformat.openat2 import open_beneath_fd
-from modelsec.watermark.detection import DetectionResult, DetectionThresholds, ExtractedBlocks, evaluate
+from modelsec.watermark.detection import (
+    DetectionResult,
+    DetectionThresholds,
+    ExtractedBlocks,
+    evaluate,
+    extract_blocks,
+)
 from modelsec.watermark.grid import GGUF_BLOCK
 from modelsec.watermark.grid_mark import (
     ELEMENTS_PER_BIT,
@@ -480,6 +486,11 @@ def embed_fixed(
         len(writer.c),
         k,
     )
+    if writer.on_grid and writer.on_grid != set(grid_work):
+        # Some grid tensors were written still wholly on their grid and others not: detection shares the
+        # grid candidates over the former only, so the embed-time result is what it reads in the output.
+        with DirectorySource(Path(out_dir), limits=limits) as written:
+            blocks = extract_blocks(written, key, params, k)
     detection, _ = evaluate(blocks, key, params, thresholds, message=message)
     requantised = None
     if writer.gridded:
@@ -774,6 +785,7 @@ class _Writer:
         self.weight_sq = 0.0
         self.bytes_processed = 0
         self.gridded: list[GriddedTensor] = []
+        self.on_grid: set[str] = set()
         # Per-block sums after re-quantising gridded tensors (grid votes where a tensor has the grid mark;
         # others: as written).
         self.rq_slots: list[Any] = []
@@ -945,8 +957,10 @@ class _Writer:
             gplan = work[0]
             after = read_candidates(np.take(rows, gplan.blocks, axis=0), gplan)
             if grid_of(raw) is not None:
-                # Still wholly on its grid (no float carrier moved): detection reads its grid votes.
+                # Still wholly on its grid (float moves under the grid's tolerance, e.g. a tensor graded
+                # down): detection reads its grid votes.
                 outcome.blocks = grid_entries(gplan, after)
+                outcome.on_grid = True
             elif stats is not None:
                 outcome.blocks = (stats.slots, stats.c, stats.e)
             snapped = requantise(raw, gplan.kind).reshape(-1, GGUF_BLOCK)
@@ -1031,6 +1045,7 @@ class _Writer:
             blocks=grid_entries(plan, after),
             requantised=grid_entries(plan, rq),
             gridded=GriddedTensor(ref.name, plan.kind, 0, n),
+            on_grid=True,
         )
 
     def _apply(self, o: _Outcome) -> None:
@@ -1050,6 +1065,8 @@ class _Writer:
             self.rq_e.append(o.requantised[2])
         if o.gridded is not None:
             self.gridded.append(o.gridded)
+        if o.on_grid:
+            self.on_grid.add(o.report.name)
 
     def _exact(
         self, ref: TensorRef, plan: CarrierPlan, host: _Host, block_strength: npt.NDArray[np.float64]
@@ -1101,6 +1118,7 @@ class _Outcome:
     blocks: tuple[Any, Any, Any] | None = None
     requantised: tuple[Any, Any, Any] | None = None
     gridded: GriddedTensor | None = None
+    on_grid: bool = False  # written wholly on its grid: detection reads it through the grid mark
 
 
 def _open_out_parent(out_dir: Path) -> int:

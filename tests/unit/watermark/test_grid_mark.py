@@ -310,3 +310,18 @@ def test_float_mark_on_a_grid_model_reaches_its_margin_without_the_grid_blocks(
     found = detect(marked, KEY, message=MESSAGE)
     assert found.detected and found.message_matched
     assert found.min_margin >= WEAK.kappa
+
+
+def test_a_grid_tensor_graded_zero_stays_on_its_grid_and_embed_reports_what_detect_reads(
+    tmp_path: Path,
+) -> None:
+    """A tensor graded 0 takes no float move and stays on its grid: it is still read through
+    its grid votes, the others through their float carriers, and the embed-time result says so."""
+    src = save_state(_grid_state("Q4_1"), tmp_path / "src")
+    result = embed_fixed(src, tmp_path / "marked", KEY, b"GD", params=WEAK, grades={"net.0.weight": 0.0})
+    new = load_state(tmp_path / "marked")
+    assert grid_of(new["net.0.weight"]) == "Q4_1" and grid_of(new["net.2.weight"]) is None
+    found = detect(tmp_path / "marked", KEY, message=b"GD")
+    assert found.detected and found.message_matched
+    assert result.detection.min_margin == pytest.approx(found.min_margin)
+    assert result.detection.confidence == pytest.approx(found.confidence)
