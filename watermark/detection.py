@@ -8,10 +8,13 @@ Detection needs only the key and the suspect weights. Order of operations (an in
    reference.
 2. The carrier density is re-derived from the headers exactly as at embedding time; the carriers of every
    eligible tensor are gathered and reduced to per-block correlation sums (`scheme.block_statistics`).
-   Eligible F32/F64 tensors that sit on a quantisation grid carry the grid mark instead
+   Eligible F32/F64 tensors whose every block sits on a quantisation grid (`grid_mark.find_grids`: a
+   dequantised GGUF release re-quantised after marking) are read through the grid mark instead
    (`modelsec.watermark.grid_mark`): each of their candidates enters the same sums as one block with
    correlation +-1 (its keyed parity vote) and energy 1, a Rademacher chip under the null like any other,
-   so everything below applies to both marks at once.
+   so everything below applies to both marks at once. A marked grid tensor as released also carries the
+   float mark, which takes it off its grid, so it is read through its float carriers; one tensor is never
+   read both ways (re-quantised, its float carriers are noise that would drown its few grid votes).
 3. Per code bit: `z_b = c_b / sqrt(E_b)`, extracted bit `sign(c_b)` (0 -> tie, counted as an error).
 4. The presence statistic over the `n` pilot bits that have carriers (issue 30): Stouffer's
    `Z = sum_b m_b z_b / sqrt(n)` (`m_b` the key's ±1 pilot bits). Unlike a count of matching signs it keeps
@@ -163,8 +166,9 @@ def extract_blocks(
 ) -> ExtractedBlocks:
     """Gather and reduce every carrier block of `source` (one tensor in memory at a time).
 
-    Tensors on a quantisation grid contribute their grid-mark candidates instead of float carriers
-    (`grid_mark.find_grids`, `grid_mark.extract_grid`).
+    Tensors wholly on a quantisation grid contribute their grid-mark candidates instead of float carriers
+    (`grid_mark.find_grids`, `grid_mark.extract_grid`); every other tensor, including a marked grid tensor
+    as released (its float carriers take it off the grid), contributes its float carriers.
 
     Args:
         source: The suspect's tensors.
@@ -184,7 +188,7 @@ def extract_blocks(
     slots, cs, es = [], [], []
     carriers = tensors = 0
     refs = eligible_tensors(source, params)
-    # Tensors on a quantisation grid carry the grid mark instead (`modelsec.watermark.grid_mark`).
+    # Tensors wholly on a quantisation grid are read through the grid mark, never both ways at once.
     names = {r.name for r in refs}
     if grid_kinds is None:
         kinds = find_grids(source, refs)

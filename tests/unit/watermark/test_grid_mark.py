@@ -23,8 +23,10 @@ from modelsec.watermark import WatermarkKey, WatermarkParams, detect, embed_fixe
 from modelsec.watermark.attestation import read_detection_hints
 from modelsec.watermark.careful import CAREFUL_KAPPA
 from modelsec.watermark.grid import GGUF_BLOCK, GRID_KINDS, grid_of, interior_levels, levels, requantise
-from modelsec.watermark.grid_mark import AGREEMENT, ELEMENTS_PER_BIT
+from modelsec.watermark.grid_mark import AGREEMENT, ELEMENTS_PER_BIT, GridPlan, find_grids, grid_plans
+from modelsec.watermark.io import DirectorySource
 from modelsec.watermark.results import rademacher_tail_bound
+from modelsec.watermark.spread_spectrum import is_eligible
 from tests.unit.watermark import _fortunes_lm
 from tests.unit.watermark._helpers import load_state, regridded_copy, save_state
 from tests.unit.watermark.conftest import mlp_state
@@ -50,6 +52,13 @@ def q41_marked(q41_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> tup
     return root / "marked", regridded_copy(root / "marked", root / "requantised", "Q4_1")
 
 
+def _plans(model: Path) -> list[GridPlan]:
+    """The grid mark's candidate plans of an unmarked grid model under `KEY` and `WEAK`."""
+    with DirectorySource(model) as source:
+        refs = [r for r in source.tensors() if is_eligible(r.dtype, r.shape, WEAK, r.name)]
+        return grid_plans(KEY, refs, find_grids(source, refs), WEAK)
+
+
 def _grid_state(kind: str) -> dict[str, np.ndarray]:
     return {k: (requantise(v, kind) if v.ndim >= 2 else v) for k, v in mlp_state().items()}
 
@@ -57,7 +66,8 @@ def _grid_state(kind: str) -> dict[str, np.ndarray]:
 def test_fortunes_llama_q41_mark_is_read_blind_after_requantisation(q41_marked: tuple[Path, Path]) -> None:
     marked, requantised = q41_marked
     before, after = load_state(marked), load_state(requantised)
-    assert all(np.array_equal(before[k], after[k]) for k in before)  # re-quantisation is the identity
+    # Re-quantisation snaps the float mark back (the grid mark's blocks are checked below).
+    assert not all(np.array_equal(before[k], after[k]) for k in before)
     found = detect(requantised, KEY, message=MESSAGE)
     assert found.detected and found.message_matched
     assert found.log10_false_positive_probability <= -9
@@ -89,11 +99,13 @@ def test_marked_tensor_moves_interior_levels_by_one_step_and_keeps_the_block_sca
     old, new = load_state(src), load_state(tmp_path / "marked")
     lo, hi = interior_levels(kind)
     moved = 0
-    for name in (t.name for t in result.grid_mark.tensors):
-        assert grid_of(new[name]) == kind
-        assert np.array_equal(requantise(new[name], kind), new[name])
-        q0, d0, m0 = levels(old[name].reshape(-1, GGUF_BLOCK), kind)
-        q1, d1, m1 = levels(new[name].reshape(-1, GGUF_BLOCK), kind)
+    for plan in _plans(src):
+        name = plan.ref.name
+        assert grid_of(new[name]) is None  # the float mark takes the released tensor off its grid
+        held = new[name].reshape(-1, GGUF_BLOCK)[plan.blocks]  # the grid mark's blocks stay on it
+        assert np.array_equal(requantise(held, kind), held)
+        q0, d0, m0 = levels(old[name].reshape(-1, GGUF_BLOCK)[plan.blocks], kind)
+        q1, d1, m1 = levels(held, kind)
         assert np.array_equal(d0, d1) and np.array_equal(m0, m1)
         step = q1 - q0
         assert set(np.unique(step)) <= {-1, 0, 1}
@@ -118,7 +130,7 @@ def test_a_float_tensor_beside_grid_tensors_keeps_the_float_mark(tmp_path: Path)
     new = load_state(tmp_path / "marked")
     change = np.abs(new["net.2.weight"] - state["net.2.weight"]) / np.abs(state["net.2.weight"])
     assert 0 < change.max() <= WEAK.max_relative_change and grid_of(new["net.2.weight"]) is None
-    assert all(grid_of(new[n]) == "Q4_1" for n in ("net.0.weight", "net.4.weight"))
+    assert {t.name for t in result.gridded} == {"net.0.weight", "net.4.weight"}
     assert result.survives_requantisation
     rq = regridded_copy(tmp_path / "marked", tmp_path / "rq", "Q4_1", only=("net.0.weight", "net.4.weight"))
     found = detect(rq, KEY, message=b"MX")
@@ -129,9 +141,12 @@ def test_least_sensitive_tensors_move_first(tmp_path: Path) -> None:
     src = save_state(_grid_state("Q4_1"), tmp_path / "src")
     old = load_state(src)
 
+    (plan,) = [p for p in _plans(src) if p.ref.name == "net.0.weight"]
+
     def moved(grades: dict[str, float], out: str) -> int:
         embed_fixed(src, tmp_path / out, KEY, b"G", params=WEAK, grades=grades)
-        return int(np.count_nonzero(load_state(tmp_path / out)["net.0.weight"] != old["net.0.weight"]))
+        new = load_state(tmp_path / out)["net.0.weight"].reshape(-1, GGUF_BLOCK)[plan.blocks]
+        return int(np.count_nonzero(new != old["net.0.weight"].reshape(-1, GGUF_BLOCK)[plan.blocks]))
 
     even = moved({}, "even")
     assert even > 0
@@ -171,7 +186,8 @@ def test_attestation_records_the_grid_and_its_hints_find_the_mark_after_requanti
     statement = json.loads(base64.b64decode(json.loads(path.read_text())["dsseEnvelope"]["payload"]))
     grid = statement["predicate"]["carriers"]["grid"]
     assert grid["scheme"] == "modelsec-grid-qim/v1" and grid["elementsPerBit"] == ELEMENTS_PER_BIT
-    assert grid["elements"] == sum(t["elements"] for t in grid["tensors"]) == result.carriers
+    # The float carriers of the same tensors come on top of the grid candidates.
+    assert grid["elements"] == sum(t["elements"] for t in grid["tensors"]) < result.carriers
     assert {t["kind"] for t in grid["tensors"]} == {"Q4_1"}
     hints = read_detection_hints(path)
     assert set(hints.tensors) == {t["name"] for t in grid["tensors"]}
@@ -207,3 +223,105 @@ def test_too_few_float_carriers_beside_a_grid_still_read_the_message(tmp_path: P
     rq = regridded_copy(tmp_path / "marked", tmp_path / "rq", "Q4_1", only=grid)
     found = detect(rq, KEY, message=b"FEW")
     assert found.detected and found.message_matched
+
+
+# --- both marks on a grid tensor (issue 30: the float mark AND the grid mark) -------------------------------
+
+
+def _attacked_copy(src: Path, dst: Path, attack: str) -> Path:
+    """A copy of `src` with every matrix attacked: `noise` (0.05 x RMS), `int8` (per-channel round trip) or
+    `bf16` (stored as BF16, as a cast release would be)."""
+    import shutil
+
+    import torch
+    from safetensors.torch import save_file
+
+    from tests.unit.watermark._helpers import gaussian_noise, quant_int8
+
+    torch.set_num_threads(1)
+    state = load_state(src)
+    if attack == "noise":
+        state = gaussian_noise(state, 0.05)
+    elif attack == "int8":
+        state = quant_int8(state)
+    dst.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.suffix != ".safetensors":
+            shutil.copy(f, dst / f.name)
+    tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.items()}
+    if attack == "bf16":
+        tensors = {k: (t.to(torch.bfloat16) if t.is_floating_point() else t) for k, t in tensors.items()}
+    save_file(tensors, str(dst / "model.safetensors"))
+    return dst
+
+
+@pytest.mark.parametrize("attack", ["released", "requantised", "noise", "int8", "bf16"])
+def test_grid_model_mark_survives_requantisation_and_the_float_attacks(
+    attack: str, q41_llama: Path, q41_marked: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A grid model carries both marks: re-quantised it is read through the grid votes, otherwise (noise,
+    int8, a bf16 release) through the float carriers, which the grid mark alone did not survive."""
+    marked, requantised = q41_marked
+    suspect = {"released": marked, "requantised": requantised}.get(attack) or _attacked_copy(
+        marked, tmp_path / attack, attack
+    )
+    found = detect(suspect, KEY)
+    assert found.detected and found.decoded_message == MESSAGE
+    assert found.log10_false_positive_probability <= -9
+    assert detect(suspect, KEY, message=MESSAGE).message_matched
+    rng = np.random.default_rng(30)
+    for _ in range(2):
+        other = detect(suspect, WatermarkKey.from_bytes(rng.bytes(32)), message=MESSAGE)
+        assert not other.detected and not other.message_matched
+    if attack not in ("released", "requantised"):
+        unmarked = _attacked_copy(q41_llama, tmp_path / f"{attack}-unmarked", attack)
+        assert not detect(unmarked, KEY).detected
+
+
+def test_grid_blocks_of_a_marked_tensor_requantise_to_themselves(
+    q41_llama: Path, q41_marked: tuple[Path, Path]
+) -> None:
+    """Every 32-element block holding a grid candidate is back on the grid (original values plus the grid
+    moves), so re-quantising it is the identity; the float mark moved other blocks of the same tensors."""
+    marked, requantised = q41_marked
+    old, new, rq = load_state(q41_llama), load_state(marked), load_state(requantised)
+    assert all(grid_of(v) is None for v in new.values() if v.ndim >= 2)  # the release is off its grid
+    plans = _plans(q41_llama)
+    assert plans
+    float_moved = 0
+    for plan in plans:
+        name = plan.ref.name
+        blocks_new = new[name].reshape(-1, GGUF_BLOCK)
+        held = blocks_new[plan.blocks]
+        assert np.array_equal(requantise(held, plan.kind), held)
+        assert np.array_equal(rq[name].reshape(-1, GGUF_BLOCK)[plan.blocks], held)
+        other = np.setdiff1d(np.arange(blocks_new.shape[0]), plan.blocks)
+        float_moved += int((blocks_new[other] != old[name].reshape(-1, GGUF_BLOCK)[other]).any(axis=1).sum())
+    assert float_moved > 0
+
+
+def test_float_mark_on_a_grid_model_reaches_its_margin_without_the_grid_blocks(
+    q41_marked: tuple[Path, Path],
+) -> None:
+    """About a third of the fortunes Llama's float carriers lie in grid-mark blocks, which keep their grid
+    values: pass 1 solves the strengths without them (else some bits end below zero), and `detect` on the
+    release reads every bit at the margin."""
+    marked, _ = q41_marked
+    found = detect(marked, KEY, message=MESSAGE)
+    assert found.detected and found.message_matched
+    assert found.min_margin >= WEAK.kappa
+
+
+def test_a_grid_tensor_graded_zero_stays_on_its_grid_and_embed_reports_what_detect_reads(
+    tmp_path: Path,
+) -> None:
+    """A tensor graded 0 takes no float move and stays on its grid: it is still read through
+    its grid votes, the others through their float carriers, and the embed-time result says so."""
+    src = save_state(_grid_state("Q4_1"), tmp_path / "src")
+    result = embed_fixed(src, tmp_path / "marked", KEY, b"GD", params=WEAK, grades={"net.0.weight": 0.0})
+    new = load_state(tmp_path / "marked")
+    assert grid_of(new["net.0.weight"]) == "Q4_1" and grid_of(new["net.2.weight"]) is None
+    found = detect(tmp_path / "marked", KEY, message=b"GD")
+    assert found.detected and found.message_matched
+    assert result.detection.min_margin == pytest.approx(found.min_margin)
+    assert result.detection.confidence == pytest.approx(found.confidence)
