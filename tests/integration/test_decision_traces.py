@@ -21,6 +21,7 @@ import pytest
 from modelsec.signer import load_private_key_file, sign_model
 from tests.conftest import write_tiny_model
 from tests.integration.test_webhook_https import ADM01
+from tests.support.asgi import asgi_post
 from tests.support.service import InThreadServer, write_server_config
 
 pytestmark = pytest.mark.integration
@@ -82,28 +83,6 @@ def test_no_span_without_the_setting(
     assert [s.name for s in spans.get_finished_spans() if s.name.startswith("modelsec.")] == []
 
 
-def _post(app: Any, path: str, body: bytes) -> tuple[int, bytes]:
-    """One HTTP request through the ASGI application, as uvicorn would hand it over."""
-    received = [{"type": "http.request", "body": body, "more_body": False}]
-    sent: list[dict[str, Any]] = []
-
-    async def receive() -> dict[str, Any]:
-        return received.pop(0) if received else {"type": "http.disconnect"}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-        "scheme": "https", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
-        "headers": [(b"content-type", b"application/json"), (b"host", b"modelsec-webhook")],
-        "client": ("127.0.0.1", 40000), "server": ("127.0.0.1", 8443),
-    }  # fmt: skip
-    asyncio.run(app(scope, receive, send))
-    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
-    return status, b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-
-
 def test_webhook_reviews_are_spans_when_tracing_is_on(spans: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("starlette")
     from modelsec.policy import PolicySet
@@ -115,7 +94,7 @@ def test_webhook_reviews_are_spans_when_tracing_is_on(spans: Any, monkeypatch: p
     app = create_app(Reviewer(PolicySet.from_file(ADM01 / "policy.json"), None, WebhookConfig()))
     body = json.loads((ADM01 / "requests" / "unmatched_registry.json").read_text())
     body["request"]["uid"] = "uid-traced"
-    status, answer = _post(app, "/validate", json.dumps(body).encode())
+    status, answer = asyncio.run(asgi_post(app, "/validate", json.dumps(body).encode()))
     assert status == 200
     allowed = json.loads(answer)["response"]["allowed"]
     (span,) = [s for s in spans.get_finished_spans() if s.name == "modelsec.webhook.decision"]

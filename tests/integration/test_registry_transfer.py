@@ -320,6 +320,19 @@ def _flip_in_place(path: Path) -> None:
     os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
 
 
+def _files_the_verifier_hashes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """A list that grows by the names of every file the verifier hashes from disk from now on."""
+    hashed: list[str] = []
+    engine = files_module.hash_files
+
+    def spy(root_fd: int, names: list[str], **kw: object) -> object:
+        hashed.extend(names)
+        return engine(root_fd, names, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(files_module, "hash_files", spy)
+    return hashed
+
+
 @pytest.mark.parametrize("sm2", [False, True], ids=["ecdsa", "ecdsa+sm2"])
 def test_pull_verifies_the_digests_taken_as_written_and_reads_no_layer_again(
     tmp_path: Path, key_dir: Path, registry: Registry, monkeypatch: pytest.MonkeyPatch, sm2: bool
@@ -332,14 +345,7 @@ def test_pull_verifies_the_digests_taken_as_written_and_reads_no_layer_again(
         keys.append(key_dir / "sm2.pub.pem")
     policy = Policy.from_key_files(keys)
     pushed = _push(model, key_dir, registry.address, f"transfer/once{int(sm2)}", options, policy)
-    hashed_by_verifier: list[str] = []
-    engine = files_module.hash_files
-
-    def spy(root_fd: int, names: list[str], **kw: object) -> object:
-        hashed_by_verifier.extend(names)
-        return engine(root_fd, names, **kw)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(files_module, "hash_files", spy)
+    hashed_by_verifier = _files_the_verifier_hashes(monkeypatch)
     dest = tmp_path / "pulled"
     result = pull_model(f"oci://{registry.address}/transfer/once{int(sm2)}:v1", dest, policy, options=options)
     assert result.root_digest == pushed.root_digest and result.files == 4
@@ -375,14 +381,7 @@ def test_a_download_started_again_is_hashed_from_its_first_byte_again(
     proxy.reset()
     proxy.fail("GET", re.escape(f"/blobs/{shard}"), "cut", 1)  # half the body written and hashed
     proxy.fail("GET", re.escape(f"/blobs/{shard}"), "no-range", 1)  # then the whole blob again, from byte 0
-    hashed_by_verifier: list[str] = []
-    engine = files_module.hash_files
-
-    def spy(root_fd: int, names: list[str], **kw: object) -> object:
-        hashed_by_verifier.extend(names)
-        return engine(root_fd, names, **kw)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(files_module, "hash_files", spy)
+    hashed_by_verifier = _files_the_verifier_hashes(monkeypatch)
     dest = tmp_path / "pulled"
     result = pull_model(f"oci://{proxy.address}/transfer/restart:v1", dest, policy, options=options)
     assert [s.outcome for s in proxy.seen if shard in s.path] == ["cut", "no-range"]

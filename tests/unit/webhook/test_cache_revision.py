@@ -29,6 +29,7 @@ from modelsec.verifier.attestations import store_bundle
 from modelsec.verifier.stores.sqlite import SqliteAttestationStore
 from modelsec.webhook.review import DirectoryStore, Reviewer, WebhookConfig
 from tests.conftest import write_tiny_model
+from tests.support.asgi import asgi_post
 from tests.unit.webhook.test_review import REGISTRY, FakeClock, review_body
 
 _SETTLE_NS = 50_000_000  # the directory store's settle time, shortened so that the tests need not wait 1 s
@@ -92,6 +93,18 @@ def _body(digest: str) -> bytes:
     return json.dumps(review_body("Pod", f"{REGISTRY}/x@sha256:{digest}")).encode()
 
 
+def _filed_and_reviewed(
+    tmp_path: Path, key_dir: Path, signed_model: tuple[str, bytes]
+) -> tuple[Path, Any, Reviewer, bytes]:
+    """The signed model's bundle filed in a directory store, a caching reviewer over it, its review body."""
+    digest, bundle = signed_model
+    store = tmp_path / "store"
+    filed, _ = DirectoryStore(store).put(bundle)
+    _settle()
+    reviewer = Reviewer(_policies(key_dir), DirectoryStore(store), WebhookConfig(cache_ttl_seconds=60))
+    return store, filed, reviewer, _body(digest)
+
+
 def _allowed(reviewer: Reviewer, body: bytes) -> tuple[bool, bool, str]:
     decision = reviewer.review(body)
     cached = bool(decision.references) and decision.references[0].cached
@@ -101,12 +114,8 @@ def _allowed(reviewer: Reviewer, body: bytes) -> tuple[bool, bool, str]:
 def test_a_cached_decision_opens_no_bundle_and_sees_another_writers_withdrawal(
     tmp_path: Path, key_dir: Path, signed_model: tuple[str, bytes], opens: list[str]
 ) -> None:
-    digest, bundle = signed_model
-    store = tmp_path / "store"
-    filed, _ = DirectoryStore(store).put(bundle)
-    _settle()
-    reviewer = Reviewer(_policies(key_dir), DirectoryStore(store), WebhookConfig(cache_ttl_seconds=60))
-    body = _body(digest)
+    digest, _bundle = signed_model
+    store, filed, reviewer, body = _filed_and_reviewed(tmp_path, key_dir, signed_model)
     assert _allowed(reviewer, body)[:2] == (True, False)
     opens.clear()
     assert _allowed(reviewer, body)[:2] == (True, True)
@@ -123,12 +132,8 @@ def test_a_cached_decision_opens_no_bundle_and_sees_another_writers_withdrawal(
 def test_a_bundle_rewritten_in_place_is_seen(
     tmp_path: Path, key_dir: Path, signed_model: tuple[str, bytes], opens: list[str]
 ) -> None:
-    digest, bundle = signed_model
-    store = tmp_path / "store"
-    filed, _ = DirectoryStore(store).put(bundle)
-    _settle()
-    reviewer = Reviewer(_policies(key_dir), DirectoryStore(store), WebhookConfig(cache_ttl_seconds=60))
-    body = _body(digest)
+    _digest, bundle = signed_model
+    _store, filed, reviewer, body = _filed_and_reviewed(tmp_path, key_dir, signed_model)
     assert _allowed(reviewer, body)[:2] == (True, False)
     opens.clear()
     assert _allowed(reviewer, body)[:2] == (True, True)
@@ -226,11 +231,7 @@ def test_a_dry_run_does_not_record_a_revision(
     tmp_path: Path, key_dir: Path, signed_model: tuple[str, bytes], opens: list[str]
 ) -> None:
     digest, bundle = signed_model
-    store = tmp_path / "store"
-    filed, _ = DirectoryStore(store).put(bundle)
-    _settle()
-    reviewer = Reviewer(_policies(key_dir), DirectoryStore(store), WebhookConfig(cache_ttl_seconds=60))
-    body = _body(digest)
+    _store, filed, reviewer, body = _filed_and_reviewed(tmp_path, key_dir, signed_model)
     assert _allowed(reviewer, body)[:2] == (True, False)
     Path(filed.source).write_bytes(bundle)  # the same bytes rewritten: a new token, the same bundles
     _settle()
@@ -248,12 +249,8 @@ def test_the_event_loops_cached_answer_sees_another_writers_withdrawal(
     tmp_path: Path, key_dir: Path, signed_model: tuple[str, bytes], opens: list[str]
 ) -> None:
     # `decide_cached` is what the server answers on its event loop: the same revision check, never stale.
-    digest, bundle = signed_model
-    store = tmp_path / "store"
-    filed, _ = DirectoryStore(store).put(bundle)
-    _settle()
-    reviewer = Reviewer(_policies(key_dir), DirectoryStore(store), WebhookConfig(cache_ttl_seconds=60))
-    body = _body(digest)
+    digest, _bundle = signed_model
+    store, filed, reviewer, body = _filed_and_reviewed(tmp_path, key_dir, signed_model)
     assert reviewer.decide_cached(reviewer.parse(body)) is None  # nothing cached yet: read by `decide`
     assert len(reviewer.cache) == 0
     assert _allowed(reviewer, body)[:2] == (True, False)
@@ -286,30 +283,11 @@ def test_the_event_loop_asks_no_sqlite_store(
     assert queries == []
 
 
-def _post(app: Any, body: bytes) -> dict[str, Any]:
+async def _post(app: Any, body: bytes) -> dict[str, Any]:
     """One POST /validate through the ASGI application, as uvicorn hands it over; the AdmissionReview."""
-    received = [{"type": "http.request", "body": body, "more_body": False}]
-    sent: list[dict[str, Any]] = []
-
-    async def receive() -> dict[str, Any]:
-        return received.pop(0) if received else {"type": "http.disconnect"}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-        "scheme": "https", "path": "/validate", "raw_path": b"/validate", "query_string": b"",
-        "root_path": "", "headers": [(b"content-type", b"application/json")],
-        "client": ("127.0.0.1", 40000), "server": ("127.0.0.1", 8443),
-    }  # fmt: skip
-
-    async def run() -> dict[str, Any]:
-        await app(scope, receive, send)
-        answer: dict[str, Any] = json.loads(b"".join(m.get("body", b"") for m in sent if "body" in m))
-        return answer
-
-    return run()  # type: ignore[return-value]  # a coroutine, awaited by the caller
+    _, raw = await asgi_post(app, "/validate", body)
+    answer: dict[str, Any] = json.loads(raw)
+    return answer
 
 
 def test_a_cached_decision_is_not_queued_behind_a_busy_worker(
