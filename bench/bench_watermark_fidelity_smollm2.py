@@ -166,7 +166,7 @@ def main() -> None:
         print(f"careless kappa 3 ungraded, key {100 + i}: {probe.measure([out]).summary()}", flush=True)
 
     if marked:
-        _requantised_detection(marked[0], key_of(0), work / "requantised")
+        _requantised_detection(marked[0], key_of(int(marked[0].name[3:])), work / "requantised")
     print(f"load average after {load_average()}")
 
 
