@@ -151,10 +151,9 @@ class SafetensorsHeader:
     file_size: int
     tensors: tuple[TensorInfo, ...]
     metadata: Mapping[str, str] | None
-    _by_name: Mapping[str, TensorInfo] = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_by_name", MappingProxyType({t.name: t for t in self.tensors}))
+    # Built by the first `tensor()` call: a whole-shard load never looks a tensor up by name, and a load of
+    # thousands of shards would otherwise keep two more objects per shard for the garbage collector to count.
+    _by_name: dict[str, TensorInfo] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def data_size(self) -> int:
@@ -174,7 +173,11 @@ class SafetensorsHeader:
             KeyError: The header declares no tensor of that name (a lookup miss, not a malformed file).
 
         """
-        return self._by_name[name]
+        by_name = self._by_name
+        if by_name is None:
+            by_name = {t.name: t for t in self.tensors}
+            object.__setattr__(self, "_by_name", by_name)  # idempotent: a racing thread builds the same
+        return by_name[name]
 
 
 def parse_header_length(prefix: bytes, file_size: int, *, path: str, limits: Limits) -> int:
