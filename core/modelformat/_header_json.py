@@ -31,8 +31,11 @@ MAX_INT_DIGITS = 640
 # The two literals `_parse_int` exists for: `-0`, and an integer of more than `MAX_INT_DIGITS` digits. A
 # header without either has its integers converted by the decoder's C path (measured: a third of the decode
 # time of a typical shard header goes to calling `_parse_int` per integer). Conservative: a match inside a
-# string or in a number's fraction only takes the hooked path.
-_NEEDS_INT_HOOK = re.compile(rb"-0|[0-9]{%d}" % (MAX_INT_DIGITS + 1))
+# string or in a number's fraction only takes the hooked path. The digit run is found by mapping every digit
+# to one byte value and searching for the run: linear, where the equivalent regular expression `[0-9]{641}`
+# retries at every digit (measured: 4.8 us of a typical 350-byte header's 30 us parse, against 0.3 us).
+_DIGITS_AS_ONES = bytes.maketrans(b"0123456789", b"1" * 10)
+_LONG_DIGIT_RUN = b"1" * (MAX_INT_DIGITS + 1)
 _ESCAPED_PAIR = re.compile(rb"\\.", re.DOTALL)
 _SIMPLE_STRING = re.compile(rb'"[^"]*"')
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
@@ -130,7 +133,7 @@ def decode_header_json(header: bytes, *, path: str) -> dict[str, object]:
     decoder = json.JSONDecoder(
         object_pairs_hook=_unique_keys_hook(path),
         parse_constant=reject_constant,
-        parse_int=_parse_int if _NEEDS_INT_HOOK.search(header) else None,
+        parse_int=_parse_int if _needs_int_hook(header) else None,
         strict=True,
     )
     try:
@@ -146,6 +149,13 @@ def decode_header_json(header: bytes, *, path: str) -> dict[str, object]:
     if not isinstance(top, dict):  # Unreachable after the `{` check; kept for the type checker.
         raise MalformedArtifactError(f"{path}: header is not a JSON object")
     return top
+
+
+def _needs_int_hook(header: bytes) -> bool:
+    """Whether `header` may hold `-0` or an integer literal of more than `MAX_INT_DIGITS` digits."""
+    if b"-0" in header:
+        return True
+    return len(header) > MAX_INT_DIGITS and _LONG_DIGIT_RUN in header.translate(_DIGITS_AS_ONES)
 
 
 def _parse_int(literal: str) -> int | float | LongInteger:
