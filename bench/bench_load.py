@@ -91,9 +91,11 @@ policy = PolicySet.from_file(Path(policy_file)) if policy_file != "-" else None
 def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
+def user():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_utime
 def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-t0, c0, f0 = time.perf_counter(), cpu(), faults()
+t0, c0, f0, u0 = time.perf_counter(), cpu(), faults(), user()
 g0 = gc.get_stats()[2]["collections"]
 n = 0
 if mode == "noop":
@@ -109,10 +111,10 @@ elif mode == "full":
 elif mode == "partial":
     with safetensors.safe_open(str(shards[0]), "pt") as f:
         names = list(f.keys())
-    t0, c0, f0 = time.perf_counter(), cpu(), faults()
+    t0, c0, f0, u0 = time.perf_counter(), cpu(), faults(), user()
     n = len(load_model(model, policy, tensors=names))
 out = {"seconds": time.perf_counter() - t0, "cpu": cpu() - c0, "tensors": n, "minflt": faults() - f0,
-       "full_gc": gc.get_stats()[2]["collections"] - g0}
+       "full_gc": gc.get_stats()[2]["collections"] - g0, "user": user() - u0}
 print(json.dumps(out))
 """
 
@@ -370,6 +372,7 @@ def _many_shards(
         size = sum(p.stat().st_size for p in files if p.name.endswith(".safetensors"))
         models[n] = (model, _policy(folder, keys, model, "ecdsa-p256", "sha256"), files, size)
     per_gb: dict[tuple[str, int], list[float]] = {(lib, n): [] for lib in libraries for n in models}
+    user_gb: dict[tuple[str, int], list[float]] = {key: [] for key in per_gb}
     full_gc: dict[tuple[str, int], int] = dict.fromkeys(per_gb, 0)
     loads: list[str] = []
     order = list(libraries)
@@ -388,6 +391,7 @@ def _many_shards(
                     return
                 out = json.loads(run.stdout)
                 per_gb[lib, n].append(out["cpu"] / (size / 1e9))
+                user_gb[lib, n].append(out["user"] / (size / 1e9))
                 full_gc[lib, n] += out["full_gc"]
         loads.append(load_average())
     many = args.many_shards
@@ -402,6 +406,13 @@ def _many_shards(
         print(
             f"  rounds, CPU s/GB: {many} shards {', '.join(f'{v:.3f}' for v in per_gb[lib, many])}; "
             f"4 shards {', '.join(f'{v:.3f}' for v in per_gb[lib, 4])}"
+        )
+        # User time alone leaves out the kernel's provisioning of fresh memory, whose cost varies with the
+        # host's free huge pages from one load to the next.
+        few_user, many_user = statistics.median(user_gb[lib, 4]), statistics.median(user_gb[lib, many])
+        print(
+            f"  user CPU only: {many} shards {many_user:.3f} s/GB vs 4 shards {few_user:.3f}: "
+            f"{many_user / few_user:.2f}x"
         )
     print(f"  load average after each round: {'; '.join(loads)}")
 
