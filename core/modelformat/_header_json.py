@@ -90,6 +90,8 @@ def json_type(value: object) -> str:
 
 def is_unicode_text(text: str) -> bool:
     """Whether `text` encodes to UTF-8 (JSON can escape lone surrogates, which do not encode)."""
+    if text.isascii():
+        return True
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

@@ -452,6 +452,10 @@ def _check_shape(value: object, *, path: str, name: str) -> tuple[int, ...]:
         raise _tensor_error(path, name, f"shape must be an array of integers, got a JSON {json_type(value)}")
     if len(value) > _MAX_RANK:
         raise _tensor_error(path, name, f"shape has {len(value)} dimensions, more than {_MAX_RANK}")
+    # Every dimension valid (the common case): nothing to name. Otherwise the checks below find the first
+    # fault in their order.
+    if all(type(dim) is int and 0 <= dim <= _MAX_DIM for dim in value):
+        return tuple(value)
     _refuse_long_integers(value, "shape", path=path, name=name)
     for i, dim in enumerate(value):
         # `type(...) is int` refuses booleans, which `isinstance(..., int)` would accept.
