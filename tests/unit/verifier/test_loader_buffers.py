@@ -75,7 +75,15 @@ def test_a_load_keeps_one_python_tensor_per_tensor(tmp_path: Path, key_dir: Path
     full collection fired inside a 1,000-shard load)."""
     import gc
 
-    model, policy = _signed_model(tmp_path / "m", key_dir, chunk=1 << 20)
+    model = tmp_path / "m"
+    model.mkdir()
+    rng = np.random.default_rng(3)
+    for i in range(2):
+        tensors = {f"w{i}.{j}": rng.standard_normal((7, 3)).astype(np.float32) for j in range(12)}
+        tensors.update({f"ids{i}.{j}": np.arange(j + 1) for j in range(12)})
+        save_file(tensors, str(model / f"model-{i + 1:05d}-of-00002.safetensors"))
+    sign_model(model, [load_private_key_file(key_dir / "ecdsa-p256.key.pem")])
+    policy = Policy.from_key_files([key_dir / "ecdsa-p256.pub.pem"])
 
     def live_tensors() -> int:
         gc.collect()
@@ -83,8 +91,9 @@ def test_a_load_keeps_one_python_tensor_per_tensor(tmp_path: Path, key_dir: Path
 
     before = live_tensors()
     loaded = load_model(model, policy)
-    # The tensors returned, plus at most one private buffer per shard and one typed view per buffer and
-    # dtype (2 shards x 2 dtypes here).
+    assert len(loaded) == 48
+    # The tensors returned, plus one private buffer per shard and one typed view per dtype of each buffer's
+    # storage (at most 2 shards x 2 dtypes).
     assert live_tensors() - before <= len(loaded) + 2 + 4
 
 
