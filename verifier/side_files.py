@@ -140,13 +140,13 @@ def check_side_files(
             weight_map = shard_index.weight_map_of(
                 docs[index], index, signed, refuse_pickle=policy.refuse_pickle, model=model
             )
-        elif done.covers(index, computed[index]):
+        elif done.covers(index, computed[index]) and index in done.weight_maps:
             weight_map = done.weight_maps[index]
         else:  # an index name that is not a `*.json` side file: read and parsed on its own
             raw = read_verified_side_file(root_fd, index, computed[index], policy.limits, model)
             weight_map = parse_index(raw, index, signed, refuse_pickle=policy.refuse_pickle, model=model)
         shard_index.check_shards_hold(weight_map, index, tensors_of, model=model)
         weight_maps[index] = weight_map
-    for name in docs:
+    for name in (*docs, *weight_maps):
         done.digests[name] = computed[name]
     done.weight_maps.update(weight_maps)
