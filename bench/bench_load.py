@@ -407,6 +407,10 @@ def _many_shards(
             f"  rounds, CPU s/GB: {many} shards {', '.join(f'{v:.3f}' for v in per_gb[lib, many])}; "
             f"4 shards {', '.join(f'{v:.3f}' for v in per_gb[lib, 4])}"
         )
+        # Each round loads both models back to back under one library: the median of the rounds' own ratios
+        # cancels load that drifts between rounds.
+        paired = statistics.median(m / f for m, f in zip(per_gb[lib, many], per_gb[lib, 4], strict=True))
+        print(f"  paired (median of each round's ratio): {paired:.2f}x")
         # User time alone leaves out the kernel's provisioning of fresh memory, whose cost varies with the
         # host's free huge pages from one load to the next.
         few_user, many_user = statistics.median(user_gb[lib, 4]), statistics.median(user_gb[lib, many])
