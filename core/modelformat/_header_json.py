@@ -106,7 +106,8 @@ def _check_nesting(header: bytes, *, path: str) -> None:
     round by round. Each round removes at least one level, so `_MAX_NESTING` rounds accept every valid JSON
     text of that depth and nothing deeper than twice it.
     """
-    brackets = _SIMPLE_STRING.sub(b"", _ESCAPED_PAIR.sub(b"", header)).translate(None, _NOT_BRACKETS)
+    unescaped = _ESCAPED_PAIR.sub(b"", header) if b"\\" in header else header
+    brackets = _SIMPLE_STRING.sub(b"", unescaped).translate(None, _NOT_BRACKETS)
     for _ in range(_MAX_NESTING):
         if not brackets:
             return

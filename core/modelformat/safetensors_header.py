@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 from types import MappingProxyType
 from typing import BinaryIO
 
@@ -100,6 +101,8 @@ _TENSOR_FIELDS = frozenset({"dtype", "shape", "data_offsets"})
 _MAX_RANK = 64
 # torch and numpy index shapes with int64, so a larger dimension cannot describe a loadable tensor.
 _MAX_DIM = 2**63 - 1
+# The order of `SafetensorsHeader.tensors`: by offset, then end, then name.
+_LAYOUT_ORDER = attrgetter("begin", "end", "name")
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,7 +251,7 @@ def parse_header(header: bytes, file_size: int, *, path: str, limits: Limits) ->
         for name, value in top.items()
         if name != _METADATA_KEY
     ]
-    tensors.sort(key=lambda t: (t.begin, t.end, t.name))
+    tensors.sort(key=_LAYOUT_ORDER)
     _check_layout(tensors, data_size, path=path)
     return SafetensorsHeader(
         path=path,
@@ -444,7 +447,7 @@ def _check_tensor(name: str, value: object, data_size: int, *, path: str) -> Ten
             f"{described} needs {total_bits // 8} bytes, "
             f"but data_offsets [{begin}, {end}] span {end - begin}",
         )
-    return TensorInfo(name=name, dtype=dtype, shape=shape, begin=begin, end=end)
+    return TensorInfo(name, dtype, shape, begin, end)
 
 
 def _check_shape(value: object, *, path: str, name: str) -> tuple[int, ...]:
