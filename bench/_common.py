@@ -390,6 +390,33 @@ def run_timed(argv: Sequence[str], *, env: dict[str, str] | None = None, cwd: Pa
         return Run(seconds=wall, rc=rc, max_rss=maxrss_kib * 1024, cpu=cpu, stdout=stdout, stderr=stderr)
 
 
+def baseline_tree(rev: str, into: Path) -> Path:
+    """A directory to put first on PYTHONPATH so that `import modelsec` is revision `rev`'s package.
+
+    The editable install's link tree (`build/__editable__.*/modelsec`: one symlink per source file, laid
+    out as the package) is copied with every link pointed from this checkout into `git archive rev`.
+    """
+    import modelsec
+
+    tree = Path(modelsec.__file__).resolve().parent
+    link = Path(modelsec.__file__).parent
+    if link == tree:
+        raise RuntimeError("--baseline-rev needs the editable install's link tree (make .venv/.test)")
+    source = into / "src"
+    source.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", rev], check=True, capture_output=True)
+    subprocess.run(["tar", "-x", "-C", str(source)], input=archive.stdout, check=True)
+    out = into / "tree"
+    shutil.copytree(link.parent, out, symlinks=True)
+    for path in out.rglob("*"):
+        if path.is_symlink():
+            target = Path(os.readlink(path))
+            if target.is_relative_to(REPO_ROOT):
+                path.unlink()
+                path.symlink_to(source / target.relative_to(REPO_ROOT))
+    return out
+
+
 def median_startup(
     argv: Sequence[str], runs: int = 10, env: dict[str, str] | None = None
 ) -> tuple[float, int]:

@@ -36,7 +36,13 @@ the first: the verified load's page faults per GiB and the kernel's compaction c
 goes mostly to the kernel providing fresh private memory (zeroing ~0.12 CPU s/GB in huge pages; where memory
 is fragmented, synchronous compaction for them another 0.13-0.24), while Python is ~4 % of it.
 
+`--only-many-shards` runs the last comparison alone; with `--baseline-rev REV` it alternates this checkout's
+library with revision REV's (`git archive`, first on PYTHONPATH through a copy of the editable install's link
+tree) in ABBA order, each round running both models under each, and prints both ratios and the full garbage
+collections that fired inside the loads.
+
 Usage: python bench/bench_load.py [--size-gib 4] [--shards 4] [--repeat 3] [--many-shards 1000] [--quick]
+       python bench/bench_load.py --only-many-shards [--repeat 4] [--baseline-rev REV]
 """
 
 from __future__ import annotations
@@ -44,12 +50,14 @@ from __future__ import annotations
 import argparse
 import json
 import mmap
+import os
 import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -59,6 +67,7 @@ from _common import (
     REPO_ROOT,
     ModelSpec,
     Result,
+    baseline_tree,
     ensure_model,
     load_average,
     machine_lines,
@@ -69,7 +78,7 @@ from _common import (
 )
 
 CHILD = r"""
-import json, resource, sys, time
+import gc, json, resource, sys, time
 from pathlib import Path
 import torch
 torch.set_num_threads(1)
@@ -82,9 +91,12 @@ policy = PolicySet.from_file(Path(policy_file)) if policy_file != "-" else None
 def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
+def user():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_utime
 def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-t0, c0, f0 = time.perf_counter(), cpu(), faults()
+t0, c0, f0, u0 = time.perf_counter(), cpu(), faults(), user()
+g0 = gc.get_stats()[2]["collections"]
 n = 0
 if mode == "noop":
     pass
@@ -99,9 +111,10 @@ elif mode == "full":
 elif mode == "partial":
     with safetensors.safe_open(str(shards[0]), "pt") as f:
         names = list(f.keys())
-    t0, c0, f0 = time.perf_counter(), cpu(), faults()
+    t0, c0, f0, u0 = time.perf_counter(), cpu(), faults(), user()
     n = len(load_model(model, policy, tensors=names))
-out = {"seconds": time.perf_counter() - t0, "cpu": cpu() - c0, "tensors": n, "minflt": faults() - f0}
+out = {"seconds": time.perf_counter() - t0, "cpu": cpu() - c0, "tensors": n, "minflt": faults() - f0,
+       "full_gc": gc.get_stats()[2]["collections"] - g0, "user": user() - u0}
 print(json.dumps(out))
 """
 
@@ -157,22 +170,24 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=REPO_ROOT / ".bench")
     ap.add_argument("--quick", action="store_true", help="~256 MiB model, 1 repeat (smoke run)")
     ap.add_argument("--many-shards", type=int, default=1000, help="shards of the 1 GiB comparison (0: skip)")
+    ap.add_argument("--only-many-shards", action="store_true", help="run only the many-shards comparison")
+    ap.add_argument(
+        "--baseline-rev", default="", help="with --only-many-shards: also load under this git revision (ABBA)"
+    )
     args = ap.parse_args()
     if args.quick:
         args.size_gib, args.repeat = 0.25, 1
     args.workdir.mkdir(parents=True, exist_ok=True)
+    if args.only_many_shards:
+        _only_many_shards(args)
+        return
     spec = ModelSpec(size_bytes=int(args.size_gib * GIB), shards=args.shards, side_files=True)
     model = ensure_model(args.workdir, spec)
     print("\n".join(machine_lines()))
     print(f"load average before: {load_average()}")
     modelsec = str(Path(sys.executable).parent / "modelsec")
     tmp = Path(tempfile.mkdtemp(prefix="bench-load-"))
-    keys = tmp / "keys"
-    keys.mkdir()
-    for alg in ("ecdsa-p256", "sm2"):
-        subprocess.run(
-            [modelsec, "keygen", "-a", alg, "-o", str(keys / alg)], check=True, capture_output=True
-        )
+    keys = _keys(tmp, modelsec, ["ecdsa-p256", "sm2"])
     subprocess.run(
         [
             modelsec,
@@ -306,8 +321,42 @@ def main() -> None:
     print(f"load average after: {load_average()}")
 
 
-def _many_shards(args: argparse.Namespace, keys: Path, tmp: Path, modelsec: str) -> None:
-    """Issue 32: per-GB CPU of a verified load of 1 GiB in `--many-shards` shards against 4 shards."""
+def _keys(tmp: Path, modelsec: str, algorithms: Sequence[str]) -> Path:
+    keys = tmp / "keys"
+    keys.mkdir()
+    for alg in algorithms:
+        subprocess.run(
+            [modelsec, "keygen", "-a", alg, "-o", str(keys / alg)], check=True, capture_output=True
+        )
+    return keys
+
+
+def _only_many_shards(args: argparse.Namespace) -> None:
+    print("\n".join(machine_lines()))
+    print(f"load average before: {load_average()}")
+    modelsec = str(Path(sys.executable).parent / "modelsec")
+    tmp = Path(tempfile.mkdtemp(prefix="bench-load-"))
+    keys = _keys(tmp, modelsec, ["ecdsa-p256"])
+    pythonpath = {"this checkout": None}
+    if args.baseline_rev:
+        pythonpath[args.baseline_rev] = str(baseline_tree(args.baseline_rev, tmp / "baseline"))
+    _many_shards(args, keys, tmp, modelsec, pythonpath)
+    print(f"load average after: {load_average()}")
+
+
+def _many_shards(
+    args: argparse.Namespace,
+    keys: Path,
+    tmp: Path,
+    modelsec: str,
+    pythonpath: dict[str, str | None] | None = None,
+) -> None:
+    """Issue 32: per-GB CPU of a verified load of 1 GiB in `--many-shards` shards against 4 shards.
+
+    `pythonpath`: label -> the library first on the child's PYTHONPATH (None: this checkout's), alternated
+    in ABBA order over the rounds.
+    """
+    libraries = pythonpath or {"this checkout": None}
     models = {}
     for n in (4, args.many_shards):
         model = ensure_model(args.workdir, ModelSpec(size_bytes=GIB, shards=n, side_files=True))
@@ -319,23 +368,57 @@ def _many_shards(args: argparse.Namespace, keys: Path, tmp: Path, modelsec: str)
         )
         folder = tmp / f"shards-{n}"  # one policy file per model
         folder.mkdir(exist_ok=True)
-        models[n] = (model, _policy(folder, keys, model, "ecdsa-p256", "sha256"))
-    per_gb: dict[int, list[float]] = {n: [] for n in models}
-    for _ in range(args.repeat):
-        for n, (model, pol) in models.items():  # alternated, so other load hits both
-            files = [p for p in model.rglob("*") if p.is_file()]
-            warm_page_cache(files)
-            size = sum(p.stat().st_size for p in files if p.name.endswith(".safetensors"))
-            run = run_timed([sys.executable, "-c", CHILD, "full", str(model), str(pol)])
-            if run.rc != 0:
-                print(f"many-shards comparison skipped: {run.stderr.strip()[-200:]}")
-                return
-            per_gb[n].append(json.loads(run.stdout)["cpu"] / (size / 1e9))
-    few, many = statistics.median(per_gb[4]), statistics.median(per_gb[args.many_shards])
-    print(
-        f"issue 32: verified load of 1 GiB, {args.many_shards} shards {many:.3f} CPU s/GB vs 4 shards "
-        f"{few:.3f}: {many / few:.2f}x per GB (target <= 1.15; medians of {args.repeat} alternated rounds)"
-    )
+        files = [p for p in model.rglob("*") if p.is_file()]
+        size = sum(p.stat().st_size for p in files if p.name.endswith(".safetensors"))
+        models[n] = (model, _policy(folder, keys, model, "ecdsa-p256", "sha256"), files, size)
+    per_gb: dict[tuple[str, int], list[float]] = {(lib, n): [] for lib in libraries for n in models}
+    user_gb: dict[tuple[str, int], list[float]] = {key: [] for key in per_gb}
+    full_gc: dict[tuple[str, int], int] = dict.fromkeys(per_gb, 0)
+    loads: list[str] = []
+    order = list(libraries)
+    for r in range(args.repeat):
+        # ABBA: the kernel's memory state after one load (freed huge pages) favours the next one.
+        for lib in order if r % 2 == 0 else order[::-1]:
+            env = dict(os.environ)
+            if libraries[lib] is not None:
+                env["PYTHONPATH"] = os.pathsep.join(p for p in (libraries[lib], env.get("PYTHONPATH")) if p)
+            for n in models if r % 2 == 0 else list(models)[::-1]:
+                model, pol, files, size = models[n]
+                warm_page_cache(files)
+                run = run_timed([sys.executable, "-c", CHILD, "full", str(model), str(pol)], env=env)
+                if run.rc != 0:
+                    print(f"many-shards comparison skipped ({lib}): {run.stderr.strip()[-200:]}")
+                    return
+                out = json.loads(run.stdout)
+                per_gb[lib, n].append(out["cpu"] / (size / 1e9))
+                user_gb[lib, n].append(out["user"] / (size / 1e9))
+                full_gc[lib, n] += out["full_gc"]
+        loads.append(load_average())
+    many = args.many_shards
+    for lib in libraries:
+        few_gb, many_gb = statistics.median(per_gb[lib, 4]), statistics.median(per_gb[lib, many])
+        print(
+            f"issue 32 ({lib}): verified load of 1 GiB, {many} shards {many_gb:.3f} CPU s/GB vs 4 shards "
+            f"{few_gb:.3f}: {many_gb / few_gb:.2f}x per GB (target <= 1.15; medians of {args.repeat} "
+            f"alternated rounds); full garbage collections inside the loads: {full_gc[lib, many]} of "
+            f"{args.repeat} ({many} shards), {full_gc[lib, 4]} of {args.repeat} (4 shards)"
+        )
+        print(
+            f"  rounds, CPU s/GB: {many} shards {', '.join(f'{v:.3f}' for v in per_gb[lib, many])}; "
+            f"4 shards {', '.join(f'{v:.3f}' for v in per_gb[lib, 4])}"
+        )
+        # Each round loads both models back to back under one library: the median of the rounds' own ratios
+        # cancels load that drifts between rounds.
+        paired = statistics.median(m / f for m, f in zip(per_gb[lib, many], per_gb[lib, 4], strict=True))
+        print(f"  paired (median of each round's ratio): {paired:.2f}x")
+        # User time alone leaves out the kernel's provisioning of fresh memory, whose cost varies with the
+        # host's free huge pages from one load to the next.
+        few_user, many_user = statistics.median(user_gb[lib, 4]), statistics.median(user_gb[lib, many])
+        print(
+            f"  user CPU only: {many} shards {many_user:.3f} s/GB vs 4 shards {few_user:.3f}: "
+            f"{many_user / few_user:.2f}x"
+        )
+    print(f"  load average after each round: {'; '.join(loads)}")
 
 
 if __name__ == "__main__":

@@ -55,7 +55,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests.support: the registry the tests start
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _common import load_average, machine_lines, pod_review, render_table, signed_model_in_registry  # noqa: E402
+from _common import (  # noqa: E402
+    baseline_tree,
+    load_average,
+    machine_lines,
+    pod_review,
+    render_table,
+    signed_model_in_registry,
+)
 from bench_webhook import HOST, _client_context, _free_port, _write_tls  # noqa: E402
 
 TARGET_US = 500.0
@@ -74,7 +81,6 @@ server.serve = lambda *args, **kwargs: serve(*args, **{{**kwargs, "limits": limi
 sys.exit(main(sys.argv[1:], prog_name="modelsec"))
 """
 _TICK = os.sysconf("SC_CLK_TCK")
-
 
 
 def cpu_seconds(pid: int) -> float:
@@ -157,33 +163,6 @@ def audit(log: Path) -> tuple[int, int, int]:
         refused += rec.get("allowed") is not True
         cached += sum(1 for ref in rec.get("references", []) if ref.get("cached"))
     return decisions, refused, cached
-
-
-def baseline_tree(rev: str, into: Path) -> Path:
-    """A directory to put first on PYTHONPATH so that `import modelsec` is revision `rev`'s package.
-
-    The editable install's link tree (`build/__editable__.*/modelsec`: one symlink per source file, laid
-    out as the package) is copied with every link pointed from this checkout into `git archive rev`.
-    """
-    import modelsec
-
-    tree = Path(modelsec.__file__).resolve().parent
-    link = Path(modelsec.__file__).parent
-    if link == tree:
-        raise RuntimeError("--baseline-rev needs the editable install's link tree (make .venv/.test)")
-    source = into / "src"
-    source.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True, capture_output=True)
-    subprocess.run(["tar", "-x", "-C", str(source)], input=archive.stdout, check=True)
-    out = into / "tree"
-    shutil.copytree(link.parent, out, symlinks=True)
-    for path in out.rglob("*"):
-        if path.is_symlink():
-            target = Path(os.readlink(path))
-            if target.is_relative_to(ROOT):
-                path.unlink()
-                path.symlink_to(source / target.relative_to(ROOT))
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:

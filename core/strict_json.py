@@ -45,6 +45,17 @@ def _bounded_int(text: str) -> int:
     return value
 
 
+def _unique_pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+    result = dict(items)
+    if len(result) != len(items):
+        seen: set[str] = set()
+        for key, _ in items:
+            if key in seen:
+                raise ValueError(f"duplicate key {key!r}")
+            seen.add(key)
+    return result
+
+
 def strict_loads(data: bytes | str, *, what: str, bounded_ints: bool = True) -> Any:
     """Decode JSON, refusing duplicate keys, NaN/Infinity, out-of-range numbers and invalid UTF-8.
 
@@ -64,20 +75,11 @@ def strict_loads(data: bytes | str, *, what: str, bounded_ints: bool = True) -> 
     Raises:
         MalformedArtifactError: The document is not strict JSON.
     """
-
-    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-        result: dict[str, Any] = {}
-        for key, value in items:
-            if key in result:
-                raise ValueError(f"duplicate key {key!r}")
-            result[key] = value
-        return result
-
     try:
         text = data.decode("utf-8") if isinstance(data, bytes) else data
         return json.loads(
             text,
-            object_pairs_hook=pairs,
+            object_pairs_hook=_unique_pairs,
             parse_constant=_refuse_constant,
             parse_float=_finite,
             parse_int=_bounded_int if bounded_ints else int,

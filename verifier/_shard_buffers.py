@@ -535,7 +535,38 @@ def _torch_dtype(name: str) -> Any:
     return getattr(torch_module(), torch_name, None) if torch_name else None
 
 
-def tensor_from(buffer: Any, data_start: int, info: TensorInfo | TensorEntry, name: str, what: str) -> Any:
+TypedViews = dict[tuple[int, str], Any]
+"""Per-dtype views of whole storages (`tensor_from`), by (storage address, safetensors dtype)."""
+
+
+def tensor_from(
+    buffer: Any,
+    data_start: int,
+    info: TensorInfo | TensorEntry,
+    name: str,
+    what: str,
+    views: TypedViews | None = None,
+) -> Any:
+    """The tensor `info` describes, a view of `buffer` (no copy unless misaligned for its dtype).
+
+    Each tensor is taken with `as_strided` from one view, per dtype, of the whole storage under `buffer`
+    (shared by the shards carved from one arena mapping): slicing the bytes and then viewing them as the
+    dtype costs about twice as much and leaves two Python tensors alive per tensor (torch keeps a view's
+    Python base alive), which a model of thousands of tensors pays for in garbage collections.
+
+    Args:
+        buffer: The verified bytes (uint8, 1-D) holding the data section from `data_start` on.
+        data_start: Offset of the data section in `buffer` (negative: `buffer` starts inside it).
+        info: The tensor's dtype, shape and byte range [begin, end) within the data section; the header
+            parser (or the signed entry compared with it) guarantees that the shape fills the range exactly.
+        name: The tensor's name, for errors.
+        what: The file, for errors.
+        views: The typed views to share between calls (e.g. over every shard of a load); filled here.
+
+    Raises:
+        UnsupportedAlgorithmError: torch has no dtype for `info.dtype`.
+        MalformedArtifactError: The range lies outside `buffer` (fail closed; the parser never allows it).
+    """
     dtype = _torch_dtype(info.dtype)
     if dtype is None:
         raise UnsupportedAlgorithmError(
@@ -543,18 +574,43 @@ def tensor_from(buffer: Any, data_start: int, info: TensorInfo | TensorEntry, na
         )
     if info.end == info.begin:
         return torch_module().empty(info.shape, dtype=dtype)
-    raw = buffer[data_start + info.begin : data_start + info.end]
-    if (data_start + info.begin) % dtype.itemsize:
-        raw = raw.clone()  # misaligned for its dtype: one copy, still of the verified bytes
-    return raw.view(dtype).reshape(info.shape)
+    start, end = data_start + info.begin, data_start + info.end
+    # `as_strided` checks bounds against the whole storage (a shared arena mapping), not against this
+    # buffer: the range is bounded here.
+    if start < 0 or end > buffer.numel():
+        raise MalformedArtifactError(
+            f"{what}: tensor `{name}` bytes [{start}, {end}) lie outside the {buffer.numel()} bytes read"
+        )
+    itemsize = dtype.itemsize
+    at = buffer.storage_offset() + start
+    if at % itemsize:
+        # Misaligned for its dtype: one copy, still of the verified bytes.
+        return buffer[start:end].clone().view(dtype).reshape(info.shape)
+    storage = buffer.untyped_storage()
+    key = (storage.data_ptr(), info.dtype)
+    typed = views.get(key) if views is not None else None
+    if typed is None:
+        typed = torch_module().empty(0, dtype=dtype, device=buffer.device).set_(storage)
+        if views is not None:
+            views[key] = typed
+    shape = info.shape
+    strides = [1] * len(shape)
+    for i in range(len(shape) - 1, 0, -1):
+        strides[i - 1] = strides[i] * shape[i]
+    return typed.as_strided(shape, strides, at // itemsize)
 
 
-def tensors_of(shard: VerifiedShard, names: Iterable[str] | None, what: str) -> dict[str, Any]:
+def tensors_of(
+    shard: VerifiedShard, names: Iterable[str] | None, what: str, views: TypedViews | None = None
+) -> dict[str, Any]:
+    """The tensors of a verified shard (those in `names`, or all), as `tensor_from` builds them."""
     wanted = set(names) if names is not None else None
     out = {}
+    if views is None:
+        views = {}
     for info in shard.header.tensors:
         if wanted is None or info.name in wanted:
-            out[info.name] = tensor_from(shard.buffer, shard.header.data_start, info, info.name, what)
+            out[info.name] = tensor_from(shard.buffer, shard.header.data_start, info, info.name, what, views)
     return out
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hmac
 import os
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from modelsec.algorithms import HashAlgorithm
@@ -42,8 +42,8 @@ from modelsec.modelformat.safetensors_header import read_header
 from modelsec.policy import Policy
 from modelsec.verifier.side_files import (
     INDEX_NAME,
-    check_indexes,
-    check_json_code,
+    InterpretedSideFiles,
+    check_side_files,
     parse_index,
     read_verified_side_file,
 )
@@ -200,7 +200,7 @@ def check_digests(
     root_fd: int,
     *,
     whole_model: bool,
-    json_checked: Collection[str] = (),
+    interpreted: InterpretedSideFiles | None = None,
 ) -> int:
     """Steps 4-5: compare computed digests with every manifest, then interpret the side files.
 
@@ -210,8 +210,9 @@ def check_digests(
         policy: Remote-code rule and limits.
         root_fd: Descriptor of the model root (side files are re-read and re-hashed).
         whole_model: Also check the model root digest (all files were hashed).
-        json_checked: JSON files an earlier call already compared and interpreted with these same
-            `computed` digests (the loader checks side files while shards are still hashed); not re-read.
+        interpreted: Side files an earlier call with these same `computed` digests already read and
+            accepted (the loader checks side files while shards are still hashed): not re-read; the files
+            this call accepts are added (`side_files.check_side_files`).
 
     Returns:
         The number of tensors whose per-tensor digests were compared.
@@ -219,7 +220,7 @@ def check_digests(
     Raises:
         DigestMismatchError: A file, tensor or the root digest differs.
         MalformedArtifactError: Per-tensor digests missing, a bad weight index at any depth
-            (`side_files.check_indexes`), or a JSON file that is not strict JSON or exceeds
+            (`side_files.check_side_files`), or a JSON file that is not strict JSON or exceeds
             `Limits.max_json_side_file_bytes`.
         PickleContentError: A file's bytes are or may hold a pickle, under `refuse_pickle`.
         PolicyViolationError: Code references in a JSON file (`check_remote_code`), or a weight index that
@@ -238,9 +239,7 @@ def check_digests(
             expected = b.manifest.subject_digest["sha256"]
             if b.manifest.hash_type is not HashAlgorithm.BLAKE3 and not hmac.compare_digest(expected, root):
                 raise DigestMismatchError(f"{model} (model root)", expected, root)
-    unchecked = {n: d for n, d in computed.items() if n not in json_checked}
-    check_json_code(root_fd, unchecked, set(signed.manifest.names), policy, model)
-    check_indexes(root_fd, computed, set(signed.manifest.names), policy, model)
+    check_side_files(root_fd, computed, set(signed.manifest.names), policy, model, interpreted)
     return checked
 
 

@@ -61,6 +61,7 @@ from modelsec.verifier.admission import (
 )
 from modelsec.verifier.audit import record_verified_model
 from modelsec.verifier.pinning import pinned_root_digests
+from modelsec.verifier.side_files import InterpretedSideFiles
 from modelsec.verifier.verification import (
     INDEX_NAME,
     SignedModel,
@@ -160,7 +161,9 @@ def _verify_whole_shards(
         )
         computed = dict(side)
         # The side files' digests are known: compare and interpret them (JSON parsing can take a noticeable
-        # share of a load) while the shards are read and hashed, not after.
+        # share of a load) while the shards are read and hashed, not after; the final check reuses what
+        # this one read and parsed (the indexes are then checked against the shards' headers).
+        interpreted = InterpretedSideFiles()
         read = shard_io.read_shards(
             root_fd,
             shards,
@@ -169,12 +172,14 @@ def _verify_whole_shards(
             pinned,
             model,
             workers=min(os.cpu_count() or 1, 2),
-            meanwhile=lambda: check_digests(signed, side, policy, root_fd, whole_model=False),
+            meanwhile=lambda: check_digests(
+                signed, side, policy, root_fd, whole_model=False, interpreted=interpreted
+            ),
         )
         buffers: dict[str, Any] = {}
         for n in shards:
             computed[n], buffers[n] = read[n]
-        check_digests(signed, computed, policy, root_fd, whole_model=whole_model, json_checked=side)
+        check_digests(signed, computed, policy, root_fd, whole_model=whole_model, interpreted=interpreted)
     finally:
         os.close(root_fd)
     result = {}
@@ -432,8 +437,9 @@ def _load_selected(
         names = check_file_set(signed, resolved, only=files)
         shards = _verify_whole_shards(signed, names, resolved, pinned=pinned, whole_model=False)
         out: dict[str, Any] = {}
+        views: shard_io.TypedViews = {}
         for shard in shards.values():
-            out.update(shard_io.tensors_of(shard, set(tensors) - set(out), f"{model}/{shard.name}"))
+            out.update(shard_io.tensors_of(shard, set(tensors) - set(out), f"{model}/{shard.name}", views))
         missing = [t for t in tensors if t not in out]
         if missing:
             raise MalformedArtifactError(f"{model}: tensor(s) {missing} are not in the signed model")
@@ -473,8 +479,9 @@ def _load_whole(signed: SignedModel, single: str | None, policy: Policy, device:
             seconds=time.monotonic() - started,
         )
     result: dict[str, Any] = {}
+    views: shard_io.TypedViews = {}  # shared by the shards carved from one mapping
     for shard in shards.values():
-        for k, v in shard_io.tensors_of(shard, None, f"{model}/{shard.name}").items():
+        for k, v in shard_io.tensors_of(shard, None, f"{model}/{shard.name}", views).items():
             if k in result:
                 raise MalformedArtifactError(
                     f"{model}/{shard.name}: tensor `{k}` also appears in another shard"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hmac
 import os
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 
 from modelsec.algorithms import HashAlgorithm
 from modelsec.errors import DigestMismatchError
@@ -21,19 +22,20 @@ from modelsec.modelformat.hashing import FileDigests, new_hasher
 from modelsec.modelformat.model_files import open_beneath
 from modelsec.modelformat.shard_index import INDEX_NAME, is_index_name, parse_index
 from modelsec.modelformat.side_json import (
-    check_json_side_file,
+    check_json_document,
     check_json_side_file_size,
     check_remote_code,
     is_json_side_file,
     remote_code_references,
 )
 from modelsec.policy import Policy
+from modelsec.strict_json import strict_loads
 
 __all__ = [
     "INDEX_NAME",
-    "check_indexes",
-    "check_json_code",
+    "InterpretedSideFiles",
     "check_remote_code",
+    "check_side_files",
     "parse_index",
     "read_verified_side_file",
     "remote_code_references",
@@ -60,43 +62,71 @@ def read_verified_side_file(
     return data
 
 
-def check_json_code(
+@dataclass(slots=True)
+class InterpretedSideFiles:
+    """JSON side files a `check_side_files` call read, interpreted and accepted, for a later call to reuse.
+
+    The verified loader checks the side files while the shards are still being read, then checks the whole
+    set again with the shards' headers: a file is not read and parsed again when the later call is given
+    the very same `FileDigests` object it was accepted with (so the same verified bytes), and a weight
+    index's parsed map is reused for the check against the headers.
+
+    Attributes:
+        digests: Name -> the digests the file was accepted under.
+        weight_maps: Index name -> its parsed weight map (`shard_index.parse_index`).
+    """
+
+    digests: dict[str, FileDigests] = field(default_factory=dict)
+    weight_maps: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def covers(self, name: str, digests: FileDigests) -> bool:
+        """Whether `name` was accepted with exactly these digests."""
+        return self.digests.get(name) is digests
+
+
+def check_side_files(
     root_fd: int,
     computed: Mapping[str, FileDigests],
-    signed_names: Collection[str],
+    signed: Collection[str],
     policy: Policy,
     model: str,
+    interpreted: InterpretedSideFiles | None = None,
 ) -> None:
-    """Re-read every hashed `*.json` file (bounded, re-hashed) and refuse the code references in it.
+    """Re-read every hashed `*.json` file (bounded, re-hashed), refuse its code references, check the indexes.
+
+    First every JSON file is parsed strictly and its code references refused unless the policy allows
+    them (`side_json.check_json_document`); then every file that `shard_index.is_index_name` names an index
+    (any depth, any variant, safetensors or pickle) is held to the index rules: targets inside its folder,
+    signed, a permitted format under `policy`'s pickle rule, and each tensor held by its safetensors shard,
+    as the header read while hashing that shard says (shards not in `computed` are not checked). Each file
+    is read and decoded once.
+
+    Args:
+        root_fd: The model root's descriptor.
+        computed: What the engine hashed, by name; the digests were compared with the manifests.
+        signed: The model's signed names.
+        policy: Remote-code and pickle rules, limits.
+        model: Names the model in errors.
+        interpreted: Files an earlier call accepted (not re-read when their digests are the same object
+            here; their indexes' maps are checked against the headers in `computed` again); the files this
+            call accepts are added.
 
     Raises:
         DigestMismatchError: A JSON file changed since it was hashed.
-        MalformedArtifactError: Too large, or not strict JSON.
-        PolicyViolationError: Code references the policy refuses (`check_remote_code`).
+        MalformedArtifactError: Too large, not strict JSON, a bad index, a target outside its folder,
+            unsigned or not a weight file, or a tensor its shard does not hold.
+        PolicyViolationError: Code references the policy refuses (`check_remote_code`), or a pickle target
+            while the policy refuses pickles.
     """
-    for name in computed:
-        if not is_json_side_file(name):
+    done = interpreted if interpreted is not None else InterpretedSideFiles()
+    docs: dict[str, object] = {}
+    for name, digests in computed.items():
+        if not is_json_side_file(name) or done.covers(name, digests):
             continue
-        raw = read_verified_side_file(root_fd, name, computed[name], policy.limits, model)
-        check_json_side_file(name, raw, signed_names, allow_remote_code=policy.allow_remote_code, model=model)
-
-
-def check_indexes(
-    root_fd: int, computed: Mapping[str, FileDigests], signed: set[str], policy: Policy, model: str
-) -> None:
-    """Re-read every verified weight index and hold it to `modelsec.modelformat.shard_index.check_index`.
-
-    Every hashed file that `shard_index.is_index_name` names an index (any depth, any variant, safetensors
-    or pickle) is checked: targets inside its folder, signed, a permitted format under `policy`'s pickle
-    rule, and each tensor held by its safetensors shard, as the header read while hashing that shard says
-    (shards not hashed by this call are not checked).
-
-    Raises:
-        DigestMismatchError: An index changed since it was hashed.
-        MalformedArtifactError: A bad index, a target outside its folder, unsigned or not a weight file, or
-            a tensor its shard does not hold.
-        PolicyViolationError: A pickle target while the policy refuses pickles.
-    """
+        raw = read_verified_side_file(root_fd, name, digests, policy.limits, model)
+        doc = strict_loads(raw, what=f"{model}/{name}", bounded_ints=False)
+        check_json_document(name, doc, signed, allow_remote_code=policy.allow_remote_code, model=model)
+        docs[name] = doc
 
     def tensors_of(name: str) -> set[str] | None:
         if name not in computed:
@@ -104,8 +134,19 @@ def check_indexes(
         header = computed[name].header
         return {t.name for t in header.tensors} if header is not None else set()
 
+    weight_maps: dict[str, dict[str, str]] = {}
     for index in sorted(n for n in computed if is_index_name(n)):
-        raw = read_verified_side_file(root_fd, index, computed[index], policy.limits, model)
-        shard_index.check_index(
-            raw, index, signed, tensors_of, refuse_pickle=policy.refuse_pickle, model=model
-        )
+        if index in docs:
+            weight_map = shard_index.weight_map_of(
+                docs[index], index, signed, refuse_pickle=policy.refuse_pickle, model=model
+            )
+        elif done.covers(index, computed[index]) and index in done.weight_maps:
+            weight_map = done.weight_maps[index]
+        else:  # an index name that is not a `*.json` side file: read and parsed on its own
+            raw = read_verified_side_file(root_fd, index, computed[index], policy.limits, model)
+            weight_map = parse_index(raw, index, signed, refuse_pickle=policy.refuse_pickle, model=model)
+        shard_index.check_shards_hold(weight_map, index, tensors_of, model=model)
+        weight_maps[index] = weight_map
+    for name in (*docs, *weight_maps):
+        done.digests[name] = computed[name]
+    done.weight_maps.update(weight_maps)

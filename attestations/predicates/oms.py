@@ -220,6 +220,19 @@ def _hex_digest(value: object, *, what: str) -> bytes:
     return bytes.fromhex(value)
 
 
+_ENTRY_FIELDS = frozenset({"dtype", "shape", "data_offsets", "digest"})
+
+
+def _entry(w: str, fname: str, tname: str) -> str:
+    """How errors name one per-tensor entry of the extension."""
+    return f"{w}.tensors[{fname!r}][`{tname}`]"
+
+
+def _is_count(value: object) -> bool:
+    """The common case of `_int`'s check, without building its message (`_int` decides the rest)."""
+    return type(value) is int and value >= 0
+
+
 def _int(value: object, *, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise MalformedArtifactError(f"{what} must be a non-negative integer")
@@ -425,30 +438,28 @@ def _parse_extension(
             raise MalformedArtifactError(f"{w}.tensors[{fname!r}] must be an object")
         parsed: dict[str, TensorEntry] = {}
         for tname, t in entries.items():
-            tw = f"{w}.tensors[{fname!r}][`{tname}`]"
-            if not isinstance(t, Mapping) or set(t) != {"dtype", "shape", "data_offsets", "digest"}:
-                raise MalformedArtifactError(f"{tw} must have exactly dtype, shape, data_offsets, digest")
-            shape, offsets = t["shape"], t["data_offsets"]
-            if (
-                not isinstance(t["dtype"], str)
-                or not isinstance(shape, list)
-                or not isinstance(offsets, list)
-            ):
-                raise MalformedArtifactError(f"{tw} is mistyped")
+            # The entry's display name is formatted only for an error: a manifest holds thousands of entries.
+            if not isinstance(t, Mapping) or t.keys() != _ENTRY_FIELDS:
+                raise MalformedArtifactError(
+                    f"{_entry(w, fname, tname)} must have exactly dtype, shape, data_offsets, digest"
+                )
+            dtype, shape, offsets, digest = t["dtype"], t["shape"], t["data_offsets"], t["digest"]
+            if not isinstance(dtype, str) or not isinstance(shape, list) or not isinstance(offsets, list):
+                raise MalformedArtifactError(f"{_entry(w, fname, tname)} is mistyped")
             if len(offsets) != 2:
-                raise MalformedArtifactError(f"{tw}.data_offsets must have two entries")
-            begin, end = (
-                _int(offsets[0], what=f"{tw}.data_offsets"),
-                _int(offsets[1], what=f"{tw}.data_offsets"),
-            )
+                raise MalformedArtifactError(f"{_entry(w, fname, tname)}.data_offsets must have two entries")
+            begin, end = offsets
+            if not (_is_count(begin) and _is_count(end)):
+                what = f"{_entry(w, fname, tname)}.data_offsets"
+                begin, end = _int(begin, what=what), _int(end, what=what)
             if begin > end:
-                raise MalformedArtifactError(f"{tw}.data_offsets are reversed")
-            parsed[tname] = TensorEntry(
-                t["dtype"],
-                tuple(_int(d, what=f"{tw}.shape") for d in shape),
-                begin,
-                end,
-                _hex_digest(t["digest"], what=f"{tw}.digest"),
-            )
+                raise MalformedArtifactError(f"{_entry(w, fname, tname)}.data_offsets are reversed")
+            dims = tuple(shape)
+            if not all(map(_is_count, dims)):
+                dims = tuple(_int(d, what=f"{_entry(w, fname, tname)}.shape") for d in dims)
+            raw = bytes.fromhex(digest) if is_sha256_hex(digest) else None
+            if raw is None:
+                raw = _hex_digest(digest, what=f"{_entry(w, fname, tname)}.digest")  # raises, naming it
+            parsed[tname] = TensorEntry(dtype, dims, begin, end, raw)
         files[fname] = MappingProxyType(parsed)
     return tensor_hash, MappingProxyType(files)

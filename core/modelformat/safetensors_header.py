@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 from types import MappingProxyType
 from typing import BinaryIO
 
@@ -100,6 +101,8 @@ _TENSOR_FIELDS = frozenset({"dtype", "shape", "data_offsets"})
 _MAX_RANK = 64
 # torch and numpy index shapes with int64, so a larger dimension cannot describe a loadable tensor.
 _MAX_DIM = 2**63 - 1
+# The order of `SafetensorsHeader.tensors`: by offset, then end, then name.
+_LAYOUT_ORDER = attrgetter("begin", "end", "name")
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,10 +154,9 @@ class SafetensorsHeader:
     file_size: int
     tensors: tuple[TensorInfo, ...]
     metadata: Mapping[str, str] | None
-    _by_name: Mapping[str, TensorInfo] = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_by_name", MappingProxyType({t.name: t for t in self.tensors}))
+    # Built by the first `tensor()` call: a whole-shard load never looks a tensor up by name, and a load of
+    # thousands of shards would otherwise keep two more objects per shard for the garbage collector to count.
+    _by_name: dict[str, TensorInfo] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def data_size(self) -> int:
@@ -174,7 +176,11 @@ class SafetensorsHeader:
             KeyError: The header declares no tensor of that name (a lookup miss, not a malformed file).
 
         """
-        return self._by_name[name]
+        by_name = self._by_name
+        if by_name is None:
+            by_name = {t.name: t for t in self.tensors}
+            object.__setattr__(self, "_by_name", by_name)  # idempotent: a racing thread builds the same
+        return by_name[name]
 
 
 def parse_header_length(prefix: bytes, file_size: int, *, path: str, limits: Limits) -> int:
@@ -245,7 +251,7 @@ def parse_header(header: bytes, file_size: int, *, path: str, limits: Limits) ->
         for name, value in top.items()
         if name != _METADATA_KEY
     ]
-    tensors.sort(key=lambda t: (t.begin, t.end, t.name))
+    tensors.sort(key=_LAYOUT_ORDER)
     _check_layout(tensors, data_size, path=path)
     return SafetensorsHeader(
         path=path,
@@ -441,7 +447,7 @@ def _check_tensor(name: str, value: object, data_size: int, *, path: str) -> Ten
             f"{described} needs {total_bits // 8} bytes, "
             f"but data_offsets [{begin}, {end}] span {end - begin}",
         )
-    return TensorInfo(name=name, dtype=dtype, shape=shape, begin=begin, end=end)
+    return TensorInfo(name, dtype, shape, begin, end)
 
 
 def _check_shape(value: object, *, path: str, name: str) -> tuple[int, ...]:
@@ -449,6 +455,10 @@ def _check_shape(value: object, *, path: str, name: str) -> tuple[int, ...]:
         raise _tensor_error(path, name, f"shape must be an array of integers, got a JSON {json_type(value)}")
     if len(value) > _MAX_RANK:
         raise _tensor_error(path, name, f"shape has {len(value)} dimensions, more than {_MAX_RANK}")
+    # Every dimension valid (the common case): nothing to name. Otherwise the checks below find the first
+    # fault in their order.
+    if all(type(dim) is int and 0 <= dim <= _MAX_DIM for dim in value):
+        return tuple(value)
     _refuse_long_integers(value, "shape", path=path, name=name)
     for i, dim in enumerate(value):
         # `type(...) is int` refuses booleans, which `isinstance(..., int)` would accept.

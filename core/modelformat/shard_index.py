@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 
 from modelsec.errors import Error, MalformedArtifactError, PolicyViolationError
 from modelsec.limits import Limits
@@ -37,7 +37,15 @@ from modelsec.modelformat.model_files import PICKLE_SUFFIXES, open_beneath, vali
 from modelsec.modelformat.safetensors_header import read_header
 from modelsec.strict_json import strict_loads
 
-__all__ = ["INDEX_NAME", "check_index", "is_index_name", "parse_index", "shard_tensors_on_disk"]
+__all__ = [
+    "INDEX_NAME",
+    "check_index",
+    "check_shards_hold",
+    "is_index_name",
+    "parse_index",
+    "shard_tensors_on_disk",
+    "weight_map_of",
+]
 
 INDEX_NAME = "model.safetensors.index.json"
 """The top-level safetensors index: the one the verified loader reads to find a tensor's shard."""
@@ -110,8 +118,18 @@ def parse_index(
             relative name, not a weight file, or not among `names`.
         PolicyViolationError: A pickle target while `refuse_pickle`.
     """
+    doc = strict_loads(raw, what=f"{model}/{index}", bounded_ints=False)
+    return weight_map_of(doc, index, names, refuse_pickle=refuse_pickle, model=model)
+
+
+def weight_map_of(
+    doc: object, index: str, names: Collection[str], *, refuse_pickle: bool = True, model: str
+) -> dict[str, str]:
+    """`parse_index` of an index already decoded by `strict_loads(raw, bounded_ints=False)` (same errors).
+
+    For a caller that decoded the file once for another check too (the verifier's remote-code scan).
+    """
     what = f"{model}/{index}"
-    doc = strict_loads(raw, what=what, bounded_ints=False)
     weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(weight_map, dict):
         raise MalformedArtifactError(f"{what}: weight_map is missing or not an object")
@@ -157,6 +175,24 @@ def check_index(
         PolicyViolationError: As `parse_index`.
     """
     weight_map = parse_index(raw, index, names, refuse_pickle=refuse_pickle, model=model)
+    check_shards_hold(weight_map, index, tensors_of, model=model)
+    return weight_map
+
+
+def check_shards_hold(
+    weight_map: Mapping[str, str], index: str, tensors_of: TensorsOf, *, model: str
+) -> None:
+    """Check that each tensor of a parsed weight map (`parse_index`) is held by the shard it names.
+
+    Args:
+        weight_map: Tensor name -> model-relative shard name, as `parse_index` returns it.
+        index: The index's relative name, for errors.
+        tensors_of: As `check_index`'s.
+        model: Names the model in errors.
+
+    Raises:
+        MalformedArtifactError: A tensor its shard does not hold.
+    """
     held: dict[str, Collection[str] | None] = {}
     for tensor, target in weight_map.items():
         if not is_safetensors_name(target):
@@ -168,7 +204,6 @@ def check_index(
             raise MalformedArtifactError(
                 f"{model}/{index}: weight_map names `{tensor}`, which {target!r} does not hold"
             )
-    return weight_map
 
 
 def shard_tensors_on_disk(root_fd: int, limits: Limits, model: str) -> TensorsOf:

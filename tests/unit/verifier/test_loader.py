@@ -356,3 +356,41 @@ def test_a_symlinked_or_missing_shard_is_a_modelsec_error(tiny_model: Path, key_
         load_model(link, policy)
     with pytest.raises(MalformedArtifactError, match=r"cannot (open|read)"):
         load_model(tiny_model / "missing.safetensors", policy)
+
+
+def test_each_side_file_is_read_and_parsed_once_per_load(
+    tiny_model: Path, key_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The side files are checked while the shards are read; the final check with the shards' headers reuses
+    what that read and parsed (the index's weight map) instead of reading the index again."""
+    from modelsec.verifier import side_files
+
+    policy = _sign(tiny_model, key_dir)
+    reads: list[str] = []
+    real = side_files.read_verified_side_file
+
+    def counting(root_fd, name, expected, limits, model):  # type: ignore[no-untyped-def]
+        reads.append(name)
+        return real(root_fd, name, expected, limits, model)
+
+    monkeypatch.setattr(side_files, "read_verified_side_file", counting)
+    assert _equal(load_model(tiny_model, policy), _reference(tiny_model))
+    assert sorted(reads) == sorted(p.name for p in tiny_model.glob("*.json"))
+
+
+def test_the_loader_refuses_an_index_naming_a_tensor_its_shard_lacks(tiny_model: Path, key_dir: Path) -> None:
+    """The index's parsed map, reused from the check made while the shards were read, is still held against
+    every shard's header."""
+    import json
+
+    index = tiny_model / "model.safetensors.index.json"
+    doc = json.loads(index.read_text())
+    doc["weight_map"]["ghost"] = "model-00002-of-00002.safetensors"
+    index.write_text(json.dumps(doc))
+    policy = _sign(tiny_model, key_dir, refuse_unverifiable=False)
+    with pytest.raises(
+        MalformedArtifactError,
+        match=r"model\.safetensors\.index\.json: weight_map names `ghost`, which "
+        r"'model-00002-of-00002\.safetensors' does not hold",
+    ):
+        load_model(tiny_model, policy)
