@@ -67,6 +67,12 @@ _PERCENT_ESCAPE = re.compile(r"%[0-9A-Fa-f]{2}")
 # One scan each in C (names are checked per manifest entry and per index target).
 _CONTROL = re.compile("[\x00-\x1f\x7f]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
+# A name every rule below accepts, in one scan: printable ASCII segments without `%`, `\\` or `/`, none of
+# them `.` or `..`, joined by single slashes. Anything else takes the rule-by-rule path that says why.
+_CLEAN_ASCII = re.compile(
+    r"(?:(?!\.\.?/)[\x20-\x24\x26-\x2e\x30-\x5b\x5d-\x7e]+/)*(?!\.\.?\Z)[\x20-\x24\x26-\x2e\x30-\x5b\x5d-\x7e]+"
+)
+_DEFAULT_LIMITS = Limits()
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
@@ -98,9 +104,11 @@ def validate_resource_name(name: object, *, what: str, limits: Limits | None = N
     Raises:
         MalformedArtifactError: The name is not clean; the message quotes it.
     """
-    limits = limits or Limits()
+    limits = limits or _DEFAULT_LIMITS
     if not isinstance(name, str) or not name:
         raise MalformedArtifactError(f"{what}: empty or non-string file name {name!r}")
+    if len(name) <= limits.max_path_bytes and _CLEAN_ASCII.fullmatch(name):
+        return name  # ASCII: as many UTF-8 bytes as characters
     problem, escapes = None, True  # escapes: the name could leave the root (the message says so)
     size = len(name.encode("utf-8", "surrogatepass"))
     if size > limits.max_path_bytes:
