@@ -8,11 +8,11 @@ torch is imported only when a buffer or tensor is built.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache, partial
@@ -235,7 +235,6 @@ class SmallBufferArena:
     def __init__(self, expected: int) -> None:
         self._lock = threading.Lock()
         self._mapping: mmap.mmap | None = None
-        self._populate: Callable[[int, int, int], None] | None = None
         self._tensor: Any = None
         self._used = self._size = 0
         self._expected = expected
@@ -262,15 +261,14 @@ class SmallBufferArena:
             if self._mapping is None or self._used + step > self._size:
                 size = max(step, min(_ARENA_BYTES, self._expected))
                 self._mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-                self._populate = _populator(self._mapping, size)
+                _prefer_huge_pages(self._mapping, size)
                 self._tensor = torch.frombuffer(self._mapping, dtype=torch.uint8)
                 self._used, self._size = 0, size
-            start, populate, tensor = self._used, self._populate, self._tensor
-            assert populate is not None
+            start, mapping, tensor = self._used, self._mapping, self._tensor
             self._used += step
             self._expected = max(0, self._expected - step)
 
-        return tensor[start : start + size], partial(populate, start)
+        return tensor[start : start + size], partial(_populate_slice, mapping, start)
 
 
 def read_and_hash_shard(
@@ -397,7 +395,8 @@ def _private_buffer(torch: Any, size: int) -> tuple[Any, Callable[[int, int], No
         return torch.empty(size, dtype=torch.uint8), None
     if _can_populate_slices():
         mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        return torch.frombuffer(mapping, dtype=torch.uint8), partial(_populator(mapping, size), 0)
+        _prefer_huge_pages(mapping, size)
+        return torch.frombuffer(mapping, dtype=torch.uint8), partial(_populate_slice, mapping, 0)
     flag = getattr(mmap, "MAP_POPULATE", 0)
     if not flag:
         return torch.empty(size, dtype=torch.uint8), None
@@ -405,93 +404,18 @@ def _private_buffer(torch: Any, size: int) -> tuple[Any, Callable[[int, int], No
     return torch.frombuffer(mapping, dtype=torch.uint8), None
 
 
-def _populator(mapping: mmap.mmap, size: int) -> Callable[[int, int, int], None]:
-    """How to map slices of a fresh private `mapping` of `size` bytes: `populate(base, offset, length)`.
+def _prefer_huge_pages(mapping: mmap.mmap, size: int) -> None:
+    """Ask for transparent huge pages: 512 times fewer faults and page-table entries to fill.
 
-    Asks for transparent huge pages (512 times fewer faults and page-table entries to fill) where the
-    mapping can hold one; where it is large enough to measure, a `_PageSizeChooser` then decides between
-    huge and 4 KiB pages by what each costs here and now. Only a hint: where THP is off or no huge page is
-    free, the kernel falls back to 4 KiB pages and nothing else changes.
+    Measured here (Linux 6.18 VM, THP `madvise` mode) populating fresh private memory costs ~0.30 CPU s/GB
+    in 4 KiB pages and ~0.14 in 2 MiB pages. Only a hint: where THP is off or no huge page is free, the
+    kernel falls back to 4 KiB pages and nothing else changes.
     """
     advice = getattr(mmap, "MADV_HUGEPAGE", None)
     if advice is None or size < _HUGE_PAGE:
-        return partial(_populate_slice, mapping)
-    try:
+        return
+    with contextlib.suppress(OSError, ValueError):
         mapping.madvise(advice)
-    except (OSError, ValueError):  # THP compiled out: 4 KiB pages only
-        return partial(_populate_slice, mapping)
-    if size < _CHOOSER_MIN_BYTES:
-        return partial(_populate_slice, mapping)
-    return _PageSizeChooser(mapping, size).populate
-
-
-class _PageSizeChooser:
-    """Maps a fresh private mapping slice by slice in huge pages, or in 4 KiB pages while those cost less.
-
-    Transparent huge pages make fresh memory cheaper to provide (measured here, Linux 6.18 VM, THP `madvise`
-    mode: ~0.13-0.15 CPU s/GB in 2 MiB pages the kernel finds free, ~0.25-0.30 in 4 KiB pages) and the
-    model cheaper to run afterwards (fewer TLB misses). But where free memory is short or fragmented (a page
-    cache full of model files is enough), `defrag` `madvise` makes each huge-page fault reclaim and compact
-    memory synchronously first, mostly in vain: 0.38-0.48 CPU s/GB for 4 GiB populated behind a warm 4 GiB
-    page cache, ~2,000 compaction stalls of which ~85 % failed. Which case holds depends on the host and
-    changes during a load, so the cost is measured: the CPU time of each window of `_CHOOSER_WINDOW` bytes
-    (`time.thread_time`: the populating thread's own, so other load does not count) is charged to the page
-    size it was advised in. After the first window in huge pages one window is tried in 4 KiB pages; from
-    then on huge pages are kept unless their last window cost more than `_CHOOSER_MARGIN` times the last
-    4 KiB one, and while 4 KiB pages are used, huge pages are tried again after `_CHOOSER_RETRY` windows or
-    as soon as the 4 KiB pages cost as much. The advice covers the rest of the mapping from the next
-    huge-page boundary on (`madvise`; the bytes already mapped keep their pages). Only a hint either way:
-    the bytes, their privacy and every check are the same in both page sizes. Thread-safe (the small-shard
-    arena's readers share one).
-    """
-
-    def __init__(self, mapping: mmap.mmap, size: int) -> None:
-        self._mapping, self._size = mapping, size
-        self._lock = threading.Lock()
-        self._huge = True
-        self._cost: dict[bool, float | None] = {True: None, False: None}  # CPU s per byte, last window
-        self._window_seconds = 0.0
-        self._window_bytes = 0
-        self._windows = 0  # windows measured since the advice last changed
-
-    def populate(self, base: int, offset: int, length: int) -> None:
-        t0 = time.thread_time()
-        _populate_slice(self._mapping, base, offset, length)
-        spent = time.thread_time() - t0
-        with self._lock:
-            self._window_seconds += spent
-            self._window_bytes += length
-            if self._window_bytes < _CHOOSER_WINDOW:
-                return
-            self._cost[self._huge] = self._window_seconds / self._window_bytes
-            self._window_seconds, self._window_bytes = 0.0, 0
-            self._windows += 1
-            if _switch_page_size(self._huge, self._cost[True], self._cost[False], self._windows):
-                self._advise(not self._huge, base + offset + length)
-
-    def _advise(self, huge: bool, mapped_end: int) -> None:
-        start = -(-mapped_end // _HUGE_PAGE) * _HUGE_PAGE
-        if start < self._size:
-            advice = mmap.MADV_HUGEPAGE if huge else mmap.MADV_NOHUGEPAGE
-            try:
-                self._mapping.madvise(advice, start, self._size - start)
-            except (OSError, ValueError):
-                return  # the advice stays as it was: still only a hint
-        self._huge, self._windows = huge, 0
-
-
-def _switch_page_size(huge: bool, huge_cost: float | None, small_cost: float | None, windows: int) -> bool:
-    """`_PageSizeChooser`'s rule: whether to change page size after a window (costs: CPU s per byte).
-
-    `huge`: the window just measured was in huge pages; `windows`: windows since the last change.
-    """
-    if small_cost is None:  # after the first window: learn what 4 KiB pages cost here
-        return True
-    if huge_cost is None:
-        return not huge
-    if huge:
-        return huge_cost > _CHOOSER_MARGIN * small_cost
-    return huge_cost <= _CHOOSER_MARGIN * small_cost or windows >= _CHOOSER_RETRY
 
 
 def _populate_slice(mapping: mmap.mmap, base: int, offset: int, length: int) -> None:
@@ -500,11 +424,6 @@ def _populate_slice(mapping: mmap.mmap, base: int, offset: int, length: int) -> 
 
 
 _HUGE_PAGE = 2 * 2**20
-# `_PageSizeChooser`: mappings smaller than this keep the huge-page hint unmeasured (less than two windows).
-_CHOOSER_WINDOW = 16 * 2**20
-_CHOOSER_MARGIN = 1.25
-_CHOOSER_RETRY = 16
-_CHOOSER_MIN_BYTES = 2 * _CHOOSER_WINDOW
 # Shards of fewer chunks than this are filled before hashing, on the caller's thread (`BufferFill` inline).
 _THREADED_FILL_CHUNKS = 8
 # Shards up to this size share `SmallBufferArena` mappings of `_ARENA_BYTES` (address space, populated only

@@ -69,60 +69,6 @@ def test_memory_the_kernel_cannot_map_is_refused_naming_the_shard(
         load_model(model, policy)
 
 
-def test_huge_pages_are_kept_unless_they_cost_more_than_4k_pages() -> None:
-    """The page-size rule, on costs in CPU s per byte as measured here (0.14 free huge pages, 0.28 4 KiB
-    pages, 0.45 huge pages behind synchronous compaction)."""
-    rule, retry = _shard_buffers._switch_page_size, _shard_buffers._CHOOSER_RETRY
-    free, small, compacting = 0.14e-9, 0.28e-9, 0.45e-9
-    assert rule(True, free, None, 1)  # after the first window, one in 4 KiB pages to learn their cost
-    assert rule(False, free, small, 1)  # cheaper huge pages: back to them
-    assert not rule(True, free, small, 40)  # and kept
-    assert not rule(True, 1.2 * small, small, 3)  # within the margin: kept (fewer TLB misses afterwards)
-    assert rule(True, compacting, small, 3)  # compacting: 4 KiB pages
-    assert not rule(False, compacting, small, retry - 1)
-    assert rule(False, compacting, small, retry)  # huge pages tried again
-
-
-def _vma_flags(address: int) -> set[str]:
-    """VmFlags of the mapping of this process that holds `address` (from /proc/self/smaps)."""
-    inside = False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()[0]
-        if "-" in head and not head.endswith(":"):
-            lo, hi = (int(x, 16) for x in head.split("-"))
-            inside = lo <= address < hi
-        elif inside and head == "VmFlags:":
-            return set(line.split()[1:])
-    raise AssertionError(f"no mapping holds {address:#x}")
-
-
-def test_where_huge_pages_cost_more_the_rest_of_the_buffer_gets_4k_pages(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    import ctypes
-    import mmap
-
-    if not _shard_buffers._can_populate_slices() or not Path("/sys/kernel/mm/transparent_hugepage").is_dir():
-        pytest.skip("no MADV_POPULATE_WRITE or no transparent huge pages on this kernel")
-    # Margin 0: huge pages always count as dearer once 4 KiB pages have been measured.
-    monkeypatch.setattr(_shard_buffers, "_CHOOSER_MARGIN", 0.0)
-    window = _shard_buffers._CHOOSER_WINDOW
-    size = 4 * window
-    mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    try:
-        populate = _shard_buffers._populator(mapping, size)
-        address = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
-        assert "hg" in _vma_flags(address)  # asked for huge pages first
-        step = 1 << 20
-        for offset in range(0, size, step):
-            populate(0, offset, step)
-        assert "hg" in _vma_flags(address)  # the first window keeps them
-        assert "nh" in _vma_flags(address + size - 1)  # the rest: 4 KiB pages
-        assert mapping[:] == bytes(size)  # still fresh, zeroed, private memory
-    finally:
-        mapping.close()
-
-
 def test_a_load_keeps_one_python_tensor_per_tensor(tmp_path: Path, key_dir: Path) -> None:
     """Tensors are views of the verified buffers that leave no intermediate Python tensor alive: a model of
     thousands of tensors would otherwise keep twice as many objects for the garbage collector to count (a
