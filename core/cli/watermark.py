@@ -282,6 +282,7 @@ def _embed(
                 "relativeL2Change": result.relative_l2_change,
                 "keyCommitment": result.key_commitment,
                 "kappa": result.params.kappa,
+                "codeMargin": result.params.code_margin,
                 "carrierSet": result.params.carrier_set,
                 "fidelity": None if result.fidelity is None else result.fidelity.to_json(),
                 "griddedTensors": [

@@ -53,6 +53,12 @@ def detection_to_proto(result: DetectionResult) -> watermark_pb2.WatermarkDetect
         message_matched=result.message_matched,
         message_bits=(result.message_bits or 0) if result.message_matches is not None else 0,
         message_matches=result.message_matches or 0,
+        z_score=result.z_score,
+        null_p_value=result.null_p_value,
+        binomial_false_positive_probability=result.binomial_false_positive_probability,
+        message_code=result.message_code,
+        message_decoded=result.message_decoded,
+        code_bit_error_rate=result.code_bit_error_rate,
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from modelsec.watermark.spread_spectrum import DEFAULT_CODE_MARGIN
 from tests.conftest import run_cli
 from tests.unit.watermark._helpers import load_state, permute_scale_mlp, save_state
 from tests.unit.watermark.conftest import mlp_state
@@ -60,6 +62,11 @@ def test_keygen_embed_detect_round_trip(model: Path, tmp_path: Path, key_dir: Pa
     embedded = json.loads(r.stdout)
     assert embedded["ok"] and embedded["detection"]["detected"] and embedded["messageBits"] == 64
     assert embedded["maxRelativeChange"] <= 0.25
+    # The message code and its margin are reported as the attestation records them.
+    statement = json.loads(base64.b64decode(json.loads(att.read_text())["dsseEnvelope"]["payload"]))
+    recorded = statement["predicate"]["parameters"]
+    assert embedded["messageCode"] == recorded["messageCode"] == "crc32-conv7"
+    assert embedded["codeMargin"] == recorded["codeMargin"] == DEFAULT_CODE_MARGIN  # the default
     assert key.read_text().strip() not in r.stdout + att.read_text()
     digest = run_cli("digest", tmp_path / "marked", "--json")
     assert json.loads(digest.stdout)["rootDigest"] == embedded["rootDigest"]

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bmodelsec/v1/watermark.proto\x12\x0bmodelsec.v1\"\xa1\x01\n\x15\x45mbedWatermarkRequest\x12\x12\n\nmodel_path\x18\x01 \x01(\t\x12\x10\n\x08out_path\x18\x02 \x01(\t\x12\x15\n\rwatermark_key\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\x0c\x12\x1f\n\x17\x61ttestation_key_version\x18\x05 \x01(\t\x12\x19\n\x11store_attestation\x18\x06 \x01(\x08\"\xbe\x01\n\x16\x45mbedWatermarkResponse\x12\x13\n\x0broot_digest\x18\x01 \x01(\t\x12\x0c\n\x04\x62its\x18\x02 \x01(\x05\x12\x32\n\tdetection\x18\x03 \x01(\x0b\x32\x1f.modelsec.v1.WatermarkDetection\x12\x13\n\x0b\x61ttestation\x18\x04 \x01(\x0c\x12\x1d\n\x15stored_attestation_id\x18\x05 \x01(\t\x12\x19\n\x11not_stored_reason\x18\x06 \x01(\t\"\xa0\x02\n\x12WatermarkDetection\x12\x10\n\x08\x64\x65tected\x18\x01 \x01(\x08\x12\x0c\n\x04\x62its\x18\x02 \x01(\x05\x12\x0f\n\x07matches\x18\x03 \x01(\x05\x12\x16\n\x0e\x62it_error_rate\x18\x04 \x01(\x01\x12\"\n\x1a\x66\x61lse_positive_probability\x18\x05 \x01(\x01\x12(\n log10_false_positive_probability\x18\x06 \x01(\x01\x12\x12\n\nconfidence\x18\x07 \x01(\x01\x12\x1c\n\x0fmessage_matched\x18\x08 \x01(\x08H\x00\x88\x01\x01\x12\x14\n\x0cmessage_bits\x18\t \x01(\x05\x12\x17\n\x0fmessage_matches\x18\n \x01(\x05\x42\x12\n\x10_message_matched\"T\n\x16\x44\x65tectWatermarkRequest\x12\x12\n\nmodel_path\x18\x01 \x01(\t\x12\x15\n\rwatermark_key\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\x0c\"M\n\x17\x44\x65tectWatermarkResponse\x12\x32\n\tdetection\x18\x01 \x01(\x0b\x32\x1f.modelsec.v1.WatermarkDetection2\xcb\x01\n\x10WatermarkService\x12Y\n\x0e\x45mbedWatermark\x12\".modelsec.v1.EmbedWatermarkRequest\x1a#.modelsec.v1.EmbedWatermarkResponse\x12\\\n\x0f\x44\x65tectWatermark\x12#.modelsec.v1.DetectWatermarkRequest\x1a$.modelsec.v1.DetectWatermarkResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bmodelsec/v1/watermark.proto\x12\x0bmodelsec.v1\"\xa1\x01\n\x15\x45mbedWatermarkRequest\x12\x12\n\nmodel_path\x18\x01 \x01(\t\x12\x10\n\x08out_path\x18\x02 \x01(\t\x12\x15\n\rwatermark_key\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\x0c\x12\x1f\n\x17\x61ttestation_key_version\x18\x05 \x01(\t\x12\x19\n\x11store_attestation\x18\x06 \x01(\x08\"\xbe\x01\n\x16\x45mbedWatermarkResponse\x12\x13\n\x0broot_digest\x18\x01 \x01(\t\x12\x0c\n\x04\x62its\x18\x02 \x01(\x05\x12\x32\n\tdetection\x18\x03 \x01(\x0b\x32\x1f.modelsec.v1.WatermarkDetection\x12\x13\n\x0b\x61ttestation\x18\x04 \x01(\x0c\x12\x1d\n\x15stored_attestation_id\x18\x05 \x01(\t\x12\x19\n\x11not_stored_reason\x18\x06 \x01(\t\"\xf6\x03\n\x12WatermarkDetection\x12\x10\n\x08\x64\x65tected\x18\x01 \x01(\x08\x12\x0c\n\x04\x62its\x18\x02 \x01(\x05\x12\x0f\n\x07matches\x18\x03 \x01(\x05\x12\x16\n\x0e\x62it_error_rate\x18\x04 \x01(\x01\x12\"\n\x1a\x66\x61lse_positive_probability\x18\x05 \x01(\x01\x12(\n log10_false_positive_probability\x18\x06 \x01(\x01\x12\x12\n\nconfidence\x18\x07 \x01(\x01\x12\x1c\n\x0fmessage_matched\x18\x08 \x01(\x08H\x00\x88\x01\x01\x12\x14\n\x0cmessage_bits\x18\t \x01(\x05\x12\x17\n\x0fmessage_matches\x18\n \x01(\x05\x12\x0f\n\x07z_score\x18\x0b \x01(\x01\x12\x14\n\x0cnull_p_value\x18\x0c \x01(\x01\x12+\n#binomial_false_positive_probability\x18\r \x01(\x01\x12\x14\n\x0cmessage_code\x18\x0e \x01(\t\x12\x1c\n\x0fmessage_decoded\x18\x0f \x01(\x08H\x01\x88\x01\x01\x12 \n\x13\x63ode_bit_error_rate\x18\x10 \x01(\x01H\x02\x88\x01\x01\x42\x12\n\x10_message_matchedB\x12\n\x10_message_decodedB\x16\n\x14_code_bit_error_rate\"T\n\x16\x44\x65tectWatermarkRequest\x12\x12\n\nmodel_path\x18\x01 \x01(\t\x12\x15\n\rwatermark_key\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\x0c\"M\n\x17\x44\x65tectWatermarkResponse\x12\x32\n\tdetection\x18\x01 \x01(\x0b\x32\x1f.modelsec.v1.WatermarkDetection2\xcb\x01\n\x10WatermarkService\x12Y\n\x0e\x45mbedWatermark\x12\".modelsec.v1.EmbedWatermarkRequest\x1a#.modelsec.v1.EmbedWatermarkResponse\x12\\\n\x0f\x44\x65tectWatermark\x12#.modelsec.v1.DetectWatermarkRequest\x1a$.modelsec.v1.DetectWatermarkResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,11 +36,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EMBEDWATERMARKRESPONSE']._serialized_start=209
   _globals['_EMBEDWATERMARKRESPONSE']._serialized_end=399
   _globals['_WATERMARKDETECTION']._serialized_start=402
-  _globals['_WATERMARKDETECTION']._serialized_end=690
-  _globals['_DETECTWATERMARKREQUEST']._serialized_start=692
-  _globals['_DETECTWATERMARKREQUEST']._serialized_end=776
-  _globals['_DETECTWATERMARKRESPONSE']._serialized_start=778
-  _globals['_DETECTWATERMARKRESPONSE']._serialized_end=855
-  _globals['_WATERMARKSERVICE']._serialized_start=858
-  _globals['_WATERMARKSERVICE']._serialized_end=1061
+  _globals['_WATERMARKDETECTION']._serialized_end=904
+  _globals['_DETECTWATERMARKREQUEST']._serialized_start=906
+  _globals['_DETECTWATERMARKREQUEST']._serialized_end=990
+  _globals['_DETECTWATERMARKRESPONSE']._serialized_start=992
+  _globals['_DETECTWATERMARKRESPONSE']._serialized_end=1069
+  _globals['_WATERMARKSERVICE']._serialized_start=1072
+  _globals['_WATERMARKSERVICE']._serialized_end=1275
 # @@protoc_insertion_point(module_scope)

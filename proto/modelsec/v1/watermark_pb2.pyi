@@ -113,6 +113,12 @@ class WatermarkDetection(_message.Message):
     MESSAGE_MATCHED_FIELD_NUMBER: _builtins.int
     MESSAGE_BITS_FIELD_NUMBER: _builtins.int
     MESSAGE_MATCHES_FIELD_NUMBER: _builtins.int
+    Z_SCORE_FIELD_NUMBER: _builtins.int
+    NULL_P_VALUE_FIELD_NUMBER: _builtins.int
+    BINOMIAL_FALSE_POSITIVE_PROBABILITY_FIELD_NUMBER: _builtins.int
+    MESSAGE_CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_DECODED_FIELD_NUMBER: _builtins.int
+    CODE_BIT_ERROR_RATE_FIELD_NUMBER: _builtins.int
     detected: _builtins.bool
     """The mark is present: decided on the pilot bits exactly as blind detection decides it, whether or not a
     message was given. Says nothing about the message: see message_matched.
@@ -134,6 +140,25 @@ class WatermarkDetection(_message.Message):
     message_bits: _builtins.int
     """When a message was given: its length in bits, and how many of its bits were extracted as embedded."""
     message_matches: _builtins.int
+    z_score: _builtins.float
+    """The presence statistic: Stouffer's Z over the pilot bits (unit variance for an unmarked model), and
+    P[N(0, 1) >= z_score] for the best hypothesis alone (for calibration checks; not the decision).
+    """
+    null_p_value: _builtins.float
+    binomial_false_positive_probability: _builtins.float
+    """The sign count's exact binomial tail times the number of hypotheses tried (the figure before
+    Stouffer's Z, for comparison).
+    """
+    message_code: _builtins.str
+    """The message code of the hypothesis reported: "crc32-conv7" (CRC-32 and the K=7 rate-1/2 convolutional
+    code), or "none" for marks made without error correction.
+    """
+    message_decoded: _builtins.bool
+    """Set only when a check was made (crc32-conv7 and a mark found): whether the message decoded with its
+    CRC-32 holding (false accept 2^-32 per result). False: the message parts are present but garbled.
+    """
+    code_bit_error_rate: _builtins.float
+    """Set only when a message was given: the raw error rate of its code bits before correction, in [0, 1]."""
     def __init__(
         self,
         *,
@@ -147,13 +172,28 @@ class WatermarkDetection(_message.Message):
         message_matched: _builtins.bool | None = ...,
         message_bits: _builtins.int = ...,
         message_matches: _builtins.int = ...,
+        z_score: _builtins.float = ...,
+        null_p_value: _builtins.float = ...,
+        binomial_false_positive_probability: _builtins.float = ...,
+        message_code: _builtins.str = ...,
+        message_decoded: _builtins.bool | None = ...,
+        code_bit_error_rate: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_message_matched", b"_message_matched", "message_matched", b"message_matched"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_code_bit_error_rate", b"_code_bit_error_rate", "_message_decoded", b"_message_decoded", "_message_matched", b"_message_matched", "code_bit_error_rate", b"code_bit_error_rate", "message_decoded", b"message_decoded", "message_matched", b"message_matched"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_message_matched", b"_message_matched", "bit_error_rate", b"bit_error_rate", "bits", b"bits", "confidence", b"confidence", "detected", b"detected", "false_positive_probability", b"false_positive_probability", "log10_false_positive_probability", b"log10_false_positive_probability", "matches", b"matches", "message_bits", b"message_bits", "message_matched", b"message_matched", "message_matches", b"message_matches"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_code_bit_error_rate", b"_code_bit_error_rate", "_message_decoded", b"_message_decoded", "_message_matched", b"_message_matched", "binomial_false_positive_probability", b"binomial_false_positive_probability", "bit_error_rate", b"bit_error_rate", "bits", b"bits", "code_bit_error_rate", b"code_bit_error_rate", "confidence", b"confidence", "detected", b"detected", "false_positive_probability", b"false_positive_probability", "log10_false_positive_probability", b"log10_false_positive_probability", "matches", b"matches", "message_bits", b"message_bits", "message_code", b"message_code", "message_decoded", b"message_decoded", "message_matched", b"message_matched", "message_matches", b"message_matches", "null_p_value", b"null_p_value", "z_score", b"z_score"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__code_bit_error_rate: _TypeAlias = _typing.Literal["code_bit_error_rate"]  # noqa: Y015
+    _WhichOneofArgType__code_bit_error_rate: _TypeAlias = _typing.Literal["_code_bit_error_rate", b"_code_bit_error_rate"]  # noqa: Y015
+    _WhichOneofReturnType__message_decoded: _TypeAlias = _typing.Literal["message_decoded"]  # noqa: Y015
+    _WhichOneofArgType__message_decoded: _TypeAlias = _typing.Literal["_message_decoded", b"_message_decoded"]  # noqa: Y015
     _WhichOneofReturnType__message_matched: _TypeAlias = _typing.Literal["message_matched"]  # noqa: Y015
     _WhichOneofArgType__message_matched: _TypeAlias = _typing.Literal["_message_matched", b"_message_matched"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__code_bit_error_rate) -> _WhichOneofReturnType__code_bit_error_rate | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__message_decoded) -> _WhichOneofReturnType__message_decoded | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__message_matched) -> _WhichOneofReturnType__message_matched | None: ...
 
 Global___WatermarkDetection: _TypeAlias = WatermarkDetection  # noqa: Y015

@@ -108,8 +108,16 @@ def test_embed_then_detect_and_the_attestation_verifies(setup: Setup, key_dir: P
         assert found.HasField("message_matched") and found.message_matched
         assert found.message_bits == found.message_matches == 8 * len(MESSAGE)
         assert found.false_positive_probability < 1e-9 and found.confidence == 1.0
+        # What `detect --json` reports beside (issue 30): Stouffer's Z and its one-hypothesis p-value, the
+        # sign count's bound, and the message code with its verdict.
+        assert found.z_score > 5 and 0 < found.null_p_value < 1e-6
+        assert 0 < found.binomial_false_positive_probability < 1e-9
+        assert found.message_code == "crc32-conv7"
+        assert found.HasField("message_decoded") and found.message_decoded
+        assert found.HasField("code_bit_error_rate") and found.code_bit_error_rate == 0.0
         blind = c.detect_watermark(str(out), "owner").detection
         assert blind.detected and not blind.HasField("message_matched")  # blind: key and weights only
+        assert blind.message_decoded and not blind.HasField("code_bit_error_rate")
         # Another message: the mark is present, the message verdict says it is not this one.
         other = c.detect_watermark(str(out), "owner", b"ACME-clg").detection
         assert other.detected and other.HasField("message_matched") and not other.message_matched
@@ -117,6 +125,8 @@ def test_embed_then_detect_and_the_attestation_verifies(setup: Setup, key_dir: P
 
         unmarked = c.detect_watermark(str(setup.model), "owner").detection
         assert not unmarked.detected and unmarked.false_positive_probability > 1e-9
+        assert unmarked.z_score < 5 and unmarked.null_p_value > 1e-6
+        assert not (unmarked.HasField("message_decoded") and unmarked.message_decoded)
 
     trusted = Policy.from_key_files([key_dir / "ecdsa-p256.pub.pem"])
     # The server records that it embedded the mark, and for which caller (issue 14).
