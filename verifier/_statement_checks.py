@@ -124,10 +124,15 @@ def watermark_outcome(pred: WatermarkPredicate, req: WatermarkRequirement, what:
         raise AttestationError(
             f"{what}: watermark false-positive probability {fpp:.3g} > policy {req.max_false_positive:.3g}"
         )
-    if req.max_fidelity_loss is not None:
+    if req.max_fidelity_loss is not None or req.fidelity_metric is not None:
         if pred.fidelity is None:
             raise AttestationError(f"{what}: the watermark attestation records no fidelity measurement")
-        if pred.fidelity.value > req.max_fidelity_loss:
+        if req.fidelity_metric is not None and pred.fidelity.metric != req.fidelity_metric:
+            raise AttestationError(
+                f"{what}: watermark fidelity measured as {pred.fidelity.metric!r}, not in the policy's "
+                f"fidelityMetric {req.fidelity_metric!r}"
+            )
+        if req.max_fidelity_loss is not None and pred.fidelity.value > req.max_fidelity_loss:
             raise AttestationError(
                 f"{what}: watermark fidelity loss {pred.fidelity.value:.3g} ({pred.fidelity.metric}) > "
                 f"policy maxFidelityLoss {req.max_fidelity_loss:.3g}"

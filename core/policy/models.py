@@ -232,6 +232,12 @@ class WatermarkModel(ConfigModel):
     max_false_positive: Fraction = 1e-9
     key_file: Text | None = None
     max_fidelity_loss: Fraction | None = None  # issue 18: the attested fidelity loss must be at most this
+    fidelity_metric: Annotated[str, Field(min_length=1, max_length=256)] | None = Field(
+        default=None,
+        description="the metric the attested fidelity loss must be measured in, exactly as the attestation "
+        "records it (`fidelity.metric`, e.g. `gated-greedy-changed-upper-bound`): maxFidelityLoss is a "
+        "number in that metric, and an attestation measured in another one, or in none, is refused",
+    )
     require_server_run: bool = False
     message: Annotated[str, Field(min_length=1, max_length=1024)] | None = Field(
         default=None,

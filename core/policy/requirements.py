@@ -77,6 +77,9 @@ class WatermarkRequirement:
         max_fidelity_loss: Highest accepted fidelity loss measured at embedding (`fidelity.value`, in the
             probe's own metric); an attestation without a fidelity measurement is refused (None: not
             required).
+        fidelity_metric: The metric that measurement must be in (`fidelity.metric`, compared exactly): a
+            loss in another metric is not comparable with `max_fidelity_loss`, so such an attestation, or
+            one without a measurement, is refused (None: any metric).
         require_server_run: Only embeds a modelsec server performed for a requester (`runBy`) count.
         message_commitment: The `messageCommitment.value` an attestation must carry (hex): the policy's
             `message`, encoded as `modelsec watermark embed -m` encodes it, committed under `key_file`'s key
@@ -90,6 +93,7 @@ class WatermarkRequirement:
     max_fidelity_loss: float | None = None
     require_server_run: bool = False
     message_commitment: str | None = None
+    fidelity_metric: str | None = None
 
 
 def robustness_requirement(r: RobustnessModel | None) -> RobustnessRequirement | None:
@@ -148,6 +152,7 @@ def watermark_requirement(
         max_fidelity_loss=w.max_fidelity_loss,
         require_server_run=w.require_server_run,
         message_commitment=commitment,
+        fidelity_metric=w.fidelity_metric,
     )
 
 

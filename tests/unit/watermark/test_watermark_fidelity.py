@@ -191,3 +191,65 @@ def test_fidelity_object_must_be_complete() -> None:
     predicate["fidelity"] = {"metric": "m", "value": 0.0, "budget": 1e-4}
     with pytest.raises(AttestationError, match=r"fidelity\.probeSetDigest"):
         parse_watermark_predicate(predicate, what="t")
+
+
+@pytest.mark.parametrize(
+    ("fidelity", "problem"),
+    [
+        (
+            {"metric": "changed-predictions", "value": 5e-5, "budget": 1e-4, "probeSetDigest": "sha256:00"},
+            None,
+        ),
+        (  # a small number in another metric is not a small loss in this one
+            {"metric": "1-greedy-agreement", "value": 0.0, "budget": 1e-4, "probeSetDigest": "sha256:00"},
+            "measured as '1-greedy-agreement', not in the policy's fidelityMetric 'changed-predictions'",
+        ),
+        (None, "records no fidelity measurement"),
+    ],
+)
+def test_policy_fidelity_metric(
+    setup: dict[str, Any],  # noqa: F811
+    fidelity: dict[str, Any] | None,
+    problem: str | None,
+) -> None:
+    import dataclasses
+
+    from modelsec.verifier import verify_attestations
+
+    policy = setup["policy"]
+    wanted = dataclasses.replace(
+        policy.watermark, max_fidelity_loss=1e-4, fidelity_metric="changed-predictions"
+    )
+    policy = dataclasses.replace(policy, watermark=wanted)
+    predicate = watermark_predicate()
+    if fidelity is not None:
+        predicate["fidelity"] = fidelity
+    wm = setup["attest"]("watermark", predicate)
+    verdict = verify_attestations(setup["root"], _bundles(setup, wm=wm), policy, now=NOW)
+    if problem is None:
+        assert verdict.ok, verdict.reasons()
+    else:
+        assert not verdict.ok and problem in " ".join(verdict.reasons())
+
+
+def test_policy_file_fidelity_metric(tmp_path: Path, key_dir: Path) -> None:
+    """`fidelityMetric` in a policy file reaches the requirement; it must be a non-empty string."""
+    from modelsec.errors import PolicyError
+    from modelsec.policy import PolicySet
+
+    key = key_dir / "ecdsa-p256.pub.pem"
+
+    def write(value: str) -> Path:
+        path = tmp_path / "policy.yaml"
+        path.write_text(
+            "apiVersion: modelsec.dev/v1alpha1\nkind: ModelPolicy\npolicies:\n  - name: p\n    match: ['*']\n"
+            f"    keys: ['{key}']\n    attestations:\n      watermark:\n        maxFidelityLoss: 1.0e-4\n"
+            f"        fidelityMetric: {value}\n"
+        )
+        return path
+
+    metric = "gated-greedy-changed-upper-bound"
+    policy = PolicySet.from_file(write(metric)).policies[0]
+    assert policy.watermark is not None and policy.watermark.fidelity_metric == metric
+    with pytest.raises(PolicyError, match="fidelityMetric"):
+        PolicySet.from_file(write("''"))
