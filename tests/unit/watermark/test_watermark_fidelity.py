@@ -147,79 +147,38 @@ from tests.unit.verifier.test_joint_verification import (  # noqa: E402
 )
 
 
+def _fidelity(metric: str, value: float) -> dict[str, Any]:
+    return {"metric": metric, "value": value, "budget": 1e-3, "probeSetDigest": "sha256:00"}
+
+
 @pytest.mark.parametrize(
-    ("fidelity", "problem"),
+    ("metric", "fidelity", "problem"),
     [
-        ({"metric": "m", "value": 5e-5, "budget": 1e-4, "probeSetDigest": "sha256:00"}, None),
-        (
-            {"metric": "m", "value": 2e-4, "budget": 1e-3, "probeSetDigest": "sha256:00"},
-            "fidelity loss 0.0002",
+        (None, _fidelity("m", 5e-5), None),
+        (None, _fidelity("m", 2e-4), "fidelity loss 0.0002"),
+        (None, None, "records no fidelity measurement"),
+        ("changed-predictions", _fidelity("changed-predictions", 5e-5), None),
+        (  # a small number in another metric is not a small loss in this one
+            "changed-predictions",
+            _fidelity("1-greedy-agreement", 0.0),
+            "measured as '1-greedy-agreement', not in the policy's fidelityMetric 'changed-predictions'",
         ),
-        (None, "records no fidelity measurement"),
+        ("changed-predictions", None, "records no fidelity measurement"),
     ],
 )
 def test_policy_max_fidelity_loss(
     setup: dict[str, Any],  # noqa: F811
+    metric: str | None,
     fidelity: dict[str, Any] | None,
     problem: str | None,
 ) -> None:
+    """`maxFidelityLoss` 1e-4, alone or with `fidelityMetric`."""
     import dataclasses
 
     from modelsec.verifier import verify_attestations
 
     policy = setup["policy"]
-    policy = dataclasses.replace(
-        policy, watermark=dataclasses.replace(policy.watermark, max_fidelity_loss=1e-4)
-    )
-    predicate = watermark_predicate()
-    if fidelity is not None:
-        predicate["fidelity"] = fidelity
-    wm = setup["attest"]("watermark", predicate)
-    verdict = verify_attestations(setup["root"], _bundles(setup, wm=wm), policy, now=NOW)
-    if problem is None:
-        assert verdict.ok, verdict.reasons()
-    else:
-        assert not verdict.ok and problem in " ".join(verdict.reasons())
-    # Without the policy field, the same attestation is accepted.
-    assert verify_attestations(setup["root"], _bundles(setup, wm=wm), setup["policy"], now=NOW).ok
-
-
-def test_fidelity_object_must_be_complete() -> None:
-    from modelsec.attestations.predicates.watermark import parse_watermark_predicate
-
-    predicate = watermark_predicate()
-    predicate["fidelity"] = {"metric": "m", "value": 0.0, "budget": 1e-4}
-    with pytest.raises(AttestationError, match=r"fidelity\.probeSetDigest"):
-        parse_watermark_predicate(predicate, what="t")
-
-
-@pytest.mark.parametrize(
-    ("fidelity", "problem"),
-    [
-        (
-            {"metric": "changed-predictions", "value": 5e-5, "budget": 1e-4, "probeSetDigest": "sha256:00"},
-            None,
-        ),
-        (  # a small number in another metric is not a small loss in this one
-            {"metric": "1-greedy-agreement", "value": 0.0, "budget": 1e-4, "probeSetDigest": "sha256:00"},
-            "measured as '1-greedy-agreement', not in the policy's fidelityMetric 'changed-predictions'",
-        ),
-        (None, "records no fidelity measurement"),
-    ],
-)
-def test_policy_fidelity_metric(
-    setup: dict[str, Any],  # noqa: F811
-    fidelity: dict[str, Any] | None,
-    problem: str | None,
-) -> None:
-    import dataclasses
-
-    from modelsec.verifier import verify_attestations
-
-    policy = setup["policy"]
-    wanted = dataclasses.replace(
-        policy.watermark, max_fidelity_loss=1e-4, fidelity_metric="changed-predictions"
-    )
+    wanted = dataclasses.replace(policy.watermark, max_fidelity_loss=1e-4, fidelity_metric=metric)
     policy = dataclasses.replace(policy, watermark=wanted)
     predicate = watermark_predicate()
     if fidelity is not None:
@@ -230,6 +189,17 @@ def test_policy_fidelity_metric(
         assert verdict.ok, verdict.reasons()
     else:
         assert not verdict.ok and problem in " ".join(verdict.reasons())
+    # Without the policy fields, the same attestation is accepted.
+    assert verify_attestations(setup["root"], _bundles(setup, wm=wm), setup["policy"], now=NOW).ok
+
+
+def test_fidelity_object_must_be_complete() -> None:
+    from modelsec.attestations.predicates.watermark import parse_watermark_predicate
+
+    predicate = watermark_predicate()
+    predicate["fidelity"] = {"metric": "m", "value": 0.0, "budget": 1e-4}
+    with pytest.raises(AttestationError, match=r"fidelity\.probeSetDigest"):
+        parse_watermark_predicate(predicate, what="t")
 
 
 def test_policy_file_fidelity_metric(tmp_path: Path, key_dir: Path) -> None:
