@@ -666,7 +666,7 @@ def test_integer_lookalikes_inside_strings_change_nothing(decoy: str) -> None:
     ],
 )
 def test_the_long_integer_boundary_is_exact(digits: int, pattern: str) -> None:
-    """640 digits is still an integer (too large for the data section); 641 is the first refused as too long."""
+    """640 digits is still an integer (too large for the data section); 641 is the first too long."""
     text = '{"w":{"dtype":"U8","shape":[4],"data_offsets":[0,' + "9" * digits + "]}}"
     refused(build(text, DATA4), r"tensor `w`: " + pattern)
 

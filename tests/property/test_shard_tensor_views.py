@@ -1,4 +1,4 @@
-"""`tensor_from` maps each tensor onto exactly its own verified bytes, for any layout the header parser accepts.
+"""`tensor_from` maps each tensor onto exactly its own verified bytes, for any layout the parser accepts.
 
 The many-shards change (issue 32) builds tensors with `as_strided` from one typed view per dtype of the whole
 storage shared by every shard carved from one arena mapping; these properties pin that a tensor still holds

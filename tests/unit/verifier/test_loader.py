@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 from pathlib import Path
@@ -461,3 +462,22 @@ def test_an_index_changed_after_its_check_is_never_read_again(
     assert _equal(load_model(tiny_model, policy), _reference(tiny_model))
     assert checks == 2
     assert reads == []
+
+
+@pytest.mark.parametrize("name", ["MODEL.SAFETENSORS.INDEX.JSON", "model.safetensors.index.json"])
+def test_an_index_of_any_spelling_is_held_against_the_shards_headers(
+    tiny_model: Path, key_dir: Path, name: str
+) -> None:
+    """Whether the index is a `*.json` side file or only named like an index, the map read while the shards
+    were still being read is checked against their headers in the final check."""
+    index = tiny_model / "model.safetensors.index.json"
+    tampered = _tampered_index(tiny_model).replace(b'"auto_map"', b'"not_code"')
+    index.unlink()
+    (tiny_model / name).write_bytes(tampered)
+    policy = _sign(tiny_model, key_dir, refuse_unverifiable=False)
+    with pytest.raises(
+        MalformedArtifactError,
+        match=rf"{re.escape(name)}: weight_map names `ghost`, which 'model-00002-of-00002\.safetensors' "
+        "does not hold",
+    ):
+        load_model(tiny_model, policy)
