@@ -640,3 +640,79 @@ def test_long_names_are_truncated() -> None:
     message = refused(build({name: entry("f32", [4], 0, 4)}, DATA4), r"unknown dtype")
     assert len(message) < 1000
     assert "w" * 80 + "...`" in message
+
+
+@pytest.mark.parametrize(
+    "decoy",
+    ["-0", "a-0b", "9" * 641, "-" + "1" * 700],
+)
+def test_integer_lookalikes_inside_strings_change_nothing(decoy: str) -> None:
+    """The pre-check that routes a header to the integer hook (`-0`, a run of more than 640 digits) also
+    matches inside strings; such a header still parses exactly as it would without the hook."""
+    plain = parse(build({"w": entry("U8", [2, 2], 0, 4), "__metadata__": {"k": "v"}}, DATA4))
+    decoyed = parse(build({decoy: entry("U8", [2, 2], 0, 4), "__metadata__": {"k": decoy}}, DATA4))
+    assert [(t.dtype, t.shape, t.begin, t.end) for t in decoyed.tensors] == [
+        (t.dtype, t.shape, t.begin, t.end) for t in plain.tensors
+    ]
+    assert [t.name for t in decoyed.tensors] == [decoy]
+    assert decoyed.metadata == {"k": decoy}
+
+
+@pytest.mark.parametrize(
+    ("digits", "pattern"),
+    [
+        (640, r"data_offsets \[0, <an integer of \d+ bits>\] end past the data section"),
+        (641, r"data_offsets\[1\] is an integer of 641 digits \(too long\)$"),
+    ],
+)
+def test_the_long_integer_boundary_is_exact(digits: int, pattern: str) -> None:
+    """640 digits is still an integer (too large for the data section); 641 is the first too long."""
+    text = '{"w":{"dtype":"U8","shape":[4],"data_offsets":[0,' + "9" * digits + "]}}"
+    refused(build(text, DATA4), r"tensor `w`: " + pattern)
+
+
+def test_threads_sharing_the_decoder_each_get_their_own_verdict_naming_their_file() -> None:
+    """One decoder per integer mode is shared by every thread; its hooks signal refusals without a file name,
+    which the caller adds: a refusal must name the file of the thread that parsed it, never another's."""
+    import sys
+    import threading
+
+    texts = {
+        "good": build(U8_4, DATA4),
+        "dup": build('{"w":' + json.dumps(entry("U8", [4], 0, 4)) + ',"w":{}}', DATA4),
+        "negzero": build('{"w":{"dtype":"U8","shape":[-0],"data_offsets":[0,0]}}'),
+        "nan": build('{"w":{"dtype":"U8","shape":[NaN],"data_offsets":[0,4]}}', DATA4),
+        "long": build('{"w":{"dtype":"U8","shape":[' + "7" * 700 + '],"data_offsets":[0,4]}}', DATA4),
+    }
+
+    def verdict(name: str) -> str:
+        blob = texts[name]
+        try:
+            read_header(io.BytesIO(blob), len(blob), path=f"{name}.safetensors", limits=LIMITS)
+        except MalformedArtifactError as e:
+            return str(e)
+        return "accepted"
+
+    expected = {name: verdict(name) for name in texts}
+    assert expected["good"] == "accepted"
+    assert all(expected[n].startswith(f"{n}.safetensors: ") for n in texts if n != "good")
+    wrong: list[tuple[str, str]] = []
+
+    def work(k: int) -> None:
+        names = list(texts)
+        for i in range(400):
+            name = names[(i + k) % len(names)]
+            if (got := verdict(name)) != expected[name]:
+                wrong.append((name, got))
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads inside the decoder's Python hooks
+    try:
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert wrong == []

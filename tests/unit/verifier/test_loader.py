@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 from pathlib import Path
@@ -392,5 +393,91 @@ def test_the_loader_refuses_an_index_naming_a_tensor_its_shard_lacks(tiny_model:
         MalformedArtifactError,
         match=r"model\.safetensors\.index\.json: weight_map names `ghost`, which "
         r"'model-00002-of-00002\.safetensors' does not hold",
+    ):
+        load_model(tiny_model, policy)
+
+
+def _tampered_index(model: Path) -> bytes:
+    """The index rewritten to say what the signed one does not: a tensor no shard holds, a code reference."""
+    import json
+
+    doc = json.loads((model / "model.safetensors.index.json").read_text())
+    doc["weight_map"]["ghost"] = "model-00002-of-00002.safetensors"
+    doc["auto_map"] = {"AutoModel": "evil.Model"}
+    return json.dumps(doc).encode()
+
+
+def test_an_index_changed_after_it_was_hashed_is_refused_before_its_map_is_used(
+    tiny_model: Path, key_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The map the loader checks is decoded from bytes re-hashed against the signed digest: an index swapped
+    between the hashing pass and the check is a digest mismatch naming it, not a map taken from the swap."""
+    from modelsec.verifier import side_files
+
+    policy = _sign(tiny_model, key_dir)
+    index = tiny_model / "model.safetensors.index.json"
+    tampered = _tampered_index(tiny_model)
+    real = side_files.read_verified_side_file
+
+    def swap_then_read(root_fd, name, expected, limits, model):  # type: ignore[no-untyped-def]
+        if name == index.name:
+            index.write_bytes(tampered)
+        return real(root_fd, name, expected, limits, model)
+
+    monkeypatch.setattr(side_files, "read_verified_side_file", swap_then_read)
+    with pytest.raises(DigestMismatchError) as refused:
+        load_model(tiny_model, policy)
+    assert refused.value.path.endswith("/model.safetensors.index.json")
+
+
+def test_an_index_changed_after_its_check_is_never_read_again(
+    tiny_model: Path, key_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The final check (with the shards' headers) holds the map decoded from the verified bytes against the
+    headers; an index rewritten after that first check is not read, so nothing from it is used (CHANGELOG:
+    issue 32 gives up noticing such a change, not checking what is used)."""
+    from modelsec.verifier import loader, side_files
+
+    policy = _sign(tiny_model, key_dir)
+    index = tiny_model / "model.safetensors.index.json"
+    tampered = _tampered_index(tiny_model)
+    reads: list[str] = []
+    real_read, real_check = side_files.read_verified_side_file, loader.check_digests
+    checks = 0
+
+    def counting(root_fd, name, expected, limits, model):  # type: ignore[no-untyped-def]
+        reads.append(name)
+        return real_read(root_fd, name, expected, limits, model)
+
+    def swap_after_first_check(*args, **kwargs):  # type: ignore[no-untyped-def]
+        nonlocal checks
+        checks += 1
+        if checks == 2:  # the side files were checked while the shards were read
+            index.write_bytes(tampered)
+            reads.clear()
+        return real_check(*args, **kwargs)
+
+    monkeypatch.setattr(side_files, "read_verified_side_file", counting)
+    monkeypatch.setattr(loader, "check_digests", swap_after_first_check)
+    assert _equal(load_model(tiny_model, policy), _reference(tiny_model))
+    assert checks == 2
+    assert reads == []
+
+
+@pytest.mark.parametrize("name", ["MODEL.SAFETENSORS.INDEX.JSON", "model.safetensors.index.json"])
+def test_an_index_of_any_spelling_is_held_against_the_shards_headers(
+    tiny_model: Path, key_dir: Path, name: str
+) -> None:
+    """Whether the index is a `*.json` side file or only named like an index, the map read while the shards
+    were still being read is checked against their headers in the final check."""
+    index = tiny_model / "model.safetensors.index.json"
+    tampered = _tampered_index(tiny_model).replace(b'"auto_map"', b'"not_code"')
+    index.unlink()
+    (tiny_model / name).write_bytes(tampered)
+    policy = _sign(tiny_model, key_dir, refuse_unverifiable=False)
+    with pytest.raises(
+        MalformedArtifactError,
+        match=rf"{re.escape(name)}: weight_map names `ghost`, which 'model-00002-of-00002\.safetensors' "
+        "does not hold",
     ):
         load_model(tiny_model, policy)
