@@ -38,8 +38,12 @@ __all__ = [
 
 
 def is_json_side_file(name: str) -> bool:
-    """Whether the verifier parses `name` as a JSON side file (`*.json`, at any depth)."""
-    return name.endswith(".json")
+    """Whether the verifier parses `name` as a JSON side file (`*.json` in any case, at any depth).
+
+    The suffix's case is ignored: on a case-insensitive file system (macOS, Windows) a loader asking for
+    `config.json` opens `CONFIG.JSON`, so it is held to the same rules.
+    """
+    return name[-5:].lower() == ".json"
 
 
 def check_json_side_file_size(name: str, size: int, limits: Limits, model: str) -> None:

@@ -54,6 +54,14 @@ CASES: dict[str, tuple[str, dict[str, Any], str]] = {
         {"auto_map": {"AutoTokenizer": ["m.Slow", None]}},
         "auto_map",
     ),
+    # A case-insensitive file system (macOS, Windows) opens these for `preprocessor_config.json` and
+    # `text_encoder/config.json`: the suffix's case does not make a file less JSON to a loader.
+    "upper-case-suffix": (
+        "PREPROCESSOR_CONFIG.JSON",
+        {"auto_map": {"AutoImageProcessor": "m.U"}},
+        "auto_map",
+    ),
+    "mixed-case-subfolder": ("text_encoder/Config.Json", {"auto_map": {"AutoModel": "m.W"}}, "auto_map"),
     "custom-pipeline": (
         "config.json",
         {"custom_pipelines": {"t": {"impl": "m.Pipe", "pt": ["AutoModel"]}}},
