@@ -16,7 +16,7 @@ from typing import Any
 
 from modelsec.errors import MalformedArtifactError
 
-__all__ = ["MAX_JSON_INT", "MIN_JSON_INT", "strict_loads"]
+__all__ = ["MAX_JSON_INT", "MIN_JSON_INT", "DuplicateKeyError", "strict_loads", "unique_pairs"]
 
 MIN_JSON_INT = -(2**63)
 MAX_JSON_INT = 2**64 - 1
@@ -45,13 +45,25 @@ def _bounded_int(text: str) -> int:
     return value
 
 
-def _unique_pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-    result = dict(items)
-    if len(result) != len(items):
+class DuplicateKeyError(ValueError):
+    """A JSON object names `key` twice (raised by `unique_pairs`)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"duplicate key {key!r}")
+        self.key = key
+
+
+def unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An `object_pairs_hook` that builds the object and refuses a key named twice (`DuplicateKeyError`).
+
+    The members are walked only when the dict came out smaller than the list of pairs, i.e. on a duplicate.
+    """
+    result = dict(pairs)
+    if len(result) != len(pairs):
         seen: set[str] = set()
-        for key, _ in items:
+        for key, _ in pairs:
             if key in seen:
-                raise ValueError(f"duplicate key {key!r}")
+                raise DuplicateKeyError(key)
             seen.add(key)
     return result
 
@@ -79,7 +91,7 @@ def strict_loads(data: bytes | str, *, what: str, bounded_ints: bool = True) -> 
         text = data.decode("utf-8") if isinstance(data, bytes) else data
         return json.loads(
             text,
-            object_pairs_hook=_unique_pairs,
+            object_pairs_hook=unique_pairs,
             parse_constant=_refuse_constant,
             parse_float=_finite,
             parse_int=_bounded_int if bounded_ints else int,

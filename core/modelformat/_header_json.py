@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 
 from modelsec.errors import MalformedArtifactError
+from modelsec.strict_json import DuplicateKeyError, unique_pairs
 
 __all__ = ["LongInteger", "decode_header_json", "is_unicode_text", "json_type", "show", "show_int"]
 
@@ -134,7 +135,7 @@ def decode_header_json(header: bytes, *, path: str) -> dict[str, object]:
     decoder = _DECODER_WITH_INT_HOOK if _needs_int_hook(header) else _DECODER
     try:
         top, end = decoder.raw_decode(text)
-    except _DuplicateKey as e:
+    except DuplicateKeyError as e:
         raise MalformedArtifactError(f"{path}: header JSON has a duplicate key {show(e.key)}") from None
     except _ForbiddenConstant as e:
         raise MalformedArtifactError(
@@ -173,34 +174,18 @@ def _parse_int(literal: str) -> int | float | LongInteger:
     return -0.0 if literal == "-0" else int(literal)
 
 
-# Signals from the shared decoder's hooks, turned into `MalformedArtifactError` naming the file by
-# `decode_header_json` (the hooks cannot know the file); never raised to callers.
-class _DuplicateKey(Exception):
-    def __init__(self, key: str) -> None:
-        self.key = key
-
-
+# Signals from the shared decoder's hooks (with `DuplicateKeyError`), turned into `MalformedArtifactError`
+# naming the file by `decode_header_json` (the hooks cannot know the file); never raised to callers.
 class _ForbiddenConstant(Exception):
     def __init__(self, name: str) -> None:
         self.name = name
-
-
-def _unique_pairs(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    result = dict(pairs)
-    if len(result) != len(pairs):
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise _DuplicateKey(key)
-            seen.add(key)
-    return result
 
 
 def _reject_constant(name: str) -> object:
     raise _ForbiddenConstant(name)
 
 
-_DECODER = json.JSONDecoder(object_pairs_hook=_unique_pairs, parse_constant=_reject_constant, strict=True)
+_DECODER = json.JSONDecoder(object_pairs_hook=unique_pairs, parse_constant=_reject_constant, strict=True)
 _DECODER_WITH_INT_HOOK = json.JSONDecoder(
-    object_pairs_hook=_unique_pairs, parse_constant=_reject_constant, parse_int=_parse_int, strict=True
+    object_pairs_hook=unique_pairs, parse_constant=_reject_constant, parse_int=_parse_int, strict=True
 )
