@@ -22,14 +22,13 @@ from modelsec.modelformat.hashing import FileDigests, new_hasher
 from modelsec.modelformat.model_files import open_beneath
 from modelsec.modelformat.shard_index import INDEX_NAME, is_index_name, parse_index
 from modelsec.modelformat.side_json import (
-    check_json_document,
+    check_json_side_file,
     check_json_side_file_size,
     check_remote_code,
     is_json_side_file,
     remote_code_references,
 )
 from modelsec.policy import Policy
-from modelsec.strict_json import strict_loads
 
 __all__ = [
     "INDEX_NAME",
@@ -95,7 +94,7 @@ def check_side_files(
     """Re-read every hashed `*.json` file (bounded, re-hashed), refuse its code references, check the indexes.
 
     First every JSON file is parsed strictly and its code references refused unless the policy allows
-    them (`side_json.check_json_document`); then every file that `shard_index.is_index_name` names an index
+    them (`side_json.check_json_side_file`); then every file that `shard_index.is_index_name` names an index
     (any depth, any variant, safetensors or pickle) is held to the index rules: targets inside its folder,
     signed, a permitted format under `policy`'s pickle rule, and each tensor held by its safetensors shard,
     as the header read while hashing that shard says (shards not in `computed` are not checked). Each file
@@ -124,9 +123,9 @@ def check_side_files(
         if not is_json_side_file(name) or done.covers(name, digests):
             continue
         raw = read_verified_side_file(root_fd, name, digests, policy.limits, model)
-        doc = strict_loads(raw, what=f"{model}/{name}", bounded_ints=False)
-        check_json_document(name, doc, signed, allow_remote_code=policy.allow_remote_code, model=model)
-        docs[name] = doc
+        docs[name] = check_json_side_file(
+            name, raw, signed, allow_remote_code=policy.allow_remote_code, model=model
+        )
 
     def tensors_of(name: str) -> set[str] | None:
         if name not in computed:
@@ -136,15 +135,14 @@ def check_side_files(
 
     weight_maps: dict[str, dict[str, str]] = {}
     for index in sorted(n for n in computed if is_index_name(n)):
+        # Every index name is a `*.json` side file: decoded above, or accepted (with its map) by the earlier
+        # call that `done` covers it for.
         if index in docs:
             weight_map = shard_index.weight_map_of(
                 docs[index], index, signed, refuse_pickle=policy.refuse_pickle, model=model
             )
-        elif done.covers(index, computed[index]) and index in done.weight_maps:
+        else:
             weight_map = done.weight_maps[index]
-        else:  # an index name that is not a `*.json` side file: read and parsed on its own
-            raw = read_verified_side_file(root_fd, index, computed[index], policy.limits, model)
-            weight_map = parse_index(raw, index, signed, refuse_pickle=policy.refuse_pickle, model=model)
         shard_index.check_shards_hold(weight_map, index, tensors_of, model=model)
         weight_maps[index] = weight_map
     for name in (*docs, *weight_maps):

@@ -27,7 +27,6 @@ from modelsec.strict_json import strict_loads
 
 __all__ = [
     "CodeReference",
-    "check_json_document",
     "check_json_side_file",
     "check_json_side_file_size",
     "check_remote_code",
@@ -76,7 +75,7 @@ def read_json_side_file(root_fd: int, name: str, limits: Limits, model: str) -> 
 
 def check_json_side_file(
     name: str, raw: bytes, signed_names: Collection[str], *, allow_remote_code: bool, model: str
-) -> None:
+) -> object:
     """Parse one JSON side file strictly and refuse the code references in it (`check_remote_code`).
 
     Args:
@@ -86,25 +85,20 @@ def check_json_side_file(
         allow_remote_code: The policy's remote-code rule.
         model: Names the model in errors.
 
+    Returns:
+        The decoded document (`strict_loads(raw, bounded_ints=False)`), for a caller that also reads it as
+        something else (a weight index).
+
     Raises:
         MalformedArtifactError: Not strict JSON, or a malformed code reference.
         PolicyViolationError: Code references the rule refuses.
     """
+    what = f"{model}/{name}"
     # Every JSON file is parsed (no byte-level pre-filter): `"auto\\u005fmap"` is `auto_map` to a loader.
-    doc = strict_loads(raw, what=f"{model}/{name}", bounded_ints=False)
-    check_json_document(name, doc, signed_names, allow_remote_code=allow_remote_code, model=model)
-
-
-def check_json_document(
-    name: str, doc: object, signed_names: Collection[str], *, allow_remote_code: bool, model: str
-) -> None:
-    """`check_json_side_file` of a file already decoded by `strict_loads(raw, bounded_ints=False)`.
-
-    For a caller that decodes the file once for another check too (a weight index). Same errors, less the
-    parse's.
-    """
-    references = remote_code_references(doc, what=f"{model}/{name}")
+    doc = strict_loads(raw, what=what, bounded_ints=False)
+    references = remote_code_references(doc, what=what)
     check_remote_code(name, references, signed_names, allow_remote_code=allow_remote_code, model=model)
+    return doc
 
 
 class CodeReference(str):
